@@ -1,0 +1,31 @@
+"""User-facing errors of the world model (asserts are for internal invariants only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """A value breaks a constraint. The message names the value, the constraint and, where there
+    is one, the valid choices: ``tp=16 does not divide num_kv_heads=8; valid: 1, 2, 4, 8``."""
+
+    def __init__(self, message: str, *, valid: Iterable[object] | None = None) -> None:
+        self.valid = list(valid) if valid is not None else None
+        if self.valid:
+            message = f"{message}; valid: {', '.join(str(v) for v in self.valid)}"
+        super().__init__(message)
+
+
+class InfeasibleError(Exception):
+    """No plan fits. ``hint`` says what would work (smallest cluster, largest batch)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, closest: object | None = None) -> None:
+        self.hint = hint
+        self.closest = closest
+        super().__init__(message if hint is None else f"{message}. {hint}")
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n`` in ascending order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,328 @@
+"""The world model's inputs: model, hardware, cluster, job and parallel configuration.
+
+Frozen pydantic models with ``extra="forbid"``; every unit lives in the field name
+(``hbm_gib``, ``nic_gbps``, ``link_gbytes_per_s``). Cross-field checks raise ``ValueError``
+naming every value involved (the Megatron convention: "num_attention_heads (64) must be a
+multiple of tensor_model_parallel_size (3)").
+
+Vocabulary: *axis* is a mesh axis, *dim* a tensor dimension. Degrees follow Megatron:
+``dp = gpus / (tp * pp * cp)``; EP folds inside ``dp * cp`` (expert-data-parallel = dp*cp/ep).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Precision = Literal["bf16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved", "zb-h1"]
+Generation = Literal["ampere", "hopper", "blackwell", "cdna3"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MLASpec(_Frozen):
+    """DeepSeek multi-head latent attention (DeepSeek-V2 §2.1). Parameters and FLOPs are exact;
+    for sharding and activations MLA is approximated as MHA with ``num_kv_heads = num_attention_heads``
+    and head dims ``qk_nope_head_dim + qk_rope_head_dim`` (scores) and ``v_head_dim`` (values)."""
+
+    q_lora_rank: int = Field(ge=0, description="query down-projection rank; 0 = no query LoRA")
+    kv_lora_rank: int = Field(gt=0, description="compressed KV latent dimension")
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
+class ModelSpec(_Frozen):
+    """A decoder-only transformer. Dense when ``num_experts == 0``."""
+
+    name: str = Field(description="display name")
+    num_layers: int = Field(gt=0, description="decoder layers L")
+    hidden_size: int = Field(gt=0, description="model width h")
+    ffn_hidden_size: int = Field(gt=0, description="dense MLP width f")
+    num_attention_heads: int = Field(gt=0, description="query heads a")
+    num_kv_heads: int = Field(gt=0, description="KV heads g (GQA groups); = a for MHA, 1 for MQA")
+    head_dim: int | None = Field(default=None, gt=0, description="per-head dim d; None means h / a")
+    vocab_size: int = Field(gt=0, description="vocabulary V")
+    gated_mlp: bool = Field(default=True, description="SwiGLU (3 matrices) if true, GELU (2) if false")
+    tied_embeddings: bool = Field(default=False, description="output head shares the input embedding")
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    linear_bias: bool = Field(default=False, description="biases on attention/MLP linears (GPT-2, BLOOM)")
+    qkv_bias: bool = Field(default=False, description="biases on the Q/K/V projections only (Qwen2)")
+    learned_position_embeddings: int = Field(
+        default=0, ge=0, description="rows of a learned absolute position table; 0 = rotary/ALiBi"
+    )
+    # MoE
+    num_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer; 0 = dense")
+    moe_top_k: int = Field(default=0, ge=0, description="experts each token is routed to")
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, description="per-expert FFN width")
+    num_shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    moe_layer_freq: int = Field(default=1, gt=0, description="every k-th layer (after the dense ones) is MoE")
+    mla: MLASpec | None = Field(default=None, description="multi-head latent attention (DeepSeek)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        a, g = self.num_attention_heads, self.num_kv_heads
+        if a % g:
+            raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
+        if self.head_dim is None and self.hidden_size % a:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads ({a}) "
+                "unless head_dim is given"
+            )
+        if self.num_experts:
+            if not 0 < self.moe_top_k <= self.num_experts:
+                raise ValueError(
+                    f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})"
+                )
+            if self.first_dense_layers >= self.num_layers:
+                raise ValueError(
+                    f"first_dense_layers ({self.first_dense_layers}) must be < num_layers ({self.num_layers})"
+                )
+        elif self.moe_top_k or self.num_shared_experts:
+            raise ValueError("moe_top_k / num_shared_experts need num_experts > 0")
+        return self
+
+    # ---- derived shapes -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def head_dim_resolved(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (a * d)."""
+        return self.num_attention_heads * self.head_dim_resolved
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one of K or V (g * d)."""
+        return self.num_kv_heads * self.head_dim_resolved
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """DeepSeek/Qwen convention: layers < first_dense_layers are dense, then every
+        moe_layer_freq-th layer is MoE."""
+        if not self.is_moe or layer < self.first_dense_layers:
+            return False
+        return (layer - self.first_dense_layers) % self.moe_layer_freq == self.moe_layer_freq - 1
+
+    @cached_property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    # ---- parameter counts ------------------------------------------------------------------
+    @property
+    def _mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    @cached_property
+    def attention_params(self) -> int:
+        """Q, K, V and output projection weights (+ biases) of one layer."""
+        h = self.hidden_size
+        if self.mla is not None:
+            m, a = self.mla, self.num_attention_heads
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = h * a * qk if m.q_lora_rank == 0 else h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+            kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + a * m.v_head_dim * h
+        w = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        if self.linear_bias:
+            w += self.q_dim + 2 * self.kv_dim + h
+        elif self.qkv_bias:
+            w += self.q_dim + 2 * self.kv_dim
+        return w
+
+    def _mlp_params(self, width: int) -> int:
+        h, k = self.hidden_size, self._mlp_matrices
+        w = k * h * width
+        if self.linear_bias:
+            w += (k - 1) * width + h
+        return w
+
+    @cached_property
+    def dense_mlp_params(self) -> int:
+        return self._mlp_params(self.ffn_hidden_size)
+
+    @cached_property
+    def expert_params(self) -> int:
+        """One routed expert's MLP weights."""
+        return self._mlp_params(self.expert_ffn_hidden_size)
+
+    @cached_property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        per_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        return 2 * per_norm
+
+    def layer_params(self, layer: int) -> int:
+        """All weights of decoder layer ``layer`` (experts included)."""
+        p = self.attention_params + self.norm_params_per_layer
+        if self.is_moe_layer(layer):
+            p += self.router_params + (self.num_experts + self.num_shared_experts) * self.expert_params
+        else:
+            p += self.dense_mlp_params
+        return p
+
+    def layer_expert_params(self, layer: int) -> int:
+        """Routed-expert weights in layer ``layer`` (sharded over EP, not TP-only)."""
+        return self.num_experts * self.expert_params if self.is_moe_layer(layer) else 0
+
+    @cached_property
+    def embedding_params(self) -> int:
+        return (self.vocab_size + self.learned_position_embeddings) * self.hidden_size
+
+    @cached_property
+    def head_params(self) -> int:
+        """Output projection (0 when tied) + final norm."""
+        final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        return (0 if self.tied_embeddings else self.vocab_size * self.hidden_size) + final_norm
+
+    @cached_property
+    def num_params(self) -> int:
+        return self.embedding_params + self.head_params + sum(self.layer_params(i) for i in range(self.num_layers))
+
+    @cached_property
+    def num_active_params(self) -> int:
+        """Parameters touched per token (top-k routed + shared experts only)."""
+        routed_idle = (self.num_experts - self.moe_top_k) * self.expert_params
+        return self.num_params - self.num_moe_layers * routed_idle
+
+
+class GPUSpec(_Frozen):
+    """One accelerator type: datasheet numbers (sources in the catalog file)."""
+
+    name: str
+    generation: Generation
+    peak_bf16_tflops: float = Field(gt=0, description="dense bf16 tensor-core peak, TFLOP/s")
+    peak_fp8_tflops: float = Field(gt=0, description="dense fp8 peak, TFLOP/s (= bf16 where unsupported)")
+    hbm_gib: float = Field(gt=0)
+    hbm_tbytes_per_s: float = Field(gt=0)
+    link_gbytes_per_s: float = Field(gt=0, description="scale-up (NVLink/xGMI) bandwidth per direction, GB/s")
+    nvlink_domain_size: int = Field(gt=0, description="GPUs sharing one NVSwitch/NVLink domain")
+    gpus_per_node: int = Field(gt=0)
+    nic_gbps: float = Field(gt=0, description="default scale-out NIC bandwidth per GPU, Gbit/s")
+    link_latency_us: float = Field(gt=0, description="per-hop latency on the scale-up link, µs")
+    nic_latency_us: float = Field(gt=0, description="per-hop latency across the scale-out network, µs")
+    source: str = ""
+
+
+class Efficiency(_Frozen):
+    """Physical efficiency parameters (one set per GPU generation; ``autoplan calibrate`` refits them).
+
+    Each has a measured meaning: see COST_MODEL.md §1-2 and the catalog sources."""
+
+    gemm_max: float = Field(gt=0, le=1, description="best achieved fraction of dense peak on large GEMMs")
+    gemm_half_dim: float = Field(
+        ge=0, description="GEMM dimension at which efficiency is half of gemm_max's saturation (rows)"
+    )
+    attention: float = Field(gt=0, le=1, description="flash-attention core efficiency vs peak")
+    link_bus: float = Field(gt=0, le=1, description="achieved bus-bandwidth fraction of the scale-up link")
+    nic_bus: float = Field(gt=0, le=1, description="achieved fraction of NIC line rate")
+    fp8_gemm_speedup: float = Field(ge=1, description="achieved fp8/bf16 GEMM speed-up (≤ 2)")
+    dp_overlap: float = Field(ge=0, le=1, description="fraction of DP/FSDP traffic hidden under backward")
+    memory_bound_fraction: float = Field(
+        ge=0, description="non-GEMM kernels (norms, rotary, activations, softmax) as a fraction of GEMM time"
+    )
+
+
+class ClusterSpec(_Frozen):
+    """A homogeneous, rail-optimized cluster (one NIC per GPU)."""
+
+    gpu: GPUSpec
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    nvlink_domain_size: int = Field(gt=0, description="GPUs reachable over NVLink (8 HGX, 72 NVL72)")
+    inter_node_gbps: float = Field(gt=0, description="scale-out bandwidth per GPU, Gbit/s")
+    efficiency: Efficiency
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        if self.nvlink_domain_size % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain_size:
+            raise ValueError(
+                f"nvlink_domain_size ({self.nvlink_domain_size}) and gpus_per_node ({self.gpus_per_node}) "
+                "must divide one another"
+            )
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise ValueError(
+                f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+            )
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.gpu.hbm_gib * 2**30
+
+
+class JobSpec(_Frozen):
+    global_batch_size: int = Field(default=1024, gt=0, description="sequences per optimizer step")
+    seq_len: int = Field(default=8192, gt=0, description="tokens per sequence")
+    precision: Precision = "bf16"
+    optimizer: Literal["adam"] = "adam"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+class ParallelConfig(_Frozen):
+    """One parallel layout. Checks that need the model or cluster live in ``cost_models.validate``."""
+
+    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, description="pipeline stages")
+    cp: int = Field(default=1, gt=0, description="context-parallel degree (ring attention)")
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree, folded inside dp*cp")
+    vp: int = Field(default=1, gt=0, description="virtual (interleaved) stages per pipeline rank")
+    micro_batch_size: int = Field(default=1, gt=0, description="sequences per micro-batch")
+    sequence_parallel: bool = Field(default=True, description="Megatron SP (only meaningful with tp > 1)")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=1, description="0 DDP, 1 distributed optimizer, 3 FSDP")
+    hsdp_shard_size: int | None = Field(
+        default=None, gt=0, description="ZeRO shard group size for HSDP; None = the whole dp*cp group"
+    )
+    recompute: Recompute = "none"
+    schedule: Schedule = "1f1b"
+    first_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on pipeline stage 0")
+    last_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on the last stage")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _interleave_when_vp(cls, data: object) -> object:
+        """``vp > 1`` implies the interleaved schedule (the only one that uses virtual stages)."""
+        if isinstance(data, dict) and (data.get("vp") or 1) > 1 and data.get("schedule", "1f1b") == "1f1b":
+            data = {**data, "schedule": "interleaved"}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelConfig":
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.vp > 1 and (self.first_stage_layers is not None or self.last_stage_layers is not None):
+            raise ValueError("uneven first/last stages are not supported with vp > 1 (Megatron rule)")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    def dp(self, num_gpus: int) -> int:
+        return num_gpus // self.model_parallel_size
