@@ -1,0 +1,272 @@
+"""Operator graph of one transformer layer: ops, tensors, FLOPs and what each op saves for backward.
+
+Per-token quantities (multiply by tokens = micro-batch · seq_len). Forward FLOPs of a matmul are
+``2 · in · out`` per token (COST_MODEL.md §2); the attention core is ``2·2·s·d_attn`` per token for QKᵀ
+and AV, halved by a causal kernel that skips masked blocks (``causal=True``).
+
+Saved activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", §4.1, Table 2):
+each op keeps the inputs its backward needs, in bf16 (2 bytes/element), dropout masks in 1 byte/element.
+``Saved.split`` says how tensor parallelism divides it: ``"tp"`` tensors are sharded by heads/FFN columns;
+``"seq"`` tensors have hidden width and are replicated across TP unless sequence parallelism splits them.
+Without flash attention the core also saves the softmax output (2·a·s per token), its dropout mask
+(a·s) and the dropout output (2·a·s): the ``5·a·s/h`` term. For the GPT layer (MHA, f = 4h, dropout,
+no flash) the sums reproduce Table 2's ``s·b·h·(34 + 5·a·s/h)``; tests check it.
+
+MLA (DeepSeek) is approximated: projections and FLOPs are exact, the core is MHA with score head dim
+``qk_nope + qk_rope`` and value head dim ``v_head_dim``, and the latent is saved like K/V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from cost_models.specs import ModelSpec
+
+LayerKind = Literal["embedding", "dense", "moe", "head"]
+OpKind = Literal[
+    "norm", "matmul", "attention", "elementwise", "router", "dispatch", "experts", "combine", "embedding", "loss"
+]
+DimKind = Literal["hidden", "q", "kv", "ffn", "expert_ffn", "vocab", "router"]
+Split = Literal["tp", "seq"]
+
+BF16 = 2  # bytes per activation element
+MASK = 1  # bytes per dropout-mask element
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    width: int  # features per token
+    dim_kind: DimKind
+
+
+@dataclass(frozen=True)
+class Saved:
+    tensor: str
+    bytes_per_token: float
+    split: Split
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: OpKind
+    inputs: tuple[str, ...]
+    output: str
+    weight_in: int = 0
+    weight_out: int = 0
+    params: int = 0
+    flops_per_token: float = 0.0  # forward
+    saved: tuple[Saved, ...] = ()
+    tokens_factor: float = 1.0  # experts process each token top_k times
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    kind: LayerKind
+    ops: tuple[Op, ...]
+    tensors: dict[str, Tensor] = field(hash=False)
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """(producer op, consumer op, tensor) for every tensor consumed inside the layer."""
+        producer = {op.output: op.name for op in self.ops}
+        return [(producer[t], op.name, t) for op in self.ops for t in op.inputs if t in producer]
+
+    @property
+    def params(self) -> int:
+        return sum(op.params for op in self.ops)
+
+    @property
+    def flops_per_token(self) -> float:
+        return sum(op.flops_per_token * op.tokens_factor for op in self.ops)
+
+    def saved_bytes_per_token(self, split: Split | None = None) -> float:
+        return sum(s.bytes_per_token for op in self.ops for s in op.saved if split is None or s.split == split)
+
+    def op(self, name: str) -> Op:
+        return next(o for o in self.ops if o.name == name)
+
+
+class _Builder:
+    def __init__(self, model: ModelSpec, dropout: bool) -> None:
+        self.model, self.dropout = model, dropout
+        self.ops: list[Op] = []
+        self.tensors: dict[str, Tensor] = {}
+
+    def tensor(self, name: str, width: int, kind: DimKind) -> str:
+        self.tensors[name] = Tensor(name, width, kind)
+        return name
+
+    def saved(self, name: str, split: Split, elem_bytes: float = BF16, scale: float = 1.0) -> Saved:
+        return Saved(name, self.tensors[name].width * elem_bytes * scale, split)
+
+    def add(self, op: Op) -> str:
+        self.ops.append(op)
+        return op.output
+
+    def norm(self, name: str, x: str, out: str) -> str:
+        m = self.model
+        per = m.hidden_size * (2 if m.norm == "layernorm" else 1)
+        self.tensor(out, m.hidden_size, "hidden")
+        # Saves its input (Table 2: 2sbh per LayerNorm); ~5 flops/element are negligible and counted as
+        # memory-bound time by the cost model, not here.
+        return self.add(Op(name, "norm", (x,), out, params=per, saved=(self.saved(x, "seq"),)))
+
+    def linear(self, name: str, x: str, out: str, width_out: int, kind: DimKind, split: Split,
+               bias: bool) -> str:
+        width_in = self.tensors[x].width
+        self.tensor(out, width_out, kind)
+        return self.add(Op(name, "matmul", (x,), out, weight_in=width_in, weight_out=width_out,
+                           params=width_in * width_out + (width_out if bias else 0),
+                           flops_per_token=2.0 * width_in * width_out, saved=(self.saved(x, split),)))
+
+    def residual(self, name: str, a: str, b: str, out: str) -> str:
+        self.tensor(out, self.model.hidden_size, "hidden")
+        saved = (self.saved(b, "seq", MASK),) if self.dropout else ()  # dropout mask before the add
+        return self.add(Op(name, "elementwise", (a, b), out, saved=saved))
+
+
+def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> str:
+    m = b.model
+    h, a = m.hidden_size, m.num_attention_heads
+    xn = b.norm("attn_norm", x, "attn_in")
+    bias = m.linear_bias or m.qkv_bias
+    if m.mla is None:
+        d_qk = d_v = m.head_dim_resolved
+        q = b.linear("q_proj", xn, "q", m.q_dim, "q", "seq", bias)
+        k = b.linear("k_proj", xn, "k", m.kv_dim, "kv", "seq", bias)
+        v = b.linear("v_proj", xn, "v", m.kv_dim, "kv", "seq", bias)
+        # The three projections share one saved input (the norm output): keep it on q_proj only.
+        b.ops[-2], b.ops[-1] = _without_saved(b.ops[-2]), _without_saved(b.ops[-1])
+    else:
+        mla = m.mla
+        d_qk, d_v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+        q_in = xn
+        if mla.q_lora_rank:
+            ql = b.linear("q_down", xn, "q_latent", mla.q_lora_rank, "hidden", "seq", False)
+            q_in = _latent_norm(b, "q_norm", ql, "q_c", mla.q_lora_rank)
+        q = b.linear("q_proj", q_in, "q", a * d_qk, "q", "seq", False)
+        kvl = b.linear("kv_down", xn, "kv_latent", mla.kv_lora_rank + mla.qk_rope_head_dim, "hidden", "seq",
+                       False)
+        if mla.q_lora_rank:
+            b.ops[-1] = _without_saved(b.ops[-1])  # shares the norm output saved by q_down
+        kvc = _latent_norm(b, "kv_norm", kvl, "kv_c", mla.kv_lora_rank)
+        k = b.linear("k_proj", kvc, "k", a * mla.qk_nope_head_dim, "q", "seq", False)
+        v = b.linear("v_proj", kvc, "v", a * d_v, "q", "seq", False)
+        b.ops[-1] = _without_saved(b.ops[-1])
+    # Rotary: element-wise on q and k, nothing saved beyond what the core keeps.
+    rq = b.tensor("q_rot", b.tensors[q].width, b.tensors[q].dim_kind)
+    b.add(Op("rotary", "elementwise", (q, k), rq))
+    ctx = b.tensor("ctx", a * d_v, "q")
+    attn_flops = 2.0 * seq_len * a * (d_qk + d_v) * (0.5 if causal else 1.0)
+    saved = [b.saved(rq, "tp"), b.saved(k, "tp"), b.saved(v, "tp")]
+    if not flash:
+        per_tok = a * seq_len  # score elements per token
+        saved += [Saved("softmax", 2 * per_tok, "tp"), Saved("attn_dropout_mask", MASK * per_tok, "tp"),
+                  Saved("attn_dropout_out", 2 * per_tok, "tp")]
+    b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved)))
+    o = b.linear("o_proj", ctx, "attn_out", h, "hidden", "tp", m.linear_bias)
+    return b.residual("attn_residual", x, o, "attn_res")
+
+
+def _latent_norm(b: _Builder, name: str, x: str, out: str, width: int) -> str:
+    """RMSNorm on an MLA latent (DeepSeek-V2 q_a/kv_a layernorm); the rope part of the KV latent bypasses it."""
+    b.tensor(out, width, "hidden")
+    return b.add(Op(name, "norm", (x,), out, params=width, saved=(b.saved(x, "seq"),)))
+
+
+def _without_saved(op: Op) -> Op:
+    return replace(op, saved=())
+
+
+def _mlp(b: _Builder, xn: str, width: int, prefix: str, kind: DimKind, *, tokens_factor: float = 1.0,
+         op_kind: OpKind = "matmul") -> str:
+    """Gated (SwiGLU: gate, up, SiLU·mul, down) or plain (GELU: up, act, down) MLP on ``xn``.
+    ``tokens_factor`` > 1 for routed experts: every token is processed (and saved) top_k times."""
+    bias = b.model.linear_bias
+
+    def lin(name: str, inp: str, out: str, w: int, k: DimKind, split: Split, keep_saved: bool = True) -> str:
+        r = b.linear(f"{prefix}{name}", inp, out, w, k, split, bias)
+        op = b.ops[-1]
+        saved = tuple(replace(s, bytes_per_token=s.bytes_per_token * tokens_factor) for s in op.saved)
+        b.ops[-1] = replace(op, kind=op_kind, tokens_factor=tokens_factor, saved=saved if keep_saved else ())
+        return r
+
+    def scaled(t: str) -> Saved:
+        return b.saved(t, "tp", scale=tokens_factor)
+
+    if b.model.gated_mlp:
+        g = lin("gate_proj", xn, f"{prefix}gate", width, kind, "seq")
+        u = lin("up_proj", xn, f"{prefix}up", width, kind, "seq", keep_saved=False)  # shares gate's input
+        act = b.tensor(f"{prefix}act", width, kind)
+        # SiLU(gate)·up saves both inputs; the down projection saves the product.
+        b.add(Op(f"{prefix}act", "elementwise", (g, u), act, saved=(scaled(g), scaled(u)),
+                 tokens_factor=tokens_factor))
+    else:
+        u = lin("up_proj", xn, f"{prefix}up", width, kind, "seq")
+        act = b.tensor(f"{prefix}act", width, kind)
+        b.add(Op(f"{prefix}act", "elementwise", (u,), act, saved=(scaled(u),), tokens_factor=tokens_factor))
+    return lin("down_proj", act, f"{prefix}out", b.model.hidden_size, "hidden", "tp")
+
+
+def _moe(b: _Builder, x: str) -> str:
+    m = b.model
+    h, e, k = m.hidden_size, m.num_experts, m.moe_top_k
+    xn = b.norm("mlp_norm", x, "mlp_in")
+    logits = b.tensor("router_logits", e, "router")
+    b.add(Op("router", "router", (xn,), logits, weight_in=h, weight_out=e, params=h * e,
+             flops_per_token=2.0 * h * e, saved=(Saved("router_probs", 4 * e, "seq"),)))
+    disp = b.tensor("dispatched", h, "hidden")
+    # Dispatch permutes top-k copies of each token to their experts (all-to-all under EP).
+    b.add(Op("dispatch", "dispatch", (xn, logits), disp, tokens_factor=k))
+    first_expert_op = len(b.ops)
+    y = _mlp(b, disp, m.expert_ffn_hidden_size, "expert_", "expert_ffn", tokens_factor=k, op_kind="experts")
+    for i in range(first_expert_op, len(b.ops)):  # the layer holds all e routed experts' weights
+        b.ops[i] = replace(b.ops[i], params=b.ops[i].params * e)
+    comb = b.tensor("combined", h, "hidden")
+    b.add(Op("combine", "combine", (y, logits), comb))
+    out = comb
+    if m.num_shared_experts:
+        sh = _mlp(b, xn, m.expert_ffn_hidden_size * m.num_shared_experts, "shared_", "ffn")
+        first_shared = next(i for i, o in enumerate(b.ops) if o.name.startswith("shared_"))
+        b.ops[first_shared] = _without_saved(b.ops[first_shared])  # the norm output is already saved
+        out = b.tensor("moe_out", h, "hidden")
+        b.add(Op("shared_add", "elementwise", (comb, sh), out))
+    return b.residual("mlp_residual", x, out, "layer_out")
+
+
+def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool = True, causal: bool = True,
+                dropout: bool = False) -> LayerGraph:
+    """The operator graph of one layer of ``kind``. ``dropout`` adds Table 2's dropout masks (GPT-style
+    training); modern Llama-family recipes train without dropout."""
+    b = _Builder(model, dropout)
+    h, vocab = model.hidden_size, model.vocab_size
+    if kind == "embedding":
+        ids = b.tensor("token_ids", 1, "hidden")
+        b.tensor("embedded", h, "hidden")
+        b.add(Op("embed", "embedding", (ids,), "embedded", weight_in=vocab, weight_out=h,
+                 params=model.embedding_params))
+    elif kind == "head":
+        x = b.tensor("final_hidden", h, "hidden")
+        xn = b.norm("final_norm", x, "head_in")
+        logits = b.linear("lm_head", xn, "logits", vocab, "vocab", "seq", False)
+        if model.tied_embeddings:
+            b.ops[-1] = replace(b.ops[-1], params=0)
+        # Cross-entropy keeps fp32 logits (softmax) for backward: 4 bytes per vocab entry, sharded by TP.
+        b.tensor("loss", 1, "hidden")
+        b.add(Op("loss", "loss", (logits,), "loss", saved=(Saved("logits_fp32", 4.0 * vocab, "tp"),)))
+    else:
+        x = b.tensor("layer_in", h, "hidden")
+        r = _attention(b, x, seq_len, flash, causal)
+        if kind == "moe":
+            _moe(b, r)
+        else:
+            y = _mlp(b, b.norm("mlp_norm", r, "mlp_in"), model.ffn_hidden_size, "", "ffn")
+            b.residual("mlp_residual", r, y, "layer_out")
+    return LayerGraph(kind, tuple(b.ops), dict(b.tensors))
+
+
+def layer_kinds(model: ModelSpec) -> list[LayerKind]:
+    """Kinds of the decoder layers in order (embedding and head are separate)."""
+    return ["moe" if model.is_moe_layer(i) else "dense" for i in range(model.num_layers)]
