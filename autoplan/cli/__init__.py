@@ -16,6 +16,7 @@ def cli() -> None:
 def _register() -> None:
     # One import per command module; each module defines commands decorated with @cli.command().
     from autoplan.cli import estimate_cmd  # noqa: F401
+    from autoplan.cli import catalog_cmd  # noqa: F401
 
 
 _register()

@@ -1,0 +1,89 @@
+"""``build_cluster``: a ClusterSpec from a catalog GPU, optional overrides and a calibrated profile.
+
+Precedence, highest first: explicit keyword arguments → cluster profile → GPU catalog defaults.
+
+A cluster profile (written by ``autoplan calibrate``) is a YAML/JSON mapping::
+
+    gpu: h100-sxm                 # must name the same GPU as the request
+    efficiency: {gemm_max: 0.74, link_bus: 0.80}   # Efficiency fields; missing ones keep the catalog's
+    gpus_per_node: 8              # optional
+    inter_node_gbps: 400          # optional
+    nvlink_domain_size: 8         # optional
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoplan.catalog.registry import efficiency_for, load_gpu
+from autoplan.catalog.spec_file import read_mapping, validate
+from autoplan.errors import UserInputError
+from cost_models.specs import ClusterSpec, Efficiency
+
+
+class ClusterProfile(BaseModel):
+    """The on-disk cluster-profile format (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: str
+    efficiency: dict[str, Any] = Field(default_factory=dict, description="Efficiency fields to override")
+    gpus_per_node: int | None = Field(default=None, gt=0)
+    inter_node_gbps: float | None = Field(default=None, gt=0)
+    nvlink_domain_size: int | None = Field(default=None, gt=0)
+
+
+@lru_cache(maxsize=16)
+def _read_profile(resolved: str, mtime_ns: int, shown: str) -> ClusterProfile:
+    del resolved, mtime_ns
+    return validate(ClusterProfile, read_mapping(Path(shown)), f"cluster profile '{shown}'")
+
+
+def load_profile(path: str | Path) -> ClusterProfile:
+    """Parse a cluster-profile file (cached per path and modification time)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserInputError(f"cluster profile '{path}' does not exist")
+    resolved = p.resolve()
+    return _read_profile(str(resolved), resolved.stat().st_mtime_ns, str(path))
+
+
+def build_cluster(
+    gpu: str,
+    num_gpus: int,
+    *,
+    gpus_per_node: int | None = None,
+    inter_node_gbps: float | None = None,
+    nvlink_domain_size: int | None = None,
+    profile: str | Path | None = None,
+) -> ClusterSpec:
+    """A homogeneous cluster of ``num_gpus`` catalog GPUs. Fewer GPUs than one node is allowed
+    (``gpus_per_node`` then stays the catalog's)."""
+    spec = load_gpu(gpu)
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
+        raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
+    efficiency = efficiency_for(spec.generation)
+    prof = load_profile(profile) if profile is not None else None
+    if prof is not None:
+        if load_gpu(prof.gpu).name != spec.name:
+            raise UserInputError(f"cluster profile '{profile}' is for GPU '{prof.gpu}', not '{spec.name}'")
+        efficiency = validate(
+            Efficiency, {**efficiency.model_dump(), **prof.efficiency}, f"efficiency in cluster profile '{profile}'"
+        )
+
+    def pick(explicit: Any, from_profile: Any, default: Any) -> Any:
+        return next((v for v in (explicit, from_profile) if v is not None), default)
+
+    fields = {
+        "gpu": spec,
+        "num_gpus": num_gpus,
+        "gpus_per_node": pick(gpus_per_node, prof and prof.gpus_per_node, spec.gpus_per_node),
+        "nvlink_domain_size": pick(nvlink_domain_size, prof and prof.nvlink_domain_size, spec.nvlink_domain_size),
+        "inter_node_gbps": pick(inter_node_gbps, prof and prof.inter_node_gbps, spec.nic_gbps),
+        "efficiency": efficiency,
+    }
+    return validate(ClusterSpec, fields, f"cluster of {num_gpus} x {spec.name}")

@@ -1,0 +1,135 @@
+"""The shipped catalogs (``models.yaml``, ``gpus.yaml``): read once per process, looked up by name.
+
+Names are case-insensitive; ``aliases`` resolve to their target entry (and take its name). Unknown
+names raise :class:`UserInputError` with close matches from :func:`difflib.get_close_matches`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from autoplan.errors import UserInputError
+from autoplan.catalog.spec_file import validate
+from cost_models.specs import Efficiency, GPUSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Entries keyed by lower-case name, plus lower-case alias → entry name."""
+
+    entries: dict[str, Any]
+    aliases: dict[str, str]
+
+    def resolve(self, name: str) -> str | None:
+        key = name.strip().lower()
+        key = self.aliases.get(key, key)
+        return key if key in self.entries else None
+
+    def suggestions(self, name: str, n: int = 3) -> list[str]:
+        """Names starting with ``name`` first, then :func:`difflib.get_close_matches`."""
+        key = name.strip().lower()
+        candidates = sorted([*self.entries, *self.aliases])
+        prefixed = [c for c in candidates if key and c.startswith(key)]
+        close = difflib.get_close_matches(key, candidates, n=n)
+        return list(dict.fromkeys(prefixed + close))[:n]
+
+
+def _read(filename: str) -> dict[str, Any]:
+    text = resources.files("autoplan.catalog").joinpath(filename).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), f"{filename} must hold a mapping"
+    return data
+
+
+def _aliases(raw: dict[str, str] | None, entries: dict[str, Any], filename: str) -> dict[str, str]:
+    aliases = {str(k).lower(): str(v).lower() for k, v in (raw or {}).items()}
+    dangling = sorted(a for a, target in aliases.items() if target not in entries)
+    assert not dangling, f"{filename}: aliases point to unknown entries: {dangling}"
+    return aliases
+
+
+@lru_cache(maxsize=1)
+def model_catalog() -> Catalog:
+    """``models.yaml`` as validated ModelSpecs (the entry's key is its name)."""
+    data = _read("models.yaml")
+    entries = {
+        str(name).lower(): validate(ModelSpec, {"name": str(name).lower(), **fields}, f"catalog model '{name}'")
+        for name, fields in data["models"].items()
+    }
+    return Catalog(entries, _aliases(data.get("aliases"), entries, "models.yaml"))
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> Catalog:
+    """``gpus.yaml``'s ``gpus`` as validated GPUSpecs."""
+    data = _read("gpus.yaml")
+    entries = {
+        str(name).lower(): validate(GPUSpec, {"name": str(name).lower(), **fields}, f"catalog GPU '{name}'")
+        for name, fields in data["gpus"].items()
+    }
+    return Catalog(entries, _aliases(data.get("aliases"), entries, "gpus.yaml"))
+
+
+@lru_cache(maxsize=1)
+def efficiency_catalog() -> dict[str, Efficiency]:
+    """``gpus.yaml``'s ``efficiency`` section, keyed by GPU generation."""
+    data = _read("gpus.yaml")
+    return {
+        str(gen): validate(Efficiency, fields, f"catalog efficiency '{gen}'")
+        for gen, fields in data["efficiency"].items()
+    }
+
+
+def unknown_name_error(kind: str, name: str, catalog: Catalog, see: str) -> UserInputError:
+    """``unknown model 'x'; did you mean: a, b? (see 'autoplan models')``; ``.valid`` lists every name."""
+    close = catalog.suggestions(name)
+    hint = f"; did you mean: {', '.join(close)}?" if close else ""
+    err = UserInputError(f"unknown {kind} '{name}'{hint} (see '{see}')")
+    err.valid = sorted(catalog.entries)
+    return err
+
+
+def catalog_model(name: str) -> ModelSpec | None:
+    """The catalog entry for ``name`` or an alias of it, ``None`` if there is none."""
+    catalog = model_catalog()
+    key = catalog.resolve(name)
+    return catalog.entries[key] if key is not None else None
+
+
+def load_gpu(name: str) -> GPUSpec:
+    """A GPU from the catalog by (case-insensitive) name."""
+    catalog = gpu_catalog()
+    key = catalog.resolve(name)
+    if key is None:
+        raise unknown_name_error("GPU", name, catalog, "autoplan hardware")
+    return catalog.entries[key]
+
+
+def efficiency_for(generation: str) -> Efficiency:
+    """The catalog's efficiency parameters for a GPU generation (``hopper``, ``ampere``, ...)."""
+    table = efficiency_catalog()
+    try:
+        return table[generation.strip().lower()]
+    except KeyError:
+        raise UserInputError(f"no efficiency parameters for GPU generation '{generation}'", valid=sorted(table)) from None
+
+
+def model_names() -> list[str]:
+    """Catalog model names, sorted (aliases resolve but are not listed)."""
+    return sorted(model_catalog().entries)
+
+
+def model_aliases() -> dict[str, str]:
+    """Alias → catalog model name, sorted by alias."""
+    return dict(sorted(model_catalog().aliases.items()))
+
+
+def gpu_names() -> list[str]:
+    """Catalog GPU names, sorted."""
+    return sorted(gpu_catalog().entries)
