@@ -253,9 +253,11 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
         logits = b.linear("lm_head", xn, "logits", vocab, "vocab", "seq", False)
         if model.tied_embeddings:
             b.ops[-1] = replace(b.ops[-1], params=0)
-        # Cross-entropy keeps fp32 logits (softmax) for backward: 4 bytes per vocab entry, sharded by TP.
+        # The loss keeps the bf16 logits and an fp32 copy for the softmax backward (COST_MODEL.md §3),
+        # vocab-parallel: sharded by TP.
         b.tensor("loss", 1, "hidden")
-        b.add(Op("loss", "loss", (logits,), "loss", saved=(Saved("logits_fp32", 4.0 * vocab, "tp"),)))
+        b.add(Op("loss", "loss", (logits,), "loss",
+                 saved=(Saved("logits", 2.0 * vocab, "tp"), Saved("logits_fp32", 4.0 * vocab, "tp"))))
     else:
         x = b.tensor("layer_in", h, "hidden")
         r = _attention(b, x, seq_len, flash, causal)

@@ -240,6 +240,9 @@ class Efficiency(_Frozen):
     memory_bound_fraction: float = Field(
         ge=0, description="non-GEMM kernels (norms, rotary, activations, softmax) as a fraction of GEMM time"
     )
+    moe_imbalance: float = Field(
+        default=1.15, ge=1, description="MoE load imbalance ρ: busiest / average expert-rank tokens (COST_MODEL §4)"
+    )
 
 
 class ClusterSpec(_Frozen):

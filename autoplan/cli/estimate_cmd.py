@@ -1,0 +1,77 @@
+"""`autoplan estimate`: score a parallel configuration a user already has."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from autoplan import __version__
+from autoplan.cli import cli
+from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
+                                  model_option, user_errors)
+from autoplan.report import describe_job, describe_parallel, render_prediction
+from autoplan.request import cluster_record, model_record, resolve
+from cost_models.estimate import estimate
+from cost_models.specs import ParallelConfig
+
+
+def parallel_options(required: bool) -> Any:
+    """Degree flags; ``required`` for estimate/emit, optional pins for search."""
+    def opt(*names: str, **kw: Any) -> Any:
+        return click.option(*names, **kw)
+    decorators = [
+        opt("--tp", type=int, required=required, default=None, help="tensor-parallel degree"),
+        opt("--pp", type=int, required=required, default=None, help="pipeline-parallel degree"),
+        opt("--cp", type=int, default=None, help="context-parallel degree [1]"),
+        opt("--ep", type=int, default=None, help="expert-parallel degree, inside dp*cp [1]"),
+        opt("--vp", type=int, default=None, help="virtual stages per pipeline rank (interleaved) [1]"),
+        opt("--mbs", "micro_batch_size", type=int, default=None, help="micro-batch size in sequences [1]"),
+        opt("--zero", "zero_stage", type=click.IntRange(0, 3), default=None,
+            help="0 DDP, 1 distributed optimizer, 2, 3 FSDP [1]"),
+        opt("--hsdp", "hsdp_shard_size", type=int, default=None, help="HSDP shard-group size"),
+        opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help="[none]"),
+        opt("--sequence-parallel/--no-sequence-parallel", default=None, help="Megatron SP [on]"),
+        opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None, help="[1f1b]"),
+        opt("--first-stage-layers", type=int, default=None, help="decoder layers on pipeline stage 0"),
+        opt("--last-stage-layers", type=int, default=None, help="decoder layers on the last stage"),
+    ]
+
+    def apply(f: Any) -> Any:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "hsdp_shard_size", "recompute",
+                 "sequence_parallel", "schedule", "first_stage_layers", "last_stage_layers")
+
+
+def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
+    """The degree flags the user gave (None = not given)."""
+    return {k: v for k in PARALLEL_KEYS if (v := kw.pop(k)) is not None}
+
+
+@cli.command("estimate")
+@model_option
+@cluster_options
+@job_options
+@parallel_options(required=True)
+@format_option
+@user_errors
+def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
+    """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration."""
+    cluster_req, job = cluster_request(kw), job_spec(kw)
+    par = ParallelConfig(**pop_parallel(kw))
+    model_spec, cluster, job = resolve(model, cluster_req, job)
+    pred = estimate(model_spec, cluster, job, par)
+    if fmt == "json":
+        out = {"version": __version__, "model": model_record(model_spec), "cluster": cluster_record(cluster),
+               "job": job.model_dump(), "parallel": par.model_dump(), "prediction": pred.model_dump()}
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(describe_job(model_spec, cluster, job))
+    click.echo(f"plan: {describe_parallel(par, pred.dp)}")
+    click.echo(render_prediction(pred))

@@ -1,0 +1,81 @@
+"""Option groups shared by `estimate`, `search` and `emit` (the same job/cluster flags everywhere)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from autoplan.catalog.spec_file import describe_validation_error
+from autoplan.errors import ConfigError, InfeasibleError
+from autoplan.request import ClusterRequest
+from cost_models.specs import JobSpec
+
+F = Callable[..., Any]
+
+
+def _stack(*decorators: F) -> Callable[[F], F]:
+    def apply(f: F) -> F:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+model_option = click.option("--model", "model", required=True,
+                            help="catalog name (see `autoplan models`), HF config.json path, or spec YAML/JSON")
+
+cluster_options = _stack(
+    click.option("--gpus", "num_gpus", type=int, required=True, help="number of GPUs"),
+    click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
+    click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
+    click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
+    click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
+    click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
+)
+
+job_options = _stack(
+    click.option("--global-batch-size", type=int, default=JobSpec.model_fields["global_batch_size"].default,
+                 show_default=True, help="sequences per optimizer step"),
+    click.option("--seq-len", type=int, default=JobSpec.model_fields["seq_len"].default, show_default=True,
+                 help="tokens per sequence"),
+    click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+)
+
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                             show_default=True)
+
+
+def cluster_request(kw: dict[str, Any]) -> ClusterRequest:
+    return ClusterRequest(gpu=kw.pop("gpu"), num_gpus=kw.pop("num_gpus"), gpus_per_node=kw.pop("gpus_per_node"),
+                          inter_node_gbps=kw.pop("inter_node_gbps"), nvlink_domain_size=kw.pop("nvlink_domain_size"),
+                          profile=kw.pop("profile"))
+
+
+def job_spec(kw: dict[str, Any]) -> JobSpec:
+    return JobSpec(global_batch_size=kw.pop("global_batch_size"), seq_len=kw.pop("seq_len"),
+                   precision=kw.pop("precision"))
+
+
+def user_errors(f: F) -> F:
+    """Turn user-facing errors into one line on stderr and exit code 2 (infeasible: 3); never a traceback."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ConfigError as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(2)
+        except ValidationError as e:
+            click.echo(f"Error: {describe_validation_error(e)}", err=True)
+            sys.exit(2)
+        except InfeasibleError as e:
+            click.echo(f"Infeasible: {e}", err=True)
+            sys.exit(3)
+
+    return wrapper

@@ -1,0 +1,58 @@
+"""Human-readable rendering of predictions and plans (the table view of the JSON contract)."""
+
+from __future__ import annotations
+
+from cost_models.estimate import Prediction
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+
+def describe_parallel(par: ParallelConfig, dp: int) -> str:
+    parts = [f"dp={dp}", f"tp={par.tp}", f"pp={par.pp}"]
+    if par.cp > 1:
+        parts.append(f"cp={par.cp}")
+    if par.ep > 1:
+        parts.append(f"ep={par.ep}")
+    if par.vp > 1:
+        parts.append(f"vp={par.vp}")
+    parts += [f"mbs={par.micro_batch_size}", f"zero={par.zero_stage}", f"recompute={par.recompute}"]
+    if par.tp > 1:
+        parts.append("sp" if par.sequence_parallel else "no-sp")
+    if par.pp > 1:
+        parts.append(f"schedule={par.schedule}")
+    if par.hsdp_shard_size:
+        parts.append(f"hsdp={par.hsdp_shard_size}")
+    return " ".join(parts)
+
+
+def describe_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> str:
+    return (f"{model.name} ({model.num_params / 1e9:.1f}B params) on {cluster.num_gpus} x {cluster.gpu.name} "
+            f"({cluster.gpus_per_node}/node, NVLink domain {cluster.nvlink_domain_size}, "
+            f"{cluster.inter_node_gbps:g} Gb/s per GPU); global batch {job.global_batch_size} x "
+            f"{job.seq_len} tokens, {job.precision}")
+
+
+def render_prediction(pred: Prediction) -> str:
+    t = pred.time
+    comm = ", ".join(f"{k} {v:.3f}" for k, v in t.exposed_comm_s.items() if v > 0) or "none"
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in pred.memory_gib.items() if k != "total" and v > 0)
+    vol = ", ".join(f"{k} {v:.2f}" for k, v in pred.comm_volume_gib.items() if v > 0) or "none"
+    fit = "fits" if pred.fits else f"DOES NOT FIT: {pred.over_memory_gib:.1f} GiB over"
+    return "\n".join([
+        f"  step time        {pred.step_time_s:.3f} s   ({pred.num_microbatches} micro-batches, "
+        f"layers per stage {_stages(pred.layers_per_stage)})",
+        f"  throughput       {pred.tokens_per_s:,.0f} tokens/s  ({pred.tokens_per_s_per_gpu:,.0f} per GPU)",
+        f"  MFU              {pred.mfu * 100:.1f}%  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
+        f"  time breakdown   compute {t.compute_s:.3f} s, recompute {t.recompute_s:.3f} s, "
+        f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s",
+        f"  exposed comm     {comm} (s)",
+        f"  peak memory      {pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.0f} GiB on stage "
+        f"{pred.binding_stage} ({fit})",
+        f"  memory (GiB)     {mem}",
+        f"  traffic per GPU  {vol} (GiB/step)",
+    ])
+
+
+def _stages(layers: list[int]) -> str:
+    if len(set(layers)) == 1:
+        return f"{layers[0]} x {len(layers)}"
+    return "[" + ", ".join(str(x) for x in layers) + "]"

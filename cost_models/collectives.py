@@ -1,0 +1,125 @@
+"""α-β collective costs over a hierarchical topology (COST_MODEL.md §1).
+
+Ring algorithms (Thakur, Rabenseifner & Gropp 2005; NCCL's bus-bandwidth convention). ``payload`` is the
+full, unsharded tensor ``S`` in bytes; each rank sends:
+
+=================  ===================  =====================================
+collective         bytes each rank sends   ring time
+=================  ===================  =====================================
+all-reduce         2(n-1)/n · S         2(n-1)·α + 2(n-1)/n · S/B
+all-gather, RS     (n-1)/n · S          (n-1)·α + (n-1)/n · S/B
+all-to-all         (n-1)/n · S          (n-1)·α + (n-1)/n · S/B
+send/recv          S                    α + S/B
+=================  ===================  =====================================
+
+A group of ``n`` ranks laid out at rank stride ``k`` (Megatron order tp-cp-ep-dp-pp: tp has stride 1)
+either stays inside one NVLink domain (bandwidth = link × link_bus efficiency) or spans domains; then it is
+hierarchical (NCCL): intra-domain reduce-scatter → inter-domain all-reduce of ``S / n_in`` → intra-domain
+all-gather, the inter-domain part limited per GPU by its NIC (rail-optimized: one NIC per GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cost_models.specs import ClusterSpec
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+def bytes_sent_per_rank(kind: CollectiveKind, payload_bytes: float, n: int) -> float:
+    """Bytes each rank puts on the wire (the table above)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n * payload_bytes
+    if kind == "send_recv":
+        return payload_bytes
+    return (n - 1) / n * payload_bytes
+
+
+def collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, bandwidth_bytes_per_s: float,
+                      latency_s: float) -> float:
+    """Ring α-β time of one collective on a flat group (the table above)."""
+    if n <= 1:
+        return 0.0
+    steps = {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(kind, n - 1)
+    return steps * latency_s + bytes_sent_per_rank(kind, payload_bytes, n) / bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """How a communication group of ``n`` ranks at rank stride ``stride`` sits on the cluster."""
+
+    n: int
+    n_inner: int  # ranks of the group that share one NVLink domain
+    n_outer: int  # NVLink domains the group spans
+
+    @property
+    def crosses_domain(self) -> bool:
+        return self.n_outer > 1
+
+
+def place_group(n: int, stride: int, cluster: ClusterSpec) -> GroupPlacement:
+    """Ranks ``r, r+stride, …`` (n of them) over NVLink domains of ``cluster.nvlink_domain_size`` GPUs.
+
+    Example: tp=8 (stride 1) on HGX (domain 8) → (8 inner, 1 outer); dp=16 at stride 8 → (1, 16);
+    a cp=4 group at stride 4 on a 72-GPU NVL72 domain → (4, 1)."""
+    domain = cluster.nvlink_domain_size
+    if n <= 1:
+        return GroupPlacement(n, 1, 1)
+    if stride >= domain:
+        return GroupPlacement(n, 1, n)
+    inner = max(1, min(n, domain // stride))
+    return GroupPlacement(n, inner, -(-n // inner))
+
+
+def link_bandwidth(cluster: ClusterSpec) -> float:
+    """Achieved scale-up bandwidth per GPU per direction, bytes/s."""
+    return cluster.gpu.link_gbytes_per_s * 1e9 * cluster.efficiency.link_bus
+
+
+def nic_bandwidth(cluster: ClusterSpec) -> float:
+    """Achieved scale-out bandwidth per GPU, bytes/s (Gbit/s → bytes/s)."""
+    return cluster.inter_node_gbps / 8 * 1e9 * cluster.efficiency.nic_bus
+
+
+def group_collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, stride: int,
+                            cluster: ClusterSpec) -> float:
+    """Time of one collective on a group placed on the cluster, hierarchical across NVLink domains."""
+    if n <= 1 or payload_bytes <= 0:
+        return 0.0
+    place = place_group(n, stride, cluster)
+    bw_in, lat_in = link_bandwidth(cluster), cluster.gpu.link_latency_us * 1e-6
+    bw_out, lat_out = nic_bandwidth(cluster), cluster.gpu.nic_latency_us * 1e-6
+    if not place.crosses_domain:
+        return collective_time_s(kind, payload_bytes, n, bw_in, lat_in)
+    if place.n_inner == 1 or kind in ("all_to_all", "send_recv"):
+        # Every byte that leaves the domain goes through the rank's own NIC.
+        return collective_time_s(kind, payload_bytes, n, bw_out, lat_out)
+    inner, outer = place.n_inner, place.n_outer
+    if kind == "all_reduce":
+        return (collective_time_s("reduce_scatter", payload_bytes, inner, bw_in, lat_in)
+                + collective_time_s("all_reduce", payload_bytes / inner, outer, bw_out, lat_out)
+                + collective_time_s("all_gather", payload_bytes, inner, bw_in, lat_in))
+    # all-gather / reduce-scatter: inner phase on NVLink, outer phase on the NIC with S / inner per rank.
+    return (collective_time_s(kind, payload_bytes, inner, bw_in, lat_in)
+            + collective_time_s(kind, payload_bytes / inner, outer, bw_out, lat_out))
+
+
+@dataclass(frozen=True)
+class RankStrides:
+    """Rank strides of each parallel dimension in Megatron's order ``tp-cp-ep-dp-pp`` (tp fastest).
+
+    EP folds inside dp·cp: an expert group of ``ep`` ranks starts at stride tp (through cp, then dp)."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+
+    @classmethod
+    def megatron(cls, tp: int, cp: int, dp: int) -> "RankStrides":
+        return cls(tp=1, cp=tp, ep=tp, dp=tp * cp, pp=tp * cp * dp)

@@ -1,0 +1,216 @@
+"""Score one parallel configuration: step time, tokens/s, MFU, memory per GPU, composite cost.
+
+Step time (critical path, with overlap — COST_MODEL.md §4–6):
+``T = pipeline(t_i, m) + 2(p−1)·t_p2p + T_dp,exposed + T_optimizer`` where ``t_i`` is stage ``i``'s
+per-micro-batch time (compute, recompute, TP and EP on the critical path, CP's ring net of the attention
+it hides behind), PP sends overlap with compute except in the fill/drain, and DP/FSDP traffic hides under
+the step's compute but for ``(1 − dp_overlap)`` (its tail) — never less than what the compute cannot cover.
+Composite cost (seed 000 §6.7.7): ``C = w1·T_compute + w2·T_comm + w3·max(0, M_peak − M_limit)²``
+with memory in GiB.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_models.collectives import RankStrides, group_collective_time_s
+from cost_models.gemm import matmul_time_s
+from cost_models.layer_cost import LayerCost, layer_cost, model_flops_per_token
+from cost_models.memory import GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, graphs_for, stage_memory, stage_params
+from cost_models.opgraph import LayerGraph
+from cost_models.pipeline import pipeline_time_s
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.validate import check_parallel, stage_layers
+
+ADAM_BYTES_PER_PARAM = 28.0  # reads fp32 master, m, v (12) + bf16 grad (2); writes master, m, v (12) + bf16 weight (2)
+
+
+class CostWeights(BaseModel):
+    """Weights of the composite cost; ``memory_s_per_gib2`` prices each GiB² over the limit in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    compute: float = Field(default=1.0, ge=0)
+    comm: float = Field(default=1.0, ge=0)
+    memory_s_per_gib2: float = Field(default=10.0, ge=0)
+
+
+class TimeBreakdown(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    compute_s: float = Field(description="forward + backward of the binding stage over all micro-batches")
+    recompute_s: float
+    bubble_s: float = Field(description="pipeline fill/drain (compute idle), incl. PP sends in the fill")
+    exposed_comm_s: dict[str, float] = Field(description="critical-path communication per dimension")
+    optimizer_s: float
+
+
+class Prediction(BaseModel):
+    """What the cost model predicts for one configuration (the `estimate` JSON contract)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float = Field(description="model FLOPs (no recompute, non-causal attention) / bf16 peak")
+    tflops_per_gpu: float = Field(description="model TFLOP/s per GPU")
+    peak_memory_gib: float
+    memory_limit_gib: float
+    fits: bool
+    over_memory_gib: float
+    composite_cost: float
+    num_microbatches: int
+    dp: int
+    layers_per_stage: list[int]
+    binding_stage: int = Field(description="the pipeline stage with the highest memory")
+    slowest_stage: int
+    time: TimeBreakdown
+    memory_gib: dict[str, float] = Field(description="peak-memory stage, by kind")
+    comm_volume_gib: dict[str, float] = Field(description="bytes each GPU sends per step, per dimension")
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+             weights: CostWeights | None = None, *, check: bool = True) -> Prediction:
+    """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint."""
+    if check:
+        check_parallel(model, cluster, job, par, allow_kv_replication=False)
+    weights = weights or CostWeights()
+    t, p, c = par.tp, par.pp, par.cp
+    dp = cluster.num_gpus // (t * p * c)
+    m = job.global_batch_size // (par.micro_batch_size * dp)
+    layers = stage_layers(model, par)
+    graphs = graphs_for(model, job.seq_len)
+    costs = {k: layer_cost(g, model, cluster, job, par, dp) for k, g in graphs.items() if k in ("dense", "moe")}
+    head = _head_cost(graphs["head"], cluster, job, par)
+    strides = RankStrides.megatron(t, c, dp)
+
+    stage_t: list[float] = []
+    stage_parts: list[dict[str, float]] = []
+    start = 0
+    for s, n in enumerate(layers):
+        parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0}
+        for i in range(start, start + n):
+            lc: LayerCost = costs["moe" if model.is_moe_layer(i) else "dense"]
+            parts["compute"] += lc.forward_s + lc.backward_s
+            parts["recompute"] += lc.recompute_s
+            parts["tp"] += lc.tp_s
+            parts["ep"] += lc.ep_s
+            parts["cp"] += lc.cp_exposed_s
+        if s == p - 1:
+            parts["compute"] += head
+        start += n
+        stage_parts.append(parts)
+        stage_t.append(sum(parts.values()))
+    slowest = max(range(p), key=lambda i: stage_t[i])
+    pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
+    act_bytes = 2.0 * par.micro_batch_size * job.seq_len / c * model.hidden_size
+    if par.sequence_parallel and t > 1:
+        act_bytes /= t
+    p2p_s = group_collective_time_s("send_recv", act_bytes, 2, strides.pp, cluster) if p > 1 else 0.0
+    pp_fill = 2 * (p - 1) * p2p_s
+    dp_s, dp_bytes, opt_s = _data_parallel(model, cluster, par, layers, dp, strides)
+    step_compute = m * stage_t[slowest]
+    dp_exposed = max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - step_compute)
+    step = pipe + pp_fill + dp_exposed + opt_s
+
+    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs) for s in range(p)]
+    binding = max(range(p), key=lambda i: mems[i].total)
+    peak: MemoryBreakdown = mems[binding]
+    peak_gib = peak.total / GIB
+    limit = cluster.gpu.hbm_gib
+    over = max(0.0, peak_gib - limit)
+
+    sp_parts = stage_parts[slowest]
+    exposed = {k: sp_parts[k] * m for k in ("tp", "ep", "cp")}
+    exposed["pp"] = pp_fill
+    exposed["dp"] = dp_exposed
+    compute_s = sp_parts["compute"] * m
+    recompute_s = sp_parts["recompute"] * m
+    bubble = pipe - m * stage_t[slowest] + pp_fill
+    comm_s = sum(exposed.values())
+    composite = (weights.compute * (step - comm_s) + weights.comm * comm_s + weights.memory_s_per_gib2 * over**2)
+
+    tokens = job.tokens_per_step
+    flops = _model_flops_per_step(model, graphs, job)
+    per_gpu = flops / step / cluster.num_gpus
+    n_layers_max = max(layers)
+    volume = {
+        "tp": costs["dense"].tp_bytes * n_layers_max * m / GIB,
+        "cp": costs["dense"].cp_bytes * n_layers_max * m / GIB,
+        "ep": (costs["moe"].ep_bytes * n_layers_max * m / GIB) if "moe" in costs else 0.0,
+        "pp": (2 * act_bytes * m / GIB) if p > 1 else 0.0,
+        "dp": dp_bytes / GIB,
+    }
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / cluster.num_gpus,
+        mfu=per_gpu / (cluster.gpu.peak_bf16_tflops * 1e12),
+        tflops_per_gpu=per_gpu / 1e12,
+        peak_memory_gib=peak_gib,
+        memory_limit_gib=limit,
+        fits=over == 0.0,
+        over_memory_gib=over,
+        composite_cost=composite,
+        num_microbatches=m,
+        dp=dp,
+        layers_per_stage=layers,
+        binding_stage=binding,
+        slowest_stage=slowest,
+        time=TimeBreakdown(compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble, exposed_comm_s=exposed,
+                           optimizer_s=opt_s),
+        memory_gib=peak.gib(),
+        comm_volume_gib=volume,
+    )
+
+
+def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
+    """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch."""
+    op = graph.op("lm_head")
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
+    return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction)
+
+
+def _data_parallel(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
+                   strides: RankStrides) -> tuple[float, float, float]:
+    """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
+    reduce-scatter gradients and all-gather updated weights (same volume); ZeRO-3 also all-gathers weights
+    for the forward and again for the backward (COST_MODEL.md §4). HSDP adds an all-reduce of the shard
+    across replicas."""
+    group = par.hsdp_shard_size or dp * par.cp
+    expert_group = max(1, dp * par.cp // par.ep)
+    worst = (0.0, 0.0, 0.0)
+    start = 0
+    for s, n in enumerate(layers):
+        sp = stage_params(model, par, start, n, first=s == 0, last=s == par.pp - 1)
+        start += n
+        total_s = total_b = 0.0
+        # The dp·cp group is contiguous at stride tp; the expert-data-parallel group skips the ep ranks.
+        for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.cp * par.ep)):
+            if params <= 0 or g <= 1:
+                continue
+            grad = GRAD_BYTES * params
+            if par.zero_stage == 0:
+                ops = [("all_reduce", grad)]
+            elif par.zero_stage in (1, 2):
+                ops = [("reduce_scatter", grad), ("all_gather", WEIGHT_BYTES * params)]
+            else:
+                ops = [("all_gather", WEIGHT_BYTES * params)] * 2 + [("reduce_scatter", grad)]
+            for kind, payload in ops:
+                total_s += group_collective_time_s(kind, payload, g, stride, cluster)  # type: ignore[arg-type]
+                total_b += (2 if kind == "all_reduce" else 1) * (g - 1) / g * payload
+            replicas = (dp * par.cp) // g if g == par.hsdp_shard_size else 1
+            if replicas > 1:
+                total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)
+                total_b += 2 * (replicas - 1) / replicas * grad / g
+        local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
+        opt_s = ADAM_BYTES_PER_PARAM * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
+        if total_s + opt_s > worst[0] + worst[2]:
+            worst = (total_s, total_b, opt_s)
+    return worst
+
+
+def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: JobSpec) -> float:
+    per_token = model_flops_per_token(graphs["head"])
+    for i in range(model.num_layers):
+        per_token += model_flops_per_token(graphs["moe" if model.is_moe_layer(i) else "dense"])
+    return per_token * job.tokens_per_step

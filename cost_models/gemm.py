@@ -1,0 +1,41 @@
+"""Achieved GEMM and attention throughput (COST_MODEL.md §2: "efficiency is not a constant").
+
+A GEMM ``(m × k) · (k × n)`` runs at ``peak · gemm_max · Π_x x/(x + x½)`` over its three dims ``x`` —
+a saturation curve: tiles are under-filled and wave quantization bites as any dim shrinks (TP splits
+``n`` or ``k``, small micro-batches shrink ``m``). ``x½ = gemm_half_dim`` is the per-generation dim at
+which one factor reaches 1/2 (larger on newer GPUs with bigger tiles). It is bounded below by the memory
+roofline: the operands and result must cross HBM once (Williams et al. 2009, "Roofline").
+FP8 speeds GEMMs only (``fp8_gemm_speedup`` ≤ peak ratio); attention, norms and element-wise ops stay bf16.
+"""
+
+from __future__ import annotations
+
+from cost_models.specs import ClusterSpec, Precision
+
+ELEM_BYTES = {"bf16": 2.0, "fp8": 1.0}
+
+
+def gemm_efficiency(m: float, k: float, n: float, cluster: ClusterSpec) -> float:
+    eff = cluster.efficiency
+    half = eff.gemm_half_dim
+    shape = 1.0
+    for x in (m, k, n):
+        shape *= x / (x + half)
+    return eff.gemm_max * shape
+
+
+def matmul_time_s(m: float, k: float, n: float, cluster: ClusterSpec, precision: Precision = "bf16") -> float:
+    """One GEMM of ``2·m·k·n`` FLOPs (forward shape; backward is two GEMMs of the same size)."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    gpu, eff = cluster.gpu, cluster.efficiency
+    flops = 2.0 * m * k * n
+    speedup = min(eff.fp8_gemm_speedup, gpu.peak_fp8_tflops / gpu.peak_bf16_tflops) if precision == "fp8" else 1.0
+    compute = flops / (gpu.peak_bf16_tflops * 1e12 * speedup * gemm_efficiency(m, k, n, cluster))
+    memory = ELEM_BYTES[precision] * (m * k + k * n + m * n) / (gpu.hbm_tbytes_per_s * 1e12)
+    return max(compute, memory)
+
+
+def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
+    """Flash-attention core (always bf16 here): FLOPs at the attention efficiency."""
+    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * cluster.efficiency.attention)

@@ -1,0 +1,113 @@
+"""Hard constraints of a parallel layout (COST_MODEL.md §7) and the layer split over pipeline stages.
+
+Every violation raises ``ConfigError`` naming the value, the constraint and the valid choices.
+"""
+
+from __future__ import annotations
+
+from cost_models.errors import ConfigError, divisors
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+
+def _valid(candidates: list[int], ok) -> list[int]:  # type: ignore[no-untyped-def]
+    return [c for c in candidates if ok(c)]
+
+
+def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, *,
+                   allow_kv_replication: bool = False) -> None:
+    """Raise ``ConfigError`` for the first broken hard constraint.
+
+    ``allow_kv_replication``: Megatron also accepts tp a multiple of num_kv_heads (KV heads replicated,
+    a memory/compute cost); torchtitan does not."""
+    a, g, f = model.num_attention_heads, model.num_kv_heads, model.ffn_hidden_size
+    t, p, c, e, v = par.tp, par.pp, par.cp, par.ep, par.vp
+    n, domain = cluster.num_gpus, cluster.nvlink_domain_size
+    tp_ok = _valid(divisors(domain), lambda x: a % x == 0 and (g % x == 0 or (allow_kv_replication and x % g == 0))
+                   and f % x == 0)
+    if a % t:
+        raise ConfigError(f"tp={t} does not divide num_attention_heads={a}", valid=tp_ok)
+    if g % t and not (allow_kv_replication and t % g == 0):
+        raise ConfigError(f"tp={t} does not divide num_kv_heads={g}", valid=tp_ok)
+    if f % t:
+        raise ConfigError(f"tp={t} does not divide ffn_hidden_size={f}", valid=tp_ok)
+    if t > domain or domain % t:
+        raise ConfigError(f"tp={t} must fit inside one NVLink domain of {domain} GPUs", valid=tp_ok)
+    mp = t * p * c
+    if n % mp:
+        raise ConfigError(f"tp*pp*cp = {t}*{p}*{c} = {mp} does not divide num_gpus={n}",
+                          valid=[f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0][:12]
+                          if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
+    dp = n // mp
+    layers = model.num_layers
+    if p * v > layers:
+        raise ConfigError(f"pp*vp = {p}*{v} = {p * v} pipeline chunks exceed num_layers={layers}",
+                          valid=[x for x in divisors(layers) if x * v <= layers and n % (t * x * c) == 0][:12])
+    if v > 1 and layers % (p * v):
+        raise ConfigError(f"interleaved schedule needs num_layers={layers} divisible by pp*vp = {p * v}",
+                          valid=[f"vp={x}" for x in divisors(layers // p)] if layers % p == 0 else None)
+    if job.global_batch_size % (par.micro_batch_size * dp):
+        per = job.global_batch_size // dp if job.global_batch_size >= dp else 0
+        raise ConfigError(
+            f"global_batch_size={job.global_batch_size} is not divisible by micro_batch_size*dp = "
+            f"{par.micro_batch_size}*{dp} = {par.micro_batch_size * dp}",
+            valid=[f"mbs={x}" for x in divisors(per)] if per and job.global_batch_size % dp == 0 else None)
+    m = job.global_batch_size // (par.micro_batch_size * dp)
+    if par.schedule == "interleaved" and m % p:
+        raise ConfigError(f"interleaved schedule needs micro-batches m={m} divisible by pp={p} (Megatron)")
+    if p > 1 and m < p:
+        raise ConfigError(f"1F1B needs micro-batches m={m} >= pp={p}; raise global_batch_size to at least "
+                          f"{p * par.micro_batch_size * dp} or lower pp")
+    if c > 1 and job.seq_len % (2 * c):
+        raise ConfigError(f"cp={c} needs seq_len={job.seq_len} divisible by 2*cp = {2 * c} (load-balanced ring)",
+                          valid=[x for x in divisors(job.seq_len // 2) if x <= 64])
+    if model.is_moe:
+        if model.num_experts % e:
+            raise ConfigError(f"ep={e} does not divide num_experts={model.num_experts}",
+                              valid=[x for x in divisors(model.num_experts) if (dp * c) % x == 0])
+        if (dp * c) % e:
+            raise ConfigError(f"ep={e} must divide dp*cp = {dp}*{c} = {dp * c} (EP folds inside dp*cp)",
+                              valid=[x for x in divisors(model.num_experts) if (dp * c) % x == 0])
+        if t > 1 and not par.sequence_parallel:
+            raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
+    elif e != 1:
+        raise ConfigError(f"ep={e} needs a MoE model; {model.name} is dense", valid=[1])
+    if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
+        raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
+                          valid=divisors(dp * c))
+    if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
+        raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)",
+                          valid=["bf16"])
+    stage_layers(model, par)  # uneven-split checks
+
+
+def stage_layers(model: ModelSpec, par: ParallelConfig) -> list[int]:
+    """Decoder layers per pipeline stage (all of a stage's virtual chunks together).
+
+    Explicit ``first_stage_layers`` / ``last_stage_layers`` are honoured (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``; the rest split evenly over the middle stages). Otherwise
+    an even split when ``pp`` divides the layers; else middle stages take ``ceil(L/p)`` and the first and
+    last stages — which also hold the embedding and the head — share the remainder.
+    Example: 126 layers on 16 stages → [7, 8 × 14, 7]."""
+    L, p = model.num_layers, par.pp
+    if p == 1:
+        return [L]
+    first, last = par.first_stage_layers, par.last_stage_layers
+    if first is None and last is None and L % p == 0:
+        return [L // p] * p
+    if first is None and last is None:
+        q = -(-L // p)
+        rest = L - (p - 2) * q
+        while rest < 2 and q > 1:  # many stages, few layers: shrink the middle
+            q -= 1
+            rest = L - (p - 2) * q
+        first, last = rest // 2, rest - rest // 2
+        return [first] + [q] * (p - 2) + [last]
+    fixed = (first or 0) + (last or 0)
+    n_mid = p - (first is not None) - (last is not None)
+    remaining = L - fixed
+    if remaining < 0 or (n_mid and remaining % n_mid) or (n_mid == 0 and remaining):
+        raise ConfigError(
+            f"first_stage_layers={first} and last_stage_layers={last} leave {remaining} of num_layers={L} "
+            f"for {n_mid} other stages; they must split evenly")
+    mid = remaining // n_mid if n_mid else 0
+    return [first if first is not None else mid] + [mid] * (p - 2) + [last if last is not None else mid]
