@@ -230,3 +230,32 @@ def test_inconsistent_shapes_report_values_in_one_line() -> None:
 def test_invalid_mla_value_is_compact() -> None:
     with pytest.raises(UserInputError, match=r"\(MLA\): kv_lora_rank: Input should be greater than 0 \(got 0\)"):
         spec_from_hf_config(fixture("deepseek-v3") | {"kv_lora_rank": 0})
+
+
+def test_zero_divisors_rejected_before_use() -> None:
+    with pytest.raises(UserInputError, match=r"key 'decoder_sparse_step' must be >= 1, got 0"):
+        spec_from_hf_config(_qwen_moe(decoder_sparse_step=0))
+    with pytest.raises(UserInputError, match=r"key 'moe_layer_freq' must be >= 1, got 0"):
+        spec_from_hf_config(fixture("deepseek-v3") | {"moe_layer_freq": 0})
+
+
+_JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-4, 300), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4), st.lists(st.integers(-2, 40), max_size=4), st.dictionaries(st.text(max_size=3), st.none()),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(sorted(p.stem for p in HF.glob("*.json"))),
+    data=st.data(),
+    value=_JSON_VALUES,
+)
+def test_any_corrupted_value_gives_a_spec_or_a_user_error(name: str, data: st.DataObject, value: Any) -> None:
+    """No traceback-style exception escapes, whatever one key of a real config is set to."""
+    cfg = fixture(name)
+    key = data.draw(st.sampled_from(sorted(cfg)))
+    try:
+        spec_from_hf_config(cfg | {key: value})
+    except UserInputError as err:
+        assert "\n" not in str(err)

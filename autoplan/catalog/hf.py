@@ -17,7 +17,8 @@ configuration class. Approximations (all small; the parameter-count tests state 
   ``first_dense_layers``/``moe_layer_freq`` only when that reproduces the same set of MoE layers exactly;
   otherwise the config is rejected.
 - **Ignored small tensors**: Qwen3's per-head q/k RMSNorms (2·head_dim per layer), BLOOM's embedding
-  LayerNorm (2·hidden), Llama's ``attention_bias`` on the output projection (hidden per layer).
+  LayerNorm (2·hidden), Llama's ``attention_bias`` on the output projection (hidden per layer) and
+  a Llama ``mlp_bias`` without ``attention_bias`` (with both, every linear has a bias: ``linear_bias``).
 - ``head_dim`` equal to ``hidden_size / num_attention_heads`` is normalized to ``None`` so a config and
   the matching catalog entry give identical specs.
 """
@@ -67,23 +68,26 @@ class _Config:
             raise UserInputError(f"{self.source}: key '{key}' must be a list of integers, got {value!r}")
         return value
 
-    def int(self, *keys: str, default: Any = _MISSING) -> int:
-        """An integer under the first present of ``keys`` (or ``default`` when none is)."""
+    def int(self, *keys: str, default: int | object = _MISSING, minimum: int | None = None) -> int:
+        """An integer under the first present of ``keys`` (or ``default`` when none is); ``minimum``
+        guards values used as divisors, which ModelSpec's own validation would see too late."""
         present = [k for k in keys if self.data.get(k) is not None]
-        if not present and default is not _MISSING:
+        if not present and isinstance(default, int):
             return default
         value = self._req(*keys)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise UserInputError(f"{self.source}: key '{present[0]}' must be an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise UserInputError(f"{self.source}: key '{present[0]}' must be >= {minimum}, got {value!r}")
         return int(value)
 
 
 def _head_dim(c: _Config, hidden: int, heads: int) -> int | None:
     """Explicit ``head_dim`` only when it differs from hidden / heads."""
-    head_dim = c.int("head_dim", default=None)
-    if head_dim is None or (hidden % heads == 0 and head_dim == hidden // heads):
+    if c.get("head_dim", None) is None:
         return None
-    return int(head_dim)
+    head_dim = c.int("head_dim")
+    return None if hidden % heads == 0 and head_dim == hidden // heads else head_dim
 
 
 def _moe_layout(num_layers: int, moe_layers: list[int], c: _Config) -> tuple[int, int]:
@@ -117,7 +121,7 @@ def _moe_fields(c: _Config, num_layers: int, moe_layers: list[int], **fields: An
 
 def _llama_like(c: _Config, *, qkv_bias: bool = False) -> dict[str, Any]:
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
-    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads")
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
     return {
         "num_layers": c.int("num_hidden_layers"),
@@ -153,11 +157,9 @@ def _qwen_moe(c: _Config, *, qkv_bias: bool) -> dict[str, Any]:
     """Qwen2-MoE / Qwen3-MoE: layer i is sparse iff i ∉ mlp_only_layers and (i+1) % decoder_sparse_step == 0."""
     fields = _llama_like(c, qkv_bias=qkv_bias)
     n, experts = int(fields["num_layers"]), c.int("num_experts")
-    step, dense_only = c.int("decoder_sparse_step", default=1), set(c.int_list("mlp_only_layers"))
+    step, dense_only = c.int("decoder_sparse_step", default=1, minimum=1), set(c.int_list("mlp_only_layers"))
     moe_layers = [i for i in range(n) if experts > 0 and i not in dense_only and (i + 1) % step == 0]
-    moe_width = c.int("moe_intermediate_size")
-    if moe_width <= 0:
-        raise UserInputError(f"{c.source}: moe_intermediate_size ({moe_width}) must be > 0")
+    moe_width = c.int("moe_intermediate_size", minimum=1)
     shared = round(c.int("shared_expert_intermediate_size", default=0) / moe_width)
     return fields | _moe_fields(
         c,
@@ -185,7 +187,7 @@ def _deepseek(c: _Config) -> dict[str, Any]:
         f"{c.source} (MLA)",
     )
     n, experts = c.int("num_hidden_layers"), c.int("n_routed_experts", default=0)
-    first_k, freq = c.int("first_k_dense_replace", default=0), c.int("moe_layer_freq", default=1)
+    first_k, freq = c.int("first_k_dense_replace", default=0), c.int("moe_layer_freq", default=1, minimum=1)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k and i % freq == 0]
     fields = {
         "num_layers": n,
@@ -306,4 +308,4 @@ def spec_from_hf_config(data: Mapping[str, Any], *, name: str | None = None, pat
         )
     fields = family(_Config(data, source))
     fields["name"] = name or default_name(data, path)
-    return validate(ModelSpec, fields, source)
+    return validate(ModelSpec, fields, f"model from {source}")
