@@ -7,23 +7,26 @@ names raise :class:`UserInputError` with close matches from :func:`difflib.get_c
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 
-from autoplan.errors import UserInputError
 from autoplan.catalog.spec_file import validate
+from autoplan.errors import UserInputError
 from cost_models.specs import Efficiency, GPUSpec, ModelSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Catalog:
+class Catalog(Generic[T]):
     """Entries keyed by lower-case name, plus lower-case alias → entry name."""
 
-    entries: dict[str, Any]
+    entries: dict[str, T]
     aliases: dict[str, str]
 
     def resolve(self, name: str) -> str | None:
@@ -40,14 +43,16 @@ class Catalog:
         return list(dict.fromkeys(prefixed + close))[:n]
 
 
+@lru_cache(maxsize=2)
 def _read(filename: str) -> dict[str, Any]:
+    """Parse a shipped catalog file once (callers only read the result)."""
     text = resources.files("autoplan.catalog").joinpath(filename).read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     assert isinstance(data, dict), f"{filename} must hold a mapping"
     return data
 
 
-def _aliases(raw: dict[str, str] | None, entries: dict[str, Any], filename: str) -> dict[str, str]:
+def _aliases(raw: dict[str, str] | None, entries: Mapping[str, object], filename: str) -> dict[str, str]:
     aliases = {str(k).lower(): str(v).lower() for k, v in (raw or {}).items()}
     dangling = sorted(a for a, target in aliases.items() if target not in entries)
     assert not dangling, f"{filename}: aliases point to unknown entries: {dangling}"
@@ -55,7 +60,7 @@ def _aliases(raw: dict[str, str] | None, entries: dict[str, Any], filename: str)
 
 
 @lru_cache(maxsize=1)
-def model_catalog() -> Catalog:
+def model_catalog() -> Catalog[ModelSpec]:
     """``models.yaml`` as validated ModelSpecs (the entry's key is its name)."""
     data = _read("models.yaml")
     entries = {
@@ -66,7 +71,7 @@ def model_catalog() -> Catalog:
 
 
 @lru_cache(maxsize=1)
-def gpu_catalog() -> Catalog:
+def gpu_catalog() -> Catalog[GPUSpec]:
     """``gpus.yaml``'s ``gpus`` as validated GPUSpecs."""
     data = _read("gpus.yaml")
     entries = {
@@ -86,7 +91,7 @@ def efficiency_catalog() -> dict[str, Efficiency]:
     }
 
 
-def unknown_name_error(kind: str, name: str, catalog: Catalog, see: str) -> UserInputError:
+def unknown_name_error(kind: str, name: str, catalog: Catalog[Any], see: str) -> UserInputError:
     """``unknown model 'x'; did you mean: a, b? (see 'autoplan models')``; ``.valid`` lists every name."""
     close = catalog.suggestions(name)
     hint = f"; did you mean: {', '.join(close)}?" if close else ""

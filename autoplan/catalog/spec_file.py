@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -19,10 +19,12 @@ from autoplan.errors import UserInputError
 from cost_models.specs import ModelSpec
 
 YAML_SUFFIXES = (".yaml", ".yml")
+M = TypeVar("M", bound=BaseModel)
 
 
 def describe_validation_error(err: ValidationError) -> str:
-    """Compact one-line form of a pydantic error: ``num_layers: must be > 0 (got -1); foo: unknown field``."""
+    """Compact one-line form of a pydantic error, e.g.
+    ``num_layers: Input should be greater than 0 (got -1); foo: unknown field``."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
@@ -33,12 +35,13 @@ def describe_validation_error(err: ValidationError) -> str:
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if loc and not isinstance(e.get("input"), (dict, list)):
-                msg = f"{msg} (got {e.get('input')!r})"
+                got = repr(e.get("input"))
+                msg = f"{msg} (got {got if len(got) <= 60 else got[:57] + '...'})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 
-def validate(model: type[BaseModel], data: Mapping[str, Any], what: str) -> Any:
+def validate(model: type[M], data: Mapping[str, Any], what: str) -> M:
     """``model(**data)``, re-raising validation errors as :class:`UserInputError` naming ``what``."""
     try:
         return model.model_validate(dict(data))
