@@ -67,23 +67,23 @@ def build_cluster(
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
     efficiency = efficiency_for(spec.generation)
-    prof = load_profile(profile) if profile is not None else None
-    if prof is not None:
-        if load_gpu(prof.gpu).name != spec.name:
-            raise UserInputError(f"cluster profile '{profile}' is for GPU '{prof.gpu}', not '{spec.name}'")
+    prof = load_profile(profile) if profile is not None else ClusterProfile(gpu=spec.name)
+    if load_gpu(prof.gpu).name != spec.name:
+        raise UserInputError(f"cluster profile '{profile}' is for GPU '{prof.gpu}', not '{spec.name}'")
+    if prof.efficiency:
         efficiency = validate(
             Efficiency, {**efficiency.model_dump(), **prof.efficiency}, f"efficiency in cluster profile '{profile}'"
         )
 
-    def pick(explicit: Any, from_profile: Any, default: Any) -> Any:
+    def pick(explicit: float | None, from_profile: float | None, default: float) -> float:
         return next((v for v in (explicit, from_profile) if v is not None), default)
 
     fields = {
         "gpu": spec,
         "num_gpus": num_gpus,
-        "gpus_per_node": pick(gpus_per_node, prof and prof.gpus_per_node, spec.gpus_per_node),
-        "nvlink_domain_size": pick(nvlink_domain_size, prof and prof.nvlink_domain_size, spec.nvlink_domain_size),
-        "inter_node_gbps": pick(inter_node_gbps, prof and prof.inter_node_gbps, spec.nic_gbps),
+        "gpus_per_node": pick(gpus_per_node, prof.gpus_per_node, spec.gpus_per_node),
+        "nvlink_domain_size": pick(nvlink_domain_size, prof.nvlink_domain_size, spec.nvlink_domain_size),
+        "inter_node_gbps": pick(inter_node_gbps, prof.inter_node_gbps, spec.nic_gbps),
         "efficiency": efficiency,
     }
     return validate(ClusterSpec, fields, f"cluster of {num_gpus} x {spec.name}")
