@@ -1,0 +1,86 @@
+"""Emitters: turn a plan into what Megatron-LM, torchtitan and plain PyTorch (FSDP2) consume.
+
+``emit(plan, target)`` checks the plan (``check_emittable``) and returns the files as text;
+``write_emitted(model, cluster, job, parallel, target, out_dir)`` writes them (``autoplan emit`` and
+``autoplan search --emit`` call it). Nothing here imports torch: the frameworks' own checks live in
+``autoplan.validate`` behind the ``validate`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoplan.emit.plan import TARGETS, EmitPlan, Target, check_emittable, load_plan, plan_from_dict
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+__all__ = ["TARGETS", "EmitPlan", "Emitted", "Target", "check_emittable", "emit", "load_plan", "plan_from_dict",
+           "write_emitted", "write_plan"]
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """Files (name -> text) for one target, and notes on where the target cannot follow the plan exactly."""
+
+    target: str
+    files: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
+def emit(plan: EmitPlan, target: Target) -> Emitted:
+    check_emittable(plan, target)
+    if target == "megatron":
+        from autoplan.emit.megatron import megatron_files
+
+        files, notes = megatron_files(plan), []
+        if plan.parallel.schedule == "zb-h1":
+            notes.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
+    elif target == "torchtitan":
+        from autoplan.emit import torchtitan as tt
+
+        files, notes = tt.torchtitan_files(plan), tt.notes(plan)
+    else:
+        from autoplan.emit import fsdp2
+
+        files, notes = fsdp2.fsdp2_files(plan), fsdp2.notes(plan)
+    files = dict(files)
+    files["README.txt"] = _readme(plan, target, files, notes)
+    return Emitted(target=target, files=files, notes=notes)
+
+
+def _readme(plan: EmitPlan, target: str, files: dict[str, str], notes: list[str]) -> str:
+    lines = [f"autoplan emit --target {target}", "",
+             f"model {plan.model.name}; {plan.cluster.num_gpus} x {plan.cluster.gpu.name}; "
+             f"dp={plan.dp} tp={plan.parallel.tp} pp={plan.parallel.pp} cp={plan.parallel.cp} "
+             f"ep={plan.parallel.ep} vp={plan.parallel.vp}", "", "files:"]
+    lines += [f"  {name}" for name in sorted(files)]
+    if notes:
+        lines += ["", "notes:"] + [f"  - {n}" for n in notes]
+    lines += ["", "Check them with the frameworks' own code: autoplan validate --target "
+              f"{target} ... (needs: pip install 'autoplan[validate]')"]
+    return "\n".join(lines) + "\n"
+
+
+def write_plan(plan: EmitPlan, target: Target, out_dir: str | Path) -> Emitted:
+    """Emit ``plan`` for ``target`` into ``out_dir`` (created if needed); scripts are made executable."""
+    result = emit(plan, target)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in result.files.items():
+        path = out / name
+        path.write_text(text)
+        if name.endswith((".sh", ".sbatch")):
+            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return result
+
+
+def write_emitted(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, parallel: ParallelConfig,
+                  target: Target, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Public entry point (used by ``autoplan search --emit``): write the files and return their paths.
+
+    Raises ``ConfigError`` (a ``ValueError``) when the plan breaks a hard constraint or the target cannot
+    express it (e.g. a model torchtitan does not ship)."""
+    result = write_plan(EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel), target, out_dir)
+    return [Path(out_dir) / name for name in sorted(result.files)]

@@ -1,0 +1,143 @@
+"""What an emitter consumes: one fully resolved plan (model, cluster, job, parallel layout).
+
+A plan comes from a plan JSON written by ``autoplan estimate --format json`` (top-level ``"parallel"``)
+or ``autoplan search --format json`` (``"plans": [{"parallel": ..., "prediction": ...}, ...]``), or from
+explicit specs. ``check_emittable`` runs the hard constraints before any file is written, so an
+infeasible layout is refused by autoplan with the reason the framework itself would give.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from autoplan.errors import ConfigError, UserInputError
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+Target = Literal["megatron", "torchtitan", "fsdp2"]
+TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2")
+
+
+@dataclass(frozen=True)
+class EmitPlan:
+    """One plan, resolved: everything an emitter needs and nothing else."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+    parallel: ParallelConfig
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree, Megatron's convention: gpus / (tp * pp * cp)."""
+        return self.parallel.dp(self.cluster.num_gpus)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per optimizer step per pipeline: B / (b * dp)."""
+        return self.job.global_batch_size // (self.parallel.micro_batch_size * self.dp)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cluster.num_nodes
+
+    @property
+    def procs_per_node(self) -> int:
+        return min(self.cluster.gpus_per_node, self.cluster.num_gpus)
+
+
+def _read_json(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"plan file '{path}' does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserInputError(f"plan file '{path}' is not valid JSON: {e.msg} (line {e.lineno})") from e
+    if not isinstance(data, dict):
+        raise UserInputError(f"plan file '{path}' must hold one JSON object, not {type(data).__name__}")
+    return data
+
+
+def _require(data: dict[str, Any], key: str, path: str | Path, kind: type = dict) -> Any:
+    if key not in data:
+        raise UserInputError(f"plan file '{path}' has no \"{key}\"")
+    if not isinstance(data[key], kind):
+        raise UserInputError(f"plan file '{path}': \"{key}\" must be a {kind.__name__}")
+    return data[key]
+
+
+def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: str = "<plan>") -> EmitPlan:
+    """Resolve a plan JSON object (estimate or search output) into an ``EmitPlan``.
+
+    ``index`` picks ``plans[index]`` of a search result (default 0); it is an error for an estimate
+    result, which holds a single ``"parallel"``."""
+    from autoplan.catalog import build_cluster  # local: the catalog loads YAML files
+
+    model_rec = _require(data, "model", source)
+    spec = model_rec.get("spec")
+    if not isinstance(spec, dict):
+        raise UserInputError(f"plan file '{source}': \"model\" must hold a \"spec\" object")
+    spec = dict(spec)
+    spec.setdefault("name", model_rec.get("name", "custom"))
+    cl = _require(data, "cluster", source)
+    try:
+        model = ModelSpec(**spec)
+        cluster = build_cluster(str(cl["gpu"]), int(cl["num_gpus"]), gpus_per_node=cl.get("gpus_per_node"),
+                                inter_node_gbps=cl.get("inter_node_gbps"),
+                                nvlink_domain_size=cl.get("nvlink_domain_size"))
+        job = JobSpec(**_require(data, "job", source))
+    except KeyError as e:
+        raise UserInputError(f"plan file '{source}': \"cluster\" has no {e}") from e
+    except ValidationError as e:
+        raise UserInputError(f"plan file '{source}': {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from e
+
+    if "plans" in data:
+        plans = _require(data, "plans", source, list)
+        if not plans:
+            raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
+        i = 0 if index is None else index
+        if not 0 <= i < len(plans):
+            raise UserInputError(f"--index {i} is out of range: plan file '{source}' holds {len(plans)} plan(s) "
+                                 f"(valid: 0..{len(plans) - 1})")
+        entry = plans[i]
+        par = entry.get("parallel") if isinstance(entry, dict) else None
+        if not isinstance(par, dict):
+            raise UserInputError(f"plan file '{source}': plans[{i}] has no \"parallel\" object")
+    else:
+        if index not in (None, 0):
+            raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
+        par = _require(data, "parallel", source)
+    try:
+        parallel = ParallelConfig(**par)
+    except ValidationError as e:
+        raise UserInputError(f"plan file '{source}': parallel.{e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}"
+                             f": {e.errors()[0]['msg']}") from e
+    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel)
+
+
+def load_plan(path: str | Path, index: int | None = None) -> EmitPlan:
+    """Read a plan JSON file (``autoplan estimate/search --format json``)."""
+    return plan_from_dict(_read_json(path), index, source=str(path))
+
+
+def check_emittable(plan: EmitPlan, target: Target) -> None:
+    """Refuse a layout the target framework would reject, with the reason it would give.
+
+    The shared hard constraints live in ``cost_models.validate.check_parallel``; Megatron accepts
+    ``tp`` a multiple of ``num_kv_heads`` (KV heads replicated) while torchtitan and plain DTensor
+    TP shard KV heads and need ``num_kv_heads % tp == 0``."""
+    if target not in TARGETS:
+        raise ConfigError(f"unknown target '{target}'", valid=TARGETS)
+    from cost_models.validate import check_parallel
+
+    check_parallel(plan.model, plan.cluster, plan.job, plan.parallel,
+                   allow_kv_replication=(target == "megatron"))
+    par = plan.parallel
+    if target == "megatron" and par.zero_stage == 3 and par.pp > 1:
+        raise ConfigError(f"zero_stage=3 with pp={par.pp}: Megatron-LM's --use-torch-fsdp2 does not work with "
+                          "pipeline parallelism; use zero_stage 1 (distributed optimizer) or pp=1")
