@@ -18,6 +18,7 @@ Variables: ``x_vs ∈ {0,1}``; ``e_uv,ab ∈ [0,1]`` (integral whenever x is: co
     (5) Σ_v Σ_s m_vs x_vs ≤ M                             (if M given)   memory
     (6) Σ_t y_gt = 1;  Σ_{s: τ_g(v,s)=t} x_vs = y_gt      ∀ g, v∈g, t    target ties
     min Σ_v Σ_s c_vs x_vs + Σ_(u,v) Σ_ab R_uv,ab e_uv,ab
+    (7) then, keeping that objective ≤ its optimum: min Σ_v Σ_s m_vs x_vs   (lexicographic tie-break)
 
 Edge variables live on layout classes, not strategy pairs: resharding depends only on the two layouts,
 so this is the same optimum with |A|·|B| instead of |S_u|·|S_v| variables (exact). All saved
@@ -38,6 +39,13 @@ from typing import Literal
 
 import numpy as np
 from ortools.linear_solver import pywraplp
+
+from cost_models.errors import InfeasibleError
+from cost_models.opgraph import LayerKind, layer_graph
+from cost_models.specs import ModelSpec, Precision, Recompute
+from search.mesh import LogicalMesh, MeshAxis
+from search.resharding import Layout, edge_time_s
+from search.strategies import Comm, LayerContext, Node, Strategy, Target, build_nodes, node_strategies
 
 Status = Literal["optimal", "feasible", "infeasible", "timeout"]
 
@@ -95,9 +103,11 @@ class IlpSolution:
 
 
 # ==== solver =========================================================================================
-def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str = "CBC") -> IlpSolution:
+def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str = "CBC",
+              tie_break_memory: bool = True) -> IlpSolution:
     """Solve the formulation in the module docstring. Builder order: data → variables → constraints →
-    objective → solve → extract."""
+    objective → solve → extract. With ``tie_break_memory`` a second solve keeps the optimal cost (7) and
+    minimizes memory, so equal-cost choices (ZeRO-0 vs ZeRO-1 traffic is equal) report the leaner one."""
     t0 = time.perf_counter()
     # -- data: scale costs to O(1e3) and memory to GiB so solver tolerances are meaningful.
     scale = max([float(np.max(np.abs(c))) for c in problem.node_cost if c.size]
@@ -146,10 +156,11 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
                 solver.Add(sum(x[v, s] for s, tv in enumerate(vals) if tv == t) == y[gi, t], f"c6[{g.name},{v},{t}]")
 
     # -- objective
-    solver.Minimize(
+    objective = (
         sum(float(c[s]) * k * x[v, s] for v, c in enumerate(problem.node_cost) for s in range(c.size))
         + sum(float(edge.cost[a, b]) * k * e[i, a, b] for (i, a, b) in e if (edge := problem.edges[i]).cost[a, b])
     )
+    solver.Minimize(objective)
 
     # -- solve, with the status checked explicitly
     code = solver.Solve()
@@ -158,6 +169,15 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
         return IlpSolution("infeasible", None, None, None, time.perf_counter() - t0, nvars)
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return IlpSolution("timeout", None, None, None, time.perf_counter() - t0, nvars)
+
+    # -- lexicographic tie-break: among optimal assignments take the least memory (one more solve)
+    if tie_break_memory and code == pywraplp.Solver.OPTIMAL:
+        best = solver.Objective().Value()
+        solver.Add(objective <= best + 1e-7 * max(1.0, abs(best)), "c7")
+        solver.Minimize(sum(float(m[s]) / 2**30 * x[v, s] for v, m in enumerate(problem.node_mem)
+                            for s in range(m.size)))
+        if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            raise AssertionError("memory tie-break lost the optimum it was given")
 
     # -- extract
     choice = tuple(int(np.argmax([x[v, s].solution_value() for s in range(c.size)]))
@@ -223,3 +243,243 @@ def prune_dominated(problem: IlpProblem) -> Pruned:
         tuple(m[k] for m, k in zip(problem.node_mem, kept)), edges, ties, problem.memory_limit,
     )
     return Pruned(reduced, kept)
+
+
+# ==== one layer on one mesh ==========================================================================
+@dataclass(frozen=True)
+class IntraOpRequest:
+    """What the planner asks for: one layer kind on one mesh. With the model and the mesh, the cache key."""
+
+    kind: LayerKind
+    seq_len: int
+    micro_batch_size: int = 1
+    recompute: Recompute = "none"
+    precision: Precision = "bf16"
+    target: Target = "any"
+    num_microbatches: int = 1  # gradient-accumulation steps: per-step traffic is amortized over them
+    activation_copies: int = 1  # micro-batches whose activations are alive at once
+    memory_limit_bytes: float | None = None  # per device for this layer; None = unconstrained
+    sequence_parallel: bool | None = None  # None: chosen per op (tied per layer for megatron); True/False: forced
+    time_limit_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class EdgeReshard:
+    producer: str
+    consumer: str
+    tensor: str
+    src: Layout
+    dst: Layout
+    time_s: float  # per micro-batch, forward + backward
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    node: str
+    ops: tuple[str, ...]
+    strategy: Strategy
+
+
+@dataclass(frozen=True)
+class IntraOpResult:
+    request: IntraOpRequest
+    mesh_label: str
+    status: Literal["optimal", "feasible", "fallback"]  # fallback: solver hit its limit, uniform Megatron used
+    choices: tuple[NodeChoice, ...]
+    reshards: tuple[EdgeReshard, ...]
+    objective_s: float  # per step: m·(compute + exposed comm + resharding) + exposed per-step traffic
+    compute_s: float  # per micro-batch
+    exposed_comm_s: float  # per micro-batch, inside ops
+    reshard_s: float  # per micro-batch, on edges
+    step_s: float  # per step
+    state_bytes: float
+    activation_bytes: float
+    solve_time_s: float
+    num_variables: int
+    strategies_generated: int
+    strategies_after_pruning: int
+
+    @property
+    def time_per_microbatch_s(self) -> float:
+        return self.compute_s + self.exposed_comm_s + self.reshard_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    def strategy(self, op: str) -> Strategy:
+        """The strategy of the node holding ``op`` (a fused or follow op shares its node's)."""
+        return next(c.strategy for c in self.choices if op in c.ops)
+
+    def collectives(self, axis: MeshAxis | None = None, phase: str | None = None) -> list[tuple[str, Comm]]:
+        """(node, collective) pairs, one entry per collective call kind (``Comm.count`` says how many)."""
+        return [(c.node, k) for c in self.choices for k in c.strategy.comms
+                if (axis is None or axis in k.axes) and (phase is None or k.phase == phase)]
+
+
+class IntraOpCache:
+    """Intra-op results keyed on (model, mesh, request); owned by the caller, with hit/miss counters."""
+
+    def __init__(self) -> None:
+        self._store: dict[Hashable, IntraOpResult] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(model: ModelSpec, mesh: LogicalMesh, request: IntraOpRequest) -> Hashable:
+        return (model, mesh.cluster, mesh.axes, mesh.sizes, request)
+
+    def get_or_solve(self, model: ModelSpec, mesh: LogicalMesh, request: IntraOpRequest) -> IntraOpResult:
+        k = self.key(model, mesh, request)
+        if k in self._store:
+            self.hits += 1
+            return self._store[k]
+        self.misses += 1
+        result = _solve_layer(model, mesh, request)
+        self._store[k] = result
+        return result
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+
+def solve_layer(model: ModelSpec, mesh: LogicalMesh, request: IntraOpRequest, *,
+                cache: IntraOpCache | None = None) -> IntraOpResult:
+    """Optimal per-op strategies for one layer kind on ``mesh``. Raises ``ConfigError`` when the target
+    cannot shard the layer on this mesh and ``InfeasibleError`` when nothing fits the memory limit."""
+    if cache is not None:
+        return cache.get_or_solve(model, mesh, request)
+    return _solve_layer(model, mesh, request)
+
+
+@dataclass(frozen=True)
+class _LayerProblem:
+    nodes: tuple[Node, ...]
+    strategies: tuple[tuple[Strategy, ...], ...]
+    edges: tuple[tuple[int, int, str, str, tuple[Layout, ...], tuple[Layout, ...]], ...]  # u, v, T_u, T_v, A, B
+    problem: IlpProblem
+
+
+def _build(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> _LayerProblem:
+    # -- data
+    graph = layer_graph(model, req.kind, req.seq_len)
+    ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, req.recompute, req.precision, req.target,
+                       req.activation_copies, req.sequence_parallel)
+    nodes = build_nodes(graph)
+    strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)
+    m = req.num_microbatches
+    producer = {t: i for i, n in enumerate(nodes) for t in n.outputs}
+    tokens_factor = {op.output: op.tokens_factor for op in graph.ops}
+    pairs = [(producer[t], v, t, t) for v, n in enumerate(nodes) for t in n.inputs if t in producer]
+    if req.kind in ("dense", "moe"):  # steady state of stacked identical layers: layer_out feeds layer_in
+        boundary = [t for n in nodes for t in n.inputs if t not in producer and t in graph.tensors]
+        last = graph.ops[-1].output
+        pairs += [(producer[last], v, last, t) for v, n in enumerate(nodes) for t in n.inputs if t in boundary]
+    edges, ilp_edges = [], []
+    repeats = 2 if req.recompute == "full" else 1
+    for u, v, tu, tv in pairs:
+        src = [s.out_layout(tu) for s in strategies[u]]
+        dst = [s.in_layout(tv) for s in strategies[v]]
+        a_layouts, b_layouts = tuple(dict.fromkeys(src)), tuple(dict.fromkeys(dst))
+        tensor = graph.tensors[tu]
+        tokens = ctx.tokens * tokens_factor.get(tu, 1.0)
+        cost = np.array([[m * edge_time_s(tokens, tensor.width, a, b, mesh, model.num_kv_heads, repeats)
+                          for b in b_layouts] for a in a_layouts])
+        edges.append((u, v, tu, tv, a_layouts, b_layouts))
+        ilp_edges.append(IlpEdge(u, v, np.array([a_layouts.index(x) for x in src]),
+                                 np.array([b_layouts.index(x) for x in dst]), cost))
+    tie_names = sorted({name for ss in strategies for s in ss for name, _ in s.ties})
+    ties = tuple(TieGroup(name, {v: tuple(dict(s.ties).get(name) for s in ss) for v, ss in enumerate(strategies)
+                                 if any(name in dict(s.ties) for s in ss)}) for name in tie_names)
+    problem = IlpProblem(
+        tuple(n.name for n in nodes),
+        tuple(np.array([s.cost_s(m) for s in ss]) for ss in strategies),
+        tuple(np.array([s.memory_bytes for s in ss]) for ss in strategies),
+        tuple(ilp_edges), ties, req.memory_limit_bytes,
+    )
+    return _LayerProblem(nodes, strategies, tuple(edges), problem)
+
+
+def _megatron_fallback(lp: _LayerProblem, req: IntraOpRequest) -> tuple[int, ...] | None:
+    """Best uniform Megatron pattern (column QKV/FC1, row out/FC2, SP on or off, one ZeRO stage) that fits."""
+    best: tuple[float, tuple[int, ...]] | None = None
+    for sp in (True, False):
+        for zero in (1, 0, 3):
+            choice = []
+            for node, ss in zip(lp.nodes, lp.strategies):
+                want = _megatron_mode(node, sp)
+                eps = {"E", None} if any(x.ep == "E" for x in ss) else {"B", None}
+                idx = [i for i, s in enumerate(ss) if s.tp in (want, "R") and s.zero in (zero, None) and s.ep in eps]
+                if not idx:
+                    break
+                choice.append(idx[0])
+            else:
+                if not lp.problem.feasible(choice):
+                    continue
+                obj, _ = lp.problem.evaluate(choice)
+                if best is None or obj < best[0]:
+                    best = (obj, tuple(choice))
+    return None if best is None else best[1]
+
+
+def _megatron_mode(node: Node, sp: bool) -> str:
+    if node.kind in ("attention", "loss"):
+        return "F"
+    if node.kind == "embedding":
+        return "vocab_sp" if sp else "vocab"
+    if node.kind in ("matmul", "experts") and node.role != "none":
+        base = "col" if node.role == "column" else "row"
+        return base + ("_sp" if sp and node.kind == "matmul" else "")
+    if node.kind == "matmul":
+        return "seq" if sp else "rep"
+    return "S" if sp else "R"
+
+
+def _solve_layer(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> IntraOpResult:
+    lp = _build(model, mesh, req)
+    pruned = prune_dominated(lp.problem)
+    sol = solve_ilp(pruned.problem, time_limit_s=req.time_limit_s)
+    limit = req.memory_limit_bytes
+    if sol.status == "infeasible":
+        floor = sum(float(x.min()) for x in lp.problem.node_mem)
+        raise InfeasibleError(
+            f"{req.kind} layer on {mesh.label} ({req.target}) does not fit {limit / 2**30:.2f} GiB per device",
+            hint=f"the leanest strategies need at least {floor / 2**30:.2f} GiB", closest=floor)
+    status: Literal["optimal", "feasible", "fallback"]
+    if sol.choice is not None:
+        choice, status = pruned.lift(sol.choice), sol.status  # type: ignore[assignment]
+    else:
+        fb = _megatron_fallback(lp, req)
+        if fb is None:
+            raise InfeasibleError(f"intra-op solver hit its {req.time_limit_s} s limit on {req.kind}/{mesh.label} "
+                                  "and no uniform Megatron pattern fits")
+        choice, status = fb, "fallback"
+    return _result(lp, req, mesh, choice, status, sol, pruned)
+
+
+def _result(lp: _LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tuple[int, ...], status: Literal[
+        "optimal", "feasible", "fallback"], sol: IlpSolution, pruned: Pruned) -> IntraOpResult:
+    chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
+    m = req.num_microbatches
+    reshards = []
+    for (u, v, tu, tv, a_l, b_l), e in zip(lp.edges, lp.problem.edges):
+        a, b = e.u_class[choice[u]], e.v_class[choice[v]]
+        if e.cost[a, b] > 0:
+            reshards.append(EdgeReshard(lp.nodes[u].name, lp.nodes[v].name, tu, a_l[a], b_l[b], e.cost[a, b] / m))
+    obj, _ = lp.problem.evaluate(choice)
+    return IntraOpResult(
+        request=req, mesh_label=mesh.label, status=status,
+        choices=tuple(NodeChoice(n.name, tuple(op.name for op in n.ops), s) for n, s in zip(lp.nodes, chosen)),
+        reshards=tuple(reshards), objective_s=obj,
+        compute_s=sum(s.compute_s for s in chosen), exposed_comm_s=sum(s.exposed_micro_s for s in chosen),
+        reshard_s=sum(r.time_s for r in reshards), step_s=sum(s.exposed_step_s for s in chosen),
+        state_bytes=sum(s.state_bytes for s in chosen), activation_bytes=sum(s.activation_bytes for s in chosen),
+        solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
+        strategies_generated=sum(len(ss) for ss in lp.strategies),
+        strategies_after_pruning=sum(k.size for k in pruned.kept),
+    )
