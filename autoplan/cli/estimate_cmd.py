@@ -7,13 +7,12 @@ from typing import Any
 
 import click
 
-from autoplan import __version__
+from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, user_errors)
 from autoplan.report import describe_job, describe_parallel, render_prediction
-from autoplan.request import cluster_record, model_record, resolve
-from cost_models.estimate import estimate
+from autoplan.schema import EstimateRequest
 from cost_models.specs import ParallelConfig
 
 
@@ -63,15 +62,13 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
 @user_errors
 def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration."""
-    cluster_req, job = cluster_request(kw), job_spec(kw)
-    par = ParallelConfig(**pop_parallel(kw))
-    model_spec, cluster, job = resolve(model, cluster_req, job)
-    pred = estimate(model_spec, cluster, job, par)
+    request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(), job=job_spec(kw).model_dump(),
+                              parallel=ParallelConfig(**pop_parallel(kw)))
+    result = api.estimate(request)
     if fmt == "json":
-        out = {"version": __version__, "model": model_record(model_spec), "cluster": cluster_record(cluster),
-               "job": job.model_dump(), "parallel": par.model_dump(), "prediction": pred.model_dump()}
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
         return
-    click.echo(describe_job(model_spec, cluster, job))
-    click.echo(f"plan: {describe_parallel(par, pred.dp)}")
-    click.echo(render_prediction(pred))
+    specs = api.resolve(request)
+    click.echo(describe_job(specs.model, specs.cluster, specs.job))
+    click.echo(f"plan: {describe_parallel(result.parallel, result.prediction.dp)}")
+    click.echo(render_prediction(result.prediction))

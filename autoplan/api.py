@@ -1,0 +1,251 @@
+"""autoplan's Python API: the same requests and responses as the CLI's JSON.
+
+    >>> import autoplan
+    >>> r = autoplan.estimate({"model": "llama3-70b", "cluster": {"num_gpus": 1024},
+    ...                        "job": {"global_batch_size": 512}, "parallel": {"tp": 8, "pp": 8}})
+    >>> r.prediction.fits
+    True
+
+``search`` / ``estimate`` take a request model or a plain mapping (see :mod:`autoplan.schema`) and raise
+``ConfigError``/``UserInputError`` (bad input), ``pydantic.ValidationError`` (malformed request) or
+``InfeasibleError`` (no plan fits). :func:`run_line` never raises: it turns any outcome into a
+:class:`~autoplan.schema.BatchLine` with a status, which is what ``autoplan batch`` writes.
+
+An :class:`Engine` holds what one process reuses across requests: resolved specs and finished responses
+(keyed by the request minus its ``id``), plus the planner's own sub-result caches. Every cache is exact —
+a hit returns what a miss would compute — so results never depend on which requests came before.
+The module-level functions share one default engine per process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import ValidationError
+
+from autoplan.catalog.registry import catalog_model
+from autoplan.catalog.spec_file import describe_validation_error, read_mapping
+from autoplan.errors import ConfigError, InfeasibleError, UserInputError
+from autoplan.request import cluster_record
+from autoplan.schema import (BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, SearchRequest,
+                             SearchResult, Status, parse_request)
+from cost_models.estimate import estimate as estimate_prediction
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
+
+RequestLike = SearchRequest | EstimateRequest | Mapping[str, Any]
+Response = Estimate | SearchResult
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A small least-recently-used map that counts its hits and misses."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
+        if key in self._data:
+            self.hits += 1
+            self._data.move_to_end(key)
+            return self._data[key]
+        self.misses += 1
+        value = compute()
+        self._data[key] = value
+        if len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+        return value
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "size": len(self._data)}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+
+
+def _reads_files(req: SearchRequest | EstimateRequest) -> bool:
+    """Whether the request names a file (model path, cluster profile): such responses are not cached,
+    since the file may change between requests."""
+    if req.cluster.profile is not None:
+        return True
+    return isinstance(req.model, str) and catalog_model(req.model) is None
+
+
+def _canonical(req: SearchRequest | EstimateRequest) -> str:
+    return json.dumps(req.model_dump(mode="json", exclude={"id"}), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Engine:
+    """Per-process state reused across requests (see the module docstring). Not thread-safe."""
+
+    max_responses: int = 4096
+    max_resolved: int = 512
+    responses: LRU[str, Response] = field(init=False)
+    resolved: LRU[str, Resolved] = field(init=False)
+    planner_cache: Any = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.responses = LRU(self.max_responses)
+        self.resolved = LRU(self.max_resolved)
+
+    # ---- resolution ------------------------------------------------------------------------------
+    def resolve(self, req: SearchRequest | EstimateRequest) -> Resolved:
+        def compute() -> Resolved:
+            from autoplan.catalog import load_model
+            return Resolved(load_model(req.model), req.cluster.resolve(), req.job.spec())
+        if _reads_files(req):
+            return compute()
+        key = json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json")],
+                         sort_keys=True, separators=(",", ":"))
+        return self.resolved.get_or_compute(key, compute)
+
+    # ---- the two request kinds ------------------------------------------------------------------
+    def estimate(self, request: RequestLike) -> Estimate:
+        req = _as(request, EstimateRequest)
+        return self._cached(req, lambda: self._estimate(req))  # type: ignore[return-value]
+
+    def search(self, request: RequestLike) -> SearchResult:
+        req = _as(request, SearchRequest)
+        return self._cached(req, lambda: self._search(req))  # type: ignore[return-value]
+
+    def run(self, request: RequestLike) -> Response:
+        req = parse_request(request)
+        return self.estimate(req) if isinstance(req, EstimateRequest) else self.search(req)
+
+    def _cached(self, req: SearchRequest | EstimateRequest, compute: Callable[[], Response]) -> Response:
+        if _reads_files(req):
+            return compute()
+        return self.responses.get_or_compute(_canonical(req), compute)
+
+    def _estimate(self, req: EstimateRequest) -> Estimate:
+        r = self.resolve(req)
+        pred = estimate_prediction(r.model, r.cluster, r.job, req.parallel)
+        return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
+                        parallel=req.parallel, prediction=pred)
+
+    def _search(self, req: SearchRequest) -> SearchResult:
+        try:
+            from search import planner  # lazily: the solver stack costs ~0.5 s to import
+        except ImportError as err:
+            raise RuntimeError("search planner not available in this build") from err
+        r = self.resolve(req)
+        raise RuntimeError(f"search planner wiring pending ({planner.__name__}, {r.model.name})")
+
+    def stats(self) -> dict[str, Any]:
+        """Cache counters: responses, resolved specs and (when it reports them) the planner's caches."""
+        out: dict[str, Any] = {"responses": self.responses.stats(), "resolved": self.resolved.stats()}
+        planner = getattr(self.planner_cache, "stats", None)
+        if callable(planner):
+            out["planner"] = planner()
+        return out
+
+
+def _as(request: RequestLike, cls: type[SearchRequest] | type[EstimateRequest]) -> Any:
+    if isinstance(request, cls):
+        return request
+    if isinstance(request, (SearchRequest, EstimateRequest)):
+        raise UserInputError(f"expected a {cls.__name__}, got a {type(request).__name__}")
+    if not isinstance(request, Mapping):
+        raise UserInputError(f"a request must be a mapping, got {type(request).__name__}")
+    data = dict(request)
+    kind = cls.model_fields["kind"].default
+    if data.setdefault("kind", kind) != kind:
+        raise UserInputError(f"request kind is {data['kind']!r}; call {data['kind']}() for it")
+    return cls.model_validate(data)
+
+
+def _model_record(model: ModelSpec) -> ModelRecord:
+    return ModelRecord(name=model.name, spec=model)
+
+
+def _cluster_record(cluster: ClusterSpec) -> ClusterRecord:
+    return ClusterRecord(**cluster_record(cluster))
+
+
+# ==== module-level API (one default engine per process) ============================================
+_DEFAULT: list[Engine] = []
+
+
+def default_engine() -> Engine:
+    if not _DEFAULT:
+        _DEFAULT.append(Engine())
+    return _DEFAULT[0]
+
+
+def estimate(request: RequestLike) -> Estimate:
+    """Score one parallel configuration (``autoplan estimate``)."""
+    return default_engine().estimate(request)
+
+
+def search(request: RequestLike) -> SearchResult:
+    """The best plans for a job (``autoplan search``)."""
+    return default_engine().search(request)
+
+
+def run(request: RequestLike) -> Response:
+    """``search`` or ``estimate`` by the request's ``kind`` (default ``search``)."""
+    return default_engine().run(request)
+
+
+def resolve(request: RequestLike) -> Resolved:
+    """The specs a request names (model, cluster, job), as the engine resolves them."""
+    return default_engine().resolve(parse_request(request) if isinstance(request, Mapping) else request)
+
+
+def load_request(path: str | Path) -> SearchRequest | EstimateRequest:
+    """A request from a JSON or YAML file (YAML through ``safe_load``)."""
+    return parse_request(read_mapping(Path(path)))
+
+
+# ==== outcomes as statuses (batch lines) ==========================================================
+def classify(err: BaseException) -> tuple[Status, str]:
+    """The batch status and one-line message of an exception."""
+    if isinstance(err, ValidationError):
+        return "invalid", describe_validation_error(err)
+    if isinstance(err, InfeasibleError):
+        return "infeasible", _one_line(str(err))
+    if isinstance(err, (ConfigError, json.JSONDecodeError, RecursionError)):
+        return "invalid", _one_line(str(err) or type(err).__name__)
+    return "error", _one_line(f"internal error ({type(err).__name__}): {err}")
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_line(engine: Engine, data: Any, line: int, request_id: str | None = None) -> BatchLine:
+    """Run one parsed batch line; never raises (every outcome becomes a status)."""
+    rid = request_id if request_id is not None else _peek_id(data)
+    kind = _peek_kind(data)
+    try:
+        req = parse_request(data)
+        result = engine.run(req)
+    except Exception as err:  # noqa: BLE001 — a batch isolates every failure into its line
+        status, message = classify(err)
+        return BatchLine(id=rid, line=line, kind=kind, status=status, message=message)
+    return BatchLine(id=req.id, line=line, kind=req.kind, status="ok", result=result)
+
+
+def _peek_id(data: Any) -> str | None:
+    rid = data.get("id") if isinstance(data, dict) else None
+    return rid[:256] if isinstance(rid, str) else None
+
+
+def _peek_kind(data: Any) -> Any:
+    kind = data.get("kind", "search") if isinstance(data, dict) else None
+    return kind if kind in ("search", "estimate") else None

@@ -1,0 +1,247 @@
+"""Request and response models of autoplan's JSON contract (CLI ``--format json``, Python API, ``batch`` lines).
+
+One request shape serves ``estimate``, ``search`` and every line of ``autoplan batch``::
+
+    {"id": "job-1", "kind": "search",                      # "search" (default) | "estimate"
+     "model": "llama3-70b",                                # catalog name | HF config.json / spec path | {spec}
+     "cluster": {"gpu": "h100-sxm", "num_gpus": 1024, "gpus_per_node": 8, "inter_node_gbps": 400},
+     "job": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16"},
+     "parallel": {"tp": 8, "pp": 8},                       # estimate: the layout; search: degrees to pin
+     "top": 3, "target": "any"}                            # search only
+
+Omitted fields take the defaults documented on each field (``JobSpec``: 1024 sequences of 8192 tokens, bf16;
+cluster: ``h100-sxm`` with the catalog's node size, NVLink domain and NIC; ``ParallelConfig``: tp = pp = 1,
+ZeRO-1, no recompute, 1F1B). Every response carries ``version``. ``autoplan schema`` prints the JSON Schema
+of all of these (:func:`json_schema`).
+
+Sizes are bounded (``MAX_NUM_GPUS``, ``MAX_GLOBAL_BATCH_SIZE``, ``MAX_SEQ_LEN``, ``MAX_TOP``) so that no request
+can make the planner enumerate an absurd space; nothing in a request is ever executed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag,
+                      TypeAdapter, field_serializer)
+
+from autoplan import __version__
+from autoplan.errors import UserInputError
+from autoplan.request import ClusterRequest
+from cost_models.estimate import Prediction
+from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule
+
+MAX_NUM_GPUS = 1 << 20
+MAX_GLOBAL_BATCH_SIZE = 1 << 24
+MAX_SEQ_LEN = 1 << 24
+MAX_TOP = 100
+MAX_ID_CHARS = 256
+
+Status = Literal["ok", "infeasible", "invalid", "error"]
+Target = Literal["megatron", "torchtitan", "any"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ==== requests =====================================================================================
+class JobRequest(_Strict):
+    """The training job (``JobSpec`` with request-size bounds)."""
+
+    global_batch_size: int = Field(default=JobSpec.model_fields["global_batch_size"].default, gt=0,
+                                   le=MAX_GLOBAL_BATCH_SIZE, description="sequences per optimizer step")
+    seq_len: int = Field(default=JobSpec.model_fields["seq_len"].default, gt=0, le=MAX_SEQ_LEN,
+                         description="tokens per sequence")
+    precision: Precision = Field(default="bf16", description="GEMM precision")
+    optimizer: Literal["adam"] = "adam"
+
+    def spec(self) -> JobSpec:
+        return JobSpec(**self.model_dump())
+
+
+class ClusterRequestBounded(ClusterRequest):
+    """``ClusterRequest`` with ``num_gpus`` bounded (a request line may not ask for a million nodes)."""
+
+    num_gpus: int = Field(gt=0, le=MAX_NUM_GPUS, description="number of GPUs")
+
+
+ModelSource = Union[str, dict[str, Any]]
+MODEL_DESCRIPTION = ("catalog name (see `autoplan models`), path to a Hugging Face config.json or an autoplan "
+                     "spec YAML/JSON, or an inline mapping of ModelSpec fields (or of a parsed HF config)")
+
+
+class ParallelPins(_Strict):
+    """Degrees and options a search must keep (every field optional; omitted = searched)."""
+
+    tp: int | None = Field(default=None, gt=0, description="tensor-parallel degree")
+    pp: int | None = Field(default=None, gt=0, description="pipeline stages")
+    cp: int | None = Field(default=None, gt=0, description="context-parallel degree")
+    ep: int | None = Field(default=None, gt=0, description="expert-parallel degree, inside dp*cp")
+    vp: int | None = Field(default=None, gt=0, description="virtual stages per pipeline rank")
+    micro_batch_size: int | None = Field(default=None, gt=0, description="sequences per micro-batch")
+    sequence_parallel: bool | None = None
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    hsdp_shard_size: int | None = Field(default=None, gt=0, description="HSDP shard-group size")
+    recompute: Recompute | None = None
+    schedule: Schedule | None = None
+    first_stage_layers: int | None = Field(default=None, ge=0)
+    last_stage_layers: int | None = Field(default=None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        """The pinned fields only."""
+        return self.model_dump(exclude_none=True)
+
+
+class _RequestBase(_Strict):
+    id: str | None = Field(default=None, max_length=MAX_ID_CHARS,
+                           description="caller's id, echoed in the response line of a batch")
+    model: ModelSource = Field(description=MODEL_DESCRIPTION)
+    cluster: ClusterRequestBounded
+    job: JobRequest = Field(default_factory=JobRequest)
+
+
+class EstimateRequest(_RequestBase):
+    """Score one parallel configuration."""
+
+    kind: Literal["estimate"] = "estimate"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig,
+                                     description="the layout to score (ParallelConfig defaults for omitted fields)")
+
+
+class SearchRequest(_RequestBase):
+    """Find the best parallel configurations."""
+
+    kind: Literal["search"] = "search"
+    parallel: ParallelPins = Field(default_factory=ParallelPins, description="degrees to pin")
+    top: int = Field(default=3, gt=0, le=MAX_TOP, description="how many plans to return")
+    target: Target = Field(default="any", description="keep plans the named framework can run")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("kind", "search")
+    return getattr(value, "kind", "search")
+
+
+Request = Annotated[Union[Annotated[SearchRequest, Tag("search")], Annotated[EstimateRequest, Tag("estimate")]],
+                    Discriminator(_kind, custom_error_type="invalid_kind",
+                                  custom_error_message="kind must be 'search' or 'estimate'")]
+REQUEST_ADAPTER: TypeAdapter[SearchRequest | EstimateRequest] = TypeAdapter(Request)
+
+
+REQUEST_KINDS: dict[str, type[SearchRequest] | type[EstimateRequest]] = {"search": SearchRequest,
+                                                                          "estimate": EstimateRequest}
+
+
+def parse_request(data: Any) -> SearchRequest | EstimateRequest:
+    """Validate a request mapping (raises ``pydantic.ValidationError``; ``UserInputError`` for a bad kind).
+
+    Dispatches on ``kind`` by hand rather than through ``REQUEST_ADAPTER`` so error locations read
+    ``parallel.tp``, not ``estimate.parallel.tp``; the adapter describes the same union in the schema."""
+    if isinstance(data, (SearchRequest, EstimateRequest)):
+        return data
+    if not isinstance(data, dict):
+        raise UserInputError(f"a request must be a JSON object, got {type(data).__name__}")
+    kind = data.get("kind", "search")
+    cls = REQUEST_KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UserInputError(f"kind must be 'search' or 'estimate', got {kind!r:.60}")
+    return cls.model_validate(data)
+
+
+# ==== responses ====================================================================================
+class ModelRecord(_Strict):
+    name: str
+    spec: ModelSpec = Field(description="the resolved spec; unset optional fields are omitted")
+
+    @field_serializer("spec", mode="wrap")
+    def _spec_without_nones(self, spec: ModelSpec, handler: SerializerFunctionWrapHandler) -> Any:
+        return {k: v for k, v in handler(spec).items() if v is not None}
+
+
+class ClusterRecord(_Strict):
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int
+    inter_node_gbps: float = Field(description="scale-out Gbit/s per GPU")
+    nvlink_domain_size: int
+
+
+class _Response(_Strict):
+    version: str = Field(default=__version__, description="autoplan version that produced this response")
+    model: ModelRecord
+    cluster: ClusterRecord
+    job: JobSpec
+
+
+class Estimate(_Response):
+    """The ``estimate`` response (``autoplan estimate --format json``)."""
+
+    parallel: ParallelConfig
+    prediction: Prediction
+
+
+class Plan(_Strict):
+    rank: int = Field(ge=1)
+    parallel: ParallelConfig
+    prediction: Prediction
+    explanation: Any = Field(default=None, description="why this plan ranks where it does")
+
+
+class SearchResult(_Response):
+    """The ``search`` response (``autoplan search --format json``): plans best first."""
+
+    plans: list[Plan]
+    search: dict[str, Any] = Field(default_factory=dict, description="search statistics")
+
+
+class BatchLine(_Strict):
+    """One output line of ``autoplan batch``: the input line's ``id`` and its outcome."""
+
+    version: str = Field(default=__version__)
+    id: str | None = Field(description="the request's id (null when the line had none or was unreadable)")
+    line: int = Field(ge=1, description="1-based line number in the input")
+    kind: Literal["search", "estimate"] | None = None
+    status: Status
+    result: SearchResult | Estimate | None = Field(default=None, description="present when status is ok")
+    message: str | None = Field(default=None, description="why the line is not ok (one line)")
+
+
+class BatchSummary(_Strict):
+    version: str = Field(default=__version__)
+    total: int
+    counts: dict[str, int] = Field(description="lines per status")
+    wall_s: float
+    plans_per_s: float
+    cache: dict[str, Any] = Field(default_factory=dict, description="hits, misses, hit_rate over all workers")
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of every request and response, as ``autoplan schema`` prints it."""
+    req = REQUEST_ADAPTER.json_schema(mode="validation", ref_template="#/$defs/{model}")
+    defs: dict[str, Any] = dict(req.pop("$defs", {}))
+    responses = {}
+    for name, model in (("estimate", Estimate), ("search", SearchResult), ("batch_line", BatchLine),
+                        ("batch_summary", BatchSummary)):
+        s = model.model_json_schema(mode="serialization", ref_template="#/$defs/{model}")
+        defs.update(s.pop("$defs", {}))
+        defs[model.__name__] = s
+        responses[name] = {"$ref": f"#/$defs/{model.__name__}"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "autoplan",
+        "description": f"autoplan {__version__} requests and responses",
+        "version": __version__,
+        "request": req,
+        "responses": responses,
+        "$defs": defs,
+    }
+
+
+def schema_for(name: str) -> dict[str, Any]:
+    """A standalone schema for one of ``request``, ``estimate``, ``search``, ``batch_line``, ``batch_summary``
+    (the full document with its root pointing at that entry; what tests validate against)."""
+    full = json_schema()
+    root = full["request"] if name == "request" else full["responses"][name]
+    return {"$schema": full["$schema"], "$defs": full["$defs"], **root}
