@@ -1,0 +1,269 @@
+"""Fit the physical efficiency parameters of the cost model to a user's own measured training runs.
+
+Run file (JSON Lines, one measured run per line; blank lines and lines starting with ``#`` are skipped)::
+
+    {"name": "70b-tp8pp4",                      # optional label, shown in reports
+     "model": "llama3-70b",                     # catalog name, HF config.json path, spec path, or a spec mapping
+     "cluster": {"gpu": "h100-sxm", "num_gpus": 256,          # autoplan.request.ClusterRequest fields
+                 "gpus_per_node": 8, "inter_node_gbps": 400},  # (optional ones default to the catalog's)
+     "job": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16"},   # cost_models.specs.JobSpec
+     "parallel": {"tp": 8, "pp": 4, "micro_batch_size": 1, "recompute": "none",  # ParallelConfig fields
+                  "sequence_parallel": true, "zero_stage": 1, "vp": 5},
+     "measured_step_time_s": 6.42,              # measured seconds per optimizer step (steady state, mean)
+     "source": "our cluster, 2025-01-12, mean of steps 50-150"}   # optional provenance
+
+Every field except ``measured_step_time_s`` has the meaning (and defaults) it has in ``autoplan estimate``;
+omitted ``parallel`` fields take ParallelConfig's defaults — write them all out to avoid surprises.
+
+The fit (:func:`fit`) minimises the log step-time error ``Σ_i log(T̂_i / T_i)²`` over the chosen
+:class:`~cost_models.specs.Efficiency` fields with ``scipy.optimize.least_squares``, each bounded to its
+physical range (:data:`PHYSICAL_BOUNDS`), plus a weak pull toward the starting (catalog) value so that
+parameters the runs cannot tell apart stay where the datasheets and nccl-tests put them rather than
+drifting along a flat valley. Parameters the runs are insensitive to are held fixed and reported.
+:func:`leave_one_out` refits without each run in turn and predicts it: the error a user should expect on a
+configuration they have not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autoplan.catalog import load_model
+from autoplan.catalog.spec_file import describe_validation_error
+from autoplan.errors import UserInputError
+from autoplan.request import ClusterRequest
+from cost_models.estimate import estimate
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+
+# Physical range of each fitted parameter (lower, upper) and why. A fit that ends on a bound is reported.
+PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
+    # cuBLAS large-GEMM throughput / dense peak: A100 ≈ 0.80-0.90, H100 ≈ 0.70-0.80 (NVIDIA cuBLAS
+    # benchmarks, Hopper tuning guide); nothing sustains more than 0.95 of the clock-boosted peak.
+    "gemm_max": (0.40, 0.95),
+    # Dim at which one saturation factor is 1/2: bounded by the smallest tile (64) and a full wave of
+    # 128×256 tiles on 132 SMs.
+    "gemm_half_dim": (8.0, 1024.0),
+    # FlashAttention-2 forward ≈ 0.70 of A100 peak, FA-3 ≈ 0.75 of H100 (Dao 2023; Shah et al. 2024);
+    # unfused attention can be far below.
+    "attention": (0.10, 0.90),
+    # nccl-tests bus bandwidth / nominal NVLink: 0.5-1.07 (NVLS on H100 exceeds the ring's nominal).
+    "link_bus": (0.40, 1.10),
+    # achieved / line rate of one NIC (IB/RoCE): 0.6-0.98.
+    "nic_bus": (0.50, 0.98),
+    # fp8 over bf16 GEMM speed-up: 1 (no gain) to 2 (peak ratio).
+    "fp8_gemm_speedup": (1.0, 2.0),
+    "dp_overlap": (0.0, 1.0),
+    "tp_overlap": (0.0, 1.0),
+    "memory_bound_fraction": (0.0, 0.5),
+    "hbm_bus": (0.30, 0.95),
+    "moe_imbalance": (1.0, 3.0),
+    "step_overhead_s": (0.0, 1.0),
+}
+DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
+PRIOR_WEIGHT = 0.02  # residual weight of each parameter's (normalised) distance from its start value
+_SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter
+
+
+class MeasuredRun(BaseModel):
+    """One line of a runs file (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = ""
+    model: str | dict[str, Any]
+    cluster: ClusterRequest
+    job: JobSpec = Field(default_factory=JobSpec)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    measured_step_time_s: float = Field(gt=0, description="measured seconds per optimizer step")
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run with its specs resolved once (the fit evaluates it many times)."""
+
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+    parallel: ParallelConfig
+    measured_step_time_s: float
+
+    def predict(self, eff: Efficiency | None = None) -> float:
+        cluster = self.cluster if eff is None else self.cluster.model_copy(update={"efficiency": eff})
+        return estimate(self.model, cluster, self.job, self.parallel, check=False).step_time_s
+
+
+def resolve_run(run: MeasuredRun) -> ResolvedRun:
+    """Resolve names and check the configuration like ``autoplan estimate`` does."""
+    model = load_model(run.model)
+    cluster = run.cluster.resolve()
+    estimate(model, cluster, run.job, run.parallel)  # raises ConfigError on an invalid layout
+    return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s)
+
+
+def load_runs(path: str | Path) -> list[MeasuredRun]:
+    """Parse a runs file; errors name the line."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise UserInputError(f"cannot read runs file '{path}': {err.strerror or err}") from None
+    runs = []
+    for i, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            runs.append(MeasuredRun.model_validate(json.loads(text)))
+        except json.JSONDecodeError as err:
+            raise UserInputError(f"{path}:{i}: invalid JSON: {err.msg} (column {err.colno})") from None
+        except ValidationError as err:
+            raise UserInputError(f"{path}:{i}: {describe_validation_error(err)}") from None
+    if not runs:
+        raise UserInputError(f"runs file '{path}' holds no runs")
+    return runs
+
+
+# ---- fitting ------------------------------------------------------------------------------------------------
+@dataclass
+class FitResult:
+    """Fitted efficiency, what moved, and the error before/after (fractions, signed per run)."""
+
+    efficiency: Efficiency
+    start: Efficiency
+    fitted: list[str]
+    held: list[str]  # requested but not identifiable from these runs
+    at_bound: list[str]
+    errors_before: list[float]
+    errors_after: list[float]
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def mape_before(self) -> float:
+        return float(np.mean(np.abs(self.errors_before)))
+
+    @property
+    def mape_after(self) -> float:
+        return float(np.mean(np.abs(self.errors_after)))
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    if name not in PHYSICAL_BOUNDS:
+        raise UserInputError(f"cannot fit '{name}'", valid=sorted(PHYSICAL_BOUNDS))
+    return PHYSICAL_BOUNDS[name]
+
+
+def _with(eff: Efficiency, names: Sequence[str], u: np.ndarray) -> Efficiency:
+    values = {}
+    for n, x in zip(names, u):
+        lo, hi = _bounds(n)
+        values[n] = lo + float(np.clip(x, 0.0, 1.0)) * (hi - lo)
+    return eff.model_copy(update=values)
+
+
+def _to_unit(eff: Efficiency, names: Sequence[str]) -> np.ndarray:
+    out = []
+    for n in names:
+        lo, hi = _bounds(n)
+        out.append(min(1.0, max(0.0, (getattr(eff, n) - lo) / (hi - lo))))
+    return np.array(out)
+
+
+def relative_errors(runs: Sequence[ResolvedRun], eff: Efficiency | None = None) -> list[float]:
+    """(predicted − measured) / measured for each run."""
+    return [r.predict(eff) / r.measured_step_time_s - 1.0 for r in runs]
+
+
+def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: Iterable[str] = DEFAULT_FIT_FIELDS,
+        *, prior_weight: float = PRIOR_WEIGHT) -> FitResult:
+    """Least-squares fit of ``fields`` of the runs' efficiency (all runs must share one GPU generation)."""
+    if not runs:
+        raise UserInputError("no runs to fit")
+    gens = {r.cluster.gpu.generation for r in runs}
+    if len(gens) > 1:
+        raise UserInputError(f"runs mix GPU generations {sorted(gens)}; fit one generation at a time")
+    start = start or runs[0].cluster.efficiency
+    names = [n for n in dict.fromkeys(fields)]
+    for n in names:
+        _bounds(n)
+    u0 = _to_unit(start, names)
+    meas = np.log([r.measured_step_time_s for r in runs])
+
+    def log_pred(eff: Efficiency) -> np.ndarray:
+        return np.log([r.predict(eff) for r in runs])
+
+    # Identifiability: a parameter no run's step time responds to is held at its start value.
+    base = log_pred(start)
+    keep = []
+    for i, n in enumerate(names):
+        step = 0.02 if u0[i] < 0.98 else -0.02
+        u = u0.copy()
+        u[i] += step
+        sens = np.max(np.abs(log_pred(_with(start, names, u)) - base)) / abs(step)
+        if sens > _SENSITIVITY_FLOOR:
+            keep.append(i)
+    fitted = [names[i] for i in keep]
+    held = [n for n in names if n not in fitted]
+    eff = start
+    if fitted:
+        u_start = u0[keep]
+        w = math.sqrt(len(runs)) * prior_weight
+
+        def residuals(u: np.ndarray) -> np.ndarray:
+            r = log_pred(_with(start, fitted, u)) - meas
+            return np.concatenate([r, w * (u - u_start)])
+
+        sol = _least_squares(residuals, u_start)
+        eff = _with(start, fitted, sol)
+        at_bound = [n for n, x in zip(fitted, sol) if x <= 1e-3 or x >= 1 - 1e-3]
+    else:
+        at_bound = []
+    return FitResult(eff, start, fitted, held, at_bound, relative_errors(runs, start), relative_errors(runs, eff),
+                     [r.name for r in runs])
+
+
+def _least_squares(residuals: Any, u0: np.ndarray) -> np.ndarray:
+    from scipy.optimize import least_squares
+
+    sol = least_squares(residuals, u0, bounds=(0.0, 1.0), diff_step=1e-4, x_scale=1.0, xtol=1e-10, ftol=1e-12,
+                        gtol=1e-12, max_nfev=400)
+    return np.asarray(sol.x)
+
+
+def leave_one_out(runs: Sequence[ResolvedRun], start: Efficiency | None = None,
+                  fields: Iterable[str] = DEFAULT_FIT_FIELDS, *, prior_weight: float = PRIOR_WEIGHT) -> list[float]:
+    """For each run: fit on the others, predict it; signed relative errors in run order."""
+    fields = tuple(fields)
+    out = []
+    for i, run in enumerate(runs):
+        rest = [r for j, r in enumerate(runs) if j != i]
+        res = fit(rest, start, fields, prior_weight=prior_weight) if rest else None
+        eff = res.efficiency if res else start
+        out.append(run.predict(eff) / run.measured_step_time_s - 1.0)
+    return out
+
+
+# ---- profile -----------------------------------------------------------------------------------------------
+def profile_mapping(gpu: str, eff: Efficiency, fitted: Iterable[str], cluster: ClusterSpec | None = None,
+                    comment: str = "") -> dict[str, Any]:
+    """The cluster-profile mapping ``autoplan.catalog.build_cluster(profile=...)`` reads."""
+    out: dict[str, Any] = {"gpu": gpu, "efficiency": {n: round(float(getattr(eff, n)), 6) for n in fitted}}
+    if cluster is not None:
+        out.update(gpus_per_node=cluster.gpus_per_node, inter_node_gbps=cluster.inter_node_gbps,
+                   nvlink_domain_size=cluster.nvlink_domain_size)
+    return out
+
+
+def write_profile(path: str | Path, mapping: dict[str, Any], header: str = "") -> None:
+    text = yaml.safe_dump(mapping, sort_keys=False)
+    lines = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    Path(path).write_text(lines + text, encoding="utf-8")

@@ -1,0 +1,257 @@
+"""Fidelity of the cost model against published, measured training runs.
+
+Reads ``benchmarks/data/published_runs.json`` (a copy of ``shared/calibration/published_runs.json``: Megatron
+SC'21 Table 1 on A100, the Megatron-Core README table on H100, NeMo 24.07 on H100 fp8) and the documented
+resolutions of what the papers leave unstated (``benchmarks/data/resolutions.json``), predicts every run with
+the catalog's per-generation efficiencies, and reports predicted vs measured step time (the primary metric:
+SC'21 counts recompute FLOPs, NeMo/Megatron-Core count model FLOPs) and MFU, the error per group and per GPU
+generation, the mean absolute percentage error (MAPE), the worst case, and the leave-one-out error of
+``autoplan calibrate``'s fit within each generation.
+
+    python benchmarks/fidelity.py                      # table + out/fidelity.svg + out/fidelity.md
+    python benchmarks/fidelity.py --fit                # refit the catalog parameters per generation (prints YAML)
+    python benchmarks/fidelity.py --no-loo             # skip the leave-one-out refits (faster)
+
+The scatter plot is a hand-written SVG (no plotting dependency): predicted vs measured step time, log-log,
+with the ±10% band.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autoplan.calibrate import (DEFAULT_FIT_FIELDS, MeasuredRun, ResolvedRun, fit, leave_one_out,  # noqa: E402
+                                resolve_run)
+from autoplan.catalog.registry import efficiency_catalog  # noqa: E402
+from cost_models.estimate import estimate  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+SHARED = ROOT.parent / "shared" / "calibration" / "published_runs.json"
+GENERATION = {"a100-80g": "ampere", "a100-40g": "ampere", "h100-sxm": "hopper", "h800": "hopper", "h200": "hopper",
+              "b200": "blackwell", "gb200": "blackwell"}
+
+
+def data_path() -> Path:
+    """The project's copy; the shared original when the copy is missing."""
+    own = DATA / "published_runs.json"
+    return own if own.is_file() else SHARED
+
+
+def _pad_vocab(v: int, tp: int) -> int:
+    unit = 128 * tp  # Megatron --make-vocab-size-divisible-by 128, times tp
+    return -(-v // unit) * unit
+
+
+def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
+    """A published case as an ``autoplan calibrate`` run line, with the group's documented resolutions."""
+    group = rules["groups"][case["group"]]
+    m, cl, job, par = case["model"], case["cluster"], case["job"], case["parallel"]
+    if m.get("moe"):
+        raise NotImplementedError(f"{case['id']}: MoE cases are not in this data set yet")
+    model: dict[str, Any] = {
+        "name": case["id"], "num_layers": m["num_layers"], "hidden_size": m["hidden_size"],
+        "ffn_hidden_size": m["ffn_hidden_size"], "num_attention_heads": m["num_attention_heads"],
+        "num_kv_heads": m["num_kv_heads"], "vocab_size": m["vocab_size"], "gated_mlp": m["gated_mlp"],
+        **group.get("model", {}), **group.get("case_models", {}).get(case["id"], {}),
+    }
+    model["vocab_size"] = _pad_vocab(model["vocab_size"], par["tp"])
+    per_case = group.get("cases", {}).get(case["id"], {})
+    defaults = group.get("defaults", {})
+    mbs = job["micro_batch_size"] or per_case.get("micro_batch_size") or defaults.get("micro_batch_size")
+    vp = par["vp"] or per_case.get("vp") or defaults.get("vp") or 1
+    sp = par["sequence_parallel"]
+    if sp is None:
+        sp = bool(defaults.get("sequence_parallel_when_tp")) and par["tp"] > 1
+    parallel = {"tp": par["tp"], "pp": par["pp"], "cp": par["cp"], "ep": par["ep"], "vp": vp,
+                "micro_batch_size": mbs, "sequence_parallel": sp, "zero_stage": par["zero_stage"],
+                "recompute": par["recompute"] or "none"}
+    dp = cl["num_gpus"] // (par["tp"] * par["pp"] * par["cp"])
+    assert dp == par["dp"], (case["id"], dp, par["dp"])
+    return MeasuredRun(
+        name=case["id"], model=model,
+        cluster={"gpu": cl["gpu"], "num_gpus": cl["num_gpus"], "gpus_per_node": cl["gpus_per_node"],
+                 "inter_node_gbps": cl["inter_node_gbps_per_gpu"]},
+        job={"global_batch_size": job["global_batch_size"], "seq_len": job["seq_len"],
+             "precision": job["precision"]},
+        parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"])
+
+
+def published_runs(path: Path | None = None) -> list[tuple[dict[str, Any], ResolvedRun]]:
+    cases = json.loads((path or data_path()).read_text())["cases"]
+    rules = json.loads((DATA / "resolutions.json").read_text())
+    return [(c, resolve_run(to_run(c, rules))) for c in cases]
+
+
+@dataclass
+class Row:
+    id: str
+    group: str
+    generation: str
+    measured_s: float
+    predicted_s: float
+    measured_mfu: float | None
+    predicted_mfu: float
+    loo_error: float | None = None
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def _measured_mfu(case: dict[str, Any], pred_mfu: float, pred_s: float) -> float | None:
+    """Measured MFU on the model's own FLOP count (ours, no recompute, non-causal attention): our predicted
+    MFU scaled by predicted/measured step time, so both columns use one FLOP accounting."""
+    return pred_mfu * pred_s / case["measured"]["step_time_s"]
+
+
+def evaluate(with_loo: bool = True) -> list[Row]:
+    runs = published_runs()
+    rows = []
+    for case, run in runs:
+        pred = estimate(run.model, run.cluster, run.job, run.parallel)
+        rows.append(Row(case["id"], case["group"], GENERATION[run.cluster.gpu.name], run.measured_step_time_s,
+                        pred.step_time_s, _measured_mfu(case, pred.mfu, pred.step_time_s), pred.mfu))
+    if with_loo:
+        by_gen: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            by_gen[r.generation].append(i)
+        for idx in by_gen.values():
+            errs = leave_one_out([runs[i][1] for i in idx])
+            for i, e in zip(idx, errs):
+                rows[i].loo_error = e
+    return rows
+
+
+def summarize(rows: list[Row], key: str) -> list[tuple[str, int, float, float, str, float | None]]:
+    """(name, n, MAPE, worst |error|, worst id, LOO MAPE) per ``key`` (group / generation / all)."""
+    groups: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        groups["all" if key == "all" else getattr(r, key)].append(r)
+    out = []
+    for name, rs in groups.items():
+        worst = max(rs, key=lambda r: abs(r.error))
+        loo = [abs(r.loo_error) for r in rs if r.loo_error is not None]
+        out.append((name, len(rs), sum(abs(r.error) for r in rs) / len(rs), abs(worst.error), worst.id,
+                    sum(loo) / len(loo) if loo else None))
+    return out
+
+
+def render(rows: list[Row]) -> str:
+    lines = ["| case | group | gen | measured s | predicted s | error | MFU meas | MFU pred | LOO error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        loo = f"{r.loo_error:+.1%}" if r.loo_error is not None else "-"
+        mm = f"{r.measured_mfu:.3f}" if r.measured_mfu is not None else "-"
+        lines.append(f"| {r.id} | {r.group} | {r.generation} | {r.measured_s:.3f} | {r.predicted_s:.3f} | "
+                     f"{r.error:+.1%} | {mm} | {r.predicted_mfu:.3f} | {loo} |")
+    lines += ["", "| scope | n | MAPE | worst abs error | worst case | LOO MAPE |", "|---|---:|---:|---:|---|---:|"]
+    for key in ("group", "generation", "all"):
+        for name, n, mape, worst, wid, loo in summarize(rows, key):
+            loo_s = f"{loo:.1%}" if loo is not None else "-"
+            lines.append(f"| {key}: {name} | {n} | {mape:.1%} | {worst:.1%} | {wid} | {loo_s} |")
+    return "\n".join(lines)
+
+
+def svg_scatter(rows: list[Row], title: str = "autoplan: predicted vs measured step time") -> str:
+    """Log-log scatter with the y = x line and the ±10% band; colour by group."""
+    w, h, pad = 640, 600, 70
+    vals = [v for r in rows for v in (r.measured_s, r.predicted_s)]
+    lo = 10 ** math.floor(math.log10(min(vals) * 0.8))
+    hi = 10 ** math.ceil(math.log10(max(vals) * 1.25))
+    llo, lhi = math.log10(lo), math.log10(hi)
+
+    def px(v: float) -> float:
+        return pad + (math.log10(v) - llo) / (lhi - llo) * (w - 2 * pad)
+
+    def py(v: float) -> float:
+        return h - pad - (math.log10(v) - llo) / (lhi - llo) * (h - 2 * pad)
+
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    groups = list(dict.fromkeys(r.group for r in rows))
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           f'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="15">{title}</text>']
+    band = [(lo, lo * 1.1), (hi, hi * 1.1), (hi, hi * 0.9), (lo, lo * 0.9)]
+    pts = " ".join(f"{px(x):.1f},{py(min(max(y, lo), hi)):.1f}" for x, y in band)
+    out.append(f'<polygon points="{pts}" fill="#cccccc" fill-opacity="0.45" stroke="none"/>')
+    out.append(f'<line x1="{px(lo):.1f}" y1="{py(lo):.1f}" x2="{px(hi):.1f}" y2="{py(hi):.1f}" stroke="#444" '
+               f'stroke-dasharray="4 3"/>')
+    out.append(f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#000"/>')
+    for e in range(int(llo), int(lhi) + 1):
+        v = 10.0**e
+        for m in (1, 2, 5):
+            t = m * v
+            if not lo <= t <= hi:
+                continue
+            out.append(f'<line x1="{px(t):.1f}" y1="{h - pad}" x2="{px(t):.1f}" y2="{h - pad + 5}" stroke="#000"/>')
+            out.append(f'<text x="{px(t):.1f}" y="{h - pad + 18}" text-anchor="middle">{t:g}</text>')
+            out.append(f'<line x1="{pad - 5}" y1="{py(t):.1f}" x2="{pad}" y2="{py(t):.1f}" stroke="#000"/>')
+            out.append(f'<text x="{pad - 8}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 22}" text-anchor="middle">measured step time (s)</text>')
+    out.append(f'<text x="18" y="{h / 2}" text-anchor="middle" transform="rotate(-90 18 {h / 2})">'
+               f'predicted step time (s)</text>')
+    for r in rows:
+        c = colours[groups.index(r.group) % len(colours)]
+        out.append(f'<circle cx="{px(r.measured_s):.1f}" cy="{py(r.predicted_s):.1f}" r="4.5" fill="{c}" '
+                   f'fill-opacity="0.8"><title>{r.id}: measured {r.measured_s:.3g} s, predicted '
+                   f'{r.predicted_s:.3g} s ({r.error:+.1%})</title></circle>')
+    for i, g in enumerate(groups + ["±10% band"]):
+        y = pad + 16 + 18 * i
+        if g == "±10% band":
+            out.append(f'<rect x="{pad + 10}" y="{y - 8}" width="10" height="10" fill="#cccccc"/>')
+        else:
+            out.append(f'<circle cx="{pad + 15}" cy="{y - 3}" r="4.5" fill="{colours[i % len(colours)]}"/>')
+        out.append(f'<text x="{pad + 26}" y="{y + 1}">{g}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS) -> dict[str, dict[str, float]]:
+    """Refit each generation's parameters on all its published runs (how the catalog values were made)."""
+    runs = published_runs()
+    by_gen: dict[str, list[ResolvedRun]] = defaultdict(list)
+    for _, r in runs:
+        by_gen[GENERATION[r.cluster.gpu.name]].append(r)
+    out = {}
+    for gen, rs in by_gen.items():
+        res = fit(rs, efficiency_catalog()[gen], fields)
+        out[gen] = {n: round(getattr(res.efficiency, n), 4) for n in res.fitted}
+        print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
+              f"{res.at_bound}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "out", help="folder for fidelity.svg / fidelity.md")
+    ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out refits")
+    ap.add_argument("--fit", action="store_true", help="refit catalog parameters per generation and print them")
+    args = ap.parse_args(argv)
+    if args.fit:
+        import yaml
+
+        print(yaml.safe_dump(fit_catalog(), sort_keys=False))
+        return 0
+    rows = evaluate(with_loo=not args.no_loo)
+    table = render(rows)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fidelity.md").write_text(table + "\n")
+    (args.out / "fidelity.svg").write_text(svg_scatter(rows))
+    print(f"\nwrote {args.out / 'fidelity.md'} and {args.out / 'fidelity.svg'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
