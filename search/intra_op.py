@@ -198,8 +198,8 @@ class Pruned:
 
 
 def prune_dominated(problem: IlpProblem) -> Pruned:
-    """Drop strategy i of node v when another strategy j of v is no worse everywhere: node cost, memory
-    (when a limit is set), every incident edge row/column, and the same value in every tie group. Such a
+    """Drop strategy i of node v when another strategy j of v is no worse everywhere: node cost, memory,
+    every incident edge row/column, and the same value in every tie group. Such a
     j can replace i in any solution without raising the cost or breaking a constraint, so the optimum
     is unchanged. Also drops edges whose cost is all zero."""
     n = len(problem.names)
@@ -208,7 +208,7 @@ def prune_dominated(problem: IlpProblem) -> Pruned:
     for edge in problem.edges:
         incident[edge.u].append((edge, True))
         incident[edge.v].append((edge, False))
-    use_mem = problem.memory_limit is not None
+    use_mem = True  # memory decides feasibility (5) and the tie-break (7)
     for v in range(n):
         cost, mem = problem.node_cost[v], problem.node_mem[v]
         tie_vals = [g.values[v] for g in problem.ties if v in g.values]
@@ -358,14 +358,17 @@ def solve_layer(model: ModelSpec, mesh: LogicalMesh, request: IntraOpRequest, *,
 
 
 @dataclass(frozen=True)
-class _LayerProblem:
+class LayerProblem:
+    """One layer's ILP with the nodes and strategies its indices refer to."""
+
     nodes: tuple[Node, ...]
     strategies: tuple[tuple[Strategy, ...], ...]
     edges: tuple[tuple[int, int, str, str, tuple[Layout, ...], tuple[Layout, ...]], ...]  # u, v, T_u, T_v, A, B
     problem: IlpProblem
 
 
-def _build(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> _LayerProblem:
+def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> LayerProblem:
+    """Nodes, their strategies and the ILP data (before pruning) for one request."""
     # -- data
     graph = layer_graph(model, req.kind, req.seq_len)
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, req.recompute, req.precision, req.target,
@@ -402,10 +405,10 @@ def _build(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> _LayerPr
         tuple(np.array([s.memory_bytes for s in ss]) for ss in strategies),
         tuple(ilp_edges), ties, req.memory_limit_bytes,
     )
-    return _LayerProblem(nodes, strategies, tuple(edges), problem)
+    return LayerProblem(nodes, strategies, tuple(edges), problem)
 
 
-def _megatron_fallback(lp: _LayerProblem, req: IntraOpRequest) -> tuple[int, ...] | None:
+def _megatron_fallback(lp: LayerProblem, req: IntraOpRequest) -> tuple[int, ...] | None:
     """Best uniform Megatron pattern (column QKV/FC1, row out/FC2, SP on or off, one ZeRO stage) that fits."""
     best: tuple[float, tuple[int, ...]] | None = None
     for sp in (True, False):
@@ -414,7 +417,8 @@ def _megatron_fallback(lp: _LayerProblem, req: IntraOpRequest) -> tuple[int, ...
             for node, ss in zip(lp.nodes, lp.strategies):
                 want = _megatron_mode(node, sp)
                 eps = {"E", None} if any(x.ep == "E" for x in ss) else {"B", None}
-                idx = [i for i, s in enumerate(ss) if s.tp in (want, "R") and s.zero in (zero, None) and s.ep in eps]
+                mode = want if any(s.tp == want for s in ss) else "R"  # tp = 1: everything is "R"
+                idx = [i for i, s in enumerate(ss) if s.tp == mode and s.zero in (zero, None) and s.ep in eps]
                 if not idx:
                     break
                 choice.append(idx[0])
@@ -441,7 +445,7 @@ def _megatron_mode(node: Node, sp: bool) -> str:
 
 
 def _solve_layer(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> IntraOpResult:
-    lp = _build(model, mesh, req)
+    lp = build_layer_problem(model, mesh, req)
     pruned = prune_dominated(lp.problem)
     sol = solve_ilp(pruned.problem, time_limit_s=req.time_limit_s)
     limit = req.memory_limit_bytes
@@ -462,7 +466,7 @@ def _solve_layer(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> In
     return _result(lp, req, mesh, choice, status, sol, pruned)
 
 
-def _result(lp: _LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tuple[int, ...], status: Literal[
+def _result(lp: LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tuple[int, ...], status: Literal[
         "optimal", "feasible", "fallback"], sol: IlpSolution, pruned: Pruned) -> IntraOpResult:
     chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
     m = req.num_microbatches

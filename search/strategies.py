@@ -231,7 +231,10 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
         elif target == "torchtitan":
             modes += ["rep"] + (["seq"] if node.kind == "experts" else [])
         else:
-            modes += ["rep", "seq"]
+            # tp is a model axis: column/row-role weights stay sharded there. Sequence sharding with
+            # replicated weights is the cp axis' job (a mesh shape of its own in the outer enumeration),
+            # except on a tp axis that leaves the NVLink domain (below).
+            modes += ["rep"] + (["seq"] if node.role == "none" or ctx.mesh.crosses_domain(MeshAxis.TP) else [])
     if ctx.mesh.crosses_domain(MeshAxis.TP):
         if target != "any":
             raise ConfigError(f"tp={t} spans NVLink domains of {ctx.mesh.cluster.nvlink_domain_size} GPUs; "
@@ -483,12 +486,14 @@ def _activation_bytes(ev: _Eval) -> float:
 def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[Strategy]:
     """Every strategy ``ctx.target`` can launch for ``node``; raises ``ConfigError`` when there is none."""
     modes = tp_modes(node, graph, ctx)
-    if not modes:
-        t, g = ctx.mesh.size(MeshAxis.TP), ctx.model.num_kv_heads
-        if _divides("kv", t, ctx) == "no" and any(graph.tensors[x].dim_kind == "kv" for x in node.outputs):
+    t, g = ctx.mesh.size(MeshAxis.TP), ctx.model.num_kv_heads
+    gqa = node.kind == "attention" or any(graph.tensors[x].dim_kind == "kv" for x in node.outputs)
+    if not modes or (ctx.target != "any" and gqa and t > 1):
+        if _divides("kv", t, ctx) == "no" and gqa:
             raise ConfigError(f"tp={t} does not divide num_kv_heads={g}: {ctx.target} cannot shard "
                               f"{node.name} by KV heads", valid=[d for d in range(1, t + 1) if g % d == 0])
-        raise ConfigError(f"no {ctx.target} strategy for {node.name} on {ctx.mesh.label}")
+        if not modes:
+            raise ConfigError(f"no {ctx.target} strategy for {node.name} on {ctx.mesh.label}")
     dp_overlap = ctx.mesh.cluster.efficiency.dp_overlap
     out: list[Strategy] = []
     for tp in modes:
