@@ -1,0 +1,228 @@
+"""The outer search: enumerate layouts, prune, split layers into stages, rank, explain.
+
+1. ``search.space.enumerate_layouts`` lists every layout that passes the hard constraints (tallying why
+   the others were cut).
+2. Each layout gets a cheap lower bound on its step time (perfectly balanced stages; nothing but the
+   pipeline and its fill) and on its peak memory (``Scorer.memory_lower_bound``); over-memory bounds are cut.
+3. Layouts are visited in order of their time bound (branch and bound): the stage DP
+   (``search.inter_op.best_split``) chooses the layer split under the memory limit and ``Scorer.score``
+   prices it exactly as ``estimate`` would; the visit stops once a bound reaches the ``keep``-th best cost.
+4. Finalists are re-scored with ``cost_models.estimate.estimate`` — what users see — and ranked by the
+   composite cost, ties broken by ``Layout.sort_key`` (simpler layouts first).
+
+``search`` never prints; progress goes to an optional callback ``progress(done, total)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from cost_models.errors import ConfigError, InfeasibleError
+from cost_models.estimate import CostWeights, Prediction, estimate
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.validate import stage_layers
+from search.explain import explain
+from search.inter_op import best_split
+from search.score import Scorer, schedule_alpha, split_fields
+from search.space import Layout, Tally, Target, enumerate_layouts
+
+Progress = Callable[[int, int], None]
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rank: int
+    parallel: ParallelConfig
+    prediction: Prediction
+    explanation: str
+
+
+class SearchResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    plans: list[Plan]
+    candidates: int  # layouts that passed the structural checks
+    evaluated: int  # layouts whose split was chosen by the stage DP and scored
+    pruned: dict[str, int]
+    wall_time_s: float
+    target: str
+
+
+@dataclass(order=True)
+class _Scored:
+    cost: float
+    key: tuple[Any, ...]
+    layout: Layout = field(compare=False)
+    layers: tuple[int, ...] = field(compare=False)
+    peak_bytes: float = field(compare=False, default=0.0)
+
+
+def _equivalent(a: _Scored, b: _Scored) -> bool:
+    """Equal composite cost and peak memory (to 1e-9): e.g. cp=4·mbs=1 and cp=8·mbs=2 price the same."""
+    return (math.isclose(a.cost, b.cost, rel_tol=1e-9, abs_tol=0.0)
+            and math.isclose(a.peak_bytes, b.peak_bytes, rel_tol=1e-9, abs_tol=0.0))
+
+
+def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> ParallelConfig:
+    """The ParallelConfig of a layout and split; first/last stage sizes only when they differ from the default."""
+    par = ParallelConfig(**lay.parallel_kwargs())
+    if lay.pp > 1 and tuple(stage_layers(model, par)) != tuple(layers):
+        par = ParallelConfig(**lay.parallel_kwargs(), **split_fields(layers, lay.vp))
+    return par
+
+
+def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
+    time_pre, head_t, *_ = scorer.layer_pieces(lay)
+    total = float(time_pre[-1]) + head_t
+    per_layer = time_pre[1:] - time_pre[:-1]
+    t_lb = max(total / lay.pp, float(per_layer.max()), head_t + float(per_layer.min()) if lay.pp > 1 else total)
+    a = schedule_alpha(lay.schedule, lay.vp)
+    return a * total + (lay.m - a) * t_lb + scorer.p2p_fill_s(lay)
+
+
+def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...] | None:
+    """The stage DP's split (or the pinned / forced one), None when nothing fits memory."""
+    model = scorer.model
+    tables = scorer.tables(lay)
+    if lay.pp == 1 or lay.vp > 1 or "first_stage_layers" in pins or "last_stage_layers" in pins:
+        par = ParallelConfig(**lay.parallel_kwargs(), **{k: pins[k] for k in ("first_stage_layers",
+                                                                             "last_stage_layers") if k in pins})
+        try:
+            layers = tuple(stage_layers(model, par))
+        except ConfigError:
+            return None
+        mem = scorer.stage_memory(lay, layers, tables)
+        return layers if float(mem.max()) <= scorer.limit_bytes else None
+    found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
+                       mem_limit=scorer.limit_bytes, alpha=schedule_alpha(lay.schedule, lay.vp))
+    return tuple(found[0]) if found else None
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
+           pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
+           progress: Progress | None = None, find_smallest_cluster: bool = True) -> SearchResult:
+    """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
+
+    Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
+    it missed, the hint the smallest GPU count (same GPU) that has a plan."""
+    t0 = time.perf_counter()
+    pins = dict(pins or {})
+    tally = Tally()
+    scorer = Scorer(model, cluster, job, weights)
+    layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
+    bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
+    closest: tuple[float, Layout] | None = None
+    for lay in layouts:
+        mem_lb = scorer.memory_lower_bound(lay, scorer.tables(lay))
+        if mem_lb > scorer.limit_bytes:
+            tally.cut("memory_lower_bound")
+            if closest is None or mem_lb < closest[0]:
+                closest = (mem_lb, lay)
+            continue
+        bounded.append((_time_lower_bound(lay, scorer), lay.sort_key(), lay))
+    bounded.sort(key=lambda x: (x[0], x[1]))
+
+    keep = top_k + 4  # finalists: top_k, the runner-up each is explained against, and a margin
+    best: list[_Scored] = []
+    evaluated = 0
+    w_min = min((weights or CostWeights()).compute, (weights or CostWeights()).comm)
+    for n, (lb, key, lay) in enumerate(bounded):
+        if progress is not None and n % 64 == 0:
+            progress(n, len(bounded))
+        if len(best) >= keep and w_min * lb >= best[keep - 1].cost:
+            tally.cut("bound", len(bounded) - n)
+            break
+        layers = _split(lay, scorer, pins)
+        evaluated += 1
+        if layers is None:
+            tally.cut("memory")
+            if closest is None:
+                closest = (math.inf, lay)
+            continue
+        fs = scorer.score(lay, layers)
+        if not fs.fits:  # the DP's memory check and the scorer agree; guard against rounding
+            tally.cut("memory")
+            continue
+        entry = _Scored(fs.composite_cost, key, lay, layers, fs.peak_memory_bytes)
+        twin = next((b for b in best if _equivalent(b, entry)), None)
+        if twin is not None:  # same cost and memory: one plan in different clothes; keep the simpler
+            tally.cut("equivalent")
+            if entry.key >= twin.key:
+                continue
+            best.remove(twin)
+        best.append(entry)
+        best.sort()
+        del best[keep:]
+    if progress is not None:
+        progress(len(bounded), len(bounded))
+    if not best:
+        raise _infeasible(model, cluster, job, target, pins, closest, scorer, find_smallest_cluster)
+
+    finals = []
+    for s in best:
+        par = to_parallel(model, s.layout, s.layers)
+        pred = estimate(model, cluster, job, par, weights)
+        if pred.fits:
+            finals.append((pred.composite_cost, s.key, par, pred))
+    finals.sort(key=lambda x: (x[0], x[1]))
+    plans = []
+    for i, (_, _, par, pred) in enumerate(finals[:top_k]):
+        nxt = finals[i + 1] if i + 1 < len(finals) else None
+        text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
+        plans.append(Plan(rank=i + 1, parallel=par, prediction=pred, explanation=text))
+    return SearchResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
+                        wall_time_s=time.perf_counter() - t0, target=target)
+
+
+# ==== infeasible jobs =================================================================================
+def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
+                closest: tuple[float, Layout] | None, scorer: Scorer, find_smallest: bool) -> InfeasibleError:
+    if closest is None:
+        return InfeasibleError(
+            f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
+            f"(target {target}, pins {pins or 'none'})",
+            hint="relax the pins or change the global batch size / GPU count")
+    lay = closest[1]
+    tables = scorer.tables(lay)
+    par = ParallelConfig(**lay.parallel_kwargs())
+    layers = tuple(stage_layers(model, par))
+    peak = float(scorer.stage_memory(lay, layers, tables).max()) / 2**30
+    limit = cluster.gpu.hbm_gib
+    msg = (f"no layout of {model.name} fits in {limit:.0f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "
+           f"closest: tp={lay.tp} pp={lay.pp} cp={lay.cp} ep={lay.ep} dp={lay.dp} mbs={lay.micro_batch_size} "
+           f"recompute={lay.recompute} zero={lay.zero_stage} needs {peak:.1f} GiB ({peak - limit:+.1f} GiB)")
+    hint = None
+    if find_smallest:
+        n = smallest_feasible_gpus(model, cluster, job, target, pins)
+        hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
+                "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
+    return InfeasibleError(msg, hint=hint, closest=lay)
+
+
+def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any]) -> bool:
+    scorer = Scorer(model, cluster, job)
+    bounded = []
+    for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
+        lb = scorer.memory_lower_bound(lay, scorer.tables(lay))
+        if lb <= scorer.limit_bytes:
+            bounded.append((lb, lay.sort_key(), lay))
+    bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first
+    return any(_split(lay, scorer, pins) is not None for _, _, lay in bounded)
+
+
+def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                           pins: dict[str, Any], limit: int = 65536) -> int | None:
+    """Smallest GPU count above ``cluster.num_gpus`` (node multiples: node · 2^k) with a plan."""
+    k = cluster.gpus_per_node
+    while k <= limit:
+        if k > cluster.num_gpus:
+            bigger = cluster.model_copy(update={"num_gpus": k})
+            if _has_plan(model, bigger, job, target, pins):
+                return k
+        k *= 2
+    return None

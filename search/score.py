@@ -1,0 +1,258 @@
+"""Fast scoring of layouts from cached pieces of the cost model.
+
+``cost_models.estimate.estimate`` walks every layer of every stage (memory, DP traffic); calling it for
+thousands of candidates is too slow. The pieces it adds up depend on few knobs, so they are computed once:
+
+- per-layer time (``layer_cost``) and activations per micro-batch: by ``(tp, cp, ep, mbs, recompute)``;
+- the head's time and activations: by ``(tp, cp, mbs[, recompute])``;
+- per-layer parameters held by a rank: by ``(tp, ep)`` (as prefix sums);
+- DP/optimizer time of a split (``estimate._data_parallel``): by ``(tp, cp, ep, pp, dp, zero, hsdp, split)``.
+
+``Scorer.tables`` turns them into the prefix sums the stage DP reads (``search.inter_op.StageTables``);
+``Scorer.score`` reproduces ``estimate``'s step time, peak memory and composite cost for a given split (same
+formulas, same functions where they are public; tests hold the two equal to 1e-9). Only finalists get a
+full ``estimate``, which is what users see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.collectives import RankStrides, group_collective_time_s
+from cost_models.estimate import CostWeights, _data_parallel, _head_cost
+from cost_models.layer_cost import layer_cost
+from cost_models.memory import (
+    COMM_BUFFER_GIB,
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION,
+    GIB,
+    WEIGHT_BYTES,
+    activation_bytes_per_microbatch,
+    graphs_for,
+    inflight_microbatches,
+    zero_state_bytes,
+)
+from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from search.inter_op import StageTables
+from search.space import Layout
+
+
+def schedule_alpha(schedule: str, vp: int) -> float:
+    """α of ``T = α·Σt + (m − α)·max t`` (``cost_models.pipeline``)."""
+    if schedule == "interleaved":
+        return 1.0 / vp
+    if schedule == "zb-h1":
+        return ZB_H1_BUBBLE_FRACTION
+    return 1.0
+
+
+@dataclass(frozen=True)
+class FastScore:
+    step_time_s: float
+    peak_memory_bytes: float
+    composite_cost: float
+    fits: bool
+
+
+class Scorer:
+    """Caches for one (model, cluster, job); not shared across requests."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None = None):
+        self.model, self.cluster, self.job = model, cluster, job
+        self.weights = weights or CostWeights()
+        self.graphs = graphs_for(model, job.seq_len)
+        self.L = model.num_layers
+        self.is_moe_layer = np.array([model.is_moe_layer(i) for i in range(self.L)], dtype=bool)
+        self.limit_bytes = cluster.gpu.hbm_gib * GIB
+        self._layer: dict[tuple, tuple[np.ndarray, float, float, float, float]] = {}
+        self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._dp: dict[tuple, tuple[float, float, float]] = {}
+        self._zero3: dict[tuple, np.ndarray] = {}
+
+    # ---- cached pieces ---------------------------------------------------------------------------
+    @staticmethod
+    def _par(lay: Layout, **update: object) -> ParallelConfig:
+        return ParallelConfig(**{**lay.parallel_kwargs(), **update})
+
+    def layer_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
+        """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act)."""
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute)
+        hit = self._layer.get(key)
+        if hit is not None:
+            return hit
+        par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
+                             recompute=lay.recompute)  # type: ignore[arg-type]
+        dp = 1  # layer_cost's strides for tp/cp/ep do not depend on dp
+        t_kind, a_kind = {}, {}
+        for kind in ("dense", "moe"):
+            if kind in self.graphs:
+                lc = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, dp)
+                t_kind[kind] = (lc.forward_s + lc.backward_s) + lc.recompute_s + lc.tp_s + lc.ep_s + lc.cp_exposed_s
+                a_kind[kind] = activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par)
+        per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
+        time = np.concatenate([[0.0], np.cumsum(per)])
+        head_t = _head_cost(self.graphs["head"], self.cluster, self.job, par)
+        head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
+        out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
+        self._layer[key] = out
+        return out
+
+    def param_pieces(self, tp: int, ep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-layer (dense, expert, largest) parameters one rank holds (``memory.stage_params``)."""
+        key = (tp, ep)
+        hit = self._params.get(key)
+        if hit is None:
+            m = self.model
+            norms = m.norm_params_per_layer
+            ex = np.array([m.layer_expert_params(i) for i in range(self.L)], dtype=float)
+            tot = np.array([m.layer_params(i) for i in range(self.L)], dtype=float)
+            dense = (tot - ex - norms) / tp + norms
+            expert = ex / ep
+            hit = (dense, expert, dense + expert)
+            self._params[key] = hit
+        return hit
+
+    def _zero3_table(self, lay: Layout, largest: np.ndarray, group: int) -> np.ndarray:
+        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it)."""
+        key = (lay.tp, lay.ep, group)
+        hit = self._zero3.get(key)
+        if hit is None:
+            L = self.L
+            hit = np.zeros((L + 1, L + 1))
+            for i in range(L):
+                hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
+            hit *= 2 * WEIGHT_BYTES * (1 - 1 / group)
+            self._zero3[key] = hit
+        return hit
+
+    # ---- what the stage DP reads -------------------------------------------------------------------
+    def tables(self, lay: Layout) -> StageTables:
+        time, head_t, a_dense, a_moe, head_a = self.layer_pieces(lay)
+        dense, expert, largest = self.param_pieces(lay.tp, lay.ep)
+        group = lay.hsdp_shard_size or lay.dp * lay.cp
+        expert_group = max(1, lay.dp * lay.cp // lay.ep)
+        kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
+        ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_group))
+        frag = 1.0 + FRAGMENTATION
+        static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
+        act = np.concatenate([[0.0], np.cumsum(frag * np.where(self.is_moe_layer, a_moe, a_dense))])
+        m = self.model
+        last_dense = m.head_params / lay.tp
+        if m.tied_embeddings and lay.pp > 1:
+            last_dense += m.vocab_size * m.hidden_size / lay.tp
+        peak = 0.0
+        if lay.recompute == "full":
+            peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
+                                                   self._par(lay, recompute="none", vp=1, schedule="1f1b"))
+        return StageTables(
+            time=time, static=static, act=act, last_time=head_t,
+            first_static=kd * m.embedding_params / lay.tp, last_static=kd * last_dense, last_act=frag * head_a,
+            stage_static=(CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + frag * peak,
+            range_static=self._zero3_table(lay, largest, group) if lay.zero_stage == 3 else None,
+        )
+
+    def inflight(self, lay: Layout) -> np.ndarray:
+        """``inflight[s]``: micro-batches held by the stage with ``s`` stages left (index 0 unused)."""
+        par = self._par(lay)
+        return np.array([0.0] + [inflight_microbatches(lay.pp - s, par, lay.m) for s in range(1, lay.pp + 1)])
+
+    # ---- score a split exactly as estimate does ------------------------------------------------------
+    def p2p_fill_s(self, lay: Layout) -> float:
+        if lay.pp == 1:
+            return 0.0
+        act_bytes = 2.0 * lay.micro_batch_size * self.job.seq_len / lay.cp * self.model.hidden_size
+        if lay.tp > 1:
+            act_bytes /= lay.tp
+        strides = RankStrides.megatron(lay.tp, lay.cp, lay.dp)
+        return 2 * (lay.pp - 1) * group_collective_time_s("send_recv", act_bytes, 2, strides.pp, self.cluster)
+
+    def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float]:
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers)
+        hit = self._dp.get(key)
+        if hit is None:
+            par = self._par(lay, **_split_fields(layers, lay.vp))
+            hit = _data_parallel(self.model, self.cluster, par, list(layers), lay.dp,
+                                 RankStrides.megatron(lay.tp, lay.cp, lay.dp))
+            self._dp[key] = hit
+        return hit
+
+    def score(self, lay: Layout, layers: tuple[int, ...], tables: StageTables | None = None) -> FastScore:
+        tables = tables or self.tables(lay)
+        bounds = np.concatenate([[0], np.cumsum(layers)])
+        stage_t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
+        stage_t[-1] += tables.last_time
+        pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
+        fill = self.p2p_fill_s(lay)
+        dp_s, _, opt_s = self.data_parallel(lay, layers)
+        step_compute = lay.m * float(stage_t.max())
+        dp_exposed = max(dp_s * (1 - self.cluster.efficiency.dp_overlap), dp_s - step_compute)
+        step = pipe + fill + dp_exposed + opt_s
+        peak = float(self.stage_memory(lay, layers, tables).max())
+        over = max(0.0, peak / GIB - self.cluster.gpu.hbm_gib)
+        w = self.weights
+        comm = self._exposed_comm(lay, layers, tables, stage_t) + fill + dp_exposed
+        composite = w.compute * (step - comm) + w.comm * comm + w.memory_s_per_gib2 * over**2
+        return FastScore(step, peak, composite, over == 0.0)
+
+    def _exposed_comm(self, lay: Layout, layers: tuple[int, ...], tables: StageTables, stage_t: np.ndarray) -> float:
+        """TP/EP/CP seconds on the critical path of the slowest stage (only needed when w.comm ≠ w.compute)."""
+        w = self.weights
+        if w.comm == w.compute:
+            return 0.0
+        par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
+                             recompute=lay.recompute)  # type: ignore[arg-type]
+        slowest = int(np.argmax(stage_t))
+        start = sum(layers[:slowest])
+        comm = 0.0
+        for kind in ("dense", "moe"):
+            if kind not in self.graphs:
+                continue
+            lc = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1)
+            n = int(sum(1 for i in range(start, start + layers[slowest]) if self.is_moe_layer[i] == (kind == "moe")))
+            comm += n * (lc.tp_s + lc.ep_s + lc.cp_exposed_s)
+        return comm * lay.m
+
+    def stage_memory(self, lay: Layout, layers: tuple[int, ...], tables: StageTables) -> np.ndarray:
+        """Peak bytes of every stage (``memory.stage_memory``) from the tables."""
+        bounds = np.concatenate([[0], np.cumsum(layers)])
+        st, en = bounds[:-1], bounds[1:]
+        p = lay.pp
+        static = tables.static[en] - tables.static[st] + tables.stage_static
+        static[0] += tables.first_static
+        static[-1] += tables.last_static
+        if tables.range_static is not None:
+            static += tables.range_static[st, en]
+        act = tables.act[en] - tables.act[st]
+        act[-1] += tables.last_act
+        infl = self.inflight(lay)
+        return static + act * infl[p - np.arange(p)]
+
+    def memory_lower_bound(self, lay: Layout, tables: StageTables) -> float:
+        """A bound on the peak memory of any split with ≥ 1 layer per stage: the mean over stages of their
+        memory (≤ the max), with activations held at least once; and stage 0 with its single cheapest layer."""
+        p, L = lay.pp, self.L
+        infl = self.inflight(lay)
+        resident = tables.static[-1] + tables.first_static + tables.last_static + p * tables.stage_static
+        acts = tables.act[-1] + tables.last_act
+        mean = (resident + acts * float(infl[1:].min())) / p
+        if p == 1:
+            return resident + acts * float(infl[1])
+        layer_static = np.diff(tables.static)
+        layer_act = np.diff(tables.act)
+        first = tables.first_static + tables.stage_static + float(layer_static.min()) + float(layer_act.min()) * infl[p]
+        del L
+        return max(mean, float(first))
+
+
+def _split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
+    """ParallelConfig fields that make ``stage_layers`` return ``layers``."""
+    if len(layers) == 1 or vp > 1:
+        return {}
+    return {"first_stage_layers": layers[0], "last_stage_layers": layers[-1]}
+
+
+def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
+    return _split_fields(layers, vp)

@@ -1,0 +1,259 @@
+"""The outer search space: which parallel layouts to consider, and why the others are cut.
+
+Enumeration order (outermost first) is the order of the cached work: ``tp → cp → pp (→ dp) → ep → mbs →
+recompute → zero/HSDP → schedule/vp``. Everything is deterministic (sorted lists, no sets iterated).
+
+Pruning reasons (``Tally`` keys), each a hard constraint of ``cost_models.validate.check_parallel`` or a
+target rule, checked before any cost is computed (COST_MODEL.md §7):
+
+- ``gqa``: ``num_kv_heads % tp`` (estimate and torchtitan need whole KV heads per rank);
+- ``head_ffn_divisibility``: ``num_attention_heads % tp`` or ``ffn_hidden_size % tp``;
+- ``nvlink_domain``: TP must sit inside one NVLink domain (``domain % tp == 0``);
+- ``gpu_divisibility``: ``tp·cp·pp`` must divide the GPU count;
+- ``cp_seq_len``: CP needs ``seq_len % (2·cp) == 0`` and at least ``MIN_CP_TOKENS`` tokens per rank;
+- ``pp_layers``: more stages than layers;
+- ``batch_divisibility``: ``global_batch % (mbs·dp)``;
+- ``microbatches_lt_pp``: 1F1B needs ``m ≥ pp``;
+- ``ep_divisibility``: ``ep`` must divide both ``num_experts`` and ``dp·cp``;
+- ``interleave_divisibility``: interleaving needs ``L % (pp·vp) == 0`` and ``m % pp == 0`` (Megatron);
+- ``pin``: a value the user pinned excludes it.
+
+Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cost_models.errors import divisors
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
+
+Target = Literal["megatron", "torchtitan", "any"]
+RECOMPUTE_ORDER = ("none", "selective", "full")
+MIN_CP_TOKENS = 1024  # ring attention below ~1k tokens per rank is latency-bound; not worth searching
+MAX_MBS = 8
+SCHEDULES: dict[str, tuple[str, ...]] = {
+    "megatron": ("1f1b", "interleaved"),
+    "torchtitan": ("1f1b", "interleaved", "zb-h1"),
+    "any": ("1f1b", "interleaved", "zb-h1"),
+}
+ZERO_STAGES: dict[str, tuple[int, ...]] = {
+    # Megatron: DDP or the distributed optimizer (ZeRO-1); torchtitan: FSDP2 (ZeRO-3, optionally HSDP).
+    "megatron": (1, 0),
+    "torchtitan": (3,),
+    "any": (1, 0, 2, 3),
+}
+
+
+@dataclass
+class Tally:
+    """Why candidates were cut: counts of (partial) configurations per reason."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def cut(self, reason: str, n: int = 1) -> None:
+        self.counts[reason] += n
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: self.counts[k] for k in sorted(self.counts)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One point of the space, before the layer split is chosen."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    micro_batch_size: int
+    m: int  # micro-batches per step
+    recompute: str
+    zero_stage: int
+    hsdp_shard_size: int | None
+    schedule: str
+    vp: int
+
+    def parallel_kwargs(self) -> dict[str, Any]:
+        return dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
+                    micro_batch_size=self.micro_batch_size, recompute=self.recompute, zero_stage=self.zero_stage,
+                    hsdp_shard_size=self.hsdp_shard_size, schedule=self.schedule, sequence_parallel=True)
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no
+        interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
+        return (self.pp, self.tp, self.cp, self.ep, self.vp, -self.micro_batch_size,
+                RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule)
+
+
+def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:
+    if key not in pins:
+        return values
+    kept = [v for v in values if v == pins[key]]
+    tally.cut("pin", len(values) - len(kept))
+    return kept
+
+
+def tp_choices(model: ModelSpec, cluster: ClusterSpec, target: Target, pins: dict[str, Any],
+               tally: Tally) -> list[int]:
+    a, g, f = model.num_attention_heads, model.num_kv_heads, model.ffn_hidden_size
+    domain = cluster.nvlink_domain_size
+    candidates = sorted(set(divisors(domain)) | {x for x in divisors(a) if x <= 2 * domain})
+    if "tp" in pins:
+        candidates = sorted(set(candidates) | {pins["tp"]})
+    out = []
+    for t in candidates:
+        if t > cluster.num_gpus or cluster.num_gpus % t:
+            tally.cut("gpu_divisibility")
+        elif a % t or f % t:
+            tally.cut("head_ffn_divisibility")
+        elif g % t:
+            tally.cut("gqa")
+        elif t > domain or domain % t:
+            tally.cut("nvlink_domain")
+        else:
+            out.append(t)
+    return _pinned(pins, "tp", out, tally)
+
+
+def cp_choices(job: JobSpec, n_left: int, pins: dict[str, Any], tally: Tally) -> list[int]:
+    out = [1]
+    c = 2
+    while c <= n_left:
+        if n_left % c:
+            tally.cut("gpu_divisibility")
+        elif job.seq_len % (2 * c) or job.seq_len // c < MIN_CP_TOKENS:
+            tally.cut("cp_seq_len")
+        else:
+            out.append(c)
+        c *= 2
+    if "cp" in pins and pins["cp"] not in out and n_left % pins["cp"] == 0 and job.seq_len % (2 * pins["cp"]) == 0:
+        out.append(pins["cp"])  # a pin may go past the token floor
+    return _pinned(pins, "cp", sorted(out), tally)
+
+
+def pp_choices(model: ModelSpec, n_left: int, pins: dict[str, Any], tally: Tally) -> list[int]:
+    out = []
+    for p in divisors(n_left):
+        if p > model.num_layers:
+            tally.cut("pp_layers")
+        else:
+            out.append(p)
+    return _pinned(pins, "pp", out, tally)
+
+
+def ep_choices(model: ModelSpec, dp_cp: int, pins: dict[str, Any], tally: Tally) -> list[int]:
+    if not model.is_moe:
+        return _pinned(pins, "ep", [1], tally)
+    out = []
+    for e in divisors(model.num_experts):
+        if dp_cp % e:
+            tally.cut("ep_divisibility")
+        else:
+            out.append(e)
+    return _pinned(pins, "ep", out, tally)
+
+
+def mbs_choices(job: JobSpec, dp: int, pp: int, pins: dict[str, Any], tally: Tally) -> list[tuple[int, int]]:
+    """(micro_batch_size, micro-batches) pairs."""
+    B = job.global_batch_size
+    if B % dp:
+        tally.cut("batch_divisibility")
+        return []
+    out = []
+    cap = max(MAX_MBS, pins.get("micro_batch_size", 0))
+    for b in divisors(B // dp):
+        if b > cap:
+            continue
+        m = B // (dp * b)
+        if pp > 1 and m < pp:
+            tally.cut("microbatches_lt_pp")
+        else:
+            out.append((b, m))
+    if "micro_batch_size" in pins:
+        kept = [x for x in out if x[0] == pins["micro_batch_size"]]
+        tally.cut("pin", len(out) - len(kept))
+        out = kept
+    return out
+
+
+def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pins: dict[str, Any],
+                 tally: Tally) -> list[tuple[int, int | None]]:
+    """(zero_stage, hsdp_shard_size). With one data-parallel rank every stage is the same: keep one.
+    HSDP (ZeRO-3 only): shard inside an NVLink domain or a node, replicate across."""
+    stages = list(ZERO_STAGES[target])
+    if "zero_stage" in pins:
+        stages = [pins["zero_stage"]]
+    if dp_cp == 1:
+        tally.cut("zero_redundant", len(stages) - 1)
+        stages = stages[:1]
+    out: list[tuple[int, int | None]] = []
+    for z in stages:
+        out.append((z, None))
+        if z == 3 and dp_cp > 1:
+            for shard in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size}):
+                if 1 < shard < dp_cp and dp_cp % shard == 0:
+                    out.append((z, shard))
+    if "hsdp_shard_size" in pins:
+        kept = [x for x in out if x[1] == pins["hsdp_shard_size"]]
+        if not kept and any(z == 3 for z, _ in out) and dp_cp % pins["hsdp_shard_size"] == 0:
+            kept = [(3, pins["hsdp_shard_size"])]
+        tally.cut("pin", max(0, len(out) - len(kept)))
+        out = kept
+    return out
+
+
+def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: dict[str, Any],
+                     tally: Tally) -> list[tuple[str, int]]:
+    """(schedule, vp) pairs: 1F1B, interleaved with every ``vp`` Megatron accepts, ZB-H1 where the
+    target runs it."""
+    if pp == 1:
+        out = [("1f1b", 1)]
+    else:
+        out = []
+        for sched in SCHEDULES[target]:
+            if sched != "interleaved":
+                out.append((sched, 1))
+                continue
+            for v in divisors(model.num_layers // pp) if model.num_layers % pp == 0 else []:
+                if v == 1:
+                    continue
+                if m % pp:
+                    tally.cut("interleave_divisibility")
+                else:
+                    out.append(("interleaved", v))
+            if model.num_layers % pp:
+                tally.cut("interleave_divisibility")
+    if "schedule" in pins:
+        kept = [x for x in out if x[0] == pins["schedule"]]
+        tally.cut("pin", len(out) - len(kept))
+        out = kept
+    if "vp" in pins:
+        kept = [x for x in out if x[1] == pins["vp"]]
+        tally.cut("pin", len(out) - len(kept))
+        out = kept
+    return out
+
+
+def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
+    return _pinned(pins, "recompute", list(RECOMPUTE_ORDER), tally)
+
+
+def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                      pins: dict[str, Any], tally: Tally) -> Iterator[Layout]:
+    """Every layout that passes the structural checks, in a fixed order."""
+    N = cluster.num_gpus
+    for tp in tp_choices(model, cluster, target, pins, tally):
+        for cp in cp_choices(job, N // tp, pins, tally):
+            for pp in pp_choices(model, N // (tp * cp), pins, tally):
+                dp = N // (tp * cp * pp)
+                for ep in ep_choices(model, dp * cp, pins, tally):
+                    for mbs, m in mbs_choices(job, dp, pp, pins, tally):
+                        for rc in recompute_choices(pins, tally):
+                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pins, tally):
+                                for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
+                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp)
