@@ -84,6 +84,12 @@ def _reads_files(req: SearchRequest | EstimateRequest) -> bool:
     return isinstance(req.model, str) and catalog_model(req.model) is None
 
 
+def _path_like(text: str) -> bool:
+    path = Path(text)
+    return ("/" in text or "\\" in text or text.startswith("~")
+            or path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists())
+
+
 def _canonical(req: SearchRequest | EstimateRequest) -> str:
     return json.dumps(req.model_dump(mode="json", exclude={"id"}), sort_keys=True, separators=(",", ":"))
 
@@ -94,6 +100,9 @@ class Engine:
 
     max_responses: int = 4096
     max_resolved: int = 512
+    allow_files: bool = True
+    """False: refuse requests that name files (model paths, cluster profiles) — for services that take
+    requests from people who should not make the server read its own disk."""
     responses: LRU[str, Response] = field(init=False)
     resolved: LRU[str, Resolved] = field(init=False)
     planner_cache: Any = field(init=False, default=None)
@@ -104,6 +113,13 @@ class Engine:
 
     # ---- resolution ------------------------------------------------------------------------------
     def resolve(self, req: SearchRequest | EstimateRequest) -> Resolved:
+        if not self.allow_files:
+            if req.cluster.profile is not None:
+                raise UserInputError("cluster profiles (files) are not allowed here; give the cluster fields inline")
+            if isinstance(req.model, str) and catalog_model(req.model) is None and _path_like(req.model):
+                raise UserInputError(f"model files ({req.model!r:.80}) are not allowed here; name a catalog model "
+                                     "or give its spec inline")
+
         def compute() -> Resolved:
             from autoplan.catalog import load_model
             return Resolved(load_model(req.model), req.cluster.resolve(), req.job.spec())

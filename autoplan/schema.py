@@ -213,7 +213,8 @@ class BatchSummary(_Strict):
     total: int
     counts: dict[str, int] = Field(description="lines per status")
     wall_s: float
-    plans_per_s: float
+    plans_per_s: float = Field(description="ok lines answered per second of wall time")
+    lines_per_s: float = Field(description="all lines answered per second of wall time")
     cache: dict[str, Any] = Field(default_factory=dict, description="hits, misses, hit_rate over all workers")
 
 

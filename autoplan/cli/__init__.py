@@ -17,6 +17,7 @@ def _register() -> None:
     # One import per command module; each module defines commands decorated with @cli.command().
     from autoplan.cli import estimate_cmd  # noqa: F401
     from autoplan.cli import catalog_cmd  # noqa: F401
+    from autoplan.cli import batch_cmd, schema_cmd  # noqa: F401
 
 
 _register()

@@ -1,0 +1,163 @@
+"""Batch planning: many search/estimate requests (JSONL), answered in order, failures isolated per line.
+
+    from autoplan.batch import run_batch
+    lines = list(run_batch([{"id": "a", "model": "llama3-8b", "cluster": {"num_gpus": 8}}], workers=2))
+
+Every input line gets exactly one output line with its ``id``, ``line`` number and a ``status``:
+``ok`` (``result`` holds the response), ``infeasible`` (no plan fits), ``invalid`` (malformed or breaks a
+constraint) or ``error`` (a bug or a dead worker; the message says which). Results are a function of the
+request alone — caches are exact — so they are the same for any worker count and backend.
+
+Backends: ``local`` (this process for 1 worker, a process pool for more: :mod:`autoplan.batch.local`) and
+``ray`` (actors on a Ray cluster: :mod:`autoplan.batch.ray_backend`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal
+
+from autoplan.batch.local import Answer, LocalBackend
+from autoplan.batch.reader import Limits, Line, read_lines
+from autoplan.schema import BatchLine, BatchSummary
+
+Backend = Literal["local", "ray"]
+STATUSES = ("ok", "infeasible", "invalid", "error")
+
+
+@dataclass
+class BatchRun:
+    """One batch in progress: iterate :meth:`answers` for the output lines (in input order), then read
+    :meth:`summary`."""
+
+    lines: Sequence[Line]
+    workers: int = 1
+    backend: Backend = "local"
+    address: str | None = None
+    allow_files: bool = True
+    chunk_size: int | None = None
+    on_answer: Callable[[int, str], None] | None = None
+    counts: Counter[str] = field(default_factory=Counter, init=False)
+    wall_s: float = field(default=0.0, init=False)
+    _engine: Any = field(default=None, init=False)
+
+    def answers(self) -> Iterator[Answer]:
+        if self.backend == "ray":
+            from autoplan.batch.ray_backend import RayBackend
+            self._engine = RayBackend(self.workers, address=self.address, allow_files=self.allow_files,
+                                      chunk_size=self.chunk_size)
+        elif self.backend == "local":
+            self._engine = LocalBackend(self.workers, allow_files=self.allow_files, chunk_size=self.chunk_size)
+        else:
+            raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+        t0 = time.perf_counter()
+        try:
+            for number, status, text in self._engine.answers(self.lines):
+                self.counts[status] += 1
+                if self.on_answer is not None:
+                    self.on_answer(number, status)
+                yield number, status, text
+        finally:
+            self.wall_s = time.perf_counter() - t0
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Hits and misses summed over workers, per cache (responses, resolved specs, planner)."""
+        totals: dict[str, Counter[str]] = {}
+        stats = self._engine.worker_stats if self._engine is not None else {}
+        for worker in stats.values():
+            for cache, counters in worker.items():
+                c = totals.setdefault(cache, Counter())
+                for k in ("hits", "misses"):
+                    c[k] += int(counters.get(k, 0))
+        out: dict[str, Any] = {"workers": len(stats)}
+        all_hits = all_misses = 0
+        for cache, c in sorted(totals.items()):
+            n = c["hits"] + c["misses"]
+            out[cache] = {"hits": c["hits"], "misses": c["misses"], "hit_rate": c["hits"] / n if n else 0.0}
+            if cache != "resolved":
+                all_hits += c["hits"]
+                all_misses += c["misses"]
+        n = all_hits + all_misses
+        out["hit_rate"] = all_hits / n if n else 0.0
+        return out
+
+    def summary(self) -> BatchSummary:
+        total = sum(self.counts.values())
+        wall = max(self.wall_s, 1e-9)
+        return BatchSummary(total=total, counts={s: self.counts.get(s, 0) for s in STATUSES},
+                            wall_s=self.wall_s, plans_per_s=self.counts.get("ok", 0) / wall,
+                            lines_per_s=total / wall, cache=self.cache_stats())
+
+
+def lines_from_requests(requests: Iterable[Mapping[str, Any] | str], limits: Limits = Limits()) -> list[Line]:
+    """Batch lines from Python requests (mappings are dumped to JSON, strings taken as JSON lines)."""
+    buf = io.BytesIO()
+    for r in requests:
+        text = r if isinstance(r, str) else json.dumps(dict(r))
+        buf.write(text.replace("\n", " ").encode("utf-8") + b"\n")
+    buf.seek(0)
+    return read_lines(buf, limits, name="requests")
+
+
+def run_batch(requests: Iterable[Mapping[str, Any] | str], *, workers: int = 1, backend: Backend = "local",
+              address: str | None = None, allow_files: bool = True, limits: Limits = Limits()) -> list[BatchLine]:
+    """Answer ``requests`` (mappings or JSON strings), one :class:`BatchLine` each, in order."""
+    run = BatchRun(lines_from_requests(requests, limits), workers=workers, backend=backend, address=address,
+                   allow_files=allow_files)
+    return [BatchLine.model_validate_json(text) for _, _, text in run.answers()]
+
+
+class Progress:
+    """A one-line progress bar on a terminal (``\\r`` updates, at most 10 per second)."""
+
+    def __init__(self, total: int, stream: IO[str] = sys.stderr, enabled: bool | None = None) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = stream.isatty() if enabled is None else enabled
+        self.done = 0
+        self.counts: Counter[str] = Counter()
+        self.t0 = time.perf_counter()
+        self._last = 0.0
+
+    def __call__(self, number: int, status: str) -> None:
+        del number
+        self.done += 1
+        self.counts[status] += 1
+        now = time.perf_counter()
+        if self.enabled and (now - self._last >= 0.1 or self.done == self.total):
+            self._last = now
+            self.stream.write("\r" + self.render(now))
+            self.stream.flush()
+
+    def render(self, now: float) -> str:
+        width = 30
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+        rate = self.done / max(now - self.t0, 1e-9)
+        tally = " ".join(f"{s} {self.counts[s]}" for s in STATUSES if self.counts[s])
+        return f"[{bar}] {self.done}/{self.total}  {tally}  {rate:.1f}/s "
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def describe_summary(s: BatchSummary) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    cache = s.cache
+    parts = [f"{s.total} requests in {s.wall_s:.2f} s: {counts}",
+             f"{s.plans_per_s:.1f} plans/s ({s.lines_per_s:.1f} lines/s)"]
+    if "responses" in cache:
+        parts.append(f"cache hit rate {cache['hit_rate']:.1%} over {cache['workers']} worker(s)")
+    return "; ".join(parts)
+
+
+__all__ = ["BatchRun", "Limits", "Line", "Progress", "describe_summary", "lines_from_requests", "read_lines",
+           "run_batch"]

@@ -1,0 +1,116 @@
+"""Local backend: the lines in order, answered in this process (1 worker) or by a process pool.
+
+Each pool worker keeps one :class:`~autoplan.api.Engine` for its lifetime, so resolved specs, finished
+responses and the planner's intra-op solutions are reused across the requests it is given. Lines travel in
+chunks (fewer round trips) and come back in input order; at most ``4 × workers`` chunks are in flight.
+
+A worker that dies (a crash in a native solver, the OOM killer) breaks the pool: the pool is restarted,
+the lines that were in flight are re-run one at a time, and the one line that kills a worker on its own is
+answered ``error`` — the batch goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from autoplan.api import Engine
+from autoplan.batch.reader import Line, answer
+from autoplan.schema import BatchLine
+
+Answer = tuple[int, str, str]  # (line number, status, output JSON)
+ChunkResult = tuple[list[Answer], str, dict[str, Any]]  # answers, worker id, the worker's cache stats
+
+_WORKER: list[Engine] = []  # the pool worker's engine (one per worker process, set by _start_worker)
+
+
+def _start_worker(allow_files: bool) -> None:
+    _WORKER[:] = [Engine(allow_files=allow_files)]
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def answer_chunk(engine: Engine, chunk: Sequence[Line]) -> ChunkResult:
+    return [answer(engine, line) for line in chunk], worker_id(), engine.stats()
+
+
+def _answer_chunk(chunk: Sequence[Line]) -> ChunkResult:
+    return answer_chunk(_WORKER[0], chunk)
+
+
+def crashed(line: Line, why: str) -> Answer:
+    out = BatchLine(id=None, line=line.number, status="error", message=f"worker died on this line ({why})")
+    return line.number, "error", out.model_dump_json()
+
+
+def chunks_of(lines: Sequence[Line], size: int) -> list[list[Line]]:
+    return [list(lines[i:i + size]) for i in range(0, len(lines), size)]
+
+
+def default_chunk_size(num_lines: int, workers: int) -> int:
+    """Small enough that every worker gets ≥ 8 chunks (load balance), at most 16 lines (latency)."""
+    return max(1, min(16, num_lines // (8 * workers)))
+
+
+class LocalBackend:
+    def __init__(self, workers: int = 1, *, allow_files: bool = True, chunk_size: int | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers ({workers}) must be ≥ 1")
+        self.workers = workers
+        self.allow_files = allow_files
+        self.chunk_size = chunk_size
+        self.worker_stats: dict[str, dict[str, Any]] = {}
+        self.restarts = 0
+
+    def answers(self, lines: Sequence[Line]) -> Iterator[Answer]:
+        if self.workers == 1:
+            engine = Engine(allow_files=self.allow_files)
+            for line in lines:
+                yield answer(engine, line)
+            self.worker_stats = {worker_id(): engine.stats()}
+            return
+        size = self.chunk_size or default_chunk_size(len(lines), self.workers)
+        yield from self._pooled(deque(chunks_of(lines, size)))
+
+    def _pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.workers, initializer=_start_worker, initargs=(self.allow_files,))
+
+    def _pooled(self, queue: deque[list[Line]]) -> Iterator[Answer]:
+        window = 4 * self.workers
+        inflight: deque[tuple[list[Line], Future[ChunkResult]]] = deque()
+        isolate = 0  # > 0: run that many upcoming chunks alone, so a crash names its line
+        pool = self._pool()
+        try:
+            while queue or inflight:
+                while queue and len(inflight) < (1 if isolate else window):
+                    chunk = queue.popleft()
+                    inflight.append((chunk, pool.submit(_answer_chunk, chunk)))
+                chunk, fut = inflight.popleft()
+                try:
+                    answers, wid, stats = fut.result()
+                except BrokenProcessPool as err:
+                    lost = [chunk] + [c for c, _ in inflight]
+                    inflight.clear()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    self.restarts += 1
+                    pool = self._pool()
+                    if isolate and len(chunk) == 1:
+                        yield crashed(chunk[0], str(err) or "process pool broken")
+                        lost = lost[1:]
+                    singles = [[line] for c in lost for line in c]
+                    queue.extendleft(reversed(singles))
+                    isolate = len(singles)
+                    continue
+                if isolate:
+                    isolate -= 1
+                self.worker_stats[wid] = stats
+                yield from answers
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

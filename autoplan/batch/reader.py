@@ -1,0 +1,100 @@
+"""Reading a JSONL batch under limits, and turning one line of text into one output line.
+
+Limits (``Limits``) guard a planning service against abuse: a line longer than ``max_line_bytes`` is
+answered ``invalid`` without being parsed; more than ``max_lines`` requests or ``max_total_bytes`` of input
+refuse the whole batch before anything runs (``UserInputError``, one clear line). JSON only: no YAML, no
+``NaN``/``Infinity``, nothing evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from autoplan.api import Engine, run_line
+from autoplan.errors import UserInputError
+from autoplan.schema import BatchLine, Status
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_line_bytes: int = 64 * 1024
+    max_lines: int = 100_000
+    max_total_bytes: int = 64 * MIB
+
+
+@dataclass(frozen=True)
+class Line:
+    """One non-blank input line: its 1-based number and text, or why it was refused unread."""
+
+    number: int
+    text: str | None
+    refused: str | None = None
+
+
+def read_lines(stream: IO[bytes], limits: Limits = Limits(), *, name: str = "input") -> list[Line]:
+    """Every non-blank line of ``stream`` (blank lines are skipped but keep their numbers)."""
+    lines: list[Line] = []
+    total = 0
+    number = 0
+    while True:
+        raw = stream.readline(limits.max_line_bytes + 1)
+        if not raw:
+            break
+        number += 1
+        total += len(raw)
+        if len(raw) > limits.max_line_bytes and not raw.endswith(b"\n"):
+            total += _skip_rest_of_line(stream)
+            refused = f"line is longer than {limits.max_line_bytes} bytes (the request size limit)"
+            lines.append(Line(number, None, refused))
+        elif raw.strip():
+            try:
+                lines.append(Line(number, raw.decode("utf-8")))
+            except UnicodeDecodeError as err:
+                lines.append(Line(number, None, f"line is not UTF-8 (byte {err.start})"))
+        if total > limits.max_total_bytes:
+            raise UserInputError(f"{name} is larger than {limits.max_total_bytes} bytes (--max-bytes); split it")
+        if len(lines) > limits.max_lines:
+            raise UserInputError(f"{name} has more than {limits.max_lines} requests (--max-lines); split it")
+    return lines
+
+
+def _skip_rest_of_line(stream: IO[bytes]) -> int:
+    skipped = 0
+    while True:
+        chunk = stream.readline(MIB)
+        skipped += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return skipped
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
+    """The output line (compact JSON) for one input line; never raises."""
+    if line.refused is not None:
+        out = BatchLine(id=None, line=line.number, status="invalid", message=line.refused)
+    else:
+        try:
+            data = parse_json(line.text or "")
+        except (ValueError, RecursionError) as err:
+            message = " ".join(str(err).split()) or type(err).__name__
+            out = BatchLine(id=None, line=line.number, status="invalid", message=f"not valid JSON: {message}")
+        else:
+            out = run_line(engine, data, line.number)
+    return line.number, out.status, out.model_dump_json()
+
+
+def iter_answers(engine: Engine, lines: list[Line]) -> Iterator[tuple[int, Status, str]]:
+    for line in lines:
+        yield answer(engine, line)
