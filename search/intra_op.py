@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from cost_models.errors import InfeasibleError
+from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.opgraph import LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
@@ -318,10 +318,11 @@ class IntraOpResult:
 
 
 class IntraOpCache:
-    """Intra-op results keyed on (model, mesh, request); owned by the caller, with hit/miss counters."""
+    """Intra-op results keyed on (model, mesh, request); owned by the caller, with hit/miss counters.
+    Identical layers (every dense layer of a model) are solved once; errors are cached and re-raised."""
 
     def __init__(self) -> None:
-        self._store: dict[Hashable, IntraOpResult] = {}
+        self._store: dict[Hashable, IntraOpResult | ConfigError | InfeasibleError] = {}
         self.hits = 0
         self.misses = 0
 
@@ -333,11 +334,17 @@ class IntraOpCache:
         k = self.key(model, mesh, request)
         if k in self._store:
             self.hits += 1
-            return self._store[k]
-        self.misses += 1
-        result = _solve_layer(model, mesh, request)
-        self._store[k] = result
-        return result
+            found = self._store[k]
+        else:
+            self.misses += 1
+            try:
+                found = _solve_layer(model, mesh, request)
+            except (ConfigError, InfeasibleError) as err:  # a "no" is an answer too: remember it
+                found = err
+            self._store[k] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     @property
     def hit_rate(self) -> float:

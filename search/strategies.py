@@ -38,7 +38,9 @@ from typing import Literal
 
 from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
-from cost_models.gemm import attention_time_s, matmul_time_s
+from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
+from cost_models.layer_cost import ATTN_BWD_FACTOR
+from cost_models.memory import zero_state_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
@@ -49,7 +51,7 @@ TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "any")
 Phase = Literal["fwd", "bwd", "step"]
 Role = Literal["column", "row", "none"]
 
-P_BYTES, G_BYTES, O_BYTES = 2.0, 2.0, 12.0  # COST_MODEL.md §3
+P_BYTES = 2.0  # bf16 weights / gradients on the wire (COST_MODEL.md §3)
 ZERO_STAGES: dict[Target, tuple[int, ...]] = {"megatron": (0, 1, 3), "torchtitan": (0, 2, 3), "any": (0, 1, 2, 3)}
 MATMUL_KINDS = ("matmul", "experts", "router")
 EXPERT_KINDS = ("dispatch", "experts", "combine")
@@ -329,17 +331,18 @@ class _Eval:
                 experts = 1
                 if op.kind == "experts":
                     experts = ctx.model.num_experts // (ctx.mesh.size(MeshAxis.EP) if self.ep == "E" else 1)
+                    tokens *= c.efficiency.moe_imbalance  # the busiest rank sets the pace (ρ)
                 fwd = experts * matmul_time_s(tokens / experts, k, n, c, ctx.precision)
                 total += fwd * (4.0 if full else 3.0)
-            elif op.kind == "attention":
+            elif op.kind == "attention":  # FlashAttention-2 backward ≈ 2.5× forward (Dao 2023 §3.2)
                 heads = self.t if self.tp == "F" else 1
                 fwd = attention_time_s(op.flops_per_token * tokens / heads, c)
-                total += fwd * (4.0 if ctx.recompute != "none" else 3.0)
+                total += fwd * (1.0 + ATTN_BWD_FACTOR + (1.0 if ctx.recompute != "none" else 0.0))
             else:  # memory-bound: read inputs, write output; backward ≈ 2× (COST_MODEL.md §2)
                 widths = sum(self.width_per_device(x, self.layout(x, "in" if x in self.node.inputs else "out"))
                              for x in op.inputs if x in self.graph.tensors)
                 widths += self.width_per_device(op.output, self.layout(op.output, "out"))
-                fwd = tokens * widths * BF16_BYTES / (c.gpu.hbm_tbytes_per_s * 1e12)
+                fwd = hbm_time_s(tokens * widths * BF16_BYTES, c)
                 total += fwd * (4.0 if full else 3.0)
         return total
 
@@ -426,6 +429,7 @@ def _ep_comms(ev: _Eval) -> list[Comm]:
     lay = ev.layout(tensor, "out" if ev.node.kind == "dispatch" else "in")
     factor = max(op.tokens_factor for op in ev.node.ops) if ev.node.kind == "dispatch" else ev.ctx.model.moe_top_k
     payload = ev.tokens_per_device(lay) * factor * ev.width_per_device(tensor, lay) * BF16_BYTES
+    payload *= ev.ctx.mesh.cluster.efficiency.moe_imbalance  # ρ: the busiest rank's share
     t = ev.ctx.mesh.collective_time_s("all_to_all", payload, MeshAxis.EP)
     return [Comm("all_to_all", (MeshAxis.EP,), "fwd", payload, t, 1.0),
             Comm("all_to_all", (MeshAxis.EP,), "bwd", payload, t, 1.0)]
@@ -453,9 +457,8 @@ def _zero_comms(ev: _Eval, zero: int, params: float) -> list[Comm]:
 
 def _state_bytes(params: float, zero: int, r: int) -> float:
     """ZeRO-k resident state per device (COST_MODEL.md §3: M0 = P+G+O, M1 = P+G+O/R, M2 = P+(G+O)/R,
-    M3 = (P+G+O)/R)."""
-    p, g, o = P_BYTES * params, G_BYTES * params, O_BYTES * params
-    return {0: p + g + o, 1: p + g + o / r, 2: p + (g + o) / r, 3: (p + g + o) / r}[zero]
+    M3 = (P+G+O)/R; ``cost_models.memory.zero_state_bytes``)."""
+    return sum(zero_state_bytes(params, zero, r))
 
 
 def _activation_bytes(ev: _Eval) -> float:
@@ -501,17 +504,22 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
             ev = _Eval(node, graph, ctx, tp, ep)
             compute = ev.compute_s()
             ring = _ring_comms(ev)
+            ring_exposed = 0.0
             if ring:  # the ring hides under the attention core: max of the two per phase
-                fwd_c, bwd_c = compute / (4.0 if ctx.recompute != "none" else 3.0), 0.0
+                fwd_c = compute / (1.0 + ATTN_BWD_FACTOR + (1.0 if ctx.recompute != "none" else 0.0))
                 bwd_c = compute - fwd_c
                 ring_f = sum(c.time_s * c.count for c in ring if c.phase == "fwd")
                 ring_b = sum(c.time_s * c.count for c in ring if c.phase == "bwd")
                 ring_exposed = max(0.0, ring_f - fwd_c) + max(0.0, ring_b - bwd_c)
-            else:
-                ring_exposed = 0.0
-            crit = _tp_comms(ev) + _ep_comms(ev)
-            repeat = 2.0 if ctx.recompute == "full" else 1.0
-            crit_s = sum(c.time_s * c.count * (repeat if c.phase == "fwd" else 1.0) for c in crit if not c.overlapped)
+            repeat = 2.0 if ctx.recompute == "full" else 1.0  # full recompute repeats forward collectives
+
+            def exposed(comms: list[Comm]) -> float:
+                return sum(c.time_s * c.count * (repeat if c.phase == "fwd" else 1.0) for c in comms if not c.overlapped)
+
+            tp_c, ep_c = _tp_comms(ev), _ep_comms(ev)
+            # Megatron-Core --tp-comm-overlap hides ``tp_overlap`` of TP traffic behind its GEMMs.
+            crit_s = exposed(tp_c) * (1.0 - ctx.mesh.cluster.efficiency.tp_overlap) + exposed(ep_c)
+            crit = tp_c + ep_c
             params = ev.params_per_device()
             r = 1
             for a in ev.sync_axes():
