@@ -32,8 +32,8 @@ from autoplan.catalog.registry import catalog_model
 from autoplan.catalog.spec_file import describe_validation_error, read_mapping
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import cluster_record
-from autoplan.schema import (BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, SearchRequest,
-                             SearchResult, Status, parse_request)
+from autoplan.schema import (BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
+                             SearchResult, SearchStats, Status, parse_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
@@ -42,6 +42,11 @@ Response = Estimate | SearchResult
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: ConfigError | InfeasibleError
 
 
 class LRU(Generic[K, V]):
@@ -54,15 +59,22 @@ class LRU(Generic[K, V]):
         self._data: OrderedDict[K, V] = OrderedDict()
 
     def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
+        """``compute()`` once per key; a deterministic failure (bad input, infeasible) is remembered too."""
         if key in self._data:
             self.hits += 1
             self._data.move_to_end(key)
-            return self._data[key]
-        self.misses += 1
-        value = compute()
-        self._data[key] = value
-        if len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
+            value = self._data[key]
+        else:
+            self.misses += 1
+            try:
+                value = compute()
+            except (ConfigError, InfeasibleError) as err:
+                value = _Failure(err)  # type: ignore[assignment]
+            self._data[key] = value
+            if len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+        if isinstance(value, _Failure):
+            raise value.error.with_traceback(None)
         return value
 
     def stats(self) -> dict[str, int]:
@@ -154,12 +166,14 @@ class Engine:
                         parallel=req.parallel, prediction=pred)
 
     def _search(self, req: SearchRequest) -> SearchResult:
-        try:
-            from search import planner  # lazily: the solver stack costs ~0.5 s to import
-        except ImportError as err:
-            raise RuntimeError("search planner not available in this build") from err
+        from search.planner import search as plan  # lazily: the solver stack is slow to import
         r = self.resolve(req)
-        raise RuntimeError(f"search planner wiring pending ({planner.__name__}, {r.model.name})")
+        found = plan(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(), top_k=req.top)
+        return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
+                            plans=[Plan.model_validate(p.model_dump()) for p in found.plans],
+                            search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
+                                               pruned=found.pruned, wall_time_s=found.wall_time_s,
+                                               target=req.target))
 
     def stats(self) -> dict[str, Any]:
         """Cache counters: responses, resolved specs and (when it reports them) the planner's caches."""

@@ -7,7 +7,7 @@ One request shape serves ``estimate``, ``search`` and every line of ``autoplan b
      "cluster": {"gpu": "h100-sxm", "num_gpus": 1024, "gpus_per_node": 8, "inter_node_gbps": 400},
      "job": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16"},
      "parallel": {"tp": 8, "pp": 8},                       # estimate: the layout; search: degrees to pin
-     "top": 3, "target": "any"}                            # search only
+     "top": 3, "target": "megatron"}                       # search only: plans kept, framework
 
 Omitted fields take the defaults documented on each field (``JobSpec``: 1024 sequences of 8192 tokens, bf16;
 cluster: ``h100-sxm`` with the catalog's node size, NVLink domain and NIC; ``ParallelConfig``: tp = pp = 1,
@@ -115,7 +115,7 @@ class SearchRequest(_RequestBase):
     kind: Literal["search"] = "search"
     parallel: ParallelPins = Field(default_factory=ParallelPins, description="degrees to pin")
     top: int = Field(default=3, gt=0, le=MAX_TOP, description="how many plans to return")
-    target: Target = Field(default="any", description="keep plans the named framework can run")
+    target: Target = Field(default="megatron", description="keep plans the named framework can run; any: all")
 
 
 def _kind(value: Any) -> str:
@@ -183,17 +183,25 @@ class Estimate(_Response):
 
 
 class Plan(_Strict):
-    rank: int = Field(ge=1)
+    rank: int = Field(ge=1, description="1 = best")
     parallel: ParallelConfig
     prediction: Prediction
-    explanation: Any = Field(default=None, description="why this plan ranks where it does")
+    explanation: str = Field(description="why this plan beats the next one")
+
+
+class SearchStats(_Strict):
+    candidates: int = Field(description="layouts that passed the structural checks")
+    evaluated: int = Field(description="layouts whose stage split was chosen and scored")
+    pruned: dict[str, int] = Field(description="layouts cut, by reason")
+    wall_time_s: float = Field(description="planner time for this request (the one field that varies run to run)")
+    target: Target
 
 
 class SearchResult(_Response):
     """The ``search`` response (``autoplan search --format json``): plans best first."""
 
     plans: list[Plan]
-    search: dict[str, Any] = Field(default_factory=dict, description="search statistics")
+    search: SearchStats
 
 
 class BatchLine(_Strict):
