@@ -245,11 +245,8 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
     sp_modes = ("S", "seq", "col_sp", "row_sp", "vocab_sp")
     if not seq_ok or ctx.sequence_parallel is False:
         modes = [m for m in modes if m not in sp_modes]
-    elif ctx.sequence_parallel and k != "attention":  # SP on: activations between TP regions stay sharded
+    elif ctx.sequence_parallel and k not in ("attention", "experts"):  # SP on: sharded between TP regions
         modes = [m for m in modes if _SP_MODES.get(m, True)] or modes
-    if target != "any" and _divides("kv", t, ctx) == "no" and k in ("attention",) and not modes:
-        raise ConfigError(f"tp={t} does not divide num_kv_heads={ctx.model.num_kv_heads} ({target} shards "
-                          "attention by KV heads)", valid=[d for d in range(1, t + 1) if ctx.model.num_kv_heads % d == 0])
     return modes
 
 

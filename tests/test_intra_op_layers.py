@@ -251,3 +251,15 @@ def test_recompute_and_microbatch_scale_as_expected(llama70b, mesh_dp16_tp8) -> 
     two = solve_layer(llama70b, mesh_dp16_tp8, req(target="megatron", micro_batch_size=2))
     assert two.activation_bytes == pytest.approx(2 * base.activation_bytes)
     assert np.isclose(two.state_bytes, base.state_bytes)
+
+
+def test_moe_experts_shard_over_ep_with_four_all_to_alls() -> None:
+    model = load_model("mixtral-8x7b")
+    mesh = LogicalMesh.from_degrees(build_cluster("h100-sxm", 1024), dp=32, ep=8, tp=2)
+    r = solve_layer(model, mesh, req(kind="moe", seq_len=4096, target="megatron"))
+    experts = [c.strategy for c in r.choices if "expert" in c.node]
+    assert experts and all(s.ep == "E" for s in experts)
+    a2a = [(n, k.phase) for n, k in r.collectives(MeshAxis.EP) if k.kind == "all_to_all"]
+    assert sorted(a2a) == sorted([("dispatch", "fwd"), ("dispatch", "bwd"), ("combine", "fwd"), ("combine", "bwd")])
+    # Each rank holds e/ep experts' state (16 bytes per parameter at most, COST_MODEL.md §3).
+    assert sum(s.state_bytes for s in experts) <= model.num_experts * model.expert_params * 16 / 8

@@ -1,0 +1,96 @@
+"""Intra-op ILP speed: solve time per (layer kind, mesh, target) and cache hit rate over a planner-like sweep.
+
+The sweep is what the outer enumeration asks for llama3-70b on 1024 H100s: every (pp, tp, cp) with
+dp = 1024 / (pp·tp·cp), micro-batch 1 or 2, recompute none/full, global batch 1024 sequences of 8192
+tokens; per configuration the planner asks for every layer of every stage (embedding, 80 decoder
+layers, head) with the per-layer memory budget of its stage. Identical layers hit the cache.
+Prints tables; never asserts on time.
+
+    python benchmarks/intra_op.py [--target megatron|torchtitan|any] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.errors import ConfigError, InfeasibleError
+from search.intra_op import IntraOpCache, IntraOpRequest, solve_layer
+from search.mesh import LogicalMesh
+
+GIB = 2**30
+RESERVE_GIB = 6.0  # CUDA context, NCCL buffers, logits and fragmentation kept out of the layers' budget
+
+
+def sweep(target: str, quick: bool) -> None:
+    model = load_model("llama3-70b")
+    cluster = build_cluster("h100-sxm", 1024)
+    seq, gbs = 8192, 1024
+    pps = (4, 8) if quick else (1, 2, 4, 8, 16)
+    cache = IntraOpCache()
+    times: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    outcomes: dict[str, int] = defaultdict(int)
+    t_all = time.perf_counter()
+    for pp in pps:
+        for tp in (1, 2, 4, 8):
+            for cp in (1, 2, 4):
+                dp = 1024 // (pp * tp * cp)
+                mesh = LogicalMesh.from_degrees(cluster, dp=dp, cp=cp, tp=tp)
+                shape = "×".join(a.value for a in mesh.axes)
+                layers_per_stage = model.num_layers // pp
+                budget = (cluster.gpu.hbm_gib - RESERVE_GIB) * GIB / layers_per_stage
+                for mbs in (1, 2):
+                    if gbs % (dp * mbs):
+                        continue
+                    m = gbs // (dp * mbs)
+                    for recompute in ("none", "full"):
+                        kinds = ["embedding"] + ["dense"] * model.num_layers + ["head"]
+                        for kind in kinds:
+                            r = IntraOpRequest(kind, seq, micro_batch_size=mbs, recompute=recompute, target=target,
+                                               num_microbatches=m, activation_copies=min(pp, m),
+                                               memory_limit_bytes=budget)
+                            misses = cache.misses
+                            t0 = time.perf_counter()
+                            try:
+                                res = solve_layer(model, mesh, r, cache=cache)
+                                outcome = res.status
+                            except InfeasibleError:
+                                outcome = "does not fit"
+                            except ConfigError:
+                                outcome = "not launchable"
+                            dt = time.perf_counter() - t0
+                            if cache.misses > misses:
+                                times[kind, f"{len(mesh.axes)}-axis", shape].append(dt)
+                                outcomes[outcome] += 1
+    wall = time.perf_counter() - t_all
+
+    print(f"intra-op ILP, llama3-70b on 1024 x h100-sxm, target={target}, seq={seq}, gbs={gbs}")
+    print(f"{'layer kind':<10} {'mesh':<6} {'axes':<10} {'solves':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8}")
+    for (kind, naxes, shape), ts in sorted(times.items()):
+        ts_ms = sorted(t * 1e3 for t in ts)
+        p90 = ts_ms[min(len(ts_ms) - 1, int(0.9 * len(ts_ms)))]
+        print(f"{kind:<10} {naxes:<6} {shape:<10} {len(ts):>6} {statistics.median(ts_ms):>10.1f} {p90:>8.1f} "
+              f"{ts_ms[-1]:>8.1f}")
+    dense2 = [t * 1e3 for (k, n, _), ts in times.items() if k == "dense" and n == "2-axis" for t in ts]
+    if dense2:
+        print(f"\nmedian solve, dense layer on a 2-axis mesh: {statistics.median(dense2):.1f} ms "
+              f"({len(dense2)} solves)")
+    total = cache.hits + cache.misses
+    print(f"requests {total}, solved {cache.misses}, cache hits {cache.hits}, hit rate {cache.hit_rate:.1%}")
+    print("solve outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    print(f"sweep wall time {wall:.1f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="megatron", choices=["megatron", "torchtitan", "any"])
+    ap.add_argument("--quick", action="store_true", help="pp in (4, 8) only")
+    args = ap.parse_args()
+    sweep(args.target, args.quick)
+
+
+if __name__ == "__main__":
+    main()
