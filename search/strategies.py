@@ -483,40 +483,56 @@ def _activation_bytes(ev: _Eval) -> float:
     return total * ctx.activation_copies
 
 
+def _ring_exposed_s(ring: list[Comm], compute_s: float, ctx: LayerContext) -> float:
+    """The K/V ring hides under the attention core: per phase, only what exceeds the compute shows."""
+    if not ring:
+        return 0.0
+    fwd_c = compute_s / (1.0 + ATTN_BWD_FACTOR + (1.0 if ctx.recompute != "none" else 0.0))
+    ring_f = sum(c.time_s * c.count for c in ring if c.phase == "fwd")
+    ring_b = sum(c.time_s * c.count for c in ring if c.phase == "bwd")
+    return max(0.0, ring_f - fwd_c) + max(0.0, ring_b - (compute_s - fwd_c))
+
+
+def _ties(node: Node, ctx: LayerContext, tp: str, ep: str | None, zero: int | None) -> tuple[tuple[str, Hashable], ...]:
+    """Choices a launch target makes once per layer (constraint 6 of ``intra_op``)."""
+    if ctx.target == "any":
+        return ()
+    ties: list[tuple[str, Hashable]] = []
+    if zero is not None:
+        ties.append(("zero", zero))  # one optimizer / FSDP setting per layer
+    if ep is not None and node.kind in EXPERT_KINDS:
+        ties.append(("ep", ep))
+    if node.kind == "experts":
+        ties.append(("expert_tp", tp == "seq"))  # expert TP = tp or 1
+    elif ctx.target == "megatron" and tp in _SP_MODES and ctx.mesh.size(MeshAxis.TP) > 1:
+        ties.append(("sp", _SP_MODES[tp]))  # --sequence-parallel is one flag
+    return tuple(ties)
+
+
 def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[Strategy]:
     """Every strategy ``ctx.target`` can launch for ``node``; raises ``ConfigError`` when there is none."""
     modes = tp_modes(node, graph, ctx)
     t, g = ctx.mesh.size(MeshAxis.TP), ctx.model.num_kv_heads
     gqa = node.kind == "attention" or any(graph.tensors[x].dim_kind == "kv" for x in node.outputs)
-    if not modes or (ctx.target != "any" and gqa and t > 1):
-        if _divides("kv", t, ctx) == "no" and gqa:
-            raise ConfigError(f"tp={t} does not divide num_kv_heads={g}: {ctx.target} cannot shard "
-                              f"{node.name} by KV heads", valid=[d for d in range(1, t + 1) if g % d == 0])
-        if not modes:
-            raise ConfigError(f"no {ctx.target} strategy for {node.name} on {ctx.mesh.label}")
-    dp_overlap = ctx.mesh.cluster.efficiency.dp_overlap
+    if ctx.target != "any" and gqa and _divides("kv", t, ctx) == "no":
+        raise ConfigError(f"tp={t} does not divide num_kv_heads={g}: {ctx.target} cannot shard "
+                          f"{node.name} by KV heads", valid=[d for d in range(1, t + 1) if g % d == 0])
+    if not modes:
+        raise ConfigError(f"no {ctx.target} strategy for {node.name} on {ctx.mesh.label}")
+    eff = ctx.mesh.cluster.efficiency
+    repeat = 2.0 if ctx.recompute == "full" else 1.0  # full recompute repeats forward collectives
+
+    def exposed_s(comms: list[Comm]) -> float:
+        return sum(c.time_s * c.count * (repeat if c.phase == "fwd" else 1.0) for c in comms if not c.overlapped)
+
     out: list[Strategy] = []
     for tp in modes:
         for ep in ep_modes(node, ctx):
             ev = _Eval(node, graph, ctx, tp, ep)
             compute = ev.compute_s()
-            ring = _ring_comms(ev)
-            ring_exposed = 0.0
-            if ring:  # the ring hides under the attention core: max of the two per phase
-                fwd_c = compute / (1.0 + ATTN_BWD_FACTOR + (1.0 if ctx.recompute != "none" else 0.0))
-                bwd_c = compute - fwd_c
-                ring_f = sum(c.time_s * c.count for c in ring if c.phase == "fwd")
-                ring_b = sum(c.time_s * c.count for c in ring if c.phase == "bwd")
-                ring_exposed = max(0.0, ring_f - fwd_c) + max(0.0, ring_b - bwd_c)
-            repeat = 2.0 if ctx.recompute == "full" else 1.0  # full recompute repeats forward collectives
-
-            def exposed(comms: list[Comm]) -> float:
-                return sum(c.time_s * c.count * (repeat if c.phase == "fwd" else 1.0) for c in comms if not c.overlapped)
-
-            tp_c, ep_c = _tp_comms(ev), _ep_comms(ev)
+            ring, tp_c, ep_c = _ring_comms(ev), _tp_comms(ev), _ep_comms(ev)
             # Megatron-Core --tp-comm-overlap hides ``tp_overlap`` of TP traffic behind its GEMMs.
-            crit_s = exposed(tp_c) * (1.0 - ctx.mesh.cluster.efficiency.tp_overlap) + exposed(ep_c)
-            crit = tp_c + ep_c
+            crit_s = exposed_s(tp_c) * (1.0 - eff.tp_overlap) + exposed_s(ep_c) + _ring_exposed_s(ring, compute, ctx)
             params = ev.params_per_device()
             r = 1
             for a in ev.sync_axes():
@@ -525,26 +541,15 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
             zeros: tuple[int | None, ...] = ZERO_STAGES[ctx.target] if params > 0 else (None,)
             for zero in zeros:
                 zc = _zero_comms(ev, zero, params) if zero is not None else []
-                micro = sum(c.time_s * c.count for c in zc if c.phase != "step") * (1 - dp_overlap)
-                step = sum(c.time_s * c.count for c in zc if c.phase == "step") * (1 - dp_overlap)
-                ties: list[tuple[str, Hashable]] = []
-                if ctx.target != "any":
-                    if zero is not None:
-                        ties.append(("zero", zero))
-                    if ep is not None and node.kind in EXPERT_KINDS:
-                        ties.append(("ep", ep))
-                    if node.kind == "experts":
-                        ties.append(("expert_tp", tp == "seq"))
-                    elif ctx.target == "megatron" and tp in _SP_MODES and ev.t > 1:
-                        ties.append(("sp", _SP_MODES[tp]))
-                name = "/".join(x for x in (f"tp:{tp}", f"ep:{ep}" if ep else "", f"zero{zero}" if zero is not None else "")
-                                if x)
+                micro = sum(c.time_s * c.count for c in zc if c.phase != "step") * (1 - eff.dp_overlap)
+                step = sum(c.time_s * c.count for c in zc if c.phase == "step") * (1 - eff.dp_overlap)
+                parts = (f"tp:{tp}", f"ep:{ep}" if ep else "", f"zero{zero}" if zero is not None else "")
                 out.append(Strategy(
-                    name=name, tp=tp, ep=ep, zero=zero, kv_replicated=ev.kv_rep,
+                    name="/".join(x for x in parts if x), tp=tp, ep=ep, zero=zero, kv_replicated=ev.kv_rep,
                     in_layouts=tuple((x, ev.layout(x, "in")) for x in node.inputs),
                     out_layouts=tuple((x, ev.layout(x, "out")) for x in node.outputs),
-                    compute_s=compute, exposed_micro_s=crit_s + ring_exposed + micro, exposed_step_s=step,
-                    comms=tuple(ring + crit + zc), state_bytes=_state_bytes(params, zero or 0, r),
-                    activation_bytes=acts, ties=tuple(ties),
+                    compute_s=compute, exposed_micro_s=crit_s + micro, exposed_step_s=step,
+                    comms=tuple(ring + tp_c + ep_c + zc), state_bytes=_state_bytes(params, zero or 0, r),
+                    activation_bytes=acts, ties=_ties(node, ctx, tp, ep, zero),
                 ))
     return out
