@@ -20,10 +20,9 @@ can make the planner enumerate an absurd space; nothing in a request is ever exe
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag,
-                      TypeAdapter, field_serializer)
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
@@ -118,17 +117,6 @@ class SearchRequest(_RequestBase):
     target: Target = Field(default="megatron", description="keep plans the named framework can run; any: all")
 
 
-def _kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return value.get("kind", "search")
-    return getattr(value, "kind", "search")
-
-
-Request = Annotated[Union[Annotated[SearchRequest, Tag("search")], Annotated[EstimateRequest, Tag("estimate")]],
-                    Discriminator(_kind, custom_error_type="invalid_kind",
-                                  custom_error_message="kind must be 'search' or 'estimate'")]
-REQUEST_ADAPTER: TypeAdapter[SearchRequest | EstimateRequest] = TypeAdapter(Request)
-
 
 REQUEST_KINDS: dict[str, type[SearchRequest] | type[EstimateRequest]] = {"search": SearchRequest,
                                                                           "estimate": EstimateRequest}
@@ -137,8 +125,7 @@ REQUEST_KINDS: dict[str, type[SearchRequest] | type[EstimateRequest]] = {"search
 def parse_request(data: Any) -> SearchRequest | EstimateRequest:
     """Validate a request mapping (raises ``pydantic.ValidationError``; ``UserInputError`` for a bad kind).
 
-    Dispatches on ``kind`` by hand rather than through ``REQUEST_ADAPTER`` so error locations read
-    ``parallel.tp``, not ``estimate.parallel.tp``; the adapter describes the same union in the schema."""
+    Dispatches on ``kind`` by hand (absent: ``search``), so error locations read ``parallel.tp``."""
     if isinstance(data, (SearchRequest, EstimateRequest)):
         return data
     if not isinstance(data, dict):
@@ -227,30 +214,45 @@ class BatchSummary(_Strict):
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of every request and response, as ``autoplan schema`` prints it."""
-    req = REQUEST_ADAPTER.json_schema(mode="validation", ref_template="#/$defs/{model}")
-    defs: dict[str, Any] = dict(req.pop("$defs", {}))
-    responses = {}
-    for name, model in (("estimate", Estimate), ("search", SearchResult), ("batch_line", BatchLine),
-                        ("batch_summary", BatchSummary)):
-        s = model.model_json_schema(mode="serialization", ref_template="#/$defs/{model}")
+    """JSON Schema of every request and response, as ``autoplan schema`` prints it.
+
+    ``request`` dispatches on ``kind`` the way :func:`parse_request` does (absent means ``search``);
+    ``responses`` names the shape of each output."""
+    defs: dict[str, Any] = {}
+    for model in (SearchRequest, EstimateRequest, Estimate, SearchResult, BatchLine, BatchSummary):
+        mode = "validation" if model in (SearchRequest, EstimateRequest) else "serialization"
+        s = model.model_json_schema(mode=mode, ref_template="#/$defs/{model}")
         defs.update(s.pop("$defs", {}))
         defs[model.__name__] = s
-        responses[name] = {"$ref": f"#/$defs/{model.__name__}"}
+    request = {
+        "description": "a search or estimate request, by kind (default search)",
+        "if": {"type": "object", "properties": {"kind": {"const": "estimate"}}, "required": ["kind"]},
+        "then": {"$ref": "#/$defs/EstimateRequest"},
+        "else": {"$ref": "#/$defs/SearchRequest"},
+    }
+    responses = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in RESPONSES.items()}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "autoplan",
         "description": f"autoplan {__version__} requests and responses",
         "version": __version__,
-        "request": req,
+        "request": request,
         "responses": responses,
         "$defs": defs,
     }
 
 
+RESPONSES: dict[str, type[BaseModel]] = {"estimate": Estimate, "search": SearchResult, "batch_line": BatchLine,
+                                         "batch_summary": BatchSummary}
+SCHEMA_PARTS = ("request", *RESPONSES)
+
+
 def schema_for(name: str) -> dict[str, Any]:
-    """A standalone schema for one of ``request``, ``estimate``, ``search``, ``batch_line``, ``batch_summary``
-    (the full document with its root pointing at that entry; what tests validate against)."""
+    """A standalone schema for one of ``SCHEMA_PARTS`` (``request``, ``estimate``, ``search``, ``batch_line``,
+    ``batch_summary``): that entry at the root, with every definition beside it."""
     full = json_schema()
-    root = full["request"] if name == "request" else full["responses"][name]
-    return {"$schema": full["$schema"], "$defs": full["$defs"], **root}
+    if name == "request":
+        root = full["request"]
+    else:
+        root = full["$defs"][RESPONSES[name].__name__]
+    return {"$schema": full["$schema"], **root, "$defs": full["$defs"]}

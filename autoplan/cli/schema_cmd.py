@@ -7,9 +7,9 @@ import json
 import click
 
 from autoplan.cli import cli
-from autoplan.schema import json_schema, schema_for
+from autoplan.schema import SCHEMA_PARTS, json_schema, schema_for
 
-PARTS = ("all", "request", "estimate", "search", "batch_line", "batch_summary")
+PARTS = ("all", *SCHEMA_PARTS)
 
 
 @cli.command("schema")

@@ -1,0 +1,119 @@
+"""Python API: the CLI's JSON, the planner's plans, errors as types, safe request files, engine caches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+import autoplan
+from autoplan import api
+from autoplan.cli import cli
+from autoplan.errors import ConfigError, InfeasibleError, UserInputError
+from autoplan.schema import EstimateRequest, SearchRequest, schema_for
+
+EST = {"kind": "estimate", "model": "llama3-70b", "cluster": {"num_gpus": 1024},
+       "job": {"global_batch_size": 512, "seq_len": 8192}, "parallel": {"tp": 8, "pp": 8}}
+SEARCH = {"model": "llama3-8b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 64}}
+
+
+def test_estimate_is_the_cli_json_exactly() -> None:
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+                                 "--global-batch-size", "512", "--seq-len", "8192", "--format", "json"])
+    assert r.exit_code == 0, r.stderr
+    result = autoplan.estimate(EST)
+    assert json.dumps(result.model_dump(mode="json"), indent=2) == r.stdout.strip()
+    assert result.version == autoplan.__version__
+    jsonschema.validate(result.model_dump(mode="json"), schema_for("estimate"))
+
+
+def test_request_models_dicts_and_run_agree() -> None:
+    engine = api.Engine()
+    a = engine.estimate(EST)
+    b = engine.estimate(EstimateRequest.model_validate(EST))
+    c = engine.run(EST)
+    assert a.model_dump() == b.model_dump() == c.model_dump()
+    d = {k: v for k, v in EST.items() if k != "kind"}
+    assert engine.estimate(d).model_dump() == a.model_dump()  # kind defaults to the function's
+
+
+def test_errors_are_typed() -> None:
+    with pytest.raises(ConfigError, match="tp=16 does not divide num_kv_heads=8"):
+        autoplan.estimate({**EST, "parallel": {"tp": 16, "pp": 8}})
+    with pytest.raises(ValidationError):
+        autoplan.estimate({**EST, "parallel": {"tp": 0}})
+    with pytest.raises(UserInputError, match="call search"):
+        autoplan.estimate({**EST, "kind": "search"})
+    with pytest.raises(UserInputError, match="did you mean"):
+        autoplan.estimate({**EST, "model": "llama3-7b"})
+
+
+def test_search_returns_the_planners_plans() -> None:
+    from search.planner import search as plan
+
+    result = api.Engine().search(SEARCH)
+    specs = autoplan.api.resolve(SearchRequest.model_validate(SEARCH))
+    direct = plan(specs.model, specs.cluster, specs.job, target="megatron", top_k=3)
+    assert [p.model_dump() for p in result.plans] == [p.model_dump() for p in direct.plans]
+    assert result.search.candidates == direct.candidates and result.search.pruned == direct.pruned
+    assert result.version == autoplan.__version__ and len(result.plans) == 3
+    jsonschema.validate(result.model_dump(mode="json"), schema_for("search"))
+
+
+def test_search_pins_and_top() -> None:
+    result = api.Engine().search({**SEARCH, "parallel": {"tp": 1, "zero_stage": 3}, "top": 2})
+    assert len(result.plans) <= 2
+    assert all(p.parallel.tp == 1 and p.parallel.zero_stage == 3 for p in result.plans)
+
+
+def test_infeasible_search_raises_with_hint() -> None:
+    with pytest.raises(InfeasibleError, match="smallest"):
+        api.Engine().search({"model": "llama3-405b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 64}})
+
+
+def test_engine_caches_responses_and_failures() -> None:
+    engine = api.Engine()
+    first = engine.estimate({**EST, "id": "a"})
+    assert engine.estimate({**EST, "id": "b"}) is first  # the id is not part of the key
+    for _ in range(2):
+        with pytest.raises(ConfigError):
+            engine.estimate({**EST, "parallel": {"tp": 16}})
+    stats = engine.stats()["responses"]
+    assert stats["hits"] == 2 and stats["misses"] == 2
+
+
+def test_request_files_are_parsed_safely(tmp_path: Path) -> None:
+    good = tmp_path / "req.yaml"
+    good.write_text("kind: estimate\nmodel: llama3-8b\ncluster: {num_gpus: 8}\njob: {global_batch_size: 8}\n")
+    assert isinstance(autoplan.load_request(good), EstimateRequest)
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("model: !!python/object/apply:os.system ['echo pwned > %s']\ncluster: {num_gpus: 8}\n"
+                    % (tmp_path / "pwned"))
+    with pytest.raises(UserInputError, match="invalid YAML"):
+        autoplan.load_request(evil)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_files_can_be_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps({"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512,
+                                "num_attention_heads": 4, "num_kv_heads": 4, "vocab_size": 1000}))
+    req = {**EST, "model": str(spec), "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8},
+           "parallel": {"tp": 2}}
+    assert api.Engine().estimate(req).model.spec.num_layers == 2
+    closed = api.Engine(allow_files=False)
+    with pytest.raises(UserInputError, match="not allowed"):
+        closed.estimate(req)
+    with pytest.raises(UserInputError, match="not allowed"):
+        closed.estimate({**EST, "cluster": {"num_gpus": 1024, "profile": "/etc/hostname"}})
+    with pytest.raises(UserInputError, match="did you mean"):  # a typo is still a typo
+        closed.estimate({**EST, "model": "llama3-7b"})
+
+
+def test_package_reexports() -> None:
+    for name in ("search", "estimate", "run", "SearchResult", "Estimate", "json_schema", "__version__"):
+        assert hasattr(autoplan, name)
