@@ -10,6 +10,7 @@ Run file (JSON Lines, one measured run per line; blank lines and lines starting 
      "parallel": {"tp": 8, "pp": 4, "micro_batch_size": 1, "recompute": "none",  # ParallelConfig fields
                   "sequence_parallel": true, "zero_stage": 1, "vp": 5},
      "measured_step_time_s": 6.42,              # measured seconds per optimizer step (steady state, mean)
+     "software": {"flash_attention": true},     # optional: the run's attention kernel (default: the profile's)
      "source": "our cluster, 2025-01-12, mean of steps 50-150"}   # optional provenance
 
 Every field except ``measured_step_time_s`` has the meaning (and defaults) it has in ``autoplan estimate``;
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoplan.catalog import load_model
 from autoplan.catalog.spec_file import describe_validation_error
@@ -68,6 +69,7 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_imbalance": (1.0, 3.0),
     "step_overhead_s": (0.0, 1.0),
 }
+SOFTWARE_SETTINGS = {"flash_attention"}  # Efficiency switches a run may set for itself (they are facts, not fitted)
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 PRIOR_WEIGHT = 0.02  # residual weight of each parameter's (normalised) distance from its start value
 _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter
@@ -83,7 +85,17 @@ class MeasuredRun(BaseModel):
     job: JobSpec = Field(default_factory=JobSpec)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     measured_step_time_s: float = Field(gt=0, description="measured seconds per optimizer step")
+    software: dict[str, bool] = Field(default_factory=dict, description="settings of the run's software stack "
+                                      f"that differ from the profile, never fitted: {sorted(SOFTWARE_SETTINGS)}")
     source: str = ""
+
+    @field_validator("software")
+    @classmethod
+    def _known_settings(cls, v: dict[str, bool]) -> dict[str, bool]:
+        unknown = sorted(set(v) - SOFTWARE_SETTINGS)
+        if unknown:
+            raise ValueError(f"unknown software setting(s) {unknown}; valid: {sorted(SOFTWARE_SETTINGS)}")
+        return v
 
 
 @dataclass(frozen=True)
@@ -96,10 +108,15 @@ class ResolvedRun:
     job: JobSpec
     parallel: ParallelConfig
     measured_step_time_s: float
+    software: dict[str, bool] = field(default_factory=dict)
+
+    def cluster_with(self, eff: Efficiency | None = None) -> ClusterSpec:
+        """The run's cluster with efficiency ``eff`` (default: its own) and the run's software settings."""
+        eff = (eff or self.cluster.efficiency).model_copy(update=self.software)
+        return self.cluster.model_copy(update={"efficiency": eff})
 
     def predict(self, eff: Efficiency | None = None) -> float:
-        cluster = self.cluster if eff is None else self.cluster.model_copy(update={"efficiency": eff})
-        return estimate(self.model, cluster, self.job, self.parallel, check=False).step_time_s
+        return estimate(self.model, self.cluster_with(eff), self.job, self.parallel, check=False).step_time_s
 
 
 def resolve_run(run: MeasuredRun) -> ResolvedRun:
@@ -107,7 +124,8 @@ def resolve_run(run: MeasuredRun) -> ResolvedRun:
     model = load_model(run.model)
     cluster = run.cluster.resolve()
     estimate(model, cluster, run.job, run.parallel)  # raises ConfigError on an invalid layout
-    return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s)
+    return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,
+                       dict(run.software))
 
 
 def load_runs(path: str | Path) -> list[MeasuredRun]:

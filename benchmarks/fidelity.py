@@ -84,7 +84,8 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
                  "inter_node_gbps": cl["inter_node_gbps_per_gpu"]},
         job={"global_batch_size": job["global_batch_size"], "seq_len": job["seq_len"],
              "precision": job["precision"]},
-        parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"])
+        parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"],
+        software=group.get("software", {}))
 
 
 def published_runs(path: Path | None = None) -> list[tuple[dict[str, Any], ResolvedRun]]:
@@ -119,7 +120,7 @@ def evaluate(with_loo: bool = True) -> list[Row]:
     runs = published_runs()
     rows = []
     for case, run in runs:
-        pred = estimate(run.model, run.cluster, run.job, run.parallel)
+        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel)
         rows.append(Row(case["id"], case["group"], GENERATION[run.cluster.gpu.name], run.measured_step_time_s,
                         pred.step_time_s, _measured_mfu(case, pred.mfu, pred.step_time_s), pred.mfu))
     if with_loo:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
-from cost_models.gemm import matmul_time_s
-from cost_models.layer_cost import LayerCost, layer_cost, model_flops_per_token
+from cost_models.gemm import hbm_time_s, matmul_time_s
+from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, graphs_for, stage_memory, stage_params
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
@@ -163,11 +163,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
 
 
 def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
-    """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch."""
+    """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch: the GEMM (×3 for
+    dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
-    return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction)
+    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par)
+    return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
 def _data_parallel(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,

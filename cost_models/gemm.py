@@ -6,6 +6,9 @@ a saturation curve: tiles are under-filled and wave quantization bites as any di
 which one factor reaches 1/2 (larger on newer GPUs with bigger tiles). It is bounded below by the memory
 roofline: the operands and result must cross HBM once (Williams et al. 2009, "Roofline").
 FP8 speeds GEMMs only (``fp8_gemm_speedup`` ≤ peak ratio); attention, norms and element-wise ops stay bf16.
+Memory-bound kernels (norms, element-wise ops, softmax, the loss, fp8 casts) take their HBM traffic over the
+achieved streaming bandwidth ``hbm_tbytes_per_s · hbm_bus`` (the roofline's memory side; BabelStream-style
+copy bandwidth is 0.85–0.9 of the datasheet figure on A100/H100).
 """
 
 from __future__ import annotations
@@ -39,3 +42,8 @@ def matmul_time_s(m: float, k: float, n: float, cluster: ClusterSpec, precision:
 def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
     """Flash-attention core (always bf16 here): FLOPs at the attention efficiency."""
     return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * cluster.efficiency.attention)
+
+
+def hbm_time_s(nbytes: float, cluster: ClusterSpec) -> float:
+    """A memory-bound kernel moving ``nbytes`` through HBM (read + write) at the achieved streaming bandwidth."""
+    return nbytes / (cluster.gpu.hbm_tbytes_per_s * 1e12 * cluster.efficiency.hbm_bus)

@@ -7,8 +7,11 @@ hidden-width tensors only (MLA down-projections, the router) are replicated. Rou
 expert-TP 1: tokens, not weights, are split across TP ranks (sequence parallel), and each rank runs
 ``e/ep`` experts on ``tokens·k·ep/e`` tokens each, times the load imbalance ρ.
 Backward = 2× forward for GEMMs (dgrad + wgrad); FlashAttention's backward ≈ 2.5× its forward
-(Dao 2023, FlashAttention-2 §3.2: recomputes P). Non-GEMM kernels (norms, rotary, activations) are
-memory-bound and cost ``memory_bound_fraction`` of the GEMM time.
+(Dao 2023, FlashAttention-2 §3.2: recomputes P); with ``flash_attention`` off the core is Megatron's unfused
+path (batched GEMMs + softmax/dropout through HBM). Non-GEMM kernels (norms, rotary, activations, residual
+adds, the loss, fp8 casts) are memory-bound: their HBM bytes (derived per op below) over the achieved
+streaming bandwidth (Williams et al. 2009 roofline; Korthikanti et al. 2022 §4 for which tensors each op
+touches).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.collectives import RankStrides, group_collective_time_s
-from cost_models.gemm import attention_time_s, matmul_time_s
+from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, Op
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
@@ -60,24 +63,133 @@ def _matmul_split(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
     return k, n
 
 
-def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-             par: ParallelConfig) -> tuple[float, float, float, float]:
-    """(GEMM forward s, attention forward s, memory-bound forward s, attention flops) per micro-batch."""
+# Bytes each memory-bound kernel moves per element (bf16 = 2 bytes; read + write), forward / backward.
+RESIDUAL_BYTES = (6.0, 6.0)  # y = x + f(x): read 2, write 1; backward accumulates the branch gradient the same way
+ROTARY_BYTES = (4.0, 4.0)  # read + write q and k; backward applies the inverse rotation
+NORM_BYTES = (4.0, 6.0)  # read x, write y; backward reads x and dy, writes dx (Table 2's norms)
+PERMUTE_BYTES = (4.0, 4.0)  # MoE dispatch/combine: gather/scatter of each routed token copy
+# Megatron's vocab-parallel cross-entropy runs op by op in fp32 (megatron/core/tensor_parallel/cross_entropy.py):
+# cast (read 2, write 4), max, subtract, exp, sum, divide (≈ 28 more), backward softmax − one-hot and the bf16
+# gradient (≈ 14): bytes per vocabulary entry per token.
+LOSS_BYTES = (34.0, 14.0)
+# Unfused attention (Megatron-LM ≤ 2022 GPT: fused scale-mask-softmax, then attention dropout) per score element:
+# forward softmax read 2 + write 2, dropout read 2 + write 2 + mask 1; backward dropout (read 2 + 1, write 2) and
+# softmax (read probs 2, grad 2, write 2).
+SCORE_BYTES = (9.0, 11.0)
+# fp8 (Transformer Engine): each GEMM input is cast to fp8 row- and column-wise copies (read 2, write 1 + 1) unless a
+# norm produced it (LayerNormLinear fuses the cast); backward casts the output gradient the same way.
+FP8_CAST_BYTES = 4.0
+
+
+@dataclass(frozen=True)
+class _Compute:
+    """Seconds per micro-batch on one rank."""
+
+    gemm_f: float  # GEMMs, forward (backward = 2×)
+    attn_f: float  # attention core, forward
+    attn_b: float  # attention core, backward
+    mem_f: float  # memory-bound kernels, forward
+    mem_b: float  # memory-bound kernels, backward
+
+
+def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
+    return _matmul_split(op, graph, t) if op.kind == "matmul" else (op.weight_in, op.weight_out)
+
+
+def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
+                         par: ParallelConfig) -> tuple[float, float]:
+    """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank.
+
+    Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
+    the norms and residual adds); head/FFN/vocab-width tensors are split by TP."""
     t = par.tp
+    sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = attn = 0.0
+    producers = {op.output: op for op in graph.ops}
+
+    def per_rank(tensor: str) -> float:
+        kind = graph.tensors[tensor].dim_kind
+        return graph.tensors[tensor].width / (t if kind in _COLUMN_KINDS or sp else 1)
+
+    fwd = bwd = 0.0
+    fp8 = job.precision == "fp8"
+    for op in graph.ops:
+        tf = op.tokens_factor
+        if op.kind == "norm":
+            w = per_rank(op.inputs[0])
+            fwd, bwd = fwd + NORM_BYTES[0] * w, bwd + NORM_BYTES[1] * w
+        elif op.kind == "elementwise" and op.name == "rotary":
+            w = sum(per_rank(x) for x in op.inputs)
+            fwd, bwd = fwd + ROTARY_BYTES[0] * w, bwd + ROTARY_BYTES[1] * w
+        elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
+            w = per_rank(op.output)  # residual / shared-expert add
+            fwd, bwd = fwd + RESIDUAL_BYTES[0] * w, bwd + RESIDUAL_BYTES[1] * w
+        elif op.kind == "elementwise":  # activation: read inputs, write output; backward reads inputs + dy
+            ins = sum(per_rank(x) for x in op.inputs)
+            out = per_rank(op.output)
+            if op.name.startswith("expert_"):  # expert TP = 1: tokens (not features) split over TP
+                ins, out = ins * t / (t if sp else 1), out * t / (t if sp else 1)
+            fwd += 2.0 * (ins + out) * tf
+            bwd += 2.0 * (2 * ins + out) * tf
+        elif op.kind in ("dispatch", "combine") and model is not None:
+            w = model.hidden_size / (t if sp else 1) * model.moe_top_k
+            fwd, bwd = fwd + PERMUTE_BYTES[0] * w, bwd + PERMUTE_BYTES[1] * w
+        elif op.kind == "loss":
+            w = per_rank(op.inputs[0])
+            fwd, bwd = fwd + LOSS_BYTES[0] / 2 * w, bwd + LOSS_BYTES[1] / 2 * w  # per element, not per byte
+        if fp8 and op.kind in ("matmul", "experts"):
+            k, n = _local_widths(op, graph, t)
+            scale = tf / (t if sp else 1) * t if op.kind == "experts" else 1.0  # routed copies on this rank
+            prod = producers.get(op.inputs[0])
+            if prod is None or prod.kind != "norm":
+                fwd += FP8_CAST_BYTES * k * scale
+            bwd += FP8_CAST_BYTES * n * scale
+    return fwd * tokens, bwd * tokens
+
+
+def _unfused_attention(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                       par: ParallelConfig) -> tuple[float, float]:
+    """(forward s, backward s) of the unfused attention core: per local head, QKᵀ and AV as batched GEMMs over the
+    full ``s × s`` scores (the causal mask is applied, not skipped), scores through HBM (``SCORE_BYTES``)."""
+    heads = model.num_attention_heads / par.tp
+    d = model.head_dim_resolved
+    b, s_q, s_k = par.micro_batch_size, job.seq_len / par.cp, job.seq_len
+    if model.mla is not None:
+        d_qk = model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim
+        d_v = model.mla.v_head_dim
+    else:
+        d_qk = d_v = d
+    gemm = heads * b * (matmul_time_s(s_q, d_qk, s_k, cluster) + matmul_time_s(s_q, s_k, d_v, cluster))
+    scores = heads * b * s_q * s_k
+    return gemm + hbm_time_s(SCORE_BYTES[0] * scores, cluster), 2 * gemm + hbm_time_s(SCORE_BYTES[1] * scores,
+                                                                                      cluster)
+
+
+def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> _Compute:
+    """Compute time of one layer for one micro-batch on one rank, by kind."""
+    t = par.tp
+    eff = cluster.efficiency
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    gemm = attn_f = attn_b = 0.0
     for op in graph.ops:
         if op.kind in ("matmul", "router"):
-            k, n = _matmul_split(op, graph, t) if op.kind == "matmul" else (op.weight_in, op.weight_out)
+            k, n = _local_widths(op, graph, t)
             gemm += matmul_time_s(tokens, k, n, cluster, job.precision)
         elif op.kind == "experts":
             local_experts = model.num_experts // par.ep
             routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
-            per_expert = routed / model.num_experts * cluster.efficiency.moe_imbalance
+            per_expert = routed / model.num_experts * eff.moe_imbalance
             gemm += local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
         elif op.kind == "attention":
-            attn += attention_time_s(op.flops_per_token * tokens / t, cluster)
-    return gemm, attn, gemm * cluster.efficiency.memory_bound_fraction, attn
+            if eff.flash_attention:
+                f = attention_time_s(op.flops_per_token * tokens / t, cluster)
+                attn_f, attn_b = attn_f + f, attn_b + ATTN_BWD_FACTOR * f
+            else:
+                f, b = _unfused_attention(op, model, cluster, job, par)
+                attn_f, attn_b = attn_f + f, attn_b + b
+    mem_f, mem_b = memory_traffic_bytes(graph, model, job, par)
+    extra = gemm * eff.memory_bound_fraction
+    return _Compute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
 
 
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
@@ -85,10 +197,10 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
     t, c, e = par.tp, par.cp, par.ep
     strides = RankStrides.megatron(t, c, dp)
-    gemm, attn, membound, _ = _compute(graph, model, cluster, job, par)
-    forward = gemm + attn + membound
-    backward = 2 * gemm + ATTN_BWD_FACTOR * attn + membound
-    recompute = {"none": 0.0, "selective": attn, "full": forward}[par.recompute]
+    cc = _compute(graph, model, cluster, job, par)
+    forward = cc.gemm_f + cc.attn_f + cc.mem_f
+    backward = 2 * cc.gemm_f + cc.attn_b + cc.mem_b
+    recompute = {"none": 0.0, "selective": cc.attn_f, "full": forward}[par.recompute]
     h = model.hidden_size
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
@@ -99,7 +211,9 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         fwd_collectives = blocks * (2 if par.recompute == "full" else 1)
         n_ar = blocks + fwd_collectives
         payload = 2.0 * tokens * h
+        # Megatron-Core --tp-comm-overlap (TE userbuffers) hides ``tp_overlap`` of it behind the GEMMs it feeds.
         tp_s = n_ar * group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
+        tp_s *= 1.0 - cluster.efficiency.tp_overlap
         tp_bytes = n_ar * 2.0 * (t - 1) / t * payload
     if graph.kind == "moe" and e > 1:
         # 4 all-to-alls per MoE layer per micro-batch (dispatch/combine, fwd/bwd), × imbalance ρ (§4).
@@ -114,7 +228,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         n_blocks = 3 * (c - 1)
         cp_s = n_blocks * group_collective_time_s("send_recv", block, 2, strides.cp, cluster)
         cp_bytes = n_blocks * block
-    return LayerCost(forward, backward, recompute, attn * (1 + ATTN_BWD_FACTOR), tp_s, ep_s, cp_s, tp_bytes,
+    return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                      ep_bytes, cp_bytes)
 
 

@@ -224,25 +224,37 @@ class GPUSpec(_Frozen):
 
 
 class Efficiency(_Frozen):
-    """Physical efficiency parameters (one set per GPU generation; ``autoplan calibrate`` refits them).
+    """Physical efficiency parameters of one cluster and its training software (one set per GPU generation
+    in the catalog; ``autoplan calibrate`` refits them to a user's own runs).
 
-    Each has a measured meaning: see COST_MODEL.md §1-2 and the catalog sources."""
+    Each field has a measured meaning (COST_MODEL.md §1-2; values and sources in ``gpus.yaml``)."""
 
-    gemm_max: float = Field(gt=0, le=1, description="best achieved fraction of dense peak on large GEMMs")
+    gemm_max: float = Field(gt=0, le=1, description="achieved fraction of dense peak on asymptotically large GEMMs")
     gemm_half_dim: float = Field(
-        ge=0, description="GEMM dimension at which efficiency is half of gemm_max's saturation (rows)"
+        ge=0, description="GEMM dimension at which one saturation factor x/(x + x½) is 1/2 (elements)"
     )
-    attention: float = Field(gt=0, le=1, description="flash-attention core efficiency vs peak")
-    link_bus: float = Field(gt=0, le=1, description="achieved bus-bandwidth fraction of the scale-up link")
+    attention: float = Field(gt=0, le=1, description="fused (flash) attention core: achieved fraction of bf16 peak "
+                             "on its causal FLOPs")
+    link_bus: float = Field(gt=0, le=1.2, description="achieved bus-bandwidth fraction of the scale-up link "
+                            "(nccl-tests busbw / nominal per-direction NVLink; > 1 possible with NVLS)")
     nic_bus: float = Field(gt=0, le=1, description="achieved fraction of NIC line rate")
-    fp8_gemm_speedup: float = Field(ge=1, description="achieved fp8/bf16 GEMM speed-up (≤ 2)")
-    dp_overlap: float = Field(ge=0, le=1, description="fraction of DP/FSDP traffic hidden under backward")
+    fp8_gemm_speedup: float = Field(ge=1, description="achieved fp8/bf16 GEMM speed-up (≤ the peak ratio)")
+    dp_overlap: float = Field(ge=0, le=1, description="fraction of DP/FSDP traffic that can hide under the "
+                              "compute window it overlaps (the rest is the last bucket's tail)")
     memory_bound_fraction: float = Field(
-        ge=0, description="non-GEMM kernels (norms, rotary, activations, softmax) as a fraction of GEMM time"
+        ge=0, description="extra non-GEMM time as a fraction of GEMM time, for kernels the operator graph does not "
+        "cost by their HBM traffic (0 in the catalog: norms, element-wise ops, softmax, loss and fp8 casts are "
+        "costed by bytes / (HBM bandwidth × hbm_bus))"
     )
     moe_imbalance: float = Field(
         default=1.15, ge=1, description="MoE load imbalance ρ: busiest / average expert-rank tokens (COST_MODEL §4)"
     )
+    hbm_bus: float = Field(default=0.85, gt=0, le=1, description="achieved fraction of HBM bandwidth by streaming "
+                           "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
+    tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "
+                              "GEMMs (Megatron-Core --tp-comm-overlap, TE userbuffers); 0 = all on the critical path")
+    flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
+                                  "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
 
 
 class ClusterSpec(_Frozen):
