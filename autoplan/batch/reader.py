@@ -80,6 +80,16 @@ def parse_json(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+def _lenient_id(text: str) -> str | None:
+    """The id of a line refused only for NaN/Infinity (so the caller can still match the answer)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    rid = data.get("id") if isinstance(data, dict) else None
+    return rid[:256] if isinstance(rid, str) else None
+
+
 def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
     """The output line (compact JSON) for one input line; never raises."""
     if line.refused is not None:
@@ -89,7 +99,8 @@ def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
             data = parse_json(line.text or "")
         except (ValueError, RecursionError) as err:
             message = " ".join(str(err).split()) or type(err).__name__
-            out = BatchLine(id=None, line=line.number, status="invalid", message=f"not valid JSON: {message}")
+            out = BatchLine(id=_lenient_id(line.text or ""), line=line.number, status="invalid",
+                            message=f"not valid JSON: {message}")
         else:
             out = run_line(engine, data, line.number)
     return line.number, out.status, out.model_dump_json()
