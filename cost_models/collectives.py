@@ -16,6 +16,8 @@ A group of ``n`` ranks laid out at rank stride ``k`` (Megatron order tp-cp-ep-dp
 either stays inside one NVLink domain (bandwidth = link × link_bus efficiency) or spans domains; then it is
 hierarchical (NCCL): intra-domain reduce-scatter → inter-domain all-reduce of ``S / n_in`` → intra-domain
 all-gather, the inter-domain part limited per GPU by its NIC (rail-optimized: one NIC per GPU).
+Inside one domain an all-reduce uses NVLink SHARP (NVLS) where the switch supports it (``nvls_bus`` > 0:
+Hopper/Blackwell NVSwitch); reduce-scatter and all-gather stay on the ring.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def group_collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, 
     bw_in, lat_in = link_bandwidth(cluster), cluster.gpu.link_latency_us * 1e-6
     bw_out, lat_out = nic_bandwidth(cluster), cluster.gpu.nic_latency_us * 1e-6
     if not place.crosses_domain:
+        if kind == "all_reduce" and cluster.efficiency.nvls_bus > 0:
+            # NVLink SHARP: the switch reduces, each GPU sends S once and receives S once; NCCL reports it as
+            # bus bandwidth (nccl-tests H100 HGX: ≈ 480 GB/s NVLS vs ≈ 370 GB/s ring, COST_MODEL.md §1).
+            bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * cluster.efficiency.nvls_bus
         return collective_time_s(kind, payload_bytes, n, bw_in, lat_in)
     if place.n_inner == 1 or kind in ("all_to_all", "send_recv"):
         # Every byte that leaves the domain goes through the rank's own NIC.

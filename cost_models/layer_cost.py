@@ -211,9 +211,13 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         fwd_collectives = blocks * (2 if par.recompute == "full" else 1)
         n_ar = blocks + fwd_collectives
         payload = 2.0 * tokens * h
+        if par.sequence_parallel:  # all-gather before the block, reduce-scatter after it (ring; no NVLS)
+            one = (group_collective_time_s("all_gather", payload, t, strides.tp, cluster)
+                   + group_collective_time_s("reduce_scatter", payload, t, strides.tp, cluster))
+        else:
+            one = group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
         # Megatron-Core --tp-comm-overlap (TE userbuffers) hides ``tp_overlap`` of it behind the GEMMs it feeds.
-        tp_s = n_ar * group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
-        tp_s *= 1.0 - cluster.efficiency.tp_overlap
+        tp_s = n_ar * one * (1.0 - cluster.efficiency.tp_overlap)
         tp_bytes = n_ar * 2.0 * (t - 1) / t * payload
     if graph.kind == "moe" and e > 1:
         # 4 all-to-alls per MoE layer per micro-batch (dispatch/combine, fwd/bwd), × imbalance ρ (§4).

@@ -253,6 +253,8 @@ class Efficiency(_Frozen):
                            "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
     tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "
                               "GEMMs (Megatron-Core --tp-comm-overlap, TE userbuffers); 0 = all on the critical path")
+    nvls_bus: float = Field(default=0.0, ge=0, le=1.5, description="NVLink SHARP (NVLS) all-reduce bus bandwidth "
+                            "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
                                   "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
 
