@@ -202,3 +202,12 @@ def _maybe_json(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def test_ray_backend_without_ray_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"model": "llama3-8b", "cluster": {"num_gpus": 8}}\n')
+    r = CliRunner().invoke(cli, ["batch", str(path), "--backend", "ray", "--no-progress"])
+    assert r.exit_code == 2 and "pip install 'autoplan[ray]'" in r.stderr
