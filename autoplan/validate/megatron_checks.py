@@ -1,0 +1,156 @@
+"""Megatron checks: the emitted argument list against megatron-core (runs inside the checker process)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from autoplan.emit import EmitPlan
+from autoplan.emit.megatron import parse_megatron_args
+from autoplan.emit.ranks import megatron_layout
+
+
+def _moe_freq(text: str) -> int | list[int]:
+    """Megatron's ``moe_freq_type``: an int, or a list expression of digits, brackets, '+' and '*'."""
+    if "[" not in text:
+        return int(text)
+    import re
+
+    if re.search(r"[^,\d\[\]\(\)\+\*]", text):
+        raise ValueError(f"invalid --moe-layer-freq pattern {text!r}")
+    return eval(text, {"__builtins__": {}})  # noqa: S307 - checked to digits and list operators above
+
+
+def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, Any]]:
+    """Map the parsed arguments onto ``TransformerConfig`` fields the way Megatron-LM's
+    ``core_transformer_config_from_args`` does. Returns (multi_latent_attention, kwargs)."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = torch.bfloat16 if ns.bf16 else torch.float32
+    kw: dict[str, Any] = {
+        "num_layers": ns.num_layers, "hidden_size": ns.hidden_size, "num_attention_heads": ns.num_attention_heads,
+        "ffn_hidden_size": ns.ffn_hidden_size,
+        "num_query_groups": ns.num_query_groups if ns.group_query_attention else None,
+        "tensor_model_parallel_size": ns.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": ns.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": ns.num_virtual_stages_per_pipeline_rank,
+        "context_parallel_size": ns.context_parallel_size,
+        "expert_model_parallel_size": ns.expert_model_parallel_size or 1,
+        "expert_tensor_parallel_size": ns.expert_tensor_parallel_size or ns.tensor_model_parallel_size,
+        "sequence_parallel": ns.sequence_parallel,
+        "num_layers_in_first_pipeline_stage": ns.decoder_first_pipeline_num_layers,
+        "num_layers_in_last_pipeline_stage": ns.decoder_last_pipeline_num_layers,
+        "recompute_granularity": ns.recompute_granularity, "recompute_method": ns.recompute_method,
+        "recompute_num_layers": ns.recompute_num_layers,
+        "add_bias_linear": not ns.disable_bias_linear, "add_qkv_bias": ns.add_qkv_bias,
+        "normalization": ns.normalization, "bf16": ns.bf16, "params_dtype": dtype, "pipeline_dtype": dtype,
+        "fp8": ns.fp8,
+    }
+    if ns.kv_channels is not None:
+        kw["kv_channels"] = ns.kv_channels
+    if ns.swiglu:
+        kw["gated_linear_unit"], kw["activation_func"] = True, F.silu
+    if ns.num_experts:
+        kw.update(num_moe_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk,
+                  moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
+                  moe_shared_expert_intermediate_size=ns.moe_shared_expert_intermediate_size,
+                  moe_layer_freq=_moe_freq(ns.moe_layer_freq), moe_token_dispatcher_type=ns.moe_token_dispatcher_type,
+                  moe_grouped_gemm=ns.moe_grouped_gemm)
+    if ns.multi_latent_attention:
+        kw.update(multi_latent_attention=True, q_lora_rank=ns.q_lora_rank, kv_lora_rank=ns.kv_lora_rank,
+                  qk_head_dim=ns.qk_head_dim, qk_pos_emb_head_dim=ns.qk_pos_emb_head_dim, v_head_dim=ns.v_head_dim)
+    return bool(ns.multi_latent_attention), kw
+
+
+def _check_args(plan: EmitPlan, out: Path) -> tuple[str, argparse.Namespace]:
+    argv = (out / "megatron_args.txt").read_text().split("\n")
+    ns = parse_megatron_args([a for a in argv if a])
+    world = ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * ns.context_parallel_size
+    if plan.cluster.num_gpus % world:
+        raise ValueError(f"world size ({plan.cluster.num_gpus}) is not divisible by total_model_size ({world})")
+    dp = plan.cluster.num_gpus // world
+    if ns.global_batch_size % (ns.micro_batch_size * dp):
+        raise ValueError(f"global batch size ({ns.global_batch_size}) is not divisible by micro batch size "
+                         f"({ns.micro_batch_size}) times data parallel size ({dp})")
+    return f"{len(argv) - 1} tokens; dp={dp}, {ns.global_batch_size // (ns.micro_batch_size * dp)} micro-batches", ns
+
+
+def _check_config(ns: argparse.Namespace) -> str:
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    mla, kw = transformer_config_kwargs(ns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
+    return (f"{type(cfg).__name__}(num_layers={cfg.num_layers}, hidden={cfg.hidden_size}, heads="
+            f"{cfg.num_attention_heads}, query_groups={cfg.num_query_groups}, kv_channels={cfg.kv_channels}, "
+            f"tp={cfg.tensor_model_parallel_size}, pp={cfg.pipeline_model_parallel_size}, "
+            f"vp={cfg.virtual_pipeline_model_parallel_size}, cp={cfg.context_parallel_size}, "
+            f"ep={cfg.expert_model_parallel_size}, etp={cfg.expert_tensor_parallel_size})")
+
+
+def _degrees(plan: EmitPlan, ns: argparse.Namespace) -> dict[str, int]:
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
+    return {"tp": tp, "pp": pp, "cp": cp, "dp": plan.cluster.num_gpus // (tp * pp * cp),
+            "ep": ns.expert_model_parallel_size or 1, "etp": ns.expert_tensor_parallel_size or tp}
+
+
+def _check_ranks(plan: EmitPlan, ns: argparse.Namespace) -> str:
+    from megatron.core.parallel_state import RankGenerator
+
+    d = _degrees(plan, ns)
+    ours = megatron_layout(d["tp"], d["cp"], d["dp"], d["pp"], ep=d["ep"], etp=d["etp"])
+    dense = RankGenerator(tp=d["tp"], ep=1, dp=d["dp"], pp=d["pp"], cp=d["cp"], order="tp-cp-ep-dp-pp")
+    edp = d["tp"] * d["cp"] * d["dp"] // (d["etp"] * d["ep"])
+    expert = RankGenerator(tp=d["etp"], ep=d["ep"], dp=edp, pp=d["pp"], cp=1, order="tp-cp-ep-dp-pp")
+    theirs = {tok: dense.get_ranks(tok) for tok in ("tp", "cp", "dp", "pp", "dp-cp", "tp-pp", "tp-cp", "tp-dp-cp")}
+    theirs.update(ep=expert.get_ranks("ep"), etp=expert.get_ranks("tp"), edp=expert.get_ranks("dp"))
+    bad = [k for k in theirs if theirs[k] != ours[k]]
+    if bad:
+        k = bad[0]
+        raise AssertionError(f"groups differ for {bad}: megatron {k}[0]={theirs[k][0][:8]} autoplan {ours[k][0][:8]}")
+    n = sum(len(v) for v in theirs.values())
+    return f"{len(theirs)} group kinds, {n} groups identical (order tp-cp-ep-dp-pp)"
+
+
+def _check_init(plan: EmitPlan, ns: argparse.Namespace) -> str:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    d = _degrees(plan, ns)
+    world = plan.cluster.num_gpus
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    if not dist.is_initialized():
+        dist.init_process_group("fake", rank=0, world_size=world)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=d["tp"], pipeline_model_parallel_size=d["pp"],
+            virtual_pipeline_model_parallel_size=ns.num_virtual_stages_per_pipeline_rank,
+            context_parallel_size=d["cp"], expert_model_parallel_size=d["ep"],
+            expert_tensor_parallel_size=d["etp"],
+            num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances or 1,
+            create_gloo_process_groups=False, order="tp-cp-ep-dp-pp")
+    got = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+           "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size(),
+           "ep": ps.get_expert_model_parallel_world_size(), "etp": ps.get_expert_tensor_parallel_world_size()}
+    want = {k: d[k] for k in got}
+    if got != want:
+        raise AssertionError(f"parallel_state sizes {got} != plan {want}")
+    return f"world {world}: " + ", ".join(f"{k}={v}" for k, v in got.items())
+
+
+def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
+    ns = rep.check("megatron: arguments parse with Megatron-LM's flag names, types and choices",
+                   lambda: _check_args(plan, out))
+    if ns is None:
+        return
+    rep.check("megatron-core: TransformerConfig accepts the emitted model and parallel arguments",
+              lambda: _check_config(ns))
+    rep.check("megatron-core: RankGenerator groups equal autoplan's rank layout", lambda: _check_ranks(plan, ns))
+    rep.check(f"megatron-core: initialize_model_parallel accepts the degrees (fake backend, "
+              f"{plan.cluster.num_gpus} ranks)", lambda: _check_init(plan, ns))
