@@ -56,3 +56,17 @@ def _stages(layers: list[int]) -> str:
     if len(set(layers)) == 1:
         return f"{layers[0]} x {len(layers)}"
     return "[" + ", ".join(str(x) for x in layers) + "]"
+
+
+# ---- search results ------------------------------------------------------------------------------
+def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str) -> str:
+    """One ranked plan: degrees and schedule, the prediction (with memory breakdown), and why it ranks here."""
+    return "\n".join([f"#{rank}  {describe_parallel(par, pred.dp)}", render_prediction(pred),
+                      f"  why              {explanation}"])
+
+
+def render_search_stats(candidates: int, evaluated: int, pruned: dict[str, int], wall_time_s: float,
+                        target: str) -> str:
+    cut = ", ".join(f"{k} {v}" for k, v in sorted(pruned.items(), key=lambda kv: (-kv[1], kv[0])))
+    return (f"searched {candidates} layouts for target {target} in {wall_time_s:.2f} s "
+            f"({evaluated} split by the stage DP and scored); cut: {cut or 'none'}")

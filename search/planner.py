@@ -30,7 +30,7 @@ from cost_models.validate import stage_layers
 from search.explain import explain
 from search.inter_op import best_split
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import Layout, Tally, Target, enumerate_layouts
+from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
 
 Progress = Callable[[int, int], None]
 
@@ -113,6 +113,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
+    if "tp" in pins:
+        valid = tp_choices(model, cluster, target, {}, Tally())
+        if pins["tp"] not in valid:
+            raise ConfigError(f"tp={pins['tp']} cannot shard {model.name} on this cluster (heads "
+                              f"{model.num_attention_heads}, KV heads {model.num_kv_heads}, NVLink domain "
+                              f"{cluster.nvlink_domain_size})", valid=valid)
     scorer = Scorer(model, cluster, job, weights)
     layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
@@ -161,7 +167,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if progress is not None:
         progress(len(bounded), len(bounded))
     if not best:
-        raise _infeasible(model, cluster, job, target, pins, closest, scorer, find_smallest_cluster)
+        raise _infeasible(model, cluster, job, target, pins, closest, scorer, find_smallest_cluster, tally)
 
     finals = []
     for s in best:
@@ -181,11 +187,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
 
 # ==== infeasible jobs =================================================================================
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
-                closest: tuple[float, Layout] | None, scorer: Scorer, find_smallest: bool) -> InfeasibleError:
+                closest: tuple[float, Layout] | None, scorer: Scorer, find_smallest: bool,
+                tally: Tally) -> InfeasibleError:
     if closest is None:
+        cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
-            f"(target {target}, pins {pins or 'none'})",
+            f"(target {target}, pins {pins or 'none'}; cut: {cut})",
             hint="relax the pins or change the global batch size / GPU count")
     lay = closest[1]
     tables = scorer.tables(lay)

@@ -16,7 +16,9 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
 - ``microbatches_lt_pp``: 1F1B needs ``m ≥ pp``;
 - ``ep_divisibility``: ``ep`` must divide both ``num_experts`` and ``dp·cp``;
 - ``interleave_divisibility``: interleaving needs ``L % (pp·vp) == 0`` and ``m % pp == 0`` (Megatron);
-- ``pin``: a value the user pinned excludes it.
+- ``pin``: a value the user pinned excludes it;
+- ``target_rule``: the launch target cannot run it (Megatron-LM: no ZeRO-3 with pp > 1);
+- ``zero_redundant``: with one data-parallel rank all ZeRO stages are the same layout.
 
 Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
 """
@@ -35,15 +37,19 @@ Target = Literal["megatron", "torchtitan", "any"]
 RECOMPUTE_ORDER = ("none", "selective", "full")
 MIN_CP_TOKENS = 1024  # ring attention below ~1k tokens per rank is latency-bound; not worth searching
 MAX_MBS = 8
+# What each launch target runs (and ``autoplan.emit`` can write): ZB-H1 with one stage per rank is neither
+# a Megatron-LM nor a torchtitan schedule (torchtitan's zero-bubble schedules need 2+ stages per rank), so
+# it is searched for ``any`` only, or when pinned.
 SCHEDULES: dict[str, tuple[str, ...]] = {
     "megatron": ("1f1b", "interleaved"),
-    "torchtitan": ("1f1b", "interleaved", "zb-h1"),
+    "torchtitan": ("1f1b", "interleaved"),
     "any": ("1f1b", "interleaved", "zb-h1"),
 }
 ZERO_STAGES: dict[str, tuple[int, ...]] = {
-    # Megatron: DDP or the distributed optimizer (ZeRO-1); torchtitan: FSDP2 (ZeRO-3, optionally HSDP).
-    "megatron": (1, 0),
-    "torchtitan": (3,),
+    # Megatron: the distributed optimizer (ZeRO-1), DDP, or torch FSDP2 (ZeRO-3, pp = 1 only);
+    # torchtitan: FSDP2 (ZeRO-3, optionally HSDP) or plain replication (DDP).
+    "megatron": (1, 0, 3),
+    "torchtitan": (3, 0),
     "any": (1, 0, 2, 3),
 }
 
@@ -181,11 +187,15 @@ def mbs_choices(job: JobSpec, dp: int, pp: int, pins: dict[str, Any], tally: Tal
     return out
 
 
-def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pins: dict[str, Any],
+def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins: dict[str, Any],
                  tally: Tally) -> list[tuple[int, int | None]]:
     """(zero_stage, hsdp_shard_size). With one data-parallel rank every stage is the same: keep one.
-    HSDP (ZeRO-3 only): shard inside an NVLink domain or a node, replicate across."""
+    HSDP (ZeRO-3 only): shard inside an NVLink domain or a node, replicate across. Megatron-LM runs
+    ZeRO-3 (torch FSDP2) only without pipeline parallelism."""
     stages = list(ZERO_STAGES[target])
+    if target == "megatron" and pp > 1 and 3 in stages:
+        stages.remove(3)
+        tally.cut("target_rule")
     if "zero_stage" in pins:
         stages = [pins["zero_stage"]]
     if dp_cp == 1:
@@ -215,7 +225,9 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
         out = [("1f1b", 1)]
     else:
         out = []
-        for sched in SCHEDULES[target]:
+        for sched in SCHEDULES[target] + (("zb-h1",) if pins.get("schedule") == "zb-h1" else ()):
+            if sched in out_names(out) and sched != "interleaved":
+                continue
             if sched != "interleaved":
                 out.append((sched, 1))
                 continue
@@ -239,6 +251,10 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
     return out
 
 
+def out_names(pairs: list[tuple[str, int]]) -> set[str]:
+    return {s for s, _ in pairs}
+
+
 def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
     return _pinned(pins, "recompute", list(RECOMPUTE_ORDER), tally)
 
@@ -254,6 +270,6 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                 for ep in ep_choices(model, dp * cp, pins, tally):
                     for mbs, m in mbs_choices(job, dp, pp, pins, tally):
                         for rc in recompute_choices(pins, tally):
-                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pins, tally):
+                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
                                     yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp)

@@ -18,6 +18,7 @@ def _register() -> None:
     from autoplan.cli import estimate_cmd  # noqa: F401
     from autoplan.cli import catalog_cmd  # noqa: F401
     from autoplan.cli import batch_cmd, schema_cmd  # noqa: F401
+    from autoplan.cli import search_cmd  # noqa: F401
 
 
 _register()

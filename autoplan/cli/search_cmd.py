@@ -1,0 +1,105 @@
+"""`autoplan search`: the best parallel plans for a model on a cluster, ranked, with why."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from autoplan import __version__
+from autoplan.cli import cli
+from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
+from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
+                                  model_option, user_errors)
+from autoplan.errors import ConfigError
+from autoplan.report import describe_job, render_plan, render_search_stats
+from autoplan.request import cluster_record, model_record, resolve
+
+
+class _Progress:
+    """A progress line on stderr, shown only once the search has run for more than a second."""
+
+    def __init__(self, delay_s: float = 1.0) -> None:
+        self.start = time.perf_counter()
+        self.delay_s = delay_s
+        self.shown = False
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if time.perf_counter() - self.start < self.delay_s:
+            return
+        if self.tty:
+            click.echo(f"\rsearching: {done}/{total} layouts by bound", nl=False, err=True)
+        elif not self.shown:
+            click.echo(f"searching {total} layouts ...", err=True)
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown and self.tty:
+            click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+
+
+def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], target: str) -> list[str]:
+    try:
+        from autoplan.emit import write_emitted
+    except ImportError as err:  # pragma: no cover - emitters ship with the package
+        raise ConfigError(f"--emit: emitters not available ({err})") from None
+    emit_target = "megatron" if target == "any" else target
+    written = write_emitted(model, cluster, job, plans[0].parallel, emit_target, out_dir)  # type: ignore[arg-type]
+    return [str(p) for p in written]
+
+
+@cli.command("search")
+@model_option
+@cluster_options
+@job_options
+@parallel_options(required=False)
+@click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
+              show_default=True,
+              help="framework the plan must run on: megatron (DDP/distributed optimizer, 1F1B/interleaved), "
+                   "torchtitan (FSDP2/HSDP), any (also ZeRO-2, ZB-H1)")
+@format_option
+@click.option("--emit", "emit_dir", type=click.Path(file_okay=False), default=None,
+              help="write the best plan's launch files (autoplan emit) into this directory")
+@user_errors
+def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | None, **kw: Any) -> None:
+    """Find the best parallel plans (degrees, schedule, micro-batches, recompute, ZeRO) for MODEL on --gpus.
+
+    The job is --global-batch-size sequences of --seq-len tokens in --precision (defaults: 1024 x 8192,
+    bf16); it is printed with the result. Degree flags (--tp 8 --pp 4 --zero 1 ...) pin those values;
+    the rest is searched. Every number shown comes from the same model as `autoplan estimate`.
+    Exit status 3 when no layout fits, with the closest one and the smallest GPU count that has a plan.
+    """
+    from search.planner import search  # lazily: keeps `autoplan --help` fast
+
+    cluster_req, job = cluster_request(kw), job_spec(kw)
+    pins = pop_parallel(kw)
+    model_spec, cluster, job = resolve(model, cluster_req, job)
+    progress = _Progress()
+    try:
+        result = search(model_spec, cluster, job, target=target, pins=pins, top_k=top_k,  # type: ignore[arg-type]
+                        progress=progress)
+    finally:
+        progress.close()
+    written = _emit(emit_dir, model_spec, cluster, job, result.plans, target) if emit_dir else []
+    if fmt == "json":
+        out = {"version": __version__, "model": model_record(model_spec), "cluster": cluster_record(cluster),
+               "job": job.model_dump(),
+               "plans": [{"rank": p.rank, "parallel": p.parallel.model_dump(), "prediction": p.prediction.model_dump(),
+                          "explanation": p.explanation} for p in result.plans],
+               "search": {"candidates": result.candidates, "evaluated": result.evaluated, "pruned": result.pruned,
+                          "wall_time_s": result.wall_time_s, "target": result.target}}
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(describe_job(model_spec, cluster, job))
+        click.echo(render_search_stats(result.candidates, result.evaluated, result.pruned, result.wall_time_s,
+                                       result.target))
+        for p in result.plans:
+            click.echo("")
+            click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation))
+    if written:
+        click.echo(f"wrote {len(written)} files for plan #1 to {emit_dir}", err=True)
