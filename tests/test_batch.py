@@ -167,8 +167,8 @@ _REAL_ANSWER = local_backend.answer
 @pytest.mark.skipif(multiprocessing.get_start_method() != "fork", reason="the patched worker needs fork")
 def test_a_line_that_kills_its_worker_is_an_error_and_the_rest_succeed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(local_backend, "answer", _dies_on_crash)
-    est = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8}}
-    reqs = [{**est, "id": f"r{i}", "parallel": {"tp": 1 + i % 2}} for i in range(12)]
+    est = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8}}
+    reqs = [{**est, "id": f"r{i}", "job": {"global_batch_size": 8 * (i + 1)}} for i in range(12)]
     reqs[5] = {**reqs[5], "id": "CRASH"}
     run = BatchRun(read_lines(io.BytesIO("".join(json.dumps(r) + "\n" for r in reqs).encode())), workers=2,
                    chunk_size=3)
@@ -177,6 +177,19 @@ def test_a_line_that_kills_its_worker_is_an_error_and_the_rest_succeed(monkeypat
     assert [o["status"] for o in out] == ["ok"] * 5 + ["error"] + ["ok"] * 6
     assert "worker died" in out[5]["message"]
     assert run._engine.restarts >= 1
+
+
+def test_duplicate_requests_are_planned_once() -> None:
+    est = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8}}
+    reqs = [{**est, "id": "a"}, {**est, "id": "b"}, {**est, "id": 7}, {**est, "parallel": {"tp": 3}, "id": "c"},
+            {**est, "parallel": {"tp": 3}, "id": "d"}, est]
+    run = BatchRun(read_lines(io.BytesIO("".join(json.dumps(r) + "\n" for r in reqs).encode())), workers=2)
+    out = [json.loads(t) for _, _, t in run.answers()]
+    assert [(o["id"], o["line"], o["status"]) for o in out] == [
+        ("a", 1, "ok"), ("b", 2, "ok"), (None, 3, "invalid"), ("c", 4, "invalid"), ("d", 5, "invalid"),
+        (None, 6, "ok")]
+    assert out[0]["result"] == out[1]["result"] == out[5]["result"]
+    assert run.duplicates == 3 and run.cache_stats()["duplicates"] == {"hits": 3, "misses": 3, "hit_rate": 0.5}
 
 
 def test_progress_bar_renders() -> None:

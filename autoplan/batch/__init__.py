@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from autoplan.batch.local import Answer, LocalBackend
-from autoplan.batch.reader import Limits, Line, read_lines
-from autoplan.schema import BatchLine, BatchSummary
+from autoplan.batch.reader import Limits, Line, parse_json, read_lines
+from autoplan.schema import MAX_ID_CHARS, BatchLine, BatchSummary
 
 Backend = Literal["local", "ray"]
 STATUSES = ("ok", "infeasible", "invalid", "error")
@@ -44,6 +44,7 @@ class BatchRun:
     chunk_size: int | None = None
     on_answer: Callable[[int, str], None] | None = None
     counts: Counter[str] = field(default_factory=Counter, init=False)
+    duplicates: int = field(default=0, init=False)
     wall_s: float = field(default=0.0, init=False)
     _engine: Any = field(default=None, init=False)
 
@@ -58,13 +59,47 @@ class BatchRun:
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
         t0 = time.perf_counter()
         try:
-            for number, status, text in self._engine.answers(self.lines):
+            for number, status, text in self._deduplicated():
                 self.counts[status] += 1
                 if self.on_answer is not None:
                     self.on_answer(number, status)
                 yield number, status, text
         finally:
             self.wall_s = time.perf_counter() - t0
+
+    def _deduplicated(self) -> Iterator[Answer]:
+        """Answer each distinct request once: a line equal to an earlier one but for its ``id`` gets that
+        line's answer under its own id and line number (so N workers never plan the same job N times)."""
+        first: dict[str, int] = {}
+        rep_of: dict[int, int] = {}  # duplicate line number -> first line number with the same request
+        unique: list[Line] = []
+        for line in self.lines:
+            key = _request_key(line)
+            if key is not None and key in first:
+                rep_of[line.number] = first[key]
+                continue
+            if key is not None:
+                first[key] = line.number
+            unique.append(line)
+        self.duplicates = len(rep_of)
+        waiting = Counter(rep_of.values())
+        kept: dict[int, BatchLine] = {}
+        answers = self._engine.answers(unique)
+        for line in self.lines:
+            rep = rep_of.get(line.number)
+            if rep is None:
+                number, status, text = next(answers)
+                if waiting[number]:
+                    kept[number] = BatchLine.model_validate_json(text)
+                yield number, status, text
+                continue
+            out = kept[rep].model_copy(update={"line": line.number, "id": _request_id(line)})
+            waiting[rep] -= 1
+            if not waiting[rep]:
+                del kept[rep]
+            yield line.number, out.status, out.model_dump_json()
+        for _ in answers:  # let the backend finish (collect worker stats, shut down)
+            pass
 
     def cache_stats(self) -> dict[str, Any]:
         """Hits and misses summed over workers, per cache (responses, resolved specs, planner)."""
@@ -75,6 +110,7 @@ class BatchRun:
                 c = totals.setdefault(cache, Counter())
                 for k in ("hits", "misses"):
                     c[k] += int(counters.get(k, 0))
+        totals["duplicates"] = Counter(hits=self.duplicates, misses=len(self.lines) - self.duplicates)
         out: dict[str, Any] = {"workers": len(stats)}
         all_hits = all_misses = 0
         for cache, c in sorted(totals.items()):
@@ -93,6 +129,28 @@ class BatchRun:
         return BatchSummary(total=total, counts={s: self.counts.get(s, 0) for s in STATUSES},
                             wall_s=self.wall_s, plans_per_s=self.counts.get("ok", 0) / wall,
                             lines_per_s=total / wall, cache=self.cache_stats())
+
+
+def _request_key(line: Line) -> str | None:
+    """The request without its id, canonical; None for lines that are not JSON objects."""
+    if line.text is None:
+        return None
+    try:
+        data = parse_json(line.text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    rid = data.pop("id", None)
+    if rid is not None and not (isinstance(rid, str) and len(rid) <= MAX_ID_CHARS):
+        return None  # a bad id makes the line invalid on its own
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _request_id(line: Line) -> str | None:
+    data = parse_json(line.text or "{}")
+    rid = data.get("id")
+    return rid if isinstance(rid, str) else None
 
 
 def lines_from_requests(requests: Iterable[Mapping[str, Any] | str], limits: Limits = Limits()) -> list[Line]:
