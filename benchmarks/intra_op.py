@@ -56,7 +56,7 @@ def sweep(target: str, quick: bool) -> None:
                             t0 = time.perf_counter()
                             try:
                                 res = solve_layer(model, mesh, r, cache=cache)
-                                outcome = res.status
+                                outcome = f"{res.status} ({res.solver_method or 'fallback'})"
                             except InfeasibleError:
                                 outcome = "does not fit"
                             except ConfigError:

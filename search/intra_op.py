@@ -25,8 +25,9 @@ so this is the same optimum with |A|·|B| instead of |S_u|·|S_v| variables (exa
 activations are live together at the start of backward, so one memory row (5) is the layer's peak.
 
 Speed: follow ops merged and sibling matmuls fused (``strategies.build_nodes``); dominated strategies
-pruned (``prune_dominated``, exact); all-zero edges dropped; MIP backend CBC via ``pywraplp``
-(SEARCH_NOTES.md: fastest for the linearized edge form); results cached per request (``IntraOpCache``).
+pruned (``prune_dominated``, exact); all-zero edges dropped; the LP relaxation first (GLOP; an integral
+LP optimum is the ILP optimum), else the MIP backend CBC via ``pywraplp`` (SEARCH_NOTES.md: fastest for
+the linearized edge form); results cached per request (``IntraOpCache``).
 """
 
 from __future__ import annotations
@@ -100,28 +101,55 @@ class IlpSolution:
     memory: float | None
     solve_time_s: float
     num_variables: int
+    method: str = ""  # "lp" (integral relaxation) or the MIP backend that solved it
 
 
 # ==== solver =========================================================================================
-def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str = "CBC",
+def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str = "auto",
               tie_break_memory: bool = True) -> IlpSolution:
-    """Solve the formulation in the module docstring. Builder order: data → variables → constraints →
-    objective → solve → extract. With ``tie_break_memory`` a second solve keeps the optimal cost (7) and
-    minimizes memory, so equal-cost choices (ZeRO-0 vs ZeRO-1 traffic is equal) report the leaner one."""
+    """Solve the formulation in the module docstring. With ``tie_break_memory`` a second solve keeps the
+    optimal cost (7) and minimizes memory, so equal-cost choices (ZeRO-0 vs ZeRO-1 traffic is equal)
+    report the leaner one.
+
+    ``backend="auto"`` first solves the LP relaxation with GLOP: an integral LP optimum is an ILP optimum
+    (the relaxation's optimum is a lower bound that the integral point attains), and an infeasible LP means
+    an infeasible ILP. These graphs are usually integral (SEARCH_NOTES.md, autoparallel #484); when the LP
+    is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form)."""
     t0 = time.perf_counter()
-    # -- data: scale costs to O(1e3) and memory to GiB so solver tolerances are meaningful.
+    if backend == "auto":
+        lp = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
+        if lp is not None:
+            return IlpSolution(lp.status, lp.choice, lp.objective, lp.memory, time.perf_counter() - t0,
+                               lp.num_variables, "lp")
+        backend = "CBC"
+    sol = _solve_once(problem, backend, True, time_limit_s, tie_break_memory)
+    assert sol is not None
+    return IlpSolution(sol.status, sol.choice, sol.objective, sol.memory, time.perf_counter() - t0,
+                       sol.num_variables, backend)
+
+
+def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: float,
+                tie_break_memory: bool) -> IlpSolution | None:
+    """One model on one backend, built in OR-Tools order: data → variables → constraints → objective →
+    solve → extract. With ``integer=False`` (LP relaxation) returns None when the optimum is fractional."""
+    # -- data: scale costs and memory to O(1e3) so solver tolerances are meaningful.
     scale = max([float(np.max(np.abs(c))) for c in problem.node_cost if c.size]
                 + [float(np.max(np.abs(e.cost))) for e in problem.edges if e.cost.size] + [1e-30])
     k = 1e3 / scale
+    mem_scale = max([float(np.max(np.abs(m))) for m in problem.node_mem if m.size]
+                    + [abs(problem.memory_limit or 0.0), 1e-30])
+    km = 1e3 / mem_scale
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise RuntimeError(f"OR-Tools backend {backend!r} is not available")
     solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
 
     # -- variables: dicts keyed by (node, strategy), (edge, a, b), (group, value)
+    def binary(name: str) -> pywraplp.Variable:
+        return solver.BoolVar(name) if integer else solver.NumVar(0.0, 1.0, name)
+
     x: dict[tuple[int, int], pywraplp.Variable] = {
-        (v, s): solver.BoolVar(f"x[{problem.names[v]},{s}]")
-        for v, c in enumerate(problem.node_cost) for s in range(c.size)
+        (v, s): binary(f"x[{problem.names[v]},{s}]") for v, c in enumerate(problem.node_cost) for s in range(c.size)
     }
     e: dict[tuple[int, int, int], pywraplp.Variable] = {}
     for i, edge in enumerate(problem.edges):
@@ -131,7 +159,7 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     y: dict[tuple[int, Hashable], pywraplp.Variable] = {}
     for gi, g in enumerate(problem.ties):
         for t in sorted({t for vals in g.values.values() for t in vals}, key=repr):
-            y[gi, t] = solver.BoolVar(f"y[{g.name},{t}]")
+            y[gi, t] = binary(f"y[{g.name},{t}]")
 
     # -- constraints (numbers as in the module docstring)
     for v, c in enumerate(problem.node_cost):  # (1)
@@ -145,9 +173,9 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
         for b in range(nb):  # (4)
             solver.Add(sum(e[i, a, b] for a in range(na))
                        == sum(x[edge.v, s] for s in np.flatnonzero(edge.v_class == b)), f"c4[{i},{b}]")
+    memory = sum(float(m[s]) * km * x[v, s] for v, m in enumerate(problem.node_mem) for s in range(m.size))
     if problem.memory_limit is not None:  # (5)
-        solver.Add(sum(float(m[s]) / 2**30 * x[v, s] for v, m in enumerate(problem.node_mem)
-                       for s in range(m.size)) <= problem.memory_limit / 2**30 * (1 + 1e-9), "c5")
+        solver.Add(memory <= problem.memory_limit * km * (1 + 1e-9), "c5")
     for gi, g in enumerate(problem.ties):  # (6)
         values = [t for (gj, t) in y if gj == gi]
         solver.Add(sum(y[gi, t] for t in values) == 1, f"c6[{g.name}]")
@@ -165,26 +193,32 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     # -- solve, with the status checked explicitly
     code = solver.Solve()
     nvars = solver.NumVariables()
-    if code == pywraplp.Solver.INFEASIBLE:
-        return IlpSolution("infeasible", None, None, None, time.perf_counter() - t0, nvars)
+    if code == pywraplp.Solver.INFEASIBLE:  # for the LP too: the relaxation contains every ILP point
+        return IlpSolution("infeasible", None, None, None, 0.0, nvars)
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return IlpSolution("timeout", None, None, None, time.perf_counter() - t0, nvars)
+        return None if not integer else IlpSolution("timeout", None, None, None, 0.0, nvars)
 
-    # -- lexicographic tie-break: among optimal assignments take the least memory (one more solve)
+    def integral() -> bool:
+        return all(min(var.solution_value(), 1.0 - var.solution_value()) < 1e-6 for var in (*x.values(), *y.values()))
+
+    if not integer and not integral():
+        return None
+    # -- lexicographic tie-break (7): among optimal assignments take the least memory (one more solve)
     if tie_break_memory and code == pywraplp.Solver.OPTIMAL:
         best = solver.Objective().Value()
         solver.Add(objective <= best + 1e-7 * max(1.0, abs(best)), "c7")
-        solver.Minimize(sum(float(m[s]) / 2**30 * x[v, s] for v, m in enumerate(problem.node_mem)
-                            for s in range(m.size)))
+        solver.Minimize(memory)
         if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
             raise AssertionError("memory tie-break lost the optimum it was given")
+        if not integer and not integral():
+            return None
 
     # -- extract
     choice = tuple(int(np.argmax([x[v, s].solution_value() for s in range(c.size)]))
                    for v, c in enumerate(problem.node_cost))
     obj, mem = problem.evaluate(choice)
     status: Status = "optimal" if code == pywraplp.Solver.OPTIMAL else "feasible"
-    return IlpSolution(status, choice, obj, mem, time.perf_counter() - t0, nvars)
+    return IlpSolution(status, choice, obj, mem, 0.0, nvars)
 
 
 # ==== exact simplifications ======================================================================
@@ -294,8 +328,9 @@ class IntraOpResult:
     step_s: float  # per step
     state_bytes: float
     activation_bytes: float
-    solve_time_s: float
+    solve_time_s: float  # the ILP alone (building the cost tables not included)
     num_variables: int
+    solver_method: str  # "lp" (integral relaxation), "CBC", or "" for the fallback
     strategies_generated: int
     strategies_after_pruning: int
 
@@ -490,7 +525,7 @@ def _result(lp: LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tu
         compute_s=sum(s.compute_s for s in chosen), exposed_comm_s=sum(s.exposed_micro_s for s in chosen),
         reshard_s=sum(r.time_s for r in reshards), step_s=sum(s.exposed_step_s for s in chosen),
         state_bytes=sum(s.state_bytes for s in chosen), activation_bytes=sum(s.activation_bytes for s in chosen),
-        solve_time_s=sol.solve_time_s, num_variables=sol.num_variables,
+        solve_time_s=sol.solve_time_s, num_variables=sol.num_variables, solver_method=sol.method,
         strategies_generated=sum(len(ss) for ss in lp.strategies),
         strategies_after_pruning=sum(k.size for k in pruned.kept),
     )

@@ -53,10 +53,10 @@ def problems(draw: st.DrawFn) -> IlpProblem:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems())
-def test_ilp_matches_brute_force(p: IlpProblem) -> None:
+@given(problems(), st.sampled_from(["auto", "CBC"]))
+def test_ilp_matches_brute_force(p: IlpProblem, backend: str) -> None:
     ref = brute_force(p)
-    sol = solve_ilp(p)
+    sol = solve_ilp(p, backend=backend)
     if ref is None:
         assert sol.status == "infeasible"
         return
@@ -84,8 +84,16 @@ def test_pruning_keeps_the_optimum(p: IlpProblem) -> None:
 def test_infeasible_memory_reports_status() -> None:
     p = IlpProblem(("a", "b"), (np.array([1.0, 2.0]), np.array([1.0])),
                    (np.array([5.0, 4.0]), np.array([3.0])), memory_limit=6.0)
-    assert solve_ilp(p).status == "infeasible"
+    for backend in ("auto", "CBC", "SCIP"):
+        assert solve_ilp(p, backend=backend).status == "infeasible"
     assert brute_force(p) is None
+
+
+def test_fractional_relaxation_falls_back_to_the_mip() -> None:
+    # Memory 5 allows "half of each" in the LP (cost 1.5·½ + 0·½) but no integral point below cost 2.
+    p = IlpProblem(("a",), (np.array([0.0, 3.0, 2.0]),), (np.array([10.0, 0.0, 4.0]),), memory_limit=5.0)
+    sol = solve_ilp(p)
+    assert sol.status == "optimal" and sol.choice == (2,) and sol.objective == 2.0
 
 
 def test_edge_classes_pick_the_cheap_pair() -> None:
