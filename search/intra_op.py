@@ -46,7 +46,17 @@ from cost_models.opgraph import LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import Layout, edge_time_s
-from search.strategies import Comm, LayerContext, Node, Strategy, Target, build_nodes, node_strategies
+from search.strategies import (
+    TORCHTITAN_MODULE,
+    TORCHTITAN_STYLE,
+    Comm,
+    LayerContext,
+    Node,
+    Strategy,
+    Target,
+    build_nodes,
+    node_strategies,
+)
 
 Status = Literal["optimal", "feasible", "infeasible", "timeout"]
 
@@ -293,6 +303,8 @@ class IntraOpRequest:
     num_microbatches: int = 1  # gradient-accumulation steps: per-step traffic is amortized over them
     activation_copies: int = 1  # micro-batches whose activations are alive at once
     memory_limit_bytes: float | None = None  # per device for this layer; None = unconstrained
+    compute_weight: float = 1.0  # w1 of the composite cost (COST_MODEL.md §6)
+    comm_weight: float = 1.0  # w2; memory is a hard constraint (5) here, not the w3 penalty
     sequence_parallel: bool | None = None  # None: chosen per op (tied per layer for megatron); True/False: forced
     time_limit_s: float = 5.0
 
@@ -345,6 +357,26 @@ class IntraOpResult:
     def strategy(self, op: str) -> Strategy:
         """The strategy of the node holding ``op`` (a fused or follow op shares its node's)."""
         return next(c.strategy for c in self.choices if op in c.ops)
+
+    def torchtitan_plan(self) -> dict[str, str]:
+        """DTensor TP plan of this layer, module FQN → parallel style (modules left out are replicated)."""
+        plan = {}
+        for c in self.choices:
+            style = TORCHTITAN_STYLE.get(c.strategy.tp or "")
+            for op in c.ops:
+                if style and op in TORCHTITAN_MODULE:
+                    plan[TORCHTITAN_MODULE[op]] = style
+        return plan
+
+    def megatron_settings(self) -> dict[str, object]:
+        """The per-layer choices as Megatron-LM settings (one value each when solved for ``megatron``)."""
+        modes = {c.strategy.tp for c in self.choices}
+        zeros = {c.strategy.zero for c in self.choices} - {None}
+        eps = {c.strategy.ep for c in self.choices if c.strategy.ep == "E"}
+        return {"sequence_parallel": bool(modes & {"S", "col_sp", "row_sp", "vocab_sp"}),
+                "use_distributed_optimizer": zeros == {1}, "use_torch_fsdp2": zeros == {3},
+                "expert_parallel": bool(eps),
+                "expert_tensor_parallel_is_1": any(c.strategy.tp == "seq" for c in self.choices if "expert" in c.node)}
 
     def collectives(self, axis: MeshAxis | None = None, phase: str | None = None) -> list[tuple[str, Comm]]:
         """(node, collective) pairs, one entry per collective call kind (``Comm.count`` says how many)."""
@@ -405,7 +437,8 @@ class LayerProblem:
 
     nodes: tuple[Node, ...]
     strategies: tuple[tuple[Strategy, ...], ...]
-    edges: tuple[tuple[int, int, str, str, tuple[Layout, ...], tuple[Layout, ...]], ...]  # u, v, T_u, T_v, A, B
+    # u, v, tensor at u, tensor at v, layouts A of u, layouts B of v, reshard seconds per micro-batch (|A|×|B|)
+    edges: tuple[tuple[int, int, str, str, tuple[Layout, ...], tuple[Layout, ...], np.ndarray], ...]
     problem: IlpProblem
 
 
@@ -433,9 +466,10 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
         a_layouts, b_layouts = tuple(dict.fromkeys(src)), tuple(dict.fromkeys(dst))
         tensor = graph.tensors[tu]
         tokens = ctx.tokens * tokens_factor.get(tu, 1.0)
-        cost = np.array([[m * edge_time_s(tokens, tensor.width, a, b, mesh, model.num_kv_heads, repeats)
-                          for b in b_layouts] for a in a_layouts])
-        edges.append((u, v, tu, tv, a_layouts, b_layouts))
+        times = np.array([[edge_time_s(tokens, tensor.width, a, b, mesh, model.num_kv_heads, repeats)
+                           for b in b_layouts] for a in a_layouts])  # per micro-batch, fwd + bwd
+        cost = req.comm_weight * m * times
+        edges.append((u, v, tu, tv, a_layouts, b_layouts, times))
         ilp_edges.append(IlpEdge(u, v, np.array([a_layouts.index(x) for x in src]),
                                  np.array([b_layouts.index(x) for x in dst]), cost))
     tie_names = sorted({name for ss in strategies for s in ss for name, _ in s.ties})
@@ -443,7 +477,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
                                  if any(name in dict(s.ties) for s in ss)}) for name in tie_names)
     problem = IlpProblem(
         tuple(n.name for n in nodes),
-        tuple(np.array([s.cost_s(m) for s in ss]) for ss in strategies),
+        tuple(np.array([s.cost_s(m, req.compute_weight, req.comm_weight) for s in ss]) for ss in strategies),
         tuple(np.array([s.memory_bytes for s in ss]) for ss in strategies),
         tuple(ilp_edges), ties, req.memory_limit_bytes,
     )
@@ -513,10 +547,10 @@ def _result(lp: LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tu
     chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
     m = req.num_microbatches
     reshards = []
-    for (u, v, tu, tv, a_l, b_l), e in zip(lp.edges, lp.problem.edges):
+    for (u, v, tu, tv, a_l, b_l, times), e in zip(lp.edges, lp.problem.edges):
         a, b = e.u_class[choice[u]], e.v_class[choice[v]]
-        if e.cost[a, b] > 0:
-            reshards.append(EdgeReshard(lp.nodes[u].name, lp.nodes[v].name, tu, a_l[a], b_l[b], e.cost[a, b] / m))
+        if times[a, b] > 0:
+            reshards.append(EdgeReshard(lp.nodes[u].name, lp.nodes[v].name, tu, a_l[a], b_l[b], times[a, b]))
     obj, _ = lp.problem.evaluate(choice)
     return IntraOpResult(
         request=req, mesh_label=mesh.label, status=status,

@@ -123,8 +123,10 @@ class Strategy:
     activation_bytes: float
     ties: tuple[tuple[str, Hashable], ...]
 
-    def cost_s(self, num_microbatches: int) -> float:
-        return num_microbatches * (self.compute_s + self.exposed_micro_s) + self.exposed_step_s
+    def cost_s(self, num_microbatches: int, compute_weight: float = 1.0, comm_weight: float = 1.0) -> float:
+        """Composite cost per step, ``w1·T_compute + w2·T_comm`` (COST_MODEL.md §6), in seconds."""
+        return (num_microbatches * (compute_weight * self.compute_s + comm_weight * self.exposed_micro_s)
+                + comm_weight * self.exposed_step_s)
 
     @property
     def memory_bytes(self) -> float:
@@ -553,3 +555,22 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
                     activation_bytes=acts, ties=_ties(node, ctx, tp, ep, zero),
                 ))
     return out
+
+
+# ==== what the launch targets call these modes =======================================================
+# torchtitan (``torch.distributed.tensor.parallel`` styles; module names of torchtitan's Llama).
+TORCHTITAN_STYLE: dict[str, str] = {
+    "col": "ColwiseParallel()",
+    "col_sp": "ColwiseParallel(input_layouts=Shard(1))",
+    "row": "RowwiseParallel()",
+    "row_sp": "RowwiseParallel(output_layouts=Shard(1))",
+    "S": "SequenceParallel()",
+    "vocab": "RowwiseParallel(input_layouts=Replicate())",
+    "vocab_sp": "RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))",
+}
+TORCHTITAN_MODULE: dict[str, str] = {
+    "q_proj": "attention.wq", "k_proj": "attention.wk", "v_proj": "attention.wv", "o_proj": "attention.wo",
+    "gate_proj": "feed_forward.w1", "up_proj": "feed_forward.w3", "down_proj": "feed_forward.w2",
+    "attn_norm": "attention_norm", "mlp_norm": "ffn_norm", "embed": "tok_embeddings", "final_norm": "norm",
+    "lm_head": "output",
+}

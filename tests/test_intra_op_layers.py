@@ -263,3 +263,21 @@ def test_moe_experts_shard_over_ep_with_four_all_to_alls() -> None:
     assert sorted(a2a) == sorted([("dispatch", "fwd"), ("dispatch", "bwd"), ("combine", "fwd"), ("combine", "bwd")])
     # Each rank holds e/ep experts' state (16 bytes per parameter at most, COST_MODEL.md §3).
     assert sum(s.state_bytes for s in experts) <= model.num_experts * model.expert_params * 16 / 8
+
+
+def test_launch_settings_for_the_targets(llama70b, mesh_dp16_tp8) -> None:
+    tt = solve_layer(llama70b, mesh_dp16_tp8, req(target="torchtitan", sequence_parallel=True))
+    plan = tt.torchtitan_plan()
+    assert plan["attention.wq"] == plan["feed_forward.w1"] == "ColwiseParallel(input_layouts=Shard(1))"
+    assert plan["attention.wo"] == plan["feed_forward.w2"] == "RowwiseParallel(output_layouts=Shard(1))"
+    assert plan["attention_norm"] == plan["ffn_norm"] == "SequenceParallel()"
+    mg = solve_layer(llama70b, mesh_dp16_tp8, req(target="megatron")).megatron_settings()
+    assert mg["sequence_parallel"] is True and mg["use_distributed_optimizer"] is True
+
+
+def test_composite_weights(llama70b, mesh_dp16_tp8) -> None:
+    base = solve_layer(llama70b, mesh_dp16_tp8, req(target="megatron"))
+    compute_only = solve_layer(llama70b, mesh_dp16_tp8, req(target="megatron", comm_weight=0.0))
+    assert compute_only.objective_s == pytest.approx(8 * compute_only.compute_s)
+    assert compute_only.objective_s <= base.objective_s
+    assert base.objective_s == pytest.approx(8 * base.time_per_microbatch_s + base.step_s)
