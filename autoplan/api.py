@@ -146,9 +146,10 @@ class Engine:
         req = _as(request, EstimateRequest)
         return self._cached(req, lambda: self._estimate(req))  # type: ignore[return-value]
 
-    def search(self, request: RequestLike) -> SearchResult:
+    def search(self, request: RequestLike, *, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+        """``progress(done, total)`` is called as the planner visits layouts (not on a cache hit)."""
         req = _as(request, SearchRequest)
-        return self._cached(req, lambda: self._search(req))  # type: ignore[return-value]
+        return self._cached(req, lambda: self._search(req, progress))  # type: ignore[return-value]
 
     def run(self, request: RequestLike) -> Response:
         req = parse_request(request)
@@ -165,10 +166,11 @@ class Engine:
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
                         parallel=req.parallel, prediction=pred)
 
-    def _search(self, req: SearchRequest) -> SearchResult:
+    def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         from search.planner import search as plan  # lazily: the solver stack is slow to import
         r = self.resolve(req)
-        found = plan(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(), top_k=req.top)
+        found = plan(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(), top_k=req.top,
+                     progress=progress)
         return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
                             plans=[Plan.model_validate(p.model_dump()) for p in found.plans],
                             search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
@@ -221,9 +223,9 @@ def estimate(request: RequestLike) -> Estimate:
     return default_engine().estimate(request)
 
 
-def search(request: RequestLike) -> SearchResult:
-    """The best plans for a job (``autoplan search``)."""
-    return default_engine().search(request)
+def search(request: RequestLike, *, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """The best plans for a job (``autoplan search``); ``progress(done, total)`` as layouts are visited."""
+    return default_engine().search(request, progress=progress)
 
 
 def run(request: RequestLike) -> Response:

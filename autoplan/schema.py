@@ -33,7 +33,7 @@ from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Rec
 MAX_NUM_GPUS = 1 << 20
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
-MAX_TOP = 100
+MAX_TOP = 50
 MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]

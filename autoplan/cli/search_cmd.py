@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from autoplan import __version__
+from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, user_errors)
 from autoplan.errors import ConfigError
 from autoplan.report import describe_job, render_plan, render_search_stats
-from autoplan.request import cluster_record, model_record, resolve
+from autoplan.schema import SearchRequest
 
 
 class _Progress:
@@ -74,30 +74,23 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     the rest is searched. Every number shown comes from the same model as `autoplan estimate`.
     Exit status 3 when no layout fits, with the closest one and the smallest GPU count that has a plan.
     """
-    from search.planner import search  # lazily: keeps `autoplan --help` fast
-
-    cluster_req, job = cluster_request(kw), job_spec(kw)
-    pins = pop_parallel(kw)
-    model_spec, cluster, job = resolve(model, cluster_req, job)
+    request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(), job=job_spec(kw).model_dump(),
+                            parallel=pop_parallel(kw), top=top_k, target=target)
+    specs = api.resolve(request)
+    model_spec, cluster, job = specs.model, specs.cluster, specs.job
     progress = _Progress()
     try:
-        result = search(model_spec, cluster, job, target=target, pins=pins, top_k=top_k,  # type: ignore[arg-type]
-                        progress=progress)
+        result = api.search(request, progress=progress)
     finally:
         progress.close()
     written = _emit(emit_dir, model_spec, cluster, job, result.plans, target) if emit_dir else []
     if fmt == "json":
-        out = {"version": __version__, "model": model_record(model_spec), "cluster": cluster_record(cluster),
-               "job": job.model_dump(),
-               "plans": [{"rank": p.rank, "parallel": p.parallel.model_dump(), "prediction": p.prediction.model_dump(),
-                          "explanation": p.explanation} for p in result.plans],
-               "search": {"candidates": result.candidates, "evaluated": result.evaluated, "pruned": result.pruned,
-                          "wall_time_s": result.wall_time_s, "target": result.target}}
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
+        stats = result.search
         click.echo(describe_job(model_spec, cluster, job))
-        click.echo(render_search_stats(result.candidates, result.evaluated, result.pruned, result.wall_time_s,
-                                       result.target))
+        click.echo(render_search_stats(stats.candidates, stats.evaluated, stats.pruned, stats.wall_time_s,
+                                       stats.target))
         for p in result.plans:
             click.echo("")
             click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation))
