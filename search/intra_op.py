@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -484,7 +484,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     return LayerProblem(nodes, strategies, tuple(edges), problem)
 
 
-def _megatron_fallback(lp: LayerProblem, req: IntraOpRequest) -> tuple[int, ...] | None:
+def _megatron_fallback(lp: LayerProblem) -> tuple[int, ...] | None:
     """Best uniform Megatron pattern (column QKV/FC1, row out/FC2, SP on or off, one ZeRO stage) that fits."""
     best: tuple[float, tuple[int, ...]] | None = None
     for sp in (True, False):
@@ -534,7 +534,7 @@ def _solve_layer(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> In
     if sol.choice is not None:
         choice, status = pruned.lift(sol.choice), sol.status  # type: ignore[assignment]
     else:
-        fb = _megatron_fallback(lp, req)
+        fb = _megatron_fallback(lp)
         if fb is None:
             raise InfeasibleError(f"intra-op solver hit its {req.time_limit_s} s limit on {req.kind}/{mesh.label} "
                                   "and no uniform Megatron pattern fits")
@@ -545,7 +545,6 @@ def _solve_layer(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> In
 def _result(lp: LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tuple[int, ...], status: Literal[
         "optimal", "feasible", "fallback"], sol: IlpSolution, pruned: Pruned) -> IntraOpResult:
     chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
-    m = req.num_microbatches
     reshards = []
     for (u, v, tu, tv, a_l, b_l, times), e in zip(lp.edges, lp.problem.edges):
         a, b = e.u_class[choice[u]], e.v_class[choice[v]]

@@ -10,7 +10,7 @@ Per-axis modes (vocabulary of ``resharding``: R B S E F K):
 
 - data axes: ``dp`` and ``ep`` shard the batch (B), ``cp`` the sequence (S); expert nodes may instead
   shard experts over ``ep`` (E, all-to-all in dispatch and combine).
-- ``tp`` (``TP_MODES``): ``R``/``rep`` replicate; ``S``/``seq`` sequence-shard with replicated weights;
+- ``tp``: ``R``/``rep`` replicate; ``S``/``seq`` sequence-shard with replicated weights;
   ``col``/``col_sp`` Megatron column-parallel (input replicated / sequence-parallel, gathered inside);
   ``row``/``row_sp`` row-parallel (output all-reduced / reduce-scattered); ``F`` head-sharded attention or
   vocab-parallel loss; ``vocab``/``vocab_sp`` vocab-parallel embedding (Shoeybi et al. 2019 §3; Korthikanti
@@ -21,12 +21,17 @@ Per-axis modes (vocabulary of ``resharding``: R B S E F K):
 Targets (``TARGETS``) restrict the modes to what can be launched and tie choices that must be uniform:
 ``megatron`` (Megatron-LM: uniform TP with one SP flag, heads need ``g % t == 0``, ZeRO 0/1/3 per layer),
 ``torchtitan`` (FSDP2 ZeRO 0/2/3 per block + per-module DTensor plan, ``g % t == 0``), ``any`` (every
-strategy; ``t`` a multiple of ``g`` allowed with KV heads replicated, priced in memory and compute).
+mode per op, ZeRO 0–3 per op; ``t`` a multiple of ``g`` allowed with KV heads replicated, priced in memory
+and compute). On every target ``tp`` stays a model axis: column/row-role weights are sharded there, and
+sequence sharding with replicated weights is left to ``cp`` (its own mesh shape in the outer search) —
+except that a ``tp`` axis leaving the NVLink domain may only shard sequences (``any``; launch targets
+reject it). What torchtitan calls the modes: ``TORCHTITAN_STYLE``/``TORCHTITAN_MODULE`` at the end.
 
-Costs per micro-batch: training = forward + 2× forward (backward), + forward again under full recompute
-(attention core also under selective) — COST_MODEL.md §2. TP collectives (COST_MODEL.md §4; Megatron
-f/g operators) are on the critical path; CP ring overlaps the attention core (max of the two); gradient
-sync and ZeRO traffic is exposed by ``1 − dp_overlap``. State bytes per parameter P=2, G=2, O=12 with
+Costs per micro-batch: GEMMs forward + 2× forward (backward), FlashAttention-2 backward 2.5× forward
+(``cost_models.layer_cost.ATTN_BWD_FACTOR``), + forward again under full recompute (attention core also
+under selective) — COST_MODEL.md §2. TP collectives (COST_MODEL.md §4; Megatron f/g operators) are on the
+critical path but for ``tp_overlap``; CP ring overlaps the attention core (max of the two); gradient sync
+and ZeRO traffic is exposed by ``1 − dp_overlap``. State bytes per parameter P=2, G=2, O=12 with
 ZeRO-k over R ranks (COST_MODEL.md §3, seeds eq. 29.7–29.10).
 """
 
