@@ -274,7 +274,11 @@ def leave_one_out(runs: Sequence[ResolvedRun], start: Efficiency | None = None,
 def profile_mapping(gpu: str, eff: Efficiency, fitted: Iterable[str], cluster: ClusterSpec | None = None,
                     comment: str = "") -> dict[str, Any]:
     """The cluster-profile mapping ``autoplan.catalog.build_cluster(profile=...)`` reads."""
-    out: dict[str, Any] = {"gpu": gpu, "efficiency": {n: round(float(getattr(eff, n)), 6) for n in fitted}}
+    def value(n: str) -> Any:
+        v = getattr(eff, n)
+        return v if isinstance(v, bool) else round(float(v), 6)
+
+    out: dict[str, Any] = {"gpu": gpu, "efficiency": {n: value(n) for n in fitted}}
     if cluster is not None:
         out.update(gpus_per_node=cluster.gpus_per_node, inter_node_gbps=cluster.inter_node_gbps,
                    nvlink_domain_size=cluster.nvlink_domain_size)

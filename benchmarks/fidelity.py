@@ -128,7 +128,7 @@ def evaluate(with_loo: bool = True) -> list[Row]:
         for i, r in enumerate(rows):
             by_gen[r.generation].append(i)
         for idx in by_gen.values():
-            errs = leave_one_out([runs[i][1] for i in idx])
+            errs = leave_one_out([runs[i][1] for i in idx], prior_weight=0.0)  # as the catalog fit
             for i, e in zip(idx, errs):
                 rows[i].loo_error = e
     return rows
@@ -218,19 +218,38 @@ def svg_scatter(rows: list[Row], title: str = "autoplan: predicted vs measured s
     return "\n".join(out)
 
 
-def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS) -> dict[str, dict[str, float]]:
-    """Refit each generation's parameters on all its published runs (how the catalog values were made)."""
+def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS, prior_weight: float = 0.0) -> dict[str, dict[str, float]]:
+    """Refit each generation's parameters on all its published runs (how the catalog values were made): pure
+    bounded least squares (no pull toward the current catalog, so the result does not depend on it), from the
+    current catalog values as the starting point."""
     runs = published_runs()
     by_gen: dict[str, list[ResolvedRun]] = defaultdict(list)
     for _, r in runs:
         by_gen[GENERATION[r.cluster.gpu.name]].append(r)
     out = {}
     for gen, rs in by_gen.items():
-        res = fit(rs, efficiency_catalog()[gen], fields)
+        res = fit(rs, efficiency_catalog()[gen], fields, prior_weight=prior_weight)
         out[gen] = {n: round(getattr(res.efficiency, n), 4) for n in res.fitted}
         print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
               f"{res.at_bound}", file=sys.stderr)
     return out
+
+
+def export_runs(folder: Path) -> list[Path]:
+    """The published runs in the ``autoplan calibrate`` line format, one file per GPU."""
+    cases = json.loads(data_path().read_text())["cases"]
+    rules = json.loads((DATA / "resolutions.json").read_text())
+    by_gpu: dict[str, list[str]] = defaultdict(list)
+    for c in cases:
+        run = to_run(c, rules)
+        by_gpu[run.cluster.gpu].append(run.model_dump_json(exclude_defaults=True))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for gpu, lines in by_gpu.items():
+        path = folder / f"{gpu}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "out", help="folder for fidelity.svg / fidelity.md")
     ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out refits")
     ap.add_argument("--fit", action="store_true", help="refit catalog parameters per generation and print them")
+    ap.add_argument("--export-runs", type=Path, metavar="DIR",
+                    help="write the published runs as `autoplan calibrate` run files, one per GPU (DIR/<gpu>.jsonl)")
     args = ap.parse_args(argv)
+    if args.export_runs:
+        export_runs(args.export_runs)
+        return 0
     if args.fit:
         import yaml
 
