@@ -308,6 +308,14 @@ class IntraOpRequest:
     sequence_parallel: bool | None = None  # None: chosen per op (tied per layer for megatron); True/False: forced
     time_limit_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch_size", "num_microbatches", "activation_copies"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+        if self.time_limit_s <= 0 or self.compute_weight < 0 or self.comm_weight < 0:
+            raise ValueError(f"time_limit_s ({self.time_limit_s}) must be > 0 and weights ({self.compute_weight}, "
+                             f"{self.comm_weight}) >= 0")
+
 
 @dataclass(frozen=True)
 class EdgeReshard:

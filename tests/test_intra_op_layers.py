@@ -281,3 +281,8 @@ def test_composite_weights(llama70b, mesh_dp16_tp8) -> None:
     assert compute_only.objective_s == pytest.approx(8 * compute_only.compute_s)
     assert compute_only.objective_s <= base.objective_s
     assert base.objective_s == pytest.approx(8 * base.time_per_microbatch_s + base.step_s)
+
+
+def test_bad_request_values_name_themselves() -> None:
+    with pytest.raises(ValueError, match=r"num_microbatches \(0\) must be >= 1"):
+        IntraOpRequest("dense", 8192, num_microbatches=0)
