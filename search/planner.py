@@ -124,7 +124,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     closest: tuple[float, Layout] | None = None
     for lay in layouts:
-        mem_lb = scorer.memory_lower_bound(lay, scorer.tables(lay))
+        mem_lb = scorer.memory_lower_bound(lay)
         if mem_lb > scorer.limit_bytes:
             tally.cut("memory_lower_bound")
             if closest is None or mem_lb < closest[0]:
@@ -216,7 +216,7 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Targ
     scorer = Scorer(model, cluster, job)
     bounded = []
     for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
-        lb = scorer.memory_lower_bound(lay, scorer.tables(lay))
+        lb = scorer.memory_lower_bound(lay)
         if lb <= scorer.limit_bytes:
             bounded.append((lb, lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first

@@ -17,6 +17,7 @@ full ``estimate``, which is what users see.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -71,20 +72,24 @@ class Scorer:
         self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._dp: dict[tuple, tuple[float, float, float]] = {}
         self._zero3: dict[tuple, np.ndarray] = {}
+        self._inflight: dict[tuple, np.ndarray] = {}
+        self._param_sums: dict[tuple, tuple[float, float, list[tuple[float, float]]]] = {}
+        self.n_moe = int(self.is_moe_layer.sum())
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
     def _par(lay: Layout, **update: object) -> ParallelConfig:
         return ParallelConfig(**{**lay.parallel_kwargs(), **update})
 
-    def layer_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
+    def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
         """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act)."""
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute)
+        rc = recompute or lay.recompute
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc)
         hit = self._layer.get(key)
         if hit is not None:
             return hit
         par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=lay.recompute)  # type: ignore[arg-type]
+                             recompute=rc)  # type: ignore[arg-type]
         dp = 1  # layer_cost's strides for tp/cp/ep do not depend on dp
         t_kind, a_kind = {}, {}
         for kind in ("dense", "moe"):
@@ -113,6 +118,8 @@ class Scorer:
             expert = ex / ep
             hit = (dense, expert, dense + expert)
             self._params[key] = hit
+            pairs = sorted(set(zip(dense.tolist(), expert.tolist())))
+            self._param_sums[key] = (float(dense.sum()), float(expert.sum()), pairs)
         return hit
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, group: int) -> np.ndarray:
@@ -156,8 +163,14 @@ class Scorer:
 
     def inflight(self, lay: Layout) -> np.ndarray:
         """``inflight[s]``: micro-batches held by the stage with ``s`` stages left (index 0 unused)."""
-        par = self._par(lay)
-        return np.array([0.0] + [inflight_microbatches(lay.pp - s, par, lay.m) for s in range(1, lay.pp + 1)])
+        key = (lay.pp, lay.m, lay.schedule, lay.vp)
+        hit = self._inflight.get(key)
+        if hit is None:
+            par = SimpleNamespace(pp=lay.pp, schedule=lay.schedule, vp=lay.vp)  # what inflight_microbatches reads
+            hit = np.array([0.0] + [inflight_microbatches(lay.pp - s, par, lay.m)  # type: ignore[arg-type]
+                                    for s in range(1, lay.pp + 1)])
+            self._inflight[key] = hit
+        return hit
 
     # ---- score a split exactly as estimate does ------------------------------------------------------
     def p2p_fill_s(self, lay: Layout) -> float:
@@ -230,21 +243,33 @@ class Scorer:
         infl = self.inflight(lay)
         return static + act * infl[p - np.arange(p)]
 
-    def memory_lower_bound(self, lay: Layout, tables: StageTables) -> float:
-        """A bound on the peak memory of any split with ≥ 1 layer per stage: the mean over stages of their
-        memory (≤ the max), with activations held at least once; and stage 0 with its single cheapest layer."""
-        p, L = lay.pp, self.L
+    def memory_lower_bound(self, lay: Layout) -> float:
+        """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean
+        over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
+        the embedding and its single cheapest layer with all its in-flight micro-batches."""
+        _, _, a_dense, a_moe, head_a = self.layer_pieces(lay)
+        self.param_pieces(lay.tp, lay.ep)
+        sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep)]
+        group = lay.hsdp_shard_size or lay.dp * lay.cp
+        kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
+        ke = sum(zero_state_bytes(1.0, lay.zero_stage, max(1, lay.dp * lay.cp // lay.ep)))
+        frag = 1.0 + FRAGMENTATION
+        m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
+        peak = self.layer_pieces(lay, "none")[2] if lay.recompute == "full" else 0.0
+        stage_static = (CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + frag * peak
+        last_dense = m.head_params / lay.tp
+        if m.tied_embeddings and p > 1:
+            last_dense += m.vocab_size * m.hidden_size / lay.tp
+        acts = frag * (a_moe * n_moe + a_dense * (L - n_moe) + head_a)
         infl = self.inflight(lay)
-        resident = tables.static[-1] + tables.first_static + tables.last_static + p * tables.stage_static
-        acts = tables.act[-1] + tables.last_act
-        mean = (resident + acts * float(infl[1:].min())) / p
+        resident = kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense) + p * stage_static
+        mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
-            return resident + acts * float(infl[1])
-        layer_static = np.diff(tables.static)
-        layer_act = np.diff(tables.act)
-        first = tables.first_static + tables.stage_static + float(layer_static.min()) + float(layer_act.min()) * infl[p]
-        del L
-        return max(mean, float(first))
+            return mean
+        cheapest_act = frag * (min(a_dense, a_moe) if 0 < n_moe < L else (a_moe if n_moe else a_dense))
+        first = (kd * m.embedding_params / lay.tp + stage_static + min(kd * d + ke * x for d, x in pairs)
+                 + cheapest_act * float(infl[p]))
+        return max(mean, first)
 
 
 def _split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:

@@ -102,7 +102,7 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
         assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
         assert fs.fits == pred.fits
-        assert scorer.memory_lower_bound(lay, scorer.tables(lay)) <= fs.peak_memory_bytes * (1 + 1e-12)
+        assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
 
 
 def test_showcase_llama70b_is_fast_deterministic_and_valid() -> None:

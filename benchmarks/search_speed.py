@@ -1,0 +1,110 @@
+"""How fast `autoplan search` answers, and how that compares with exhaustive enumeration.
+
+For each showcase case: the wall time of a fresh `autoplan search ... --format json` process (imports
+included), the planner's own time (``search.wall_time_s``), the target, and the exhaustive search over the
+same space (every layout × every layer split ``ParallelConfig`` can express, each scored by
+``estimate``). Exhaustive search is run in full when it would take under ``--exhaustive-budget`` seconds;
+otherwise its time is extrapolated from a timed random sample of points (marked ``~``). Prints; never
+asserts on time.
+
+    python benchmarks/search_speed.py [--exhaustive-budget 60] [--sample 300] [--cases 8b,70b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoplan.catalog import build_cluster, load_model  # noqa: E402
+from cost_models.errors import ConfigError  # noqa: E402
+from cost_models.estimate import estimate  # noqa: E402
+from cost_models.specs import JobSpec  # noqa: E402
+from search.exhaustive import exhaustive_points, exhaustive_search  # noqa: E402
+
+# (key, model, gpu, gpus, seq_len, target seconds)
+CASES = [
+    ("70b", "llama3-70b", "h100-sxm", 1024, 8192, 2.0),
+    ("405b", "llama3-405b", "h100-sxm", 16384, 8192, 5.0),
+    ("dsv3", "deepseek-v3", "h800", 2048, 8192, 10.0),
+    ("mixtral", "mixtral-8x22b", "h100-sxm", 256, 8192, 5.0),
+    ("8b", "llama3-8b", "h100-sxm", 8, 8192, 1.0),
+    ("405b-128k", "llama3-405b", "h100-sxm", 16384, 131072, 10.0),
+]
+
+
+def cli_time(model: str, gpu: str, gpus: int, seq: int) -> tuple[float, dict]:
+    cmd = [sys.executable, "-m", "autoplan.cli", "search", "--model", model, "--gpus", str(gpus), "--gpu", gpu,
+           "--seq-len", str(seq), "--format", "json"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return wall, {"error": proc.stderr.strip()[-200:]}
+    return wall, json.loads(proc.stdout)
+
+
+def exhaustive_time(model_name: str, gpu: str, gpus: int, seq: int, budget_s: float, sample: int,
+                    best_cost: float | None) -> tuple[str, int, str]:
+    model, cluster, job = load_model(model_name), build_cluster(gpu, gpus), JobSpec(seq_len=seq)
+    t0 = time.perf_counter()
+    points = list(exhaustive_points(model, cluster, job))
+    enum_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    picked = rng.sample(points, min(sample, len(points)))
+    t0 = time.perf_counter()
+    for _, par in picked:
+        try:
+            estimate(model, cluster, job, par)
+        except ConfigError:
+            pass
+    per = (time.perf_counter() - t0) / max(1, len(picked))
+    predicted = enum_s + per * len(points)
+    if predicted > budget_s:
+        return f"~{predicted:,.0f}", len(points), "n/a (extrapolated)"
+    t0 = time.perf_counter()
+    ref = exhaustive_search(model, cluster, job)
+    took = time.perf_counter() - t0
+    same = "n/a" if ref is None or best_cost is None else (
+        "yes" if abs(ref.prediction.composite_cost - best_cost) <= 1e-9 * best_cost else
+        f"NO ({ref.prediction.composite_cost:.4f} vs {best_cost:.4f})")
+    return f"{took:,.1f}", len(points), same
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exhaustive-budget", type=float, default=60.0)
+    ap.add_argument("--sample", type=int, default=300)
+    ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    args = ap.parse_args()
+    keys = args.cases.split(",")
+    hdr = (f"{'case':<34} {'target':>6} {'cli wall s':>10} {'planner s':>9} {'layouts':>7} {'scored':>6} "
+           f"{'exhaustive s':>13} {'points':>9} {'ratio':>9} {'same best':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for key, model, gpu, gpus, seq, target in CASES:
+        if key not in keys:
+            continue
+        wall, out = cli_time(model, gpu, gpus, seq)
+        label = f"{model}@{gpus} {gpu}" + (f" s={seq}" if seq != 8192 else "")
+        if "error" in out:
+            print(f"{label:<34} {target:>6.0f} {wall:>10.2f}  search failed: {out['error']}")
+            continue
+        s = out["search"]
+        best = out["plans"][0]["prediction"]["composite_cost"] if out["plans"] else None
+        ex, npts, same = exhaustive_time(model, gpu, gpus, seq, args.exhaustive_budget, args.sample, best)
+        ex_s = float(ex.lstrip("~").replace(",", ""))
+        print(f"{label:<34} {target:>6.0f} {wall:>10.2f} {s['wall_time_s']:>9.2f} {s['candidates']:>7} "
+              f"{s['evaluated']:>6} {ex:>13} {npts:>9,} {ex_s / wall:>8,.0f}x {same:>10}")
+    print("\ncli wall s: fresh `autoplan search --format json` process, imports included; ratio = exhaustive / cli wall.")
+
+
+if __name__ == "__main__":
+    main()
