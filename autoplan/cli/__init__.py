@@ -20,6 +20,7 @@ def _register() -> None:
     from autoplan.cli import batch_cmd, schema_cmd  # noqa: F401
     from autoplan.cli import search_cmd  # noqa: F401
     from autoplan.cli import calibrate_cmd  # noqa: F401
+    from autoplan.cli import emit_cmd  # noqa: F401
 
 
 _register()

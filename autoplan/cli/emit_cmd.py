@@ -1,0 +1,115 @@
+"""`autoplan emit` and `autoplan validate`: configs that Megatron-LM, torchtitan and FSDP2 accept.
+
+Input is either a plan JSON (``--plan FILE [--index i]``, from ``estimate``/``search --format json``) or
+explicit degrees with the same model/cluster/job/parallel flags as ``autoplan estimate``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autoplan.cli import cli
+from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
+from autoplan.cli.options import cluster_request, job_spec, user_errors
+from autoplan.emit import TARGETS, EmitPlan, load_plan, write_plan
+from cost_models.specs import JobSpec, ParallelConfig
+
+_F = Any
+
+
+def _stack(*decorators: _F) -> _F:
+    def apply(f: _F) -> _F:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+# The same flags as `estimate`, optional here because --plan is the other way in.
+plan_inputs = _stack(
+    click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
+                 help="plan JSON from `autoplan estimate/search --format json`"),
+    click.option("--index", type=int, default=None, help="with a search result: use plans[INDEX] [0]"),
+    click.option("--model", default=None,
+                 help="catalog name, HF config.json path or spec file (instead of --plan)"),
+    click.option("--gpus", "num_gpus", type=int, default=None, help="number of GPUs"),
+    click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
+    click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
+    click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
+    click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
+    click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
+    click.option("--global-batch-size", type=int, default=JobSpec.model_fields["global_batch_size"].default,
+                 show_default=True, help="sequences per optimizer step"),
+    click.option("--seq-len", type=int, default=JobSpec.model_fields["seq_len"].default, show_default=True,
+                 help="tokens per sequence"),
+    click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+    parallel_options(required=False),
+)
+
+target_option = click.option("--target", type=click.Choice(TARGETS), required=True, help="framework to emit for")
+
+
+def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
+    """An ``EmitPlan`` from --plan, or from --model/--gpus and the degree flags."""
+    plan_file, index, model = kw.pop("plan_file"), kw.pop("index"), kw.pop("model")
+    degrees = pop_parallel(kw)
+    if plan_file is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("num_gpus",) if kw.get(k) is not None]
+        if model is not None or degrees or given:
+            raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both")
+        return load_plan(plan_file, index)
+    if index is not None:
+        raise click.UsageError("--index needs --plan")
+    if model is None or kw.get("num_gpus") is None:
+        raise click.UsageError("give --plan FILE, or --model and --gpus with the degree flags (--tp, --pp, ...)")
+    from autoplan.request import resolve
+
+    cluster_req, job = cluster_request(kw), job_spec(kw)
+    par = ParallelConfig(**degrees)
+    model_spec, cluster, job = resolve(model, cluster_req, job)
+    return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par)
+
+
+@cli.command("emit")
+@target_option
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="output folder")
+@plan_inputs
+@user_errors
+def emit_cmd(target: str, out_dir: str, **kw: Any) -> None:
+    """Write the launch configuration of a plan for Megatron-LM, torchtitan or FSDP2."""
+    plan = resolve_plan(kw)
+    result = write_plan(plan, target, out_dir)  # type: ignore[arg-type]
+    click.echo(f"wrote {len(result.files)} files for {target} to {out_dir}:")
+    for name in sorted(result.files):
+        click.echo(f"  {Path(out_dir) / name}")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+
+
+@cli.command("validate")
+@target_option
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="also keep the emitted files here (default: a temporary folder)")
+@plan_inputs
+@user_errors
+def validate_cmd(target: str, out_dir: str | None, **kw: Any) -> None:
+    """Emit a plan and check it with the framework's own code (needs the `validate` extra)."""
+    from autoplan.validate import EXTRA_HINT, missing_extra, run_checks
+
+    plan = resolve_plan(kw)
+    missing = missing_extra(target)  # type: ignore[arg-type]
+    if missing:
+        click.echo(f"Error: validate --target {target} runs {', '.join(missing)}, which "
+                   f"{'is' if len(missing) == 1 else 'are'} not installed. Install the extra: {EXTRA_HINT}",
+                   err=True)
+        sys.exit(1)
+    checks = run_checks(plan, target, out_dir)  # type: ignore[arg-type]
+    for c in checks:
+        click.echo(c.line())
+    bad = sum(not c.ok for c in checks)
+    click.echo(f"validate --target {target}: {len(checks) - bad} of {len(checks)} checks passed")
+    sys.exit(1 if bad else 0)
