@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from cost_models.errors import ConfigError, InfeasibleError
@@ -98,9 +99,22 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
             return None
         mem = scorer.stage_memory(lay, layers, tables)
         return layers if float(mem.max()) <= scorer.limit_bytes else None
+    alpha = schedule_alpha(lay.schedule, lay.vp)
     found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
-                       mem_limit=scorer.limit_bytes, alpha=schedule_alpha(lay.schedule, lay.vp))
-    return tuple(found[0]) if found else None
+                       mem_limit=scorer.limit_bytes, alpha=alpha)
+    if found is None:
+        return None
+    # Among equally fast splits prefer Megatron's default (no first/last-stage flags to emit).
+    default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+    if default != tuple(found[0]) and min(default) >= 1:
+        bounds = np.concatenate([[0], np.cumsum(default)])
+        t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
+        t[-1] += tables.last_time
+        obj = alpha * float(t.sum()) + (lay.m - alpha) * float(t.max())
+        if (obj <= found[1] * (1 + 1e-12)
+                and float(scorer.stage_memory(lay, default, tables).max()) <= scorer.limit_bytes):
+            return default
+    return tuple(found[0])
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",

@@ -41,7 +41,7 @@ def tiny_models(draw):  # type: ignore[no-untyped-def]
 
 @st.composite
 def jobs(draw):  # type: ignore[no-untyped-def]
-    gpu = draw(st.sampled_from(["a100-40g", "h100-sxm"]))
+    gpu = draw(st.sampled_from(["a100-40g", "h100-sxm", "gb200"]))  # gb200: 4 per node, NVLink domain 72
     n = draw(st.sampled_from([1, 2, 4, 8, 16]))
     cluster = build_cluster(gpu, n)
     job = JobSpec(global_batch_size=draw(st.sampled_from([4, 8, 16, 32])),

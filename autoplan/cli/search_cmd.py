@@ -47,7 +47,20 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
         from autoplan.emit import write_emitted
     except ImportError as err:  # pragma: no cover - emitters ship with the package
         raise ConfigError(f"--emit: emitters not available ({err})") from None
-    emit_target = "megatron" if target == "any" else target
+    emit_target = target
+    if target == "any":  # the first framework that runs the plan as is
+        from autoplan.emit import EmitPlan, check_emittable
+
+        plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel)
+        for candidate in ("megatron", "torchtitan", "fsdp2"):
+            try:
+                check_emittable(plan, candidate)  # type: ignore[arg-type]
+            except ConfigError:
+                continue
+            emit_target = candidate
+            break
+        else:
+            emit_target = "fsdp2"
     written = write_emitted(model, cluster, job, plans[0].parallel, emit_target, out_dir)  # type: ignore[arg-type]
     return [str(p) for p in written]
 
