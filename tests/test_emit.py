@@ -1,0 +1,394 @@
+"""Emitters without the frameworks installed: argument lists, TOML, scripts, rank layout, plan files,
+refusals, quoting, and the `emit`/`validate` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.cli import cli
+from autoplan.emit import EmitPlan, emit, load_plan, write_emitted, write_plan
+from autoplan.emit.megatron import megatron_args, parse_megatron_args
+from autoplan.emit.ranks import megatron_layout, rank_coordinates, rank_groups
+from autoplan.emit.torchtitan import (CONFIG_MODULE, UnsupportedModelError, check_v02, module_fqns_per_model_part,
+                                      torchtitan_overrides, v02_document)
+from autoplan.errors import ConfigError, UserInputError
+from cost_models.specs import JobSpec, ParallelConfig
+
+
+def plan(model: str, gpus: int, gbs: int, seq: int = 8192, precision: str = "bf16", **par: object) -> EmitPlan:
+    return EmitPlan(load_model(model), build_cluster("h100-sxm", gpus),
+                    JobSpec(global_batch_size=gbs, seq_len=seq, precision=precision), ParallelConfig(**par))
+
+
+L70_PP8 = dict(model="llama3-70b", gpus=1024, gbs=512, tp=8, pp=8, recompute="selective")
+L70_VP2 = dict(model="llama3-70b", gpus=1024, gbs=512, tp=8, pp=4, vp=2)
+L405 = dict(model="llama3-405b", gpus=16384, gbs=2048, tp=8, pp=16)
+L405_CP = dict(model="llama3-405b", gpus=16384, gbs=2048, seq=131072, tp=8, pp=16, cp=16, recompute="full")
+MIXTRAL = dict(model="mixtral-8x22b", gpus=256, gbs=256, seq=4096, tp=8, pp=4, ep=8)
+
+
+def flags(argv: list[str]) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[a] = nxt if nxt is not None and not nxt.startswith("--") else True
+    return out
+
+
+# ---- Megatron-LM -------------------------------------------------------------------------------------
+
+def test_megatron_70b_pp8() -> None:
+    f = flags(megatron_args(plan(**L70_PP8)))
+    assert f["--tensor-model-parallel-size"] == "8" and f["--pipeline-model-parallel-size"] == "8"
+    assert f["--context-parallel-size"] == "1" and f["--sequence-parallel"] is True
+    assert f["--use-distributed-optimizer"] and f["--overlap-grad-reduce"] and f["--overlap-param-gather"]
+    assert (f["--micro-batch-size"], f["--global-batch-size"], f["--seq-length"]) == ("1", "512", "8192")
+    assert f["--recompute-granularity"] == "selective" and "--recompute-method" not in f
+    assert (f["--num-layers"], f["--hidden-size"], f["--ffn-hidden-size"]) == ("80", "8192", "28672")
+    assert f["--group-query-attention"] and f["--num-query-groups"] == "8" and f["--swiglu"] and f["--bf16"]
+    assert "--num-virtual-stages-per-pipeline-rank" not in f and "--decoder-first-pipeline-num-layers" not in f
+    assert "--expert-model-parallel-size" not in f and "--fp8-format" not in f
+
+
+def test_megatron_interleaved_and_fp8() -> None:
+    f = flags(megatron_args(plan(**L70_VP2, precision="fp8")))
+    assert f["--num-virtual-stages-per-pipeline-rank"] == "2" and f["--fp8-format"] == "hybrid"
+
+
+def test_megatron_uneven_stages_405b() -> None:
+    """126 layers on 16 stages: 7 + 14 x 8 + 7 (the embedding and head stages hold fewer)."""
+    f = flags(megatron_args(plan(**L405)))
+    assert f["--decoder-first-pipeline-num-layers"] == "7" and f["--decoder-last-pipeline-num-layers"] == "7"
+    assert (126 - 7 - 7) % 14 == 0
+
+
+def test_megatron_explicit_first_stage() -> None:
+    f = flags(megatron_args(plan("llama3-70b", 1024, 512, tp=8, pp=8, first_stage_layers=3)))
+    assert f["--decoder-first-pipeline-num-layers"] == "3"
+    assert "--decoder-last-pipeline-num-layers" not in f  # the rest splits evenly: 77 / 7 = 11
+
+
+def test_megatron_long_context_and_full_recompute() -> None:
+    f = flags(megatron_args(plan(**L405_CP)))
+    assert f["--context-parallel-size"] == "16" and f["--seq-length"] == "131072"
+    assert (f["--recompute-granularity"], f["--recompute-method"], f["--recompute-num-layers"]) == \
+        ("full", "uniform", "1")
+
+
+def test_megatron_moe() -> None:
+    f = flags(megatron_args(plan(**MIXTRAL)))
+    assert f["--num-experts"] == "8" and f["--moe-router-topk"] == "2" and f["--moe-ffn-hidden-size"] == "16384"
+    assert f["--expert-model-parallel-size"] == "8" and f["--expert-tensor-parallel-size"] == "8"
+    assert "--moe-layer-freq" not in f
+
+
+def test_megatron_moe_layer_pattern_deepseek() -> None:
+    p = plan("deepseek-v3", 2048, 2048, seq=4096, tp=8, pp=8, ep=64, micro_batch_size=1, first_stage_layers=5,
+             last_stage_layers=2)
+    f = flags(megatron_args(p))
+    assert f["--moe-layer-freq"] == "([0]*3+[1]*58)"
+    assert f["--multi-latent-attention"] and f["--kv-lora-rank"] == "512" and f["--q-lora-rank"] == "1536"
+    assert f["--moe-shared-expert-intermediate-size"] == "2048"
+    assert "--group-query-attention" not in f
+
+
+def test_megatron_args_parse_back() -> None:
+    """The list round-trips through a parser with Megatron's names, types and choices (unknown = error)."""
+    for case in (L70_PP8, L70_VP2, L405, L405_CP, MIXTRAL):
+        ns = parse_megatron_args(megatron_args(plan(**case)))
+        assert ns.tensor_model_parallel_size == case["tp"] and ns.pipeline_model_parallel_size == case["pp"]
+    with pytest.raises(ValueError, match="--not-a-flag"):
+        parse_megatron_args(["--not-a-flag"])
+
+
+def test_megatron_zero_stages() -> None:
+    f0 = flags(megatron_args(plan("llama3-8b", 64, 64, tp=8, pp=1, zero_stage=0)))
+    assert "--use-distributed-optimizer" not in f0 and f0["--overlap-grad-reduce"]
+    f3 = flags(megatron_args(plan("llama3-8b", 64, 64, tp=8, pp=1, zero_stage=3)))
+    assert f3["--use-torch-fsdp2"] and "--overlap-param-gather" not in f3
+    with pytest.raises(ConfigError, match="pipeline parallelism"):
+        emit(plan("llama3-70b", 1024, 512, tp=8, pp=8, zero_stage=3), "megatron")
+
+
+# ---- rank layout ---------------------------------------------------------------------------------------
+
+SIZES = {"tp": 2, "cp": 1, "ep": 1, "dp": 2, "pp": 2}
+
+
+def test_rank_layout_worked_example() -> None:
+    assert rank_groups(SIZES, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert rank_groups(SIZES, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert rank_groups(SIZES, "pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert rank_groups(SIZES, "tp-dp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert rank_coordinates(5, SIZES) == {"tp": 1, "cp": 0, "ep": 0, "dp": 0, "pp": 1}
+
+
+@pytest.mark.parametrize("tp,cp,dp,pp,ep", [(8, 1, 16, 8, 1), (8, 2, 4, 4, 1), (2, 1, 8, 2, 4), (4, 2, 2, 3, 2)])
+def test_rank_layout_partitions(tp: int, cp: int, dp: int, pp: int, ep: int) -> None:
+    world = tp * cp * dp * pp
+    layout = megatron_layout(tp, cp, dp, pp, ep=ep)
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "dp-cp": dp * cp, "tp-pp": tp * pp, "tp-cp": tp * cp,
+             "tp-dp-cp": tp * dp * cp, "ep": ep, "etp": tp, "edp": tp * cp * dp // (tp * ep)}
+    for name, groups in layout.items():
+        assert sorted(r for g in groups for r in g) == list(range(world)), name
+        assert all(len(g) == sizes[name] for g in groups), name
+    assert layout["tp"][0] == list(range(tp))  # TP groups are consecutive ranks (one node)
+    for g in layout["pp"]:  # a PP group holds one rank of each stage
+        assert [r // (world // pp) for r in g] == list(range(pp))
+
+
+# ---- torchtitan -------------------------------------------------------------------------------------------
+
+def test_torchtitan_overrides_70b() -> None:
+    args = torchtitan_overrides(plan(**L70_PP8))
+    assert args[:4] == ["--module", "llama3", "--config", "llama3_70b"]
+    assert args[-1] == "activation_checkpoint:selective" and "--training.disable_cuda_graphs" in args
+    f = flags(args)
+    assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "8"
+    assert f["--parallelism.data_parallel_shard_degree"] == "16"
+    assert f["--training.global_batch_size"] == "512" and f["--training.local_batch_size"] == "32"
+    assert f["--parallelism.pipeline_parallel_schedule"] == "1F1B"
+
+
+def test_torchtitan_interleaved_chunks_cover_the_model() -> None:
+    p = plan(**L70_VP2)
+    parts = module_fqns_per_model_part(p)
+    assert len(parts) == 8 and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    layers = [x for part in parts for x in part if x.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(80)]
+    args = torchtitan_overrides(p)
+    assert flags(args)["--parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert args[-1] == "activation_checkpoint:none"
+
+
+def test_torchtitan_no_pp_no_cuda_graph_flag() -> None:
+    args = torchtitan_overrides(plan("llama3-8b", 64, 64, tp=8, pp=1, recompute="full"))
+    assert "--training.disable_cuda_graphs" not in args and args[-1] == "activation_checkpoint:full"
+    f = flags(args)
+    assert f["--training.local_batch_size"] == "1"  # one micro-batch at a time, accumulated to the global batch
+
+
+def test_torchtitan_405b_bf16_gets_a_config_module() -> None:
+    e = emit(plan(**L405), "torchtitan")
+    assert f"{CONFIG_MODULE}.py" in e.files
+    text = e.files[f"{CONFIG_MODULE}.py"]
+    compile(text, CONFIG_MODULE, "exec")
+    assert "model_registry('405B')" in text and "Float8" not in text
+    assert torchtitan_overrides(plan(**L405))[:4] == ["--module", CONFIG_MODULE, "--config", "autoplan_config"]
+    assert "PYTHONPATH" in e.files["train_torchtitan_torchrun.sh"]
+    assert any("bf16" in n for n in e.notes)
+
+
+def test_torchtitan_refuses_unshipped_model() -> None:
+    with pytest.raises(UnsupportedModelError, match="does not ship mixtral-8x22b.*--target megatron"):
+        emit(plan(**MIXTRAL), "torchtitan")
+
+
+def test_torchtitan_refuses_tp_over_kv_heads_megatron_accepts() -> None:
+    from cost_models.specs import ModelSpec
+
+    m = ModelSpec(name="gqa4", num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                  num_kv_heads=4, vocab_size=1000)
+    pl = EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=64, seq_len=2048), ParallelConfig(tp=8))
+    with pytest.raises(ConfigError, match="tp=8 does not divide num_kv_heads=4; valid: 1, 2, 4"):
+        emit(pl, "fsdp2")
+    emit(pl, "megatron")  # Megatron replicates KV heads when tp is a multiple of num_query_groups
+
+
+def test_torchtitan_v02_toml() -> None:
+    e = emit(plan(**L70_VP2), "torchtitan")
+    doc = tomllib.loads(e.files["torchtitan_v02.toml"])
+    assert doc["model"] == {"name": "llama3", "flavor": "70B", "converters": []}
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert doc["parallelism"]["tensor_parallel_degree"] == 8 and doc["training"]["global_batch_size"] == 512
+    assert doc["activation_checkpoint"] == {"mode": "none"}
+    assert len(doc["parallelism"]["module_fqns_per_model_part"]) == 8
+    fp8 = tomllib.loads(emit(plan(**L70_PP8, precision="fp8"), "torchtitan").files["torchtitan_v02.toml"])
+    assert fp8["model"]["converters"] == ["float8"] and fp8["float8"]["recipe_name"] == "rowwise"
+    assert fp8["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+@pytest.mark.parametrize("section,key,value,msg", [
+    ("parallelism", "tensor_parallel_degree", "8", "must be an integer"),
+    ("parallelism", "tensor_parallel_degree", True, "must be an integer"),
+    ("parallelism", "pipeline_parallel_degree", 0, "must be >= 1"),
+    ("activation_checkpoint", "mode", "sometimes", "not allowed"),
+    ("parallelism", "tensor_parallel", 8, "no field"),
+    ("nonsense", "x", 1, "no section"),
+])
+def test_torchtitan_v02_type_check(section: str, key: str, value: object, msg: str) -> None:
+    doc = v02_document(plan(**L70_PP8))
+    doc.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=msg):
+        check_v02(doc)
+
+
+# ---- FSDP2 ---------------------------------------------------------------------------------------------
+
+def test_fsdp2_module_text() -> None:
+    e = emit(plan(**L70_VP2), "fsdp2")
+    text = e.files["autoplan_parallelize.py"]
+    compile(text, "autoplan_parallelize", "exec")
+    for needle in ("init_device_mesh", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "fully_shard",
+                   "ScheduleInterleaved1F1B", '("pp", "dp", "tp")', "STAGE_LAYERS = [10, 10, 10, 10, 10, 10, 10, 10]"):
+        assert needle in text, needle
+
+
+def test_fsdp2_refuses_cp_and_ep() -> None:
+    with pytest.raises(ConfigError, match="context parallelism"):
+        emit(plan(**L405_CP), "fsdp2")
+    with pytest.raises(ConfigError, match="expert parallelism"):
+        emit(plan(**MIXTRAL), "fsdp2")
+
+
+# ---- shell safety ----------------------------------------------------------------------------------------
+
+EVIL = "evil'; touch PWNED; echo '\n$(touch PWNED2) `touch PWNED3`"
+
+
+def test_scripts_quote_names(tmp_path: Path) -> None:
+    """A hostile model name and output path reach the scripts only quoted; running them creates nothing."""
+    from cost_models.specs import ModelSpec
+
+    base = load_model("llama3-8b").model_dump()
+    m = ModelSpec(**{**base, "name": EVIL})
+    p = EmitPlan(m, build_cluster("h100-sxm", 8), JobSpec(global_batch_size=8, seq_len=4096),
+                 ParallelConfig(tp=8))
+    out = tmp_path / "out dir $(touch PWNED4)"
+    for target in ("megatron", "fsdp2", "torchtitan"):
+        write_plan(p, target, out)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("torchrun", "srun", "scontrol"):
+        (bin_dir / tool).write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT.$(basename $0)\"\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MEGATRON_LM": str(tmp_path / "mlm"),
+           "TRAIN_SCRIPT": "train.py", "ARGS_OUT": str(tmp_path / "args"), "SLURM_JOB_NODELIST": "n1",
+           "SLURM_JOB_ID": "1"}
+    for script in sorted(out.glob("*.sh")) + sorted(out.glob("*.sbatch")):
+        text = script.read_text()
+        assert "\ntouch PWNED" not in text
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        subprocess.run(["bash", str(script)], check=True, cwd=tmp_path, env=env, timeout=30)
+    assert not list(tmp_path.rglob("PWNED*")), list(tmp_path.rglob("PWNED*"))
+    argv = (tmp_path / "args.torchrun").read_text().splitlines()
+    assert "--nproc-per-node" in argv
+
+
+def test_megatron_script_passes_args_verbatim(tmp_path: Path) -> None:
+    p = plan(**L70_PP8)
+    write_plan(p, "megatron", tmp_path / "o")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT\"\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MEGATRON_LM": "/opt/Megatron-LM",
+           "ARGS_OUT": str(tmp_path / "argv"), "NODE_RANK": "3", "MASTER_ADDR": "node0"}
+    subprocess.run(["bash", str(tmp_path / "o" / "train_megatron_torchrun.sh")], check=True, env=env, timeout=30)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    i = argv.index("/opt/Megatron-LM/pretrain_gpt.py")
+    assert argv[:i] == ["--nnodes", "128", "--nproc-per-node", "8", "--node-rank", "3", "--master-addr", "node0",
+                        "--master-port", "29500"]
+    assert argv[i + 1:] == megatron_args(p)
+
+
+# ---- plan files, public API, CLI --------------------------------------------------------------------------
+
+def _plan_json(p: EmitPlan) -> dict:
+    from autoplan.request import cluster_record, model_record
+
+    return {"model": model_record(p.model), "cluster": cluster_record(p.cluster), "job": p.job.model_dump(),
+            "parallel": p.parallel.model_dump()}
+
+
+def test_load_plan_estimate_and_search_forms(tmp_path: Path) -> None:
+    p = plan(**L70_PP8)
+    est = tmp_path / "est.json"
+    est.write_text(json.dumps(_plan_json(p)))
+    assert load_plan(est).parallel == p.parallel and load_plan(est).cluster.num_gpus == 1024
+    d = _plan_json(p)
+    other = ParallelConfig(tp=8, pp=4, vp=2).model_dump()
+    search = {k: v for k, v in d.items() if k != "parallel"}
+    search["plans"] = [{"parallel": d["parallel"], "prediction": {}}, {"parallel": other, "prediction": {}}]
+    sf = tmp_path / "search.json"
+    sf.write_text(json.dumps(search))
+    assert load_plan(sf).parallel.pp == 8 and load_plan(sf, 1).parallel.vp == 2
+    with pytest.raises(UserInputError, match="out of range.*holds 2 plan"):
+        load_plan(sf, 2)
+    with pytest.raises(UserInputError, match="needs a search result"):
+        load_plan(est, 1)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserInputError, match="not valid JSON"):
+        load_plan(bad)
+    with pytest.raises(UserInputError, match="does not exist"):
+        load_plan(tmp_path / "nope.json")
+
+
+def test_write_emitted_public(tmp_path: Path) -> None:
+    p = plan(**MIXTRAL)
+    paths = write_emitted(p.model, p.cluster, p.job, p.parallel, "megatron", tmp_path / "m")
+    assert {x.name for x in paths} >= {"megatron_args.txt", "train_megatron_torchrun.sh",
+                                       "train_megatron_slurm.sbatch", "README.txt"}
+    assert os.access(tmp_path / "m" / "train_megatron_torchrun.sh", os.X_OK)
+
+
+def test_negative_gqa_refused_before_emission(tmp_path: Path) -> None:
+    p = plan("llama3-70b", 1024, 512, tp=3, pp=1)
+    with pytest.raises(ConfigError, match="tp=3 does not divide num_attention_heads=64"):
+        write_plan(p, "megatron", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_cli_emit_from_flags(tmp_path: Path) -> None:
+    code, out, _ = run("emit", "--target", "megatron", "-o", str(tmp_path), "--model", "llama3-70b", "--gpus",
+                       "1024", "--global-batch-size", "512", "--seq-len", "8192", "--tp", "8", "--pp", "4", "--vp",
+                       "2", "--mbs", "1")
+    assert code == 0, out
+    assert "--num-virtual-stages-per-pipeline-rank\n2\n" in (tmp_path / "megatron_args.txt").read_text()
+
+
+def test_cli_emit_from_plan_file(tmp_path: Path) -> None:
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(_plan_json(plan(**L405))))
+    code, out, err = run("emit", "--target", "torchtitan", "-o", str(tmp_path / "t"), "--plan", str(f))
+    assert code == 0, err
+    assert "note:" in out and (tmp_path / "t" / f"{CONFIG_MODULE}.py").exists()
+
+
+def test_cli_emit_errors(tmp_path: Path) -> None:
+    code, _, err = run("emit", "--target", "torchtitan", "-o", str(tmp_path), "--model", "llama3-70b", "--gpus",
+                       "1024", "--tp", "16", "--pp", "8")
+    assert code == 2 and "tp=16 does not divide num_kv_heads=8" in err
+    code, _, err = run("emit", "--target", "megatron", "-o", str(tmp_path))
+    assert code == 2 and "--plan" in err
+    code, _, err = run("emit", "--target", "megatron", "-o", str(tmp_path), "--plan", "x.json", "--tp", "2")
+    assert code == 2 and "not both" in err
+
+
+def test_cli_validate_without_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoplan.validate as v
+
+    monkeypatch.setattr(v, "missing_extra", lambda target: ["torchtitan"])
+    code, _, err = run("validate", "--target", "torchtitan", "--model", "llama3-70b", "--gpus", "1024",
+                       "--global-batch-size", "512", "--tp", "8", "--pp", "8")
+    assert code == 1 and "pip install 'autoplan[validate]'" in err and "torchtitan" in err
+
+
+def test_bash_available() -> None:
+    assert shutil.which("bash")
