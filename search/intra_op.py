@@ -126,22 +126,30 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     an infeasible ILP. These graphs are usually integral (SEARCH_NOTES.md, autoparallel #484); when the LP
     is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form)."""
     t0 = time.perf_counter()
+    method = backend
     if backend == "auto":
-        lp = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
-        if lp is not None:
-            return IlpSolution(lp.status, lp.choice, lp.objective, lp.memory, time.perf_counter() - t0,
-                               lp.num_variables, "lp")
-        backend = "CBC"
-    sol = _solve_once(problem, backend, True, time_limit_s, tie_break_memory)
+        lp, tie_done = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
+        if lp is not None and (tie_done or lp.status == "infeasible"):
+            sol, method = lp, "lp"
+        elif lp is not None:  # integral optimum, fractional tie-break: finish (7) alone on the MIP
+            sol, _ = _solve_once(problem, "CBC", True, time_limit_s, True, cost_bound=lp.objective)
+            sol, method = (lp, "lp") if sol is None or sol.choice is None else (sol, "lp+CBC")
+        else:
+            sol, _ = _solve_once(problem, "CBC", True, time_limit_s, tie_break_memory)
+            method = "CBC"
+    else:
+        sol, _ = _solve_once(problem, backend, True, time_limit_s, tie_break_memory)
     assert sol is not None
     return IlpSolution(sol.status, sol.choice, sol.objective, sol.memory, time.perf_counter() - t0,
-                       sol.num_variables, backend)
+                       sol.num_variables, method)
 
 
-def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: float,
-                tie_break_memory: bool) -> IlpSolution | None:
+def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: float, tie_break_memory: bool,
+                cost_bound: float | None = None) -> tuple[IlpSolution | None, bool]:
     """One model on one backend, built in OR-Tools order: data → variables → constraints → objective →
-    solve → extract. With ``integer=False`` (LP relaxation) returns None when the optimum is fractional."""
+    solve → extract. Returns (solution, whether the tie-break (7) was applied). With ``integer=False``
+    (LP relaxation) the solution is None when the optimum is fractional, and a fractional tie-break leaves
+    the integral cost optimum untie-broken. ``cost_bound`` (a known optimum) skips straight to (7)."""
     # -- data: scale costs and memory to O(1e3) so solver tolerances are meaningful.
     scale = max([float(np.max(np.abs(c))) for c in problem.node_cost if c.size]
                 + [float(np.max(np.abs(e.cost))) for e in problem.edges if e.cost.size] + [1e-30])
@@ -201,34 +209,39 @@ def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: 
     solver.Minimize(objective)
 
     # -- solve, with the status checked explicitly
+    if cost_bound is not None:  # (7) directly, against the optimum found before
+        solver.Add(objective <= cost_bound * k + 1e-7 * max(1.0, abs(cost_bound * k)), "c7")
+        solver.Minimize(memory)
     code = solver.Solve()
     nvars = solver.NumVariables()
     if code == pywraplp.Solver.INFEASIBLE:  # for the LP too: the relaxation contains every ILP point
-        return IlpSolution("infeasible", None, None, None, 0.0, nvars)
+        return IlpSolution("infeasible", None, None, None, 0.0, nvars), False
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return None if not integer else IlpSolution("timeout", None, None, None, 0.0, nvars)
+        return (None if not integer else IlpSolution("timeout", None, None, None, 0.0, nvars)), False
 
     def integral() -> bool:
         return all(min(var.solution_value(), 1.0 - var.solution_value()) < 1e-6 for var in (*x.values(), *y.values()))
 
-    if not integer and not integral():
-        return None
-    # -- lexicographic tie-break (7): among optimal assignments take the least memory (one more solve)
-    if tie_break_memory and code == pywraplp.Solver.OPTIMAL:
-        best = solver.Objective().Value()
-        solver.Add(objective <= best + 1e-7 * max(1.0, abs(best)), "c7")
-        solver.Minimize(memory)
-        if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-            raise AssertionError("memory tie-break lost the optimum it was given")
-        if not integer and not integral():
-            return None
+    def extract() -> IlpSolution:
+        choice = tuple(int(np.argmax([x[v, s].solution_value() for s in range(c.size)]))
+                       for v, c in enumerate(problem.node_cost))
+        obj, mem = problem.evaluate(choice)
+        status: Status = "optimal" if code == pywraplp.Solver.OPTIMAL else "feasible"
+        return IlpSolution(status, choice, obj, mem, 0.0, nvars)
 
-    # -- extract
-    choice = tuple(int(np.argmax([x[v, s].solution_value() for s in range(c.size)]))
-                   for v, c in enumerate(problem.node_cost))
-    obj, mem = problem.evaluate(choice)
-    status: Status = "optimal" if code == pywraplp.Solver.OPTIMAL else "feasible"
-    return IlpSolution(status, choice, obj, mem, 0.0, nvars)
+    if not integer and not integral():
+        return None, False
+    if cost_bound is not None or not tie_break_memory or code != pywraplp.Solver.OPTIMAL:
+        return extract(), cost_bound is not None
+    # -- lexicographic tie-break (7): among optimal assignments take the least memory (one more solve)
+    first = extract()
+    solver.Add(objective <= solver.Objective().Value() * (1 + 1e-9) + 1e-7, "c7")
+    solver.Minimize(memory)
+    if solver.Solve() not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise AssertionError("memory tie-break lost the optimum it was given")
+    if not integer and not integral():
+        return first, False
+    return extract(), True
 
 
 # ==== exact simplifications ======================================================================

@@ -47,7 +47,7 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.layer_cost import ATTN_BWD_FACTOR
 from cost_models.memory import zero_state_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
-from cost_models.specs import ModelSpec, Precision, Recompute
+from cost_models.specs import Efficiency, ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import BF16_BYTES, Layout, shard_factor
 
@@ -490,6 +490,13 @@ def _activation_bytes(ev: _Eval) -> float:
     return total * ctx.activation_copies
 
 
+def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
+    """Share of TP traffic left on the critical path. Megatron-Core --tp-comm-overlap hides ``tp_overlap`` of
+    it behind the GEMMs it feeds, pipelined over t chunks, so at least 1/(2t) stays exposed (the rule of
+    ``cost_models.layer_cost.layer_cost``, mirrored here: it has no function of its own yet)."""
+    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t)) if t > 1 else 0.0
+
+
 def _ring_exposed_s(ring: list[Comm], compute_s: float, ctx: LayerContext) -> float:
     """The K/V ring hides under the attention core: per phase, only what exceeds the compute shows."""
     if not ring:
@@ -538,8 +545,7 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
             ev = _Eval(node, graph, ctx, tp, ep)
             compute = ev.compute_s()
             ring, tp_c, ep_c = _ring_comms(ev), _tp_comms(ev), _ep_comms(ev)
-            # Megatron-Core --tp-comm-overlap hides ``tp_overlap`` of TP traffic behind its GEMMs.
-            crit_s = exposed_s(tp_c) * (1.0 - eff.tp_overlap) + exposed_s(ep_c) + _ring_exposed_s(ring, compute, ctx)
+            crit_s = exposed_s(tp_c) * tp_exposed_fraction(t, eff) + exposed_s(ep_c) + _ring_exposed_s(ring, compute, ctx)
             params = ev.params_per_device()
             r = 1
             for a in ev.sync_axes():
