@@ -223,10 +223,12 @@ def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: It
     base = log_pred(start)
     keep = []
     for i, n in enumerate(names):
-        step = 0.02 if u0[i] < 0.98 else -0.02
-        u = u0.copy()
-        u[i] += step
-        sens = np.max(np.abs(log_pred(_with(start, names, u)) - base)) / abs(step)
+        sens = 0.0
+        for step in (-0.1, 0.1):  # probe both sides: a bound or a floor may flatten one of them
+            u = u0.copy()
+            u[i] = min(1.0, max(0.0, u[i] + step))
+            if u[i] != u0[i]:
+                sens = max(sens, float(np.max(np.abs(log_pred(_with(start, names, u)) - base))) / abs(u[i] - u0[i]))
         if sens > _SENSITIVITY_FLOOR:
             keep.append(i)
     fitted = [names[i] for i in keep]

@@ -216,8 +216,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                    + group_collective_time_s("reduce_scatter", payload, t, strides.tp, cluster))
         else:
             one = group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
-        # Megatron-Core --tp-comm-overlap (TE userbuffers) hides ``tp_overlap`` of it behind the GEMMs it feeds.
-        tp_s = n_ar * one * (1.0 - cluster.efficiency.tp_overlap)
+        # Megatron-Core --tp-comm-overlap (TE userbuffers) hides ``tp_overlap`` of it behind the GEMMs it feeds. The
+        # overlap is pipelined over t chunks (one per peer): the reduce-scatter of the last GEMM chunk has nothing
+        # left to hide behind, so at least 1/(2t) of the traffic stays exposed.
+        exposed = max(1.0 - cluster.efficiency.tp_overlap, 1.0 / (2 * t))
+        tp_s = n_ar * one * exposed
         tp_bytes = n_ar * 2.0 * (t - 1) / t * payload
     if graph.kind == "moe" and e > 1:
         # 4 all-to-alls per MoE layer per micro-batch (dispatch/combine, fwd/bwd), × imbalance ρ (§4).
