@@ -13,6 +13,8 @@ asserts on time.
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import random
 import subprocess
@@ -26,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 from autoplan.catalog import build_cluster, load_model  # noqa: E402
 from cost_models.errors import ConfigError  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
-from cost_models.specs import JobSpec  # noqa: E402
-from search.exhaustive import exhaustive_points, exhaustive_search  # noqa: E402
+from cost_models.specs import JobSpec, ParallelConfig  # noqa: E402
+from search.exhaustive import exhaustive_search, expressible_splits  # noqa: E402
+from search.space import Tally, enumerate_layouts  # noqa: E402
 
 # (key, model, gpu, gpus, seq_len, target seconds)
 CASES = [
@@ -53,29 +56,51 @@ def cli_time(model: str, gpu: str, gpus: int, seq: int) -> tuple[float, dict]:
 
 def exhaustive_time(model_name: str, gpu: str, gpus: int, seq: int, budget_s: float, sample: int,
                     best_cost: float | None) -> tuple[str, int, str]:
+    """(seconds, points, same best?) of the exhaustive search: run when under budget, else extrapolated from
+    ``sample`` points drawn uniformly (enumeration time + points × mean estimate time)."""
     model, cluster, job = load_model(model_name), build_cluster(gpu, gpus), JobSpec(seq_len=seq)
     t0 = time.perf_counter()
-    points = list(exhaustive_points(model, cluster, job))
+    layouts = list(enumerate_layouts(model, cluster, job, "megatron", {}, Tally()))
+    splits: dict[int, list] = {}
+    counts = []
+    for lay in layouts:
+        if lay.vp > 1:
+            counts.append(1)
+            continue
+        if lay.pp not in splits:
+            splits[lay.pp] = list(expressible_splits(model.num_layers, lay.pp))
+        counts.append(len(splits[lay.pp]))
+    cum = list(itertools.accumulate(counts))
+    total = cum[-1] if cum else 0
     enum_s = time.perf_counter() - t0
     rng = random.Random(0)
-    picked = rng.sample(points, min(sample, len(points)))
-    t0 = time.perf_counter()
-    for _, par in picked:
-        try:
-            estimate(model, cluster, job, par)
-        except ConfigError:
-            pass
-    per = (time.perf_counter() - t0) / max(1, len(picked))
-    predicted = enum_s + per * len(points)
+    per = 0.0
+    if total:
+        picks = [rng.randrange(total) for _ in range(min(sample, total))]
+        pars = []
+        for k in picks:
+            i = bisect.bisect_right(cum, k)
+            lay = layouts[i]
+            sp = None if lay.vp > 1 else splits[lay.pp][k - (cum[i - 1] if i else 0)]
+            extra = {} if sp is None else {"first_stage_layers": sp[0], "last_stage_layers": sp[1]}
+            pars.append(ParallelConfig(**lay.parallel_kwargs(), **extra))
+        t0 = time.perf_counter()
+        for par in pars:
+            try:
+                estimate(model, cluster, job, par)
+            except ConfigError:
+                pass
+        per = (time.perf_counter() - t0) / len(pars)
+    predicted = enum_s + per * total
     if predicted > budget_s:
-        return f"~{predicted:,.0f}", len(points), "n/a (extrapolated)"
+        return f"~{predicted:,.0f}", total, "n/a (extrapolated)"
     t0 = time.perf_counter()
     ref = exhaustive_search(model, cluster, job)
     took = time.perf_counter() - t0
     same = "n/a" if ref is None or best_cost is None else (
         "yes" if abs(ref.prediction.composite_cost - best_cost) <= 1e-9 * best_cost else
         f"NO ({ref.prediction.composite_cost:.4f} vs {best_cost:.4f})")
-    return f"{took:,.1f}", len(points), same
+    return f"{took:,.1f}", total, same
 
 
 def main() -> None:

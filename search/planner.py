@@ -78,10 +78,8 @@ def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> Paral
 
 
 def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
-    time_pre, head_t, *_ = scorer.layer_pieces(lay)
-    total = float(time_pre[-1]) + head_t
-    per_layer = time_pre[1:] - time_pre[:-1]
-    t_lb = max(total / lay.pp, float(per_layer.max()), head_t + float(per_layer.min()) if lay.pp > 1 else total)
+    total, slowest, fastest, head_t = scorer.time_summary(lay)
+    t_lb = max(total / lay.pp, slowest, head_t + fastest) if lay.pp > 1 else total
     a = schedule_alpha(lay.schedule, lay.vp)
     return a * total + (lay.m - a) * t_lb + scorer.p2p_fill_s(lay)
 

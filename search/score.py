@@ -75,6 +75,8 @@ class Scorer:
         self._inflight: dict[tuple, np.ndarray] = {}
         self._param_sums: dict[tuple, tuple[float, float, list[tuple[float, float]]]] = {}
         self.n_moe = int(self.is_moe_layer.sum())
+        self._time_summary: dict[tuple, tuple[float, float, float, float]] = {}
+        self._p2p: dict[tuple, float] = {}
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -173,9 +175,27 @@ class Scorer:
         return hit
 
     # ---- score a split exactly as estimate does ------------------------------------------------------
+    def time_summary(self, lay: Layout) -> tuple[float, float, float, float]:
+        """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, for bounds."""
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute)
+        hit = self._time_summary.get(key)
+        if hit is None:
+            time, head_t, *_ = self.layer_pieces(lay)
+            per = np.diff(time)
+            hit = (float(time[-1]) + head_t, float(per.max()), float(per.min()), head_t)
+            self._time_summary[key] = hit
+        return hit
+
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
             return 0.0
+        key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch_size)
+        hit = self._p2p.get(key)
+        if hit is None:
+            hit = self._p2p[key] = self._p2p_fill_s(lay)
+        return hit
+
+    def _p2p_fill_s(self, lay: Layout) -> float:
         act_bytes = 2.0 * lay.micro_batch_size * self.job.seq_len / lay.cp * self.model.hidden_size
         if lay.tp > 1:
             act_bytes /= lay.tp
