@@ -37,8 +37,10 @@ def test_ray_equals_local(ray_instance: None) -> None:
                                             infeasible=1)]
     on_ray = run_batch(lines, workers=2, backend="ray")
     local = run_batch(lines, workers=1)
-    assert [deterministic(r.model_dump(mode="json")) for r in on_ray] == \
-           [deterministic(r.model_dump(mode="json")) for r in local]
+    assert len(on_ray) == len(local)
+    for a, b in zip(on_ray, local):
+        assert deterministic(a.model_dump(mode="json")) == deterministic(b.model_dump(mode="json")), (a.line, a.status,
+                                                                                                    a.message)
     assert {r.status for r in on_ray} == {"ok", "invalid", "infeasible"}
 
 

@@ -55,8 +55,15 @@ def chunks_of(lines: Sequence[Line], size: int) -> list[list[Line]]:
 
 
 def default_chunk_size(num_lines: int, workers: int) -> int:
-    """Small enough that every worker gets ≥ 8 chunks (load balance), at most 16 lines (latency)."""
-    return max(1, min(16, num_lines // (8 * workers)))
+    """Small enough that every worker gets ≥ 32 chunks (load balance: a search costs 1000× an estimate),
+    at most 8 lines (a chunk's round trip is ~0.3 ms, an estimate ~1 ms)."""
+    return max(1, min(8, num_lines // (32 * workers)))
+
+
+def window(workers: int) -> int:
+    """Chunks in flight: enough that a slow chunk at the head of the line does not idle the other workers
+    while its followers wait to be written in order (answers are a few kB, so this bounds memory too)."""
+    return 64 * workers
 
 
 class LocalBackend:
@@ -83,13 +90,13 @@ class LocalBackend:
         return ProcessPoolExecutor(self.workers, initializer=_start_worker, initargs=(self.allow_files,))
 
     def _pooled(self, queue: deque[list[Line]]) -> Iterator[Answer]:
-        window = 4 * self.workers
+        limit = window(self.workers)
         inflight: deque[tuple[list[Line], Future[ChunkResult]]] = deque()
         isolate = 0  # > 0: run that many upcoming chunks alone, so a crash names its line
         pool = self._pool()
         try:
             while queue or inflight:
-                while queue and len(inflight) < (1 if isolate else window):
+                while queue and len(inflight) < (1 if isolate else limit):
                     chunk = queue.popleft()
                     inflight.append((chunk, pool.submit(_answer_chunk, chunk)))
                 chunk, fut = inflight.popleft()

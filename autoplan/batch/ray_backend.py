@@ -1,8 +1,8 @@
 """Ray backend: the same chunks as the local pool, answered by Ray actors anywhere on a Ray cluster.
 
 Each actor holds one :class:`~autoplan.api.Engine` (its caches live as long as the actor). Chunks go to
-actors round-robin with at most ``4 × workers`` in flight and come back in input order, so the output is
-the local backend's, line for line. An actor that dies is replaced; the lines it held are re-run alone on
+the least busy actor (at most two unfinished each; ``window(workers)`` in flight in all) and come back in
+input order, so the output is the local backend's, line for line. An actor that dies is replaced; the lines it held are re-run alone on
 a fresh actor, and a line that kills an actor on its own is answered ``error``.
 
 Ray is optional (``pip install 'autoplan[ray]'``). ``address`` is passed to ``ray.init`` (``"auto"``,
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autoplan.api import Engine
-from autoplan.batch.local import Answer, ChunkResult, answer_chunk, chunks_of, crashed, default_chunk_size
+from autoplan.batch.local import Answer, ChunkResult, answer_chunk, chunks_of, crashed, default_chunk_size, window
 from autoplan.batch.reader import Line
 from autoplan.errors import UserInputError
 
@@ -72,17 +72,23 @@ class RayBackend:
     def _run(self, ray: Any, queue: deque[list[Line]]) -> Iterator[Answer]:
         actor_cls = ray.remote(num_cpus=1)(_Worker)
         actors = [actor_cls.remote(self.allow_files) for _ in range(self.workers)]
-        window = 4 * self.workers
+        limit = window(self.workers)
         inflight: deque[tuple[list[Line], int, Any]] = deque()
         isolate = 0
-        turn = 0
         try:
             while queue or inflight:
-                while queue and len(inflight) < (1 if isolate else window):
+                unfinished: list[Any] = []
+                while queue and len(inflight) < (1 if isolate else limit):
+                    slot, unfinished = self._least_busy(ray, inflight, len(actors))
+                    if slot is None:
+                        break
                     chunk = queue.popleft()
-                    slot = turn % len(actors)
-                    turn += 1
                     inflight.append((chunk, slot, actors[slot].answer_chunk.remote(chunk)))
+                    unfinished = []
+                if unfinished and inflight[0][2] in unfinished:
+                    # every actor is busy and the head is not done: wait for any actor, then feed it
+                    ray.wait(unfinished, num_returns=1)
+                    continue
                 chunk, slot, ref = inflight.popleft()
                 try:
                     answers, wid, stats = ray.get(ref)
@@ -105,3 +111,18 @@ class RayBackend:
         finally:
             for a in actors:
                 ray.kill(a)
+
+    @staticmethod
+    def _least_busy(ray: Any, inflight: deque[tuple[list[Line], int, Any]], n: int) -> tuple[int | None, list[Any]]:
+        """The actor with the fewest unfinished chunks if it has fewer than 2 (one running, one queued),
+        and the unfinished chunks' refs."""
+        refs = [r for _, _, r in inflight]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        busy = [0] * n
+        unfinished = []
+        for _, slot, ref in inflight:
+            if ref not in done:
+                busy[slot] += 1
+                unfinished.append(ref)
+        slot = min(range(n), key=busy.__getitem__)
+        return (slot if busy[slot] < 2 else None), unfinished
