@@ -78,7 +78,8 @@ def explain(a: ParallelConfig, pa: Prediction, b: ParallelConfig, pb: Prediction
     elif abs(gap) < 1e-9:
         lead = "same step time as the next plan, lower composite cost"
     else:
-        lead = f"{gap:.1%} faster than the next plan ({ta:.3f} s vs {tb:.3f} s per step)"
+        pct = f"{gap:.1%}" if abs(gap) >= 1e-3 else f"{gap:.3%}"
+        lead = f"{pct} faster than the next plan ({ta:.4g} s vs {tb:.4g} s per step)"
     diff = _layout_diff(a, b, pa.dp, pb.dp)
     text = lead
     if shown:
