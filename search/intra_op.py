@@ -466,8 +466,10 @@ class LayerProblem:
 def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> LayerProblem:
     """Nodes, their strategies and the ILP data (before pruning) for one request."""
     # -- data
-    graph = layer_graph(model, req.kind, req.seq_len)
-    ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, req.recompute, req.precision, req.target,
+    graph = layer_graph(model, req.kind, req.seq_len, flash=mesh.cluster.efficiency.flash_attention)
+    # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
+    recompute = req.recompute if req.kind in ("dense", "moe") else "none"
+    ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
                        req.activation_copies, req.sequence_parallel)
     nodes = build_nodes(graph)
     strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)

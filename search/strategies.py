@@ -482,7 +482,7 @@ def _activation_bytes(ev: _Eval) -> float:
             elif s.tensor in ev.node.outputs:
                 lay = ev.layout(s.tensor, "out")
             else:
-                lay = ev.layout(ev.node.outputs[0], "out")
+                lay = ev.layout(op.inputs[0], "in")  # internal tensors (scores, fp32 logits) follow the input
             shards = 1.0
             for letter, size in zip(lay, ctx.mesh.sizes):
                 shards *= shard_factor(letter, size, ev.g)

@@ -220,20 +220,29 @@ def test_cache_hits_and_misses(llama70b, mesh_dp16_tp8) -> None:
 
 
 @pytest.mark.parametrize("degrees", [dict(dp=16, tp=8), dict(dp=4, cp=4, tp=8), dict(dp=64, tp=2)])
-@pytest.mark.parametrize("recompute", ["none", "full"])
-def test_megatron_pattern_agrees_with_uniform_layer_cost(llama70b, degrees, recompute) -> None:
-    """Differential: the ILP's Megatron choice, costed per op, against ``cost_models.layer_cost``'s closed
-    uniform-layer model (TP all-reduce counts, GEMM shapes, FlashAttention factors)."""
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("sp", [True, False])
+@pytest.mark.parametrize("kind", ["dense", "head"])
+def test_megatron_pattern_agrees_with_uniform_layer_cost(llama70b, degrees, recompute, sp, kind) -> None:
+    """Differential: the ILP's Megatron choice, costed per op, against ``cost_models``' closed uniform-layer
+    models (``layer_cost``: TP collective counts, GEMM shapes, FlashAttention factors; ``memory``: saved
+    activations, Korthikanti Table 2)."""
     from cost_models.layer_cost import layer_cost
+    from cost_models.memory import activation_bytes_per_microbatch
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig
 
     cluster = build_cluster("h100-sxm", 1024)
     mesh = LogicalMesh.from_degrees(cluster, **degrees)
-    r = solve_layer(llama70b, mesh, req(target="megatron", sequence_parallel=True, recompute=recompute))
-    par = ParallelConfig(tp=degrees["tp"], cp=degrees.get("cp", 1), sequence_parallel=True, recompute=recompute)
-    lc = layer_cost(layer_graph(llama70b, "dense", 8192), llama70b, cluster, JobSpec(seq_len=8192), par, degrees["dp"])
-    assert r.compute_s == pytest.approx(lc.forward_s + lc.backward_s + lc.recompute_s, rel=0.03)
+    r = solve_layer(llama70b, mesh, req(kind=kind, target="megatron", sequence_parallel=sp, recompute=recompute))
+    par = ParallelConfig(tp=degrees["tp"], cp=degrees.get("cp", 1), sequence_parallel=sp, recompute=recompute)
+    graph, job = layer_graph(llama70b, kind, 8192), JobSpec(seq_len=8192)
+    assert r.activation_bytes == pytest.approx(activation_bytes_per_microbatch(graph, llama70b, job, par), rel=1e-9)
+    if kind == "head":
+        return
+    lc = layer_cost(graph, llama70b, cluster, job, par, degrees["dp"])
+    # GEMMs and attention agree exactly; memory-bound kernels are costed per op here (within 5%).
+    assert r.compute_s == pytest.approx(lc.forward_s + lc.backward_s + lc.recompute_s, rel=0.05)
     tp = sum(k.time_s * k.count * (2 if recompute == "full" and k.phase == "fwd" else 1)
              for _, k in r.collectives(MeshAxis.TP) if k.phase != "step" and not k.overlapped)
     assert tp * tp_exposed_fraction(degrees["tp"], cluster.efficiency) == pytest.approx(lc.tp_s, rel=1e-6)
