@@ -181,3 +181,25 @@ def test_progress_callback_reaches_the_end() -> None:
     model, cluster, job = load_model("llama3-8b"), build_cluster("h100-sxm", 8), JobSpec()
     search(model, cluster, job, progress=lambda d, t: seen.append((d, t)))
     assert seen and seen[-1][0] == seen[-1][1]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["llama3-8b", "mixtral-8x7b", "qwen3-235b-a22b", "llama2-13b", "gpt3-175b"]),
+       st.sampled_from([("h100-sxm", 8), ("h100-sxm", 64), ("a100-80g", 256), ("gb200", 144), ("h200", 512)]),
+       st.sampled_from([2048, 8192, 32768]), st.sampled_from([256, 1024]),
+       st.sampled_from(["megatron", "torchtitan", "any"]))
+def test_catalog_models_plans_obey_constraints(name, hw, seq, batch, target) -> None:  # type: ignore[no-untyped-def]
+    model, cluster = load_model(name), build_cluster(hw[0], hw[1])
+    job = JobSpec(global_batch_size=batch, seq_len=seq)
+    try:
+        res = search(model, cluster, job, target=target, top_k=2, find_smallest_cluster=False)
+    except InfeasibleError as err:
+        assert "closest" in str(err) or "hard constraints" in str(err)
+        return
+    assert 1 <= len(res.plans) <= 2
+    for p in res.plans:
+        _check_plan_constraints(model, cluster, job, p)
+        if target == "megatron":
+            assert p.parallel.schedule != "zb-h1" and (p.parallel.zero_stage != 3 or p.parallel.pp == 1)
+        if target == "torchtitan":
+            assert p.parallel.zero_stage in (0, 3)
