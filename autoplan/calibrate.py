@@ -71,7 +71,7 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
 }
 SOFTWARE_SETTINGS = {"flash_attention"}  # Efficiency switches a run may set for itself (they are facts, not fitted)
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
-PRIOR_WEIGHT = 0.02  # residual weight of each parameter's (normalised) distance from its start value
+PRIOR_WEIGHT = 1e-3  # residual weight of each parameter's (normalised) distance from its start value
 _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter
 
 
@@ -242,7 +242,10 @@ def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: It
             r = log_pred(_with(start, fitted, u)) - meas
             return np.concatenate([r, w * (u - u_start)])
 
-        sol = _least_squares(residuals, u_start)
+        # Two starts: the start values, and the middle of every physical range (a start on a plateau — e.g.
+        # tp_overlap past the point where only the pipelining floor stays exposed — has no gradient to follow).
+        sols = [_least_squares(residuals, u0_) for u0_ in (u_start, np.full_like(u_start, 0.5))]
+        sol = min(sols, key=lambda x: float(np.sum(residuals(x) ** 2)))
         eff = _with(start, fitted, sol)
         at_bound = [n for n, x in zip(fitted, sol) if x <= 1e-3 or x >= 1 - 1e-3]
     else:
@@ -254,8 +257,8 @@ def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: It
 def _least_squares(residuals: Any, u0: np.ndarray) -> np.ndarray:
     from scipy.optimize import least_squares
 
-    sol = least_squares(residuals, u0, bounds=(0.0, 1.0), diff_step=1e-4, x_scale=1.0, xtol=1e-10, ftol=1e-12,
-                        gtol=1e-12, max_nfev=400)
+    sol = least_squares(residuals, u0, bounds=(0.0, 1.0), diff_step=1e-3, x_scale=1.0, xtol=1e-12, ftol=1e-14,
+                        gtol=1e-14, max_nfev=600)
     return np.asarray(sol.x)
 
 
