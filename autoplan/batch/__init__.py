@@ -102,25 +102,23 @@ class BatchRun:
             pass
 
     def cache_stats(self) -> dict[str, Any]:
-        """Hits and misses summed over workers, per cache (responses, resolved specs, planner)."""
-        totals: dict[str, Counter[str]] = {}
+        """Hits and misses per cache, summed over workers: ``duplicates`` (lines equal to an earlier line
+        but for the id), ``responses`` (a worker's finished responses), ``resolved`` (specs) and the planner's
+        when it reports them; ``hit_rate``: the share of lines answered from a cache instead of planned."""
+        totals: dict[str, Counter[str]] = {"duplicates": Counter(hits=self.duplicates,
+                                                                 misses=len(self.lines) - self.duplicates)}
         stats = self._engine.worker_stats if self._engine is not None else {}
         for worker in stats.values():
             for cache, counters in worker.items():
                 c = totals.setdefault(cache, Counter())
                 for k in ("hits", "misses"):
                     c[k] += int(counters.get(k, 0))
-        totals["duplicates"] = Counter(hits=self.duplicates, misses=len(self.lines) - self.duplicates)
         out: dict[str, Any] = {"workers": len(stats)}
-        all_hits = all_misses = 0
         for cache, c in sorted(totals.items()):
             n = c["hits"] + c["misses"]
             out[cache] = {"hits": c["hits"], "misses": c["misses"], "hit_rate": c["hits"] / n if n else 0.0}
-            if cache != "resolved":
-                all_hits += c["hits"]
-                all_misses += c["misses"]
-        n = all_hits + all_misses
-        out["hit_rate"] = all_hits / n if n else 0.0
+        answered = totals["duplicates"]["hits"] + totals.get("responses", Counter())["hits"]
+        out["hit_rate"] = answered / len(self.lines) if self.lines else 0.0
         return out
 
     def summary(self) -> BatchSummary:
