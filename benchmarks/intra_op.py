@@ -1,23 +1,25 @@
 """Intra-op ILP speed: solve time per (layer kind, mesh, target) and cache hit rate over a planner-like sweep.
 
 The sweep is what the outer enumeration asks for llama3-70b on 1024 H100s: every (pp, tp, cp) with
-dp = 1024 / (pp·tp·cp), micro-batch 1 or 2, recompute none/full, global batch 1024 sequences of 8192
+dp = 1024 / (pp·tp·cp) (and ep 1 or 8 inside dp for MoE models), micro-batch 1 or 2, recompute none/full, global batch 1024 sequences of 8192
 tokens; per configuration the planner asks for every layer of every stage (embedding, 80 decoder
 layers, head) with the per-layer memory budget of its stage. Identical layers hit the cache.
 Prints tables; never asserts on time.
 
-    python benchmarks/intra_op.py [--target megatron|torchtitan|any] [--quick]
+    python benchmarks/intra_op.py [--model llama3-70b] [--target megatron|torchtitan|any] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections import defaultdict
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.errors import ConfigError, InfeasibleError
+from cost_models.opgraph import layer_kinds
 from search.intra_op import IntraOpCache, IntraOpRequest, solve_layer
 from search.mesh import LogicalMesh
 
@@ -25,8 +27,9 @@ GIB = 2**30
 RESERVE_GIB = 6.0  # CUDA context, NCCL buffers, logits and fragmentation kept out of the layers' budget
 
 
-def sweep(target: str, quick: bool) -> None:
-    model = load_model("llama3-70b")
+def sweep(model_name: str, target: str, quick: bool) -> None:
+    model = load_model(model_name)
+    kinds_of = layer_kinds(model)
     cluster = build_cluster("h100-sxm", 1024)
     seq, gbs = 8192, 1024
     pps = (4, 8) if quick else (1, 2, 4, 8, 16)
@@ -36,9 +39,11 @@ def sweep(target: str, quick: bool) -> None:
     t_all = time.perf_counter()
     for pp in pps:
         for tp in (1, 2, 4, 8):
-            for cp in (1, 2, 4):
+            for cp, ep in itertools.product((1, 2, 4), (1, 8) if model.is_moe else (1,)):
                 dp = 1024 // (pp * tp * cp)
-                mesh = LogicalMesh.from_degrees(cluster, dp=dp, cp=cp, tp=tp)
+                if dp % ep or (model.is_moe and model.num_experts % ep):
+                    continue
+                mesh = LogicalMesh.from_degrees(cluster, dp=dp, cp=cp, tp=tp, ep=ep)
                 shape = "×".join(a.value for a in mesh.axes)
                 layers_per_stage = model.num_layers // pp
                 budget = (cluster.gpu.hbm_gib - RESERVE_GIB) * GIB / layers_per_stage
@@ -47,7 +52,7 @@ def sweep(target: str, quick: bool) -> None:
                         continue
                     m = gbs // (dp * mbs)
                     for recompute in ("none", "full"):
-                        kinds = ["embedding"] + ["dense"] * model.num_layers + ["head"]
+                        kinds = ["embedding", *kinds_of, "head"]
                         for kind in kinds:
                             r = IntraOpRequest(kind, seq, micro_batch_size=mbs, recompute=recompute, target=target,
                                                num_microbatches=m, activation_copies=min(pp, m),
@@ -67,7 +72,7 @@ def sweep(target: str, quick: bool) -> None:
                                 outcomes[outcome] += 1
     wall = time.perf_counter() - t_all
 
-    print(f"intra-op ILP, llama3-70b on 1024 x h100-sxm, target={target}, seq={seq}, gbs={gbs}")
+    print(f"intra-op ILP, {model_name} on 1024 x h100-sxm, target={target}, seq={seq}, gbs={gbs}")
     print(f"{'layer kind':<10} {'mesh':<6} {'axes':<10} {'solves':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8}")
     for (kind, naxes, shape), ts in sorted(times.items()):
         ts_ms = sorted(t * 1e3 for t in ts)
@@ -87,9 +92,10 @@ def sweep(target: str, quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="megatron", choices=["megatron", "torchtitan", "any"])
+    ap.add_argument("--model", default="llama3-70b", help="catalog name (MoE models add moe layers)")
     ap.add_argument("--quick", action="store_true", help="pp in (4, 8) only")
     args = ap.parse_args()
-    sweep(args.target, args.quick)
+    sweep(args.model, args.target, args.quick)
 
 
 if __name__ == "__main__":
