@@ -34,6 +34,7 @@ from search.score import Scorer, schedule_alpha, split_fields
 from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
 
 Progress = Callable[[int, int], None]
+CLOSEST_CANDIDATES = 32  # layouts (lowest memory bounds) priced exactly to name the closest miss
 
 
 class Plan(BaseModel):
@@ -134,13 +135,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     scorer = Scorer(model, cluster, job, weights)
     layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
-    closest: tuple[float, Layout] | None = None
+    misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:
         mem_lb = scorer.memory_lower_bound(lay)
         if mem_lb > scorer.limit_bytes:
             tally.cut("memory_lower_bound")
-            if closest is None or mem_lb < closest[0]:
-                closest = (mem_lb, lay)
+            misses.append((mem_lb, lay.sort_key(), lay))
             continue
         bounded.append((_time_lower_bound(lay, scorer), lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))
@@ -159,8 +159,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         evaluated += 1
         if layers is None:
             tally.cut("memory")
-            if closest is None:
-                closest = (math.inf, lay)
+            misses.append((scorer.memory_lower_bound(lay), key, lay))
             continue
         fs = scorer.score(lay, layers)
         if not fs.fits:  # the DP's memory check and the scorer agree; guard against rounding
@@ -179,7 +178,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if progress is not None:
         progress(len(bounded), len(bounded))
     if not best:
-        raise _infeasible(model, cluster, job, target, pins, closest, scorer, find_smallest_cluster, tally)
+        raise _infeasible(model, cluster, job, target, pins, misses, scorer, find_smallest_cluster, tally)
 
     finals = []
     for s in best:
@@ -199,19 +198,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
 
 # ==== infeasible jobs =================================================================================
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
-                closest: tuple[float, Layout] | None, scorer: Scorer, find_smallest: bool,
+                misses: list[tuple[float, tuple[Any, ...], Layout]], scorer: Scorer, find_smallest: bool,
                 tally: Tally) -> InfeasibleError:
-    if closest is None:
+    if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
             f"(target {target}, pins {pins or 'none'}; cut: {cut})",
             hint="relax the pins or change the global batch size / GPU count")
-    lay = closest[1]
-    tables = scorer.tables(lay)
-    par = ParallelConfig(**lay.parallel_kwargs())
-    layers = tuple(stage_layers(model, par))
-    peak = float(scorer.stage_memory(lay, layers, tables).max()) / 2**30
+    # The closest: least peak memory of the default split among the layouts with the lowest bounds.
+    misses.sort(key=lambda x: (x[0], x[1]))
+    peak, lay = min(((float(scorer.stage_memory(lay, tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs()))),
+                                                 scorer.tables(lay)).max()) / 2**30, lay)
+                     for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.gpu.hbm_gib
     msg = (f"no layout of {model.name} fits in {limit:.0f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "
            f"closest: tp={lay.tp} pp={lay.pp} cp={lay.cp} ep={lay.ep} dp={lay.dp} mbs={lay.micro_batch_size} "
