@@ -117,3 +117,52 @@ def test_files_can_be_refused(tmp_path: Path) -> None:
 def test_package_reexports() -> None:
     for name in ("search", "estimate", "run", "SearchResult", "Estimate", "json_schema", "__version__"):
         assert hasattr(autoplan, name)
+
+
+# ---- --request FILE on estimate/search --------------------------------------------------------------
+def _cli(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_estimate_request_file_equals_flags(tmp_path: Path) -> None:
+    path = tmp_path / "req.yaml"
+    path.write_text("model: llama3-70b\ncluster: {num_gpus: 1024}\njob: {global_batch_size: 512}\n"
+                    "parallel: {tp: 8, pp: 8}\n")  # kind defaults to the command's
+    code, from_file, err = _cli("estimate", "--request", str(path), "--format", "json")
+    assert code == 0, err
+    code, from_flags, _ = _cli("estimate", "--model", "llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+                               "--global-batch-size", "512", "--format", "json")
+    assert from_file == from_flags
+
+
+def test_search_request_file_equals_flags(tmp_path: Path) -> None:
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps({**SEARCH, "top": 2, "parallel": {"tp": 1}}))
+    code, from_file, err = _cli("search", "--request", str(path), "--format", "json")
+    assert code == 0, err
+    code, from_flags, _ = _cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "64",
+                               "--top", "2", "--tp", "1", "--format", "json")
+    a, b = json.loads(from_file), json.loads(from_flags)
+    a["search"].pop("wall_time_s"), b["search"].pop("wall_time_s")
+    assert a == b and len(a["plans"]) == 2
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--tp", "4"], "--request replaces --tp"),
+    (["--model", "llama3-8b"], "--request replaces --model"),
+])
+def test_request_file_and_flags_do_not_mix(tmp_path: Path, extra: list[str], needle: str) -> None:
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(EST))
+    code, _, err = _cli("estimate", "--request", str(path), *extra)
+    assert code == 2 and needle in err and err.strip().count("\n") == 0
+
+
+def test_request_file_kind_must_match_the_command(tmp_path: Path) -> None:
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(EST))
+    code, _, err = _cli("search", "--request", str(path))
+    assert code == 2 and "run `autoplan estimate --request`" in err
+    code, _, err = _cli("estimate", "--request", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read" in err

@@ -10,7 +10,7 @@ import click
 from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
-                                  model_option, user_errors)
+                                  model_option, request_from_file, request_option, user_errors)
 from autoplan.report import describe_job, describe_parallel, render_prediction
 from autoplan.schema import EstimateRequest
 from cost_models.specs import ParallelConfig
@@ -58,12 +58,17 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
 @cluster_options
 @job_options
 @parallel_options(required=True)
+@request_option
 @format_option
 @user_errors
 def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration."""
-    request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(), job=job_spec(kw).model_dump(),
-                              parallel=ParallelConfig(**pop_parallel(kw)))
+    data = request_from_file("estimate")
+    if data is not None:
+        request = EstimateRequest.model_validate(data)
+    else:
+        request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
+                                  job=job_spec(kw).model_dump(), parallel=ParallelConfig(**pop_parallel(kw)))
     result = api.estimate(request)
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))

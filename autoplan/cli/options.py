@@ -79,3 +79,50 @@ def user_errors(f: F) -> F:
             sys.exit(3)
 
     return wrapper
+
+
+# ---- --request FILE: one request (JSON/YAML, `autoplan schema request`) instead of the flags ------------
+_REQUEST_META = "autoplan.request_file"
+
+
+def _request_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Eager: with ``--request`` the flags' required values get placeholders (never used: the command
+    takes everything from the file and refuses flags given beside it)."""
+    del param
+    if value is not None:
+        ctx.meta[_REQUEST_META] = value
+        placeholders = {p.name: 1 if p.type.name in ("integer", "float") else "-"
+                        for p in ctx.command.params if p.required and p.name}
+        ctx.default_map = {**(ctx.default_map or {}), **placeholders}
+    return value
+
+
+request_option = click.option(
+    "--request", "request_file", type=click.Path(dir_okay=False), default=None, is_eager=True, expose_value=False,
+    callback=_request_given,
+    help="a request file (JSON or YAML, see `autoplan schema request`) instead of the model/cluster/job/degree flags")
+
+
+def request_from_file(kind: str, keep: tuple[str, ...] = ("fmt",)) -> dict[str, Any] | None:
+    """The ``--request`` file's mapping (``kind`` defaulting to the command's), or None without one.
+    Flags other than ``keep`` (output options) may not be given beside it."""
+    from pathlib import Path
+
+    from click.core import ParameterSource
+
+    from autoplan.catalog.spec_file import read_mapping
+    from autoplan.errors import UserInputError
+
+    ctx = click.get_current_context()
+    path = ctx.meta.get(_REQUEST_META)
+    if path is None:
+        return None
+    given = [p.opts[0] for p in ctx.command.params if p.name and p.name not in (*keep, "request_file")
+             and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE]
+    if given:
+        raise UserInputError(f"--request replaces {', '.join(given)}: give the file or the flags, not both")
+    data = read_mapping(Path(path))
+    data.setdefault("kind", kind)
+    if data["kind"] != kind:
+        raise UserInputError(f"'{path}' has kind {data['kind']!r}; run `autoplan {data['kind']} --request`")
+    return data

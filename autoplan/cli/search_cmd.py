@@ -13,7 +13,7 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
-                                  model_option, user_errors)
+                                  model_option, request_from_file, request_option, user_errors)
 from autoplan.errors import ConfigError
 from autoplan.report import describe_job, render_plan, render_search_stats
 from autoplan.schema import SearchRequest
@@ -75,6 +75,7 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
               show_default=True,
               help="framework the plan must run on: megatron (DDP/distributed optimizer, 1F1B/interleaved), "
                    "torchtitan (FSDP2/HSDP), any (also ZeRO-2, ZB-H1)")
+@request_option
 @format_option
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False), default=None,
               help="write the best plan's launch files (autoplan emit) into this directory")
@@ -87,8 +88,12 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     the rest is searched. Every number shown comes from the same model as `autoplan estimate`.
     Exit status 3 when no layout fits, with the closest one and the smallest GPU count that has a plan.
     """
-    request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(), job=job_spec(kw).model_dump(),
-                            parallel=pop_parallel(kw), top=top_k, target=target)
+    data = request_from_file("search", keep=("fmt", "emit_dir"))
+    if data is not None:
+        request = SearchRequest.model_validate(data)
+    else:
+        request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(),
+                                job=job_spec(kw).model_dump(), parallel=pop_parallel(kw), top=top_k, target=target)
     specs = api.resolve(request)
     model_spec, cluster, job = specs.model, specs.cluster, specs.job
     progress = _Progress()
@@ -96,7 +101,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
         result = api.search(request, progress=progress)
     finally:
         progress.close()
-    written = _emit(emit_dir, model_spec, cluster, job, result.plans, target) if emit_dir else []
+    written = _emit(emit_dir, model_spec, cluster, job, result.plans, request.target) if emit_dir else []
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
