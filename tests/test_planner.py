@@ -203,3 +203,30 @@ def test_catalog_models_plans_obey_constraints(name, hw, seq, batch, target) -> 
             assert p.parallel.schedule != "zb-h1" and (p.parallel.zero_stage != 3 or p.parallel.pp == 1)
         if target == "torchtitan":
             assert p.parallel.zero_stage in (0, 3)
+
+
+@pytest.mark.parametrize("name,n", [("llama3-70b", 1024), ("llama3-8b", 64)])
+def test_layer_costs_agree_with_the_intra_op_ilp_for_the_megatron_pattern(name: str, n: int) -> None:
+    """The stage DP prices a layer with cost_models.layer_cost (what estimate uses). For a dense layer
+    on each chosen plan's stage mesh, the intra-op ILP (target megatron) lands within a few percent: the
+    two are the same Megatron TP/SP pattern priced by two implementations."""
+    import numpy as np
+
+    from search.intra_op import IntraOpRequest, solve_layer
+    from search.mesh import LogicalMesh
+    from search.space import Layout
+
+    model, cluster, job = load_model(name), build_cluster("h100-sxm", n), JobSpec()
+    res = search(model, cluster, job, top_k=2)
+    scorer = Scorer(model, cluster, job)
+    for p in res.plans:
+        par, dp, m = p.parallel, p.prediction.dp, p.prediction.num_microbatches
+        lay = Layout(par.tp, par.cp, par.pp, dp, par.ep, par.micro_batch_size, m, par.recompute, par.zero_stage,
+                     par.hsdp_shard_size, par.schedule, par.vp)
+        per_layer = float(np.diff(scorer.layer_pieces(lay)[0])[0])
+        mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=par.tp, cp=par.cp, ep=par.ep)
+        ilp = solve_layer(model, mesh, IntraOpRequest(kind="dense", seq_len=job.seq_len,
+                                                      micro_batch_size=par.micro_batch_size,
+                                                      recompute=par.recompute, target="megatron",
+                                                      num_microbatches=m, sequence_parallel=True))
+        assert ilp.time_per_microbatch_s == pytest.approx(per_layer, rel=0.05)
