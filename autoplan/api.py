@@ -12,8 +12,10 @@
 :class:`~autoplan.schema.BatchLine` with a status, which is what ``autoplan batch`` writes.
 
 An :class:`Engine` holds what one process reuses across requests: resolved specs and finished responses
-(keyed by the request minus its ``id``), plus the planner's own sub-result caches. Every cache is exact —
-a hit returns what a miss would compute — so results never depend on which requests came before.
+(keyed by the request minus its ``id``; deterministic failures too). Every cache is exact — a hit returns
+what a miss would compute — so results never depend on which requests came before. (The planner's own
+per-job tables live inside one ``search.planner.search`` call; sharing them across requests needs the
+planner to accept them.)
 The module-level functions share one default engine per process.
 """
 
@@ -117,7 +119,6 @@ class Engine:
     requests from people who should not make the server read its own disk."""
     responses: LRU[str, Response] = field(init=False)
     resolved: LRU[str, Resolved] = field(init=False)
-    planner_cache: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.responses = LRU(self.max_responses)
@@ -178,12 +179,8 @@ class Engine:
                                                target=req.target))
 
     def stats(self) -> dict[str, Any]:
-        """Cache counters: responses, resolved specs and (when it reports them) the planner's caches."""
-        out: dict[str, Any] = {"responses": self.responses.stats(), "resolved": self.resolved.stats()}
-        planner = getattr(self.planner_cache, "stats", None)
-        if callable(planner):
-            out["planner"] = planner()
-        return out
+        """Cache counters: finished responses and resolved specs."""
+        return {"responses": self.responses.stats(), "resolved": self.resolved.stats()}
 
 
 def _as(request: RequestLike, cls: type[SearchRequest] | type[EstimateRequest]) -> Any:

@@ -1,7 +1,7 @@
 """Local backend: the lines in order, answered in this process (1 worker) or by a process pool.
 
-Each pool worker keeps one :class:`~autoplan.api.Engine` for its lifetime, so resolved specs, finished
-responses and the planner's intra-op solutions are reused across the requests it is given. Lines travel in
+Each pool worker keeps one :class:`~autoplan.api.Engine` for its lifetime, so resolved specs and finished
+responses are reused across the requests it is given. Lines travel in
 chunks (fewer round trips) and come back in input order; at most ``4 × workers`` chunks are in flight.
 
 A worker that dies (a crash in a native solver, the OOM killer) breaks the pool: the pool is restarted,
