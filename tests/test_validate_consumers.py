@@ -1,0 +1,132 @@
+"""The real consumers accept the emitted configs (needs the `validate` extra; skipped without it).
+
+Each case runs the frameworks' own code in a checker process: Megatron-core's TransformerConfig,
+RankGenerator and initialize_model_parallel (fake backend, full world size); torchtitan 0.3.0's
+ConfigManager, ParallelDims, build_mesh and the model's pipelining/parallelize functions on a meta
+model; torch's DeviceMesh/TP/FSDP2/pipelining for the emitted FSDP2 module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.emit import EmitPlan, emit
+from autoplan.errors import ConfigError
+from cost_models.specs import JobSpec, ParallelConfig
+
+pytestmark = pytest.mark.consumers
+
+CASES = {
+    "llama3-70b@1024 tp8 pp8": ("llama3-70b", 1024, 512, 8192, dict(tp=8, pp=8, recompute="selective")),
+    "llama3-70b@1024 tp8 pp4 vp2": ("llama3-70b", 1024, 1024, 8192, dict(tp=8, pp=4, vp=2)),
+    "llama3-405b@16384 tp8 pp16": ("llama3-405b", 16384, 2048, 8192, dict(tp=8, pp=16)),
+    "llama3-405b@16384 131k tp8 cp16 pp16": ("llama3-405b", 16384, 2048, 131072,
+                                             dict(tp=8, pp=16, cp=16, recompute="full")),
+    "mixtral-8x22b@256 tp8 pp4 ep8": ("mixtral-8x22b", 256, 256, 4096, dict(tp=8, pp=4, ep=8)),
+}
+
+
+def make(case: str) -> EmitPlan:
+    model, gpus, gbs, seq, par = CASES[case]
+    return EmitPlan(load_model(model), build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=gbs, seq_len=seq),
+                    ParallelConfig(**par))
+
+
+def report(checks) -> str:  # type: ignore[no-untyped-def]
+    return "\n".join(c.line() for c in checks)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_megatron_consumers_accept(case: str) -> None:
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("torch")
+    from autoplan.validate import run_checks
+
+    checks = run_checks(make(case), "megatron")
+    assert len(checks) == 4 and all(c.ok for c in checks), report(checks)
+    assert "identical" in checks[2].detail
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("mixtral")])
+def test_torchtitan_consumers_accept(case: str) -> None:
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("torch")
+    from autoplan.validate import run_checks
+
+    checks = run_checks(make(case), "torchtitan")
+    assert len(checks) == 5 and all(c.ok for c in checks), report(checks)
+    assert "as planned" in checks[-1].detail
+
+
+def test_torchtitan_mixtral_clear_message() -> None:
+    pytest.importorskip("torchtitan")
+    from autoplan.validate import run_checks
+
+    checks = run_checks(make("mixtral-8x22b@256 tp8 pp4 ep8"), "torchtitan")
+    assert len(checks) == 1 and not checks[0].ok
+    assert "does not ship mixtral-8x22b" in checks[0].detail and "--target megatron" in checks[0].detail
+
+
+def test_fsdp2_consumers_accept() -> None:
+    pytest.importorskip("torch")
+    from autoplan.validate import run_checks
+
+    checks = run_checks(make("llama3-70b@1024 tp8 pp4 vp2"), "fsdp2")
+    assert len(checks) == 3 and all(c.ok for c in checks), report(checks)
+
+
+def test_shipped_table_matches_torchtitan() -> None:
+    """autoplan's table of torchtitan models has the architectures torchtitan 0.3.0 really builds."""
+    pytest.importorskip("torchtitan")
+    import importlib
+
+    from autoplan.emit.torchtitan import SHIPPED
+
+    for t in SHIPPED:
+        mod = importlib.import_module(f"torchtitan.models.{t.module}")
+        mc = mod.model_registry(t.flavor).model
+        layer = mc.layers[0]
+        got = (len(mc.layers), mc.dim, layer.attention.n_heads, layer.attention.n_kv_heads,
+               layer.feed_forward.w1.out_features, mc.vocab_size, 0)
+        assert got == t.dims, t
+
+
+# ---- the consumers refuse what autoplan refuses, for the same reason -----------------------------------------
+
+def test_megatron_rejects_what_autoplan_rejects() -> None:
+    pytest.importorskip("megatron.core")
+    import torch
+    from megatron.core.transformer import TransformerConfig
+
+    p = EmitPlan(load_model("llama3-70b"), build_cluster("h100-sxm", 48), JobSpec(global_batch_size=48),
+                 ParallelConfig(tp=3))
+    with pytest.raises(ConfigError) as ours:
+        emit(p, "megatron")
+    with pytest.raises(ValueError) as theirs:
+        TransformerConfig(num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=8,
+                          tensor_model_parallel_size=3, params_dtype=torch.float32)
+    assert "num_attention_heads=64" in str(ours.value) and "tp=3" in str(ours.value)
+    assert "num_attention_heads (64)" in str(theirs.value) and "tensor_model_parallel_size (3)" in str(theirs.value)
+
+    m = load_model("llama3-70b").model_copy(update={"num_kv_heads": 4, "num_attention_heads": 64})
+    p = EmitPlan(m, build_cluster("h100-sxm", 48), JobSpec(global_batch_size=48), ParallelConfig(tp=6))
+    with pytest.raises(ConfigError, match="does not divide"):
+        emit(p, "megatron")
+    with pytest.raises(ValueError, match="num_query_groups|num_attention_heads"):
+        TransformerConfig(num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=4,
+                          tensor_model_parallel_size=6, params_dtype=torch.float32)
+
+
+def test_torchtitan_rejects_what_autoplan_rejects() -> None:
+    pytest.importorskip("torchtitan")
+    from torchtitan.config.configs import ParallelismConfig
+    from torchtitan.distributed import ParallelDims
+
+    p = EmitPlan(load_model("llama3-70b"), build_cluster("h100-sxm", 1000), JobSpec(global_batch_size=1000),
+                 ParallelConfig(tp=8, pp=3))
+    with pytest.raises(ConfigError, match=r"tp\*pp\*cp = 8\*3\*1 = 24 does not divide num_gpus=1000"):
+        emit(p, "torchtitan")
+    with pytest.raises(AssertionError, match="WORLD_SIZE"):
+        ParallelDims.from_config(ParallelismConfig(tensor_parallel_degree=8, pipeline_parallel_degree=3,
+                                                   data_parallel_shard_degree=41), 1000)
