@@ -103,7 +103,8 @@ def stage_dp(edges: StageEdges, *, n_layers: int, n_microbatches: int, inflight:
     bottleneck, _ = answer(_layer_dp(edges, all_ok, L, S, D, infl, mem_limit, "max"))
     if not np.isfinite(bottleneck):
         return None
-    t_values = np.unique(edges.cost[edges.cost >= bottleneck])
+    t_values = np.sort(edges.cost[edges.cost >= bottleneck])
+    t_values = t_values[np.concatenate([[True], t_values[1:] != t_values[:-1]])]  # distinct (np.unique imports numpy.ma)
     best = (INF, -1.0, 0, None)  # (objective, t_max, stages, F)
     for t_max in t_values:
         if m * t_max >= best[0]:
