@@ -51,3 +51,10 @@ def test_cli_ray_backend(ray_instance: None, tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["batch", str(path), "--backend", "ray", "--workers", "2", "--no-progress"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["status"] == "ok" and "cache hit rate" in r.stderr
+
+
+def test_more_workers_than_cpus_does_not_hang(ray_instance: None) -> None:
+    est = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8}}
+    reqs = [{**est, "id": f"r{i}", "job": {"global_batch_size": 8 * (i + 1)}} for i in range(6)]
+    out = run_batch(reqs, workers=5, backend="ray")  # the test's Ray instance has 2 CPUs
+    assert [r.status for r in out] == ["ok"] * 6

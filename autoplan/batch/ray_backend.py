@@ -7,7 +7,7 @@ a fresh actor, and a line that kills an actor on its own is answered ``error``.
 
 Ray is optional (``pip install 'autoplan[ray]'``). ``address`` is passed to ``ray.init`` (``"auto"``,
 ``"ray://head:10001"``); without one, a Ray runtime already started in this process is used, else a local
-one with ``workers`` CPUs is started and shut down afterwards.
+one with ``workers`` CPUs is started and shut down afterwards. At most one actor per CPU of the cluster.
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ class RayBackend:
 
     def _run(self, ray: Any, queue: deque[list[Line]]) -> Iterator[Answer]:
         actor_cls = ray.remote(num_cpus=1)(_Worker)
-        actors = [actor_cls.remote(self.allow_files) for _ in range(self.workers)]
-        limit = window(self.workers)
+        # no more actors than the cluster has CPUs: an actor that cannot be placed would hold its chunks forever
+        n = max(1, min(self.workers, int(ray.cluster_resources().get("CPU", self.workers))))
+        actors = [actor_cls.remote(self.allow_files) for _ in range(n)]
+        limit = window(n)
         inflight: deque[tuple[list[Line], int, Any]] = deque()
         isolate = 0
         try:
