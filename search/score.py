@@ -3,7 +3,7 @@
 ``cost_models.estimate.estimate`` walks every layer of every stage (memory, DP traffic); calling it for
 thousands of candidates is too slow. The pieces it adds up depend on few knobs, so they are computed once:
 
-- per-layer time (``layer_cost``) and activations per micro-batch: by ``(tp, cp, ep, mbs, recompute)``;
+- per-layer time (``layer_cost``) and activations per micro-batch: by ``(tp, cp, ep, mbs, recompute, sp)``;
 - the head's time and activations: by ``(tp, cp, mbs[, recompute])``;
 - per-layer parameters held by a rank: by ``(tp, ep)`` (as prefix sums);
 - DP/optimizer time of a split (``estimate._data_parallel``): by ``(tp, cp, ep, pp, dp, zero, hsdp, split)``.
@@ -86,12 +86,12 @@ class Scorer:
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
         """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act)."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc)
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel)
         hit = self._layer.get(key)
         if hit is not None:
             return hit
         par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=rc)  # type: ignore[arg-type]
+                             recompute=rc, sequence_parallel=lay.sequence_parallel)  # type: ignore[arg-type]
         dp = 1  # layer_cost's strides for tp/cp/ep do not depend on dp
         t_kind, a_kind = {}, {}
         for kind in ("dense", "moe"):
@@ -177,7 +177,7 @@ class Scorer:
     # ---- score a split exactly as estimate does ------------------------------------------------------
     def time_summary(self, lay: Layout) -> tuple[float, float, float, float]:
         """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, for bounds."""
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute)
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute, lay.sequence_parallel)
         hit = self._time_summary.get(key)
         if hit is None:
             time, head_t, *_ = self.layer_pieces(lay)
@@ -189,7 +189,7 @@ class Scorer:
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
             return 0.0
-        key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch_size)
+        key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch_size, lay.sequence_parallel)
         hit = self._p2p.get(key)
         if hit is None:
             hit = self._p2p[key] = self._p2p_fill_s(lay)
@@ -197,7 +197,7 @@ class Scorer:
 
     def _p2p_fill_s(self, lay: Layout) -> float:
         act_bytes = 2.0 * lay.micro_batch_size * self.job.seq_len / lay.cp * self.model.hidden_size
-        if lay.tp > 1:
+        if lay.sequence_parallel and lay.tp > 1:
             act_bytes /= lay.tp
         strides = RankStrides.megatron(lay.tp, lay.cp, lay.dp)
         return 2 * (lay.pp - 1) * group_collective_time_s("send_recv", act_bytes, 2, strides.pp, self.cluster)
@@ -236,7 +236,7 @@ class Scorer:
         if w.comm == w.compute:
             return 0.0
         par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=lay.recompute)  # type: ignore[arg-type]
+                             recompute=lay.recompute, sequence_parallel=lay.sequence_parallel)  # type: ignore[arg-type]
         slowest = int(np.argmax(stage_t))
         start = sum(layers[:slowest])
         comm = 0.0

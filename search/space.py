@@ -83,11 +83,13 @@ class Layout:
     hsdp_shard_size: int | None
     schedule: str
     vp: int
+    sequence_parallel: bool = True  # searched layouts always use SP (it only saves memory); a pin may turn it off
 
     def parallel_kwargs(self) -> dict[str, Any]:
         return dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
                     micro_batch_size=self.micro_batch_size, recompute=self.recompute, zero_stage=self.zero_stage,
-                    hsdp_shard_size=self.hsdp_shard_size, schedule=self.schedule, sequence_parallel=True)
+                    hsdp_shard_size=self.hsdp_shard_size, schedule=self.schedule,
+                    sequence_parallel=self.sequence_parallel)
 
     def sort_key(self) -> tuple[Any, ...]:
         """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no
@@ -263,7 +265,11 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                       pins: dict[str, Any], tally: Tally) -> Iterator[Layout]:
     """Every layout that passes the structural checks, in a fixed order."""
     N = cluster.num_gpus
+    sp = bool(pins.get("sequence_parallel", True))
     for tp in tp_choices(model, cluster, target, pins, tally):
+        if not sp and tp > 1 and model.is_moe:
+            tally.cut("moe_needs_sp")  # Megatron: MoE with tp > 1 needs sequence parallelism
+            continue
         for cp in cp_choices(job, N // tp, pins, tally):
             for pp in pp_choices(model, N // (tp * cp), pins, tally):
                 dp = N // (tp * cp * pp)
@@ -272,4 +278,4 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                         for rc in recompute_choices(pins, tally):
                             for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
-                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp)
+                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp, sp or tp == 1)

@@ -230,3 +230,19 @@ def test_layer_costs_agree_with_the_intra_op_ilp_for_the_megatron_pattern(name: 
                                                       recompute=par.recompute, target="megatron",
                                                       num_microbatches=m, sequence_parallel=True))
         assert ilp.time_per_microbatch_s == pytest.approx(per_layer, rel=0.05)
+
+
+def test_sequence_parallel_pin_is_priced_like_estimate() -> None:
+    model, cluster, job = load_model("llama3-8b"), build_cluster("h100-sxm", 16), JobSpec(global_batch_size=64)
+    res = search(model, cluster, job, pins={"sequence_parallel": False, "tp": 2}, top_k=2)
+    for p in res.plans:
+        assert p.parallel.sequence_parallel is False and p.parallel.tp == 2
+        _check_plan_constraints(model, cluster, job, p)
+    scorer = Scorer(model, cluster, job)
+    for lay in list(enumerate_layouts(model, cluster, job, "any", {"sequence_parallel": False}, Tally()))[::37]:
+        from search.planner import to_parallel
+
+        layers = tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,))))
+        fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers))
+        assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+        assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
