@@ -34,7 +34,7 @@ from autoplan.catalog.registry import catalog_model
 from autoplan.catalog.spec_file import describe_validation_error, read_mapping
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import cluster_record
-from autoplan.schema import (BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
+from autoplan.schema import (MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
                              SearchResult, SearchStats, Status, parse_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
@@ -98,6 +98,15 @@ def _reads_files(req: SearchRequest | EstimateRequest) -> bool:
     return isinstance(req.model, str) and catalog_model(req.model) is None
 
 
+def _bounded(model: ModelSpec) -> ModelSpec:
+    """Refuse models far beyond any real one: per-layer work is linear in layers and experts."""
+    for name, value, limit in (("num_layers", model.num_layers, MAX_NUM_LAYERS),
+                               ("num_experts", model.num_experts, MAX_NUM_EXPERTS)):
+        if value > limit:
+            raise UserInputError(f"model {name} ({value}) is above the request limit ({limit})")
+    return model
+
+
 def _path_like(text: str) -> bool:
     path = Path(text)
     return ("/" in text or "\\" in text or text.startswith("~")
@@ -135,7 +144,7 @@ class Engine:
 
         def compute() -> Resolved:
             from autoplan.catalog import load_model
-            return Resolved(load_model(req.model), req.cluster.resolve(), req.job.spec())
+            return Resolved(_bounded(load_model(req.model)), req.cluster.resolve(), req.job.spec())
         if _reads_files(req):
             return compute()
         key = json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json")],

@@ -14,8 +14,9 @@ cluster: ``h100-sxm`` with the catalog's node size, NVLink domain and NIC; ``Par
 ZeRO-1, no recompute, 1F1B). Every response carries ``version``. ``autoplan schema`` prints the JSON Schema
 of all of these (:func:`json_schema`).
 
-Sizes are bounded (``MAX_NUM_GPUS``, ``MAX_GLOBAL_BATCH_SIZE``, ``MAX_SEQ_LEN``, ``MAX_TOP``) so that no request
-can make the planner enumerate an absurd space; nothing in a request is ever executed.
+Sizes are bounded (``MAX_NUM_GPUS``, ``MAX_GLOBAL_BATCH_SIZE``, ``MAX_SEQ_LEN``, ``MAX_TOP``, and after loading
+``MAX_NUM_LAYERS``, ``MAX_NUM_EXPERTS``) so that no request can make the planner enumerate an absurd space;
+nothing in a request is ever executed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ MAX_NUM_GPUS = 1 << 20
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
 MAX_TOP = 50
+MAX_NUM_LAYERS = 4096  # a resolved model's decoder layers (checked after loading: names, files, inline specs)
+MAX_NUM_EXPERTS = 4096
 MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]

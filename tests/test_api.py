@@ -114,6 +114,15 @@ def test_files_can_be_refused(tmp_path: Path) -> None:
         closed.estimate({**EST, "model": "llama3-7b"})
 
 
+def test_absurd_models_are_refused_before_any_work() -> None:
+    spec = {"num_layers": 10**9, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
+            "num_kv_heads": 4, "vocab_size": 1000}
+    with pytest.raises(UserInputError, match=r"num_layers \(1000000000\) is above the request limit"):
+        autoplan.estimate({"model": spec, "cluster": {"num_gpus": 8}})
+    with pytest.raises(ValidationError, match="num_gpus"):
+        autoplan.search({"model": "llama3-8b", "cluster": {"num_gpus": 2**40}})
+
+
 def test_package_reexports() -> None:
     for name in ("search", "estimate", "run", "SearchResult", "Estimate", "json_schema", "__version__"):
         assert hasattr(autoplan, name)

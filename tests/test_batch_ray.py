@@ -6,12 +6,14 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
 from autoplan.batch import run_batch
 from autoplan.batch.sample import SMALL_SEARCH_POOL, mixed_requests
 from autoplan.cli import cli
+from autoplan.schema import schema_for
 
 ray = pytest.importorskip("ray", reason="Ray not installed (pip install -e '.[ray]')")
 
@@ -42,6 +44,9 @@ def test_ray_equals_local(ray_instance: None) -> None:
         assert deterministic(a.model_dump(mode="json")) == deterministic(b.model_dump(mode="json")), (a.line, a.status,
                                                                                                     a.message)
     assert {r.status for r in on_ray} == {"ok", "invalid", "infeasible"}
+    validator = jsonschema.Draft202012Validator(schema_for("batch_line"))
+    for r in on_ray:
+        validator.validate(r.model_dump(mode="json"))
 
 
 def test_cli_ray_backend(ray_instance: None, tmp_path: Path) -> None:
