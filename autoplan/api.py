@@ -34,7 +34,7 @@ from autoplan.catalog.registry import catalog_model
 from autoplan.catalog.spec_file import describe_validation_error, read_mapping
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import cluster_record
-from autoplan.schema import (MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
+from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
                              SearchResult, SearchStats, Status, parse_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
@@ -266,9 +266,9 @@ def _one_line(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def run_line(engine: Engine, data: Any, line: int, request_id: str | None = None) -> BatchLine:
+def run_line(engine: Engine, data: Any, line: int) -> BatchLine:
     """Run one parsed batch line; never raises (every outcome becomes a status)."""
-    rid = request_id if request_id is not None else _peek_id(data)
+    rid = peek_id(data)
     kind = _peek_kind(data)
     try:
         req = parse_request(data)
@@ -279,9 +279,10 @@ def run_line(engine: Engine, data: Any, line: int, request_id: str | None = None
     return BatchLine(id=req.id, line=line, kind=req.kind, status="ok", result=result)
 
 
-def _peek_id(data: Any) -> str | None:
+def peek_id(data: Any) -> str | None:
+    """The id of a parsed line, if it has a usable one (echoed even when the line is invalid)."""
     rid = data.get("id") if isinstance(data, dict) else None
-    return rid[:256] if isinstance(rid, str) else None
+    return rid[:MAX_ID_CHARS] if isinstance(rid, str) else None
 
 
 def _peek_kind(data: Any) -> Any:

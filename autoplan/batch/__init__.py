@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
+from autoplan.api import peek_id
 from autoplan.batch.local import Answer, LocalBackend
 from autoplan.batch.reader import Limits, Line, parse_json, read_lines
 from autoplan.schema import MAX_ID_CHARS, BatchLine, BatchSummary
@@ -93,7 +94,7 @@ class BatchRun:
                     kept[number] = BatchLine.model_validate_json(text)
                 yield number, status, text
                 continue
-            out = kept[rep].model_copy(update={"line": line.number, "id": _request_id(line)})
+            out = kept[rep].model_copy(update={"line": line.number, "id": peek_id(parse_json(line.text or "{}"))})
             waiting[rep] -= 1
             if not waiting[rep]:
                 del kept[rep]
@@ -143,12 +144,6 @@ def _request_key(line: Line) -> str | None:
     if rid is not None and not (isinstance(rid, str) and len(rid) <= MAX_ID_CHARS):
         return None  # a bad id makes the line invalid on its own
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def _request_id(line: Line) -> str | None:
-    data = parse_json(line.text or "{}")
-    rid = data.get("id")
-    return rid if isinstance(rid, str) else None
 
 
 def lines_from_requests(requests: Iterable[Mapping[str, Any] | str], limits: Limits = Limits()) -> list[Line]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from autoplan.api import Engine, run_line
+from autoplan.api import Engine, peek_id, run_line
 from autoplan.errors import UserInputError
 from autoplan.schema import BatchLine, Status
 
@@ -83,11 +83,9 @@ def parse_json(text: str) -> Any:
 def _lenient_id(text: str) -> str | None:
     """The id of a line refused only for NaN/Infinity (so the caller can still match the answer)."""
     try:
-        data = json.loads(text)
+        return peek_id(json.loads(text))
     except (ValueError, RecursionError):
         return None
-    rid = data.get("id") if isinstance(data, dict) else None
-    return rid[:256] if isinstance(rid, str) else None
 
 
 def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
