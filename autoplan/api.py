@@ -34,8 +34,9 @@ from autoplan.catalog.registry import catalog_model
 from autoplan.catalog.spec_file import describe_validation_error, read_mapping
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import cluster_record
-from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate, EstimateRequest, ModelRecord, Plan, SearchRequest,
-                             SearchResult, SearchStats, Status, parse_request)
+from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate,
+                             EstimateRequest, ModelRecord, Plan, SearchRequest, SearchResult, SearchStats, Status,
+                             parse_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 

@@ -2,8 +2,8 @@
 
 Each actor holds one :class:`~autoplan.api.Engine` (its caches live as long as the actor). Chunks go to
 the least busy actor (at most two unfinished each; ``window(workers)`` in flight in all) and come back in
-input order, so the output is the local backend's, line for line. An actor that dies is replaced; the lines it held are re-run alone on
-a fresh actor, and a line that kills an actor on its own is answered ``error``.
+input order, so the output is the local backend's, line for line. An actor that dies is replaced; every
+line in flight is re-run one at a time, and a line that kills an actor on its own is answered ``error``.
 
 Ray is optional (``pip install 'autoplan[ray]'``). ``address`` is passed to ``ray.init`` (``"auto"``,
 ``"ray://head:10001"``); without one, a Ray runtime already started in this process is used, else a local
