@@ -89,3 +89,17 @@ def test_help_documents_job_defaults() -> None:
     code, out, _ = _run("search", "--help")
     assert code == 0
     assert "1024 x 8192" in out and "--top" in out and "--target" in out and "--emit" in out
+
+
+def test_progress_appears_only_after_the_delay(capsys) -> None:  # type: ignore[no-untyped-def]
+    from autoplan.cli.search_cmd import _Progress
+
+    quiet = _Progress(delay_s=3600)
+    quiet(1, 10)
+    quiet.close()
+    assert capsys.readouterr().err == ""
+    loud = _Progress(delay_s=0)
+    loud(5, 10)
+    loud(10, 10)
+    loud.close()
+    assert "searching" in capsys.readouterr().err
