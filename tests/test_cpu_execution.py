@@ -22,21 +22,23 @@ def _run(plan):  # type: ignore[no-untyped-def]
     return r
 
 
-def test_fsdp2_tp_dp2_tp2_matches_one_process() -> None:
-    """dp 2 x tp 2 (sequence parallel on), ZeRO-3 fully_shard per block, 2 micro-batches per rank."""
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_fsdp2_tp_dp2_tp2_matches_one_process(recompute: str) -> None:
+    """dp 2 x tp 2 (sequence parallel on), ZeRO-3 fully_shard per block, 2 micro-batches per rank;
+    with and without the emitted selective activation recompute."""
     pytest.importorskip("torch")
     from autoplan.validate.cpu_execution import tiny_plan
 
-    p = tiny_plan(4, tp=2, global_batch_size=4, micro_batch_size=1)
+    p = tiny_plan(4, tp=2, global_batch_size=4, micro_batch_size=1, recompute=recompute)
     assert p.dp == 2 and p.parallel.sequence_parallel
     _run(p)
 
 
 def test_pipeline_1f1b_two_stages_matches_one_process() -> None:
-    """2-stage pipeline (Schedule1F1B, 4 micro-batches) on 2 processes."""
+    """2-stage pipeline (Schedule1F1B, 4 micro-batches) on 2 processes, full activation recompute."""
     pytest.importorskip("torch")
     from autoplan.validate.cpu_execution import tiny_plan
 
-    p = tiny_plan(2, pp=2, global_batch_size=4, micro_batch_size=1)
+    p = tiny_plan(2, pp=2, global_batch_size=4, micro_batch_size=1, recompute="full")
     assert p.num_microbatches == 4
     _run(p)

@@ -4,7 +4,9 @@ The emitted module (``autoplan_parallelize.py``) builds a ``DeviceMesh`` with na
 (``pp``, ``dp`` or ``dp_replicate``/``dp_shard``, ``tp``; ``tp`` innermost so a TP group is
 consecutive ranks on one node), applies the tensor-parallel plan per module FQN
 (``ColwiseParallel`` / ``RowwiseParallel`` / ``SequenceParallel``), ``fully_shard``s every block with
-the plan's ``reshard_after_forward``, and splits the model into pipeline stages scheduled with
+the plan's ``reshard_after_forward``, wraps blocks for the plan's activation recompute
+(``checkpoint_wrapper``; selective = torch's selective checkpointing keeping GEMM/attention outputs),
+and splits the model into pipeline stages scheduled with
 ``torch.distributed.pipelining``.
 
 Model convention (torchtitan's Llama layout; adapt ``FQN`` in the emitted file for other names):
@@ -153,6 +155,34 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, block_tp_plan(sp))
 
 
+def _sac_policy(ctx, op, *args, **kwargs):
+    """Selective recompute: keep matmul and attention outputs, recompute the cheap element-wise ops."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    keep = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+            torch.ops.aten._scaled_dot_product_flash_attention.default,
+            torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(model: nn.Module) -> None:
+    """Activation recompute per block: "full" recomputes the whole block in backward; "selective"
+    keeps GEMM and attention outputs (torch's selective activation checkpointing)."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    layers = getattr(model, FQN["layers"])
+    for name, block in list(layers.items()):
+        if PLAN["recompute"] == "full":
+            layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif PLAN["recompute"] == "selective":
+            layers[name] = checkpoint_wrapper(block, preserve_rng_state=False,
+                                              context_fn=partial(create_selective_checkpoint_contexts, _sac_policy))
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
     """fully_shard every block, then the root (embedding, norm and head go with the root)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
@@ -191,6 +221,8 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, loss_fn, device: torch.devic
     for part in parts:
         if PLAN["tp"] > 1:
             apply_tp(part, mesh["tp"])
+        if PLAN["recompute"] != "none":
+            apply_ac(part)
         if PLAN["dp"] > 1:
             apply_fsdp(part, dp_mesh(mesh), param_dtype)
     if pp == 1:

@@ -32,7 +32,8 @@ def tiny_model_spec() -> ModelSpec:
 
 
 def tiny_plan(num_gpus: int, *, tp: int = 1, pp: int = 1, global_batch_size: int = 4, seq_len: int = 16,
-              micro_batch_size: int = 1, zero_stage: int = 3, schedule: str = "1f1b") -> EmitPlan:
+              micro_batch_size: int = 1, zero_stage: int = 3, schedule: str = "1f1b",
+              recompute: str = "none") -> EmitPlan:
     """The tiny model planned on a ``num_gpus``-"GPU" cluster (the GPU type only names the hardware)."""
     from autoplan.catalog import build_cluster
 
@@ -40,7 +41,7 @@ def tiny_plan(num_gpus: int, *, tp: int = 1, pp: int = 1, global_batch_size: int
     return EmitPlan(model=tiny_model_spec(), cluster=cluster,
                     job=JobSpec(global_batch_size=global_batch_size, seq_len=seq_len),
                     parallel=ParallelConfig(tp=tp, pp=pp, micro_batch_size=micro_batch_size, zero_stage=zero_stage,
-                                            schedule=schedule))
+                                            schedule=schedule, recompute=recompute))
 
 
 @dataclass(frozen=True)
@@ -211,9 +212,12 @@ def worker(rank: int, world: int, port: int, work: Path) -> None:
             loss_val = float(torch.stack([x.detach() for x in losses]).mean())
         else:
             schedule.step()
-    grads = {n: _full(p.grad) for part in parts for n, p in part.named_parameters()}
+    def fqn(n: str) -> str:  # checkpoint_wrapper inserts a module level; the reference has none
+        return n.replace("_checkpoint_wrapped_module.", "")
+
+    grads = {fqn(n): _full(p.grad) for part in parts for n, p in part.named_parameters()}
     torch.optim.SGD([p for part in parts for p in part.parameters()], lr=cfg["lr"]).step()
-    params = {n: _full(p) for part in parts for n, p in part.named_parameters()}
+    params = {fqn(n): _full(p) for part in parts for n, p in part.named_parameters()}
     tp_rank = mesh.get_local_rank("tp") if tp > 1 else 0
     if dp_rank == 0 and tp_rank == 0:
         torch.save({"grads": grads, "params": params, "loss": loss_val}, work / f"rank{rank}.pt")
