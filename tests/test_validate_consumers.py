@@ -130,3 +130,21 @@ def test_torchtitan_rejects_what_autoplan_rejects() -> None:
     with pytest.raises(AssertionError, match="WORLD_SIZE"):
         ParallelDims.from_config(ParallelismConfig(tensor_parallel_degree=8, pipeline_parallel_degree=3,
                                                    data_parallel_shard_degree=41), 1000)
+
+
+def test_cli_validate_pass_and_fail_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("torchtitan")
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    r = CliRunner().invoke(cli, ["validate", "--target", "megatron", "-o", str(tmp_path / "m"), "--model", "llama3-8b",
+                                 "--gpus", "64", "--global-batch-size", "64", "--seq-len", "4096", "--tp", "8",
+                                 "--pp", "2"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count("PASS  ") == 4 and "4 of 4 checks passed" in r.stdout
+    assert (tmp_path / "m" / "megatron_args.txt").exists()
+    r = CliRunner().invoke(cli, ["validate", "--target", "torchtitan", "--model", "mixtral-8x22b", "--gpus", "256",
+                                 "--global-batch-size", "256", "--tp", "8", "--pp", "4", "--ep", "8"])
+    assert r.exit_code == 1 and "FAIL  " in r.stdout and "does not ship mixtral-8x22b" in r.stdout
