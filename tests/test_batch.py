@@ -176,7 +176,7 @@ def test_a_line_that_kills_its_worker_is_an_error_and_the_rest_succeed(monkeypat
     assert [o["line"] for o in out] == list(range(1, 13))
     assert [o["status"] for o in out] == ["ok"] * 5 + ["error"] + ["ok"] * 6
     assert "worker died" in out[5]["message"]
-    assert run._engine.restarts >= 1
+    assert run.restarts >= 1
 
 
 def test_duplicate_requests_are_planned_once() -> None:

@@ -1,7 +1,7 @@
 """Batch planning: many search/estimate requests (JSONL), answered in order, failures isolated per line.
 
     from autoplan.batch import run_batch
-    lines = list(run_batch([{"id": "a", "model": "llama3-8b", "cluster": {"num_gpus": 8}}], workers=2))
+    lines = run_batch([{"id": "a", "model": "llama3-8b", "cluster": {"num_gpus": 8}}], workers=2)
 
 Every input line gets exactly one output line with its ``id``, ``line`` number and a ``status``:
 ``ok`` (``result`` holds the response), ``infeasible`` (no plan fits), ``invalid`` (malformed or breaks a
@@ -47,15 +47,15 @@ class BatchRun:
     counts: Counter[str] = field(default_factory=Counter, init=False)
     duplicates: int = field(default=0, init=False)
     wall_s: float = field(default=0.0, init=False)
-    _engine: Any = field(default=None, init=False)
+    _backend: Any = field(default=None, init=False)
 
     def answers(self) -> Iterator[Answer]:
         if self.backend == "ray":
             from autoplan.batch.ray_backend import RayBackend
-            self._engine = RayBackend(self.workers, address=self.address, allow_files=self.allow_files,
+            self._backend = RayBackend(self.workers, address=self.address, allow_files=self.allow_files,
                                       chunk_size=self.chunk_size)
         elif self.backend == "local":
-            self._engine = LocalBackend(self.workers, allow_files=self.allow_files, chunk_size=self.chunk_size)
+            self._backend = LocalBackend(self.workers, allow_files=self.allow_files, chunk_size=self.chunk_size)
         else:
             raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
         t0 = time.perf_counter()
@@ -85,7 +85,7 @@ class BatchRun:
         self.duplicates = len(rep_of)
         waiting = Counter(rep_of.values())
         kept: dict[int, BatchLine] = {}
-        answers = self._engine.answers(unique)
+        answers = self._backend.answers(unique)
         for line in self.lines:
             rep = rep_of.get(line.number)
             if rep is None:
@@ -102,13 +102,18 @@ class BatchRun:
         for _ in answers:  # let the backend finish (collect worker stats, shut down)
             pass
 
+    @property
+    def restarts(self) -> int:
+        """Worker pools / actors replaced after a worker died."""
+        return self._backend.restarts if self._backend is not None else 0
+
     def cache_stats(self) -> dict[str, Any]:
         """Hits and misses per cache, summed over workers: ``duplicates`` (lines equal to an earlier line
         but for the id), ``responses`` (a worker's finished responses) and ``resolved`` (specs);
         ``hit_rate``: the share of lines answered from a cache instead of planned."""
         totals: dict[str, Counter[str]] = {"duplicates": Counter(hits=self.duplicates,
                                                                  misses=len(self.lines) - self.duplicates)}
-        stats = self._engine.worker_stats if self._engine is not None else {}
+        stats = self._backend.worker_stats if self._backend is not None else {}
         for worker in stats.values():
             for cache, counters in worker.items():
                 c = totals.setdefault(cache, Counter())
