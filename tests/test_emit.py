@@ -392,3 +392,27 @@ def test_cli_validate_without_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bash_available() -> None:
     assert shutil.which("bash")
+
+
+def test_check_emittable_covers_target_limits() -> None:
+    """`autoplan search --target any` relies on check_emittable to pick a target that can emit the plan."""
+    from autoplan.emit import check_emittable
+
+    p = plan(**MIXTRAL)
+    check_emittable(p, "megatron")
+    with pytest.raises(UnsupportedModelError):
+        check_emittable(p, "torchtitan")
+    with pytest.raises(ConfigError, match="expert parallelism"):
+        check_emittable(p, "fsdp2")
+
+
+def test_notes_for_what_a_target_cannot_follow() -> None:
+    e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "megatron")
+    assert any("hsdp_shard_size=8" in n for n in e.notes) and "notes:" in e.files["README.txt"]
+    e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "torchtitan")
+    f = flags(torchtitan_overrides(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3,
+                                        hsdp_shard_size=8)))
+    assert f["--parallelism.data_parallel_replicate_degree"] == "8"
+    assert f["--parallelism.data_parallel_shard_degree"] == "8" and not e.notes
+    e = emit(plan("llama3-70b", 1024, 512, tp=8, pp=8, schedule="zb-h1"), "megatron")
+    assert any("zb-h1" in n for n in e.notes)

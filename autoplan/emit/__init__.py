@@ -32,11 +32,9 @@ class Emitted:
 def emit(plan: EmitPlan, target: Target) -> Emitted:
     check_emittable(plan, target)
     if target == "megatron":
-        from autoplan.emit.megatron import megatron_files
+        from autoplan.emit import megatron
 
-        files, notes = megatron_files(plan), []
-        if plan.parallel.schedule == "zb-h1":
-            notes.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
+        files, notes = megatron.megatron_files(plan), megatron.notes(plan)
     elif target == "torchtitan":
         from autoplan.emit import torchtitan as tt
 

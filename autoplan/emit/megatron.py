@@ -179,6 +179,19 @@ def parse_megatron_args(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+def notes(plan: EmitPlan) -> list[str]:
+    par, out = plan.parallel, []
+    if par.schedule == "zb-h1":
+        out.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
+    if par.zero_stage == 3 and par.hsdp_shard_size and par.hsdp_shard_size < plan.dp * par.cp:
+        out.append(f"hsdp_shard_size={par.hsdp_shard_size}: Megatron-LM's --use-torch-fsdp2 shards over the whole "
+                   "data-parallel group (no hybrid sharding flag); emitted full sharding")
+    if par.zero_stage == 2:
+        out.append("zero_stage=2: emitted --use-distributed-optimizer (Megatron shards optimizer state and "
+                   "reduce-scatters gradients)")
+    return out
+
+
 def megatron_files(plan: EmitPlan) -> dict[str, str]:
     """``megatron_args.txt`` (one token per line), ``train_megatron_torchrun.sh`` (run on every node)
     and ``train_megatron_slurm.sbatch`` (``sbatch`` it)."""

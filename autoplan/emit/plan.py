@@ -141,3 +141,11 @@ def check_emittable(plan: EmitPlan, target: Target) -> None:
     if target == "megatron" and par.zero_stage == 3 and par.pp > 1:
         raise ConfigError(f"zero_stage=3 with pp={par.pp}: Megatron-LM's --use-torch-fsdp2 does not work with "
                           "pipeline parallelism; use zero_stage 1 (distributed optimizer) or pp=1")
+    if target == "torchtitan":
+        from autoplan.emit.torchtitan import titan_model
+
+        titan_model(plan.model)  # UnsupportedModelError for a model torchtitan does not ship
+    if target == "fsdp2":
+        from autoplan.emit.fsdp2 import check_fsdp2
+
+        check_fsdp2(plan)
