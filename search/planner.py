@@ -126,6 +126,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
+    if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
+        raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)", valid=["bf16"])
     if "tp" in pins:
         valid = tp_choices(model, cluster, target, {}, Tally())
         if pins["tp"] not in valid:
@@ -236,12 +238,17 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Targ
 
 def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
                            pins: dict[str, Any], limit: int = 65536) -> int | None:
-    """Smallest GPU count above ``cluster.num_gpus`` (node multiples: node · 2^k) with a plan."""
-    k = cluster.gpus_per_node
+    """Smallest GPU count above ``cluster.num_gpus`` with a plan, trying powers of two below one node and
+    node · 2^k above (every size a cluster of this GPU can have on the way)."""
+    node = cluster.gpus_per_node
+    sizes = [2**i for i in range(1, node.bit_length()) if 2**i < node]
+    k = node
     while k <= limit:
-        if k > cluster.num_gpus:
-            bigger = cluster.model_copy(update={"num_gpus": k})
-            if _has_plan(model, bigger, job, target, pins):
-                return k
+        sizes.append(k)
         k *= 2
+    for n in sorted(set(sizes)):
+        if n <= cluster.num_gpus:
+            continue
+        if _has_plan(model, cluster.model_copy(update={"num_gpus": n}), job, target, pins):
+            return n
     return None
