@@ -416,3 +416,19 @@ def test_notes_for_what_a_target_cannot_follow() -> None:
     assert f["--parallelism.data_parallel_shard_degree"] == "8" and not e.notes
     e = emit(plan("llama3-70b", 1024, 512, tp=8, pp=8, schedule="zb-h1"), "megatron")
     assert any("zb-h1" in n for n in e.notes)
+
+
+def test_load_plan_bad_fields(tmp_path: Path) -> None:
+    d = _plan_json(plan(**L70_PP8))
+    d["parallel"]["tp"] = 0
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(UserInputError, match="parallel: tp: .*greater than 0"):
+        load_plan(f)
+    d = _plan_json(plan(**L70_PP8))
+    del d["cluster"]["num_gpus"]
+    f.write_text(json.dumps(d))
+    with pytest.raises(UserInputError, match="num_gpus"):
+        load_plan(f)
+    code, _, err = run("emit", "--target", "megatron", "-o", str(tmp_path / "o"), "--plan", str(f))
+    assert code == 2 and "num_gpus" in err

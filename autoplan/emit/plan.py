@@ -77,6 +77,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     ``index`` picks ``plans[index]`` of a search result (default 0); it is an error for an estimate
     result, which holds a single ``"parallel"``."""
     from autoplan.catalog import build_cluster  # local: the catalog loads YAML files
+    from autoplan.catalog.spec_file import describe_validation_error
 
     model_rec = _require(data, "model", source)
     spec = model_rec.get("spec")
@@ -94,7 +95,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     except KeyError as e:
         raise UserInputError(f"plan file '{source}': \"cluster\" has no {e}") from e
     except ValidationError as e:
-        raise UserInputError(f"plan file '{source}': {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from e
+        raise UserInputError(f"plan file '{source}': {describe_validation_error(e)}") from e
 
     if "plans" in data:
         plans = _require(data, "plans", source, list)
@@ -115,8 +116,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     try:
         parallel = ParallelConfig(**par)
     except ValidationError as e:
-        raise UserInputError(f"plan file '{source}': parallel.{e.errors()[0]['loc'][0] if e.errors()[0]['loc'] else ''}"
-                             f": {e.errors()[0]['msg']}") from e
+        raise UserInputError(f"plan file '{source}': parallel: {describe_validation_error(e)}") from e
     return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel)
 
 
