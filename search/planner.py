@@ -30,6 +30,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.validate import stage_layers
 from search.explain import explain
 from search.inter_op import best_split
+from search.intra_check import intra_op_note
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
 
@@ -118,11 +119,13 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
-           progress: Progress | None = None, find_smallest_cluster: bool = True) -> SearchResult:
+           progress: Progress | None = None, find_smallest_cluster: bool = True,
+           intra_op_check: bool = False) -> SearchResult:
     """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
 
     Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
-    it missed, the hint the smallest GPU count (same GPU) that has a plan."""
+    it missed, the hint the smallest GPU count (same GPU) that has a plan. ``intra_op_check`` appends the
+    intra-op ILP's verdict on each plan's stage mesh to its explanation (``search.intra_check``)."""
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
@@ -190,9 +193,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             finals.append((pred.composite_cost, s.key, par, pred))
     finals.sort(key=lambda x: (x[0], x[1]))
     plans = []
+    ilp_cache = None
+    if intra_op_check:
+        from search.intra_op import IntraOpCache
+
+        ilp_cache = IntraOpCache()
     for i, (_, _, par, pred) in enumerate(finals[:top_k]):
         nxt = finals[i + 1] if i + 1 < len(finals) else None
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
+        if ilp_cache is not None:
+            text += " " + intra_op_note(model, cluster, job, par, pred, target, ilp_cache)
         plans.append(Plan(rank=i + 1, parallel=par, prediction=pred, explanation=text))
     return SearchResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
                         wall_time_s=time.perf_counter() - t0, target=target)

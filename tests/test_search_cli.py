@@ -103,3 +103,10 @@ def test_progress_appears_only_after_the_delay(capsys) -> None:  # type: ignore[
     loud(10, 10)
     loud.close()
     assert "searching" in capsys.readouterr().err
+
+
+def test_intra_op_check_appends_the_ilp_verdict() -> None:
+    code, out, _ = _run(*SMALL, "--top", "1", "--format", "json", "--intra-op-check")
+    assert code == 0, out
+    text = json.loads(out)["plans"][0]["explanation"]
+    assert "Intra-op check on" in text and "by the ILP (megatron" in text and "in the cost model" in text
