@@ -202,8 +202,11 @@ def relative_errors(runs: Sequence[ResolvedRun], eff: Efficiency | None = None) 
 
 
 def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: Iterable[str] = DEFAULT_FIT_FIELDS,
-        *, prior_weight: float = PRIOR_WEIGHT) -> FitResult:
-    """Least-squares fit of ``fields`` of the runs' efficiency (all runs must share one GPU generation)."""
+        *, prior_weight: float = PRIOR_WEIGHT, warm: Efficiency | None = None) -> FitResult:
+    """Least-squares fit of ``fields`` of the runs' efficiency (all runs must share one GPU generation).
+
+    ``start`` is the prior's centre and the first starting point (default: the runs' own efficiency);
+    ``warm`` (a previous fit of nearly the same runs) replaces both starting points with one."""
     if not runs:
         raise UserInputError("no runs to fit")
     gens = {r.cluster.gpu.generation for r in runs}
@@ -244,7 +247,8 @@ def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: It
 
         # Two starts: the start values, and the middle of every physical range (a start on a plateau — e.g.
         # tp_overlap past the point where only the pipelining floor stays exposed — has no gradient to follow).
-        sols = [_least_squares(residuals, u0_) for u0_ in (u_start, np.full_like(u_start, 0.5))]
+        inits = (u_start, np.full_like(u_start, 0.5)) if warm is None else (_to_unit(warm, fitted),)
+        sols = [_least_squares(residuals, u0_) for u0_ in inits]
         sol = min(sols, key=lambda x: float(np.sum(residuals(x) ** 2)))
         eff = _with(start, fitted, sol)
         at_bound = [n for n, x in zip(fitted, sol) if x <= 1e-3 or x >= 1 - 1e-3]
@@ -266,10 +270,11 @@ def leave_one_out(runs: Sequence[ResolvedRun], start: Efficiency | None = None,
                   fields: Iterable[str] = DEFAULT_FIT_FIELDS, *, prior_weight: float = PRIOR_WEIGHT) -> list[float]:
     """For each run: fit on the others, predict it; signed relative errors in run order."""
     fields = tuple(fields)
+    full = fit(runs, start, fields, prior_weight=prior_weight)  # warm start for each refit
     out = []
     for i, run in enumerate(runs):
         rest = [r for j, r in enumerate(runs) if j != i]
-        res = fit(rest, start, fields, prior_weight=prior_weight) if rest else None
+        res = fit(rest, start, fields, prior_weight=prior_weight, warm=full.efficiency) if rest else None
         eff = res.efficiency if res else start
         out.append(run.predict(eff) / run.measured_step_time_s - 1.0)
     return out

@@ -183,9 +183,11 @@ def svg_scatter(rows: list[Row], title: str = "autoplan: predicted vs measured s
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
            f'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
            f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="15">{title}</text>']
-    band = [(lo, lo * 1.1), (hi, hi * 1.1), (hi, hi * 0.9), (lo, lo * 0.9)]
-    pts = " ".join(f"{px(x):.1f},{py(min(max(y, lo), hi)):.1f}" for x, y in band)
-    out.append(f'<polygon points="{pts}" fill="#cccccc" fill-opacity="0.45" stroke="none"/>')
+    out.append(f'<clipPath id="plot"><rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}"/>'
+               '</clipPath>')
+    band = [(lo, lo * 1.1), (hi, hi * 1.1), (hi, hi * 0.9), (lo, lo * 0.9)]  # 0.9 ≤ predicted / measured ≤ 1.1
+    pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in band)
+    out.append(f'<polygon points="{pts}" fill="#cccccc" fill-opacity="0.45" stroke="none" clip-path="url(#plot)"/>')
     out.append(f'<line x1="{px(lo):.1f}" y1="{py(lo):.1f}" x2="{px(hi):.1f}" y2="{py(hi):.1f}" stroke="#444" '
                f'stroke-dasharray="4 3"/>')
     out.append(f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#000"/>')
