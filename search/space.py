@@ -227,9 +227,10 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
         out = [("1f1b", 1)]
     else:
         out = []
-        for sched in SCHEDULES[target] + (("zb-h1",) if pins.get("schedule") == "zb-h1" else ()):
-            if sched in out_names(out) and sched != "interleaved":
-                continue
+        schedules = list(SCHEDULES[target])
+        if pins.get("schedule") == "zb-h1" and "zb-h1" not in schedules:
+            schedules.append("zb-h1")  # pinned: searched whatever the target
+        for sched in schedules:
             if sched != "interleaved":
                 out.append((sched, 1))
                 continue
@@ -251,10 +252,6 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
         tally.cut("pin", len(out) - len(kept))
         out = kept
     return out
-
-
-def out_names(pairs: list[tuple[str, int]]) -> set[str]:
-    return {s for s, _ in pairs}
 
 
 def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
