@@ -432,3 +432,22 @@ def test_load_plan_bad_fields(tmp_path: Path) -> None:
         load_plan(f)
     code, _, err = run("emit", "--target", "megatron", "-o", str(tmp_path / "o"), "--plan", str(f))
     assert code == 2 and "num_gpus" in err
+
+
+def test_torchtitan_script_keeps_subcommand_last(tmp_path: Path) -> None:
+    """EXTRA_ARGS go before `activation_checkpoint:...` (tyro needs the subcommand last)."""
+    p = plan(**L405)
+    write_plan(p, "torchtitan", tmp_path / "o")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT\"\n"
+                                      "printf '%s' \"$PYTHONPATH\" > \"$ARGS_OUT.pp\"\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ARGS_OUT": str(tmp_path / "argv"),
+           "EXTRA_ARGS": "--dataloader.dataset c4_test"}
+    subprocess.run(["bash", str(tmp_path / "o" / "train_torchtitan_torchrun.sh")], check=True, env=env, timeout=30)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    i = argv.index("torchtitan.train")
+    over = torchtitan_overrides(p)
+    assert argv[i - 1] == "-m" and argv[i + 1:] == over[:-1] + ["--dataloader.dataset", "c4_test", over[-1]]
+    assert str((tmp_path / "o").resolve()) in (tmp_path / "argv.pp").read_text().split(":")

@@ -27,17 +27,29 @@ CASES = {
 }
 
 
+# Megatron only: fp8, MLA + shared experts + dense-first layers, uneven explicit stages.
+MEGATRON_ONLY = {
+    "llama3-70b@1024 fp8 tp8 pp4 vp2": ("llama3-70b", 1024, 1024, 8192, dict(tp=8, pp=4, vp=2), "fp8"),
+    "deepseek-v3@2048 tp8 pp8 ep32 first5 last2": ("deepseek-v3", 2048, 2048, 4096,
+                                                  dict(tp=8, pp=8, ep=32, first_stage_layers=5,
+                                                       last_stage_layers=2), "bf16"),
+}
+
+
 def make(case: str) -> EmitPlan:
-    model, gpus, gbs, seq, par = CASES[case]
-    return EmitPlan(load_model(model), build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=gbs, seq_len=seq),
-                    ParallelConfig(**par))
+    if case in MEGATRON_ONLY:
+        model, gpus, gbs, seq, par, precision = MEGATRON_ONLY[case]
+    else:
+        (model, gpus, gbs, seq, par), precision = CASES[case], "bf16"
+    return EmitPlan(load_model(model), build_cluster("h100-sxm", gpus),
+                    JobSpec(global_batch_size=gbs, seq_len=seq, precision=precision), ParallelConfig(**par))
 
 
 def report(checks) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(c.line() for c in checks)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CASES) + list(MEGATRON_ONLY))
 def test_megatron_consumers_accept(case: str) -> None:
     pytest.importorskip("megatron.core")
     pytest.importorskip("torch")
