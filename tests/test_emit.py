@@ -451,3 +451,14 @@ def test_torchtitan_script_keeps_subcommand_last(tmp_path: Path) -> None:
     over = torchtitan_overrides(p)
     assert argv[i - 1] == "-m" and argv[i + 1:] == over[:-1] + ["--dataloader.dataset", "c4_test", over[-1]]
     assert str((tmp_path / "o").resolve()) in (tmp_path / "argv.pp").read_text().split(":")
+
+
+def test_torchtitan_flavor_without_config_function() -> None:
+    """torchtitan 0.3.0 ships Qwen3 235B-A22B as a flavor only: a config module starts from qwen3_30b_a3b."""
+    p = plan("qwen3-235b-a22b", 512, 1024, seq=4096, tp=4, pp=4, ep=32)
+    e = emit(p, "torchtitan")
+    text = e.files[f"{CONFIG_MODULE}.py"]
+    compile(text, CONFIG_MODULE, "exec")
+    assert "qwen3_30b_a3b as _base" in text and "model_registry('235B-A22B')" in text
+    f = flags(torchtitan_overrides(p))
+    assert f["--parallelism.expert_parallel_degree"] == "32" and f["--module"] == CONFIG_MODULE

@@ -24,6 +24,7 @@ CASES = {
     "llama3-405b@16384 131k tp8 cp16 pp16": ("llama3-405b", 16384, 2048, 131072,
                                              dict(tp=8, pp=16, cp=16, recompute="full")),
     "mixtral-8x22b@256 tp8 pp4 ep8": ("mixtral-8x22b", 256, 256, 4096, dict(tp=8, pp=4, ep=8)),
+    "qwen3-235b-a22b@512 tp4 pp4 ep32": ("qwen3-235b-a22b", 512, 1024, 4096, dict(tp=4, pp=4, ep=32)),
 }
 
 
@@ -98,10 +99,14 @@ def test_shipped_table_matches_torchtitan() -> None:
     for t in SHIPPED:
         mod = importlib.import_module(f"torchtitan.models.{t.module}")
         mc = mod.model_registry(t.flavor).model
-        layer = mc.layers[0]
-        got = (len(mc.layers), mc.dim, layer.attention.n_heads, layer.attention.n_kv_heads,
-               layer.feed_forward.w1.out_features, mc.vocab_size, 0)
-        assert got == t.dims, t
+        layer = mc.layers[-1]
+        experts = layer.moe.num_experts if getattr(layer, "moe", None) is not None else 0
+        got = (len(mc.layers), mc.dim, layer.attention.n_heads, layer.attention.n_kv_heads, mc.vocab_size, experts)
+        want = t.dims[:4] + t.dims[5:]
+        assert got == want, t
+        if t.config_fn:
+            assert callable(getattr(importlib.import_module(f"torchtitan.models.{t.module}.config_registry"),
+                                    t.config_fn))
 
 
 # ---- the consumers refuse what autoplan refuses, for the same reason -----------------------------------------

@@ -77,15 +77,26 @@ def _mesh(plan: EmitPlan, pd: Any) -> str:
 
 def _architecture(plan: EmitPlan, cfg: Any) -> str:
     mc = cfg.model_spec.model
-    layer = mc.layers[0]
-    got = (len(mc.layers), mc.dim, layer.attention.n_heads, layer.attention.n_kv_heads or layer.attention.n_heads,
-           layer.feed_forward.w1.out_features, mc.vocab_size)
+    layer = mc.layers[-1]
+    att = layer.attention
     m = plan.model
-    want = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size)
+    names = ["layers", "dim", "heads", "kv_heads", "head_dim", "vocab"]
+    got = [len(mc.layers), mc.dim, att.n_heads, att.n_kv_heads or att.n_heads, att.head_dim or mc.dim // att.n_heads,
+           mc.vocab_size]
+    want = [m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim_resolved, m.vocab_size]
+    if getattr(layer, "moe", None) is not None:
+        moe = layer.moe
+        names += ["experts", "top_k", "expert_ffn"]
+        got += [moe.num_experts, moe.router.top_k, moe.routed_experts.inner_experts.hidden_dim]
+        want += [m.num_experts, m.moe_top_k, m.expert_ffn_hidden_size]
+    else:
+        names.append("ffn")
+        got.append(layer.feed_forward.w1.out_features)
+        want.append(m.ffn_hidden_size)
     if got != want:
-        raise AssertionError(f"torchtitan {cfg.model_spec.name} {cfg.model_spec.flavor} has (layers, dim, heads, "
-                             f"kv_heads, ffn, vocab) {got}, the plan {want}")
-    return f"{cfg.model_spec.name} {cfg.model_spec.flavor}: (layers, dim, heads, kv, ffn, vocab) = {got}"
+        raise AssertionError(f"torchtitan {cfg.model_spec.name} {cfg.model_spec.flavor} has ({', '.join(names)}) "
+                             f"{tuple(got)}, the plan {tuple(want)}")
+    return f"{cfg.model_spec.name} {cfg.model_spec.flavor}: ({', '.join(names)}) = {tuple(got)}"
 
 
 def _apply(plan: EmitPlan, cfg: Any, pd: Any, out: Path) -> str:
