@@ -129,3 +129,14 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
     loo = [abs(r.loo_error) for r in rows]
     assert sum(loo) / len(loo) <= 0.08
     assert max(loo) <= 0.20
+
+
+def test_memory_comparison_runs() -> None:
+    """Published peak memory (torchtitan, reserved) vs the model: reported by fidelity.py, not a target (the gaps
+    are torchtitan's loss transient and unsharded PP stages, listed in published_memory.json 'not_modelled')."""
+    rows = fidelity.memory_rows()
+    assert len(rows) == 10
+    for _, measured, predicted, parts in rows:
+        assert 0 < predicted < 2 * measured
+        assert parts["total"] == pytest.approx(predicted)
+    assert "| MAPE |" in fidelity.render_memory(rows)
