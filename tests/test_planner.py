@@ -246,3 +246,20 @@ def test_sequence_parallel_pin_is_priced_like_estimate() -> None:
         fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers))
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+
+
+def test_explanation_parts_add_up_to_the_step_and_name_the_differences() -> None:
+    from search.explain import explain, step_parts
+
+    model, cluster, job = load_model("llama3-70b"), build_cluster("h100-sxm", 1024), JobSpec()
+    res = search(model, cluster, job, top_k=3)
+    for p in res.plans:
+        assert sum(step_parts(p.prediction).values()) == pytest.approx(p.prediction.step_time_s, rel=1e-9)
+    a, b = res.plans[0], res.plans[1]
+    text = explain(a.parallel, a.prediction, b.parallel, b.prediction, cluster)
+    assert text == a.explanation
+    assert f"{a.prediction.step_time_s:.4g} s vs {b.prediction.step_time_s:.4g} s" in text
+    for field in ("tp", "pp", "cp", "zero", "vp"):
+        if getattr(a.parallel, {"zero": "zero_stage"}.get(field, field)) != getattr(
+                b.parallel, {"zero": "zero_stage"}.get(field, field)):
+            assert f"{field} " in text.split("layouts differ in")[1]
