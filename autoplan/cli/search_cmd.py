@@ -84,8 +84,8 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
               show_default=True,
-              help="framework the plan must run on: megatron (DDP/distributed optimizer, 1F1B/interleaved), "
-                   "torchtitan (FSDP2/HSDP), any (also ZeRO-2, ZB-H1)")
+              help="framework the plan must run on: megatron (DDP, distributed optimizer, FSDP2 without PP; "
+                   "1F1B/interleaved), torchtitan (FSDP2/HSDP or DDP), any (also ZeRO-2, ZB-H1)")
 @request_option
 @format_option
 @click.option("--intra-op-check", is_flag=True, default=False,
