@@ -206,7 +206,7 @@ class Scorer:
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers)
         hit = self._dp.get(key)
         if hit is None:
-            par = self._par(lay, **_split_fields(layers, lay.vp))
+            par = self._par(lay, **split_fields(layers, lay.vp))
             hit = _data_parallel(self.model, self.cluster, par, list(layers), lay.dp,
                                  RankStrides.megatron(lay.tp, lay.cp, lay.dp))
             self._dp[key] = hit
@@ -292,12 +292,9 @@ class Scorer:
         return max(mean, first)
 
 
-def _split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
+def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
     """ParallelConfig fields that make ``stage_layers`` return ``layers``."""
     if len(layers) == 1 or vp > 1:
         return {}
     return {"first_stage_layers": layers[0], "last_stage_layers": layers[-1]}
 
-
-def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
-    return _split_fields(layers, vp)
