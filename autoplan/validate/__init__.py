@@ -59,6 +59,14 @@ def missing_extra(target: Target) -> list[str]:
     return [m for m in NEEDS[target] if not _importable(m)]
 
 
+def child_env() -> dict[str, str]:
+    """The environment for checker/worker processes: this autoplan importable even when not installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def plan_to_json(plan: EmitPlan) -> dict:
     return {"model": plan.model.model_dump(mode="json"), "cluster": plan.cluster.model_dump(mode="json"),
             "job": plan.job.model_dump(mode="json"), "parallel": plan.parallel.model_dump(mode="json")}
@@ -75,8 +83,7 @@ def run_checks(plan: EmitPlan, target: Target, emitted_dir: str | Path | None = 
             return [Check(f"{target}: autoplan can emit this plan", False, str(e))]
         spec = Path(tmp) / "plan.json"
         spec.write_text(json.dumps(plan_to_json(plan)))
-        env = dict(os.environ)
-        env.setdefault("TORCHTITAN_LOG_LEVEL", "WARNING")
+        env = child_env()
         cmd = [sys.executable, "-m", "autoplan.validate.worker", target, str(spec), str(out)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp)

@@ -106,7 +106,9 @@ def execute(plan: EmitPlan, timeout_s: float = 180, workdir: str | Path | None =
         torch.save({"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}, work / "data.pt")
         (work / "config.json").write_text(json.dumps({"dims": dims, "lr": LR}))
         port = _free_port()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+        from autoplan.validate import child_env
+
+        env = {**child_env(), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
         t0 = time.time()
         procs = [subprocess.Popen([sys.executable, "-m", "autoplan.validate.cpu_execution", "worker", str(r),
                                    str(world), str(port), str(work)],
