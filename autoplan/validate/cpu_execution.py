@@ -108,7 +108,9 @@ def execute(plan: EmitPlan, timeout_s: float = 180, workdir: str | Path | None =
         port = _free_port()
         from autoplan.validate import child_env
 
-        env = {**child_env(), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+        env = {**child_env(), "OMP_NUM_THREADS": "1"}
+        if "GLOO_SOCKET_IFNAME" not in env and Path("/sys/class/net/lo").exists():
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on loopback
         t0 = time.time()
         procs = [subprocess.Popen([sys.executable, "-m", "autoplan.validate.cpu_execution", "worker", str(r),
                                    str(world), str(port), str(work)],
