@@ -331,7 +331,7 @@ def torchtitan_files(plan: EmitPlan) -> dict[str, str]:
     header = script_header(plan, f"torchtitan {TORCHTITAN_03}", extra=[
         "torchtitan builds its mesh as [pp, dp_replicate, dp_shard, cp, tp]; tp is innermost, so each TP",
         f"group of {plan.parallel.tp} consecutive ranks sits inside one node.",
-        "Set HF_ASSETS_PATH / dataset flags in EXTRA_ARGS as your torchtitan setup needs.",
+        "Put --hf_assets_path / --dataloader.* flags for your setup in EXTRA_ARGS.",
     ])
     body = bash_array("TITAN_ARGS", args)
     env = {}
