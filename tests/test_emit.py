@@ -88,7 +88,7 @@ def test_megatron_long_context_and_full_recompute() -> None:
 def test_megatron_moe() -> None:
     f = flags(megatron_args(plan(**MIXTRAL)))
     assert f["--num-experts"] == "8" and f["--moe-router-topk"] == "2" and f["--moe-ffn-hidden-size"] == "16384"
-    assert f["--expert-model-parallel-size"] == "8" and f["--expert-tensor-parallel-size"] == "8"
+    assert f["--expert-model-parallel-size"] == "8" and f["--expert-tensor-parallel-size"] == "1"
     assert "--moe-layer-freq" not in f
 
 

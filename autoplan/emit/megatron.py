@@ -22,8 +22,10 @@ ENTRYPOINT = "pretrain_gpt.py"
 
 
 def _expert_tp(plan: EmitPlan) -> int:
-    """Experts keep the dense TP degree (EP folds inside dp*cp, COST_MODEL.md): etp = tp."""
-    return plan.parallel.tp
+    """Routed experts run with expert-TP 1, as the cost model prices them (tokens, not expert weights, split
+    across the TP ranks); Megatron's MoE parallel folding re-cuts the tp*cp*dp ranks as ep x edp."""
+    del plan
+    return 1
 
 
 def megatron_args(plan: EmitPlan) -> list[str]:
