@@ -119,6 +119,8 @@ def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpe
             w = per_rank(op.inputs[0])
             fwd, bwd = fwd + NORM_BYTES[0] * w, bwd + NORM_BYTES[1] * w
         elif op.kind == "elementwise" and op.name == "rotary":
+            if model is not None and model.learned_position_embeddings:
+                continue  # absolute positions are added once at the embedding: no rotary kernel
             w = sum(per_rank(x) for x in op.inputs)
             fwd, bwd = fwd + ROTARY_BYTES[0] * w, bwd + ROTARY_BYTES[1] * w
         elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
@@ -139,7 +141,7 @@ def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpe
             fwd, bwd = fwd + LOSS_BYTES[0] / 2 * w, bwd + LOSS_BYTES[1] / 2 * w  # per element, not per byte
         if fp8 and op.kind in ("matmul", "experts"):
             k, n = _local_widths(op, graph, t)
-            scale = tf / (t if sp else 1) * t if op.kind == "experts" else 1.0  # routed copies on this rank
+            scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
             prod = producers.get(op.inputs[0])
             if prod is None or prod.kind != "norm":
                 fwd += FP8_CAST_BYTES * k * scale
