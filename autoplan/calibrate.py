@@ -67,7 +67,8 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "memory_bound_fraction": (0.0, 0.5),
     "hbm_bus": (0.30, 0.95),
     "moe_imbalance": (1.0, 3.0),
-    "step_overhead_s": (0.0, 1.0),
+    # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
+    "nvls_bus": (0.5, 1.5),
 }
 SOFTWARE_SETTINGS = {"flash_attention"}  # Efficiency switches a run may set for itself (they are facts, not fitted)
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")

@@ -165,3 +165,14 @@ def test_measured_run_matches_estimate_inputs(synthetic_lines: list[dict]) -> No
                       JobSpec(global_batch_size=128, seq_len=8192, precision="bf16"),
                       ParallelConfig(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True, zero_stage=1))
     assert run.predict() == pytest.approx(direct.step_time_s, rel=1e-12)
+
+
+def test_every_fittable_parameter_is_an_efficiency_field() -> None:
+    from cost_models.specs import Efficiency
+
+    assert set(PHYSICAL_BOUNDS) <= set(Efficiency.model_fields)
+    for name, (lo, hi) in PHYSICAL_BOUNDS.items():
+        assert lo < hi, name
+    for gen, eff in efficiency_catalog().items():
+        for name, (lo, hi) in PHYSICAL_BOUNDS.items():
+            assert lo <= getattr(eff, name) <= hi or name == "nvls_bus" and getattr(eff, name) == 0.0, (gen, name)
