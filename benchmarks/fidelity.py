@@ -14,6 +14,23 @@ generation, the mean absolute percentage error (MAPE), the worst case, and the l
 
 The scatter plot is a hand-written SVG (no plotting dependency): predicted vs measured step time, log-log,
 with the ±10% band.
+
+What the model needs to get these right (all in ``cost_models``, each parameter per GPU generation in
+``autoplan/catalog/gpus.yaml``, marked [fit] / [meas] / [prior] there):
+
+- GEMMs: a saturation curve per dimension (``gemm_max``, ``gemm_half_dim``) under the HBM roofline; fp8 speeds
+  GEMMs only (``fp8_gemm_speedup``) and adds Transformer Engine's cast traffic.
+- Memory-bound kernels (norms, residual adds, activations, rotary, the fp32 loss, fp8 casts) by their HBM bytes
+  at ``hbm_bus`` of the datasheet bandwidth: they are what makes small-``h`` models (1.7B, 8B) slower per FLOP.
+- Attention: fused (``attention`` of peak on causal FLOPs), or — for the 2021 SC'21 runs, a documented software
+  fact of those runs — Megatron's unfused path, whose s×s score traffic dominates small-``h`` layers.
+- Collectives: ring α-β at nccl-tests bus bandwidth (``link_bus``, ``nic_bus``), NVLS all-reduce (``nvls_bus``),
+  hierarchical across nodes; TP traffic partly hidden (``tp_overlap``, at least 1/(2t) exposed), DP traffic hidden
+  under backward but for its tail (``dp_overlap``); pipeline bubbles per schedule with uneven stages.
+
+The catalog's [fit] values are ``--fit``'s output: pure bounded least squares on log step time over all runs of
+a generation, the same fit ``autoplan calibrate`` runs (``test_fidelity.py`` checks the catalog is its fixed
+point).
 """
 
 from __future__ import annotations
@@ -38,8 +55,6 @@ from cost_models.estimate import estimate  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = ROOT.parent / "shared" / "calibration" / "published_runs.json"
-GENERATION = {"a100-80g": "ampere", "a100-40g": "ampere", "h100-sxm": "hopper", "h800": "hopper", "h200": "hopper",
-              "b200": "blackwell", "gb200": "blackwell"}
 
 
 def data_path() -> Path:
@@ -121,7 +136,7 @@ def evaluate(with_loo: bool = True) -> list[Row]:
     rows = []
     for case, run in runs:
         pred = estimate(run.model, run.cluster_with(), run.job, run.parallel)
-        rows.append(Row(case["id"], case["group"], GENERATION[run.cluster.gpu.name], run.measured_step_time_s,
+        rows.append(Row(case["id"], case["group"], run.cluster.gpu.generation, run.measured_step_time_s,
                         pred.step_time_s, _measured_mfu(case, pred.mfu, pred.step_time_s), pred.mfu))
     if with_loo:
         by_gen: dict[str, list[int]] = defaultdict(list)
@@ -253,7 +268,7 @@ def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS, prior_weight: floa
     runs = published_runs()
     by_gen: dict[str, list[ResolvedRun]] = defaultdict(list)
     for _, r in runs:
-        by_gen[GENERATION[r.cluster.gpu.name]].append(r)
+        by_gen[r.cluster.gpu.generation].append(r)
     out = {}
     for gen, rs in by_gen.items():
         res = fit(rs, efficiency_catalog()[gen], fields, prior_weight=prior_weight)
