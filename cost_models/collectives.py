@@ -118,14 +118,17 @@ def group_collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, 
 class RankStrides:
     """Rank strides of each parallel dimension in Megatron's order ``tp-cp-ep-dp-pp`` (tp fastest).
 
-    EP folds inside dp·cp: an expert group of ``ep`` ranks starts at stride tp (through cp, then dp)."""
+    Routed experts run with expert-TP 1, so Megatron's MoE parallel folding lays the expert groups out
+    as ``ep-edp`` over the same ``tp·cp·dp`` ranks: an EP group is ``ep`` consecutive ranks (stride 1) and
+    the expert-data-parallel group steps over them (stride ``ep``). ``ep`` is needed only for ``edp``."""
 
     tp: int
     cp: int
     ep: int
+    edp: int
     dp: int
     pp: int
 
     @classmethod
-    def megatron(cls, tp: int, cp: int, dp: int) -> "RankStrides":
-        return cls(tp=1, cp=tp, ep=tp, dp=tp * cp, pp=tp * cp * dp)
+    def megatron(cls, tp: int, cp: int, dp: int, ep: int = 1) -> "RankStrides":
+        return cls(tp=1, cp=tp, ep=1, edp=ep, dp=tp * cp, pp=tp * cp * dp)

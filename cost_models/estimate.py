@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
-from cost_models.memory import GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, graphs_for, stage_memory, stage_params
+from cost_models.memory import (GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, expert_data_parallel_size, graphs_for,
+                                stage_memory, stage_params)
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -80,7 +81,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp) for k, g in graphs.items() if k in ("dense", "moe")}
     head = _head_cost(graphs["head"], cluster, job, par)
-    strides = RankStrides.megatron(t, c, dp)
+    strides = RankStrides.megatron(t, c, dp, par.ep)
 
     stage_t: list[float] = []
     stage_parts: list[dict[str, float]] = []
@@ -101,14 +102,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         stage_t.append(sum(parts.values()))
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
-    act_bytes = 2.0 * par.micro_batch_size * job.seq_len / c * model.hidden_size
-    if par.sequence_parallel and t > 1:
-        act_bytes /= t
-    p2p_s = group_collective_time_s("send_recv", act_bytes, 2, strides.pp, cluster) if p > 1 else 0.0
-    pp_fill = 2 * (p - 1) * p2p_s
-    dp_s, dp_bytes, opt_s = _data_parallel(model, cluster, par, layers, dp, strides)
-    step_compute = m * stage_t[slowest]
-    dp_exposed = max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - step_compute)
+    pp_fill = pp_fill_s(model, cluster, job, par, dp)
+    dp_s, dp_bytes, opt_s = _data_parallel(model, cluster, par, layers, dp, strides, m)
+    dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
     step = pipe + pp_fill + dp_exposed + opt_s
 
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs) for s in range(p)]
@@ -136,7 +132,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         "tp": costs["dense"].tp_bytes * n_layers_max * m / GIB,
         "cp": costs["dense"].cp_bytes * n_layers_max * m / GIB,
         "ep": (costs["moe"].ep_bytes * n_layers_max * m / GIB) if "moe" in costs else 0.0,
-        "pp": (2 * act_bytes * m / GIB) if p > 1 else 0.0,
+        "pp": (2 * par.vp * pp_activation_bytes(model, job, par) * m / GIB) if p > 1 else 0.0,
         "dp": dp_bytes / GIB,
     }
     return Prediction(
@@ -162,6 +158,33 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     )
 
 
+def pp_activation_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
+    """One micro-batch's activation at a stage boundary: ``2·s·b·h`` bytes, ÷ cp, ÷ t with SP (§4)."""
+    act = 2.0 * par.micro_batch_size * job.seq_len / par.cp * model.hidden_size
+    return act / par.tp if par.sequence_parallel and par.tp > 1 else act
+
+
+def pp_fill_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, dp: int) -> float:
+    """PP sends on the critical path. In the steady state they overlap compute; in the fill the first
+    micro-batch's forward, and in the drain the last one's backward, cross every chunk boundary in turn:
+    ``p·v − 1`` sends each way (interleaving multiplies the boundaries by ``v``: Narayanan et al. SC'21 §2.2)."""
+    if par.pp == 1:
+        return 0.0
+    strides = RankStrides.megatron(par.tp, par.cp, dp)
+    send = group_collective_time_s("send_recv", pp_activation_bytes(model, job, par), 2, strides.pp, cluster)
+    return 2 * (par.pp * par.vp - 1) * send
+
+
+def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec) -> float:
+    """DP/FSDP time left on the critical path. ZeRO-0/1/2 (Megatron ``--overlap-grad-reduce`` /
+    ``--overlap-param-gather``) reduce gradients during the last micro-batch's backward and gather weights
+    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP gathers and
+    reduces layer by layer in every micro-batch, behind the whole step's compute. Either way at least
+    ``1 − dp_overlap`` of it (the tail after the last layer's backward) stays exposed."""
+    window = microbatch_s * (m if zero_stage == 3 else 1)
+    return max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - window)
+
+
 def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
     """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch: the GEMM (×3 for
     dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
@@ -173,21 +196,21 @@ def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Paral
 
 
 def _data_parallel(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
-                   strides: RankStrides) -> tuple[float, float, float]:
+                   strides: RankStrides, m: int = 1) -> tuple[float, float, float]:
     """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
     reduce-scatter gradients and all-gather updated weights (same volume); ZeRO-3 also all-gathers weights
-    for the forward and again for the backward (COST_MODEL.md §4). HSDP adds an all-reduce of the shard
-    across replicas."""
+    for the forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches,
+    as FSDP2 does under gradient accumulation. HSDP adds an all-reduce of the shard across replicas."""
     group = par.hsdp_shard_size or dp * par.cp
-    expert_group = max(1, dp * par.cp // par.ep)
+    expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
     worst = (0.0, 0.0, 0.0)
     start = 0
     for s, n in enumerate(layers):
         sp = stage_params(model, par, start, n, first=s == 0, last=s == par.pp - 1)
         start += n
         total_s = total_b = 0.0
-        # The dp·cp group is contiguous at stride tp; the expert-data-parallel group skips the ep ranks.
-        for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.cp * par.ep)):
+        # The dp·cp group is contiguous at stride tp; the expert-data-parallel group at stride ep.
+        for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):
             if params <= 0 or g <= 1:
                 continue
             grad = GRAD_BYTES * params
@@ -196,7 +219,7 @@ def _data_parallel(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, 
             elif par.zero_stage in (1, 2):
                 ops = [("reduce_scatter", grad), ("all_gather", WEIGHT_BYTES * params)]
             else:
-                ops = [("all_gather", WEIGHT_BYTES * params)] * 2 + [("reduce_scatter", grad)]
+                ops = ([("all_gather", WEIGHT_BYTES * params)] * 2 + [("reduce_scatter", grad)]) * m
             for kind, payload in ops:
                 total_s += group_collective_time_s(kind, payload, g, stride, cluster)  # type: ignore[arg-type]
                 total_b += (2 if kind == "all_reduce" else 1) * (g - 1) / g * payload

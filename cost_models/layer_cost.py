@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, Op
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 
 ATTN_BWD_FACTOR = 2.5
 _COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}
@@ -194,6 +194,13 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     return _Compute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
 
 
+def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
+    """Share of TP traffic left on the critical path. Megatron-Core ``--tp-comm-overlap`` (TE userbuffers)
+    hides ``tp_overlap`` of it behind the GEMMs it feeds, pipelined over t chunks (one per peer): the
+    reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays exposed."""
+    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t)) if t > 1 else 0.0
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
@@ -218,11 +225,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                    + group_collective_time_s("reduce_scatter", payload, t, strides.tp, cluster))
         else:
             one = group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
-        # Megatron-Core --tp-comm-overlap (TE userbuffers) hides ``tp_overlap`` of it behind the GEMMs it feeds. The
-        # overlap is pipelined over t chunks (one per peer): the reduce-scatter of the last GEMM chunk has nothing
-        # left to hide behind, so at least 1/(2t) of the traffic stays exposed.
-        exposed = max(1.0 - cluster.efficiency.tp_overlap, 1.0 / (2 * t))
-        tp_s = n_ar * one * exposed
+        tp_s = n_ar * one * tp_exposed_fraction(t, cluster.efficiency)
         tp_bytes = n_ar * 2.0 * (t - 1) / t * payload
     if graph.kind == "moe" and e > 1:
         # 4 all-to-alls per MoE layer per micro-batch (dispatch/combine, fwd/bwd), × imbalance ρ (§4).

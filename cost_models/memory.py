@@ -4,8 +4,8 @@ Resident state, mixed-precision Adam, bytes per parameter held by the rank (seed
 Rajbhandari et al. 2020, ZeRO §5): ``P = 2`` bf16 weights, ``G = 2`` bf16 grads, ``O = 12`` fp32 master,
 m and v. With ZeRO over a shard group of ``R`` ranks: ``M0 = P+G+O``, ``M1 = P+G+O/R``,
 ``M2 = P+(G+O)/R``, ``M3 = (P+G+O)/R`` plus, for ZeRO-3/FSDP, one gathered layer and one prefetched.
-TP, PP and EP divide what a rank holds before ZeRO does; routed-expert weights shard over the
-expert-data-parallel group ``dp·cp/ep``, everything else over ``dp·cp`` (or the HSDP shard group).
+TP, PP and EP divide what a rank holds before ZeRO does; routed-expert weights (expert-TP 1) shard over the
+expert-data-parallel group ``tp·cp·dp/ep``, everything else over ``dp·cp`` (or the HSDP shard group).
 
 Activations come from the operator graph (``opgraph``: Korthikanti et al. 2022 Table 2) with TP/SP/CP and
 recompute; pipeline stages keep micro-batches in flight per schedule (§3): 1F1B stage ``i`` of ``p`` keeps
@@ -69,6 +69,12 @@ def stage_params(model: ModelSpec, par: ParallelConfig, first_layer: int, n_laye
     return StageParams(dense, expert, largest)
 
 
+def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
+    """Ranks holding the same routed-expert shard. With expert-TP 1, Megatron's MoE parallel folding re-cuts the
+    ``tp·cp·dp`` ranks of a stage as ``ep × edp`` (Megatron-Core ``expert_tensor_parallel_size=1``)."""
+    return max(1, tp * cp * dp // ep)
+
+
 def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
     """Bytes one layer saves for backward for one micro-batch on one rank (Korthikanti Table 2 generalised).
 
@@ -127,7 +133,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     first, last = stage == 0, stage == par.pp - 1
     sp = stage_params(model, par, first_layer, n, first=first, last=last)
     group = par.hsdp_shard_size or dp * par.cp
-    expert_group = max(1, dp * par.cp // par.ep)
+    expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
     w1, g1, o1 = zero_state_bytes(sp.dense, par.zero_stage, group)
     w2, g2, o2 = zero_state_bytes(sp.expert, par.zero_stage, expert_group)
     per_mb = 0.0

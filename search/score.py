@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from cost_models.collectives import RankStrides, group_collective_time_s
-from cost_models.estimate import CostWeights, _data_parallel, _head_cost
+from cost_models.collectives import RankStrides
+from cost_models.estimate import CostWeights, _data_parallel, _head_cost, dp_exposed_s, pp_fill_s
 from cost_models.layer_cost import layer_cost
 from cost_models.memory import (
     COMM_BUFFER_GIB,
@@ -31,6 +31,7 @@ from cost_models.memory import (
     GIB,
     WEIGHT_BYTES,
     activation_bytes_per_microbatch,
+    expert_data_parallel_size,
     graphs_for,
     inflight_microbatches,
     zero_state_bytes,
@@ -142,7 +143,7 @@ class Scorer:
         time, head_t, a_dense, a_moe, head_a = self.layer_pieces(lay)
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
-        expert_group = max(1, lay.dp * lay.cp // lay.ep)
+        expert_group = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
         kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
         ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_group))
         frag = 1.0 + FRAGMENTATION
@@ -189,26 +190,24 @@ class Scorer:
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
             return 0.0
-        key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.micro_batch_size, lay.sequence_parallel)
+        key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.vp, lay.micro_batch_size, lay.sequence_parallel)
         hit = self._p2p.get(key)
         if hit is None:
             hit = self._p2p[key] = self._p2p_fill_s(lay)
         return hit
 
     def _p2p_fill_s(self, lay: Layout) -> float:
-        act_bytes = 2.0 * lay.micro_batch_size * self.job.seq_len / lay.cp * self.model.hidden_size
-        if lay.sequence_parallel and lay.tp > 1:
-            act_bytes /= lay.tp
-        strides = RankStrides.megatron(lay.tp, lay.cp, lay.dp)
-        return 2 * (lay.pp - 1) * group_collective_time_s("send_recv", act_bytes, 2, strides.pp, self.cluster)
+        par = ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, vp=lay.vp, micro_batch_size=lay.micro_batch_size,
+                             sequence_parallel=lay.sequence_parallel)
+        return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float]:
-        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers)
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m)
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
             hit = _data_parallel(self.model, self.cluster, par, list(layers), lay.dp,
-                                 RankStrides.megatron(lay.tp, lay.cp, lay.dp))
+                                 RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m)
             self._dp[key] = hit
         return hit
 
@@ -220,8 +219,7 @@ class Scorer:
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay)
         dp_s, _, opt_s = self.data_parallel(lay, layers)
-        step_compute = lay.m * float(stage_t.max())
-        dp_exposed = max(dp_s * (1 - self.cluster.efficiency.dp_overlap), dp_s - step_compute)
+        dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster)
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.gpu.hbm_gib)
@@ -272,7 +270,7 @@ class Scorer:
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep)]
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(zero_state_bytes(1.0, lay.zero_stage, max(1, lay.dp * lay.cp // lay.ep)))
+        ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
         frag = 1.0 + FRAGMENTATION
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
         peak = self.layer_pieces(lay, "none")[2] if lay.recompute == "full" else 0.0

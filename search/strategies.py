@@ -44,7 +44,7 @@ from typing import Literal
 from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.layer_cost import ATTN_BWD_FACTOR
+from cost_models.layer_cost import ATTN_BWD_FACTOR, tp_exposed_fraction
 from cost_models.memory import zero_state_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import Efficiency, ModelSpec, Precision, Recompute
@@ -488,13 +488,6 @@ def _activation_bytes(ev: _Eval) -> float:
                 shards *= shard_factor(letter, size, ev.g)
             total += s.bytes_per_token * ctx.tokens / shards
     return total * ctx.activation_copies
-
-
-def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
-    """Share of TP traffic left on the critical path. Megatron-Core --tp-comm-overlap hides ``tp_overlap`` of
-    it behind the GEMMs it feeds, pipelined over t chunks, so at least 1/(2t) stays exposed (the rule of
-    ``cost_models.layer_cost.layer_cost``, mirrored here: it has no function of its own yet)."""
-    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t)) if t > 1 else 0.0
 
 
 def _ring_exposed_s(ring: list[Comm], compute_s: float, ctx: LayerContext) -> float:

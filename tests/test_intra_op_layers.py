@@ -22,7 +22,7 @@ from search.intra_op import (
     solve_layer,
 )
 from search.mesh import LogicalMesh, MeshAxis
-from search.strategies import tp_exposed_fraction
+from cost_models.layer_cost import tp_exposed_fraction
 
 GiB = 2**30
 MEGATRON_COLUMN = ("q_proj", "gate_proj", "up_proj", "k_proj", "v_proj")
