@@ -49,6 +49,21 @@ def crashed(line: Line, why: str) -> Answer:
     out = BatchLine(id=None, line=line.number, status="error", message=f"worker died on this line ({why})")
     return line.number, "error", out.model_dump_json()
 
+def requeue_after_crash(chunk: list[Line], inflight: list[list[Line]], queue: deque[list[Line]], isolate: int,
+                        why: str) -> tuple[list[Answer], int]:
+    """A worker died on ``chunk``: re-run it and every chunk in flight one line at a time, so the line that
+    kills its worker is named (answered ``error``) and every other line still gets its answer. Returns the
+    answers to emit now and how many upcoming single-line chunks to run alone."""
+    lost = [chunk, *inflight]
+    now: list[Answer] = []
+    if isolate and len(chunk) == 1:
+        now.append(crashed(chunk[0], why))
+        lost = lost[1:]
+    singles = [[line] for c in lost for line in c]
+    queue.extendleft(reversed(singles))
+    return now, len(singles)
+
+
 
 def chunks_of(lines: Sequence[Line], size: int) -> list[list[Line]]:
     return [list(lines[i:i + size]) for i in range(0, len(lines), size)]
@@ -103,17 +118,13 @@ class LocalBackend:
                 try:
                     answers, wid, stats = fut.result()
                 except BrokenProcessPool as err:
-                    lost = [chunk] + [c for c, _ in inflight]
+                    lost = [c for c, _ in inflight]
                     inflight.clear()
                     pool.shutdown(wait=True, cancel_futures=True)
                     self.restarts += 1
                     pool = self._pool()
-                    if isolate and len(chunk) == 1:
-                        yield crashed(chunk[0], str(err) or "process pool broken")
-                        lost = lost[1:]
-                    singles = [[line] for c in lost for line in c]
-                    queue.extendleft(reversed(singles))
-                    isolate = len(singles)
+                    now, isolate = requeue_after_crash(chunk, lost, queue, isolate, str(err) or "process pool broken")
+                    yield from now
                     continue
                 if isolate:
                     isolate -= 1

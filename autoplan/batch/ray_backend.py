@@ -17,7 +17,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autoplan.api import Engine
-from autoplan.batch.local import Answer, ChunkResult, answer_chunk, chunks_of, crashed, default_chunk_size, window
+from autoplan.batch.local import (Answer, ChunkResult, answer_chunk, chunks_of, default_chunk_size,
+                                  requeue_after_crash, window)
 from autoplan.batch.reader import Line
 from autoplan.errors import UserInputError
 
@@ -97,14 +98,10 @@ class RayBackend:
                 except ray.exceptions.RayActorError as err:
                     self.restarts += 1
                     actors[slot] = actor_cls.remote(self.allow_files)
-                    lost = [chunk] + [c for c, _, _ in inflight]  # results of healthy actors are re-run too:
-                    inflight.clear()                               # simple, and the order stays the input's
-                    if isolate and len(chunk) == 1:
-                        yield crashed(chunk[0], type(err).__name__)
-                        lost = lost[1:]
-                    singles = [[line] for c in lost for line in c]
-                    queue.extendleft(reversed(singles))
-                    isolate = len(singles)
+                    lost = [c for c, _, _ in inflight]  # results of healthy actors are re-run too:
+                    inflight.clear()                     # simple, and the order stays the input's
+                    now, isolate = requeue_after_crash(chunk, lost, queue, isolate, type(err).__name__)
+                    yield from now
                     continue
                 if isolate:
                     isolate -= 1

@@ -14,39 +14,19 @@ import click
 
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
-from autoplan.cli.options import cluster_request, job_spec, user_errors
+from autoplan.cli.options import cluster_flags, cluster_request, job_options, job_spec, stack, user_errors
 from autoplan.emit import TARGETS, EmitPlan, load_plan, write_plan
-from cost_models.specs import JobSpec, ParallelConfig
-
-_F = Any
-
-
-def _stack(*decorators: _F) -> _F:
-    def apply(f: _F) -> _F:
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-    return apply
-
+from cost_models.specs import ParallelConfig
 
 # The same flags as `estimate`, optional here because --plan is the other way in.
-plan_inputs = _stack(
+plan_inputs = stack(
     click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
                  help="plan JSON from `autoplan estimate/search --format json`"),
     click.option("--index", type=int, default=None, help="with a search result: use plans[INDEX] [0]"),
     click.option("--model", default=None,
                  help="catalog name, HF config.json path or spec file (instead of --plan)"),
-    click.option("--gpus", "num_gpus", type=int, default=None, help="number of GPUs"),
-    click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
-    click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
-    click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
-    click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
-    click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
-    click.option("--global-batch-size", type=int, default=JobSpec.model_fields["global_batch_size"].default,
-                 show_default=True, help="sequences per optimizer step"),
-    click.option("--seq-len", type=int, default=JobSpec.model_fields["seq_len"].default, show_default=True,
-                 help="tokens per sequence"),
-    click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+    cluster_flags(gpus_required=False),
+    job_options,
     parallel_options(required=False),
 )
 

@@ -10,17 +10,16 @@ import click
 from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
-                                  model_option, request_from_file, request_option, user_errors)
+                                  model_option, request_from_file, request_option, stack, user_errors)
 from autoplan.report import describe_job, describe_parallel, render_prediction
 from autoplan.schema import EstimateRequest
 from cost_models.specs import ParallelConfig
 
 
 def parallel_options(required: bool) -> Any:
-    """Degree flags; ``required`` for estimate/emit, optional pins for search."""
-    def opt(*names: str, **kw: Any) -> Any:
-        return click.option(*names, **kw)
-    decorators = [
+    """Degree flags; ``required`` for estimate, optional pins for search and emit."""
+    opt = click.option
+    return stack(
         opt("--tp", type=int, required=required, default=None, help="tensor-parallel degree"),
         opt("--pp", type=int, required=required, default=None, help="pipeline-parallel degree"),
         opt("--cp", type=int, default=None, help="context-parallel degree [1]"),
@@ -35,13 +34,7 @@ def parallel_options(required: bool) -> Any:
         opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None, help="[1f1b]"),
         opt("--first-stage-layers", type=int, default=None, help="decoder layers on pipeline stage 0"),
         opt("--last-stage-layers", type=int, default=None, help="decoder layers on the last stage"),
-    ]
-
-    def apply(f: Any) -> Any:
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-    return apply
+    )
 
 
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "hsdp_shard_size", "recompute",

@@ -18,7 +18,8 @@ from cost_models.specs import JobSpec
 F = Callable[..., Any]
 
 
-def _stack(*decorators: F) -> Callable[[F], F]:
+def stack(*decorators: F) -> Callable[[F], F]:
+    """Apply click decorators in the order written (the first is the outermost)."""
     def apply(f: F) -> F:
         for d in reversed(decorators):
             f = d(f)
@@ -29,16 +30,21 @@ def _stack(*decorators: F) -> Callable[[F], F]:
 model_option = click.option("--model", "model", required=True,
                             help="catalog name (see `autoplan models`), HF config.json path, or spec YAML/JSON")
 
-cluster_options = _stack(
-    click.option("--gpus", "num_gpus", type=int, required=True, help="number of GPUs"),
-    click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
-    click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
-    click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
-    click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
-    click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
-)
+def cluster_flags(*, gpus_required: bool = True) -> Callable[[F], F]:
+    """The cluster flags; ``--gpus`` is optional where another input (a plan file) can stand in for it."""
+    return stack(
+        click.option("--gpus", "num_gpus", type=int, required=gpus_required, default=None, help="number of GPUs"),
+        click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
+        click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
+        click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
+        click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
+        click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
+    )
 
-job_options = _stack(
+
+cluster_options = cluster_flags()
+
+job_options = stack(
     click.option("--global-batch-size", type=int, default=JobSpec.model_fields["global_batch_size"].default,
                  show_default=True, help="sequences per optimizer step"),
     click.option("--seq-len", type=int, default=JobSpec.model_fields["seq_len"].default, show_default=True,
