@@ -22,6 +22,7 @@ Hopper/Blackwell NVSwitch); reduce-scatter and all-gather stay on the ring.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,15 +67,22 @@ class GroupPlacement:
 def place_group(n: int, stride: int, cluster: ClusterSpec) -> GroupPlacement:
     """Ranks ``r, r+stride, …`` (n of them) over NVLink domains of ``cluster.nvlink_domain_size`` GPUs.
 
-    Example: tp=8 (stride 1) on HGX (domain 8) → (8 inner, 1 outer); dp=16 at stride 8 → (1, 16);
-    a cp=4 group at stride 4 on a 72-GPU NVL72 domain → (4, 1)."""
+    Groups tile the ranks in blocks of ``n·stride``; when a block does not divide the domain, some group
+    straddles a domain boundary, and the slowest group sets the step, so the placement is the worst
+    group's: ``gcd(n, domain/stride)`` ranks share a domain (a lower bound on the aligned part).
+    Examples: tp=8 (stride 1) on HGX (domain 8) → (8 inner, 1 outer); dp=16 at stride 8 → (1, 16);
+    cp=4 at stride 2 on NVL72 → (4, 1); a 64-rank EP group (stride 1) on NVL72 → (8, 8): the group at
+    ranks 64–127 spans two racks."""
     domain = cluster.nvlink_domain_size
     if n <= 1:
         return GroupPlacement(n, 1, 1)
     if stride >= domain:
         return GroupPlacement(n, 1, n)
-    inner = max(1, min(n, domain // stride))
-    return GroupPlacement(n, inner, -(-n // inner))
+    span = n * stride
+    if span <= domain and domain % span == 0:
+        return GroupPlacement(n, n, 1)
+    inner = math.gcd(n, domain // stride) if domain % stride == 0 else 1
+    return GroupPlacement(n, inner, n // inner)
 
 
 def link_bandwidth(cluster: ClusterSpec) -> float:

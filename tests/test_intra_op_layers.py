@@ -104,7 +104,8 @@ def test_tp16_across_hgx_domains_rejected_for_launch_targets(llama70b) -> None:
 
 @pytest.fixture(scope="module")
 def nvl72_tp16():
-    return LogicalMesh.from_degrees(build_cluster("gb200", 144), dp=8, tp=16)
+    # A 64-GPU NVLink domain that 16 divides: on NVL72 some 16-rank group would straddle two racks.
+    return LogicalMesh.from_degrees(build_cluster("gb200", 128, nvlink_domain_size=64), dp=8, tp=16)
 
 
 @pytest.mark.parametrize("target", ["megatron", "torchtitan"])

@@ -52,7 +52,9 @@ def test_links_on_hgx(hgx) -> None:
 def test_cp_inside_and_outside_the_domain(hgx, nvl72) -> None:
     assert LogicalMesh.from_degrees(hgx, dp=8, cp=2, tp=4).link(MeshAxis.CP).link == "nvlink"
     assert LogicalMesh.from_degrees(hgx, dp=8, cp=4, tp=8).link(MeshAxis.CP).link == "nic"
-    assert LogicalMesh.from_degrees(nvl72, dp=4, tp=16).link(MeshAxis.TP).link == "nvlink"
+    assert LogicalMesh.from_degrees(nvl72, dp=4, tp=18).link(MeshAxis.TP).link == "nvlink"
+    # 16 does not divide 72: the tp group at ranks 64–79 straddles two racks, so the axis crosses domains.
+    assert LogicalMesh.from_degrees(nvl72, dp=4, tp=16).link(MeshAxis.TP).crosses_domain
 
 
 def test_collective_time_is_the_cost_model_on_the_axis_group(hgx) -> None:
