@@ -149,14 +149,15 @@ def test_torchtitan_rejects_what_autoplan_rejects() -> None:
                                                    data_parallel_shard_degree=41), 1000)
 
 
-def test_cli_validate_pass_and_fail_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_validate_pass_and_fail_lines(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("megatron.core")
     pytest.importorskip("torchtitan")
     from click.testing import CliRunner
 
     from autoplan.cli import cli
 
-    r = CliRunner().invoke(cli, ["validate", "--target", "megatron", "-o", str(tmp_path / "m"), "--model", "llama3-8b",
+    monkeypatch.chdir(tmp_path)  # a relative -o: the checker process runs elsewhere and must still find it
+    r = CliRunner().invoke(cli, ["validate", "--target", "megatron", "-o", "m", "--model", "llama3-8b",
                                  "--gpus", "64", "--global-batch-size", "64", "--seq-len", "4096", "--tp", "8",
                                  "--pp", "2"])
     assert r.exit_code == 0, r.output

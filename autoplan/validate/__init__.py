@@ -76,7 +76,8 @@ def run_checks(plan: EmitPlan, target: Target, emitted_dir: str | Path | None = 
                timeout_s: float = 900) -> list[Check]:
     """Emit ``plan`` (into ``emitted_dir``, or a temporary folder) and run ``target``'s checks on it."""
     with tempfile.TemporaryDirectory(prefix="autoplan-validate-") as tmp:
-        out = Path(emitted_dir) if emitted_dir is not None else Path(tmp) / "emitted"
+        # Absolute: the checker runs with the temporary folder as its working directory.
+        out = Path(emitted_dir).resolve() if emitted_dir is not None else Path(tmp) / "emitted"
         try:
             write_plan(plan, target, out)
         except ConfigError as e:
