@@ -80,7 +80,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     layers = stage_layers(model, par)
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp) for k, g in graphs.items() if k in ("dense", "moe")}
-    head = _head_cost(graphs["head"], cluster, job, par)
+    head = head_cost(graphs["head"], cluster, job, par)
     strides = RankStrides.megatron(t, c, dp, par.ep)
 
     stage_t: list[float] = []
@@ -103,7 +103,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
-    dp_s, dp_bytes, opt_s = _data_parallel(model, cluster, par, layers, dp, strides, m)
+    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
     step = pipe + pp_fill + dp_exposed + opt_s
 
@@ -185,7 +185,7 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     return max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - window)
 
 
-def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
+def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
     """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch: the GEMM (×3 for
     dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
     op = graph.op("lm_head")
@@ -195,7 +195,7 @@ def _head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Paral
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
-def _data_parallel(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
+def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
                    strides: RankStrides, m: int = 1) -> tuple[float, float, float]:
     """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
     reduce-scatter gradients and all-gather updated weights (same volume); ZeRO-3 also all-gathers weights

@@ -6,7 +6,7 @@ thousands of candidates is too slow. The pieces it adds up depend on few knobs, 
 - per-layer time (``layer_cost``) and activations per micro-batch: by ``(tp, cp, ep, mbs, recompute, sp)``;
 - the head's time and activations: by ``(tp, cp, mbs[, recompute])``;
 - per-layer parameters held by a rank: by ``(tp, ep)`` (as prefix sums);
-- DP/optimizer time of a split (``estimate._data_parallel``): by ``(tp, cp, ep, pp, dp, zero, hsdp, split)``.
+- DP/optimizer time of a split (``estimate.data_parallel_cost``): by ``(tp, cp, ep, pp, dp, zero, hsdp, split)``.
 
 ``Scorer.tables`` turns them into the prefix sums the stage DP reads (``search.inter_op.StageTables``);
 ``Scorer.score`` reproduces ``estimate``'s step time, peak memory and composite cost for a given split (same
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cost_models.collectives import RankStrides
-from cost_models.estimate import CostWeights, _data_parallel, _head_cost, dp_exposed_s, pp_fill_s
+from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import layer_cost
 from cost_models.memory import (
     COMM_BUFFER_GIB,
@@ -102,7 +102,7 @@ class Scorer:
                 a_kind[kind] = activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par)
         per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
         time = np.concatenate([[0.0], np.cumsum(per)])
-        head_t = _head_cost(self.graphs["head"], self.cluster, self.job, par)
+        head_t = head_cost(self.graphs["head"], self.cluster, self.job, par)
         head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
         out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
         self._layer[key] = out
@@ -206,7 +206,7 @@ class Scorer:
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
-            hit = _data_parallel(self.model, self.cluster, par, list(layers), lay.dp,
+            hit = data_parallel_cost(self.model, self.cluster, par, list(layers), lay.dp,
                                  RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m)
             self._dp[key] = hit
         return hit
