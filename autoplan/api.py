@@ -127,12 +127,17 @@ class Engine:
     allow_files: bool = True
     """False: refuse requests that name files (model paths, cluster profiles) — for services that take
     requests from people who should not make the server read its own disk."""
+    max_scorers: int = 64
     responses: LRU[str, Response] = field(init=False)
     resolved: LRU[str, Resolved] = field(init=False)
+    scorers: LRU[str, Any] = field(init=False)
+    """Planner sub-results (layer costs, parameter sums, DP times: ``search.score.Scorer``) per resolved
+    (model, cluster, job): requests for the same job with other pins, targets or top-K reuse them."""
 
     def __post_init__(self) -> None:
         self.responses = LRU(self.max_responses)
         self.resolved = LRU(self.max_resolved)
+        self.scorers = LRU(self.max_scorers)
 
     # ---- resolution ------------------------------------------------------------------------------
     def resolve(self, req: SearchRequest | EstimateRequest) -> Resolved:
@@ -148,9 +153,7 @@ class Engine:
             return Resolved(_bounded(load_model(req.model)), req.cluster.resolve(), req.job.spec())
         if _reads_files(req):
             return compute()
-        key = json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json")],
-                         sort_keys=True, separators=(",", ":"))
-        return self.resolved.get_or_compute(key, compute)
+        return self.resolved.get_or_compute(_job_key(req), compute)
 
     # ---- the two request kinds ------------------------------------------------------------------
     def estimate(self, request: RequestLike) -> Estimate:
@@ -179,9 +182,13 @@ class Engine:
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         from search.planner import search as plan  # lazily: the solver stack is slow to import
+        from search.score import Scorer
         r = self.resolve(req)
+        def new_scorer() -> Scorer:
+            return Scorer(r.model, r.cluster, r.job)
+        scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(_job_key(req), new_scorer)
         found = plan(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(), top_k=req.top,
-                     progress=progress)
+                     progress=progress, scorer=scorer)
         return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
                             plans=[Plan.model_validate(p.model_dump()) for p in found.plans],
                             search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
@@ -189,8 +196,15 @@ class Engine:
                                                target=req.target))
 
     def stats(self) -> dict[str, Any]:
-        """Cache counters: finished responses and resolved specs."""
-        return {"responses": self.responses.stats(), "resolved": self.resolved.stats()}
+        """Cache counters: finished responses, resolved specs, planner sub-results (scorers)."""
+        return {"responses": self.responses.stats(), "resolved": self.resolved.stats(),
+                "scorers": self.scorers.stats()}
+
+
+def _job_key(req: SearchRequest | EstimateRequest) -> str:
+    """What fixes the resolved specs: the model, cluster and job fields of a request."""
+    return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json")],
+                      sort_keys=True, separators=(",", ":"))
 
 
 def _as(request: RequestLike, cls: type[SearchRequest] | type[EstimateRequest]) -> Any:

@@ -9,8 +9,9 @@ impossible searches (infeasible) and broken lines (invalid). Every line's status
 one it was built to get, and every run's results against the first run's (the planner's wall time aside).
 
 Prints, per run: wall time, plans/s (ok lines per second), lines/s, and cache hit rates — ``duplicates``
-(lines answered from an identical earlier line in the batch), ``responses`` (a worker's response cache)
-and the overall rate over both. No asserts on wall time.
+(lines answered from an identical earlier line in the batch), ``responses`` (a worker's response cache),
+``job hit`` (searches that reused a worker's planner sub-results for the same model, cluster and job) and
+the overall rate of lines answered from a cache. No asserts on wall time.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> int:
     runs = [("local", w) for w in args.workers] + ([("ray", max(args.workers))] if args.ray else [])
     reference: list[dict[str, Any]] | None = None
     header = (f"{'backend':8} {'workers':>7} {'wall_s':>8} {'plans/s':>8} {'lines/s':>8} {'dup hit':>8} "
-              f"{'resp hit':>8} {'overall':>8}  statuses")
+              f"{'resp hit':>8} {'job hit':>8} {'overall':>8}  statuses")
     print(header)
     for backend, workers in runs:
         run = BatchRun(lines, workers=workers, backend=backend)  # type: ignore[arg-type]
@@ -69,7 +70,8 @@ def main() -> int:
         s = run.summary()
         c = s.cache
         print(f"{backend:8} {workers:>7} {s.wall_s:>8.2f} {s.plans_per_s:>8.1f} {s.lines_per_s:>8.1f} "
-                    f"{c['duplicates']['hit_rate']:>8.1%} {c['responses']['hit_rate']:>8.1%} {c['hit_rate']:>8.1%}  "
+              f"{c['duplicates']['hit_rate']:>8.1%} {c['responses']['hit_rate']:>8.1%} "
+              f"{c.get('scorers', {}).get('hit_rate', 0.0):>8.1%} {c['hit_rate']:>8.1%}  "
               + ", ".join(f"{k} {v}" for k, v in s.counts.items()), flush=True)
     print(f"distinct requests: {len(lines) - run.duplicates} of {len(lines)}")
     print("every line got its expected status; results identical across runs (planner wall time aside)")

@@ -120,12 +120,14 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
            progress: Progress | None = None, find_smallest_cluster: bool = True,
-           intra_op_check: bool = False) -> SearchResult:
+           intra_op_check: bool = False, scorer: Scorer | None = None) -> SearchResult:
     """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
 
     Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
     it missed, the hint the smallest GPU count (same GPU) that has a plan. ``intra_op_check`` appends the
-    intra-op ILP's verdict on each plan's stage mesh to its explanation (``search.intra_check``)."""
+    intra-op ILP's verdict on each plan's stage mesh to its explanation (``search.intra_check``).
+    ``scorer``: a ``Scorer`` for the same (model, cluster, job, weights), to reuse its cached layer costs,
+    parameter sums and DP times across requests (batch workers keep one per job)."""
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
@@ -137,7 +139,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             raise ConfigError(f"tp={pins['tp']} cannot shard {model.name} on this cluster (heads "
                               f"{model.num_attention_heads}, KV heads {model.num_kv_heads}, NVLink domain "
                               f"{cluster.nvlink_domain_size})", valid=valid)
-    scorer = Scorer(model, cluster, job, weights)
+    if scorer is None:
+        scorer = Scorer(model, cluster, job, weights)
+    elif not scorer.serves(model, cluster, job, weights):
+        raise ValueError("scorer was built for another model, cluster, job or weights")
     layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit

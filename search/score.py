@@ -60,7 +60,7 @@ class FastScore:
 
 
 class Scorer:
-    """Caches for one (model, cluster, job); not shared across requests."""
+    """Caches for one (model, cluster, job, weights); callers may keep it across requests for that job."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None = None):
         self.model, self.cluster, self.job = model, cluster, job
@@ -78,6 +78,9 @@ class Scorer:
         self.n_moe = int(self.is_moe_layer.sum())
         self._time_summary: dict[tuple, tuple[float, float, float, float]] = {}
         self._p2p: dict[tuple, float] = {}
+
+    def serves(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None) -> bool:
+        return (self.model, self.cluster, self.job, self.weights) == (model, cluster, job, weights or CostWeights())
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod

@@ -175,3 +175,20 @@ def test_request_file_kind_must_match_the_command(tmp_path: Path) -> None:
     assert code == 2 and "run `autoplan estimate --request`" in err
     code, _, err = _cli("estimate", "--request", str(tmp_path / "missing.json"))
     assert code == 2 and "cannot read" in err
+
+
+def test_searches_of_one_job_share_planner_subresults() -> None:
+    """A second search of the same job (another target) reuses the worker's Scorer and answers exactly as a
+    fresh engine does."""
+    from autoplan.api import Engine
+
+    base = {"model": "llama3-8b", "cluster": {"num_gpus": 64}, "job": {"global_batch_size": 256}}
+    shared = Engine()
+    shared.search({**base, "target": "megatron"})
+    reused = shared.search({**base, "target": "any"})
+    assert shared.stats()["scorers"] == {"hits": 1, "misses": 1, "size": 1}
+    fresh = Engine().search({**base, "target": "any"})
+    a, b = reused.model_dump(mode="json"), fresh.model_dump(mode="json")
+    a["search"].pop("wall_time_s")
+    b["search"].pop("wall_time_s")
+    assert a == b

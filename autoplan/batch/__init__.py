@@ -109,7 +109,8 @@ class BatchRun:
 
     def cache_stats(self) -> dict[str, Any]:
         """Hits and misses per cache, summed over workers: ``duplicates`` (lines equal to an earlier line
-        but for the id), ``responses`` (a worker's finished responses) and ``resolved`` (specs);
+        but for the id), ``responses`` (a worker's finished responses), ``resolved`` (specs) and ``scorers``
+        (planner sub-results per job, reused by searches of the same job with other pins or targets);
         ``hit_rate``: the share of lines answered from a cache instead of planned."""
         totals: dict[str, Counter[str]] = {"duplicates": Counter(hits=self.duplicates,
                                                                  misses=len(self.lines) - self.duplicates)}
