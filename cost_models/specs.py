@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "zb-h1"]
-Generation = Literal["ampere", "hopper", "blackwell", "cdna3"]
+Generation = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
 
 
 class _Frozen(BaseModel):

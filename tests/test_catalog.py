@@ -175,8 +175,8 @@ def test_unknown_gpu_suggests() -> None:
 def test_efficiency_for() -> None:
     assert efficiency_for("hopper").gemm_max > 0
     assert efficiency_for("Hopper") is efficiency_for("hopper")
-    with pytest.raises(UserInputError, match=r"generation 'volta'; valid: ampere, blackwell, cdna3, hopper"):
-        efficiency_for("volta")
+    with pytest.raises(UserInputError, match=r"generation .kepler.; valid: ampere, blackwell, cdna3, cdna4, hopper, volta"):
+        efficiency_for("kepler")
 
 
 def test_build_cluster_defaults_from_catalog() -> None:

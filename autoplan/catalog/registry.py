@@ -70,12 +70,26 @@ def model_catalog() -> Catalog[ModelSpec]:
     return Catalog(entries, _aliases(data.get("aliases"), entries, "models.yaml"))
 
 
+def hbm_gib_from_datasheet(gb: float) -> float:
+    """GiB of HBM from the datasheet's "GB" figure, one rule for every GPU. HBM stacks are DRAM dies of 2^k
+    bits, so the printed capacity is binary (80 GB = 80 GiB); nvidia-smi's totals (81920 MiB on A100-80GB,
+    81559 MiB on H100-80GB, 143771 MiB on H200-141GB) agree with it, not with a 10^9-byte reading."""
+    return float(gb)
+
+
+def _gpu_fields(name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    out = {"name": name, **fields}
+    if "hbm_datasheet_gb" in out:
+        out["hbm_gib"] = hbm_gib_from_datasheet(out.pop("hbm_datasheet_gb"))
+    return out
+
+
 @lru_cache(maxsize=1)
 def gpu_catalog() -> Catalog[GPUSpec]:
-    """``gpus.yaml``'s ``gpus`` as validated GPUSpecs."""
+    """``gpus.yaml``'s ``gpus`` as validated GPUSpecs (HBM converted by ``hbm_gib_from_datasheet``)."""
     data = _read("gpus.yaml")
     entries = {
-        str(name).lower(): validate(GPUSpec, {"name": str(name).lower(), **fields}, f"catalog GPU '{name}'")
+        str(name).lower(): validate(GPUSpec, _gpu_fields(str(name).lower(), fields), f"catalog GPU '{name}'")
         for name, fields in data["gpus"].items()
     }
     return Catalog(entries, _aliases(data.get("aliases"), entries, "gpus.yaml"))
