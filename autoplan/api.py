@@ -6,9 +6,11 @@
     >>> r.prediction.fits
     True
 
-``search`` / ``estimate`` take a request model or a plain mapping (see :mod:`autoplan.schema`) and raise
-``ConfigError``/``UserInputError`` (bad input), ``pydantic.ValidationError`` (malformed request) or
-``InfeasibleError`` (no plan fits). :func:`run_line` never raises: it turns any outcome into a
+``search`` / ``estimate`` take a request model or a plain mapping (see :mod:`autoplan.schema`) and
+return pydantic models (``SearchResult``, ``Estimate``: attributes, e.g. ``r.plans[0].parallel.tp``;
+``r.model_dump(mode="json")`` is the CLI's ``--format json`` dict). They raise one hierarchy,
+``autoplan.AutoplanError``: ``autoplan.InputError`` (bad or malformed input, incl. its subclass
+``UserInputError``; the CLI's exit 2) or ``autoplan.InfeasibleError`` (no plan fits; exit 3). :func:`run_line` never raises: it turns any outcome into a
 :class:`~autoplan.schema.BatchLine` with a status, which is what ``autoplan batch`` writes.
 
 An :class:`Engine` holds what one process reuses across requests: resolved specs and finished responses
@@ -36,7 +38,7 @@ from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import cluster_record
 from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, BatchLine, ClusterRecord, Estimate,
                              EstimateRequest, ModelRecord, Plan, SearchRequest, SearchResult, SearchStats, Status,
-                             parse_request)
+                             parse_request, validate_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
@@ -218,7 +220,7 @@ def _as(request: RequestLike, cls: type[SearchRequest] | type[EstimateRequest]) 
     kind = cls.model_fields["kind"].default
     if data.setdefault("kind", kind) != kind:
         raise UserInputError(f"request kind is {data['kind']!r}; call {data['kind']}() for it")
-    return cls.model_validate(data)
+    return validate_request(cls, data)
 
 
 def _model_record(model: ModelSpec) -> ModelRecord:

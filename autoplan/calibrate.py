@@ -129,24 +129,23 @@ def resolve_run(run: MeasuredRun) -> ResolvedRun:
                        dict(run.software))
 
 
+MAX_RUNS_LINES = 10_000
+
+
 def load_runs(path: str | Path) -> list[MeasuredRun]:
     """Parse a runs file; errors name the line."""
-    p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise UserInputError(f"cannot read runs file '{path}': {err.strerror or err}") from None
+    from autoplan.inputs import parse_json, read_text, strict
+
+    lines = read_text(path, what="runs file").splitlines()
+    if len(lines) > MAX_RUNS_LINES:
+        raise UserInputError(f"runs file '{path}' has {len(lines)} lines; the limit is {MAX_RUNS_LINES}")
     runs = []
     for i, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
-        try:
-            runs.append(MeasuredRun.model_validate(json.loads(text)))
-        except json.JSONDecodeError as err:
-            raise UserInputError(f"{path}:{i}: invalid JSON: {err.msg} (column {err.colno})") from None
-        except ValidationError as err:
-            raise UserInputError(f"{path}:{i}: {describe_validation_error(err)}") from None
+        data = parse_json(text, f"{path}:{i}")
+        runs.append(strict(MeasuredRun, data, f"{path}:{i}"))
     if not runs:
         raise UserInputError(f"runs file '{path}' holds no runs")
     return runs

@@ -14,14 +14,24 @@ from autoplan.catalog import build_cluster, load_model
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
 
+MAX_NUM_GPUS = 1 << 20  # bounds every GPU count (divisor enumeration, mesh building)
+MAX_GBPS = 1e6  # Gbit/s per GPU: 1000x today's NICs
+
+
 class ClusterRequest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    gpu: str = Field(default="h100-sxm", description="GPU catalog name (see `autoplan hardware`)")
-    num_gpus: int = Field(gt=0)
-    gpus_per_node: int | None = Field(default=None, gt=0, description="None: the GPU catalog's")
-    inter_node_gbps: float | None = Field(default=None, gt=0, description="per GPU, Gbit/s; None: catalog NIC")
-    nvlink_domain_size: int | None = Field(default=None, gt=0, description="None: the GPU catalog's")
-    profile: str | None = Field(default=None, description="cluster profile YAML from `autoplan calibrate`")
+    """The cluster as a request names it. Strict: integers are integers (not ``true`` or ``8.9``),
+    bandwidths finite, sizes bounded by ``MAX_NUM_GPUS``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    gpu: str = Field(default="h100-sxm", max_length=64, description="GPU catalog name (see `autoplan hardware`)")
+    num_gpus: int = Field(gt=0, le=MAX_NUM_GPUS)
+    gpus_per_node: int | None = Field(default=None, gt=0, le=MAX_NUM_GPUS, description="None: the GPU catalog's")
+    inter_node_gbps: float | None = Field(default=None, gt=0, le=MAX_GBPS,
+                                          description="per GPU, Gbit/s; None: catalog NIC")
+    nvlink_domain_size: int | None = Field(default=None, gt=0, le=MAX_NUM_GPUS,
+                                           description="None: the GPU catalog's")
+    profile: str | None = Field(default=None, max_length=1024,
+                                description="cluster profile YAML from `autoplan calibrate`")
 
     def resolve(self) -> ClusterSpec:
         return build_cluster(self.gpu, self.num_gpus, gpus_per_node=self.gpus_per_node,

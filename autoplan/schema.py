@@ -21,17 +21,16 @@ nothing in a request is ever executed.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
-from autoplan.request import ClusterRequest
+from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule
 
-MAX_NUM_GPUS = 1 << 20
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
 MAX_TOP = 50
@@ -44,7 +43,7 @@ Target = Literal["megatron", "torchtitan", "any"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 # ==== requests =====================================================================================
@@ -121,12 +120,14 @@ class SearchRequest(_RequestBase):
 
 
 
+R = TypeVar("R", bound=BaseModel)
+
 REQUEST_KINDS: dict[str, type[SearchRequest] | type[EstimateRequest]] = {"search": SearchRequest,
                                                                           "estimate": EstimateRequest}
 
 
 def parse_request(data: Any) -> SearchRequest | EstimateRequest:
-    """Validate a request mapping (raises ``pydantic.ValidationError``; ``UserInputError`` for a bad kind).
+    """Validate a request mapping (raises ``UserInputError`` naming the field, the value and the rule).
 
     Dispatches on ``kind`` by hand (absent: ``search``), so error locations read ``parallel.tp``."""
     if isinstance(data, (SearchRequest, EstimateRequest)):
@@ -137,7 +138,15 @@ def parse_request(data: Any) -> SearchRequest | EstimateRequest:
     cls = REQUEST_KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UserInputError(f"kind must be 'search' or 'estimate', got {kind!r:.60}")
-    return cls.model_validate(data)
+    return validate_request(cls, data)
+
+
+def validate_request(cls: type[R], data: Any) -> R:
+    """``cls`` from a mapping in strict mode, after the input checks of :mod:`autoplan.inputs` (depth,
+    finite numbers, valid Unicode); raises :class:`InvalidRequestError` (a ``UserInputError``)."""
+    from autoplan.inputs import strict
+
+    return strict(cls, data)
 
 
 # ==== responses ====================================================================================

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-class ConfigError(ValueError):
+class AutoplanError(Exception):
+    """Base of every error autoplan reports to its user (re-exported as ``autoplan.AutoplanError``)."""
+
+
+class ConfigError(AutoplanError, ValueError):
     """A value breaks a constraint. The message names the value, the constraint and, where there
     is one, the valid choices: ``tp=16 does not divide num_kv_heads=8; valid: 1, 2, 4, 8``."""
 
@@ -16,7 +20,7 @@ class ConfigError(ValueError):
         super().__init__(message)
 
 
-class InfeasibleError(Exception):
+class InfeasibleError(AutoplanError):
     """No plan fits. ``hint`` says what would work (smallest cluster, largest batch)."""
 
     def __init__(self, message: str, *, hint: str | None = None, closest: object | None = None) -> None:

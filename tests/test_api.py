@@ -8,7 +8,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 from click.testing import CliRunner
-from pydantic import ValidationError
 
 import autoplan
 from autoplan import api
@@ -44,8 +43,10 @@ def test_request_models_dicts_and_run_agree() -> None:
 def test_errors_are_typed() -> None:
     with pytest.raises(ConfigError, match="tp=16 does not divide num_kv_heads=8"):
         autoplan.estimate({**EST, "parallel": {"tp": 16, "pp": 8}})
-    with pytest.raises(ValidationError):
+    with pytest.raises(autoplan.InputError, match=r"parallel.tp: Input should be greater than 0 \(got 0\)"):
         autoplan.estimate({**EST, "parallel": {"tp": 0}})
+    with pytest.raises(autoplan.AutoplanError, match=r"cluster.num_gpus: Input should be a valid integer \(got True\)"):
+        autoplan.estimate({**EST, "cluster": {"num_gpus": True}})
     with pytest.raises(UserInputError, match="call search"):
         autoplan.estimate({**EST, "kind": "search"})
     with pytest.raises(UserInputError, match="did you mean"):
@@ -119,7 +120,7 @@ def test_absurd_models_are_refused_before_any_work() -> None:
             "num_kv_heads": 4, "vocab_size": 1000}
     with pytest.raises(UserInputError, match=r"num_layers \(1000000000\) is above the request limit"):
         autoplan.estimate({"model": spec, "cluster": {"num_gpus": 8}})
-    with pytest.raises(ValidationError, match="num_gpus"):
+    with pytest.raises(autoplan.InputError, match="num_gpus"):
         autoplan.search({"model": "llama3-8b", "cluster": {"num_gpus": 2**40}})
 
 

@@ -322,16 +322,19 @@ def test_load_plan_estimate_and_search_forms(tmp_path: Path) -> None:
     search["plans"] = [{"parallel": d["parallel"], "prediction": {}}, {"parallel": other, "prediction": {}}]
     sf = tmp_path / "search.json"
     sf.write_text(json.dumps(search))
-    assert load_plan(sf).parallel.pp == 8 and load_plan(sf, 1).parallel.vp == 2
-    with pytest.raises(UserInputError, match="out of range.*holds 2 plan"):
-        load_plan(sf, 2)
+    # --index is 1-based, as the table numbers plans #1, #2
+    assert load_plan(sf).parallel.pp == 8 and load_plan(sf, 1).parallel.pp == 8 and load_plan(sf, 2).parallel.vp == 2
+    with pytest.raises(UserInputError, match=r"--index 3 is out of range.*holds 2 plan.*valid: 1\.\.2"):
+        load_plan(sf, 3)
+    with pytest.raises(UserInputError, match="out of range"):
+        load_plan(sf, 0)
     with pytest.raises(UserInputError, match="needs a search result"):
-        load_plan(est, 1)
+        load_plan(est, 2)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(UserInputError, match="not valid JSON"):
+    with pytest.raises(UserInputError, match="invalid JSON in plan file"):
         load_plan(bad)
-    with pytest.raises(UserInputError, match="does not exist"):
+    with pytest.raises(UserInputError, match="No such file"):
         load_plan(tmp_path / "nope.json")
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from autoplan.catalog.registry import efficiency_for, load_gpu
 from autoplan.catalog.spec_file import read_mapping, validate
 from autoplan.errors import UserInputError
+from autoplan.inputs import read_bytes, user_path
 from cost_models.specs import ClusterSpec, Efficiency
 
 
@@ -45,8 +46,10 @@ def _read_profile(resolved: str, mtime_ns: int, shown: str) -> ClusterProfile:
 
 def load_profile(path: str | Path) -> ClusterProfile:
     """Parse a cluster-profile file (cached per path and modification time)."""
-    p = Path(path).expanduser()
+    p = user_path(path)
     if not p.is_file():
+        if p.exists():
+            read_bytes(p, what="cluster profile")  # a directory, pipe or device: refused by name
         raise UserInputError(f"cluster profile '{path}' does not exist")
     resolved = p.resolve()
     return _read_profile(str(resolved), resolved.stat().st_mtime_ns, str(path))

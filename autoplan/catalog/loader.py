@@ -18,6 +18,7 @@ from autoplan.catalog.hf import looks_like_hf_config, spec_from_hf_config
 from autoplan.catalog.registry import catalog_model, model_catalog, unknown_name_error
 from autoplan.catalog.spec_file import YAML_SUFFIXES, load_spec_file, read_mapping, spec_from_mapping
 from autoplan.errors import UserInputError
+from autoplan.inputs import read_bytes, user_path
 from cost_models.specs import ModelSpec
 
 _PATH_SUFFIXES = (".json", *YAML_SUFFIXES)
@@ -38,7 +39,7 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
         spec = catalog_model(source)
         if spec is not None:
             return spec
-    path = Path(source).expanduser()
+    path = user_path(source)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserInputError(f"model folder '{path}' has no config.json")
@@ -46,6 +47,8 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
     if path.is_file():
         resolved = path.resolve()
         return _load_file(str(resolved), resolved.stat().st_mtime_ns, str(path))
+    if path.exists():
+        read_bytes(path, what="model file")  # a pipe or device: refused by name
     text = str(source)
     if path.suffix.lower() in _PATH_SUFFIXES or "/" in text or "\\" in text:
         raise UserInputError(f"model file '{text}' does not exist")

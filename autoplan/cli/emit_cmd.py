@@ -1,6 +1,6 @@
 """`autoplan emit` and `autoplan validate`: configs that Megatron-LM, torchtitan and FSDP2 accept.
 
-Input is either a plan JSON (``--plan FILE [--index i]``, from ``estimate``/``search --format json``) or
+Input is either a plan JSON (``--plan FILE [--index N]``, N as numbered in the table from 1, from ``estimate``/``search --format json``) or
 explicit degrees with the same model/cluster/job/parallel flags as ``autoplan estimate``.
 """
 
@@ -22,7 +22,7 @@ from cost_models.specs import ParallelConfig
 plan_inputs = stack(
     click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
                  help="plan JSON from `autoplan estimate/search --format json`"),
-    click.option("--index", type=int, default=None, help="with a search result: use plans[INDEX] [0]"),
+    click.option("--index", type=int, default=None, help="with a search result: the plan numbered #INDEX in its table [1]"),
     click.option("--model", default=None,
                  help="catalog name, HF config.json path or spec file (instead of --plan)"),
     cluster_flags(gpus_required=False),

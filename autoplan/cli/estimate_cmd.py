@@ -11,29 +11,39 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, request_from_file, request_option, stack, user_errors)
+from autoplan.inputs import strict
 from autoplan.report import describe_job, describe_parallel, render_prediction
-from autoplan.schema import EstimateRequest
+from autoplan.schema import EstimateRequest, validate_request
 from cost_models.specs import ParallelConfig
 
 
-def parallel_options(required: bool) -> Any:
-    """Degree flags; ``required`` for estimate, optional pins for search and emit."""
+def parallel_options(required: bool, searched: bool = False) -> Any:
+    """Degree flags; ``required`` for estimate, optional pins for search (``searched``: an omitted flag is
+    searched, so the help shows no default) and emit (omitted: ParallelConfig's default)."""
     opt = click.option
+
+    def default(text: str) -> str:
+        return "[searched]" if searched else f"[{text}]"
     return stack(
-        opt("--tp", type=int, required=required, default=None, help="tensor-parallel degree"),
-        opt("--pp", type=int, required=required, default=None, help="pipeline-parallel degree"),
-        opt("--cp", type=int, default=None, help="context-parallel degree [1]"),
-        opt("--ep", type=int, default=None, help="expert-parallel degree, inside dp*cp [1]"),
-        opt("--vp", type=int, default=None, help="virtual stages per pipeline rank (interleaved) [1]"),
-        opt("--mbs", "micro_batch_size", type=int, default=None, help="micro-batch size in sequences [1]"),
+        opt("--tp", type=int, required=required, help="tensor-parallel degree"),
+        opt("--pp", type=int, required=required, help="pipeline-parallel degree"),
+        opt("--cp", type=int, default=None, help=f"context-parallel degree {default('1')}"),
+        opt("--ep", type=int, default=None, help=f"expert-parallel degree, inside dp*cp {default('1')}"),
+        opt("--vp", type=int, default=None, help=f"virtual stages per pipeline rank (interleaved) {default('1')}"),
+        opt("--mbs", "micro_batch_size", type=int, default=None,
+            help=f"micro-batch size in sequences {default('1')}"),
         opt("--zero", "zero_stage", type=click.IntRange(0, 3), default=None,
-            help="0 DDP, 1 distributed optimizer, 2, 3 FSDP [1]"),
-        opt("--hsdp", "hsdp_shard_size", type=int, default=None, help="HSDP shard-group size"),
-        opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help="[none]"),
-        opt("--sequence-parallel/--no-sequence-parallel", default=None, help="Megatron SP [on]"),
-        opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None, help="[1f1b]"),
-        opt("--first-stage-layers", type=int, default=None, help="decoder layers on pipeline stage 0"),
-        opt("--last-stage-layers", type=int, default=None, help="decoder layers on the last stage"),
+            help=f"0 DDP, 1 distributed optimizer, 2, 3 FSDP {default('1')}"),
+        opt("--hsdp", "hsdp_shard_size", type=int, default=None,
+            help=f"HSDP shard-group size {default('none')}"),
+        opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help=default("none")),
+        opt("--sequence-parallel/--no-sequence-parallel", default=None, help=f"Megatron SP {default('on')}"),
+        opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None,
+            help=default("1f1b")),
+        opt("--first-stage-layers", type=int, default=None,
+            help=f"decoder layers on pipeline stage 0 {default('even split')}"),
+        opt("--last-stage-layers", type=int, default=None,
+            help=f"decoder layers on the last stage {default('even split')}"),
     )
 
 
@@ -58,10 +68,10 @@ def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration."""
     data = request_from_file("estimate")
     if data is not None:
-        request = EstimateRequest.model_validate(data)
+        request = validate_request(EstimateRequest, data)
     else:
         request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
-                                  job=job_spec(kw).model_dump(), parallel=ParallelConfig(**pop_parallel(kw)))
+                                  job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"))
     result = api.estimate(request)
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,7 @@ model_option = click.option("--model", "model", required=True,
 def cluster_flags(*, gpus_required: bool = True) -> Callable[[F], F]:
     """The cluster flags; ``--gpus`` is optional where another input (a plan file) can stand in for it."""
     return stack(
-        click.option("--gpus", "num_gpus", type=int, required=gpus_required, default=None, help="number of GPUs"),
+        click.option("--gpus", "num_gpus", type=int, required=gpus_required, help="number of GPUs"),
         click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
         click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
         click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
@@ -68,23 +69,36 @@ def job_spec(kw: dict[str, Any]) -> JobSpec:
 
 
 def user_errors(f: F) -> F:
-    """Turn user-facing errors into one line on stderr and exit code 2 (infeasible: 3); never a traceback."""
+    """Turn user-facing errors into one line on stderr and exit code 2 (infeasible: 3); never a traceback.
+
+    Anything else is a bug: one line naming it, exit 1 (``AUTOPLAN_DEBUG=1`` re-raises for the traceback)."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
         except ConfigError as e:
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(2)
+            fail(f"Error: {e}", 2)
         except ValidationError as e:
-            click.echo(f"Error: {describe_validation_error(e)}", err=True)
-            sys.exit(2)
+            fail(f"Error: {describe_validation_error(e)}", 2)
         except InfeasibleError as e:
-            click.echo(f"Infeasible: {e}", err=True)
-            sys.exit(3)
+            fail(f"Infeasible: {e}", 3)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 — the last guard: a bug is reported, not dumped
+            if os.environ.get("AUTOPLAN_DEBUG"):
+                raise
+            fail(f"Error: internal error ({type(e).__name__}: {e}); please report it (AUTOPLAN_DEBUG=1 shows the "
+                 "traceback)", 1)
 
     return wrapper
+
+
+def fail(message: str, code: int) -> None:
+    """One line on stderr, then exit ``code``."""
+    text = " ".join(message.split())
+    click.echo(text if len(text) <= 1000 else text[:997] + "...", err=True)
+    sys.exit(code)
 
 
 # ---- --request FILE: one request (JSON/YAML, `autoplan schema request`) instead of the flags ------------

@@ -16,7 +16,7 @@ from autoplan.cli.options import (cluster_options, cluster_request, format_optio
                                   model_option, request_from_file, request_option, user_errors)
 from autoplan.errors import ConfigError
 from autoplan.report import describe_job, render_plan, render_search_stats
-from autoplan.schema import SearchRequest
+from autoplan.schema import SearchRequest, validate_request
 
 
 class _Progress:
@@ -80,7 +80,7 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
 @model_option
 @cluster_options
 @job_options
-@parallel_options(required=False)
+@parallel_options(required=False, searched=True)
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
               show_default=True,
@@ -104,7 +104,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     """
     data = request_from_file("search", keep=("fmt", "emit_dir"))
     if data is not None:
-        request = SearchRequest.model_validate(data)
+        request = validate_request(SearchRequest, data)
     else:
         request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(),
                                 job=job_spec(kw).model_dump(), parallel=pop_parallel(kw), top=top_k, target=target)

@@ -8,12 +8,9 @@ infeasible layout is refused by autoplan with the reason the framework itself wo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-from pydantic import ValidationError
 
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -51,13 +48,9 @@ class EmitPlan:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserInputError(f"plan file '{path}' does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise UserInputError(f"plan file '{path}' is not valid JSON: {e.msg} (line {e.lineno})") from e
+    from autoplan.inputs import parse_json, read_text
+
+    data = parse_json(read_text(path, what="plan file"), f"plan file '{path}'")
     if not isinstance(data, dict):
         raise UserInputError(f"plan file '{path}' must hold one JSON object, not {type(data).__name__}")
     return data
@@ -76,8 +69,8 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
 
     ``index`` picks ``plans[index]`` of a search result (default 0); it is an error for an estimate
     result, which holds a single ``"parallel"``."""
-    from autoplan.catalog import build_cluster  # local: the catalog loads YAML files
-    from autoplan.catalog.spec_file import describe_validation_error
+    from autoplan.inputs import strict
+    from autoplan.request import ClusterRequest
 
     model_rec = _require(data, "model", source)
     spec = model_rec.get("spec")
@@ -86,37 +79,31 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     spec = dict(spec)
     spec.setdefault("name", model_rec.get("name", "custom"))
     cl = _require(data, "cluster", source)
-    try:
-        model = ModelSpec(**spec)
-        cluster = build_cluster(str(cl["gpu"]), int(cl["num_gpus"]), gpus_per_node=cl.get("gpus_per_node"),
-                                inter_node_gbps=cl.get("inter_node_gbps"),
-                                nvlink_domain_size=cl.get("nvlink_domain_size"))
-        job = JobSpec(**_require(data, "job", source))
-    except KeyError as e:
-        raise UserInputError(f"plan file '{source}': \"cluster\" has no {e}") from e
-    except ValidationError as e:
-        raise UserInputError(f"plan file '{source}': {describe_validation_error(e)}") from e
+    if not isinstance(cl, dict) or "gpu" not in cl or "num_gpus" not in cl:
+        raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
+    model = strict(ModelSpec, spec, f"plan file '{source}': model")
+    creq = strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
+                                                           "nvlink_domain_size")}, f"plan file '{source}': cluster")
+    cluster = creq.resolve()
+    job = strict(JobSpec, _require(data, "job", source), f"plan file '{source}': job")
 
     if "plans" in data:
         plans = _require(data, "plans", source, list)
         if not plans:
             raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
-        i = 0 if index is None else index
+        i = 0 if index is None else index - 1  # --index is 1-based, like the table's #1, #2, ...
         if not 0 <= i < len(plans):
-            raise UserInputError(f"--index {i} is out of range: plan file '{source}' holds {len(plans)} plan(s) "
-                                 f"(valid: 0..{len(plans) - 1})")
+            raise UserInputError(f"--index {index} is out of range: plan file '{source}' holds {len(plans)} "
+                                 f"plan(s) (valid: 1..{len(plans)})")
         entry = plans[i]
         par = entry.get("parallel") if isinstance(entry, dict) else None
         if not isinstance(par, dict):
             raise UserInputError(f"plan file '{source}': plans[{i}] has no \"parallel\" object")
     else:
-        if index not in (None, 0):
+        if index not in (None, 1):
             raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
         par = _require(data, "parallel", source)
-    try:
-        parallel = ParallelConfig(**par)
-    except ValidationError as e:
-        raise UserInputError(f"plan file '{source}': parallel: {describe_validation_error(e)}") from e
+    parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
     return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel)
 
 

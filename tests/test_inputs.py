@@ -1,0 +1,117 @@
+"""The shared validation layer (autoplan.inputs) and the issue-14 reproductions it fixes, one test each."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import autoplan
+from autoplan.cli import cli
+from autoplan.errors import UserInputError
+from autoplan.inputs import MAX_FILE_BYTES, check_tree, parse_json, parse_yaml, read_mapping
+
+EST = ["estimate", "--gpus", "8", "--tp", "1", "--pp", "1"]
+
+
+def _cli(*args: str) -> tuple[int, str, str]:  # (exit code, stderr, stdout)
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.stderr, r.stdout
+
+
+def _one_line_error(code: int, err: str, out: str = "", expected: int = 2) -> str:
+    assert code == expected, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_binary_utf16_and_special_model_files(tmp_path: Path) -> None:
+    binary = tmp_path / "garbage.json"
+    binary.write_bytes(bytes(range(200, 256)) * 4)
+    assert "is not UTF-8 text" in _one_line_error(*_cli(*EST, "--model", str(binary)))
+    utf16 = tmp_path / "u16.json"
+    utf16.write_text('{"num_layers": 2}', encoding="utf-16")
+    assert "looks like UTF-16" in _one_line_error(*_cli(*EST, "--model", str(utf16)))
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    assert "not a regular file" in _one_line_error(*_cli(*EST, "--model", str(fifo)))
+    assert "not a regular file" in _one_line_error(*_cli(*EST, "--model", "llama3-8b", "--cluster", str(fifo)))
+    assert "no such user" in _one_line_error(*_cli(*EST, "--model", "~no-such-user-xyz/m.json"))
+    assert "longer than" in _one_line_error(*_cli(*EST, "--model", "x" * 5000 + ".json"))
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(UserInputError, match="the limit is"):
+        read_mapping(big)
+
+
+def test_yaml_alias_bomb_is_bounded(tmp_path: Path) -> None:
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nmodel: llama3-8b\n")
+    assert bomb.stat().st_size < 500
+    err = _one_line_error(*_cli("search", "--request", str(bomb)))
+    assert "more than" in err and "values" in err
+    many = "\n".join(["a: &a 1", *[f"k{i}: *a" for i in range(300)]])
+    with pytest.raises(UserInputError, match="aliases"):
+        parse_yaml(many)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"a": NaN}', "not a number"), ('{"a": 1e400}', "out of range"), ('{"a": Infinity}', "not a number"),
+    ('{"a": ' + "9" * 40 + "}", "digits"), ("[" * 5000 + "]" * 5000, "nested"),
+])
+def test_json_refuses_non_finite_huge_and_deep(text: str, why: str) -> None:
+    with pytest.raises(UserInputError, match=why):
+        parse_json(text)
+
+
+def test_tree_checks() -> None:
+    with pytest.raises(UserInputError, match="surrogate"):
+        check_tree({"id": "\ud800"})
+    with pytest.raises(UserInputError, match="not a finite number"):
+        check_tree({"x": [float("nan")]})
+    with pytest.raises(UserInputError, match="out of range"):
+        check_tree({"x": 2**60})
+    with pytest.raises(UserInputError, match="not a string"):
+        check_tree({1: 2})
+
+
+@pytest.mark.parametrize("cluster, needle", [
+    ({"num_gpus": True}, "valid integer (got True)"), ({"num_gpus": 8.9}, "valid integer (got 8.9)"),
+    ({"num_gpus": 8, "inter_node_gbps": float("inf")}, "finite number"),
+    ({"num_gpus": 8, "nvlink_domain_size": 2**62}, "out of range"),
+    ({"num_gpus": 8, "nvlink_domain_size": 2**40}, "less than or equal to 1048576"),
+])
+def test_strict_request_types(cluster: dict, needle: str) -> None:
+    with pytest.raises(autoplan.InputError) as info:
+        autoplan.search({"model": "llama3-8b", "cluster": cluster})
+    assert needle in str(info.value)
+
+
+def test_strict_model_spec_types() -> None:
+    spec = {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
+            "num_kv_heads": 4, "vocab_size": 1000}
+    for bad, needle in (({"num_layers": True}, "num_layers"), ({"tied_embeddings": "false"}, "tied_embeddings"),
+                        ({"hidden_size": 256.0}, "hidden_size")):
+        with pytest.raises(autoplan.InputError, match=needle):
+            autoplan.estimate({"model": {**spec, **bad}, "cluster": {"num_gpus": 8}})
+
+
+def test_error_hierarchy_is_exported() -> None:
+    assert issubclass(autoplan.InputError, autoplan.AutoplanError)
+    assert issubclass(autoplan.InfeasibleError, autoplan.AutoplanError)
+    assert issubclass(autoplan.UserInputError, autoplan.InputError)
+
+
+def test_missing_gpus_and_usage_errors_are_one_line() -> None:
+    assert "Missing option '--gpus'" in _one_line_error(*_cli("search", "--model", "llama3-8b"))
+    assert "No such command" in _one_line_error(*_cli("frobnicate"))
