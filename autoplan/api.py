@@ -299,7 +299,14 @@ def run_line(engine: Engine, data: Any, line: int) -> BatchLine:
 def peek_id(data: Any) -> str | None:
     """The id of a parsed line, if it has a usable one (echoed even when the line is invalid)."""
     rid = data.get("id") if isinstance(data, dict) else None
-    return rid[:MAX_ID_CHARS] if isinstance(rid, str) else None
+    if not isinstance(rid, str):
+        return None
+    rid = rid[:MAX_ID_CHARS]
+    try:
+        rid.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape ("\ud800") cannot be written back out
+        return None
+    return rid
 
 
 def _peek_kind(data: Any) -> Any:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,12 +267,16 @@ def _least_squares(residuals: Any, u0: np.ndarray) -> np.ndarray:
 
 
 def leave_one_out(runs: Sequence[ResolvedRun], start: Efficiency | None = None,
-                  fields: Iterable[str] = DEFAULT_FIT_FIELDS, *, prior_weight: float = PRIOR_WEIGHT) -> list[float]:
-    """For each run: fit on the others, predict it; signed relative errors in run order."""
+                  fields: Iterable[str] = DEFAULT_FIT_FIELDS, *, prior_weight: float = PRIOR_WEIGHT,
+                  progress: Callable[[int, int], None] | None = None) -> list[float]:
+    """For each run: fit on the others, predict it; signed relative errors in run order.
+    ``progress(done, total)`` after each refit (one fit per run: the slow part of ``calibrate``)."""
     fields = tuple(fields)
     full = fit(runs, start, fields, prior_weight=prior_weight)  # warm start for each refit
     out = []
     for i, run in enumerate(runs):
+        if progress is not None:
+            progress(i, len(runs))
         rest = [r for j, r in enumerate(runs) if j != i]
         res = fit(rest, start, fields, prior_weight=prior_weight, warm=full.efficiency) if rest else None
         eff = res.efficiency if res else start
@@ -298,4 +302,6 @@ def profile_mapping(gpu: str, eff: Efficiency, fitted: Iterable[str], cluster: C
 def write_profile(path: str | Path, mapping: dict[str, Any], header: str = "") -> None:
     text = yaml.safe_dump(mapping, sort_keys=False)
     lines = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
-    Path(path).write_text(lines + text, encoding="utf-8")
+    from autoplan.outputs import output_target
+
+    output_target(str(path), what="cluster profile").write_text(lines + text)

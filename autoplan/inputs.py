@@ -126,13 +126,14 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def parse_json(text: str, where: str = "input") -> Any:
-    """Strict JSON: finite numbers, bounded integers, bounded depth; errors name ``where``."""
+def parse_json(text: str, where: str = "input", *, one_line: bool = False) -> Any:
+    """Strict JSON: finite numbers, bounded integers, bounded depth; errors name ``where`` (and the
+    character position only, for ``one_line`` text such as a batch line)."""
     try:
         data = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except json.JSONDecodeError as err:
-        raise UserInputError(f"invalid JSON in {where}: {err.msg} (line {err.lineno}, column {err.colno})"
-                             ) from None
+        at = f"character {err.pos + 1}" if one_line else f"line {err.lineno}, column {err.colno}"
+        raise UserInputError(f"invalid JSON in {where}: {err.msg} ({at})") from None
     except ValueError as err:
         raise UserInputError(f"invalid JSON in {where}: {err}") from None
     except RecursionError:

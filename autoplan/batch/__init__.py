@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
-from autoplan.api import peek_id
 from autoplan.batch.local import Answer, LocalBackend
-from autoplan.batch.reader import Limits, Line, parse_json, read_lines
+from autoplan.batch.reader import Limits, Line, line_id, parse_json, read_lines
+from autoplan.errors import UserInputError
 from autoplan.schema import MAX_ID_CHARS, BatchLine, BatchSummary
 
 Backend = Literal["local", "ray"]
@@ -94,7 +94,7 @@ class BatchRun:
                     kept[number] = BatchLine.model_validate_json(text)
                 yield number, status, text
                 continue
-            out = kept[rep].model_copy(update={"line": line.number, "id": peek_id(parse_json(line.text or "{}"))})
+            out = kept[rep].model_copy(update={"line": line.number, "id": line_id(line.text)})
             waiting[rep] -= 1
             if not waiting[rep]:
                 del kept[rep]
@@ -142,7 +142,7 @@ def _request_key(line: Line) -> str | None:
         return None
     try:
         data = parse_json(line.text)
-    except (ValueError, RecursionError):
+    except UserInputError:
         return None
     if not isinstance(data, dict):
         return None

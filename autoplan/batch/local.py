@@ -11,8 +11,11 @@ answered ``error`` — the batch goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -20,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from autoplan.api import Engine
-from autoplan.batch.reader import Line, answer
+from autoplan.batch.reader import Line, answer, line_id
 from autoplan.schema import BatchLine
 
 Answer = tuple[int, str, str]  # (line number, status, output JSON)
@@ -30,7 +33,31 @@ _WORKER: list[Engine] = []  # the pool worker's engine (one per worker process, 
 
 
 def _start_worker(allow_files: bool) -> None:
+    die_with_parent()
     _WORKER[:] = [Engine(allow_files=allow_files)]
+
+
+def die_with_parent() -> None:
+    """Make this pool worker exit when the batch process dies (even by SIGKILL): Linux's
+    ``PR_SET_PDEATHSIG``, and elsewhere a daemon thread that notices the parent is gone."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG = 1
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def worker_id() -> str:
@@ -46,7 +73,7 @@ def _answer_chunk(chunk: Sequence[Line]) -> ChunkResult:
 
 
 def crashed(line: Line, why: str) -> Answer:
-    out = BatchLine(id=None, line=line.number, status="error", message=f"worker died on this line ({why})")
+    out = BatchLine(id=line_id(line.text), line=line.number, status="error", message=f"worker died on this line ({why})")
     return line.number, "error", out.model_dump_json()
 
 def requeue_after_crash(chunk: list[Line], inflight: list[list[Line]], queue: deque[list[Line]], isolate: int,
@@ -63,6 +90,13 @@ def requeue_after_crash(chunk: list[Line], inflight: list[list[Line]], queue: de
     queue.extendleft(reversed(singles))
     return now, len(singles)
 
+
+
+def terminate(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's worker processes (a search in flight would otherwise run to its end)."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
 
 
 def chunks_of(lines: Sequence[Line], size: int) -> list[list[Line]]:
@@ -109,6 +143,7 @@ class LocalBackend:
         inflight: deque[tuple[list[Line], Future[ChunkResult]]] = deque()
         isolate = 0  # > 0: run that many upcoming chunks alone, so a crash names its line
         pool = self._pool()
+        done = False
         try:
             while queue or inflight:
                 while queue and len(inflight) < (1 if isolate else limit):
@@ -130,5 +165,8 @@ class LocalBackend:
                     isolate -= 1
                 self.worker_stats[wid] = stats
                 yield from answers
+            done = True
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if not done:  # interrupted (Ctrl-C, SIGTERM, a failed write): stop the workers now
+                terminate(pool)
+            pool.shutdown(wait=done, cancel_futures=True)

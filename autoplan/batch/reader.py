@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from autoplan.api import Engine, peek_id, run_line
 from autoplan.errors import UserInputError
+from autoplan.inputs import parse_json as strict_json
 from autoplan.schema import BatchLine, Status
 
 MIB = 1 << 20
@@ -48,7 +49,7 @@ def read_lines(stream: IO[bytes], limits: Limits = Limits(), *, name: str = "inp
         number += 1
         total += len(raw)
         if len(raw) > limits.max_line_bytes and not raw.endswith(b"\n"):
-            total += _skip_rest_of_line(stream)
+            total += _skip_rest_of_line(stream, limits.max_total_bytes - total + 1)
             refused = f"line is longer than {limits.max_line_bytes} bytes (the request size limit)"
             lines.append(Line(number, None, refused))
         elif raw.strip():
@@ -63,45 +64,49 @@ def read_lines(stream: IO[bytes], limits: Limits = Limits(), *, name: str = "inp
     return lines
 
 
-def _skip_rest_of_line(stream: IO[bytes]) -> int:
+def _skip_rest_of_line(stream: IO[bytes], budget: int) -> int:
+    """Skip to the next newline, reading at most ``budget`` bytes (an endless line is over the size limit)."""
     skipped = 0
-    while True:
+    while skipped < budget:
         chunk = stream.readline(MIB)
         skipped += len(chunk)
         if not chunk or chunk.endswith(b"\n"):
             return skipped
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
+    return skipped
 
 
 def parse_json(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
+    """One request line: strict JSON (no NaN/Infinity/1e400, bounded depth, valid Unicode), as every
+    other input (:func:`autoplan.inputs.parse_json`); raises ``UserInputError``."""
+    return strict_json(text, "this line", one_line=True)
 
 
-def _lenient_id(text: str) -> str | None:
-    """The id of a line refused only for NaN/Infinity (so the caller can still match the answer)."""
+def line_id(text: str | None) -> str | None:
+    """The id of a line, read leniently (so a line refused for its content still echoes its id)."""
     try:
-        return peek_id(json.loads(text))
+        return peek_id(json.loads(text or ""))
     except (ValueError, RecursionError):
         return None
 
 
 def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
-    """The output line (compact JSON) for one input line; never raises."""
+    """The output line (compact JSON) for one input line; never raises (one bad line never stops a batch)."""
     if line.refused is not None:
         out = BatchLine(id=None, line=line.number, status="invalid", message=line.refused)
     else:
         try:
             data = parse_json(line.text or "")
-        except (ValueError, RecursionError) as err:
-            message = " ".join(str(err).split()) or type(err).__name__
-            out = BatchLine(id=_lenient_id(line.text or ""), line=line.number, status="invalid",
-                            message=f"not valid JSON: {message}")
+        except UserInputError as err:
+            out = BatchLine(id=line_id(line.text), line=line.number, status="invalid",
+                            message=str(err).replace("invalid JSON in this line", "not valid JSON"))
         else:
             out = run_line(engine, data, line.number)
-    return line.number, out.status, out.model_dump_json()
+    try:
+        return line.number, out.status, out.model_dump_json()
+    except Exception as err:  # noqa: BLE001 — a result that cannot be serialized is this line's error
+        bad = BatchLine(id=None, line=line.number, status="error",
+                        message=f"internal error: the answer could not be written ({type(err).__name__})")
+        return line.number, "error", bad.model_dump_json()
 
 
 def iter_answers(engine: Engine, lines: list[Line]) -> Iterator[tuple[int, Status, str]]:

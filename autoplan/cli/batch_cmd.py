@@ -10,14 +10,15 @@ import click
 from autoplan.batch import BatchRun, Limits, Progress, describe_summary, read_lines
 from autoplan.cli import cli
 from autoplan.cli.options import user_errors
+from autoplan.outputs import output_target
 
 DEFAULTS = Limits()
 
 
 @cli.command("batch")
 @click.argument("requests", type=click.File("rb"))
-@click.option("-o", "--output", type=click.File("w", encoding="utf-8", atomic=True), default="-",
-              help="results JSONL [stdout]")
+@click.option("-o", "--output", default="-", help="results JSONL [stdout]; a file is replaced only when the batch "
+              "completes, a pipe or device is written in place")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="worker processes (local) or actors (ray)")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
@@ -31,7 +32,7 @@ DEFAULTS = Limits()
               help="largest input")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr [on a terminal]")
 @user_errors
-def batch_cmd(requests: IO[bytes], output: IO[str], workers: int, backend: str, address: str | None,
+def batch_cmd(requests: IO[bytes], output: str, workers: int, backend: str, address: str | None,
               allow_files: bool, max_lines: int, max_line_bytes: int, max_bytes: int,
               progress: bool | None) -> None:
     """Plan every request of REQUESTS (JSONL; '-' for stdin) and write one result line per request.
@@ -40,14 +41,16 @@ def batch_cmd(requests: IO[bytes], output: IO[str], workers: int, backend: str, 
     "search" | "estimate", "model": ..., "cluster": {...}, "job": {...}, "parallel": {...}}. Each output
     line has the same `id`, its `line` number, a `status` (ok | infeasible | invalid | error) and the
     `result` or a `message`, in input order. A bad line never stops the batch."""
+    target = output_target(output)
     name = getattr(requests, "name", "input")
     lines = read_lines(requests, Limits(max_line_bytes, max_lines, max_bytes), name=str(name))
     bar = Progress(len(lines), sys.stderr, enabled=progress)
     run = BatchRun(lines, workers=workers, backend=backend, address=address,  # type: ignore[arg-type]
                    allow_files=allow_files, on_answer=bar)
     try:
-        for _, _, text in run.answers():
-            output.write(text + "\n")
+        with target.open() as out:
+            for _, _, text in run.answers():
+                out.write(text + "\n")
     finally:
         bar.close()
     click.echo(describe_summary(run.summary()), err=True)

@@ -22,6 +22,7 @@ from autoplan.catalog.cluster import build_cluster
 from autoplan.cli import cli
 from autoplan.cli.options import user_errors
 from autoplan.errors import UserInputError
+from autoplan.outputs import output_target
 
 
 def _fields(text: str | None) -> tuple[str, ...]:
@@ -52,6 +53,7 @@ def calibrate_cmd(runs_file: str, gpu: str | None, output: str, fit_fields: str 
                   prior_weight: float, loo: bool, fmt: str) -> None:
     """Fit efficiency parameters to measured runs (JSON Lines) and write a cluster profile for --cluster."""
     fields = _fields(fit_fields)
+    output_target(output, what="cluster profile")  # refuse an unwritable -o before the fit
     runs = [resolve_run(r) for r in load_runs(runs_file)]
     names = {r.cluster.gpu.name for r in runs}
     gpu_name = load_gpu(gpu).name if gpu else (next(iter(names)) if len(names) == 1 else None)
@@ -61,7 +63,8 @@ def calibrate_cmd(runs_file: str, gpu: str | None, output: str, fit_fields: str 
         raise UserInputError(f"--gpu {gpu_name} but the runs use {', '.join(sorted(names))}")
     start = build_cluster(gpu_name, 1, profile=start_profile).efficiency if start_profile else None
     result = fit(runs, start, fields, prior_weight=prior_weight)
-    loo_errors = leave_one_out(runs, start, fields, prior_weight=prior_weight) if loo and len(runs) > 1 else None
+    loo_errors = (leave_one_out(runs, start, fields, prior_weight=prior_weight, progress=_loo_progress)
+                  if loo and len(runs) > 1 else None)
 
     shared = {k: {getattr(r.cluster, k) for r in runs} for k in ("gpus_per_node", "inter_node_gbps",
                                                                  "nvlink_domain_size")}
@@ -111,6 +114,12 @@ def calibrate_cmd(runs_file: str, gpu: str | None, output: str, fit_fields: str 
         click.echo("warning: the fit leaves more than 15% error; check the runs (parallel flags, mbs, precision)",
                    err=True)
     sys.stdout.flush()
+
+
+def _loo_progress(done: int, total: int) -> None:
+    """Leave-one-out refits one fit per run (a minute for ~60 runs): say so on stderr."""
+    if done == 0 and total >= 8:
+        click.echo(f"leave-one-out: refitting {total} times (--no-loo skips it) ...", err=True)
 
 
 def _mape(errors: list[float] | None) -> float:

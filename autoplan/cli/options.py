@@ -83,6 +83,10 @@ def user_errors(f: F) -> F:
             fail(f"Error: {describe_validation_error(e)}", 2)
         except InfeasibleError as e:
             fail(f"Infeasible: {e}", 3)
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as the Python docs advise
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(1)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 — the last guard: a bug is reported, not dumped
