@@ -17,8 +17,9 @@ touches).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from cost_models.collectives import RankStrides, group_collective_time_s
+from cost_models.collectives import CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, Op
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
@@ -45,7 +46,7 @@ class LayerCost:
     @property
     def cp_exposed_s(self) -> float:
         """Ring attention overlaps each K/V block transfer with the previous block's compute."""
-        return max(0.0, self.cp_s - self.attention_s)
+        return ring_exposed_s(self.cp_s, self.attention_s)
 
     @property
     def total_s(self) -> float:
@@ -72,6 +73,9 @@ PERMUTE_BYTES = (4.0, 4.0)  # MoE dispatch/combine: gather/scatter of each route
 # cast (read 2, write 4), max, subtract, exp, sum, divide (≈ 28 more), backward softmax − one-hot and the bf16
 # gradient (≈ 14): bytes per vocabulary entry per token.
 LOSS_BYTES = (34.0, 14.0)
+# Vocab-parallel cross-entropy all-reduces three fp32 numbers per token across TP: the max logit, the sum of
+# exponentials and the target logit (megatron/core/tensor_parallel/cross_entropy.py).
+LOSS_PARALLEL_BYTES_PER_TOKEN = 3 * 4.0
 # Unfused attention (Megatron-LM ≤ 2022 GPT: fused scale-mask-softmax, then attention dropout) per score element:
 # forward softmax read 2 + write 2, dropout read 2 + write 2 + mask 1; backward dropout (read 2 + 1, write 2) and
 # softmax (read probs 2, grad 2, write 2).
@@ -82,7 +86,7 @@ FP8_CAST_BYTES = 4.0
 
 
 @dataclass(frozen=True)
-class _Compute:
+class OpCompute:
     """Seconds per micro-batch on one rank."""
 
     gemm_f: float  # GEMMs, forward (backward = 2×)
@@ -91,6 +95,19 @@ class _Compute:
     mem_f: float  # memory-bound kernels, forward
     mem_b: float  # memory-bound kernels, backward
 
+    @property
+    def forward_s(self) -> float:
+        return self.gemm_f + self.attn_f + self.mem_f
+
+    @property
+    def backward_s(self) -> float:
+        """GEMMs 2× forward (dgrad + wgrad); the attention core and memory-bound kernels as priced."""
+        return 2 * self.gemm_f + self.attn_b + self.mem_b
+
+    def recompute_s(self, recompute: str) -> float:
+        """Selective recompute repeats the attention core's forward, full recompute the whole forward."""
+        return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
+
 
 def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
     return _matmul_split(op, graph, t) if op.kind == "matmul" else (op.weight_in, op.weight_out)
@@ -98,54 +115,63 @@ def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
 
 def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                          par: ParallelConfig) -> tuple[float, float]:
-    """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank.
+    """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank:
+    the sum of ``op_traffic_bytes`` over its ops."""
+    fwd = bwd = 0.0
+    for op in graph.ops:
+        f, b = op_traffic_bytes(op, graph, model, job, par)
+        fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
+
+
+def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
+                     par: ParallelConfig) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank.
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
-    the norms and residual adds); head/FFN/vocab-width tensors are split by TP."""
+    the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
+    sharded (the search prices per-op shardings with it; a uniform layer passes the layer's config)."""
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    producers = {op.output: op for op in graph.ops}
 
     def per_rank(tensor: str) -> float:
         kind = graph.tensors[tensor].dim_kind
         return graph.tensors[tensor].width / (t if kind in _COLUMN_KINDS or sp else 1)
 
     fwd = bwd = 0.0
-    fp8 = job.precision == "fp8"
-    for op in graph.ops:
-        tf = op.tokens_factor
-        if op.kind == "norm":
-            w = per_rank(op.inputs[0])
-            fwd, bwd = fwd + NORM_BYTES[0] * w, bwd + NORM_BYTES[1] * w
-        elif op.kind == "elementwise" and op.name == "rotary":
-            if model is not None and model.learned_position_embeddings:
-                continue  # absolute positions are added once at the embedding: no rotary kernel
-            w = sum(per_rank(x) for x in op.inputs)
-            fwd, bwd = fwd + ROTARY_BYTES[0] * w, bwd + ROTARY_BYTES[1] * w
-        elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
-            w = per_rank(op.output)  # residual / shared-expert add
-            fwd, bwd = fwd + RESIDUAL_BYTES[0] * w, bwd + RESIDUAL_BYTES[1] * w
-        elif op.kind == "elementwise":  # activation: read inputs, write output; backward reads inputs + dy
-            ins = sum(per_rank(x) for x in op.inputs)
-            out = per_rank(op.output)
-            if op.name.startswith("expert_"):  # expert TP = 1: tokens (not features) split over TP
-                ins, out = ins * t / (t if sp else 1), out * t / (t if sp else 1)
-            fwd += 2.0 * (ins + out) * tf
-            bwd += 2.0 * (2 * ins + out) * tf
-        elif op.kind in ("dispatch", "combine") and model is not None:
-            w = model.hidden_size / (t if sp else 1) * model.moe_top_k
-            fwd, bwd = fwd + PERMUTE_BYTES[0] * w, bwd + PERMUTE_BYTES[1] * w
-        elif op.kind == "loss":
-            w = per_rank(op.inputs[0])
-            fwd, bwd = fwd + LOSS_BYTES[0] / 2 * w, bwd + LOSS_BYTES[1] / 2 * w  # per element, not per byte
-        if fp8 and op.kind in ("matmul", "experts"):
-            k, n = _local_widths(op, graph, t)
-            scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
-            prod = producers.get(op.inputs[0])
-            if prod is None or prod.kind != "norm":
-                fwd += FP8_CAST_BYTES * k * scale
-            bwd += FP8_CAST_BYTES * n * scale
+    tf = op.tokens_factor
+    if op.kind == "norm":
+        w = per_rank(op.inputs[0])
+        fwd, bwd = NORM_BYTES[0] * w, NORM_BYTES[1] * w
+    elif op.kind == "elementwise" and op.name == "rotary":
+        if model is not None and model.learned_position_embeddings:
+            return 0.0, 0.0  # absolute positions are added once at the embedding: no rotary kernel
+        w = sum(per_rank(x) for x in op.inputs)
+        fwd, bwd = ROTARY_BYTES[0] * w, ROTARY_BYTES[1] * w
+    elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
+        w = per_rank(op.output)  # residual / shared-expert add
+        fwd, bwd = RESIDUAL_BYTES[0] * w, RESIDUAL_BYTES[1] * w
+    elif op.kind == "elementwise":  # activation: read inputs, write output; backward reads inputs + dy
+        ins = sum(per_rank(x) for x in op.inputs)
+        out = per_rank(op.output)
+        if op.name.startswith("expert_"):  # expert TP = 1: tokens (not features) split over TP
+            ins, out = ins * t / (t if sp else 1), out * t / (t if sp else 1)
+        fwd = 2.0 * (ins + out) * tf
+        bwd = 2.0 * (2 * ins + out) * tf
+    elif op.kind in ("dispatch", "combine") and model is not None:
+        w = model.hidden_size / (t if sp else 1) * model.moe_top_k
+        fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
+    elif op.kind == "loss":
+        w = per_rank(op.inputs[0])
+        fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
+    if job.precision == "fp8" and op.kind in ("matmul", "experts"):
+        k, n = _local_widths(op, graph, t)
+        scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
+        prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
+        if prod is None or prod.kind != "norm":
+            fwd += FP8_CAST_BYTES * k * scale
+        bwd += FP8_CAST_BYTES * n * scale
     return fwd * tokens, bwd * tokens
 
 
@@ -167,31 +193,37 @@ def _unfused_attention(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobS
                                                                                       cluster)
 
 
-def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> _Compute:
-    """Compute time of one layer for one micro-batch on one rank, by kind."""
+def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+               par: ParallelConfig) -> OpCompute:
+    """Compute time of one op for one micro-batch on one rank, sharded as ``par`` says (the uniform layer
+    passes its config; the intra-op search passes each op's own sharding)."""
     t = par.tp
     eff = cluster.efficiency
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = attn_f = attn_b = 0.0
-    for op in graph.ops:
-        if op.kind in ("matmul", "router"):
-            k, n = _local_widths(op, graph, t)
-            gemm += matmul_time_s(tokens, k, n, cluster, job.precision)
-        elif op.kind == "experts":
-            local_experts = model.num_experts // par.ep
-            routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
-            per_expert = routed / model.num_experts * eff.moe_imbalance
-            gemm += local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
-        elif op.kind == "attention":
-            if eff.flash_attention:
-                f = attention_time_s(op.flops_per_token * tokens / t, cluster)
-                attn_f, attn_b = attn_f + f, attn_b + ATTN_BWD_FACTOR * f
-            else:
-                f, b = _unfused_attention(op, model, cluster, job, par)
-                attn_f, attn_b = attn_f + f, attn_b + b
-    mem_f, mem_b = memory_traffic_bytes(graph, model, job, par)
+    if op.kind in ("matmul", "router"):
+        k, n = _local_widths(op, graph, t)
+        gemm = matmul_time_s(tokens, k, n, cluster, job.precision)
+    elif op.kind == "experts":
+        local_experts = model.num_experts // par.ep
+        routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
+        per_expert = routed / model.num_experts * eff.moe_imbalance
+        gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
+    elif op.kind == "attention":
+        if eff.flash_attention:
+            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster)
+            attn_b = ATTN_BWD_FACTOR * attn_f
+        else:
+            attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
+    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par)
     extra = gemm * eff.memory_bound_fraction
-    return _Compute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
+    return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
+
+
+def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> OpCompute:
+    """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
+    parts = [op_compute(op, graph, model, cluster, job, par) for op in graph.ops]
+    return OpCompute(*(sum(getattr(p, f) for p in parts) for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b")))
 
 
 def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
@@ -201,47 +233,100 @@ def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
     return max(1.0 - eff.tp_overlap, 1.0 / (2 * t)) if t > 1 else 0.0
 
 
+TpRole = Literal["column", "row"]
+
+
+def tp_boundaries(graph: LayerGraph) -> list[tuple[str, TpRole]]:
+    """Where Megatron's f/g operators sit: the input of each column-parallel linear (siblings reading one
+    tensor share it: ``linear_qkv``, ``linear_fc1``) and the output of each row-parallel one (§4)."""
+    out: list[tuple[str, TpRole]] = []
+    for op in graph.ops:
+        if op.kind != "matmul":
+            continue
+        if graph.tensors[op.output].dim_kind in _COLUMN_KINDS:
+            entry: tuple[str, TpRole] = (op.inputs[0], "column")
+        elif graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS:
+            entry = (op.output, "row")
+        else:
+            continue  # hidden → hidden (MLA down-projections): replicated weights, no collective
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def tp_collectives(role: TpRole, sequence_parallel: bool,
+                   recompute: str) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float], ...]:
+    """(collective, pass, calls per micro-batch) of one TP boundary on its full ``[tokens, width]`` bf16 tensor
+    (Shoeybi et al. 2019 §3: column ``f`` = identity forward / all-reduce backward, row ``g`` = all-reduce
+    forward; with SP, Korthikanti et al. 2022 §4.2.2: all-gather ↔ reduce-scatter). Full recompute repeats
+    the forward's."""
+    fwd = 2.0 if recompute == "full" else 1.0
+    if role == "column":
+        if sequence_parallel:
+            return ("all_gather", "fwd", fwd), ("reduce_scatter", "bwd", 1.0)
+        return (("all_reduce", "bwd", 1.0),)
+    if sequence_parallel:
+        return ("reduce_scatter", "fwd", fwd), ("all_gather", "bwd", 1.0)
+    return (("all_reduce", "fwd", fwd),)
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
     t, c, e = par.tp, par.cp, par.ep
     strides = RankStrides.megatron(t, c, dp)
     cc = _compute(graph, model, cluster, job, par)
-    forward = cc.gemm_f + cc.attn_f + cc.mem_f
-    backward = 2 * cc.gemm_f + cc.attn_b + cc.mem_b
-    recompute = {"none": 0.0, "selective": cc.attn_f, "full": forward}[par.recompute]
-    h = model.hidden_size
+    forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in ("dense", "moe")
     if t > 1 and is_block:
-        # Per transformer block: one all-reduce forward and one backward (or AG + RS with SP: same volume).
-        blocks = 2 if graph.kind == "dense" or model.num_shared_experts else 1
-        fwd_collectives = blocks * (2 if par.recompute == "full" else 1)
-        n_ar = blocks + fwd_collectives
-        payload = 2.0 * tokens * h
-        if par.sequence_parallel:  # all-gather before the block, reduce-scatter after it (ring; no NVLS)
-            one = (group_collective_time_s("all_gather", payload, t, strides.tp, cluster)
-                   + group_collective_time_s("reduce_scatter", payload, t, strides.tp, cluster))
-        else:
-            one = group_collective_time_s("all_reduce", payload, t, strides.tp, cluster)
-        tp_s = n_ar * one * tp_exposed_fraction(t, cluster.efficiency)
-        tp_bytes = n_ar * 2.0 * (t - 1) / t * payload
+        fraction = tp_exposed_fraction(t, cluster.efficiency)
+        for tensor, role in tp_boundaries(graph):
+            payload = 2.0 * tokens * graph.tensors[tensor].width
+            for kind, _, calls in tp_collectives(role, par.sequence_parallel, par.recompute):
+                tp_s += calls * group_collective_time_s(kind, payload, t, strides.tp, cluster) * fraction
+                tp_bytes += calls * bytes_sent_per_rank(kind, payload, t)
     if graph.kind == "moe" and e > 1:
-        # 4 all-to-alls per MoE layer per micro-batch (dispatch/combine, fwd/bwd), × imbalance ρ (§4).
-        local_tokens = tokens / (t if par.sequence_parallel else 1)
-        payload = local_tokens * model.moe_top_k * h * 2.0 * cluster.efficiency.moe_imbalance
-        ep_s = 4 * group_collective_time_s("all_to_all", payload, e, strides.ep, cluster)
-        ep_bytes = 4 * (e - 1) / e * payload
+        one, payload = ep_all_to_all(model, cluster, job, par, strides.ep)
+        ep_s = EP_ALL_TO_ALLS * one
+        ep_bytes = EP_ALL_TO_ALLS * (e - 1) / e * payload
     if c > 1 and is_block:
-        # Ring attention: 3·(c−1) K/V blocks of (s/c)·b·(w_k + w_v)/t · 2 bytes (fwd K,V; bwd K,V, dK,dV).
-        kv_width = graph.tensors["k"].width + graph.tensors["v"].width
-        block = tokens * kv_width / t * 2.0
-        n_blocks = 3 * (c - 1)
-        cp_s = n_blocks * group_collective_time_s("send_recv", block, 2, strides.cp, cluster)
-        cp_bytes = n_blocks * block
+        cp_s, cp_bytes = cp_ring(graph, cluster, job, par, strides.cp)
     return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                      ep_bytes, cp_bytes)
+
+
+EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)
+
+
+def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                  stride: int) -> tuple[float, float]:
+    """(seconds, payload bytes) of one dispatch or combine all-to-all over the ``par.ep`` ranks at ``stride``:
+    each rank's routed copies (``top_k`` per local token; tokens split over TP with SP), × imbalance ρ (§4)."""
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    local_tokens = tokens / (par.tp if par.sequence_parallel else 1)
+    payload = local_tokens * model.moe_top_k * model.hidden_size * 2.0 * cluster.efficiency.moe_imbalance
+    return group_collective_time_s("all_to_all", payload, par.ep, stride, cluster), payload
+
+
+def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+            stride: int) -> tuple[float, float]:
+    """(seconds, bytes) of ring attention's K/V traffic for one micro-batch: 3·(c−1) blocks of
+    (s/c)·b·(w_k + w_v)/t · 2 bytes (forward K,V; backward K,V and dK,dV), neighbours at ``stride``."""
+    c = par.cp
+    if c <= 1:
+        return 0.0, 0.0
+    tokens = par.micro_batch_size * job.seq_len / c
+    kv_width = graph.tensors["k"].width + graph.tensors["v"].width
+    block = tokens * kv_width / par.tp * 2.0
+    n_blocks = 3 * (c - 1)
+    return n_blocks * group_collective_time_s("send_recv", block, 2, stride, cluster), n_blocks * block
+
+
+def ring_exposed_s(ring_s: float, attention_s: float) -> float:
+    """Ring attention overlaps each K/V block transfer with the previous block's compute: what shows."""
+    return max(0.0, ring_s - attention_s)
 
 
 def model_flops_per_token(graph: LayerGraph) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models.opgraph import LayerGraph, layer_graph
+from cost_models.opgraph import LayerGraph, Op, layer_graph
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 
 GIB = 2**30
@@ -81,20 +81,31 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
     ``tp``-split tensors ÷ t; ``seq``-split tensors ÷ t only with sequence parallelism; everything ÷ cp.
     Selective recompute drops the attention core's score-sized tensors (the ``5·a·s/h`` term); full
     recompute keeps only the layer input (÷ t with SP)."""
-    t, c = par.tp, par.cp
-    sp = par.sequence_parallel and t > 1
-    tokens = par.micro_batch_size * job.seq_len / c
     if par.recompute == "full" and graph.kind in ("dense", "moe"):
-        return 2.0 * model.hidden_size * tokens / (t if sp else 1)
+        return recompute_input_bytes(model, job, par)
+    return sum(op_activation_bytes(op, job, par) for op in graph.ops)
+
+
+def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
+    """What a layer keeps under full recompute: its bf16 input, ÷ cp, ÷ t with sequence parallelism."""
+    sp = par.sequence_parallel and par.tp > 1
+    return 2.0 * model.hidden_size * par.micro_batch_size * job.seq_len / par.cp / (par.tp if sp else 1)
+
+
+def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig) -> float:
+    """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
+    recompute: that keeps only the layer input, ``recompute_input_bytes``)."""
+    t = par.tp
+    sp = par.sequence_parallel and t > 1
+    tokens = par.micro_batch_size * job.seq_len / par.cp
     total = 0.0
-    for op in graph.ops:
-        for s in op.saved:
-            if par.recompute == "selective" and op.kind == "attention" and s.tensor not in op.inputs:
-                continue
-            div = t if (s.split == "tp" or sp) else 1
-            if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
-                div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
-            total += s.bytes_per_token * tokens / div
+    for s in op.saved:
+        if par.recompute == "selective" and op.kind == "attention" and s.tensor not in op.inputs:
+            continue
+        div = t if (s.split == "tp" or sp) else 1
+        if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
+            div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
+        total += s.bytes_per_token * tokens / div
     return total
 
 

@@ -49,6 +49,7 @@ from search.resharding import Layout, edge_time_s
 from search.strategies import (
     TORCHTITAN_MODULE,
     TORCHTITAN_STYLE,
+    SP_MODES,
     Comm,
     LayerContext,
     Node,
@@ -354,12 +355,10 @@ class IntraOpResult:
     status: Literal["optimal", "feasible", "fallback"]  # fallback: solver hit its limit, uniform Megatron used
     choices: tuple[NodeChoice, ...]
     reshards: tuple[EdgeReshard, ...]
-    objective_s: float  # per step: m·(compute + exposed comm + resharding) + exposed per-step traffic
+    objective_s: float  # per step: m·(compute + exposed comm + resharding)
     compute_s: float  # per micro-batch
     exposed_comm_s: float  # per micro-batch, inside ops
     reshard_s: float  # per micro-batch, on edges
-    step_s: float  # per step
-    state_bytes: float
     activation_bytes: float
     solve_time_s: float  # the ILP alone (building the cost tables not included)
     num_variables: int
@@ -373,7 +372,7 @@ class IntraOpResult:
 
     @property
     def memory_bytes(self) -> float:
-        return self.state_bytes + self.activation_bytes
+        return self.activation_bytes
 
     def strategy(self, op: str) -> Strategy:
         """The strategy of the node holding ``op`` (a fused or follow op shares its node's)."""
@@ -392,12 +391,8 @@ class IntraOpResult:
     def megatron_settings(self) -> dict[str, object]:
         """The per-layer choices as Megatron-LM settings (one value each when solved for ``megatron``)."""
         modes = {c.strategy.tp for c in self.choices}
-        zeros = {c.strategy.zero for c in self.choices} - {None}
-        eps = {c.strategy.ep for c in self.choices if c.strategy.ep == "E"}
-        return {"sequence_parallel": bool(modes & {"S", "col_sp", "row_sp", "vocab_sp"}),
-                "use_distributed_optimizer": zeros == {1}, "use_torch_fsdp2": zeros == {3},
-                "expert_parallel": bool(eps),
-                "expert_tensor_parallel_is_1": any(c.strategy.tp == "seq" for c in self.choices if "expert" in c.node)}
+        return {"sequence_parallel": bool(modes & SP_MODES),
+                "expert_parallel": any(c.strategy.ep == "E" for c in self.choices)}
 
     def collectives(self, axis: MeshAxis | None = None, phase: str | None = None) -> list[tuple[str, Comm]]:
         """(node, collective) pairs, one entry per collective call kind (``Comm.count`` says how many)."""
@@ -508,26 +503,29 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
 
 
 def _megatron_fallback(lp: LayerProblem) -> tuple[int, ...] | None:
-    """Best uniform Megatron pattern (column QKV/FC1, row out/FC2, SP on or off, one ZeRO stage) that fits."""
+    """Best uniform Megatron pattern (column QKV/FC1, row out/FC2, SP on or off) that fits."""
     best: tuple[float, tuple[int, ...]] | None = None
     for sp in (True, False):
-        for zero in (1, 0, 3):
-            choice = []
-            for node, ss in zip(lp.nodes, lp.strategies):
-                want = _megatron_mode(node, sp)
-                eps = {"E", None} if any(x.ep == "E" for x in ss) else {"B", None}
-                mode = want if any(s.tp == want for s in ss) else "R"  # tp = 1: everything is "R"
-                idx = [i for i, s in enumerate(ss) if s.tp == mode and s.zero in (zero, None) and s.ep in eps]
-                if not idx:
-                    break
-                choice.append(idx[0])
-            else:
-                if not lp.problem.feasible(choice):
-                    continue
-                obj, _ = lp.problem.evaluate(choice)
-                if best is None or obj < best[0]:
-                    best = (obj, tuple(choice))
+        choice = uniform_choice(lp, sp)
+        if choice is None or not lp.problem.feasible(choice):
+            continue
+        obj, _ = lp.problem.evaluate(choice)
+        if best is None or obj < best[0]:
+            best = (obj, choice)
     return None if best is None else best[1]
+
+
+def uniform_choice(lp: LayerProblem, sp: bool) -> tuple[int, ...] | None:
+    """Strategy indices of the uniform Megatron pattern (``layer_cost``'s), None when a node lacks its mode."""
+    choice = []
+    for node, ss in zip(lp.nodes, lp.strategies):
+        want = _megatron_mode(node, sp)
+        mode = want if any(s.tp == want for s in ss) else "R"  # tp = 1: everything is "R"
+        idx = [i for i, s in enumerate(ss) if s.tp == mode]
+        if not idx:
+            return None
+        choice.append(idx[0])
+    return tuple(choice)
 
 
 def _megatron_mode(node: Node, sp: bool) -> str:
@@ -535,11 +533,12 @@ def _megatron_mode(node: Node, sp: bool) -> str:
         return "F"
     if node.kind == "embedding":
         return "vocab_sp" if sp else "vocab"
-    if node.kind in ("matmul", "experts") and node.role != "none":
-        base = "col" if node.role == "column" else "row"
-        return base + ("_sp" if sp and node.kind == "matmul" else "")
+    if node.kind == "experts":
+        return "seq"
+    if node.kind == "matmul" and node.role != "none":
+        return ("col" if node.role == "column" else "row") + ("_sp" if sp else "")
     if node.kind == "matmul":
-        return "seq" if sp else "rep"
+        return "seq" if sp else "R"
     return "S" if sp else "R"
 
 
@@ -578,9 +577,8 @@ def _result(lp: LayerProblem, req: IntraOpRequest, mesh: LogicalMesh, choice: tu
         request=req, mesh_label=mesh.label, status=status,
         choices=tuple(NodeChoice(n.name, tuple(op.name for op in n.ops), s) for n, s in zip(lp.nodes, chosen)),
         reshards=tuple(reshards), objective_s=obj,
-        compute_s=sum(s.compute_s for s in chosen), exposed_comm_s=sum(s.exposed_micro_s for s in chosen),
-        reshard_s=sum(r.time_s for r in reshards), step_s=sum(s.exposed_step_s for s in chosen),
-        state_bytes=sum(s.state_bytes for s in chosen), activation_bytes=sum(s.activation_bytes for s in chosen),
+        compute_s=sum(s.compute_s for s in chosen), exposed_comm_s=sum(s.exposed_s for s in chosen),
+        reshard_s=sum(r.time_s for r in reshards), activation_bytes=sum(s.activation_bytes for s in chosen),
         solve_time_s=sol.solve_time_s, num_variables=sol.num_variables, solver_method=sol.method,
         strategies_generated=sum(len(ss) for ss in lp.strategies),
         strategies_after_pruning=sum(k.size for k in pruned.kept),

@@ -11,10 +11,13 @@ Axes (``MeshAxis``), outermost first:
 - ``cp``  context parallel: each rank holds a slice of every sequence (sequence dim); attention rings K/V.
 - ``tp``  tensor (model) parallel: weights split by heads / FFN columns / vocab, or activations by sequence (SP).
 
-Rank order follows Megatron (``tp-cp-ep-dp``, tp fastest; Megatron ``RankGenerator``), so an axis' rank
-stride is the product of the sizes of the axes inside it::
+Rank strides are Megatron's (``cost_models.collectives.RankStrides``, the one copy): the dense layers'
+``RankGenerator`` orders ``tp-cp-dp-pp`` (tp fastest; megatron/core/parallel_state.py, ``order`` default
+"tp-cp-ep-dp-pp" at line 562, ``decoder_rank_generator`` at 775), and the expert layers get their own
+``RankGenerator(tp=expert_tensor_parallel_size, ep, dp=edp, cp=1)`` (lines 798–806) over the same ranks: with
+expert-TP 1 the EP group is ``ep`` *consecutive* ranks (MoE parallel folding), not ranks strided by tp·cp::
 
-    stride(tp) = 1,  stride(cp) = tp,  stride(ep) = tp·cp,  stride(dp) = tp·cp·ep
+    stride(tp) = 1,  stride(cp) = tp,  stride(ep) = 1,  stride(dp) = tp·cp
 
 Worked example: 128 H100s (16 HGX nodes, NVLink domain 8), dp=16, tp=8. The tp group {0..7} has stride 1
 and sits in one NVLink domain (link "nvlink", 8 ranks inside, 1 domain); the dp group {0, 8, …, 120} has
@@ -33,6 +36,7 @@ from typing import Literal
 
 from cost_models.collectives import (
     CollectiveKind,
+    RankStrides,
     group_collective_time_s,
     link_bandwidth,
     nic_bandwidth,
@@ -128,13 +132,16 @@ class LogicalMesh:
         """Ranks along ``axis`` (1 when the mesh does not have it)."""
         return self.sizes[self.axes.index(axis)] if axis in self.axes else 1
 
+    @property
+    def strides(self) -> RankStrides:
+        """Megatron's rank strides for this mesh's degrees (``dp`` counts every data-parallel rank)."""
+        ep = self.size(MeshAxis.EP)
+        return RankStrides.megatron(self.size(MeshAxis.TP), self.size(MeshAxis.CP), self.size(MeshAxis.DP) * ep, ep)
+
     def stride(self, axis: MeshAxis) -> int:
-        """Rank stride of ``axis``: the product of the sizes of the axes inside it (module docstring)."""
-        i = AXIS_ORDER.index(axis)
-        s = 1
-        for inner in AXIS_ORDER[i + 1:]:
-            s *= self.size(inner)
-        return s
+        """Rank stride of ``axis`` (module docstring): tp 1, cp tp, ep 1 (expert folding), dp tp·cp."""
+        st = self.strides
+        return {MeshAxis.TP: st.tp, MeshAxis.CP: st.cp, MeshAxis.EP: st.ep, MeshAxis.DP: st.dp}[axis]
 
     @property
     def data_axes(self) -> tuple[MeshAxis, ...]:

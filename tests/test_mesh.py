@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.catalog import build_cluster
-from cost_models.collectives import group_collective_time_s
+from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.errors import ConfigError
 from search.mesh import AXIS_ORDER, LogicalMesh, MeshAxis
 
@@ -24,7 +24,9 @@ def test_megatron_strides_tp_fastest_then_cp_ep_dp(hgx) -> None:
     mesh = LogicalMesh.from_degrees(hgx, dp=32, ep=4, cp=2, tp=4)
     assert mesh.axes == (MeshAxis.DP, MeshAxis.EP, MeshAxis.CP, MeshAxis.TP)
     assert mesh.sizes == (8, 4, 2, 4)  # ep folds inside dp: the dp axis keeps dp/ep ranks
-    assert [mesh.stride(a) for a in AXIS_ORDER] == [4 * 2 * 4, 2 * 4, 4, 1]
+    # dp at tp·cp, ep contiguous (Megatron's expert RankGenerator with expert-TP 1), cp at tp, tp at 1
+    assert [mesh.stride(a) for a in AXIS_ORDER] == [4 * 2, 1, 4, 1]
+    assert mesh.strides == RankStrides.megatron(4, 2, 32, 4)
     assert mesh.num_devices == 32 * 2 * 4
     assert mesh.label == "dp8×ep4×cp2×tp4"
 

@@ -1,0 +1,73 @@
+"""One cost model: every fast path and every per-op price derives from ``cost_models`` (issue 13).
+
+The intra-op strategies price each op by calling ``cost_models`` on the op's sharded shapes; summed over the
+uniform Megatron pattern they must *be* ``layer_cost`` and ``activation_bytes_per_microbatch`` (to 1e-9), on
+random layouts of dense, GQA, MoE and MLA models. ``Scorer`` (the stage DP's prefix sums) is held to
+``estimate`` in tests/test_planner.py (``test_fast_scorer_equals_estimate``)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.collectives import RankStrides
+from cost_models.layer_cost import layer_cost
+from cost_models.memory import activation_bytes_per_microbatch, graphs_for
+from cost_models.specs import JobSpec, ParallelConfig
+from search.intra_op import IntraOpRequest, build_layer_problem, uniform_choice
+from search.mesh import LogicalMesh, MeshAxis
+
+MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3")}
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple:
+    name = draw(st.sampled_from(sorted(MODELS)))
+    model = MODELS[name]
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if model.num_kv_heads % t == 0]))
+    cp = draw(st.sampled_from([1, 2, 4]))
+    ep = draw(st.sampled_from([1, 2, 4, 8])) if model.is_moe else 1
+    dp = ep * draw(st.sampled_from([1, 2, 4]))
+    sp = True if model.is_moe else draw(st.booleans())
+    return (name, tp, cp, ep, dp, draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"])),
+            sp, draw(st.sampled_from(["megatron", "any"])), draw(st.sampled_from(["h100-sxm", "a100-80g"])),
+            draw(st.sampled_from([4096, 8192])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_uniform_strategies_sum_to_layer_cost(case: tuple) -> None:
+    name, tp, cp, ep, dp, mbs, rc, sp, target, gpu, seq = case
+    model = MODELS[name]
+    cluster = build_cluster(gpu, 1024)
+    mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=tp, cp=cp, ep=ep)
+    par = ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, recompute=rc, sequence_parallel=sp)
+    job = JobSpec(seq_len=seq)
+    for kind in ("dense", "moe") if model.is_moe else ("dense",):
+        req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc, target=target,  # type: ignore[arg-type]
+                             sequence_parallel=sp if tp > 1 else None)
+        lp = build_layer_problem(model, mesh, req)
+        choice = uniform_choice(lp, sp)
+        assert choice is not None
+        chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
+        graph = graphs_for(model, seq)[kind]
+        lc = layer_cost(graph, model, cluster, job, par, dp)
+        assert sum(s.compute_s + s.exposed_s for s in chosen) == pytest.approx(lc.total_s, rel=1e-9)
+        assert sum(s.compute_s for s in chosen) == pytest.approx(lc.forward_s + lc.backward_s + lc.recompute_s,
+                                                                rel=1e-9)
+        assert sum(s.activation_bytes for s in chosen) == pytest.approx(
+            activation_bytes_per_microbatch(graph, model, job, par), rel=1e-9)
+        objective, _ = lp.problem.evaluate(choice)  # no resharding on the uniform pattern's edges
+        assert objective == pytest.approx(lc.total_s * req.num_microbatches, rel=1e-9)
+
+
+def test_mesh_strides_are_the_cost_models_megatron_strides() -> None:
+    """One rank order: EP groups are contiguous (Megatron's expert RankGenerator with expert-TP 1,
+    megatron/core/parallel_state.py:798), so EP 8 × TP 8 on 128 H100s stays on NVLink in both."""
+    cluster = build_cluster("h100-sxm", 128)
+    mesh = LogicalMesh.from_degrees(cluster, dp=16, tp=8, ep=8)
+    assert mesh.strides == RankStrides.megatron(8, 1, 16, 8)
+    assert mesh.stride(MeshAxis.EP) == RankStrides.megatron(8, 1, 16, 8).ep == 1
+    assert mesh.link(MeshAxis.EP).link == "nvlink"
