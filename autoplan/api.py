@@ -40,6 +40,7 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, Batc
                              EstimateRequest, ModelRecord, Plan, SearchRequest, SearchResult, SearchStats, Status,
                              parse_request, validate_request)
 from cost_models.estimate import estimate as estimate_prediction
+from cost_models.goodput import goodput
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
 RequestLike = SearchRequest | EstimateRequest | Mapping[str, Any]
@@ -179,23 +180,27 @@ class Engine:
     def _estimate(self, req: EstimateRequest) -> Estimate:
         r = self.resolve(req)
         pred = estimate_prediction(r.model, r.cluster, r.job, req.parallel)
+        good = goodput(r.model, r.cluster, req.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
+                       req.failures)
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
-                        parallel=req.parallel, prediction=pred)
+                        parallel=req.parallel, prediction=pred, goodput=good)
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
-        from search.planner import search as plan  # lazily: the solver stack is slow to import
         from search.score import Scorer
+        from search.sweep import ranked_search  # lazily: the solver stack is slow to import
         r = self.resolve(req)
         def new_scorer() -> Scorer:
             return Scorer(r.model, r.cluster, r.job)
         scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(_job_key(req), new_scorer)
-        found = plan(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(), top_k=req.top,
-                     progress=progress, scorer=scorer)
+        found, goods = ranked_search(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(),
+                                     top_k=req.top, rank_by=req.rank_by, failures=req.failures, progress=progress,
+                                     scorer=scorer)
         return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
-                            plans=[Plan.model_validate(p.model_dump()) for p in found.plans],
+                            plans=[Plan.model_validate({**p.model_dump(), "goodput": g})
+                                   for p, g in zip(found.plans, goods)],
                             search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
                                                pruned=found.pruned, wall_time_s=found.wall_time_s,
-                                               target=req.target))
+                                               target=req.target, rank_by=req.rank_by))
 
     def stats(self) -> dict[str, Any]:
         """Cache counters: finished responses, resolved specs, planner sub-results (scorers)."""

@@ -29,6 +29,7 @@ from autoplan import __version__
 from autoplan.errors import UserInputError
 from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
+from cost_models.goodput import FailureModel, Goodput
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule
 
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
@@ -40,6 +41,7 @@ MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]
 Target = Literal["megatron", "torchtitan", "any"]
+RankBy = Literal["step", "goodput"]
 
 
 class _Strict(BaseModel):
@@ -100,6 +102,8 @@ class _RequestBase(_Strict):
     model: ModelSource = Field(description=MODEL_DESCRIPTION)
     cluster: ClusterRequestBounded
     job: JobRequest = Field(default_factory=JobRequest)
+    failures: FailureModel = Field(default_factory=FailureModel,
+                                   description="interruptions, checkpoint storage and restarts (goodput)")
 
 
 class EstimateRequest(_RequestBase):
@@ -117,6 +121,7 @@ class SearchRequest(_RequestBase):
     parallel: ParallelPins = Field(default_factory=ParallelPins, description="degrees to pin")
     top: int = Field(default=3, gt=0, le=MAX_TOP, description="how many plans to return")
     target: Target = Field(default="megatron", description="keep plans the named framework can run; any: all")
+    rank_by: RankBy = Field(default="step", description="rank by step time, or by tokens/s after failures")
 
 
 
@@ -179,6 +184,7 @@ class Estimate(_Response):
 
     parallel: ParallelConfig
     prediction: Prediction
+    goodput: Goodput | None = Field(default=None, description="after failures, checkpoints and restarts")
 
 
 class Plan(_Strict):
@@ -186,6 +192,7 @@ class Plan(_Strict):
     parallel: ParallelConfig
     prediction: Prediction
     explanation: str = Field(description="why this plan beats the next one")
+    goodput: Goodput | None = Field(default=None, description="after failures, checkpoints and restarts")
 
 
 class SearchStats(_Strict):
@@ -194,6 +201,7 @@ class SearchStats(_Strict):
     pruned: dict[str, int] = Field(description="layouts cut, by reason")
     wall_time_s: float = Field(description="planner time for this request (the one field that varies run to run)")
     target: Target
+    rank_by: RankBy = "step"
 
 
 class SearchResult(_Response):

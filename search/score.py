@@ -79,6 +79,18 @@ class Scorer:
         self._time_summary: dict[tuple, tuple[float, float, float, float]] = {}
         self._p2p: dict[tuple, float] = {}
 
+    def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
+        """A Scorer for another GPU count or global batch of the same model, GPU, network, sequence length and
+        precision. It shares the caches those do not enter (per-layer costs and activations, parameters,
+        in-flight micro-batches); the rest (DP, PP sends: they depend on dp) starts empty."""
+        if (cluster.model_copy(update={"num_gpus": self.cluster.num_gpus}) != self.cluster
+                or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
+            raise ValueError("derive: only num_gpus and global_batch_size may differ")
+        other = Scorer(self.model, cluster, job, self.weights)
+        for name in ("_layer", "_params", "_param_sums", "_time_summary", "_inflight", "_zero3"):
+            setattr(other, name, getattr(self, name))
+        return other
+
     def serves(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None) -> bool:
         return (self.model, self.cluster, self.job, self.weights) == (model, cluster, job, weights or CostWeights())
 

@@ -12,6 +12,7 @@ import click
 from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
+from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, request_from_file, request_option, user_errors)
 from autoplan.errors import ConfigError
@@ -86,6 +87,9 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
               show_default=True,
               help="framework the plan must run on: megatron (DDP, distributed optimizer, FSDP2 without PP; "
                    "1F1B/interleaved), torchtitan (FSDP2/HSDP or DDP), any (also ZeRO-2, ZB-H1)")
+@click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
+              help="rank by step time, or by tokens/s after failures, checkpoints and restarts (goodput)")
+@failure_options
 @request_option
 @format_option
 @click.option("--intra-op-check", is_flag=True, default=False,
@@ -94,7 +98,7 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
               help="write the best plan's launch files (autoplan emit) into this directory")
 @user_errors
 def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | None, intra_op_check: bool,
-               **kw: Any) -> None:
+               rank_by: str, **kw: Any) -> None:
     """Find the best parallel plans (degrees, schedule, micro-batches, recompute, ZeRO) for MODEL on --gpus.
 
     The job is --global-batch-size sequences of --seq-len tokens in --precision (defaults: 1024 x 8192,
@@ -102,12 +106,14 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     the rest is searched. Every number shown comes from the same model as `autoplan estimate`.
     Exit status 3 when no layout fits, with the closest one and the smallest GPU count that has a plan.
     """
+    failures = failure_model(kw)
     data = request_from_file("search", keep=("fmt", "emit_dir"))
     if data is not None:
         request = validate_request(SearchRequest, data)
     else:
         request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(),
-                                job=job_spec(kw).model_dump(), parallel=pop_parallel(kw), top=top_k, target=target)
+                                job=job_spec(kw).model_dump(), parallel=pop_parallel(kw), top=top_k, target=target,
+                                rank_by=rank_by, failures=failures)
     specs = api.resolve(request)
     model_spec, cluster, job = specs.model, specs.cluster, specs.job
     progress = _Progress()
@@ -128,5 +134,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
         for p in result.plans:
             click.echo("")
             click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation))
+            if p.goodput is not None:
+                click.echo(render_goodput(p.goodput))
     if written:
         click.echo(f"wrote {len(written)} files for plan #1 to {emit_dir}", err=True)

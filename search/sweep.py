@@ -1,0 +1,101 @@
+"""Capacity sweeps and goodput ranking on top of the planner (no printing; ``autoplan`` renders).
+
+``sweep`` runs the planner once per GPU count. Every size shares one family of cached layer costs
+(``Scorer.derive``: per-layer time and activations, parameters and in-flight counts do not depend on the GPU
+count or the global batch), so a sweep of eight sizes costs little more than its largest search.
+
+``rank_by_goodput`` re-ranks plans by their tokens/s after failures (``cost_models.goodput``). It stays exact
+without touching the planner: the planner ranks by step time (the composite cost of a fitting plan), so a plan
+it did not return is no faster than the slowest one it did, and its goodput is at most
+``goodput_upper_bound``; the driver asks for more plans until the k-th best by goodput beats that bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cost_models.errors import ConfigError, InfeasibleError
+from cost_models.goodput import FailureModel, Goodput, goodput, goodput_upper_bound
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
+from search.planner import Plan, SearchResult, search
+from search.score import Scorer
+from search.space import Target
+
+MAX_GOODPUT_CANDIDATES = 256  # plans the goodput ranking may ask the planner for before it settles
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One size of a sweep: the planner's result, or the error (bad input or infeasible) it raised."""
+
+    num_gpus: int
+    job: JobSpec
+    result: SearchResult | None = None
+    goodputs: tuple[Goodput, ...] = ()
+    error: ConfigError | InfeasibleError | None = None
+
+
+def plan_goodput(model: ModelSpec, cluster: ClusterSpec, plan: Plan, failures: FailureModel | None) -> Goodput:
+    pred = plan.prediction
+    return goodput(model, cluster, plan.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
+                   failures)
+
+
+def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
+                  pins: dict[str, Any] | None = None, top_k: int = 3, rank_by: str = "step",
+                  failures: FailureModel | None = None, scorer: Scorer | None = None,
+                  progress: Callable[[int, int], None] | None = None,
+                  find_smallest_cluster: bool = True) -> tuple[SearchResult, tuple[Goodput, ...]]:
+    """The planner's search, ranked by step time or by goodput; each plan with its goodput."""
+    def run(k: int) -> SearchResult:
+        return search(model, cluster, job, target=target, pins=pins, top_k=k, progress=progress, scorer=scorer,
+                      find_smallest_cluster=find_smallest_cluster)
+
+    if rank_by == "step":
+        found = run(top_k)
+        return found, tuple(plan_goodput(model, cluster, p, failures) for p in found.plans)
+    if rank_by != "goodput":
+        raise ConfigError(f"rank_by must be step or goodput, got {rank_by!r}", valid=["step", "goodput"])
+    bound = goodput_upper_bound(model, cluster, failures)
+    k = 2 * top_k + 4
+    while True:
+        found = run(k)
+        scored = sorted(((plan_goodput(model, cluster, p, failures), p) for p in found.plans),
+                        key=lambda x: (-x[0].tokens_per_s, x[1].rank))
+        exhausted = len(found.plans) < k or k >= MAX_GOODPUT_CANDIDATES
+        # Any plan not returned is no faster than the slowest returned one, and keeps at most `bound` of it.
+        unseen = found.plans[-1].prediction.tokens_per_s * bound
+        if exhausted or scored[min(top_k, len(scored)) - 1][0].tokens_per_s >= unseen:
+            break
+        k = min(2 * k, MAX_GOODPUT_CANDIDATES)
+    kept = scored[:top_k]
+    plans = [p.model_copy(update={"rank": i + 1, "explanation": f"#{i + 1} by goodput, #{p.rank} by step time. "
+                                                                  + p.explanation})
+             for i, (_, p) in enumerate(kept)]
+    return found.model_copy(update={"plans": plans}), tuple(g for g, _ in kept)
+
+
+def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobSpec]], *,
+          target: Target = "megatron", pins: dict[str, Any] | None = None, top_k: int = 1, rank_by: str = "step",
+          failures: FailureModel | None = None, scorer: Scorer | None = None) -> list[SweepPoint]:
+    """The best plans at each ``(num_gpus, job)``; ``scorer``: a cached one of this model/GPU/network to
+    derive every size's from (else one is made). Errors are kept per size, never raised."""
+    points: list[SweepPoint] = []
+    for n, job in jobs:
+        size = cluster.model_copy(update={"num_gpus": n})
+        try:
+            ClusterSpec.model_validate(size.model_dump())  # the cross-field checks (whole nodes)
+            sc = scorer.derive(size, job) if scorer is not None else Scorer(model, size, job)
+            scorer = scorer or sc
+            found, goods = ranked_search(model, size, job, target=target, pins=pins, top_k=top_k, rank_by=rank_by,
+                                         failures=failures, scorer=sc, find_smallest_cluster=False)
+        except (ConfigError, InfeasibleError) as err:
+            points.append(SweepPoint(n, job, error=err))
+            continue
+        except ValueError as err:  # a cluster size that breaks a cross-field rule (e.g. not whole nodes)
+            points.append(SweepPoint(n, job, error=ConfigError(str(err).splitlines()[-1])))
+            continue
+        points.append(SweepPoint(n, job, result=found, goodputs=goods))
+    return points
