@@ -131,6 +131,9 @@ class Engine:
     """False: refuse requests that name files (model paths, cluster profiles) — for services that take
     requests from people who should not make the server read its own disk."""
     max_scorers: int = 64
+    progress: Callable[[int, int], None] | None = None
+    """Called as the planner visits layouts when a call gives none (``serve`` stops a request past its time
+    limit by raising from it)."""
     responses: LRU[str, Response] = field(init=False)
     resolved: LRU[str, Resolved] = field(init=False)
     scorers: LRU[str, Any] = field(init=False)
@@ -158,6 +161,36 @@ class Engine:
             return compute()
         return self.resolved.get_or_compute(_job_key(req), compute)
 
+    def resolve_parts(self, model: Any, cluster: Any, job: JobSpec) -> Resolved:
+        """``resolve`` for the parts of a request (``scale`` resolves one cluster size at a time)."""
+        probe = SearchRequest(model=model, cluster=cluster.model_dump(), job=job.model_dump())
+        return self.resolve(probe)
+
+    def scorer_family(self, model: Any, shape: Any, job: JobSpec, make: Callable[[], Any]) -> Any:
+        """The cached Scorer a sweep derives every size's from: one per (model, cluster shape, sequence length,
+        precision), whatever the GPU count or the global batch."""
+        if shape.profile is not None or (isinstance(model, str) and catalog_model(model) is None):
+            return make()
+        key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision],
+                         sort_keys=True, separators=(",", ":"))
+        return self.scorers.get_or_compute(key, make)
+
+    def scale(self, request: Any) -> Any:
+        """The best plan at each GPU count (``autoplan scale``; :mod:`autoplan.capacity`)."""
+        from autoplan.capacity import as_scale_request, scale
+        req = as_scale_request(request)
+        if not self.allow_files and req.cluster.profile is not None:
+            raise UserInputError("cluster profiles (files) are not allowed here; give the cluster fields inline")
+        key = json.dumps(req.model_dump(mode="json", exclude={"id"}), sort_keys=True, separators=(",", ":"))
+        if req.cluster.profile is not None or (isinstance(req.model, str) and catalog_model(req.model) is None):
+            return scale(self, req, self.progress)
+        return self.responses.get_or_compute(key, lambda: scale(self, req, self.progress))
+
+    def compare(self, request: Any, labels: list[str] | None = None) -> Any:
+        """Plans side by side, ranked, with why the best wins (``autoplan compare``; :mod:`autoplan.compare`)."""
+        from autoplan.compare import as_compare_request, compare
+        return compare(self, as_compare_request(request), labels)
+
     # ---- the two request kinds ------------------------------------------------------------------
     def estimate(self, request: RequestLike) -> Estimate:
         req = _as(request, EstimateRequest)
@@ -166,6 +199,7 @@ class Engine:
     def search(self, request: RequestLike, *, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         """``progress(done, total)`` is called as the planner visits layouts (not on a cache hit)."""
         req = _as(request, SearchRequest)
+        progress = progress or self.progress
         return self._cached(req, lambda: self._search(req, progress))  # type: ignore[return-value]
 
     def run(self, request: RequestLike) -> Response:
@@ -254,6 +288,18 @@ def estimate(request: RequestLike) -> Estimate:
 def search(request: RequestLike, *, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """The best plans for a job (``autoplan search``); ``progress(done, total)`` as layouts are visited."""
     return default_engine().search(request, progress=progress)
+
+
+def scale(request: Any) -> Any:
+    """The best plan at each GPU count of a sweep (``autoplan scale``): a ``ScaleRequest`` or mapping in, a
+    ``ScaleResult`` out (:mod:`autoplan.capacity`)."""
+    return default_engine().scale(request)
+
+
+def compare(request: Any, labels: list[str] | None = None) -> Any:
+    """Two or more plans (estimate requests) side by side: a ``CompareRequest`` or mapping in, a
+    ``CompareResult`` out (:mod:`autoplan.compare`)."""
+    return default_engine().compare(request, labels)
 
 
 def run(request: RequestLike) -> Response:

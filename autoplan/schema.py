@@ -239,8 +239,10 @@ def json_schema() -> dict[str, Any]:
     ``request`` dispatches on ``kind`` the way :func:`parse_request` does (absent means ``search``);
     ``responses`` names the shape of each output."""
     defs: dict[str, Any] = {}
-    for model in (SearchRequest, EstimateRequest, Estimate, SearchResult, BatchLine, BatchSummary):
-        mode = "validation" if model in (SearchRequest, EstimateRequest) else "serialization"
+    scale_request, _ = _capacity()
+    for model in (SearchRequest, EstimateRequest, Estimate, SearchResult, BatchLine, BatchSummary,
+                  *_capacity()):
+        mode = "validation" if model in (SearchRequest, EstimateRequest, scale_request) else "serialization"
         s = model.model_json_schema(mode=mode, ref_template="#/$defs/{model}")
         defs.update(s.pop("$defs", {}))
         defs[model.__name__] = s
@@ -250,13 +252,14 @@ def json_schema() -> dict[str, Any]:
         "then": {"$ref": "#/$defs/EstimateRequest"},
         "else": {"$ref": "#/$defs/SearchRequest"},
     }
-    responses = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in RESPONSES.items()}
+    responses = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in _responses().items()}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "autoplan",
         "description": f"autoplan {__version__} requests and responses",
         "version": __version__,
         "request": request,
+        "scale_request": {"$ref": "#/$defs/ScaleRequest"},
         "responses": responses,
         "$defs": defs,
     }
@@ -264,15 +267,27 @@ def json_schema() -> dict[str, Any]:
 
 RESPONSES: dict[str, type[BaseModel]] = {"estimate": Estimate, "search": SearchResult, "batch_line": BatchLine,
                                          "batch_summary": BatchSummary}
-SCHEMA_PARTS = ("request", *RESPONSES)
+SCHEMA_PARTS = ("request", "scale_request", *RESPONSES, "scale")
+
+
+def _capacity() -> tuple[type[BaseModel], type[BaseModel]]:
+    """``scale``'s request and response (:mod:`autoplan.capacity`, which builds on this module)."""
+    from autoplan.capacity import ScaleRequest, ScaleResult
+    return ScaleRequest, ScaleResult
+
+
+def _responses() -> dict[str, type[BaseModel]]:
+    return {**RESPONSES, "scale": _capacity()[1]}
 
 
 def schema_for(name: str) -> dict[str, Any]:
-    """A standalone schema for one of ``SCHEMA_PARTS`` (``request``, ``estimate``, ``search``, ``batch_line``,
-    ``batch_summary``): that entry at the root, with every definition beside it."""
+    """A standalone schema for one of ``SCHEMA_PARTS`` (``request``, ``scale_request``, ``estimate``, ``search``,
+    ``batch_line``, ``batch_summary``, ``scale``): that entry at the root, with every definition beside it."""
     full = json_schema()
     if name == "request":
         root = full["request"]
+    elif name == "scale_request":
+        root = full["$defs"]["ScaleRequest"]
     else:
-        root = full["$defs"][RESPONSES[name].__name__]
+        root = full["$defs"][_responses()[name].__name__]
     return {"$schema": full["$schema"], **root, "$defs": full["$defs"]}

@@ -79,7 +79,8 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, targe
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobSpec]], *,
           target: Target = "megatron", pins: dict[str, Any] | None = None, top_k: int = 1, rank_by: str = "step",
-          failures: FailureModel | None = None, scorer: Scorer | None = None) -> list[SweepPoint]:
+          failures: FailureModel | None = None, scorer: Scorer | None = None,
+          progress: Callable[[int, int], None] | None = None) -> list[SweepPoint]:
     """The best plans at each ``(num_gpus, job)``; ``scorer``: a cached one of this model/GPU/network to
     derive every size's from (else one is made). Errors are kept per size, never raised."""
     points: list[SweepPoint] = []
@@ -90,7 +91,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobS
             sc = scorer.derive(size, job) if scorer is not None else Scorer(model, size, job)
             scorer = scorer or sc
             found, goods = ranked_search(model, size, job, target=target, pins=pins, top_k=top_k, rank_by=rank_by,
-                                         failures=failures, scorer=sc, find_smallest_cluster=False)
+                                         failures=failures, scorer=sc, progress=progress,
+                                         find_smallest_cluster=False)
         except (ConfigError, InfeasibleError) as err:
             points.append(SweepPoint(n, job, error=err))
             continue

@@ -38,7 +38,7 @@ def test_cli_prints_a_valid_schema() -> None:
     doc = json.loads(r.stdout)
     jsonschema.Draft202012Validator.check_schema(doc)
     assert doc["version"] == autoplan.__version__
-    assert set(doc["responses"]) == {"estimate", "search", "batch_line", "batch_summary"}
+    assert set(doc["responses"]) == {"estimate", "search", "batch_line", "batch_summary", "scale"}
     part = json.loads(CliRunner().invoke(cli, ["schema", "request"]).stdout)
     assert part == schema_for("request")
 
@@ -61,3 +61,12 @@ def test_every_response_has_a_version() -> None:
     doc = json_schema()
     for name in doc["responses"]:
         assert "version" in schema_for(name)["properties"], name
+
+
+def test_scale_request_and_response_schema() -> None:
+    req = {"model": "llama3-8b", "gpus": [16, 32], "job": {"global_batch_size": 128, "seq_len": 4096}}
+    jsonschema.validate(req, schema_for("scale_request"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**req, "gpus": []}, schema_for("scale_request"))
+    result = autoplan.api.Engine().scale(req)
+    jsonschema.validate(result.model_dump(mode="json"), schema_for("scale"))

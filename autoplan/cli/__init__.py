@@ -42,6 +42,7 @@ def _register() -> None:
     from autoplan.cli import search_cmd  # noqa: F401
     from autoplan.cli import calibrate_cmd  # noqa: F401
     from autoplan.cli import emit_cmd  # noqa: F401
+    from autoplan.cli import compare_cmd, scale_cmd, serve_cmd  # noqa: F401
 
 
 _register()

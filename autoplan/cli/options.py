@@ -31,10 +31,12 @@ def stack(*decorators: F) -> Callable[[F], F]:
 model_option = click.option("--model", "model", required=True,
                             help="catalog name (see `autoplan models`), HF config.json path, or spec YAML/JSON")
 
-def cluster_flags(*, gpus_required: bool = True) -> Callable[[F], F]:
-    """The cluster flags; ``--gpus`` is optional where another input (a plan file) can stand in for it."""
+def cluster_flags(*, gpus_required: bool = True, gpus: bool = True) -> Callable[[F], F]:
+    """The cluster flags; ``--gpus`` is optional where another input (a plan file) can stand in for it, and
+    absent (``gpus=False``) where a command defines its own (``scale``: a list of sizes)."""
     return stack(
-        click.option("--gpus", "num_gpus", type=int, required=gpus_required, help="number of GPUs"),
+        *([click.option("--gpus", "num_gpus", type=int, required=gpus_required, help="number of GPUs")]
+          if gpus else []),
         click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
         click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
         click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),

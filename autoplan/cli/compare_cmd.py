@@ -1,0 +1,156 @@
+"""`autoplan compare`: two or more plans side by side, and why the best one wins."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autoplan import api
+from autoplan.cli import cli
+from autoplan.cli.catalog_cmd import render_table
+from autoplan.cli.goodput_options import failure_model, failure_options
+from autoplan.cli.options import (cluster_flags, cluster_request, format_option, job_options, job_spec,
+                                  user_errors)
+from autoplan.errors import UserInputError
+
+# Degree-spec keys as the CLI flags spell them, to ParallelConfig fields.
+KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "mbs": "micro_batch_size",
+        "micro_batch_size": "micro_batch_size", "zero": "zero_stage", "zero_stage": "zero_stage",
+        "hsdp": "hsdp_shard_size", "recompute": "recompute", "schedule": "schedule",
+        "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
+        "first_stage_layers": "first_stage_layers", "last_stage_layers": "last_stage_layers"}
+_INDEX = re.compile(r"^#?(\d+)$")
+
+
+def _degrees(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        field = KEYS.get(key.strip())
+        if field is None or not value:
+            raise UserInputError(f"plan {text!r:.60}: {key.strip()!r:.30} is not a degree; use KEY=VALUE with KEY "
+                                 f"in {', '.join(sorted(set(KEYS) - {'micro_batch_size', 'zero_stage'}))}")
+        v: Any = value.strip()
+        if field == "sequence_parallel":
+            v = v.lower() in ("1", "true", "on", "yes")
+        elif field not in ("recompute", "schedule"):
+            try:
+                v = int(v)
+            except ValueError:
+                raise UserInputError(f"plan {text!r:.60}: {key}={value!r:.20} must be an integer") from None
+        out[field] = v
+    return out
+
+
+def _estimate_of(data: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+    """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
+    from autoplan.emit import plan_from_dict
+
+    plan = plan_from_dict(data, index - 1 if "plans" in data else None, source=source)
+    return {"model": plan.model.model_dump(exclude_none=True), "cluster": {
+        "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
+        "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size},
+        "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True)}
+
+
+@cli.command("compare")
+@click.argument("plans", nargs=-1, required=True, metavar="PLAN PLAN [PLAN]...")
+@click.option("--model", default=None, help="for #K and degree plans: catalog name, HF config.json or spec file")
+@cluster_flags(gpus_required=False)
+@job_options
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
+              show_default=True, help="for #K plans: the search's target")
+@click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True)
+@failure_options
+@format_option
+@user_errors
+def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by: str, fmt: str,
+                **kw: Any) -> None:
+    """Compare PLANs side by side: step time, throughput, MFU, goodput, time and memory breakdowns, and the
+    differences that explain each gap to the best.
+
+    \b
+    A PLAN is one of
+      FILE[#K]        a saved `estimate`/`search --format json` result (plan K of a search, 1-based; #1 default)
+      #K              plan K of `autoplan search` for --model/--gpus and the job flags
+      tp=8,pp=4,...   degrees (keys as the estimate flags: tp pp cp ep vp mbs zero hsdp recompute schedule sp)
+                      for --model/--gpus and the job flags"""
+    if len(plans) < 2:
+        raise UserInputError(f"compare needs two or more plans, got {len(plans)}")
+    failures = failure_model(kw).model_dump()
+    context: dict[str, Any] | None = None
+    if model is not None:
+        if kw.get("num_gpus") is None:
+            raise UserInputError("--model needs --gpus (the cluster of #K and degree plans)")
+        context = {"model": model, "cluster": cluster_request(kw).model_dump(exclude_none=True),
+                   "job": job_spec(kw).model_dump()}
+    requests: list[dict[str, Any]] = []
+    searched: Any = None
+    for text in plans:
+        path, _, k = text.partition("#") if not text.startswith("#") else ("", "", text[1:])
+        if path and Path(path).expanduser().is_file():
+            from autoplan.emit.plan import _read_json
+            idx = int(k) if k.isdigit() and int(k) >= 1 else (1 if not k else None)
+            if idx is None:
+                raise UserInputError(f"plan {text!r:.80}: #{k} must be a plan number from 1")
+            requests.append({**_estimate_of(_read_json(Path(path).expanduser()), idx, path), "failures": failures})
+            continue
+        if context is None:
+            raise UserInputError(f"plan {text!r:.80} is not a file; #K and degree plans need --model and --gpus")
+        m = _INDEX.match(text) if text.startswith("#") else None
+        if m:
+            k_i = int(m.group(1))
+            if k_i < 1 or k_i > 50:
+                raise UserInputError(f"plan {text!r}: K must be in 1..50")
+            if searched is None or len(searched.plans) < k_i:
+                searched = api.search({**context, "top": max(k_i, 3), "target": target, "failures": failures})
+            if k_i > len(searched.plans):
+                raise UserInputError(f"plan {text!r}: the search found {len(searched.plans)} plan(s)")
+            par = searched.plans[k_i - 1].parallel.model_dump(exclude_none=True)
+            requests.append({**context, "parallel": par, "failures": failures})
+        else:
+            requests.append({**context, "parallel": _degrees(text), "failures": failures})
+    result = api.compare({"plans": requests, "rank_by": rank_by}, labels=list(plans))
+    if fmt == "json":
+        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
+        return
+    click.echo(render_compare(result))
+
+
+def render_compare(result: Any) -> str:
+    from autoplan.report import describe_parallel
+    from search.explain import PART_NAMES, step_parts
+
+    order = result.ranking
+    ests = [result.plans[i] for i in order]
+    headers = ["", *[f"#{n + 1} {result.labels[i]}" for n, i in enumerate(order)]]
+    rows: list[list[object]] = []
+
+    def row(name: str, values: list[object]) -> None:
+        rows.append([name, *values])
+
+    row("model / GPUs", [f"{e.model.name} / {e.cluster.num_gpus} {e.cluster.gpu}" for e in ests])
+    row("batch x seq", [f"{e.job.global_batch_size} x {e.job.seq_len}" for e in ests])
+    row("layout", [describe_parallel(e.parallel, e.prediction.dp) for e in ests])
+    row("step time s", [f"{e.prediction.step_time_s:.3f}" for e in ests])
+    row("tokens/s", [f"{e.prediction.tokens_per_s:,.0f}" for e in ests])
+    row("MFU", [f"{e.prediction.mfu * 100:.1f}%" for e in ests])
+    row("goodput", [f"{e.goodput.goodput * 100:.1f}%" if e.goodput else "-" for e in ests])
+    row("tokens/s after failures", [f"{e.goodput.tokens_per_s:,.0f}" if e.goodput else "-" for e in ests])
+    row("checkpoint every", [f"{e.goodput.interval_steps} steps" if e.goodput else "-" for e in ests])
+    parts = [step_parts(e.prediction) for e in ests]
+    for k in parts[0]:
+        if any(p[k] > 0 for p in parts):
+            row(f"  {PART_NAMES[k]} s", [f"{p[k]:.3f}" for p in parts])
+    row("peak memory GiB", [f"{e.prediction.peak_memory_gib:.1f} / {e.prediction.memory_limit_gib:.0f}"
+                            + ("" if e.prediction.fits else " OVER") for e in ests])
+    for k in ("weights", "grads", "optimizer", "activations", "zero3_buffers", "overhead"):
+        if any(e.prediction.memory_gib.get(k, 0) > 0 for e in ests):
+            row(f"  {k} GiB", [f"{e.prediction.memory_gib.get(k, 0.0):.1f}" for e in ests])
+    lines = [render_table(headers, rows, text_columns=len(headers)), "", "why:"]
+    lines += [f"  {d}" for d in result.differences]
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Several plans side by side (``autoplan compare``): each one's prediction and goodput, ranked, with the
+differences that explain each gap (``search.explain``, computed from the two breakdowns).
+
+A comparison is a list of estimate requests (each with its own model, cluster, job and layout), so plans of
+different jobs or cluster sizes can stand side by side; the explanation then also names those differences."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoplan import __version__
+from autoplan.errors import UserInputError
+from autoplan.schema import Estimate, EstimateRequest, RankBy
+
+if TYPE_CHECKING:
+    from autoplan.api import Engine
+
+MAX_PLANS = 8
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CompareRequest(_Strict):
+    kind: Literal["compare"] = "compare"
+    id: str | None = Field(default=None, max_length=256)
+    plans: list[EstimateRequest] = Field(min_length=2, max_length=MAX_PLANS, description="the plans, as estimates")
+    rank_by: RankBy = Field(default="step", description="order by step time or by tokens/s after failures")
+
+
+class CompareResult(_Strict):
+    version: str = __version__
+    plans: list[Estimate] = Field(description="in the order given")
+    labels: list[str] = Field(description="where each plan came from (as given)")
+    ranking: list[int] = Field(description="indices into plans, best first")
+    rank_by: RankBy
+    differences: list[str] = Field(description="for each plan after the best (ranking order): why the best wins")
+
+
+def _throughput(e: Estimate, rank_by: str) -> float:
+    if rank_by == "goodput" and e.goodput is not None:
+        return e.goodput.tokens_per_s
+    return e.prediction.tokens_per_s
+
+
+def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None) -> CompareResult:
+    from search.explain import explain
+
+    labels = labels or [f"plan {i + 1}" for i in range(len(req.plans))]
+    if len(labels) != len(req.plans):
+        raise UserInputError(f"{len(labels)} labels for {len(req.plans)} plans")
+    ests = [engine.estimate(p) for p in req.plans]
+    # Plans of different jobs compare by throughput (tokens/s); ties keep the order given.
+    ranking = sorted(range(len(ests)), key=lambda i: (-_throughput(ests[i], req.rank_by), i))
+    best = ests[ranking[0]]
+    cluster = engine.resolve(req.plans[ranking[0]]).cluster
+    diffs = []
+    for i in ranking[1:]:
+        e = ests[i]
+        gap = 1 - _throughput(e, req.rank_by) / _throughput(best, req.rank_by)
+        why = explain(best.parallel, best.prediction, e.parallel, e.prediction, cluster)
+        why = why.replace("than the next plan", f"than {labels[i]}")
+        jobs = _context_diff(best, e)
+        text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s" + (
+            " after failures" if req.rank_by == "goodput" else "") + f"): {why}"
+        if jobs:
+            text += f" Also differ in {jobs}."
+        if best.goodput is not None and e.goodput is not None and req.rank_by == "goodput":
+            text += (f" Goodput {best.goodput.goodput:.1%} vs {e.goodput.goodput:.1%} (checkpoint "
+                     f"{best.goodput.checkpoint_gib_per_rank:.2f} vs {e.goodput.checkpoint_gib_per_rank:.2f} GiB/rank).")
+        diffs.append(text)
+    return CompareResult(plans=ests, labels=labels, ranking=ranking, rank_by=req.rank_by, differences=diffs)
+
+
+def _context_diff(a: Estimate, b: Estimate) -> str:
+    out = []
+    if a.model.name != b.model.name:
+        out.append(f"model {a.model.name} vs {b.model.name}")
+    for f in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size"):
+        va, vb = getattr(a.cluster, f), getattr(b.cluster, f)
+        if va != vb:
+            out.append(f"{f} {va} vs {vb}")
+    for f in ("global_batch_size", "seq_len", "precision"):
+        va, vb = getattr(a.job, f), getattr(b.job, f)
+        if va != vb:
+            out.append(f"{f} {va} vs {vb}")
+    return ", ".join(out)
+
+
+def as_compare_request(data: Any) -> CompareRequest:
+    if isinstance(data, CompareRequest):
+        return data
+    if not isinstance(data, dict):
+        raise UserInputError(f"a compare request must be a JSON object, got {type(data).__name__}")
+    data = dict(data)
+    plans = data.get("plans")
+    if isinstance(plans, list):
+        data["plans"] = [{**p, "kind": p.get("kind", "estimate")} if isinstance(p, dict) else p for p in plans]
+    return CompareRequest.model_validate(data)

@@ -1,0 +1,56 @@
+"""`autoplan compare`: plans from files, search indices and degrees, ranked, with the explanation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan import api
+from autoplan.cli import cli
+
+JOB = ["--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "128", "--seq-len", "4096"]
+
+
+def test_compare_api_ranks_and_explains():
+    base = {"model": "llama3-8b", "cluster": {"num_gpus": 16}, "job": {"global_batch_size": 128, "seq_len": 4096}}
+    r = api.Engine().compare({"plans": [{**base, "parallel": {"tp": 8, "pp": 2}}, {**base, "parallel": {"tp": 2}}]})
+    tps = [p.prediction.tokens_per_s for p in r.plans]
+    assert r.ranking == sorted(range(2), key=lambda i: -tps[i])
+    assert len(r.differences) == 1 and "faster than plan" in r.differences[0]
+    assert "layouts differ in" in r.differences[0]
+    alone = api.Engine().estimate({**base, "parallel": {"tp": 8, "pp": 2}})
+    assert r.plans[0].prediction == alone.prediction
+
+
+def test_cli_files_indices_and_degrees(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(cli, ["search", *JOB, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    path = tmp_path / "s.json"
+    path.write_text(out.output)
+    saved = json.loads(out.output)
+    res = runner.invoke(cli, ["compare", str(path), f"{path}#2", "#1", "tp=8,pp=2,zero=1", *JOB, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    pars = [p["parallel"] for p in data["plans"]]
+    assert pars[0] == saved["plans"][0]["parallel"] and pars[1] == saved["plans"][1]["parallel"]
+    assert pars[2] == saved["plans"][0]["parallel"]  # #1 of a fresh search: the same plan
+    assert pars[3]["tp"] == 8 and pars[3]["pp"] == 2
+    assert data["ranking"][-1] == 3 and len(data["differences"]) == 3
+    table = runner.invoke(cli, ["compare", str(path), "tp=8,pp=2", *JOB])
+    assert table.exit_code == 0 and "why:" in table.output and "step time s" in table.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tp=8"], "two or more"),
+    (["tp=8", "tq=2"], "not a degree"),
+    (["tp=8", "tp=x"], "must be an integer"),
+    (["#99", "tp=1"], "K must be in 1..50"),
+])
+def test_cli_errors_are_one_line(args, needle):
+    res = CliRunner().invoke(cli, ["compare", *args, *JOB])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+    no_model = CliRunner().invoke(cli, ["compare", "tp=8", "tp=4"])
+    assert no_model.exit_code == 2 and "need --model" in no_model.output

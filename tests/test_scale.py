@@ -1,0 +1,83 @@
+"""`autoplan scale`: a sweep equals independent searches, strong/weak batches, efficiency, time and cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan import api
+from autoplan.capacity import ScaleRequest, parse_gpus
+from autoplan.cli import cli
+
+BASE = {"model": "llama3-8b", "gpus": [16, 32, 64], "job": {"global_batch_size": 128, "seq_len": 4096}}
+
+
+def test_sweep_equals_independent_searches():
+    result = api.Engine().scale(BASE)
+    assert [r.num_gpus for r in result.rows] == [16, 32, 64]
+    for row in result.rows:
+        alone = api.Engine().search({"model": "llama3-8b", "cluster": {"num_gpus": row.num_gpus},
+                                     "job": BASE["job"], "top": 1})
+        assert row.plan.parallel == alone.plans[0].parallel
+        assert row.plan.prediction == alone.plans[0].prediction
+        assert row.tokens_per_s == alone.plans[0].prediction.tokens_per_s
+    first = result.rows[0]
+    assert first.scaling_efficiency == 1.0
+    for row in result.rows:
+        assert row.scaling_efficiency == pytest.approx(row.tokens_per_s_per_gpu / first.tokens_per_s_per_gpu)
+        assert row.global_batch_size == 128  # strong scaling
+
+
+def test_weak_scaling_batches_and_training_time():
+    weak = api.Engine().scale({**BASE, "tokens_per_gpu": 32768, "train_tokens": 1e12, "gpu_hour_price": 2.0})
+    assert [r.global_batch_size for r in weak.rows] == [n * 32768 // 4096 for n in (16, 32, 64)]
+    assert weak.scaling == "weak"
+    for r in weak.rows:
+        hours = 1e12 / (r.tokens_per_s * r.goodput) / 3600
+        assert r.train_days == pytest.approx(hours / 24)
+        assert r.gpu_hours == pytest.approx(hours * r.num_gpus)
+        assert r.cost == pytest.approx(2.0 * r.gpu_hours)
+    prop = api.Engine().scale({**BASE, "scaling": "weak"})
+    assert [r.global_batch_size for r in prop.rows] == [128, 256, 512]
+
+
+def test_sizes_without_a_plan_are_rows_not_errors():
+    result = api.Engine().scale({"model": "llama3-70b", "gpus": [2, 64], "job": {"global_batch_size": 64}})
+    assert result.rows[0].status == "infeasible" and "fits" in result.rows[0].message
+    assert result.rows[1].status == "ok" and result.rows[1].scaling_efficiency == 1.0
+
+
+def test_layout_changes_are_marked():
+    result = api.Engine().scale({"model": "llama3-70b", "gpus": [64, 512, 4096, 8192]})
+    labels = [r.layout for r in result.rows]
+    assert [r.layout_changed for r in result.rows] == [False] + [a != b for a, b in zip(labels, labels[1:])]
+
+
+def test_parse_gpus():
+    assert parse_gpus("64..8192") == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert parse_gpus("8, 24,64..128") == [8, 24, 64, 128]
+    assert ScaleRequest(model="x", gpus=[64, 8, 8]).gpus == [8, 64]
+
+
+def test_cli_table_json_plot_and_errors(tmp_path):
+    runner = CliRunner()
+    args = ["scale", "--model", "llama3-8b", "--gpus", "16..64", "--global-batch-size", "128", "--seq-len", "4096"]
+    out = runner.invoke(cli, args + ["--train-tokens", "1T"])
+    assert out.exit_code == 0, out.output
+    assert "best layout" in out.output and "days" in out.output and "16" in out.output
+    js = runner.invoke(cli, args + ["--format", "json"])
+    data = json.loads(js.output)
+    assert [r["num_gpus"] for r in data["rows"]] == [16, 32, 64]
+    bad = runner.invoke(cli, ["scale", "--model", "llama3-8b", "--gpus", "64..x"])
+    assert bad.exit_code == 2 and "64..8192" in bad.output and "Traceback" not in bad.output
+    bad = runner.invoke(cli, args + ["--plot", str(tmp_path / "x.jpg")])
+    assert bad.exit_code == 2 and ".png or .svg" in bad.output
+    pytest.importorskip("matplotlib")
+    for name in ("s.png", "s.svg"):
+        out = runner.invoke(cli, args + ["--plot", str(tmp_path / name)])
+        assert out.exit_code == 0, out.output
+        assert (tmp_path / name).stat().st_size > 1000
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "s.svg").read_bytes()[:2000]
