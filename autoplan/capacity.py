@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from autoplan import __version__
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.request import ClusterRequest
 from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_GPUS, MODEL_DESCRIPTION, ClusterRecord, JobRequest, ModelRecord,
-                             ModelSource, ParallelPins, Plan, RankBy, Status, Target)
+                             ModelSource, ParallelPins, Plan, RankBy, Status, Target, _Strict, validate_request)
 from cost_models.goodput import FailureModel
 from cost_models.specs import JobSpec
 
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from autoplan.api import Engine
 
 MAX_SIZES = 32
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ClusterShape(_Strict):
@@ -225,7 +221,7 @@ def as_scale_request(data: Any) -> ScaleRequest:
     kind = data.get("kind", "scale")
     if kind != "scale":
         raise UserInputError(f"request kind is {kind!r:.40}; a scale request has kind 'scale'")
-    return ScaleRequest.model_validate(data)
+    return validate_request(ScaleRequest, data)
 
 
 __all__ = ["ClusterShape", "ConfigError", "ScaleRequest", "ScaleResult", "ScaleRow", "as_scale_request", "scale"]

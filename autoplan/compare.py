@@ -8,20 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
-from autoplan.schema import Estimate, EstimateRequest, RankBy
+from autoplan.schema import Estimate, EstimateRequest, RankBy, _Strict, validate_request
 
 if TYPE_CHECKING:
     from autoplan.api import Engine
 
 MAX_PLANS = 8
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class CompareRequest(_Strict):
@@ -99,4 +95,4 @@ def as_compare_request(data: Any) -> CompareRequest:
     plans = data.get("plans")
     if isinstance(plans, list):
         data["plans"] = [{**p, "kind": p.get("kind", "estimate")} if isinstance(p, dict) else p for p in plans]
-    return CompareRequest.model_validate(data)
+    return validate_request(CompareRequest, data)

@@ -33,7 +33,8 @@ from autoplan.api import Engine, classify
 from autoplan.batch.reader import Limits, Line, answer, read_lines
 from autoplan.capacity import ScaleRequest, ScaleResult
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
-from autoplan.schema import BatchLine, Estimate, EstimateRequest, SearchRequest, SearchResult
+from autoplan.inputs import decode_text, parse_json
+from autoplan.schema import BatchLine, Estimate, EstimateRequest, SearchRequest, SearchResult, validate_request
 
 MIB = 1 << 20
 
@@ -183,10 +184,9 @@ def create_app(cfg: ServeConfig | None = None) -> FastAPI:
     async def body_json(request: Request) -> Any:
         raw = await _read_body(request, cfg.max_body_bytes)
         try:
-            text = raw.decode("utf-8")
-            return json.loads(text, parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError) as err:
-            raise _HTTPProblem(400, "invalid", f"not valid JSON: {' '.join(str(err).split())}") from None
+            return parse_json(decode_text(raw, "the request body"), "the request body")
+        except UserInputError as err:
+            raise _HTTPProblem(400, "invalid", " ".join(str(err).split())) from None
 
     async def answer_one(request: Request, kind: str, work: Callable[[Engine, Any], Any],
                          outcome: type[_Outcome]) -> Any:
@@ -324,10 +324,6 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def _strip_hint(message: str, hint: str | None) -> str:
     return message[: -len(hint) - 2] if hint and message.endswith(f". {hint}") else message
 
@@ -339,7 +335,7 @@ def _as(data: Any, cls: type[BaseModel]) -> Any:
     want = cls.model_fields["kind"].default
     if kind != want:
         raise UserInputError(f"request kind is {kind!r:.40}; POST it to /v1/{kind if kind in ('search', 'estimate', 'scale') else want}")
-    return cls.model_validate(data)
+    return validate_request(cls, data)
 
 
 def serve(host: str, port: int, cfg: ServeConfig, *, log_level: str = "info") -> None:

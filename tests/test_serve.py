@@ -66,7 +66,7 @@ def test_bad_request_is_4xx_with_the_cli_message(url):
     r = httpx.post(url + "/v1/search", json={"model": "llama3-8b", "cluster": {"num_gpus": 0}}, timeout=60)
     assert r.status_code == 422 and "cluster.num_gpus" in r.json()["message"]
     r = httpx.post(url + "/v1/search", content=b"{not json", timeout=60)
-    assert r.status_code == 400 and r.json()["message"].startswith("not valid JSON")
+    assert r.status_code == 400 and r.json()["message"].startswith("invalid JSON in the request body")
     r = httpx.post(url + "/v1/search", content=b"x" * 70000, timeout=60)
     assert r.status_code == 413 and "65536" in r.json()["message"]
 

@@ -46,11 +46,11 @@ def _degrees(text: str) -> dict[str, Any]:
     return out
 
 
-def _estimate_of(data: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+def _estimate_of(path: str, index: int) -> dict[str, Any]:
     """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
-    from autoplan.emit import plan_from_dict
+    from autoplan.emit import load_plan
 
-    plan = plan_from_dict(data, index - 1 if "plans" in data else None, source=source)
+    plan = load_plan(path, index)
     return {"model": plan.model.model_dump(exclude_none=True), "cluster": {
         "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
         "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size},
@@ -93,11 +93,10 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
     for text in plans:
         path, _, k = text.partition("#") if not text.startswith("#") else ("", "", text[1:])
         if path and Path(path).expanduser().is_file():
-            from autoplan.emit.plan import _read_json
             idx = int(k) if k.isdigit() and int(k) >= 1 else (1 if not k else None)
             if idx is None:
                 raise UserInputError(f"plan {text!r:.80}: #{k} must be a plan number from 1")
-            requests.append({**_estimate_of(_read_json(Path(path).expanduser()), idx, path), "failures": failures})
+            requests.append({**_estimate_of(str(Path(path).expanduser()), idx), "failures": failures})
             continue
         if context is None:
             raise UserInputError(f"plan {text!r:.80} is not a file; #K and degree plans need --model and --gpus")
