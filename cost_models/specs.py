@@ -38,6 +38,76 @@ class MLASpec(_Frozen):
     v_head_dim: int = Field(gt=0)
 
 
+class RopeScaling(_Frozen):
+    """RoPE frequency scaling for long context, as HF ``rope_scaling`` states it.
+
+    ``llama3`` (Llama 3.1): frequencies below ``original_max_position_embeddings / low_freq_factor`` wavelength
+    are divided by ``factor``, above ``.../high_freq_factor`` kept, smooth in between.
+    ``yarn`` (DeepSeek-V3; Peng et al. 2023, arXiv:2309.00071): NTK-by-parts ramp between ``beta_fast`` and
+    ``beta_slow`` rotations; attention logits scaled by ``mscale(factor, mscale)/mscale(factor, mscale_all_dim)``
+    with ``mscale(s, m) = 0.1 m ln s + 1`` (MLA squares the ``mscale_all_dim`` term into its softmax scale)."""
+
+    type: Literal["llama3", "yarn"]
+    factor: float = Field(gt=1)
+    original_max_position_embeddings: int = Field(gt=0, description="context the base model was trained at")
+    low_freq_factor: float = Field(default=1.0, gt=0, description="llama3 only")
+    high_freq_factor: float = Field(default=4.0, gt=0, description="llama3 only")
+    beta_fast: float = Field(default=32.0, gt=0, description="yarn only")
+    beta_slow: float = Field(default=1.0, gt=0, description="yarn only")
+    mscale: float = Field(default=1.0, ge=0, description="yarn only")
+    mscale_all_dim: float = Field(default=0.0, ge=0, description="yarn only")
+
+
+class RouterSpec(_Frozen):
+    """How an MoE layer picks experts and balances load (meaningful only when ``num_experts > 0``)."""
+
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    norm_top_k: bool = Field(default=True, description="selected experts' weights renormalized to sum to 1 "
+                             "(Mixtral: top-k then softmax; Qwen3 norm_topk_prob; DeepSeek-V3 norm_topk_prob)")
+    expert_bias: bool = Field(default=False, description="aux-loss-free balancing: a per-expert bias added to the "
+                              "scores for selection only (DeepSeek-V3 topk_method 'noaux_tc')")
+    num_groups: int = Field(default=0, ge=0, description="device-limited routing: experts in this many groups; "
+                            "0 = ungrouped")
+    group_top_k: int = Field(default=0, ge=0, description="groups each token may route to (with num_groups)")
+    top_k_scaling: float = Field(default=1.0, gt=0, description="routed-expert output multiplier "
+                                 "(DeepSeek routed_scaling_factor)")
+    aux_loss: Literal["none", "aux_loss", "seq_aux_loss"] = Field(
+        default="aux_loss", description="load-balancing loss: per batch (Switch/GShard) or per sequence (DeepSeek)")
+    aux_loss_coeff: float = Field(default=0.0, ge=0, description="its weight (HF router_aux_loss_coef / "
+                                  "aux_loss_alpha)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RouterSpec":
+        if bool(self.num_groups) != bool(self.group_top_k) or self.group_top_k > self.num_groups:
+            raise ValueError(f"group_top_k ({self.group_top_k}) must be in 1..num_groups ({self.num_groups}) "
+                             "when routing is grouped, and both 0 otherwise")
+        return self
+
+
+class ArchSpec(_Frozen):
+    """Architecture facts that change the trained model but not its tensor shapes: positions, norms, attention
+    window, activation, dropout, routing, multi-token prediction. One nested group so an emitter writes all of
+    them (Megatron flags, torchtitan model args, the FSDP2 module's config) and a loader can say which it read.
+    Defaults are a plain pre-norm Llama-style decoder with no dropout."""
+
+    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base (HF rope_theta)")
+    rope_scaling: RopeScaling | None = Field(default=None, description="long-context RoPE scaling; None = none")
+    rotary_fraction: float = Field(default=1.0, gt=0, le=1, description="fraction of head dim rotated "
+                                   "(GPT-NeoX rotary_pct)")
+    alibi: bool = Field(default=False, description="ALiBi attention biases instead of RoPE (BLOOM)")
+    norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
+    qk_norm: bool = Field(default=False, description="per-head RMSNorm on queries and keys (Qwen3)")
+    sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens, "
+                                       "every layer (Mistral 7B v0.1); None = full attention")
+    activation: Literal["silu", "gelu", "gelu_tanh"] = Field(
+        default="silu", description="MLP activation (gated with gated_mlp: SwiGLU is silu)")
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1)
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on residual branches")
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction modules (DeepSeek-V3 "
+                            "num_nextn_predict_layers); each is a decoder layer + projection sharing the head")
+
+
 class ModelSpec(_Frozen):
     """A decoder-only transformer. Dense when ``num_experts == 0``."""
 
@@ -65,6 +135,7 @@ class ModelSpec(_Frozen):
     first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
     moe_layer_freq: int = Field(default=1, gt=0, description="every k-th layer (after the dense ones) is MoE")
     mla: MLASpec | None = Field(default=None, description="multi-head latent attention (DeepSeek)")
+    arch: ArchSpec = Field(default_factory=ArchSpec, description="positions, norms, window, routing, MTP")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
@@ -140,6 +211,8 @@ class ModelSpec(_Frozen):
             kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
             return q + kv + a * m.v_head_dim * h
         w = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        if self.arch.qk_norm:
+            w += 2 * self.head_dim_resolved  # per-head RMSNorm weights of q and k (Qwen3)
         if self.linear_bias:
             w += self.q_dim + 2 * self.kv_dim + h
         elif self.qkv_bias:
@@ -197,6 +270,13 @@ class ModelSpec(_Frozen):
     @cached_property
     def num_params(self) -> int:
         return self.embedding_params + self.head_params + sum(self.layer_params(i) for i in range(self.num_layers))
+
+    @cached_property
+    def mtp_params(self) -> int:
+        """Multi-token-prediction modules (not in ``num_params``): each is one decoder layer like the last, a
+        2h→h projection and its norms (enorm, hnorm, final norm); embedding and head are shared (DeepSeek-V3 §2.2)."""
+        per = self.layer_params(self.num_layers - 1) + 2 * self.hidden_size**2 + 3 * self.hidden_size
+        return self.arch.mtp_layers * per
 
     @cached_property
     def num_active_params(self) -> int:

@@ -44,9 +44,17 @@ def test_llama3_params_match_public_counts(name: str, public: float) -> None:
     assert load_model(name).num_params == pytest.approx(public, rel=1e-3)
 
 
-@pytest.mark.parametrize("source", ["llama3.1-8b", "LLAMA3.1-8B", "Llama3-8B", "  llama3-8b "])
+@pytest.mark.parametrize("source", ["llama3.1-405b", "LLAMA3.1-405B", "Llama3-405B", "  llama3-405b "])
 def test_alias_and_case_insensitive_lookup(source: str) -> None:
-    assert load_model(source) is load_model("llama3-8b")  # resolved to the cached catalog entry
+    assert load_model(source) is load_model("llama3-405b")  # resolved to the cached catalog entry
+
+
+def test_llama3_and_llama31_are_distinct_models() -> None:
+    """Same shapes, different RoPE: 3.1 scales frequencies (factor 8 over 8192 tokens), 3.0 does not."""
+    v30, v31 = load_model("llama3-8b"), load_model("llama3.1-8b")
+    assert v30.num_params == v31.num_params and v30.arch.rope_theta == v31.arch.rope_theta == 500000.0
+    assert v30.arch.rope_scaling is None
+    assert v31.arch.rope_scaling is not None and v31.arch.rope_scaling.factor == 8.0
 
 
 def test_unknown_model_suggests_close_names() -> None:
@@ -264,7 +272,7 @@ def test_models_table(run) -> None:
     assert lines[0].split()[:3] == ["model", "params", "(B)"]
     listed = [line.split()[0] for line in lines[2 : 2 + len(model_names())]]
     assert listed == model_names()
-    assert "llama3.1-8b -> llama3-8b" in res.output
+    assert "llama3.1-405b -> llama3-405b" in res.output
     assert any(line.startswith("llama3-8b") and " 8.03 " in line and "32/8" in line for line in lines)
 
 
@@ -274,7 +282,9 @@ def test_models_json_and_sources(run) -> None:
     records = json.loads(res.output)["models"]
     assert [r["name"] for r in records] == model_names()
     llama = next(r for r in records if r["name"] == "llama3-8b")
-    assert llama["num_params"] == load_model("llama3-8b").num_params and "llama3.1-8b" in llama["aliases"]
+    assert llama["num_params"] == load_model("llama3-8b").num_params
+    big = next(r for r in records if r["name"] == "llama3-405b")
+    assert "llama3.1-405b" in big["aliases"]
     res = run("models", str(HF / "gpt2.json"), "deepseek-v3", "--format", "json")
     assert [r["name"] for r in json.loads(res.output)["models"]] == ["gpt2", "deepseek-v3"]
 

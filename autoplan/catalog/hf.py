@@ -21,19 +21,47 @@ configuration class. Approximations (all small; the parameter-count tests state 
   a Llama ``mlp_bias`` without ``attention_bias`` (with both, every linear has a bias: ``linear_bias``).
 - ``head_dim`` equal to ``hidden_size / num_attention_heads`` is normalized to ``None`` so a config and
   the matching catalog entry give identical specs.
+
+Architecture facts (``ModelSpec.arch``: RoPE base and scaling, norm epsilon, q/k norm, sliding window,
+activation, dropout, router, MTP depth) are read for every family. Nothing is dropped silently: a key the
+family's reader neither reads nor knows to be harmless (token ids, dtype, cache flags, ...) is named in an
+``HFConfigWarning``; a value autoplan cannot represent (an unknown ``rope_scaling`` type, a per-layer window
+pattern, an unsupported activation or router) is a ``UserInputError`` naming the key and the supported values.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from autoplan.catalog.spec_file import validate
 from autoplan.errors import UserInputError
-from cost_models.specs import MLASpec, ModelSpec
+from cost_models.specs import MLASpec, ModelSpec, RopeScaling, RouterSpec
 
 _MISSING = object()
+
+
+class HFConfigWarning(UserWarning):
+    """A config.json key autoplan's loader did not read (it may change the model autoplan plans for)."""
+
+
+# Keys that never change the trained architecture: bookkeeping, token ids, storage dtype and format,
+# inference-only switches and heads autoplan does not plan (GPT-2's sequence-summary head).
+HARMLESS_KEYS = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "initializer_factor", "pretraining_tp", "output_router_logits",
+    "attn_implementation", "_attn_implementation_autoset", "auto_map", "quantization_config", "ep_size",
+    "max_position_embeddings", "n_ctx", "task_specific_params", "summary_activation", "summary_first_dropout",
+    "summary_proj_to_labels", "summary_type", "summary_use_proj", "classifier_dropout", "id2label", "label2id",
+    "tokenizer_class", "return_dict", "output_attentions", "output_hidden_states", "torchscript",
+    "is_decoder", "use_return_dict", "chunk_size_feed_forward",
+    # Megatron-era fusion switches in BLOOM's config: kernels, not the math
+    "masked_softmax_fusion", "bias_dropout_fusion", "skip_bias_add", "skip_bias_add_qkv",
+    "attention_softmax_in_fp32", "slow_but_exact", "offset_alibi",
+})
 
 # Keys that mark a mapping as a Hugging Face config rather than an autoplan spec.
 HF_MARKER_KEYS = frozenset(
@@ -48,9 +76,25 @@ class _Config:
         self.data = data
         self.source = source
         self.model_type = str(data.get("model_type"))
+        self.read: set[str] = set()  # keys a family reader looked at (HARMLESS_KEYS aside)
+
+    def seen(self, *keys: str) -> None:
+        """Mark ``keys`` as understood without reading a value (e.g. a flag checked elsewhere)."""
+        self.read.update(keys)
+
+    def error(self, key: str, value: Any, supported: str) -> UserInputError:
+        return UserInputError(f"{self.source}: {key}={value!r} is not supported for model_type "
+                              f"'{self.model_type}' ({supported})")
+
+    def float(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserInputError(f"{self.source}: key '{key}' must be a number, got {value!r}")
+        return float(value)
 
     def _req(self, *keys: str) -> Any:
         """The first of ``keys`` present with a non-null value (alternatives are synonyms)."""
+        self.read.update(keys)
         for key in keys:
             if self.data.get(key) is not None:
                 return self.data[key]
@@ -58,6 +102,7 @@ class _Config:
         raise UserInputError(f"{self.source}: missing key {names} (model_type '{self.model_type}')")
 
     def get(self, key: str, default: Any) -> Any:
+        self.read.add(key)
         value = self.data.get(key, _MISSING)
         return default if value is _MISSING or value is None else value
 
@@ -71,6 +116,7 @@ class _Config:
     def int(self, *keys: str, default: int | object = _MISSING, minimum: int | None = None) -> int:
         """An integer under the first present of ``keys`` (or ``default`` when none is); ``minimum``
         guards values used as divisors, which ModelSpec's own validation would see too late."""
+        self.read.update(keys)
         present = [k for k in keys if self.data.get(k) is not None]
         if not present and isinstance(default, int):
             return default
@@ -116,15 +162,149 @@ def _moe_fields(c: _Config, num_layers: int, moe_layers: list[int], **fields: An
     return {**fields, "first_dense_layers": first_dense, "moe_layer_freq": freq}
 
 
+# ---- architecture facts (ModelSpec.arch) ----------------------------------------------------------
+
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+_ROPE_SCALING_KEYS = {
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"},
+}
+
+
+def _activation(c: _Config, key: str, default: str) -> str:
+    value = c.get(key, default)
+    if not isinstance(value, str) or value not in _ACTIVATIONS:
+        raise c.error(key, value, f"supported: {', '.join(sorted(_ACTIVATIONS))}")
+    return _ACTIVATIONS[value]
+
+
+def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
+    if not isinstance(d, Mapping):
+        raise c.error(key, d, "expected a mapping with 'rope_type'")
+    kind = d.get("rope_type", d.get("type"))
+    if not isinstance(kind, (str, type(None))):
+        raise c.error(f"{key}.rope_type", kind, "supported: default, llama3, yarn")
+    if kind in (None, "default"):
+        return None
+    if kind not in _ROPE_SCALING_KEYS:
+        raise c.error(f"{key}.rope_type", kind, "supported: default, llama3, yarn")
+    wanted = _ROPE_SCALING_KEYS[kind]
+    extra = sorted(set(d) - wanted - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+    if extra:
+        warnings.warn(f"{c.source}: {key} keys {extra} are not read for rope_type '{kind}' "
+                      f"(read: {sorted(wanted)})", HFConfigWarning, stacklevel=4)
+    out: dict[str, Any] = {"type": kind}
+    for k in wanted:
+        if d.get(k) is not None:
+            out[k] = d[k]
+    if "original_max_position_embeddings" not in out:
+        raise UserInputError(f"{c.source}: {key} of rope_type '{kind}' needs 'original_max_position_embeddings'")
+    return out
+
+
+def _rope(c: _Config) -> dict[str, Any]:
+    """RoPE base and scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4.x) or ``rope_parameters`` (5.x)."""
+    params = c.get("rope_parameters", None)
+    if isinstance(params, Mapping):
+        theta = params.get("rope_theta", c.float("rope_theta", 10000.0))
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+            raise c.error("rope_parameters.rope_theta", theta, "a number")
+        scaling, key = params, "rope_parameters"
+    else:
+        theta, scaling, key = c.float("rope_theta", 10000.0), c.get("rope_scaling", None), "rope_scaling"
+    out: dict[str, Any] = {"rope_theta": float(theta)}
+    if isinstance(params, Mapping) and params.get("partial_rotary_factor") is not None:
+        out["rotary_fraction"] = float(params["partial_rotary_factor"])
+    if scaling is not None:
+        rs = _rope_scaling(c, scaling, key)
+        if rs is not None:
+            out["rope_scaling"] = rs
+    return out
+
+
+def _window(c: _Config, num_layers: int, *, qwen: bool) -> int | None:
+    """The sliding window if every layer has it; ``None`` if none does; an error for a per-layer mix.
+    Qwen (transformers ``Qwen2Config.layer_types``): with ``use_sliding_window``, layers
+    ``>= max_window_layers`` slide. Mistral/Mixtral: ``sliding_window`` applies to every layer."""
+    window = c.get("sliding_window", None)
+    layer_types = c.get("layer_types", None)
+    if qwen:
+        if not c.get("use_sliding_window", False):
+            window = None
+        else:
+            first = c.int("max_window_layers", default=0)
+            if 0 < first < num_layers:
+                raise c.error("max_window_layers", first, f"a window on layers {first}..{num_layers - 1} only: "
+                              "autoplan supports a window on every layer or none")
+            if first >= num_layers:
+                window = None
+        c.seen("max_window_layers")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise c.error("layer_types", layer_types, "a list of 'full_attention' / 'sliding_attention'")
+        kinds = set(layer_types) or {"full_attention"}
+        if kinds == {"full_attention"}:
+            window = None
+        elif kinds != {"sliding_attention"}:
+            raise c.error("layer_types", sorted(kinds), "autoplan supports a window on every layer or none")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise c.error("sliding_window", window, "a positive integer or null")
+    return window
+
+
+def _router(c: _Config, *, coeff_key: str, coeff_default: float, norm_default: bool) -> dict[str, Any]:
+    """Softmax top-k routing with a batch load-balancing loss (Mixtral, Qwen-MoE)."""
+    jitter = c.float("router_jitter_noise", 0.0)
+    if jitter:
+        raise c.error("router_jitter_noise", jitter, "only 0: input jitter is not modelled")
+    return {"score_function": "softmax", "norm_top_k": bool(c.get("norm_topk_prob", norm_default)),
+            "aux_loss": "aux_loss", "aux_loss_coeff": c.float(coeff_key, coeff_default)}
+
+
+def _deepseek_router(c: _Config) -> dict[str, Any]:
+    """DeepSeek-V2/V3 gate (``modeling_deepseek.MoEGate``): softmax or sigmoid scores; ``greedy`` top-k,
+    ``group_limited_greedy`` (V2: groups ranked by their best score) or ``noaux_tc`` (V3: a selection-only
+    bias per expert, groups ranked by the sum of their top-2 scores); ``routed_scaling_factor``."""
+    score = c.get("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise c.error("scoring_func", score, "supported: softmax, sigmoid")
+    method = c.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        raise c.error("topk_method", method, "supported: greedy, group_limited_greedy, noaux_tc")
+    groups, group_k = c.int("n_group", default=1), c.int("topk_group", default=1)
+    grouped = method != "greedy" and groups > 1
+    if grouped and method == "group_limited_greedy" and c.int("num_experts_per_tok") > group_k:
+        warnings.warn(f"{c.source}: topk_method 'group_limited_greedy' ranks groups by their best expert; "
+                      "Megatron and torchtitan rank them by the sum of their top experts", HFConfigWarning,
+                      stacklevel=4)
+    seq = bool(c.get("seq_aux", True))
+    return {"score_function": score, "norm_top_k": bool(c.get("norm_topk_prob", False)),
+            "expert_bias": method == "noaux_tc", "num_groups": groups if grouped else 0,
+            "group_top_k": group_k if grouped else 0, "top_k_scaling": c.float("routed_scaling_factor", 1.0),
+            "aux_loss": "seq_aux_loss" if seq else "aux_loss", "aux_loss_coeff": c.float("aux_loss_alpha", 0.001)}
+
+
+def _llama_arch(c: _Config, num_layers: int, *, qwen: bool, qk_norm: bool, window: bool) -> dict[str, Any]:
+    """``window``: the family has attention windows (LlamaConfig has none: a stray key is reported unread)."""
+    return {**_rope(c), "norm_eps": c.float("rms_norm_eps", 1e-6), "qk_norm": qk_norm,
+            "sliding_window": _window(c, num_layers, qwen=qwen) if window else None,
+            "activation": _activation(c, "hidden_act", "silu"),
+            "attention_dropout": c.float("attention_dropout", 0.0)}
+
+
 # ---- families ---------------------------------------------------------------------------------
 
 
-def _llama_like(c: _Config, *, qkv_bias: bool = False) -> dict[str, Any]:
+def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_norm: bool = False,
+                window: bool = True, arch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
+    n = c.int("num_hidden_layers")
     return {
-        "num_layers": c.int("num_hidden_layers"),
+        "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window), **(arch or {})},
+        "num_layers": n,
         "hidden_size": hidden,
         "ffn_hidden_size": c.int("intermediate_size"),
         "num_attention_heads": heads,
@@ -138,24 +318,36 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False) -> dict[str, Any]:
 
 
 def _llama(c: _Config) -> dict[str, Any]:
-    return _llama_like(c)
+    return _llama_like(c, window=False)
+
+
+def _mistral(c: _Config) -> dict[str, Any]:
+    return _llama_like(c)  # MistralConfig.sliding_window: every layer
 
 
 def _qwen2(c: _Config) -> dict[str, Any]:
-    return _llama_like(c, qkv_bias=True)  # Qwen2Attention: q/k/v always have a bias, o_proj none
+    return _llama_like(c, qkv_bias=True, qwen=True)  # Qwen2Attention: q/k/v always have a bias, o_proj none
+
+
+def _qwen3(c: _Config) -> dict[str, Any]:
+    return _llama_like(c, qwen=True, qk_norm=True)  # Qwen3Attention: per-head RMSNorm on q and k
 
 
 def _mixtral(c: _Config) -> dict[str, Any]:
-    fields = _llama_like(c)
+    # MixtralConfig defaults: router_aux_loss_coef 0.001; top-k logits then softmax (renormalized)
+    fields = _llama_like(c, arch={"router": _router(c, coeff_key="router_aux_loss_coef", coeff_default=0.001,
+                                                     norm_default=True)})
     n = int(fields["num_layers"])
     return fields | _moe_fields(
         c, n, list(range(n)), num_experts=c.int("num_local_experts"), moe_top_k=c.int("num_experts_per_tok")
     )
 
 
-def _qwen_moe(c: _Config, *, qkv_bias: bool) -> dict[str, Any]:
-    """Qwen2-MoE / Qwen3-MoE: layer i is sparse iff i ∉ mlp_only_layers and (i+1) % decoder_sparse_step == 0."""
-    fields = _llama_like(c, qkv_bias=qkv_bias)
+def _qwen_moe(c: _Config, *, qkv_bias: bool, qk_norm: bool) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE: layer i is sparse iff i ∉ mlp_only_layers and (i+1) % decoder_sparse_step == 0.
+    Router: softmax over all experts, top-k, renormalized iff norm_topk_prob (default false)."""
+    router = _router(c, coeff_key="router_aux_loss_coef", coeff_default=0.001, norm_default=False)
+    fields = _llama_like(c, qkv_bias=qkv_bias, qwen=True, qk_norm=qk_norm, arch={"router": router})
     n, experts = int(fields["num_layers"]), c.int("num_experts")
     step, dense_only = c.int("decoder_sparse_step", default=1, minimum=1), set(c.int_list("mlp_only_layers"))
     moe_layers = [i for i in range(n) if experts > 0 and i not in dense_only and (i + 1) % step == 0]
@@ -189,7 +381,16 @@ def _deepseek(c: _Config) -> dict[str, Any]:
     n, experts = c.int("num_hidden_layers"), c.int("n_routed_experts", default=0)
     first_k, freq = c.int("first_k_dense_replace", default=0), c.int("moe_layer_freq", default=1, minimum=1)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k and i % freq == 0]
+    if c.get("attention_bias", False):
+        raise c.error("attention_bias", True, "MLA projections without biases only")
+    c.seen("num_key_value_heads")  # MLA has no KV heads of its own (the config repeats num_attention_heads)
+    arch = {**_rope(c), "norm_eps": c.float("rms_norm_eps", 1e-6), "activation": _activation(c, "hidden_act", "silu"),
+            "attention_dropout": c.float("attention_dropout", 0.0), "mtp_layers": c.int("num_nextn_predict_layers",
+                                                                                         default=0)}
+    if experts:
+        arch["router"] = _deepseek_router(c)
     fields = {
+        "arch": arch,
         "num_layers": n,
         "hidden_size": hidden,
         "ffn_hidden_size": c.int("intermediate_size"),
@@ -214,7 +415,18 @@ def _deepseek(c: _Config) -> dict[str, Any]:
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
+    if not c.get("scale_attn_weights", True) or c.get("scale_attn_by_inverse_layer_idx", False):
+        raise c.error("scale_attn_weights / scale_attn_by_inverse_layer_idx", "non-default",
+                      "attention scaled by 1/sqrt(head_dim) only")
+    c.seen("reorder_and_upcast_attn")  # numerics of the softmax, not the model
+    embd, resid = c.float("embd_pdrop", 0.1), c.float("resid_pdrop", 0.1)
+    if embd != resid:
+        warnings.warn(f"{c.source}: embd_pdrop ({embd}) differs from resid_pdrop ({resid}); autoplan has one "
+                      "hidden dropout and uses resid_pdrop", HFConfigWarning, stacklevel=3)
     return {
+        "arch": {"norm_eps": c.float("layer_norm_epsilon", 1e-5), "activation": _activation(c, "activation_function",
+                                                                                              "gelu_new"),
+                 "attention_dropout": c.float("attn_pdrop", 0.1), "hidden_dropout": resid},
         "num_layers": c.int("n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
         "ffn_hidden_size": c.int("n_inner", default=4 * hidden),
@@ -232,7 +444,15 @@ def _gpt2(c: _Config) -> dict[str, Any]:
 def _gpt_neox(c: _Config) -> dict[str, Any]:
     """GPT-NeoX / Pythia: rotary, LayerNorm, biases, GELU MLP, untied unless tie_word_embeddings."""
     heads = c.int("num_attention_heads")
+    if c.get("use_parallel_residual", True):
+        warnings.warn(f"{c.source}: use_parallel_residual=true (attention and MLP read the same input) is not "
+                      "represented: ModelSpec and the emitters build sequential pre-norm blocks (same shapes and "
+                      "cost, a different function)", HFConfigWarning, stacklevel=3)
     return {
+        "arch": {"rope_theta": c.float("rotary_emb_base", 10000.0), "rotary_fraction": c.float("rotary_pct", 1.0),
+                 "norm_eps": c.float("layer_norm_eps", 1e-5), "activation": _activation(c, "hidden_act", "gelu"),
+                 "attention_dropout": c.float("attention_dropout", 0.0),
+                 "hidden_dropout": c.float("hidden_dropout", 0.0)},
         "num_layers": c.int("num_hidden_layers"),
         "hidden_size": c.int("hidden_size"),
         "ffn_hidden_size": c.int("intermediate_size"),
@@ -249,7 +469,13 @@ def _gpt_neox(c: _Config) -> dict[str, Any]:
 def _bloom(c: _Config) -> dict[str, Any]:
     """BLOOM: ALiBi (no position table), LayerNorm, biases, GELU MLP of 4h, tied."""
     hidden, heads = c.int("hidden_size", "n_embed"), c.int("n_head", "num_attention_heads")
+    c.seen("n_inner")  # BloomConfig has no such field: its MLP is always 4h (the published file carries null)
+    if c.get("apply_residual_connection_post_layernorm", False):
+        raise c.error("apply_residual_connection_post_layernorm", True, "pre-norm residuals only")
     return {
+        "arch": {"alibi": True, "norm_eps": c.float("layer_norm_epsilon", 1e-5), "activation": "gelu_tanh",
+                 "attention_dropout": c.float("attention_dropout", 0.0),
+                 "hidden_dropout": c.float("hidden_dropout", 0.0)},
         "num_layers": c.int("n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
         "ffn_hidden_size": 4 * hidden,
@@ -270,12 +496,12 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "llama": _llama,
-    "mistral": _llama,
+    "mistral": _mistral,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
-    "qwen2_moe": lambda c: _qwen_moe(c, qkv_bias=True),
-    "qwen3": _llama,
-    "qwen3_moe": lambda c: _qwen_moe(c, qkv_bias=False),
+    "qwen2_moe": lambda c: _qwen_moe(c, qkv_bias=True, qk_norm=False),
+    "qwen3": _qwen3,
+    "qwen3_moe": lambda c: _qwen_moe(c, qkv_bias=False, qk_norm=True),
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
@@ -306,6 +532,12 @@ def spec_from_hf_config(data: Mapping[str, Any], *, name: str | None = None, pat
         raise UserInputError(
             f"{source}: unsupported model_type '{model_type}'; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    fields = family(_Config(data, source))
+    config = _Config(data, source)
+    fields = family(config)
+    unread = sorted(set(data) - config.read - HARMLESS_KEYS)
+    if unread:
+        warnings.warn(f"{source}: keys not read by autoplan's '{model_type}' loader: {unread}. If they change the "
+                      "architecture, the plan and the emitted configs do not reflect them", HFConfigWarning,
+                      stacklevel=2)
     fields["name"] = name or default_name(data, path)
     return validate(ModelSpec, fields, f"model from {source}")
