@@ -270,11 +270,13 @@ def test_scripts_quote_names(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("torchrun", "srun", "scontrol"):
-        (bin_dir / tool).write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT.$(basename $0)\"\n")
+        (bin_dir / tool).write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT.$(basename $0)\"\n"
+                                    + ("echo n1\n" if tool == "scontrol" else ""))
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MEGATRON_LM": str(tmp_path / "mlm"),
            "TRAIN_SCRIPT": "train.py", "ARGS_OUT": str(tmp_path / "args"), "SLURM_JOB_NODELIST": "n1",
-           "SLURM_JOB_ID": "1"}
+           "SLURM_JOB_ID": "1", "DATA_ARGS": "--mock-data", "TRAIN_ITERS": "10", "LR": "1e-4",
+           "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
     for script in sorted(out.glob("*.sh")) + sorted(out.glob("*.sbatch")):
         text = script.read_text()
         assert "\ntouch PWNED" not in text
@@ -285,21 +287,90 @@ def test_scripts_quote_names(tmp_path: Path) -> None:
     assert "--nproc-per-node" in argv
 
 
-def test_megatron_script_passes_args_verbatim(tmp_path: Path) -> None:
-    p = plan(**L70_PP8)
-    write_plan(p, "megatron", tmp_path / "o")
+def _stub_bin(tmp_path: Path) -> Path:
+    """Stub srun (drops its own options, runs the command), scontrol (5000 hosts: more than one pipe buffer, so a
+    `| head -n 1` under pipefail would die with 141) and torchrun (records argv and the PYTHONPATH it got)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$ARGS_OUT\"\n")
-    (bin_dir / "torchrun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MEGATRON_LM": "/opt/Megatron-LM",
-           "ARGS_OUT": str(tmp_path / "argv"), "NODE_RANK": "3", "MASTER_ADDR": "node0"}
-    subprocess.run(["bash", str(tmp_path / "o" / "train_megatron_torchrun.sh")], check=True, env=env, timeout=30)
+    stubs = {
+        "torchrun": '#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$ARGS_OUT"\necho "$PYTHONPATH" > "$ARGS_OUT.pythonpath"\n',
+        "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
+        "scontrol": '#!/usr/bin/env bash\nfor i in $(seq 0 4999); do echo "gpu-node-$i"; done\n',
+    }
+    for name, text in stubs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+USER_ENV = {"DATA_ARGS": "--mock-data --tokenizer-type NullTokenizer --vocab-size 128255", "TRAIN_ITERS": "100",
+            "LR": "3e-4", "CHECKPOINT_DIR": "/ckpt/run1"}
+
+
+def _run_spooled(tmp_path: Path, script: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a copy of ``script`` from an unrelated folder, as sbatch runs its spooled copy."""
+    spool = tmp_path / "spool" / "job123"
+    spool.mkdir(parents=True, exist_ok=True)
+    copy = spool / "slurm_script"
+    shutil.copy(script, copy)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(copy)], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "slurm"])
+def test_megatron_script_argv_reaches_the_trainer(tmp_path: Path, kind: str) -> None:
+    p = plan(**L70_PP8)
+    out = tmp_path / "o"
+    write_plan(p, "megatron", out)
+    env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}", "MEGATRON_LM": "/opt/Megatron-LM",
+           "ARGS_OUT": str(tmp_path / "argv"), **USER_ENV}
+    if kind == "torchrun":
+        env |= {"NODE_RANK": "3", "MASTER_ADDR": "node0"}
+        script = out / "train_megatron_torchrun.sh"
+    else:
+        env |= {"SLURM_JOB_NODELIST": "gpu-node-[0-4999]", "SLURM_JOB_ID": "77"}
+        env.pop("MASTER_ADDR", None)
+        script = out / "train_megatron_slurm.sbatch"
+    res = _run_spooled(tmp_path, script, env)
+    assert res.returncode == 0, res.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     i = argv.index("/opt/Megatron-LM/pretrain_gpt.py")
-    assert argv[:i] == ["--nnodes", "128", "--nproc-per-node", "8", "--node-rank", "3", "--master-addr", "node0",
-                        "--master-port", "29500"]
-    assert argv[i + 1:] == megatron_args(p)
+    if kind == "torchrun":
+        assert argv[:i] == ["--nnodes", "128", "--nproc-per-node", "8", "--node-rank", "3", "--master-addr", "node0",
+                            "--master-port", "29500"]
+    else:
+        assert argv[:i] == ["--nnodes", "128", "--nproc-per-node", "8", "--rdzv-id", "77", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", "gpu-node-0:29500"]
+    user = ["--train-iters", "100", "--lr", "3e-4", "--min-lr", "0.0", "--lr-warmup-iters", "0", "--lr-decay-style",
+            "cosine", "--save", "/ckpt/run1", "--load", "/ckpt/run1", "--save-interval", "1000", "--log-interval",
+            "10", "--tensorboard-dir", "/ckpt/run1/tensorboard", "--eval-interval", "1000", "--eval-iters", "10"]
+    assert argv[i + 1:] == megatron_args(p) + user + USER_ENV["DATA_ARGS"].split()
+
+
+def test_megatron_script_names_the_missing_placeholder(tmp_path: Path) -> None:
+    write_plan(plan(**L70_PP8), "megatron", tmp_path / "o")
+    env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}", "MEGATRON_LM": "/x",
+           "ARGS_OUT": str(tmp_path / "argv"), **{k: v for k, v in USER_ENV.items() if k != "LR"}}
+    res = _run_spooled(tmp_path, tmp_path / "o" / "train_megatron_torchrun.sh", env)
+    assert res.returncode != 0 and "LR: set LR to the peak learning rate" in res.stderr
+    assert not (tmp_path / "argv").exists()
+
+
+def test_spooled_torchtitan_script_finds_its_config_module(tmp_path: Path) -> None:
+    """The 405B in bf16 needs the emitted config module: the spooled sbatch copy must still put its folder on
+    PYTHONPATH (the folder's absolute path is written into the script)."""
+    p = plan(**L405)
+    out = tmp_path / "emitted"
+    write_plan(p, "torchtitan", out)
+    assert (out / "autoplan_torchtitan_config.py").exists()
+    env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}", "ARGS_OUT": str(tmp_path / "argv"),
+           "SLURM_JOB_NODELIST": "gpu-node-[0-4999]", "SLURM_JOB_ID": "5", "PYTHONPATH": ""}
+    res = _run_spooled(tmp_path, out / "train_torchtitan_slurm.sbatch", env)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "argv.pythonpath").read_text().split(":")[0].strip() == str(out.resolve())
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[argv.index("--module") + 1] == "autoplan_torchtitan_config"
 
 
 # ---- plan files, public API, CLI --------------------------------------------------------------------------

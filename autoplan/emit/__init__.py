@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoplan.emit.launch import pin_emit_dir
 from autoplan.emit.plan import TARGETS, EmitPlan, Target, check_emittable, load_plan, plan_from_dict
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
@@ -66,8 +67,11 @@ def write_plan(plan: EmitPlan, target: Target, out_dir: str | Path) -> Emitted:
     result = emit(plan, target)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    folder = str(out.resolve())
     for name, text in result.files.items():
         path = out / name
+        if name.endswith((".sh", ".sbatch")):
+            text = pin_emit_dir(text, folder)  # sbatch runs a spooled copy: the folder's path is written in
         path.write_text(text)
         if name.endswith((".sh", ".sbatch")):
             path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

@@ -262,7 +262,7 @@ def fsdp2_module(plan: EmitPlan) -> str:
 def fsdp2_files(plan: EmitPlan) -> dict[str, str]:
     header = script_header(plan, "PyTorch FSDP2 + DTensor", extra=[
         "TRAIN_SCRIPT is your training script; it imports autoplan_parallelize from this folder."])
-    body = 'export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"'
+    body = 'export PYTHONPATH="$EMIT_DIR${PYTHONPATH:+:$PYTHONPATH}"'
     program = ['"${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"', "${EXTRA_ARGS:-}"]
     return {
         f"{MODULE_NAME}.py": fsdp2_module(plan),

@@ -60,6 +60,33 @@ def _env_lines(env: Mapping[str, str]) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
 
+# The emitted folder. sbatch runs a spooled copy of the script (slurmd's spool directory), so BASH_SOURCE does not
+# point at the folder: ``write_plan`` pins its absolute path (``pin_emit_dir``); AUTOPLAN_EMIT_DIR overrides it
+# after a move. Unpinned (text emitted in memory) it falls back to the script's own folder outside SLURM.
+_EMIT_DIR_FALLBACK = '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
+EMIT_DIR_LINE = 'EMIT_DIR="${AUTOPLAN_EMIT_DIR:-' + _EMIT_DIR_FALLBACK + '}"'
+
+
+def pin_emit_dir(script: str, folder: str) -> str:
+    """``script`` with the emitted folder's absolute path written in (sbatch-safe)."""
+    return script.replace(EMIT_DIR_LINE, 'EMIT_DIR="${AUTOPLAN_EMIT_DIR:-' + _dq(folder) + '}"')
+
+
+def _dq(text: str) -> str:
+    """``text`` safe inside a double-quoted bash word ($, `, \\ and " escaped; control characters refused)."""
+    if _UNPRINTABLE.search(text):
+        raise ValueError(f"path {text!r} has control characters")
+    return re.sub(r'([$`"\\])', r"\\\1", text)
+
+
+# MASTER_ADDR: the first host of the allocation. `scontrol ... | head -n 1` under `set -o pipefail` fails with 141
+# when head closes the pipe before scontrol is done (SIGPIPE); mapfile reads every line instead.
+SLURM_MASTER_LINES = [
+    'mapfile -t AUTOPLAN_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+    'MASTER_ADDR="${MASTER_ADDR:-${AUTOPLAN_NODES[0]:?scontrol returned no host for SLURM_JOB_NODELIST}}"',
+]
+
+
 def torchrun_script(header: str, body: str, program: list[str], nodes: int, per_node: int,
                     env: Mapping[str, str], launcher: str = "torchrun") -> str:
     """Run on every node with NODE_RANK (0..nodes-1), MASTER_ADDR and MASTER_PORT set.
@@ -68,6 +95,7 @@ def torchrun_script(header: str, body: str, program: list[str], nodes: int, per_
     rdzv = ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
     lines = [
         header,
+        EMIT_DIR_LINE,
         *_env_lines(env),
         f'NNODES={nodes}',
         'NODE_RANK="${NODE_RANK:-0}"',
@@ -98,8 +126,9 @@ def slurm_script(header: str, body: str, program: list[str], nodes: int, per_nod
         head,
         *sb,
         rest,
+        EMIT_DIR_LINE,
         *_env_lines(env),
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        *SLURM_MASTER_LINES,
         'MASTER_PORT="${MASTER_PORT:-29500}"',
         body,
         f"srun --nodes={nodes} --ntasks-per-node=1 torchrun --nnodes {nodes} --nproc-per-node {per_node} \\",

@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
+from autoplan.errors import ConfigError
 from cost_models.validate import stage_layers
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -82,6 +83,43 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--recompute-method", "uniform")
         add("--recompute-num-layers", 1)
     # ---- model -----------------------------------------------------------------------------------
+    a += model_args(plan)
+    # ---- precision -------------------------------------------------------------------------------
+    add("--bf16")
+    if job.precision == "fp8":
+        add("--fp8-format", "hybrid")
+    return a
+
+
+# Megatron-core's fixed llama3 RoPE-scaling constants (RotaryEmbedding._apply_scaling defaults, megatron/core/models/
+# common/embeddings/rotary_pos_embedding.py) and MLATransformerConfig's YaRN fields that Megatron-LM 0.16 has no flag
+# for (megatron/core/transformer/transformer_config.py): a model needing other values cannot be expressed.
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """``--make-vocab-size-divisible-by``: Megatron pads the tokenizer's vocabulary up to a multiple of
+    ``divisor * tp`` (``_vocab_size_with_padding``, megatron/training/tokenizer/tokenizer.py). The largest power of
+    two <= 128 (Megatron's default) that keeps the model's published vocabulary unpadded; 1 when tp does not divide
+    it (then Megatron pads to the next multiple of tp, see ``notes``)."""
+    for d in (128, 64, 32, 16, 8, 4, 2, 1):
+        if vocab_size % (d * tp) == 0:
+            return d
+    return 1
+
+
+def model_args(plan: EmitPlan) -> list[str]:
+    """The model as Megatron-LM flags: shapes, positions (RoPE base/scaling), norms, activation, dropout, window,
+    MLA, MoE routing and MTP, vocabulary padding. Raises ``ConfigError`` for a fact Megatron cannot express."""
+    m, arch = plan.model, plan.model.arch
+    a: list[str] = []
+
+    def add(flag: str, value: Any = None) -> None:
+        a.append(flag)
+        if value is not None:
+            a.append(str(value))
+
     add("--num-layers", m.num_layers)
     add("--hidden-size", m.hidden_size)
     add("--ffn-hidden-size", m.ffn_hidden_size)
@@ -91,19 +129,58 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--num-query-groups", m.num_kv_heads)
     if m.head_dim is not None and m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
         add("--kv-channels", m.head_dim)
+    # activation: SwiGLU / GELU (erf) / GELU tanh (Megatron's --openai-gelu)
+    if m.gated_mlp and arch.activation != "silu":
+        raise ConfigError(f"{m.name}: gated MLP with activation '{arch.activation}' (GeGLU) has no Megatron-LM flag",
+                          valid=["silu (SwiGLU)"])
     if m.gated_mlp:
         add("--swiglu")
+    elif arch.activation == "silu":
+        raise ConfigError(f"{m.name}: a non-gated SiLU MLP has no Megatron-LM flag", valid=["gelu", "gelu_tanh"])
     add("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")
+    add("--norm-epsilon", arch.norm_eps)
+    if arch.qk_norm or m.mla is not None:
+        add("--qk-layernorm")  # Qwen3 per-head q/k RMSNorm; for MLA the q/kv latent RMSNorms (always in DeepSeek)
+    add("--attention-dropout", arch.attention_dropout)
+    add("--hidden-dropout", arch.hidden_dropout)
     if not m.linear_bias:
         add("--disable-bias-linear")
         if m.qkv_bias:
             add("--add-qkv-bias")
+    if arch.sliding_window:
+        # HF: key j visible from query i iff i - W < j <= i (transformers masking_utils.sliding_window_overlay),
+        # i.e. flash-attention's window (left W-1, right 0), which is what Megatron's --window-size is.
+        add("--window-size", f"({arch.sliding_window - 1},0)")
+    if arch.alibi:
+        raise ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
     if m.learned_position_embeddings:
         add("--position-embedding-type", "learned_absolute")
     else:
         add("--position-embedding-type", "rope")
+        if not float(arch.rope_theta).is_integer():
+            raise ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
+        add("--rotary-base", int(arch.rope_theta))
+        if arch.rotary_fraction != 1.0:
+            add("--rotary-percent", arch.rotary_fraction)
+        rs = arch.rope_scaling
+        if rs is not None and rs.type == "llama3":
+            _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-core's llama3 RoPE scaling")
+            add("--use-rope-scaling")
+            add("--rope-scaling-factor", rs.factor)
+        elif rs is not None and rs.type == "yarn":
+            if m.mla is None:
+                raise ConfigError(f"{m.name}: YaRN RoPE scaling is only implemented for MLA in Megatron-LM "
+                                  "(--rope-type yarn needs --multi-latent-attention)")
+            _require_fixed(m.name, rs, YARN_FIXED, "Megatron-LM's MLA YaRN (no flag for these)")
+            add("--rope-type", "yarn")
+            add("--rotary-scaling-factor", rs.factor)
+            add("--mscale", rs.mscale)
+            add("--mscale-all-dim", rs.mscale_all_dim)
+        elif m.mla is not None:
+            add("--rope-type", "rope")
     if not m.tied_embeddings:
         add("--untie-embeddings-and-output-weights")
+    add("--make-vocab-size-divisible-by", vocab_divisor(m.vocab_size, plan.parallel.tp))
     if m.mla is not None:
         add("--multi-latent-attention")
         if m.mla.q_lora_rank:
@@ -113,6 +190,7 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim)
         add("--v-head-dim", m.mla.v_head_dim)
     if m.is_moe:
+        r = arch.router
         add("--num-experts", m.num_experts)
         add("--moe-router-topk", m.moe_top_k)
         add("--moe-ffn-hidden-size", m.expert_ffn_hidden_size)
@@ -120,13 +198,36 @@ def megatron_args(plan: EmitPlan) -> list[str]:
             add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn_hidden_size)
         if m.first_dense_layers or m.moe_layer_freq > 1:
             add("--moe-layer-freq", moe_layer_pattern(plan))
+        add("--moe-router-score-function", r.score_function)
+        # Megatron's topk_softmax_with_capacity: softmax -> top-k -> renormalize is its default (top-k of logits,
+        # then softmax); --moe-router-pre-softmax keeps the un-renormalized softmax probabilities. Sigmoid scores
+        # are always renormalized over the chosen k (megatron/core/transformer/moe/moe_utils.py).
+        if r.score_function == "softmax" and not r.norm_top_k:
+            add("--moe-router-pre-softmax")
+        elif r.score_function == "sigmoid" and not r.norm_top_k and m.moe_top_k > 1:
+            raise ConfigError(f"{m.name}: sigmoid routing without top-k renormalization has no Megatron-LM flag")
+        if r.expert_bias:
+            add("--moe-router-enable-expert-bias")
+        if r.num_groups:
+            add("--moe-router-num-groups", r.num_groups)
+            add("--moe-router-group-topk", r.group_top_k)
+        if r.top_k_scaling != 1.0:
+            add("--moe-router-topk-scaling-factor", r.top_k_scaling)
+        add("--moe-router-load-balancing-type", r.aux_loss if r.aux_loss_coeff or r.aux_loss == "none" else "none")
+        if r.aux_loss != "none" and r.aux_loss_coeff:
+            add("--moe-aux-loss-coeff", r.aux_loss_coeff)
         add("--moe-token-dispatcher-type", "alltoall")
         add("--moe-grouped-gemm")
-    # ---- precision -------------------------------------------------------------------------------
-    add("--bf16")
-    if job.precision == "fp8":
-        add("--fp8-format", "hybrid")
+    if arch.mtp_layers:
+        add("--mtp-num-layers", arch.mtp_layers)
     return a
+
+
+def _require_fixed(name: str, rs: Any, fixed: dict[str, float], what: str) -> None:
+    for key, want in fixed.items():
+        if float(getattr(rs, key)) != float(want):
+            raise ConfigError(f"{name}: rope_scaling.{key} = {getattr(rs, key)}; {what} fixes it at {want}",
+                              valid=[want])
 
 
 def moe_layer_pattern(plan: EmitPlan) -> str:
@@ -153,14 +254,26 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--seq-length", "--max-position-embeddings", "--recompute-num-layers", "--num-layers",
             "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups", "--kv-channels",
             "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-            "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"]
+            "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+            "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
+            "--mtp-num-layers"]
     for flag in ints:
         p.add_argument(flag, type=int, default=None)
     for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--group-query-attention", "--swiglu", "--disable-bias-linear",
                  "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--multi-latent-attention",
-                 "--moe-grouped-gemm", "--bf16"]:
+                 "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",
+                 "--moe-router-pre-softmax", "--moe-router-enable-expert-bias"]:
         p.add_argument(flag, action="store_true")
+    for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
+                          ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
+                          ("--mscale", 1.0), ("--mscale-all-dim", 0.0), ("--moe-router-topk-scaling-factor", None)]:
+        p.add_argument(flag, type=float, default=default)
+    p.add_argument("--window-size", type=lambda x: tuple(int(i) for i in x.strip("()").split(",")), default=None)
+    p.add_argument("--rope-type", choices=["rope", "yarn"], default=None)
+    p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
+    p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"])
+    p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=[0.0])
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
@@ -183,6 +296,15 @@ def parse_megatron_args(argv: list[str]) -> argparse.Namespace:
 
 def notes(plan: EmitPlan) -> list[str]:
     par, out = plan.parallel, []
+    m = plan.model
+    if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
+        out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "
+                   "is legacy-model only); it trains with erf GELU")
+    if m.vocab_size % plan.parallel.tp:
+        out.append(f"vocabulary {m.vocab_size} is not a multiple of tp={plan.parallel.tp}: Megatron pads it to "
+                   f"{-(-m.vocab_size // plan.parallel.tp) * plan.parallel.tp}")
+    if m.is_moe and m.arch.router.aux_loss != "none" and not m.arch.router.aux_loss_coeff:
+        out.append("the model states no load-balancing loss coefficient: emitted --moe-router-load-balancing-type none")
     if par.schedule == "zb-h1":
         out.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
     if par.zero_stage == 3 and par.hsdp_shard_size and par.hsdp_shard_size < plan.dp * par.cp:
@@ -194,20 +316,51 @@ def notes(plan: EmitPlan) -> list[str]:
     return out
 
 
+# What a launch needs beyond the plan: named placeholders the user fills (environment variables; the script stops
+# with the variable's name when a required one is unset). Flag names: Megatron-LM's arguments.py (_add_data_args,
+# _add_tokenizer_args, _add_training_args, _add_learning_rate_args, _add_checkpointing_args, _add_logging_args).
+USER_SETTINGS = """\
+# ---- fill these in (export them, or edit the defaults) -------------------------------------------------
+# DATA_ARGS: data and tokenizer flags, word-split, e.g.
+#   --data-path /data/corpus_text_document --tokenizer-type HuggingFaceTokenizer --tokenizer-model /models/tok
+#   or, to smoke-test without data: --mock-data --tokenizer-type NullTokenizer --vocab-size VOCAB_MINUS_ONE
+#   (NullTokenizer adds an end-of-document token to --vocab-size).
+DATA_ARGS="${DATA_ARGS:?set DATA_ARGS to the data and tokenizer flags (see the comment above)}"
+TRAIN_ITERS="${TRAIN_ITERS:?set TRAIN_ITERS to the number of optimizer steps}"
+LR="${LR:?set LR to the peak learning rate}"
+MIN_LR="${MIN_LR:-0.0}"
+LR_WARMUP_ITERS="${LR_WARMUP_ITERS:-0}"
+LR_DECAY_STYLE="${LR_DECAY_STYLE:-cosine}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:?set CHECKPOINT_DIR (checkpoints are saved to and resumed from it)}"
+SAVE_INTERVAL="${SAVE_INTERVAL:-1000}"
+LOG_DIR="${LOG_DIR:-$CHECKPOINT_DIR/tensorboard}"
+LOG_INTERVAL="${LOG_INTERVAL:-10}"
+EVAL_INTERVAL="${EVAL_INTERVAL:-1000}"
+EVAL_ITERS="${EVAL_ITERS:-10}"
+USER_ARGS=(
+  --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --lr-warmup-iters "$LR_WARMUP_ITERS"
+  --lr-decay-style "$LR_DECAY_STYLE"
+  --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "$SAVE_INTERVAL"
+  --log-interval "$LOG_INTERVAL" --tensorboard-dir "$LOG_DIR" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
+)"""
+
+
 def megatron_files(plan: EmitPlan) -> dict[str, str]:
-    """``megatron_args.txt`` (one token per line), ``train_megatron_torchrun.sh`` (run on every node)
-    and ``train_megatron_slurm.sbatch`` (``sbatch`` it)."""
+    """``megatron_args.txt`` (model and layout, one token per line), ``train_megatron_torchrun.sh`` (run on every
+    node) and ``train_megatron_slurm.sbatch`` (``sbatch`` it). The scripts add the user's data, tokenizer, schedule,
+    checkpoint and logging flags from named placeholders (``USER_SETTINGS``)."""
     args = megatron_args(plan)
     nodes, per_node = plan.num_nodes, plan.procs_per_node
     header = script_header(plan, "Megatron-LM", extra=[
         "Rank order tp-cp-ep-dp-pp (Megatron's default): consecutive ranks form a TP group, so each",
         f"TP group of {plan.parallel.tp} sits inside one node; pipeline stages are the slowest axis.",
-        "Set MEGATRON_LM to your Megatron-LM checkout and DATA_ARGS to your data/tokenizer flags",
-        "(e.g. --data-path ... --tokenizer-type ... --tokenizer-model ...).",
+        "Set MEGATRON_LM to your Megatron-LM checkout (not pip-installable; megatron-core alone has no",
+        "pretrain_gpt.py) and the placeholders below; EXTRA_ARGS is appended last.",
+        f"Vocabulary: the model's {plan.model.vocab_size} tokens stay unpadded when the tokenizer has them.",
     ])
-    body = bash_array("MEGATRON_ARGS", args)
+    body = USER_SETTINGS + "\n" + bash_array("MEGATRON_ARGS", args)
     program = ['"${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout}/' + ENTRYPOINT + '"',
-               '"${MEGATRON_ARGS[@]}"', "${DATA_ARGS:-}"]
+               '"${MEGATRON_ARGS[@]}"', '"${USER_ARGS[@]}"', "${DATA_ARGS}", "${EXTRA_ARGS:-}"]
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {
         "megatron_args.txt": "\n".join(args) + "\n",

@@ -338,7 +338,7 @@ def torchtitan_files(plan: EmitPlan) -> dict[str, str]:
     files = {"torchtitan_overrides.txt": "\n".join(args) + "\n", "torchtitan_v02.toml": toml_v02(plan)}
     if needs_config_module(plan):
         files[f"{CONFIG_MODULE}.py"] = config_module(plan)
-        body = 'export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"\n' + body
+        body = 'export PYTHONPATH="$EMIT_DIR${PYTHONPATH:+:$PYTHONPATH}"\n' + body
     # `activation_checkpoint:...` must stay last for tyro: EXTRA_ARGS go before it when given.
     program = ["-m", "torchtitan.train", '"${TITAN_ARGS[@]:0:${#TITAN_ARGS[@]}-1}"', "${EXTRA_ARGS:-}",
                '"${TITAN_ARGS[-1]}"']

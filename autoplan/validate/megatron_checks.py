@@ -52,6 +52,9 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
     }
     if ns.kv_channels is not None:
         kw["kv_channels"] = ns.kv_channels
+    kw.update(layernorm_epsilon=ns.norm_epsilon, qk_layernorm=ns.qk_layernorm, attention_dropout=ns.attention_dropout,
+              hidden_dropout=ns.hidden_dropout, window_size=ns.window_size, mtp_num_layers=ns.mtp_num_layers)
+
     if ns.swiglu:
         kw["gated_linear_unit"], kw["activation_func"] = True, F.silu
     if ns.num_experts:
@@ -59,11 +62,30 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
                   moe_shared_expert_intermediate_size=ns.moe_shared_expert_intermediate_size,
                   moe_layer_freq=_moe_freq(ns.moe_layer_freq), moe_token_dispatcher_type=ns.moe_token_dispatcher_type,
-                  moe_grouped_gemm=ns.moe_grouped_gemm)
+                  moe_grouped_gemm=ns.moe_grouped_gemm, moe_router_score_function=ns.moe_router_score_function,
+                  moe_router_pre_softmax=ns.moe_router_pre_softmax,
+                  moe_router_enable_expert_bias=ns.moe_router_enable_expert_bias,
+                  moe_router_num_groups=ns.moe_router_num_groups, moe_router_group_topk=ns.moe_router_group_topk,
+                  moe_router_topk_scaling_factor=ns.moe_router_topk_scaling_factor,
+                  moe_router_load_balancing_type=ns.moe_router_load_balancing_type[0],
+                  moe_aux_loss_coeff=ns.moe_aux_loss_coeff[0])
     if ns.multi_latent_attention:
         kw.update(multi_latent_attention=True, q_lora_rank=ns.q_lora_rank, kv_lora_rank=ns.kv_lora_rank,
-                  qk_head_dim=ns.qk_head_dim, qk_pos_emb_head_dim=ns.qk_pos_emb_head_dim, v_head_dim=ns.v_head_dim)
+                  qk_head_dim=ns.qk_head_dim, qk_pos_emb_head_dim=ns.qk_pos_emb_head_dim, v_head_dim=ns.v_head_dim,
+                  rotary_base=ns.rotary_base, rotary_percent=ns.rotary_percent,
+                  rotary_scaling_factor=ns.rotary_scaling_factor, mscale=ns.mscale, mscale_all_dim=ns.mscale_all_dim)
+        if ns.rope_type is not None:
+            kw["rope_type"] = ns.rope_type
     return bool(ns.multi_latent_attention), kw
+
+
+def gpt_model_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """``GPTModel`` arguments beyond the config, as Megatron-LM's ``gpt_builders.py`` passes them from args."""
+    return {"vocab_size": ns.padded_vocab_size, "max_sequence_length": ns.max_position_embeddings,
+            "share_embeddings_and_output_weights": not ns.untie_embeddings_and_output_weights,
+            "position_embedding_type": ns.position_embedding_type, "rotary_percent": ns.rotary_percent,
+            "rotary_base": ns.rotary_base, "rope_scaling": ns.use_rope_scaling,
+            "rope_scaling_factor": ns.rope_scaling_factor}
 
 
 def _check_args(plan: EmitPlan, out: Path) -> tuple[str, argparse.Namespace]:
