@@ -175,16 +175,17 @@ class Engine:
                          sort_keys=True, separators=(",", ":"))
         return self.scorers.get_or_compute(key, make)
 
-    def scale(self, request: Any) -> Any:
-        """The best plan at each GPU count (``autoplan scale``; :mod:`autoplan.capacity`)."""
+    def scale(self, request: Any, *, processes: int = 1) -> Any:
+        """The best plan at each GPU count (``autoplan scale``; :mod:`autoplan.capacity`). ``processes`` > 1
+        plans the sizes in forked processes (same results; only from a single-threaded program)."""
         from autoplan.capacity import as_scale_request, scale
         req = as_scale_request(request)
         if not self.allow_files and req.cluster.profile is not None:
             raise UserInputError("cluster profiles (files) are not allowed here; give the cluster fields inline")
         key = json.dumps(req.model_dump(mode="json", exclude={"id"}), sort_keys=True, separators=(",", ":"))
         if req.cluster.profile is not None or (isinstance(req.model, str) and catalog_model(req.model) is None):
-            return scale(self, req, self.progress)
-        return self.responses.get_or_compute(key, lambda: scale(self, req, self.progress))
+            return scale(self, req, self.progress, processes)
+        return self.responses.get_or_compute(key, lambda: scale(self, req, self.progress, processes))
 
     def compare(self, request: Any, labels: list[str] | None = None) -> Any:
         """Plans side by side, ranked, with why the best wins (``autoplan compare``; :mod:`autoplan.compare`)."""
@@ -290,10 +291,10 @@ def search(request: RequestLike, *, progress: Callable[[int, int], None] | None 
     return default_engine().search(request, progress=progress)
 
 
-def scale(request: Any) -> Any:
+def scale(request: Any, *, processes: int = 1) -> Any:
     """The best plan at each GPU count of a sweep (``autoplan scale``): a ``ScaleRequest`` or mapping in, a
-    ``ScaleResult`` out (:mod:`autoplan.capacity`)."""
-    return default_engine().scale(request)
+    ``ScaleResult`` out (:mod:`autoplan.capacity`). ``processes`` > 1 forks (single-threaded callers only)."""
+    return default_engine().scale(request, processes=processes)
 
 
 def compare(request: Any, labels: list[str] | None = None) -> Any:

@@ -46,7 +46,7 @@ class ScaleRequest(_Strict):
 
     kind: Literal["scale"] = "scale"
     id: str | None = Field(default=None, max_length=MAX_ID_CHARS)
-    model: ModelSource = Field(description=MODEL_DESCRIPTION)
+    model: ModelSource = Field(description=MODEL_DESCRIPTION, examples=["llama3-8b"])
     cluster: ClusterShape = Field(default_factory=ClusterShape)
     gpus: list[int] = Field(min_length=1, max_length=MAX_SIZES, description="GPU counts to plan for")
     job: JobRequest = Field(default_factory=JobRequest, description="the job (weak scaling: at the smallest size)")
@@ -135,8 +135,9 @@ def layout_label(p: Plan) -> str:
     return " ".join(parts)
 
 
-def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None] | None = None) -> ScaleResult:
-    """Run a sweep (``search.sweep``) and tabulate it."""
+def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None] | None = None,
+          processes: int = 1) -> ScaleResult:
+    """Run a sweep (``search.sweep``; ``processes`` > 1 forks, for single-threaded callers) and tabulate it."""
     import time
 
     from autoplan.api import _cluster_record, _model_record, classify
@@ -152,7 +153,8 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
         return Scorer(model, cluster0, jobs[0][1])
     family = engine.scorer_family(req.model, req.cluster, jobs[0][1], base)
     points = sweep(model, cluster0, jobs, target=req.target, pins=req.parallel.given(), top_k=1,
-                   rank_by=req.rank_by, failures=req.failures, scorer=family, progress=progress)
+                   rank_by=req.rank_by, failures=req.failures, scorer=family, progress=progress,
+                   processes=processes)
     rows: list[ScaleRow] = []
     ref: float | None = None
     prev: str | None = None

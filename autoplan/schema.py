@@ -66,7 +66,7 @@ class JobRequest(_Strict):
 class ClusterRequestBounded(ClusterRequest):
     """``ClusterRequest`` with ``num_gpus`` bounded (a request line may not ask for a million nodes)."""
 
-    num_gpus: int = Field(gt=0, le=MAX_NUM_GPUS, description="number of GPUs")
+    num_gpus: int = Field(gt=0, le=MAX_NUM_GPUS, description="number of GPUs", examples=[8, 64])
 
 
 ModelSource = Union[str, dict[str, Any]]
@@ -99,7 +99,7 @@ class ParallelPins(_Strict):
 class _RequestBase(_Strict):
     id: str | None = Field(default=None, max_length=MAX_ID_CHARS,
                            description="caller's id, echoed in the response line of a batch")
-    model: ModelSource = Field(description=MODEL_DESCRIPTION)
+    model: ModelSource = Field(description=MODEL_DESCRIPTION, examples=["llama3-8b", "llama3-70b"])
     cluster: ClusterRequestBounded
     job: JobRequest = Field(default_factory=JobRequest)
     failures: FailureModel = Field(default_factory=FailureModel,

@@ -12,7 +12,9 @@ it did not return is no faster than the slowest one it did, and its goodput is a
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,24 +82,67 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, targe
 def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobSpec]], *,
           target: Target = "megatron", pins: dict[str, Any] | None = None, top_k: int = 1, rank_by: str = "step",
           failures: FailureModel | None = None, scorer: Scorer | None = None,
-          progress: Callable[[int, int], None] | None = None) -> list[SweepPoint]:
+          progress: Callable[[int, int], None] | None = None, processes: int = 1) -> list[SweepPoint]:
     """The best plans at each ``(num_gpus, job)``; ``scorer``: a cached one of this model/GPU/network to
-    derive every size's from (else one is made). Errors are kept per size, never raised."""
-    points: list[SweepPoint] = []
-    for n, job in jobs:
-        size = cluster.model_copy(update={"num_gpus": n})
+    derive every size's from (else one is made). Errors are kept per size, never raised.
+
+    ``processes > 1`` plans the sizes in that many forked processes (each starts from the caches held at the
+    fork). The results are the same; only single-threaded callers may ask for it (``fork`` with live threads
+    is unsafe), and it falls back to one process where ``fork`` does not exist."""
+    scorer = scorer or Scorer(model, cluster, jobs[0][1]) if jobs else scorer
+    kw = dict(target=target, pins=pins, top_k=top_k, rank_by=rank_by, failures=failures)
+    if processes > 1 and len(jobs) > 1 and progress is None and "fork" in mp.get_all_start_methods():
+        global _FORKED
+        _FORKED = (model, cluster, scorer, kw)
         try:
-            ClusterSpec.model_validate(size.model_dump())  # the cross-field checks (whole nodes)
-            sc = scorer.derive(size, job) if scorer is not None else Scorer(model, size, job)
-            scorer = scorer or sc
-            found, goods = ranked_search(model, size, job, target=target, pins=pins, top_k=top_k, rank_by=rank_by,
-                                         failures=failures, scorer=sc, progress=progress,
-                                         find_smallest_cluster=False)
-        except (ConfigError, InfeasibleError) as err:
-            points.append(SweepPoint(n, job, error=err))
-            continue
-        except ValueError as err:  # a cluster size that breaks a cross-field rule (e.g. not whole nodes)
-            points.append(SweepPoint(n, job, error=ConfigError(str(err).splitlines()[-1])))
-            continue
-        points.append(SweepPoint(n, job, result=found, goodputs=goods))
-    return points
+            ctx = mp.get_context("fork")
+            with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
+                # Largest jobs (fewest GPUs: most micro-batches) first, so the pool stays busy to the end.
+                order = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
+                done = dict(zip(order, pool.map(_forked_point, [jobs[i] for i in order])))
+        finally:
+            _FORKED = None
+        return [_unpack(done[i]) for i in range(len(jobs))]
+    return [_point(model, cluster, scorer, n, job, progress=progress, **kw) for n, job in jobs]
+
+
+def _point(model: ModelSpec, cluster: ClusterSpec, scorer: Scorer | None, n: int, job: JobSpec,
+           **kw: Any) -> SweepPoint:
+    size = cluster.model_copy(update={"num_gpus": n})
+    try:
+        ClusterSpec.model_validate(size.model_dump())  # the cross-field checks (whole nodes)
+        sc = scorer.derive(size, job) if scorer is not None else Scorer(model, size, job)
+        found, goods = ranked_search(model, size, job, scorer=sc, find_smallest_cluster=False, **kw)
+    except (ConfigError, InfeasibleError) as err:
+        return SweepPoint(n, job, error=err)
+    except ValueError as err:  # a cluster size that breaks a cross-field rule (e.g. not whole nodes)
+        return SweepPoint(n, job, error=ConfigError(str(err).splitlines()[-1]))
+    return SweepPoint(n, job, result=found, goodputs=goods)
+
+
+_FORKED: tuple[Any, ...] | None = None  # (model, cluster, scorer, kw) for forked workers, set before the fork
+
+
+def _forked_point(item: tuple[int, JobSpec]) -> tuple[Any, ...]:
+    """A size in a forked worker; errors travel as (kind, message, hint): exceptions with keyword-only
+    fields do not survive pickling."""
+    assert _FORKED is not None
+    model, cluster, scorer, kw = _FORKED
+    pt = _point(model, cluster, scorer, item[0], item[1], **kw)
+    err = pt.error
+    packed = None if err is None else (type(err) is InfeasibleError, str(err.args[0]) if err.args else str(err),
+                                       getattr(err, "hint", None), getattr(err, "valid", None))
+    return pt.num_gpus, pt.job, pt.result, pt.goodputs, packed
+
+
+def _unpack(data: tuple[Any, ...]) -> SweepPoint:
+    n, job, result, goods, packed = data
+    if packed is None:
+        return SweepPoint(n, job, result=result, goodputs=goods)
+    infeasible, message, hint, valid = packed
+    if infeasible:
+        return SweepPoint(n, job, error=InfeasibleError(message.removesuffix(f". {hint}") if hint else message,
+                                                        hint=hint))
+    err = ConfigError(message)
+    err.valid = valid
+    return SweepPoint(n, job, error=err)

@@ -81,3 +81,11 @@ def test_cli_table_json_plot_and_errors(tmp_path):
         assert (tmp_path / name).stat().st_size > 1000
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"<svg" in (tmp_path / "s.svg").read_bytes()[:2000]
+
+
+def test_forked_sweep_gives_the_same_rows():
+    req = {"model": "llama3-70b", "gpus": [2, 64, 512], "job": {"global_batch_size": 256}}
+    one = api.Engine().scale(req, processes=1)
+    two = api.Engine().scale(req, processes=2)
+    assert one.model_dump(exclude={"wall_time_s"}) == two.model_dump(exclude={"wall_time_s"})
+    assert two.rows[0].status == "infeasible" and two.rows[0].hint == one.rows[0].hint

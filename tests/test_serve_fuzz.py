@@ -6,6 +6,8 @@ plans too long; every other 5xx fails."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -15,7 +17,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from tests.serve_util import running_server  # noqa: E402
 
-EXAMPLES = 30  # per operation
+EXAMPLES = int(os.environ.get("AUTOPLAN_FUZZ_EXAMPLES", "25"))  # per operation and mode (schema-valid, -violating)
 
 
 @schemathesis.serializer("application/x-ndjson")
@@ -34,16 +36,23 @@ def test_no_server_errors():
         for result in schema.get_all_operations():
             op = result.ok()
             seen = calls.setdefault(op.label, {})
-
-            @given(case=op.as_strategy())
-            @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-            def check(case):  # type: ignore[no-untyped-def]
-                response = case.call(timeout=60)
-                seen[response.status_code] = seen.get(response.status_code, 0) + 1
-                assert response.status_code < 500 or response.status_code == 504, \
-                    (op.label, response.status_code, response.text[:300])
-
-            check()
+            modes = list(schemathesis.GenerationMode) if op.method.upper() == "POST" else [None]
+            for mode in modes:
+                _fuzz(op, mode, seen)
         total = sum(sum(c.values()) for c in calls.values())
         print(f"fuzzer: {total} calls over {len(calls)} operations: {calls}")
-        assert len(calls) >= 7 and total >= 7 * 5
+        assert len(calls) >= 7 and total >= 4 * 2 * 10
+
+
+def _fuzz(op, mode, seen):  # type: ignore[no-untyped-def]
+    strategy = op.as_strategy() if mode is None else op.as_strategy(generation_mode=mode)
+
+    @given(case=strategy)
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def check(case):  # type: ignore[no-untyped-def]
+        response = case.call(timeout=60)
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        assert response.status_code < 500 or response.status_code == 504, \
+            (op.label, response.status_code, response.text[:300])
+
+    check()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -50,6 +51,8 @@ def _tokens(text: str | None) -> float | None:
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
               help="best plan by step time, or by tokens/s after failures")
 @failure_options
+@click.option("--processes", type=click.IntRange(1, 64), default=None,
+              help="plan the sizes in this many processes [the CPUs this process may use, at most 4]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="write throughput and scaling efficiency against GPU count (.png or .svg; needs the 'plot' extra)")
 @request_option
@@ -57,7 +60,7 @@ def _tokens(text: str | None) -> float | None:
 @user_errors
 def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int | None,
               train_tokens: str | None, gpu_hour_price: float | None, target: str, rank_by: str,
-              plot_path: str | None, **kw: Any) -> None:
+              plot_path: str | None, processes: int | None, **kw: Any) -> None:
     """The best plan for MODEL at each GPU count of --gpus: throughput, MFU, scaling efficiency against the
     smallest size, goodput after failures and, with --train-tokens, days, GPU-hours and cost to train.
 
@@ -78,7 +81,9 @@ def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int |
                                scaling="weak" if weak else "strong", tokens_per_gpu=tokens_per_gpu,
                                train_tokens=_tokens(train_tokens), gpu_hour_price=gpu_hour_price,
                                parallel=pop_parallel(kw), target=target, rank_by=rank_by, failures=failures)
-    result = api.scale(request)
+    if processes is None:
+        processes = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    result = api.scale(request, processes=processes)
     if plot_path is not None:
         from autoplan.plot import plot_scale
         plot_scale(result, plot_path)
