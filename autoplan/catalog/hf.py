@@ -41,6 +41,7 @@ from autoplan.errors import UserInputError
 from cost_models.specs import MLASpec, ModelSpec, RopeScaling, RouterSpec
 
 _MISSING = object()
+_LAYER_BOUND = 1 << 16  # far above any model; keeps list(range(layers)) small for a corrupted file
 
 
 class HFConfigWarning(UserWarning):
@@ -112,6 +113,14 @@ class _Config:
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise UserInputError(f"{self.source}: key '{key}' must be a list of integers, got {value!r}")
         return value
+
+    def layers(self, *keys: str) -> int:
+        """The decoder depth, bounded before any per-layer list is built from it (the planner's own limit,
+        ``autoplan.schema.MAX_NUM_LAYERS``, is checked later on the spec)."""
+        n = self.int(*keys, minimum=1)
+        if n > _LAYER_BOUND:
+            raise UserInputError(f"{self.source}: key '{keys[0]}' = {n} is over {_LAYER_BOUND} layers")
+        return n
 
     def int(self, *keys: str, default: int | object = _MISSING, minimum: int | None = None) -> int:
         """An integer under the first present of ``keys`` (or ``default`` when none is); ``minimum``
@@ -301,7 +310,7 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
-    n = c.int("num_hidden_layers")
+    n = c.layers("num_hidden_layers")
     return {
         "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window), **(arch or {})},
         "num_layers": n,
@@ -378,7 +387,7 @@ def _deepseek(c: _Config) -> dict[str, Any]:
         },
         f"{c.source} (MLA)",
     )
-    n, experts = c.int("num_hidden_layers"), c.int("n_routed_experts", default=0)
+    n, experts = c.layers("num_hidden_layers"), c.int("n_routed_experts", default=0)
     first_k, freq = c.int("first_k_dense_replace", default=0), c.int("moe_layer_freq", default=1, minimum=1)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k and i % freq == 0]
     if c.get("attention_bias", False):
@@ -427,7 +436,7 @@ def _gpt2(c: _Config) -> dict[str, Any]:
         "arch": {"norm_eps": c.float("layer_norm_epsilon", 1e-5), "activation": _activation(c, "activation_function",
                                                                                               "gelu_new"),
                  "attention_dropout": c.float("attn_pdrop", 0.1), "hidden_dropout": resid},
-        "num_layers": c.int("n_layer", "num_hidden_layers"),
+        "num_layers": c.layers("n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
         "ffn_hidden_size": c.int("n_inner", default=4 * hidden),
         "num_attention_heads": heads,
@@ -453,7 +462,7 @@ def _gpt_neox(c: _Config) -> dict[str, Any]:
                  "norm_eps": c.float("layer_norm_eps", 1e-5), "activation": _activation(c, "hidden_act", "gelu"),
                  "attention_dropout": c.float("attention_dropout", 0.0),
                  "hidden_dropout": c.float("hidden_dropout", 0.0)},
-        "num_layers": c.int("num_hidden_layers"),
+        "num_layers": c.layers("num_hidden_layers"),
         "hidden_size": c.int("hidden_size"),
         "ffn_hidden_size": c.int("intermediate_size"),
         "num_attention_heads": heads,
@@ -476,7 +485,7 @@ def _bloom(c: _Config) -> dict[str, Any]:
         "arch": {"alibi": True, "norm_eps": c.float("layer_norm_epsilon", 1e-5), "activation": "gelu_tanh",
                  "attention_dropout": c.float("attention_dropout", 0.0),
                  "hidden_dropout": c.float("hidden_dropout", 0.0)},
-        "num_layers": c.int("n_layer", "num_hidden_layers"),
+        "num_layers": c.layers("n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
         "ffn_hidden_size": 4 * hidden,
         "num_attention_heads": heads,
