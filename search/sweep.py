@@ -13,6 +13,7 @@ it did not return is no faster than the slowest one it did, and its goodput is a
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -87,11 +88,12 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobS
     derive every size's from (else one is made). Errors are kept per size, never raised.
 
     ``processes > 1`` plans the sizes in that many forked processes (each starts from the caches held at the
-    fork). The results are the same; only single-threaded callers may ask for it (``fork`` with live threads
-    is unsafe), and it falls back to one process where ``fork`` does not exist."""
+    fork). The results are the same. ``fork`` with live threads is unsafe, so a process with more than one
+    thread (a server, a test runner that started some) plans in itself, as it does where ``fork`` does not exist."""
     scorer = scorer or Scorer(model, cluster, jobs[0][1]) if jobs else scorer
     kw = dict(target=target, pins=pins, top_k=top_k, rank_by=rank_by, failures=failures)
-    if processes > 1 and len(jobs) > 1 and progress is None and "fork" in mp.get_all_start_methods():
+    if (processes > 1 and len(jobs) > 1 and progress is None and "fork" in mp.get_all_start_methods()
+            and threading.active_count() == 1):  # fork only a single-threaded process (else: plan in this one)
         global _FORKED
         _FORKED = (model, cluster, scorer, kw)
         try:
