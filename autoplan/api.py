@@ -235,7 +235,8 @@ class Engine:
                                    for p, g in zip(found.plans, goods)],
                             search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
                                                pruned=found.pruned, wall_time_s=found.wall_time_s,
-                                               target=req.target, rank_by=req.rank_by))
+                                               target=req.target, rank_by=req.rank_by,
+                                               ilp_solves=found.ilp_solves, ilp_cache_hits=found.ilp_cache_hits))
 
     def stats(self) -> dict[str, Any]:
         """Cache counters: finished responses, resolved specs, planner sub-results (scorers)."""

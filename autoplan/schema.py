@@ -193,6 +193,9 @@ class Plan(_Strict):
     prediction: Prediction
     explanation: str = Field(description="why this plan beats the next one")
     goodput: Goodput | None = Field(default=None, description="after failures, checkpoints and restarts")
+    op_shardings: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="decoder layer kind → op → tensor-parallel mode the intra-op ILP chose "
+                                          "(col/row[_sp], F heads, S/seq sequence-sharded, R replicated)")
 
 
 class SearchStats(_Strict):
@@ -202,6 +205,8 @@ class SearchStats(_Strict):
     wall_time_s: float = Field(description="planner time for this request (the one field that varies run to run)")
     target: Target
     rank_by: RankBy = "step"
+    ilp_solves: int = Field(default=0, description="intra-op ILP solves this search ran")
+    ilp_cache_hits: int = Field(default=0, description="layer requests answered from the ILP cache")
 
 
 class SearchResult(_Response):

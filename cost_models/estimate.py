@@ -215,14 +215,14 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 continue
             grad = GRAD_BYTES * params
             if par.zero_stage == 0:
-                ops = [("all_reduce", grad)]
+                ops = [("all_reduce", grad, 1)]
             elif par.zero_stage in (1, 2):
-                ops = [("reduce_scatter", grad), ("all_gather", WEIGHT_BYTES * params)]
-            else:
-                ops = ([("all_gather", WEIGHT_BYTES * params)] * 2 + [("reduce_scatter", grad)]) * m
-            for kind, payload in ops:
-                total_s += group_collective_time_s(kind, payload, g, stride, cluster)  # type: ignore[arg-type]
-                total_b += (2 if kind == "all_reduce" else 1) * (g - 1) / g * payload
+                ops = [("reduce_scatter", grad, 1), ("all_gather", WEIGHT_BYTES * params, 1)]
+            else:  # (collective, payload, calls per step)
+                ops = [("all_gather", WEIGHT_BYTES * params, 2 * m), ("reduce_scatter", grad, m)]
+            for kind, payload, calls in ops:
+                total_s += calls * group_collective_time_s(kind, payload, g, stride, cluster)  # type: ignore[arg-type]
+                total_b += calls * (2 if kind == "all_reduce" else 1) * (g - 1) / g * payload
             replicas = (dp * par.cp) // g if g == par.hsdp_shard_size else 1
             if replicas > 1:
                 total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)

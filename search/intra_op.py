@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from functools import lru_cache
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from ortools.linear_solver import pywraplp
 
 from cost_models.errors import ConfigError, InfeasibleError
-from cost_models.opgraph import LayerKind, layer_graph
+from cost_models.opgraph import LayerGraph, LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import Layout, edge_time_s
@@ -128,7 +128,9 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form)."""
     t0 = time.perf_counter()
     method = backend
-    if backend == "auto":
+    if backend == "auto" and _n_assignments(problem) <= ENUMERATE_UP_TO:
+        sol, method = _enumerate(problem, tie_break_memory), "enumeration"
+    elif backend == "auto":
         lp, tie_done = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
         if lp is not None and (tie_done or lp.status == "infeasible"):
             sol, method = lp, "lp"
@@ -145,6 +147,36 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
                        sol.num_variables, method)
 
 
+ENUMERATE_UP_TO = 256  # assignments: below this, listing them all is faster than building a solver model
+
+
+def _n_assignments(problem: IlpProblem) -> int:
+    n = 1
+    for c in problem.node_cost:
+        n *= c.size
+        if n > ENUMERATE_UP_TO:
+            break
+    return n
+
+
+def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
+    """Exact: every assignment, objective then (7) memory, first in index order on ties. After
+    ``prune_dominated`` most layer problems have one or two strategies per node (a single point when the
+    target expresses one pattern), so this is the usual path."""
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    for choice in itertools.product(*(range(c.size) for c in problem.node_cost)):
+        if not problem.feasible(choice):
+            continue
+        obj, mem = problem.evaluate(choice)
+        key = (obj, mem if tie_break_memory else 0.0, choice)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    if best is None:
+        return IlpSolution("infeasible", None, None, None, 0.0, 0)
+    obj, _, choice = best
+    return IlpSolution("optimal", choice, obj, problem.evaluate(choice)[1], 0.0, 0)
+
+
 def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: float, tie_break_memory: bool,
                 cost_bound: float | None = None) -> tuple[IlpSolution | None, bool]:
     """One model on one backend, built in OR-Tools order: data → variables → constraints → objective →
@@ -158,24 +190,26 @@ def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: 
     mem_scale = max([float(np.max(np.abs(m))) for m in problem.node_mem if m.size]
                     + [abs(problem.memory_limit or 0.0), 1e-30])
     km = 1e3 / mem_scale
+    from ortools.linear_solver import pywraplp  # lazily: 0.4 s to import, and most layer problems enumerate
+
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise RuntimeError(f"OR-Tools backend {backend!r} is not available")
     solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
 
     # -- variables: dicts keyed by (node, strategy), (edge, a, b), (group, value)
-    def binary(name: str) -> pywraplp.Variable:
+    def binary(name: str) -> "pywraplp.Variable":
         return solver.BoolVar(name) if integer else solver.NumVar(0.0, 1.0, name)
 
-    x: dict[tuple[int, int], pywraplp.Variable] = {
+    x: dict[tuple[int, int], "pywraplp.Variable"] = {
         (v, s): binary(f"x[{problem.names[v]},{s}]") for v, c in enumerate(problem.node_cost) for s in range(c.size)
     }
-    e: dict[tuple[int, int, int], pywraplp.Variable] = {}
+    e: dict[tuple[int, int, int], "pywraplp.Variable"] = {}
     for i, edge in enumerate(problem.edges):
         na, nb = edge.cost.shape
         for a, b in itertools.product(range(na), range(nb)):
             e[i, a, b] = solver.NumVar(0.0, 1.0, f"e[{i},{a},{b}]")
-    y: dict[tuple[int, Hashable], pywraplp.Variable] = {}
+    y: dict[tuple[int, Hashable], "pywraplp.Variable"] = {}
     for gi, g in enumerate(problem.ties):
         for t in sorted({t for vals in g.values.values() for t in vals}, key=repr):
             y[gi, t] = binary(f"y[{g.name},{t}]")
@@ -458,10 +492,15 @@ class LayerProblem:
     problem: IlpProblem
 
 
+@lru_cache(maxsize=64)
+def _graph(model: ModelSpec, kind: LayerKind, seq_len: int, flash: bool) -> LayerGraph:
+    return layer_graph(model, kind, seq_len, flash=flash)
+
+
 def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest) -> LayerProblem:
     """Nodes, their strategies and the ILP data (before pruning) for one request."""
     # -- data
-    graph = layer_graph(model, req.kind, req.seq_len, flash=mesh.cluster.efficiency.flash_attention)
+    graph = _graph(model, req.kind, req.seq_len, mesh.cluster.efficiency.flash_attention)
     # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
     recompute = req.recompute if req.kind in ("dense", "moe") else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,

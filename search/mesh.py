@@ -120,6 +120,14 @@ class LogicalMesh:
         axes = tuple(a for a in AXIS_ORDER if degree[a] > 1) or (MeshAxis.DP,)
         return cls(cluster, axes, tuple(degree[a] for a in axes))
 
+    @classmethod
+    def per_rank(cls, cluster: ClusterSpec, *, tp: int = 1, cp: int = 1, ep: int = 1) -> "LogicalMesh":
+        """The smallest mesh with these degrees (no data axis beyond EP): what one rank's layer costs depend on.
+        Strategies keep the batch sharded over ``dp``, so its size changes no per-rank cost."""
+        degree = {MeshAxis.DP: 1, MeshAxis.EP: ep, MeshAxis.CP: cp, MeshAxis.TP: tp}
+        axes = tuple(a for a in AXIS_ORDER if degree[a] > 1) or (MeshAxis.DP,)
+        return cls(cluster, axes, tuple(degree[a] for a in axes))
+
     # ---- shape ---------------------------------------------------------------------------------
     @property
     def num_devices(self) -> int:

@@ -10,6 +10,10 @@
 4. Finalists are re-scored with ``cost_models.estimate.estimate`` — what users see — and ranked by the
    composite cost, ties broken by ``Layout.sort_key`` (simpler layouts first).
 
+Each decoder layer kind is priced by the intra-op ILP on the layout's stage mesh (``Scorer.layer_solution``,
+cached per (kind, mesh, mbs, recompute, target)); every plan carries the per-op shardings it chose
+(``Plan.op_shardings``) and the result counts the ILP solves this search ran (``ilp_solves``, cache hits apart).
+
 ``search`` never prints; progress goes to an optional callback ``progress(done, total)``.
 """
 
@@ -30,7 +34,6 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.validate import stage_layers
 from search.explain import explain
 from search.inter_op import best_split
-from search.intra_check import intra_op_note
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
 
@@ -44,6 +47,7 @@ class Plan(BaseModel):
     parallel: ParallelConfig
     prediction: Prediction
     explanation: str
+    op_shardings: dict[str, dict[str, str]]  # decoder layer kind → op → tp mode the intra-op ILP chose
 
 
 class SearchResult(BaseModel):
@@ -54,6 +58,8 @@ class SearchResult(BaseModel):
     pruned: dict[str, int]
     wall_time_s: float
     target: str
+    ilp_solves: int  # intra-op ILP solves this search ran
+    ilp_cache_hits: int  # layer requests answered from the ILP cache (this search's)
 
 
 @dataclass(order=True)
@@ -120,12 +126,11 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
            progress: Progress | None = None, find_smallest_cluster: bool = True,
-           intra_op_check: bool = False, scorer: Scorer | None = None) -> SearchResult:
+           scorer: Scorer | None = None) -> SearchResult:
     """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
 
     Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
-    it missed, the hint the smallest GPU count (same GPU) that has a plan. ``intra_op_check`` appends the
-    intra-op ILP's verdict on each plan's stage mesh to its explanation (``search.intra_check``).
+    it missed, the hint the smallest GPU count (same GPU) that has a plan.
     ``scorer``: a ``Scorer`` for the same (model, cluster, job, weights), to reuse its cached layer costs,
     parameter sums and DP times across requests (batch workers keep one per job)."""
     t0 = time.perf_counter()
@@ -143,6 +148,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         scorer = Scorer(model, cluster, job, weights)
     elif not scorer.serves(model, cluster, job, weights):
         raise ValueError("scorer was built for another model, cluster, job or weights")
+    solves0, hits0 = scorer.ilp.misses, scorer.ilp.hits
     layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
@@ -195,22 +201,27 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         par = to_parallel(model, s.layout, s.layers)
         pred = estimate(model, cluster, job, par, weights)
         if pred.fits:
-            finals.append((pred.composite_cost, s.key, par, pred))
+            finals.append((pred.composite_cost, s.key, par, pred, s.layout))
     finals.sort(key=lambda x: (x[0], x[1]))
     plans = []
-    ilp_cache = None
-    if intra_op_check:
-        from search.intra_op import IntraOpCache
-
-        ilp_cache = IntraOpCache()
-    for i, (_, _, par, pred) in enumerate(finals[:top_k]):
+    for i, (_, _, par, pred, lay) in enumerate(finals[:top_k]):
         nxt = finals[i + 1] if i + 1 < len(finals) else None
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
-        if ilp_cache is not None:
-            text += " " + intra_op_note(model, cluster, job, par, pred, target, ilp_cache)
-        plans.append(Plan(rank=i + 1, parallel=par, prediction=pred, explanation=text))
+        plans.append(Plan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
+                          op_shardings=op_shardings(scorer, lay)))
     return SearchResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
-                        wall_time_s=time.perf_counter() - t0, target=target)
+                        wall_time_s=time.perf_counter() - t0, target=target,
+                        ilp_solves=scorer.ilp.misses - solves0, ilp_cache_hits=scorer.ilp.hits - hits0)
+
+
+def op_shardings(scorer: Scorer, lay: Layout) -> dict[str, dict[str, str]]:
+    """Per decoder layer kind, every op's tp mode in the ILP's solution (fused and follow ops share their node's)."""
+    out: dict[str, dict[str, str]] = {}
+    for kind in ("dense", "moe"):
+        if kind in scorer.graphs:
+            sol = scorer.layer_solution(lay, kind)
+            out[kind] = {op: c.strategy.tp for c in sol.choices for op in c.ops}
+    return out
 
 
 # ==== infeasible jobs =================================================================================

@@ -3,7 +3,10 @@
 ``cost_models.estimate.estimate`` walks every layer of every stage (memory, DP traffic); calling it for
 thousands of candidates is too slow. The pieces it adds up depend on few knobs, so they are computed once:
 
-- per-layer time (``layer_cost``) and activations per micro-batch: by ``(tp, cp, ep, mbs, recompute, sp)``;
+- per-layer time and activations per micro-batch of each decoder layer kind: the intra-op ILP's optimum on the
+  stage mesh (``search.intra_op``; strategies priced by ``cost_models``' per-op functions), solved once per
+  ``(kind, tp, cp, ep, mbs, recompute, sp, target)`` and cached (``IntraOpCache``); for the uniform Megatron
+  pattern it equals ``layer_cost``/``activation_bytes_per_microbatch`` (tests/test_one_cost_model.py);
 - the head's time and activations: by ``(tp, cp, mbs[, recompute])``;
 - per-layer parameters held by a rank: by ``(tp, ep)`` (as prefix sums);
 - DP/optimizer time of a split (``estimate.data_parallel_cost``): by ``(tp, cp, ep, pp, dp, zero, hsdp, split)``.
@@ -23,7 +26,7 @@ import numpy as np
 
 from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import layer_cost
+from cost_models.layer_cost import layer_cost, op_compute
 from cost_models.memory import (
     COMM_BUFFER_GIB,
     CUDA_CONTEXT_GIB,
@@ -39,7 +42,10 @@ from cost_models.memory import (
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from search.inter_op import StageTables
+from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
+from search.mesh import LogicalMesh
 from search.space import Layout
+from search.strategies import SHARED_KINDS
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -78,6 +84,8 @@ class Scorer:
         self.n_moe = int(self.is_moe_layer.sum())
         self._time_summary: dict[tuple, tuple[float, float, float, float]] = {}
         self._p2p: dict[tuple, float] = {}
+        self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
+        self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
         """A Scorer for another GPU count or global batch of the same model, GPU, network, sequence length and
@@ -99,28 +107,70 @@ class Scorer:
     def _par(lay: Layout, **update: object) -> ParallelConfig:
         return ParallelConfig(**{**lay.parallel_kwargs(), **update})
 
+    def layer_solution(self, lay: Layout, kind: str, recompute: str | None = None) -> IntraOpResult:
+        """The intra-op ILP's per-op shardings and cost for one decoder layer kind on ``lay``'s stage mesh.
+        Per-rank costs do not depend on dp (every strategy keeps the batch on it): ``LogicalMesh.per_rank``."""
+        mesh = LogicalMesh.per_rank(self.cluster, tp=lay.tp, cp=lay.cp, ep=lay.ep)
+        sp: bool | None = lay.sequence_parallel if lay.tp > 1 else None
+        if lay.target == "any" and sp:
+            sp = None  # any: sequence-parallel regions are chosen per op
+        req = IntraOpRequest(kind=kind, seq_len=self.job.seq_len, micro_batch_size=lay.micro_batch_size,  # type: ignore[arg-type]
+                             recompute=recompute or lay.recompute, precision=self.job.precision,  # type: ignore[arg-type]
+                             target=lay.target, sequence_parallel=sp)  # type: ignore[arg-type]
+        return solve_layer(self.model, mesh, req, cache=self.ilp)
+
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
-        """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act)."""
+        """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act):
+        decoder layers as the intra-op ILP solved them, the head as ``cost_models`` prices it."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel)
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target)
         hit = self._layer.get(key)
+        if hit is not None:
+            return hit
+        t_kind, a_kind = {}, {}
+        for kind in ("dense", "moe"):
+            if kind in self.graphs:
+                sol = self.layer_solution(lay, kind, rc)
+                t_kind[kind] = sol.time_per_microbatch_s
+                a_kind[kind] = sol.activation_bytes
+        per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
+        time = np.concatenate([[0.0], np.cumsum(per)])
+        _, head_t, head_a = self.bound_pieces(lay, rc)
+        out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
+        self._layer[key] = out
+        return out
+
+    def bound_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, tuple[float, float]],
+                                                                                float, float]:
+        """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
+        from ``cost_models``' uniform pattern without solving. Where the target expresses one pattern on this
+        mesh (megatron, torchtitan, tp 1, SP pinned off) the ILP's only point *is* that pattern: ``layer_cost``
+        and ``activation_bytes_per_microbatch`` exactly. Otherwise (``any``): the GEMMs and attention core,
+        which every strategy shares (weights are sharded as the layout says), and the all-SP activations,
+        which no strategy undercuts."""
+        rc = recompute or lay.recompute
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target)
+        hit = self._bounds.get(key)
         if hit is not None:
             return hit
         par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
                              recompute=rc, sequence_parallel=lay.sequence_parallel)  # type: ignore[arg-type]
-        dp = 1  # layer_cost's strides for tp/cp/ep do not depend on dp
-        t_kind, a_kind = {}, {}
+        single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
+        kinds = {}
         for kind in ("dense", "moe"):
-            if kind in self.graphs:
-                lc = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, dp)
-                t_kind[kind] = (lc.forward_s + lc.backward_s) + lc.recompute_s + lc.tp_s + lc.ep_s + lc.cp_exposed_s
-                a_kind[kind] = activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par)
-        per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
-        time = np.concatenate([[0.0], np.cumsum(per)])
+            if kind not in self.graphs:
+                continue
+            g = self.graphs[kind]
+            if single:
+                t = layer_cost(g, self.model, self.cluster, self.job, par, 1).total_s
+            else:
+                t = sum(oc.forward_s + oc.backward_s + oc.recompute_s(rc) for oc in (
+                    op_compute(op, g, self.model, self.cluster, self.job, par) for op in g.ops if op.kind in SHARED_KINDS))
+            kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par))
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par)
         head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
-        out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
-        self._layer[key] = out
+        out = (kinds, head_t, head_a)
+        self._bounds[key] = out
         return out
 
     def param_pieces(self, tp: int, ep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,15 +242,13 @@ class Scorer:
 
     # ---- score a split exactly as estimate does ------------------------------------------------------
     def time_summary(self, lay: Layout) -> tuple[float, float, float, float]:
-        """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, for bounds."""
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, lay.recompute, lay.sequence_parallel)
-        hit = self._time_summary.get(key)
-        if hit is None:
-            time, head_t, *_ = self.layer_pieces(lay)
-            per = np.diff(time)
-            hit = (float(time[-1]) + head_t, float(per.max()), float(per.min()), head_t)
-            self._time_summary[key] = hit
-        return hit
+        """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, lower bounds of the
+        ILP's (``bound_pieces``), for the planner's branch and bound."""
+        kinds, head_t, _ = self.bound_pieces(lay)
+        n = {"moe": self.n_moe, "dense": self.L - self.n_moe}
+        present = [t for k, (t, _) in kinds.items() if n[k]]
+        total = sum(n[k] * t for k, (t, _) in kinds.items()) + head_t
+        return total, max(present), min(present), head_t
 
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
@@ -248,17 +296,15 @@ class Scorer:
         w = self.weights
         if w.comm == w.compute:
             return 0.0
-        par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=lay.recompute, sequence_parallel=lay.sequence_parallel)  # type: ignore[arg-type]
         slowest = int(np.argmax(stage_t))
         start = sum(layers[:slowest])
         comm = 0.0
         for kind in ("dense", "moe"):
             if kind not in self.graphs:
                 continue
-            lc = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1)
+            sol = self.layer_solution(lay, kind)
             n = int(sum(1 for i in range(start, start + layers[slowest]) if self.is_moe_layer[i] == (kind == "moe")))
-            comm += n * (lc.tp_s + lc.ep_s + lc.cp_exposed_s)
+            comm += n * (sol.exposed_comm_s + sol.reshard_s)
         return comm * lay.m
 
     def stage_memory(self, lay: Layout, layers: tuple[int, ...], tables: StageTables) -> np.ndarray:
@@ -280,7 +326,8 @@ class Scorer:
         """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
-        _, _, a_dense, a_moe, head_a = self.layer_pieces(lay)
+        kinds, _, head_a = self.bound_pieces(lay)
+        a_dense, a_moe = kinds["dense"][1], kinds.get("moe", (0.0, 0.0))[1]
         self.param_pieces(lay.tp, lay.ep)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep)]
         group = lay.hsdp_shard_size or lay.dp * lay.cp
@@ -288,7 +335,7 @@ class Scorer:
         ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
         frag = 1.0 + FRAGMENTATION
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
-        peak = self.layer_pieces(lay, "none")[2] if lay.recompute == "full" else 0.0
+        peak = self.bound_pieces(lay, "none")[0]["dense"][1] if lay.recompute == "full" else 0.0
         stage_static = (CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + frag * peak
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:

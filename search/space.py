@@ -84,6 +84,7 @@ class Layout:
     schedule: str
     vp: int
     sequence_parallel: bool = True  # searched layouts always use SP (it only saves memory); a pin may turn it off
+    target: Target = "megatron"  # the framework that runs it: which per-op strategies the intra-op ILP may use
 
     def parallel_kwargs(self) -> dict[str, Any]:
         return dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
@@ -275,4 +276,5 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                         for rc in recompute_choices(pins, tally):
                             for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
-                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp, sp or tp == 1)
+                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp, sp or tp == 1,
+                                                 target)

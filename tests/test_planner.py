@@ -263,3 +263,17 @@ def test_explanation_parts_add_up_to_the_step_and_name_the_differences() -> None
         if getattr(a.parallel, {"zero": "zero_stage"}.get(field, field)) != getattr(
                 b.parallel, {"zero": "zero_stage"}.get(field, field)):
             assert f"{field} " in text.split("layouts differ in")[1]
+
+
+def test_ilp_solves_are_counted_apart_from_cache_hits() -> None:
+    """The intra-op ILP prices every decoder layer kind on the path; a second search of the same job (another
+    target) reuses the solutions its layouts share."""
+    model, cluster, job = load_model("mixtral-8x7b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256)
+    scorer = Scorer(model, cluster, job)
+    first = search(model, cluster, job, scorer=scorer, top_k=1)
+    assert first.ilp_solves >= 2 and first.ilp_cache_hits >= 1
+    assert set(first.plans[0].op_shardings) == {"dense", "moe"} if any(
+        not model.is_moe_layer(i) for i in range(model.num_layers)) else {"moe"}
+    again = search(model, cluster, job, scorer=scorer, top_k=1)
+    assert again.ilp_solves == 0 and again.ilp_cache_hits >= 1
+    assert again.plans[0].parallel == first.plans[0].parallel

@@ -105,8 +105,12 @@ def test_progress_appears_only_after_the_delay(capsys) -> None:  # type: ignore[
     assert "searching" in capsys.readouterr().err
 
 
-def test_intra_op_check_appends_the_ilp_verdict() -> None:
-    code, out, _ = _run(*SMALL, "--top", "1", "--format", "json", "--intra-op-check")
+def test_plans_carry_the_ilp_op_shardings_and_solve_counts() -> None:
+    code, out, _ = _run(*SMALL, "--top", "1", "--format", "json")
     assert code == 0, out
-    text = json.loads(out)["plans"][0]["explanation"]
-    assert "Intra-op check on" in text and "by the ILP (megatron" in text and "in the cost model" in text
+    data = json.loads(out)
+    shard = data["plans"][0]["op_shardings"]["dense"]
+    assert shard["q_proj"] == shard["k_proj"] == shard["gate_proj"]  # fused siblings share their node's mode
+    tp = data["plans"][0]["parallel"]["tp"]
+    assert shard["o_proj"] == ("row_sp" if tp > 1 else "R") and shard["attn_core"] == ("F" if tp > 1 else "R")
+    assert data["search"]["ilp_solves"] + data["search"]["ilp_cache_hits"] >= 1  # solves may come from the cache

@@ -43,17 +43,6 @@ class _Progress:
             click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
 
 
-def _with_intra_op_notes(result: Any, model: Any, cluster: Any, job: Any, target: str) -> Any:
-    """Append the intra-op ILP's verdict on each plan's stage mesh to its explanation."""
-    from search.intra_check import intra_op_note
-    from search.intra_op import IntraOpCache
-
-    cache = IntraOpCache()
-    plans = [p.model_copy(update={"explanation": p.explanation + " " + intra_op_note(
-        model, cluster, job, p.parallel, p.prediction, target, cache)}) for p in result.plans]
-    return result.model_copy(update={"plans": plans})
-
-
 def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], target: str) -> list[str]:
     try:
         from autoplan.emit import write_emitted
@@ -92,12 +81,10 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
 @failure_options
 @request_option
 @format_option
-@click.option("--intra-op-check", is_flag=True, default=False,
-              help="also solve the intra-op ILP on each plan's stage mesh and say how it compares (~1 s more)")
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False), default=None,
               help="write the best plan's launch files (autoplan emit) into this directory")
 @user_errors
-def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | None, intra_op_check: bool,
+def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | None,
                rank_by: str, **kw: Any) -> None:
     """Find the best parallel plans (degrees, schedule, micro-batches, recompute, ZeRO) for MODEL on --gpus.
 
@@ -121,8 +108,6 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
         result = api.search(request, progress=progress)
     finally:
         progress.close()
-    if intra_op_check:
-        result = _with_intra_op_notes(result, model_spec, cluster, job, request.target)
     written = _emit(emit_dir, model_spec, cluster, job, result.plans, request.target) if emit_dir else []
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
