@@ -82,7 +82,6 @@ class Scorer:
         self._inflight: dict[tuple, np.ndarray] = {}
         self._param_sums: dict[tuple, tuple[float, float, list[tuple[float, float]]]] = {}
         self.n_moe = int(self.is_moe_layer.sum())
-        self._time_summary: dict[tuple, tuple[float, float, float, float]] = {}
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
@@ -95,7 +94,7 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights)
-        for name in ("_layer", "_params", "_param_sums", "_time_summary", "_inflight", "_zero3"):
+        for name in ("_layer", "_bounds", "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
             setattr(other, name, getattr(self, name))
         return other
 
