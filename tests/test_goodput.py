@@ -106,3 +106,21 @@ def test_rank_by_goodput_is_the_goodput_order_of_every_plan():
     assert all(a.goodput.tokens_per_s >= b.goodput.tokens_per_s for a, b in zip(by_good.plans, by_good.plans[1:]))
     assert all(p.goodput.tokens_per_s == pytest.approx(p.prediction.tokens_per_s * p.goodput.goodput)
                for p in by_good.plans)
+
+
+def test_cli_reports_goodput_and_takes_the_failure_flags():
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    args = ["estimate", "--model", "llama3-8b", "--gpus", "64", "--tp", "2", "--pp", "1", "--format", "json"]
+    out = {h: json.loads(CliRunner().invoke(cli, args + ["--mtbf-hours", str(h)]).output)["goodput"]
+           for h in (1, 10)}
+    assert out[1]["mtbf_hours"] == 1 and out[10]["mtbf_hours"] == 10
+    assert out[1]["goodput"] < out[10]["goodput"]
+    table = CliRunner().invoke(cli, args[:-2] + ["--async-save", "--checkpoint-gbps", "5"])
+    assert table.exit_code == 0 and "goodput" in table.output and "async stall" in table.output
+    bad = CliRunner().invoke(cli, args + ["--checkpoint-gbps", "0"])
+    assert bad.exit_code == 2 and "--checkpoint-gbps" in bad.output

@@ -11,6 +11,7 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, request_from_file, request_option, stack, user_errors)
+from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.inputs import strict
 from autoplan.report import describe_job, describe_parallel, render_prediction
 from autoplan.schema import EstimateRequest, validate_request
@@ -61,17 +62,21 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
 @cluster_options
 @job_options
 @parallel_options(required=True)
+@failure_options
 @request_option
 @format_option
 @user_errors
 def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
-    """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration."""
+    """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration, and its goodput
+    after failures, checkpoints and restarts."""
+    failures = failure_model(kw)
     data = request_from_file("estimate")
     if data is not None:
         request = validate_request(EstimateRequest, data)
     else:
         request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
-                                  job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"))
+                                  job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"),
+                                  failures=failures)
     result = api.estimate(request)
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
@@ -80,3 +85,5 @@ def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     click.echo(describe_job(specs.model, specs.cluster, specs.job))
     click.echo(f"plan: {describe_parallel(result.parallel, result.prediction.dp)}")
     click.echo(render_prediction(result.prediction))
+    if result.goodput is not None:
+        click.echo(render_goodput(result.goodput))

@@ -32,5 +32,5 @@ def render_goodput(g: Goodput) -> str:
     save = "async" if g.async_save else "blocking"
     return (f"  goodput          {g.goodput * 100:.1f}% -> {g.tokens_per_s:,.0f} tokens/s after failures "
             f"(MTBF {g.mtbf_hours:.1f} h; checkpoint {g.checkpoint_gib_per_rank:.2f} GiB/rank every "
-            f"{g.interval_steps} steps = {g.interval_s / 60:.1f} min, {save} stall {g.checkpoint_stall_s:.1f} s; "
+            f"{g.interval_steps} steps = {g.interval_s / 60:.1f} min, {save} stall {g.checkpoint_stall_s:.3g} s; "
             f"restart {g.restart_s / 60:.1f} min; {g.lost_hours_per_day:.2f} h lost/day)")
