@@ -118,7 +118,9 @@ def _point(model: ModelSpec, cluster: ClusterSpec, scorer: Scorer | None, n: int
     except (ConfigError, InfeasibleError) as err:
         return SweepPoint(n, job, error=err)
     except ValueError as err:  # a cluster size that breaks a cross-field rule (e.g. not whole nodes)
-        return SweepPoint(n, job, error=ConfigError(str(err).splitlines()[-1]))
+        errors = getattr(err, "errors", None)
+        text = errors()[0]["msg"].removeprefix("Value error, ") if callable(errors) else str(err)
+        return SweepPoint(n, job, error=ConfigError(' '.join(text.split())))
     return SweepPoint(n, job, result=found, goodputs=goods)
 
 

@@ -93,3 +93,11 @@ def test_forked_sweep_gives_the_same_rows():
     two = api.Engine().scale(req, processes=2)
     assert one.model_dump(exclude={"wall_time_s"}) == two.model_dump(exclude={"wall_time_s"})
     assert two.rows[0].status == "infeasible" and two.rows[0].hint == one.rows[0].hint
+
+
+def test_bad_and_infeasible_sizes_in_the_cli():
+    runner = CliRunner()
+    out = runner.invoke(cli, ["scale", "--model", "llama3-70b", "--gpus", "64,100", "--global-batch-size", "64"])
+    assert out.exit_code == 0 and "100 GPUs: num_gpus (100) must be a multiple of gpus_per_node (8)" in out.output
+    none = runner.invoke(cli, ["scale", "--model", "llama3-405b", "--gpus", "1,2"])
+    assert none.exit_code == 3 and "infeasible" in none.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import click
@@ -93,6 +94,8 @@ def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int |
         click.echo(render_scale(result))
     if plot_path is not None:
         click.echo(f"wrote {plot_path}", err=True)
+    if not any(r.status == "ok" for r in result.rows):  # nothing planned: infeasible (3) or bad input (2)
+        sys.exit(3 if any(r.status == "infeasible" for r in result.rows) else 2)
 
 
 def render_scale(result: Any) -> str:
