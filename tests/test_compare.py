@@ -29,11 +29,11 @@ def test_cli_files_indices_and_degrees(tmp_path):
     out = runner.invoke(cli, ["search", *JOB, "--format", "json"])
     assert out.exit_code == 0, out.output
     path = tmp_path / "s.json"
-    path.write_text(out.output)
-    saved = json.loads(out.output)
+    path.write_text(out.stdout)
+    saved = json.loads(out.stdout)
     res = runner.invoke(cli, ["compare", str(path), f"{path}#2", "#1", "tp=8,pp=2,zero=1", *JOB, "--format", "json"])
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)
     pars = [p["parallel"] for p in data["plans"]]
     assert pars[0] == saved["plans"][0]["parallel"] and pars[1] == saved["plans"][1]["parallel"]
     assert pars[2] == saved["plans"][0]["parallel"]  # #1 of a fresh search: the same plan

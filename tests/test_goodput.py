@@ -116,7 +116,7 @@ def test_cli_reports_goodput_and_takes_the_failure_flags():
     from autoplan.cli import cli
 
     args = ["estimate", "--model", "llama3-8b", "--gpus", "64", "--tp", "2", "--pp", "1", "--format", "json"]
-    out = {h: json.loads(CliRunner().invoke(cli, args + ["--mtbf-hours", str(h)]).output)["goodput"]
+    out = {h: json.loads(CliRunner().invoke(cli, args + ["--mtbf-hours", str(h)]).stdout)["goodput"]
            for h in (1, 10)}
     assert out[1]["mtbf_hours"] == 1 and out[10]["mtbf_hours"] == 10
     assert out[1]["goodput"] < out[10]["goodput"]

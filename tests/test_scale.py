@@ -68,7 +68,7 @@ def test_cli_table_json_plot_and_errors(tmp_path):
     assert out.exit_code == 0, out.output
     assert "best layout" in out.output and "days" in out.output and "16" in out.output
     js = runner.invoke(cli, args + ["--format", "json"])
-    data = json.loads(js.output)
+    data = json.loads(js.stdout)
     assert [r["num_gpus"] for r in data["rows"]] == [16, 32, 64]
     bad = runner.invoke(cli, ["scale", "--model", "llama3-8b", "--gpus", "64..x"])
     assert bad.exit_code == 2 and "64..8192" in bad.output and "Traceback" not in bad.output
