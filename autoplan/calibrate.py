@@ -69,8 +69,16 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_imbalance": (1.0, 3.0),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
     "nvls_bus": (0.5, 1.5),
+    # Eager PyTorch element-wise kernels over fused ones: RMSNorm in eager makes ~5 passes (pow, mean, rsqrt, mul,
+    # mul) against 2 fused; SwiGLU 3 against 1: between 1 and ~4.
+    "eager_traffic": (1.0, 4.0),
 }
-SOFTWARE_SETTINGS = {"flash_attention"}  # Efficiency switches a run may set for itself (they are facts, not fitted)
+# Efficiency settings a run may state for itself (facts of its software stack, never fitted): the attention kernel,
+# whether element-wise kernels are fused (torch.compile / TE), and tp_overlap 0 where the stack has no TP overlap
+# (torchtitan without async TP).
+SOFTWARE_SETTINGS = {"flash_attention", "compiled", "tp_overlap"}
+# Per-framework parameters (gpus.yaml `frameworks`): what differs between training stacks on the same GPUs.
+FRAMEWORK_FIT_FIELDS = ("gemm_max", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap", "eager_traffic")
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 PRIOR_WEIGHT = 1e-3  # residual weight of each parameter's (normalised) distance from its start value
 _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter
@@ -86,8 +94,10 @@ class MeasuredRun(BaseModel):
     job: JobSpec = Field(default_factory=JobSpec)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     measured_step_time_s: float = Field(gt=0, description="measured seconds per optimizer step")
-    software: dict[str, bool] = Field(default_factory=dict, description="settings of the run's software stack "
-                                      f"that differ from the profile, never fitted: {sorted(SOFTWARE_SETTINGS)}")
+    software: dict[str, bool | float] = Field(default_factory=dict, description="settings of the run's software "
+                                              f"stack, never fitted: {sorted(SOFTWARE_SETTINGS)}")
+    target: str = Field(default="megatron", description="the framework that ran it: its memory facts and its "
+                        "efficiency parameters (gpus.yaml `frameworks`)")
     source: str = ""
 
     @field_validator("software")
@@ -109,7 +119,8 @@ class ResolvedRun:
     job: JobSpec
     parallel: ParallelConfig
     measured_step_time_s: float
-    software: dict[str, bool] = field(default_factory=dict)
+    software: dict[str, bool | float] = field(default_factory=dict)
+    target: str = "megatron"
 
     def cluster_with(self, eff: Efficiency | None = None) -> ClusterSpec:
         """The run's cluster with efficiency ``eff`` (default: its own) and the run's software settings."""
@@ -117,16 +128,22 @@ class ResolvedRun:
         return self.cluster.model_copy(update={"efficiency": eff})
 
     def predict(self, eff: Efficiency | None = None) -> float:
-        return estimate(self.model, self.cluster_with(eff), self.job, self.parallel, check=False).step_time_s
+        return estimate(self.model, self.cluster_with(eff), self.job, self.parallel, check=False,
+                        target=self.target).step_time_s
 
 
 def resolve_run(run: MeasuredRun) -> ResolvedRun:
     """Resolve names and check the configuration like ``autoplan estimate`` does."""
+    from autoplan.catalog.registry import framework_efficiency
+
     model = load_model(run.model)
     cluster = run.cluster.resolve()
-    estimate(model, cluster, run.job, run.parallel)  # raises ConfigError on an invalid layout
+    overrides = framework_efficiency(run.target)
+    if overrides:
+        cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=overrides)})
+    estimate(model, cluster, run.job, run.parallel, target=run.target)  # raises ConfigError on an invalid layout
     return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,
-                       dict(run.software))
+                       dict(run.software), run.target)
 
 
 MAX_RUNS_LINES = 10_000

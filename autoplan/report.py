@@ -34,7 +34,8 @@ def describe_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> str:
 def render_prediction(pred: Prediction) -> str:
     t = pred.time
     comm = ", ".join(f"{k} {v:.3f}" for k, v in t.exposed_comm_s.items() if v > 0) or "none"
-    mem = ", ".join(f"{k} {v:.1f}" for k, v in pred.memory_gib.items() if k != "total" and v > 0)
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in pred.memory_gib.items()
+                    if k not in ("total", "allocated", "reserved", "overhead") and v > 0)
     vol = ", ".join(f"{k} {v:.2f}" for k, v in pred.comm_volume_gib.items() if v > 0) or "none"
     fit = "fits" if pred.fits else f"DOES NOT FIT: {pred.over_memory_gib:.1f} GiB over"
     return "\n".join([
@@ -45,8 +46,9 @@ def render_prediction(pred: Prediction) -> str:
         f"  time breakdown   compute {t.compute_s:.3f} s, recompute {t.recompute_s:.3f} s, "
         f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s",
         f"  exposed comm     {comm} (s)",
-        f"  peak memory      {pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.0f} GiB on stage "
-        f"{pred.binding_stage} ({fit})",
+        f"  peak memory      {pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.1f} GiB on stage "
+        f"{pred.binding_stage} ({fit}; allocated {pred.peak_allocated_gib:.1f}, reserved "
+        f"{pred.peak_reserved_gib:.1f}; limit = HBM less {pred.memory_headroom_gib:.1f} GiB headroom)",
         f"  memory (GiB)     {mem}",
         f"  traffic per GPU  {vol} (GiB/step)",
     ])

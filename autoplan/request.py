@@ -32,11 +32,14 @@ class ClusterRequest(BaseModel):
                                            description="None: the GPU catalog's")
     profile: str | None = Field(default=None, max_length=1024,
                                 description="cluster profile YAML from `autoplan calibrate`")
+    memory_headroom: float | None = Field(default=None, ge=0, le=MAX_GBPS,
+                                          description="HBM every plan keeps free: a fraction of HBM when < 1, GiB "
+                                          "when >= 1; None: the default (5% of HBM)")
 
     def resolve(self) -> ClusterSpec:
         return build_cluster(self.gpu, self.num_gpus, gpus_per_node=self.gpus_per_node,
                              inter_node_gbps=self.inter_node_gbps, nvlink_domain_size=self.nvlink_domain_size,
-                             profile=self.profile)
+                             profile=self.profile, memory_headroom=self.memory_headroom)
 
 
 def model_record(model: ModelSpec) -> dict[str, Any]:

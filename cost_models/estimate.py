@@ -17,7 +17,7 @@ from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import (GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, expert_data_parallel_size, graphs_for,
-                                stage_memory, stage_params)
+                                memory_runtime, stage_memory, stage_params)
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -53,8 +53,11 @@ class Prediction(BaseModel):
     tokens_per_s_per_gpu: float
     mfu: float = Field(description="model FLOPs (no recompute, non-causal attention) / bf16 peak")
     tflops_per_gpu: float = Field(description="model TFLOP/s per GPU")
-    peak_memory_gib: float
-    memory_limit_gib: float
+    peak_memory_gib: float = Field(description="device memory at the peak (reserved + CUDA context + NCCL buffers)")
+    peak_allocated_gib: float = Field(description="tensors alive at the peak (torch.cuda.max_memory_allocated)")
+    peak_reserved_gib: float = Field(description="caching-allocator reserve at the peak (max_memory_reserved)")
+    memory_limit_gib: float = Field(description="HBM less the memory headroom: what fits compares the peak with")
+    memory_headroom_gib: float
     fits: bool
     over_memory_gib: float
     composite_cost: float
@@ -69,8 +72,9 @@ class Prediction(BaseModel):
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
-             weights: CostWeights | None = None, *, check: bool = True) -> Prediction:
-    """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint."""
+             weights: CostWeights | None = None, *, check: bool = True, target: str | None = None) -> Prediction:
+    """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint. ``target`` (the
+    launch framework) sets how memory is held (``cost_models.memory.memory_runtime``; default Megatron-Core)."""
     if check:
         check_parallel(model, cluster, job, par, allow_kv_replication=False)
     weights = weights or CostWeights()
@@ -107,11 +111,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
     step = pipe + pp_fill + dp_exposed + opt_s
 
-    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs) for s in range(p)]
+    runtime = memory_runtime(target)
+    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime) for s in range(p)]
     binding = max(range(p), key=lambda i: mems[i].total)
     peak: MemoryBreakdown = mems[binding]
     peak_gib = peak.total / GIB
-    limit = cluster.gpu.hbm_gib
+    limit = cluster.memory_limit_gib
     over = max(0.0, peak_gib - limit)
 
     sp_parts = stage_parts[slowest]
@@ -142,7 +147,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         mfu=per_gpu / (cluster.gpu.peak_bf16_tflops * 1e12),
         tflops_per_gpu=per_gpu / 1e12,
         peak_memory_gib=peak_gib,
+        peak_allocated_gib=peak.allocated / GIB,
+        peak_reserved_gib=peak.reserved / GIB,
         memory_limit_gib=limit,
+        memory_headroom_gib=cluster.memory_headroom_gib,
         fits=over == 0.0,
         over_memory_gib=over,
         composite_cost=composite,
@@ -192,6 +200,8 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
     mem_f, mem_b = memory_traffic_bytes(graph, None, job, par)
+    if not cluster.efficiency.compiled:
+        mem_f, mem_b = mem_f * cluster.efficiency.eager_traffic, mem_b * cluster.efficiency.eager_traffic
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 

@@ -216,6 +216,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par)
+    if not eff.compiled:
+        mem_f, mem_b = mem_f * eff.eager_traffic, mem_b * eff.eager_traffic
     extra = gemm * eff.memory_bound_fraction
     return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
 

@@ -1,15 +1,31 @@
-"""Memory per GPU (COST_MODEL.md §3).
+"""Memory per GPU (COST_MODEL.md §3), per training framework.
 
-Resident state, mixed-precision Adam, bytes per parameter held by the rank (seeds eq. 29.7–29.10;
-Rajbhandari et al. 2020, ZeRO §5): ``P = 2`` bf16 weights, ``G = 2`` bf16 grads, ``O = 12`` fp32 master,
-m and v. With ZeRO over a shard group of ``R`` ranks: ``M0 = P+G+O``, ``M1 = P+G+O/R``,
-``M2 = P+(G+O)/R``, ``M3 = (P+G+O)/R`` plus, for ZeRO-3/FSDP, one gathered layer and one prefetched.
-TP, PP and EP divide what a rank holds before ZeRO does; routed-expert weights (expert-TP 1) shard over the
-expert-data-parallel group ``tp·cp·dp/ep``, everything else over ``dp·cp`` (or the HSDP shard group).
+Three numbers, as the tools report them:
+
+* **allocated** — tensors alive at the peak (``torch.cuda.max_memory_allocated``): resident state,
+  activations of the micro-batches in flight, and the transients of that moment (the layer being
+  recomputed, ZeRO-3/FSDP's gathered units, the loss);
+* **reserved** — what PyTorch's caching allocator holds (``max_memory_reserved``, what torchtitan prints):
+  allocated plus the allocator's fragmentation, ``ALLOCATOR_RESERVE`` of the activation and transient
+  bytes (blocks freed by one micro-batch that the next one's differently sized requests cannot reuse);
+* **device** — what ``nvidia-smi`` sees and what must fit in HBM: reserved plus the CUDA context and
+  NCCL's own buffers (neither goes through the caching allocator).
+
+Resident state per parameter a rank holds (the :class:`MemoryRuntime` of each framework):
+Megatron-Core keeps bf16 weights (2), fp32 main gradients (4: ``--accumulate-allreduce-grads-in-fp32`` is
+forced on for bf16, megatron/training/arguments.py, unless ``--grad-reduce-in-bf16``) and fp32 master + Adam
+m, v (12), sharded by the distributed optimizer: ``6 + 12/d`` bytes (Megatron-Core docs,
+``dist_optimizer.md``). FSDP2 (torchtitan, plain FSDP2: ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``) shards fp32 parameters (4), fp32 gradients (4) and Adam m, v (8): ``16/d``, and gathers
+bf16 units on the fly. TP, PP and EP divide what a rank holds before ZeRO does; routed-expert weights
+(expert-TP 1) shard over the expert-data-parallel group ``tp·cp·dp/ep``, everything else over ``dp·cp``.
+The generic ZeRO accounting of Rajbhandari et al. 2020 §5 (``P = 2, G = 2, O = 12``) is
+:func:`zero_state_bytes`'s default.
 
 Activations come from the operator graph (``opgraph``: Korthikanti et al. 2022 Table 2) with TP/SP/CP and
 recompute; pipeline stages keep micro-batches in flight per schedule (§3): 1F1B stage ``i`` of ``p`` keeps
-``min(p − i, m)``; interleaved multiplies stage 0's by ``1 + (p−1)/(p·v)``; ZB-H1 keeps 1F1B's.
+``min(p − i, m)``; interleaved multiplies stage 0's by ``1 + (p−1)/(p·v)``; ZB-H1 keeps 1F1B's; DualPipe
+keeps ``p + 1`` on every rank, which holds two stages (DeepSeek-V3 report Table 2).
 """
 
 from __future__ import annotations
@@ -21,16 +37,86 @@ from cost_models.opgraph import LayerGraph, Op, layer_graph
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 
 GIB = 2**30
-WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0
-CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces (measured ~0.8–1.2 GiB on H100)
-COMM_BUFFER_GIB = 0.5  # NCCL channel buffers across a handful of communicators
-FRAGMENTATION = 0.05  # caching-allocator fragmentation as a fraction of activation memory
+WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0  # ZeRO paper accounting (bf16 weights and grads)
+# CUDA context with cuBLAS/cuDNN workspaces: ~0.5 GiB context + ~0.3 GiB of kernels/workspaces on H100 with
+# CUDA 12 (nvidia-smi of an idle `torch.cuda.init()` + first GEMM); outside PyTorch's allocator.
+CUDA_CONTEXT_GIB = 1.0
+# NCCL's own buffers: NCCL_BUFFSIZE 4 MiB × channels (up to 32 on H100) × a few communicators (tp, dp, pp,
+# ep): ~0.5 GiB; allocated by NCCL, outside PyTorch's allocator.
+COMM_BUFFER_GIB = 0.5
+# Caching-allocator fragmentation as a fraction of activation and transient bytes (what max_memory_reserved
+# adds to max_memory_allocated). Fitted once, on the published torchtitan peaks (the only reserved-memory
+# figures in benchmarks/data): `python benchmarks/fidelity.py` prints the fit.
+ALLOCATOR_RESERVE = 0.10
+FRAGMENTATION = ALLOCATOR_RESERVE  # the name the search scorer imports
 
 
-def zero_state_bytes(params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes for ``params`` held by a rank under ZeRO over ``shard_group``."""
+@dataclass(frozen=True)
+class MemoryRuntime:
+    """How one training framework holds state, saves activations and computes the loss (the memory facts of
+    its target profile, ``cost_models.targets``)."""
+
+    name: str
+    weight_bytes: float  # the rank's own parameter copy, per parameter (sharded by ZeRO-3 only)
+    grad_bytes: float
+    optimizer_bytes: float  # master copy + Adam m, v
+    loss_bytes_per_logit: float  # peak bytes of the loss per vocabulary entry per token (÷ TP: vocab-parallel)
+    fp8_saved_bytes: float  # bytes per saved GEMM input element under fp8 (TE keeps the fp8 cast: 1)
+    selective: str  # what "selective" recompute saves: "attention" (Megatron) or "op_sac" (torchtitan)
+    gathered_unit_bytes: float  # ZeRO-3: bytes per parameter of the gathered units (current + prefetched + grad)
+    pp_unsharded_bytes: float  # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step
+
+    def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
+        return zero_state_bytes(params, zero_stage, shard_group,
+                                (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
+
+
+MEGATRON = MemoryRuntime(
+    name="megatron", weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
+    # vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): the bf16 logits are cast
+    # to fp32 (4) and exponentiated in place; the softmax is saved and the gradient formed in it; the bf16
+    # gradient (2) is the only other copy: 6 bytes per entry at the peak.
+    loss_bytes_per_logit=6.0,
+    # Transformer Engine saves the fp8 cast of each GEMM input for the backward (transformer_engine/pytorch/
+    # module/linear.py: ``saved_inputmat`` is the quantized tensor when fp8 is on).
+    fp8_saved_bytes=1.0,
+    selective="attention",
+    gathered_unit_bytes=4.0,  # Megatron FSDP-style ZeRO-3: one gathered bf16 unit + one prefetched
+    pp_unsharded_bytes=0.0,
+)
+FSDP2 = MemoryRuntime(
+    name="torchtitan", weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
+    # torchtitan's cross_entropy on ``pred.float()`` (torchtitan/components/loss.py): fp32 copy (4), saved
+    # log-softmax (4), and in the backward the fp32 gradient of the log-probs (4) beside them: 12 per entry.
+    loss_bytes_per_logit=12.0,
+    # torchao Float8Linear casts in the backward again from the saved high-precision input (bf16: 2).
+    fp8_saved_bytes=2.0,
+    selective="op_sac",
+    # FSDP2: the gathered bf16 unit (2) and the prefetched next one (2), and in the backward the unit's bf16
+    # gradient (2) and its fp32 copy for the fp32 reduce-scatter (4) (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py foreach_reduce): 10 bytes per parameter of the largest unit.
+    gathered_unit_bytes=10.0,
+    # torchtitan turns reshard_after_forward off under PP (parallelize_llama.apply_fsdp) and the pipeline
+    # schedule skips the gradient sync but for the last micro-batch (torch/distributed/pipelining/stage.py
+    # backward_maybe_with_nosync): the stage's bf16 parameters (2) and fp32 unsharded gradients (4) stay.
+    pp_unsharded_bytes=6.0,
+)
+RUNTIMES = {"megatron": MEGATRON, "torchtitan": FSDP2, "fsdp2": FSDP2}
+
+
+def memory_runtime(target: str | None) -> MemoryRuntime:
+    """The memory facts of a launch target (``None`` or ``any``: Megatron-Core's)."""
+    return RUNTIMES.get(target or "megatron", MEGATRON)
+
+
+def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
+                     bytes_per_param: tuple[float, float, float] = (WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES),
+                     ) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes for ``params`` held by a rank under ZeRO over ``shard_group``:
+    ``M0 = P+G+O``, ``M1 = P+G+O/R``, ``M2 = P+(G+O)/R``, ``M3 = (P+G+O)/R``."""
     r = max(1, shard_group)
-    p, g, o = WEIGHT_BYTES * params, GRAD_BYTES * params, OPTIM_BYTES * params
+    pw, gw, ow = bytes_per_param
+    p, g, o = pw * params, gw * params, ow * params
     if zero_stage == 0:
         return p, g, o
     if zero_stage == 1:
@@ -75,15 +161,45 @@ def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
     return max(1, tp * cp * dp // ep)
 
 
-def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
+def _op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
+    """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
+    other matmul (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
+    everything else is recomputed from them and the block input."""
+    keep: set[tuple[str, str]] = set()
+    mm = 0
+    for op in graph.ops:
+        if op.kind in ("matmul", "experts"):
+            mm += 1
+            if mm % 2 == 1:
+                keep.add((op.name, op.output))
+        elif op.kind == "attention":
+            keep.add((op.name, op.output))
+    return keep
+
+
+def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
+                                    runtime: MemoryRuntime = MEGATRON) -> float:
     """Bytes one layer saves for backward for one micro-batch on one rank (Korthikanti Table 2 generalised).
 
     ``tp``-split tensors ÷ t; ``seq``-split tensors ÷ t only with sequence parallelism; everything ÷ cp.
-    Selective recompute drops the attention core's score-sized tensors (the ``5·a·s/h`` term); full
-    recompute keeps only the layer input (÷ t with SP)."""
+    Selective recompute: Megatron drops the attention core's score-sized tensors (the ``5·a·s/h`` term);
+    torchtitan's per-op AC keeps the block input and the outputs :func:`_op_sac_saved` names. Full
+    recompute keeps only the layer input (÷ t with SP). The loss keeps ``runtime.loss_bytes_per_logit``
+    per vocabulary entry (÷ t: vocab-parallel)."""
     if par.recompute == "full" and graph.kind in ("dense", "moe"):
         return recompute_input_bytes(model, job, par)
-    return sum(op_activation_bytes(op, job, par) for op in graph.ops)
+    if par.recompute == "selective" and runtime.selective == "op_sac" and graph.kind in ("dense", "moe"):
+        t = par.tp
+        sp = par.sequence_parallel and t > 1
+        total = recompute_input_bytes(model, job, par)  # the block input
+        tokens = par.micro_batch_size * job.seq_len / par.cp
+        for op_name, tensor in _op_sac_saved(graph):
+            op = graph.op(op_name)
+            ten = graph.tensors[tensor]
+            split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)
+            total += ten.width * 2.0 * op.tokens_factor * tokens / (t if split_tp else 1)
+        return total
+    return sum(op_activation_bytes(op, job, par, runtime) for op in graph.ops)
 
 
 def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
@@ -92,12 +208,15 @@ def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -
     return 2.0 * model.hidden_size * par.micro_batch_size * job.seq_len / par.cp / (par.tp if sp else 1)
 
 
-def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig) -> float:
+def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: MemoryRuntime = MEGATRON) -> float:
     """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
-    recompute: that keeps only the layer input, ``recompute_input_bytes``)."""
+    recompute: that keeps only the layer input, ``recompute_input_bytes``). The loss holds the runtime's
+    bytes per logit (the graph's saved logits are Megatron's 2 + 4); under fp8 a GEMM's saved input takes the
+    runtime's ``fp8_saved_bytes`` per element."""
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
+    fp8 = job.precision == "fp8"
     total = 0.0
     for s in op.saved:
         if par.recompute == "selective" and op.kind == "attention" and s.tensor not in op.inputs:
@@ -105,13 +224,22 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig) -> float:
         div = t if (s.split == "tp" or sp) else 1
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
-        total += s.bytes_per_token * tokens / div
+        b = s.bytes_per_token
+        if op.kind == "loss":
+            b *= runtime.loss_bytes_per_logit / MEGATRON.loss_bytes_per_logit
+        elif fp8 and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
+            b *= runtime.fp8_saved_bytes / 2.0
+        total += b * tokens / div
     return total
 
 
 def inflight_microbatches(stage: int, par: ParallelConfig, m: int) -> float:
     """Micro-batches of activations stage ``stage`` holds at its peak (COST_MODEL.md §3)."""
     p = par.pp
+    if par.schedule == "dualpipe":
+        # DeepSeek-V3 report Table 2: PP + 1 micro-batch chunks in flight on every rank (a chunk is one of the
+        # rank's two stages, one per direction).
+        return float(min(p + 1, m))
     held = float(min(p - stage, m))
     if par.schedule == "interleaved" and stage == 0:
         held *= 1 + (p - 1) / (p * par.vp)
@@ -124,45 +252,76 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
-    zero3_buffers: float
-    overhead: float
+    zero3_buffers: float  # ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the recompute peak
+    allocator: float  # caching-allocator reserve (reserved − allocated)
+    runtime: float  # CUDA context + NCCL buffers (outside the allocator)
+
+    @property
+    def allocated(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.zero3_buffers
+
+    @property
+    def reserved(self) -> float:
+        return self.allocated + self.allocator
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.zero3_buffers + self.overhead
+        """Device memory: what must fit in HBM."""
+        return self.reserved + self.runtime
+
+    @property
+    def overhead(self) -> float:
+        return self.allocator + self.runtime
 
     def gib(self) -> dict[str, float]:
-        return {k: getattr(self, k) / GIB for k in
-                ("weights", "grads", "optimizer", "activations", "zero3_buffers", "overhead", "total")}
+        out = {k: getattr(self, k) / GIB for k in ("weights", "grads", "optimizer", "activations",
+                                                    "zero3_buffers", "allocator", "runtime", "allocated",
+                                                    "reserved", "total")}
+        out["overhead"] = self.overhead / GIB
+        return out
+
+
+def runtime_overhead_bytes() -> float:
+    """CUDA context + NCCL buffers, per GPU."""
+    return (CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB
 
 
 def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, stage: int, layers: list[int],
-                 m: int, graphs: dict[str, LayerGraph]) -> MemoryBreakdown:
+                 m: int, graphs: dict[str, LayerGraph], runtime: MemoryRuntime = MEGATRON) -> MemoryBreakdown:
     """Peak memory of one rank of pipeline stage ``stage``; ``layers`` = decoder layers per stage."""
     first_layer = sum(layers[:stage])
     n = layers[stage]
     first, last = stage == 0, stage == par.pp - 1
+    dual = par.schedule == "dualpipe"
     sp = stage_params(model, par, first_layer, n, first=first, last=last)
+    if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
+        mirror = par.pp - 1 - stage
+        mp = stage_params(model, par, sum(layers[:mirror]), layers[mirror], first=mirror == 0,
+                          last=mirror == par.pp - 1)
+        sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer))
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
-    w1, g1, o1 = zero_state_bytes(sp.dense, par.zero_stage, group)
-    w2, g2, o2 = zero_state_bytes(sp.expert, par.zero_stage, expert_group)
+    w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group)
+    w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     per_mb = 0.0
     for i in range(first_layer, first_layer + n):
         per_mb += activation_bytes_per_microbatch(graphs["moe" if model.is_moe_layer(i) else "dense"], model, job,
-                                                  par)
+                                                  par, runtime)
+    if dual:  # a chunk runs on either of the rank's two stages: their mean
+        per_mb = per_mb * (layers[stage] + layers[par.pp - 1 - stage]) / (2.0 * max(1, n))
+    transient = 0.0
     if par.recompute == "full" and n:
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
         full = par.model_copy(update={"recompute": "none"})
-        per_mb_peak = activation_bytes_per_microbatch(graphs["dense"], model, job, full)
-    else:
-        per_mb_peak = 0.0
-    if last:
-        per_mb += activation_bytes_per_microbatch(graphs["head"], model, job, par)
-    acts = per_mb * inflight_microbatches(stage, par, m) + per_mb_peak
-    zero3 = 2 * WEIGHT_BYTES * sp.largest_layer * (1 - 1 / group) if par.zero_stage == 3 else 0.0
-    overhead = (CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + FRAGMENTATION * acts
-    return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, zero3, overhead)
+        transient += activation_bytes_per_microbatch(graphs["dense"], model, job, full, runtime)
+    head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime) if (last or (dual and first)) else 0.0
+    acts = per_mb * inflight_microbatches(stage, par, m) + head
+    if par.zero_stage == 3:
+        transient += runtime.gathered_unit_bytes * sp.largest_layer * (1 - 1 / group)
+        if par.pp > 1:
+            transient += runtime.pp_unsharded_bytes * (sp.dense + sp.expert)
+    allocator = ALLOCATOR_RESERVE * (acts + transient)
+    return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, transient, allocator, runtime_overhead_bytes())
 
 
 @lru_cache(maxsize=256)

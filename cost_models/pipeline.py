@@ -7,6 +7,9 @@ Interleaved 1F1B with ``v`` virtual stages per rank (Narayanan et al. SC'21 §2.
 by ``v``: ``T = m·t_max + (Σ_i t_i − t_max)/v`` → bubble ``(p−1)/(v·m)`` of ideal when balanced.
 ZB-H1 (Qi et al. ICLR'24, "Zero Bubble Pipeline Parallelism" §3): splitting backward into input- and
 weight-gradient passes leaves ``(p−1)(T_F + T_B − T_W)``; with ``T_F = T_B = T_W`` that is 1/3 of 1F1B's.
+DualPipe (DeepSeek-V3 report §3.2.1, Table 2): ``(p/2 − 1)(T_F&B + T_B − 3·T_W)`` with a full backward
+``T_B = 2·T_F``, ``T_W = T_F`` and the overlapped pair ``T_F&B = T_F + T_B``: ``(p/2 − 1)·2t/3`` for a stage time
+``t = 3·T_F``, i.e. ``(p − 2)/(3(p − 1))`` of 1F1B's fill. (Estimate only: no target runs it.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def pipeline_time_s(stage_times: Sequence[float], m: int, schedule: Schedule = "
         fill /= vp
     elif schedule == "zb-h1":
         fill *= ZB_H1_BUBBLE_FRACTION
+    elif schedule == "dualpipe":
+        p = len(stage_times)
+        fill *= max(0, p - 2) / (3 * (p - 1)) if p > 1 else 0.0
     return m * t_max + fill
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "zb-h1"]
+Schedule = Literal["1f1b", "interleaved", "zb-h1", "dualpipe"]
 Generation = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
 
 
@@ -335,8 +335,18 @@ class Efficiency(_Frozen):
                               "GEMMs (Megatron-Core --tp-comm-overlap, TE userbuffers); 0 = all on the critical path")
     nvls_bus: float = Field(default=0.0, ge=0, le=1.5, description="NVLink SHARP (NVLS) all-reduce bus bandwidth "
                             "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
+    compiled: bool = Field(default=True, description="element-wise kernels fused (TE / torch.compile); false = "
+                           "PyTorch eager, whose norms, rotary and SwiGLU make several HBM passes (eager_traffic)")
+    eager_traffic: float = Field(default=1.0, ge=1, le=6, description="HBM traffic of eager element-wise kernels / "
+                                 "fused ones (applies only when compiled is false)")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
                                   "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
+
+
+# Default memory headroom: 5% of HBM (4 GiB on an 80 GiB GPU). The memory model's error against published peaks
+# (benchmarks/fidelity.py) is of that order, and the caching allocator's transient spikes (NCCL stream syncs,
+# optimizer step temporaries) are not in a peak summed from tensors. `--memory-headroom` changes it.
+DEFAULT_MEMORY_HEADROOM = 0.05
 
 
 class ClusterSpec(_Frozen):
@@ -348,6 +358,9 @@ class ClusterSpec(_Frozen):
     nvlink_domain_size: int = Field(gt=0, description="GPUs reachable over NVLink (8 HGX, 72 NVL72)")
     inter_node_gbps: float = Field(gt=0, description="scale-out bandwidth per GPU, Gbit/s")
     efficiency: Efficiency
+    memory_headroom: float = Field(
+        default=DEFAULT_MEMORY_HEADROOM, ge=0, description="HBM kept free by every plan: a fraction of HBM when "
+        "< 1, GiB when >= 1 (cost_models.memory: the model's own error and allocator spikes)")
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
@@ -369,6 +382,16 @@ class ClusterSpec(_Frozen):
     @property
     def hbm_bytes(self) -> float:
         return self.gpu.hbm_gib * 2**30
+
+    @property
+    def memory_headroom_gib(self) -> float:
+        h = self.memory_headroom
+        return h * self.gpu.hbm_gib if h < 1 else h
+
+    @property
+    def memory_limit_gib(self) -> float:
+        """What a plan may use per GPU: HBM less the headroom (``fits`` compares the device peak with it)."""
+        return max(0.0, self.gpu.hbm_gib - self.memory_headroom_gib)
 
 
 class JobSpec(_Frozen):

@@ -28,16 +28,14 @@ from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import layer_cost, op_compute
 from cost_models.memory import (
-    COMM_BUFFER_GIB,
-    CUDA_CONTEXT_GIB,
     FRAGMENTATION,
     GIB,
-    WEIGHT_BYTES,
+    MEGATRON,
     activation_bytes_per_microbatch,
     expert_data_parallel_size,
     graphs_for,
     inflight_microbatches,
-    zero_state_bytes,
+    runtime_overhead_bytes,
 )
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -74,7 +72,8 @@ class Scorer:
         self.graphs = graphs_for(model, job.seq_len)
         self.L = model.num_layers
         self.is_moe_layer = np.array([model.is_moe_layer(i) for i in range(self.L)], dtype=bool)
-        self.limit_bytes = cluster.gpu.hbm_gib * GIB
+        self.limit_bytes = cluster.memory_limit_gib * GIB
+        self.runtime = MEGATRON  # memory facts of the target (cost_models.memory.memory_runtime)
         self._layer: dict[tuple, tuple[np.ndarray, float, float, float, float]] = {}
         self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._dp: dict[tuple, tuple[float, float, float]] = {}
@@ -198,7 +197,7 @@ class Scorer:
             hit = np.zeros((L + 1, L + 1))
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
-            hit *= 2 * WEIGHT_BYTES * (1 - 1 / group)
+            hit *= self.runtime.gathered_unit_bytes * (1 - 1 / group) * (1.0 + FRAGMENTATION)
             self._zero3[key] = hit
         return hit
 
@@ -208,8 +207,8 @@ class Scorer:
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         expert_group = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
-        kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_group))
+        kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
+        ke = sum(self.runtime.state_bytes(1.0, lay.zero_stage, expert_group))
         frag = 1.0 + FRAGMENTATION
         static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
         act = np.concatenate([[0.0], np.cumsum(frag * np.where(self.is_moe_layer, a_moe, a_dense))])
@@ -224,7 +223,7 @@ class Scorer:
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * last_dense, last_act=frag * head_a,
-            stage_static=(CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + frag * peak,
+            stage_static=runtime_overhead_bytes() + frag * peak,
             range_static=self._zero3_table(lay, largest, group) if lay.zero_stage == 3 else None,
         )
 
@@ -284,7 +283,7 @@ class Scorer:
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster)
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
-        over = max(0.0, peak / GIB - self.cluster.gpu.hbm_gib)
+        over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)
         w = self.weights
         comm = self._exposed_comm(lay, layers, tables, stage_t) + fill + dp_exposed
         composite = w.compute * (step - comm) + w.comm * comm + w.memory_s_per_gib2 * over**2
@@ -330,12 +329,13 @@ class Scorer:
         self.param_pieces(lay.tp, lay.ep)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep)]
         group = lay.hsdp_shard_size or lay.dp * lay.cp
-        kd = sum(zero_state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(zero_state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
+        kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
+        ke = sum(self.runtime.state_bytes(1.0, lay.zero_stage,
+                                          expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
         frag = 1.0 + FRAGMENTATION
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
         peak = self.bound_pieces(lay, "none")[0]["dense"][1] if lay.recompute == "full" else 0.0
-        stage_static = (CUDA_CONTEXT_GIB + COMM_BUFFER_GIB) * GIB + frag * peak
+        stage_static = runtime_overhead_bytes() + frag * peak
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp

@@ -13,7 +13,7 @@ same shapes:
 - the head (final norm, output projection, fp32 cross-entropy).
 
 Resident state: a tiny full model (embedding, layers, head) in bf16 with fp32 master weights and Adam moments,
-after one optimizer step, against ``memory.stage_memory``'s weights / grads / optimizer (P=2, G=2, O=12).
+after one optimizer step, against ``memory.stage_memory``'s weights / grads / optimizer (Megatron-Core: P=2, fp32 main grads G=4, O=12).
 
 Needs torch (the ``validate`` extra pins torch==2.13.0, a CPU wheel); skipped without it.
 """
@@ -259,7 +259,8 @@ def test_head_matches_pytorch() -> None:
 
 
 def test_resident_state_matches_pytorch() -> None:
-    """bf16 weights and grads, fp32 master + Adam m, v after one step = memory.stage_memory (ZeRO-0, one rank)."""
+    """bf16 weights, fp32 main grads, fp32 master + Adam m, v after one step = memory.stage_memory (Megatron-Core,
+    ZeRO-0, one rank)."""
     m = LLAMA.model_copy(update={"tied_embeddings": False})
     emb = torch.nn.Embedding(m.vocab_size, m.hidden_size, dtype=DT)
     layers = torch.nn.ModuleList(LlamaLayer(m) for _ in range(m.num_layers))
@@ -276,14 +277,19 @@ def test_resident_state_matches_pytorch() -> None:
         x = layer(x)
     logits = head(FusedRMSNorm.apply(x, final, 1e-5))
     F.cross_entropy(logits.float().view(-1, m.vocab_size), tokens.view(-1)).backward()
+    # Megatron-Core DDP accumulates every gradient into an fp32 ``main_grad`` buffer (bf16 training forces
+    # --accumulate-allreduce-grads-in-fp32) and frees the bf16 .grad; the fp32 master reads it.
+    main_grads = []
     for mp, p in zip(master, params):
-        mp.grad = p.grad.float()
+        main_grads.append(p.grad.float())
+        p.grad = None
+        mp.grad = main_grads[-1]
     opt.step()
     for mp in master:
-        mp.grad = None  # Megatron frees the fp32 copy of the grads after the step
+        mp.grad = None
 
     weights = sum(p.numel() * p.element_size() for p in params)
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in params)
+    grads = sum(g.numel() * g.element_size() for g in main_grads)
     optim = sum(t.numel() * t.element_size() for mp in master
                 for t in [mp, *(v for v in opt.state[mp].values() if torch.is_tensor(v) and v.dim() > 0)])
     job = JobSpec(global_batch_size=B, seq_len=S)

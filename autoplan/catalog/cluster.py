@@ -63,6 +63,7 @@ def build_cluster(
     inter_node_gbps: float | None = None,
     nvlink_domain_size: int | None = None,
     profile: str | Path | None = None,
+    memory_headroom: float | None = None,
 ) -> ClusterSpec:
     """A homogeneous cluster of ``num_gpus`` catalog GPUs. Fewer GPUs than one node is allowed
     (``gpus_per_node`` then stays the catalog's)."""
@@ -89,4 +90,9 @@ def build_cluster(
         "inter_node_gbps": pick(inter_node_gbps, prof.inter_node_gbps, spec.nic_gbps),
         "efficiency": efficiency,
     }
+    if memory_headroom is not None:
+        if memory_headroom >= spec.hbm_gib or memory_headroom < 0:
+            raise UserInputError(f"memory headroom {memory_headroom:g} must be a fraction in [0, 1) or GiB below "
+                                 f"{spec.name}'s {spec.hbm_gib:g} GiB of HBM (default 0.05)")
+        fields["memory_headroom"] = memory_headroom
     return validate(ClusterSpec, fields, f"cluster of {num_gpus} x {spec.name}")

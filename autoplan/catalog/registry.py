@@ -105,6 +105,13 @@ def efficiency_catalog() -> dict[str, Efficiency]:
     }
 
 
+def framework_efficiency(framework: str | None) -> dict[str, Any]:
+    """``gpus.yaml``'s ``frameworks`` section: the Efficiency fields a training framework sets over its GPU
+    generation's (fitted on that framework's published runs; Megatron-Core is the reference, no overrides)."""
+    table = _read("gpus.yaml").get("frameworks") or {}
+    return dict(table.get(framework or "megatron") or {})
+
+
 def unknown_name_error(kind: str, name: str, catalog: Catalog[Any], see: str) -> UserInputError:
     """``unknown model 'x'; did you mean: a, b? (see 'autoplan models')``; ``.valid`` lists every name."""
     close = catalog.suggestions(name)

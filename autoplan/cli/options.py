@@ -42,7 +42,28 @@ def cluster_flags(*, gpus_required: bool = True, gpus: bool = True) -> Callable[
         click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
         click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
         click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
+        click.option("--memory-headroom", type=str, default=None, callback=_headroom,
+                     help="HBM every plan keeps free: GiB (e.g. 6 or 6GiB) or a fraction (0.1 or 10%); default 5%"),
     )
+
+
+def _headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """``6``, ``6GiB`` → 6 GiB; ``0.1``, ``10%`` → a fraction of HBM."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    try:
+        if text.endswith("%"):
+            out = float(text[:-1]) / 100
+            if not 0 <= out < 1:
+                raise ValueError
+            return out
+        out = float(text.removesuffix("gib").strip())
+    except ValueError:
+        raise click.BadParameter(f"'{value}' is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)") from None
+    if out < 0:
+        raise click.BadParameter(f"'{value}' must be ≥ 0")
+    return out
 
 
 cluster_options = cluster_flags()
@@ -62,7 +83,7 @@ format_option = click.option("--format", "fmt", type=click.Choice(["table", "jso
 def cluster_request(kw: dict[str, Any]) -> ClusterRequest:
     return ClusterRequest(gpu=kw.pop("gpu"), num_gpus=kw.pop("num_gpus"), gpus_per_node=kw.pop("gpus_per_node"),
                           inter_node_gbps=kw.pop("inter_node_gbps"), nvlink_domain_size=kw.pop("nvlink_domain_size"),
-                          profile=kw.pop("profile"))
+                          profile=kw.pop("profile"), memory_headroom=kw.pop("memory_headroom"))
 
 
 def job_spec(kw: dict[str, Any]) -> JobSpec:

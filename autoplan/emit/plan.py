@@ -125,6 +125,9 @@ def check_emittable(plan: EmitPlan, target: Target) -> None:
     check_parallel(plan.model, plan.cluster, plan.job, plan.parallel,
                    allow_kv_replication=(target == "megatron"))
     par = plan.parallel
+    if par.schedule == "dualpipe":
+        raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
+                          f"no {target} schedule runs it", valid=["1f1b", "interleaved", "zb-h1"])
     if target == "megatron" and par.zero_stage == 3 and par.pp > 1:
         raise ConfigError(f"zero_stage=3 with pp={par.pp}: Megatron-LM's --use-torch-fsdp2 does not work with "
                           "pipeline parallelism; use zero_stage 1 (distributed optimizer) or pp=1")
