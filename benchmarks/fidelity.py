@@ -292,6 +292,44 @@ def render_memory(rows: list[tuple[str, float, float, dict[str, float]]]) -> str
     return "\n".join(lines)
 
 
+# DeepSeek-V3's published pre-training (arXiv 2412.19437): 2048 H800, PP 16 (DualPipe), EP 64 over 8 nodes, ZeRO-1
+# DP, no TP, fp8, DeepEP-style dispatch (node-limited routing, fp8 dispatch, 20 SMs), sequences of 4096 tokens in
+# batches of 15360, recompute of RMSNorm / MLA up-projection / SwiGLU. Step time from the report's own totals:
+# 2664K H800 GPU hours for 14.8T tokens (Table 1, §1).
+DSV3_GPU_HOURS, DSV3_TOKENS, DSV3_GPUS, DSV3_BATCH, DSV3_SEQ = 2.664e6, 14.8e12, 2048, 15360, 4096
+
+
+def deepseek_v3_step_s() -> float:
+    """Seconds per step implied by the report: GPU hours / GPUs / steps."""
+    steps = DSV3_TOKENS / (DSV3_BATCH * DSV3_SEQ)
+    return DSV3_GPU_HOURS * 3600 / DSV3_GPUS / steps
+
+
+def deepseek_v3_prediction():  # type: ignore[no-untyped-def]
+    """The cost model on DeepSeek-V3's published layout (target ``deepseek``: its report's memory facts)."""
+    from autoplan.catalog import build_cluster, load_model
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    cluster = build_cluster("h800", DSV3_GPUS)
+    cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(
+        update={"moe_dispatcher": "deepep", "moe_a2a_overlap": True})})
+    job = JobSpec(global_batch_size=DSV3_BATCH, seq_len=DSV3_SEQ, precision="fp8")
+    par = ParallelConfig(tp=1, pp=16, ep=64, micro_batch_size=1, schedule="dualpipe", recompute="selective",
+                         zero_stage=1)
+    return estimate(load_model("deepseek-v3"), cluster, job, par, target="deepseek")
+
+
+def render_deepseek() -> str:
+    pred = deepseek_v3_prediction()
+    meas = deepseek_v3_step_s()
+    t = pred.time
+    return (f"DeepSeek-V3 on 2048 H800 (tp 1, pp 16 DualPipe, ep 64 DeepEP, fp8): predicted {pred.step_time_s:.1f} s "
+            f"vs {meas:.1f} s from the report ({pred.step_time_s / meas - 1:+.1%}); compute {t.compute_s:.1f} s, "
+            f"recompute {t.recompute_s:.1f} s, bubble {t.bubble_s:.1f} s, exposed EP {t.exposed_comm_s['ep']:.1f} s; "
+            f"peak {pred.peak_memory_gib:.1f} GiB device (allocated {pred.peak_allocated_gib:.1f}, reserved "
+            f"{pred.peak_reserved_gib:.1f}) of 80: {'fits' if pred.fits else 'DOES NOT FIT'}")
+
+
 def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS, prior_weight: float = 0.0) -> dict[str, dict[str, float]]:
     """Refit each generation's parameters on all its published runs (how the catalog values were made): pure
     bounded least squares (no pull toward the current catalog, so the result does not depend on it), from the
@@ -345,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = evaluate(with_loo=not args.no_loo)
     table = render(rows) + "\n\nPeak memory vs published figures (cost_models.memory, target torchtitan):\n\n"
     table += render_memory(memory_rows())
+    table += "\n\n" + render_deepseek()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.md").write_text(table + "\n")

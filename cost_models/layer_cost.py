@@ -16,10 +16,12 @@ touches).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-from cost_models.collectives import CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s
+from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
+                                     place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, Op
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
@@ -290,9 +292,17 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                 tp_s += calls * group_collective_time_s(kind, payload, t, strides.tp, cluster) * fraction
                 tp_bytes += calls * bytes_sent_per_rank(kind, payload, t)
     if graph.kind == "moe" and e > 1:
-        one, payload = ep_all_to_all(model, cluster, job, par, strides.ep)
-        ep_s = EP_ALL_TO_ALLS * one
-        ep_bytes = EP_ALL_TO_ALLS * (e - 1) / e * payload
+        local_tokens = tokens / (t if par.sequence_parallel else 1)
+        ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep)
+        if par.schedule == "dualpipe" or cluster.efficiency.moe_a2a_overlap:
+            # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
+            # backward chunk; Megatron-Core's 1F1B A2A overlap merges them): only what the layer's compute cannot
+            # cover stays exposed. DeepEP's kernels run on SMs taken from compute: 20 of 132 on H800 (DeepSeek-V3
+            # report §3.2.2), the compute of the layer slows by that share.
+            if cluster.efficiency.moe_dispatcher == "deepep":
+                slow = 1.0 / (1.0 - DEEPEP_SM_FRACTION)
+                forward, backward = forward * slow, backward * slow
+            ep_s = max(0.0, ep_s - (forward + backward))
     if c > 1 and is_block:
         cp_s, cp_bytes = cp_ring(graph, cluster, job, par, strides.cp)
     return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
@@ -304,12 +314,13 @@ EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forwa
 
 def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                   stride: int) -> tuple[float, float]:
-    """(seconds, payload bytes) of one dispatch or combine all-to-all over the ``par.ep`` ranks at ``stride``:
-    each rank's routed copies (``top_k`` per local token; tokens split over TP with SP), × imbalance ρ (§4)."""
+    """(seconds, bf16 payload bytes) of one dispatch or combine all-to-all over the ``par.ep`` ranks at
+    ``stride``: the mean of ``moe_all_to_all``'s four (tokens split over TP with SP), × imbalance ρ (§4)."""
     tokens = par.micro_batch_size * job.seq_len / par.cp
     local_tokens = tokens / (par.tp if par.sequence_parallel else 1)
     payload = local_tokens * model.moe_top_k * model.hidden_size * 2.0 * cluster.efficiency.moe_imbalance
-    return group_collective_time_s("all_to_all", payload, par.ep, stride, cluster), payload
+    total_s, _ = moe_all_to_all(model, cluster, job, local_tokens, par.ep, stride)
+    return total_s / EP_ALL_TO_ALLS, payload
 
 
 def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -329,6 +340,54 @@ def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
 def ring_exposed_s(ring_s: float, attention_s: float) -> float:
     """Ring attention overlaps each K/V block transfer with the previous block's compute: what shows."""
     return max(0.0, ring_s - attention_s)
+
+
+DEEPEP_SM_FRACTION = 20 / 132  # SMs DeepSeek-V3 gives dispatch/combine on H800 (report §3.2.2)
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128  # fp8 element + one fp32 scale per 128-element tile (report §3.3.2)
+
+
+def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_tokens: float, ep: int,
+                   stride: int = 1) -> tuple[float, float]:
+    """(seconds, bytes each rank sends) of one MoE layer's four all-to-alls (dispatch and combine, forward and
+    backward) for ``local_tokens`` tokens on one rank, over an EP group of ``ep`` ranks at ``stride``.
+
+    The group spans ``D`` NVLink domains with ``n`` of its ranks in each (``place_group``). A token's ``k`` routed
+    copies reach ``E[domains] = D·(1 − (1 − 1/D)^k)`` domains under uniform routing; group-limited routing with
+    one group per domain caps it at the expected number of the ``M = topk_group`` chosen groups' domains,
+    ``D·(1 − C(G − G/D, M)/C(G, M))`` (DeepSeek-V3: ≤ 4 nodes). A fraction ``(D − 1)/D`` of them is remote.
+    Megatron's ``alltoall`` dispatcher sends each remote copy over the NIC (``k·(D−1)/D`` per token) and local
+    copies over NVLink; DeepEP sends one copy per remote domain over the NIC and forwards copies to their GPUs
+    over NVLink (``k·(1 − 1/n)``), the two links in parallel: the slower one sets the time. fp8 training with
+    DeepEP dispatches in fp8 (forward dispatch and the backward of combine; combine stays bf16: report
+    §3.3.3). The busiest rank carries ``moe_imbalance`` × the mean."""
+    eff = cluster.efficiency
+    k, h = model.moe_top_k, model.hidden_size
+    place = place_group(ep, stride, cluster)
+    d, n = place.n_outer, place.n_inner
+    domains = d * (1 - (1 - 1 / d) ** k)
+    g, mg = model.arch.router.num_groups, model.arch.router.group_top_k
+    if g and mg and d > 1 and g % d == 0:
+        per = g // d
+        domains = min(domains, d * (1 - math.comb(g - per, mg) / math.comb(g, mg)))
+    remote = domains * (d - 1) / d
+    deepep = eff.moe_dispatcher == "deepep"
+    fp8 = job.precision == "fp8" and deepep
+    elem = [FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0, FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0]
+    tok = local_tokens * h * eff.moe_imbalance
+    bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * eff.link_bus
+    bw_out = cluster.inter_node_gbps / 8 * 1e9 * eff.nic_bus
+    lat = (n - 1) * cluster.gpu.link_latency_us * 1e-6 + (d - 1) * cluster.gpu.nic_latency_us * 1e-6
+    total_s = total_b = 0.0
+    for b in elem:
+        if d == 1:
+            nic, nvl = 0.0, tok * k * (ep - 1) / ep * b
+        elif deepep:
+            nic, nvl = tok * remote * b, tok * k * (1 - 1 / n) * b
+        else:
+            nic, nvl = tok * k * (d - 1) / d * b, tok * k * (n - 1) / ep * b
+        total_s += lat + max(nic / bw_out, nvl / bw_in)
+        total_b += nic + nvl
+    return total_s, total_b
 
 
 def model_flops_per_token(graph: LayerGraph) -> float:

@@ -101,7 +101,20 @@ FSDP2 = MemoryRuntime(
     # backward_maybe_with_nosync): the stage's bf16 parameters (2) and fp32 unsharded gradients (4) stay.
     pp_unsharded_bytes=6.0,
 )
-RUNTIMES = {"megatron": MEGATRON, "torchtitan": FSDP2, "fsdp2": FSDP2}
+# DeepSeek-V3's own framework (HAI-LLM), as its report states it; used to check the published 2048-H800 layout.
+DEEPSEEK = MemoryRuntime(
+    name="deepseek", weight_bytes=2.0, grad_bytes=4.0,  # bf16 weights, fp32 gradient accumulation (§3.3.3)
+    optimizer_bytes=8.0,  # fp32 master weights, Adam moments in bf16 ("Low-Precision Optimizer States", §3.3.3)
+    loss_bytes_per_logit=6.0,
+    fp8_saved_bytes=1.0,  # activations cached in fp8 for the Linear backward (§3.3.3)
+    # "Recomputation of RMSNorm and MLA Up-Projection" (§3.2.3) and the MoE SwiGLU: its input cached in fp8, its
+    # output recomputed (§3.3.3): what `selective` means in this runtime.
+    selective="cheap",
+    gathered_unit_bytes=4.0, pp_unsharded_bytes=0.0,
+)
+RUNTIMES = {"megatron": MEGATRON, "torchtitan": FSDP2, "fsdp2": FSDP2, "deepseek": DEEPSEEK}
+# Outputs of the layer's norms (opgraph names): recomputed, not kept, under the "cheap" policy.
+_NORM_OUTPUTS = frozenset({"attn_in", "mlp_in", "q_c", "kv_c", "head_in"})
 
 
 def memory_runtime(target: str | None) -> MemoryRuntime:
@@ -218,9 +231,14 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Memo
     tokens = par.micro_batch_size * job.seq_len / par.cp
     fp8 = job.precision == "fp8"
     total = 0.0
+    cheap = par.recompute == "selective" and runtime.selective == "cheap"
     for s in op.saved:
         if par.recompute == "selective" and op.kind == "attention" and s.tensor not in op.inputs:
             continue
+        if cheap and (s.tensor in _NORM_OUTPUTS or op.kind == "attention"):
+            continue  # recomputed: norm outputs; q, k, v from MLA's saved latents (the up-projections)
+        if cheap and op.kind in ("matmul", "experts") and s.tensor.endswith("_act"):
+            continue  # SwiGLU output: recomputed from its cached input
         div = t if (s.split == "tp" or sp) else 1
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
@@ -229,6 +247,8 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Memo
             b *= runtime.loss_bytes_per_logit / MEGATRON.loss_bytes_per_logit
         elif fp8 and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
             b *= runtime.fp8_saved_bytes / 2.0
+        elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
+            b *= runtime.fp8_saved_bytes / 2.0  # SwiGLU input cached in fp8
         total += b * tokens / div
     return total
 

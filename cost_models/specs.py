@@ -326,6 +326,12 @@ class Efficiency(_Frozen):
         "cost by their HBM traffic (0 in the catalog: norms, element-wise ops, softmax, loss and fp8 casts are "
         "costed by bytes / (HBM bandwidth × hbm_bus))"
     )
+    moe_dispatcher: Literal["alltoall", "deepep"] = Field(
+        default="alltoall", description="MoE token dispatch: 'alltoall' sends every routed copy (Megatron's "
+        "alltoall dispatcher); 'deepep' sends a token once per remote node and forwards it over NVLink, in fp8 "
+        "under fp8 training (DeepEP, DeepSeek-V3 report §3.2.2, §3.3.3), on SMs taken from compute")
+    moe_a2a_overlap: bool = Field(default=False, description="EP all-to-all overlapped with another micro-batch's "
+                                  "compute (Megatron-Core --overlap-moe-expert-parallel-comm; always with DualPipe)")
     moe_imbalance: float = Field(
         default=1.15, ge=1, description="MoE load imbalance ρ: busiest / average expert-rank tokens (COST_MODEL §4)"
     )
