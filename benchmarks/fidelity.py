@@ -48,9 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autoplan.calibrate import (DEFAULT_FIT_FIELDS, MeasuredRun, ResolvedRun, fit, leave_one_out,  # noqa: E402
-                                resolve_run)
-from autoplan.catalog.registry import efficiency_catalog  # noqa: E402
+from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
+                                fit, leave_one_out, resolve_run)
+from autoplan.catalog.registry import efficiency_catalog, framework_efficiency  # noqa: E402
+from cost_models.specs import Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -139,6 +140,7 @@ class Row:
     measured_mfu: float | None
     predicted_mfu: float
     loo_error: float | None = None
+    logo_error: float | None = None
 
     @property
     def error(self) -> float:
@@ -151,26 +153,38 @@ def _measured_mfu(case: dict[str, Any], pred_mfu: float, pred_s: float) -> float
     return pred_mfu * pred_s / case["measured"]["step_time_s"]
 
 
-def evaluate(with_loo: bool = True) -> list[Row]:
+def evaluate(with_loo: bool = True, with_logo: bool | None = None) -> list[Row]:
+    """In-sample rows; ``with_loo``: leave-one-out within each generation's Megatron-Core runs;
+    ``with_logo`` (default: as ``with_loo``): leave-one-group-out over every run (``leave_one_group_out``)."""
     runs = published_runs()
     rows = []
     for case, run in runs:
-        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel)
+        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target)
         rows.append(Row(case["id"], case["group"], run.cluster.gpu.generation, run.measured_step_time_s,
                         pred.step_time_s, _measured_mfu(case, pred.mfu, pred.step_time_s), pred.mfu))
     if with_loo:
         by_gen: dict[str, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
-            by_gen[r.generation].append(i)
+            if runs[i][1].target == "megatron":
+                by_gen[r.generation].append(i)
         for idx in by_gen.values():
             errs = leave_one_out([runs[i][1] for i in idx], prior_weight=0.0)  # as the catalog fit
             for i, e in zip(idx, errs):
                 rows[i].loo_error = e
+    if with_loo if with_logo is None else with_logo:
+        logo = leave_one_group_out(runs)
+        for r in rows:
+            r.logo_error = logo[r.id]
     return rows
 
 
 def summarize(rows: list[Row], key: str) -> list[tuple[str, int, float, float, str, float | None]]:
     """(name, n, MAPE, worst |error|, worst id, LOO MAPE) per ``key`` (group / generation / all)."""
+    return [x[:6] for x in summarize_logo(rows, key)]
+
+
+def summarize_logo(rows: list[Row], key: str) -> list[tuple[Any, ...]]:
+    """``summarize`` + (LOGO MAPE, LOGO worst |error|, LOGO worst id)."""
     groups: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         groups["all" if key == "all" else getattr(r, key)].append(r)
@@ -178,24 +192,34 @@ def summarize(rows: list[Row], key: str) -> list[tuple[str, int, float, float, s
     for name, rs in groups.items():
         worst = max(rs, key=lambda r: abs(r.error))
         loo = [abs(r.loo_error) for r in rs if r.loo_error is not None]
+        lg = [r for r in rs if r.logo_error is not None]
+        lw = max(lg, key=lambda r: abs(r.logo_error or 0.0)) if lg else None
         out.append((name, len(rs), sum(abs(r.error) for r in rs) / len(rs), abs(worst.error), worst.id,
-                    sum(loo) / len(loo) if loo else None))
+                    sum(loo) / len(loo) if loo else None,
+                    sum(abs(r.logo_error or 0.0) for r in lg) / len(lg) if lg else None,
+                    abs(lw.logo_error or 0.0) if lw else None, lw.id if lw else None))
     return out
 
 
 def render(rows: list[Row]) -> str:
-    lines = ["| case | group | gen | measured s | predicted s | error | MFU meas | MFU pred | LOO error |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| case | group | gen | measured s | predicted s | error | MFU meas | MFU pred | LOO error | LOGO error |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         loo = f"{r.loo_error:+.1%}" if r.loo_error is not None else "-"
+        logo = f"{r.logo_error:+.1%}" if r.logo_error is not None else "-"
         mm = f"{r.measured_mfu:.3f}" if r.measured_mfu is not None else "-"
         lines.append(f"| {r.id} | {r.group} | {r.generation} | {r.measured_s:.3f} | {r.predicted_s:.3f} | "
-                     f"{r.error:+.1%} | {mm} | {r.predicted_mfu:.3f} | {loo} |")
-    lines += ["", "| scope | n | MAPE | worst abs error | worst case | LOO MAPE |", "|---|---:|---:|---:|---|---:|"]
+                     f"{r.error:+.1%} | {mm} | {r.predicted_mfu:.3f} | {loo} | {logo} |")
+    lines += ["", "In-sample: the catalog (one parameter set per generation, one per framework). LOO: refit without "
+              "the run (Megatron-Core runs, per generation). LOGO: refit without the run's whole group (source) and "
+              "predict it — the honest number.", "",
+              "| scope | n | MAPE | worst abs error | worst case | LOO MAPE | LOGO MAPE | LOGO worst | LOGO worst case |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for key in ("group", "generation", "all"):
-        for name, n, mape, worst, wid, loo in summarize(rows, key):
-            loo_s = f"{loo:.1%}" if loo is not None else "-"
-            lines.append(f"| {key}: {name} | {n} | {mape:.1%} | {worst:.1%} | {wid} | {loo_s} |")
+        for name, n, mape, worst, wid, loo, lmape, lworst, lwid in summarize_logo(rows, key):
+            f = (lambda v: f"{v:.1%}" if v is not None else "-")
+            lines.append(f"| {key}: {name} | {n} | {mape:.1%} | {worst:.1%} | {wid} | {f(loo)} | {f(lmape)} | "
+                         f"{f(lworst)} | {lwid or '-'} |")
     return "\n".join(lines)
 
 
@@ -330,20 +354,70 @@ def render_deepseek() -> str:
             f"{pred.peak_reserved_gib:.1f}) of 80: {'fits' if pred.fits else 'DOES NOT FIT'}")
 
 
-def fit_catalog(fields: tuple[str, ...] = DEFAULT_FIT_FIELDS, prior_weight: float = 0.0) -> dict[str, dict[str, float]]:
-    """Refit each generation's parameters on all its published runs (how the catalog values were made): pure
-    bounded least squares (no pull toward the current catalog, so the result does not depend on it), from the
-    current catalog values as the starting point."""
-    runs = published_runs()
-    by_gen: dict[str, list[ResolvedRun]] = defaultdict(list)
-    for _, r in runs:
-        by_gen[r.cluster.gpu.generation].append(r)
-    out = {}
-    for gen, rs in by_gen.items():
-        res = fit(rs, efficiency_catalog()[gen], fields, prior_weight=prior_weight)
-        out[gen] = {n: round(getattr(res.efficiency, n), 4) for n in res.fitted}
-        print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
-              f"{res.at_bound}", file=sys.stderr)
+Params = tuple[dict[str, Efficiency], dict[str, dict[str, Any]]]
+
+
+def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = None,
+               fw_starts: dict[str, dict[str, Any]] | None = None, quiet: bool = True,
+               also_gens: set[str] | None = None) -> Params:
+    """One set of physical parameters per GPU generation and one per framework, as the catalog is made: each
+    generation's ``DEFAULT_FIT_FIELDS`` by pure bounded least squares on its Megatron-Core runs (the reference
+    stack), then each other framework's ``FRAMEWORK_FIT_FIELDS`` on that framework's runs with the generation
+    held. A generation without reference runs takes another generation's fit; a framework without runs takes
+    no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from."""
+    starts = starts or efficiency_catalog()
+    fw_starts = fw_starts if fw_starts is not None else {f: framework_efficiency(f) for f in ("torchtitan",)}
+    gen_eff: dict[str, Efficiency] = {}
+    gens = sorted({r.cluster.gpu.generation for r in runs} | (also_gens or set()), key=lambda g: (g != "hopper", g))
+    for gen in gens:
+        ref = [r for r in runs if r.cluster.gpu.generation == gen and r.target == "megatron"]
+        if ref:
+            res = fit(ref, starts[gen], DEFAULT_FIT_FIELDS, prior_weight=0.0)
+            gen_eff[gen] = res.efficiency
+            if not quiet:
+                print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
+                      f"{res.at_bound}", file=sys.stderr)
+    for gen in gens:
+        if gen not in gen_eff:  # no reference run of this generation: the other generation's physics
+            other = next(iter(gen_eff.values()), starts[gen])
+            gen_eff[gen] = starts[gen].model_copy(update={n: getattr(other, n) for n in DEFAULT_FIT_FIELDS})
+    fw: dict[str, dict[str, Any]] = {}
+    for f in sorted({r.target for r in runs} - {"megatron"}):
+        fr = [r for r in runs if r.target == f]
+        gen = fr[0].cluster.gpu.generation
+        start = gen_eff[gen].model_copy(update=fw_starts.get(f, {}))
+        res = fit(fr, start, FRAMEWORK_FIT_FIELDS, prior_weight=0.0)
+        fw[f] = {n: getattr(res.efficiency, n) for n in FRAMEWORK_FIT_FIELDS}
+        if not quiet:
+            print(f"# framework {f}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at "
+                  f"bound {res.at_bound}", file=sys.stderr)
+    return gen_eff, fw
+
+
+def predict_with(run: ResolvedRun, params: Params) -> float:
+    gen_eff, fw = params
+    eff = gen_eff[run.cluster.gpu.generation].model_copy(update=fw.get(run.target, {}))
+    return run.predict(eff)
+
+
+def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[str, float]:
+    """Case id → signed error when its whole group (source) is left out of the fit (``fit_params``)."""
+    out: dict[str, float] = {}
+    for g in sorted({c["group"] for c, _ in runs}):
+        train = [r for c, r in runs if c["group"] != g]
+        # no start from the catalog's own fit of the held-out framework
+        params = fit_params(train, fw_starts={}, also_gens={r.cluster.gpu.generation for _, r in runs})
+        for c, r in runs:
+            if c["group"] == g:
+                out[c["id"]] = predict_with(r, params) / r.measured_step_time_s - 1.0
+    return out
+
+
+def fit_catalog() -> dict[str, dict[str, float]]:
+    """Refit the catalog (how its [fit] values were made): ``fit_params`` on every published run."""
+    gen_eff, fw = fit_params([r for _, r in published_runs()], quiet=False)
+    out = {g: {n: round(getattr(e, n), 4) for n in DEFAULT_FIT_FIELDS} for g, e in gen_eff.items()}
+    out.update({f"framework {f}": {n: round(float(v), 4) for n, v in vals.items()} for f, vals in fw.items()})
     return out
 
 
@@ -367,7 +441,7 @@ def export_runs(folder: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "out", help="folder for fidelity.svg / fidelity.md")
-    ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out refits")
+    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out and leave-one-group-out refits")
     ap.add_argument("--fit", action="store_true", help="refit catalog parameters per generation and print them")
     ap.add_argument("--export-runs", type=Path, metavar="DIR",
                     help="write the published runs as `autoplan calibrate` run files, one per GPU (DIR/<gpu>.jsonl)")
@@ -378,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         import yaml
 
-        print(yaml.safe_dump(fit_catalog(), sort_keys=False))
+        print(yaml.safe_dump(fit_catalog(), sort_keys=False))  # gpus.yaml efficiency / frameworks
         return 0
     rows = evaluate(with_loo=not args.no_loo)
     table = render(rows) + "\n\nPeak memory vs published figures (cost_models.memory, target torchtitan):\n\n"

@@ -45,7 +45,6 @@ def test_all_published_cases_are_predicted(rows) -> None:  # type: ignore[no-unt
 
 
 def test_mape_and_worst_case(rows) -> None:  # type: ignore[no-untyped-def]
-    rows = [r for r in rows if not r.group.startswith("torchtitan")]
     errors = [abs(r.error) for r in rows]
     assert sum(errors) / len(errors) <= 0.08
     assert max(errors) <= 0.20
@@ -117,21 +116,40 @@ def test_export_runs_round_trip(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_catalog_is_the_fit_of_the_published_runs() -> None:
     """gpus.yaml's [fit] values are the fixed point of `fidelity.py --fit` (to the precision written there)."""
+    from autoplan.catalog.registry import framework_efficiency
+
     fitted = fidelity.fit_catalog()
     catalog = efficiency_catalog()
+    assert "framework torchtitan" in fitted
     for gen, values in fitted.items():
+        have = (framework_efficiency(gen.split()[1]) if gen.startswith("framework ")
+                else {n: getattr(catalog[gen], n) for n in values})
         for name, value in values.items():
-            if name == "tp_overlap" and getattr(catalog[gen], name) >= 0.94 and value >= 0.94:
+            if name == "tp_overlap" and have[name] >= 0.94 and value >= 0.94:
                 continue  # a plateau: every value ≥ 0.94 leaves only the 1/(2t) floor exposed
-            assert getattr(catalog[gen], name) == pytest.approx(value, rel=0.01, abs=1e-3), (gen, name)
+            assert have[name] == pytest.approx(value, rel=0.01, abs=1e-3), (gen, name)
 
 
 @pytest.mark.slow
 def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
-    rows = fidelity.evaluate(with_loo=True)
-    loo = [abs(r.loo_error) for r in rows]
+    rows = fidelity.evaluate(with_loo=True, with_logo=False)
+    loo = [abs(r.loo_error) for r in rows if r.loo_error is not None]
+    assert len(loo) == 25  # the Megatron-Core runs
     assert sum(loo) / len(loo) <= 0.08
     assert max(loo) <= 0.20
+
+
+@pytest.mark.slow
+def test_leave_one_group_out_error() -> None:
+    """Fit without a whole source, predict it. Issue #12's target (≤ 10%, no run worse than 25%) is NOT met
+    (17.9%, worst 64%: a held-out generation or framework has nothing left to fit its parameters on); this
+    guards the measured level against regressions."""
+    rows = fidelity.evaluate(with_loo=False, with_logo=True)
+    logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
+    assert len(logo) == len(rows)
+    assert sum(logo) / len(logo) <= 0.20
+    table = fidelity.render(rows)
+    assert "LOGO MAPE" in table
 
 
 def test_memory_against_published_peaks() -> None:
