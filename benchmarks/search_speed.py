@@ -7,7 +7,11 @@ same space (every layout × every layer split ``ParallelConfig`` can express, ea
 otherwise its time is extrapolated from a timed random sample of points (marked ``~``). Prints; never
 asserts on time.
 
-    python benchmarks/search_speed.py [--exhaustive-budget 60] [--sample 300] [--cases 8b,70b]
+    python benchmarks/search_speed.py [--exhaustive-budget 60] [--sample 300] [--cases 8b,70b] [--targets megatron,any]
+                                      [--no-exhaustive]
+
+Each row also gives the intra-op ILP solves and cache hits the search ran, and the 1-minute load average when
+the row was measured (the machine may be shared: compare CPU seconds, and ratios within one run).
 """
 
 from __future__ import annotations
@@ -37,18 +41,19 @@ from search.space import Tally, enumerate_layouts  # noqa: E402
 # (key, model, gpu, gpus, seq_len, target seconds)
 CASES = [
     ("70b", "llama3-70b", "h100-sxm", 1024, 8192, 2.0),
-    ("405b", "llama3-405b", "h100-sxm", 16384, 8192, 5.0),
-    ("dsv3", "deepseek-v3", "h800", 2048, 8192, 10.0),
+    ("405b", "llama3-405b", "h100-sxm", 16384, 8192, 3.0),
+    ("dsv3", "deepseek-v3", "h800", 2048, 8192, 3.0),
+    ("131k-gpus", "llama3-405b", "h100-sxm", 131072, 8192, 5.0),
     ("mixtral", "mixtral-8x22b", "h100-sxm", 256, 8192, 5.0),
     ("8b", "llama3-8b", "h100-sxm", 8, 8192, 1.0),
     ("405b-128k", "llama3-405b", "h100-sxm", 16384, 131072, 10.0),
 ]
 
 
-def cli_time(model: str, gpu: str, gpus: int, seq: int) -> tuple[float, float, dict]:
+def cli_time(model: str, gpu: str, gpus: int, seq: int, target: str = "megatron") -> tuple[float, float, dict]:
     """(wall s, CPU s of the child, its JSON). CPU time is what the wall time would be on idle cores."""
     cmd = [sys.executable, "-m", "autoplan.cli", "search", "--model", model, "--gpus", str(gpus), "--gpu", gpu,
-           "--seq-len", str(seq), "--format", "json"]
+           "--seq-len", str(seq), "--format", "json", "--target", target]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -114,30 +119,38 @@ def main() -> None:
     ap.add_argument("--exhaustive-budget", type=float, default=60.0)
     ap.add_argument("--sample", type=int, default=300)
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    ap.add_argument("--targets", default="megatron", help="comma-separated: megatron,torchtitan,any")
+    ap.add_argument("--no-exhaustive", action="store_true", help="time the planner only")
     args = ap.parse_args()
     keys = args.cases.split(",")
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs at start")
-    hdr = (f"{'case':<34} {'target':>6} {'cli wall s':>10} {'cli cpu s':>9} {'planner s':>9} {'layouts':>7} {'scored':>6} "
-           f"{'exhaustive s':>13} {'points':>9} {'ratio':>9} {'same best':>10}")
+    hdr = (f"{'case':<34} {'target':>10} {'goal s':>6} {'cli wall s':>10} {'cli cpu s':>9} {'planner s':>9} "
+           f"{'layouts':>7} {'scored':>6} {'ILP solves':>10} {'hits':>5} {'load':>5} {'exhaustive s':>13} "
+           f"{'points':>9} {'ratio':>9} {'same best':>10}")
     print(hdr)
     print("-" * len(hdr))
-    for key, model, gpu, gpus, seq, target in CASES:
+    for (key, model, gpu, gpus, seq, goal), target in itertools.product(CASES, args.targets.split(",")):
         if key not in keys:
             continue
-        wall, cpu, out = cli_time(model, gpu, gpus, seq)
+        wall, cpu, out = cli_time(model, gpu, gpus, seq, target)
         label = f"{model}@{gpus} {gpu}" + (f" s={seq}" if seq != 8192 else "")
         if "error" in out:
-            print(f"{label:<34} {target:>6.0f} {wall:>10.2f}  search failed: {out['error']}")
+            print(f"{label:<34} {target:>10} {goal:>6.0f} {wall:>10.2f}  search failed: {out['error']}")
             continue
         s = out["search"]
         best = out["plans"][0]["prediction"]["composite_cost"] if out["plans"] else None
-        ex, npts, same = exhaustive_time(model, gpu, gpus, seq, args.exhaustive_budget, args.sample, best)
-        ex_s = float(ex.lstrip("~").replace(",", ""))
-        print(f"{label:<34} {target:>6.0f} {wall:>10.2f} {cpu:>9.2f} {s['wall_time_s']:>9.2f} {s['candidates']:>7} "
-              f"{s['evaluated']:>6} {ex:>13} {npts:>9,} {ex_s / wall:>8,.0f}x {same:>10}")
+        if args.no_exhaustive or target != "megatron":
+            ex, npts, same, ratio = "-", 0, "-", "-"
+        else:
+            ex, npts, same = exhaustive_time(model, gpu, gpus, seq, args.exhaustive_budget, args.sample, best)
+            ratio = f"{float(ex.lstrip('~').replace(',', '')) / wall:,.0f}x"
+        print(f"{label:<34} {target:>10} {goal:>6.0f} {wall:>10.2f} {cpu:>9.2f} {s['wall_time_s']:>9.2f} "
+              f"{s['candidates']:>7} {s['evaluated']:>6} {s.get('ilp_solves', 0):>10} {s.get('ilp_cache_hits', 0):>5} "
+              f"{os.getloadavg()[0]:>5.1f} {ex:>13} {npts:>9,} {ratio:>9} {same:>10}")
     print("\ncli wall s: fresh `autoplan search --format json` process, imports included; cli cpu s: its CPU time "
-          "(the wall time on idle cores); planner s: search() alone; ratio = exhaustive / cli wall.")
+          "(the wall time on idle cores); planner s: search() alone; load: 1-minute load average after the row; "
+          "ratio = exhaustive / cli wall.")
 
 
 if __name__ == "__main__":

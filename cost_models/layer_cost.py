@@ -274,6 +274,25 @@ def tp_collectives(role: TpRole, sequence_parallel: bool,
     return (("all_reduce", "fwd", fwd),)
 
 
+def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
+                      sequence_parallel: bool) -> list[tuple[float, float]]:
+    """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
+    without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor, × the share
+    TP-comm overlap leaves exposed."""
+    t = par.tp
+    fraction = tp_exposed_fraction(t, cluster.efficiency)
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    out = []
+    for tensor, role in tp_boundaries(graph):
+        payload = 2.0 * tokens * graph.tensors[tensor].width
+        seconds = nbytes = 0.0
+        for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
+            seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * fraction
+            nbytes += calls * bytes_sent_per_rank(kind, payload, t)
+        out.append((seconds, nbytes))
+    return out
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
@@ -285,12 +304,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in ("dense", "moe")
     if t > 1 and is_block:
-        fraction = tp_exposed_fraction(t, cluster.efficiency)
-        for tensor, role in tp_boundaries(graph):
-            payload = 2.0 * tokens * graph.tensors[tensor].width
-            for kind, _, calls in tp_collectives(role, par.sequence_parallel, par.recompute):
-                tp_s += calls * group_collective_time_s(kind, payload, t, strides.tp, cluster) * fraction
-                tp_bytes += calls * bytes_sent_per_rank(kind, payload, t)
+        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel):
+            tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
     if graph.kind == "moe" and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep)

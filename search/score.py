@@ -26,7 +26,8 @@ import numpy as np
 
 from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import layer_cost, op_compute
+from cost_models.layer_cost import layer_cost, tp_boundary_costs
+from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
     FRAGMENTATION,
     GIB,
@@ -43,7 +44,6 @@ from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
 from search.space import Layout
-from search.strategies import SHARED_KINDS
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -143,9 +143,10 @@ class Scorer:
         """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
         from ``cost_models``' uniform pattern without solving. Where the target expresses one pattern on this
         mesh (megatron, torchtitan, tp 1, SP pinned off) the ILP's only point *is* that pattern: ``layer_cost``
-        and ``activation_bytes_per_microbatch`` exactly. Otherwise (``any``): the GEMMs and attention core,
-        which every strategy shares (weights are sharded as the layout says), and the all-SP activations,
-        which no strategy undercuts."""
+        and ``activation_bytes_per_microbatch`` exactly. Otherwise (``any``): the all-SP pattern with each TP
+        boundary's collectives at the cheaper of SP and non-SP. Every strategy shares the GEMMs, the attention
+        core, the ring and the all-to-alls' floor (weights are sharded as the layout says); sequence-sharded
+        memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0."""
         rc = recompute or lay.recompute
         key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target)
         hit = self._bounds.get(key)
@@ -159,17 +160,21 @@ class Scorer:
             if kind not in self.graphs:
                 continue
             g = self.graphs[kind]
-            if single:
-                t = layer_cost(g, self.model, self.cluster, self.job, par, 1).total_s
-            else:
-                t = sum(oc.forward_s + oc.backward_s + oc.recompute_s(rc) for oc in (
-                    op_compute(op, g, self.model, self.cluster, self.job, par) for op in g.ops if op.kind in SHARED_KINDS))
+            lc = layer_cost(g, self.model, self.cluster, self.job, par, 1)
+            t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par)
             kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par))
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par)
         head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
         out = (kinds, head_t, head_a)
         self._bounds[key] = out
         return out
+
+    def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig) -> float:
+        """Σ over the layer's TP boundaries of the cheaper of SP and non-SP (``layer_cost.tp_boundary_costs``)."""
+        if par.tp == 1:
+            return 0.0
+        on, off = (tp_boundary_costs(graph, self.cluster, self.job, par, 1, sp) for sp in (True, False))
+        return sum(min(a[0], b[0]) for a, b in zip(on, off))
 
     def param_pieces(self, tp: int, ep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-layer (dense, expert, largest) parameters one rank holds (``memory.stage_params``)."""

@@ -66,9 +66,6 @@ Phase = Literal["fwd", "bwd"]
 Role = Literal["column", "row", "none"]
 
 MATMUL_KINDS = ("matmul", "experts", "router")
-# Ops every strategy of a target prices alike (GEMMs keep the layout's weight sharding; attention is head-sharded,
-# routed experts run expert-TP 1): their cost is a lower bound on any strategy choice (``Scorer.bound_pieces``).
-SHARED_KINDS = ("matmul", "router", "experts", "attention")
 EXPERT_KINDS = ("dispatch", "experts", "combine")
 _FEATURE_KINDS = ("q", "kv", "ffn", "expert_ffn", "vocab", "router")
 SP_MODES = frozenset({"S", "seq", "col_sp", "row_sp", "vocab_sp"})
