@@ -54,6 +54,8 @@ def cli_time(model: str, gpu: str, gpus: int, seq: int, target: str = "megatron"
     """(wall s, CPU s of the child, its JSON). CPU time is what the wall time would be on idle cores."""
     cmd = [sys.executable, "-m", "autoplan.cli", "search", "--model", model, "--gpus", str(gpus), "--gpu", gpu,
            "--seq-len", str(seq), "--format", "json", "--target", target]
+    if gpus >= 65536:  # 1024 sequences cannot feed that many GPUs: a batch that can (16 per 1024 GPUs)
+        cmd += ["--global-batch-size", str(gpus // 64)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
