@@ -128,7 +128,10 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form)."""
     t0 = time.perf_counter()
     method = backend
-    if backend == "auto" and _n_assignments(problem) <= ENUMERATE_UP_TO:
+    separable = _separable_optimum(problem) if backend == "auto" else None
+    if separable is not None:
+        sol, method = separable, "separable"
+    elif backend == "auto" and _n_assignments(problem) <= ENUMERATE_UP_TO:
         sol, method = _enumerate(problem, tie_break_memory), "enumeration"
     elif backend == "auto":
         lp, tie_done = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
@@ -157,6 +160,24 @@ def _n_assignments(problem: IlpProblem) -> int:
         if n > ENUMERATE_UP_TO:
             break
     return n
+
+
+def _separable_optimum(problem: IlpProblem) -> IlpSolution | None:
+    """Exact when it answers: Σ_v min_s c_vs is a lower bound on (1)–(6) (edges cost ≥ 0). Take every node's
+    cheapest strategy (least memory among equals, then the first); if that assignment is feasible and crosses
+    no costly edge it attains the bound, so it is optimal, and no other optimum holds less memory (each must
+    also sit at every node's minimum cost). None when the bound is not attained."""
+    choice = []
+    for c, m in zip(problem.node_cost, problem.node_mem):
+        best = int(np.lexsort((np.arange(c.size), m, c))[0])
+        choice.append(best)
+    choice_t = tuple(choice)
+    if any(e.cost[e.u_class[choice_t[e.u]], e.v_class[choice_t[e.v]]] > 0 for e in problem.edges):
+        return None
+    if not problem.feasible(choice_t):
+        return None
+    obj, mem = problem.evaluate(choice_t)
+    return IlpSolution("optimal", choice_t, obj, mem, 0.0, 0)
 
 
 def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
