@@ -31,7 +31,9 @@ def describe_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> str:
             f"{job.seq_len} tokens, {job.precision}")
 
 
-def render_prediction(pred: Prediction) -> str:
+def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
+    """The table view of a prediction; with fp8 the MFU line says its basis (the bf16 peak, as Megatron
+    and the PaLM/MFU convention count it)."""
     t = pred.time
     comm = ", ".join(f"{k} {v:.3f}" for k, v in t.exposed_comm_s.items() if v > 0) or "none"
     mem = ", ".join(f"{k} {v:.1f}" for k, v in pred.memory_gib.items()
@@ -39,10 +41,11 @@ def render_prediction(pred: Prediction) -> str:
     vol = ", ".join(f"{k} {v:.2f}" for k, v in pred.comm_volume_gib.items() if v > 0) or "none"
     fit = "fits" if pred.fits else f"DOES NOT FIT: {pred.over_memory_gib:.1f} GiB over"
     return "\n".join([
-        f"  step time        {pred.step_time_s:.3f} s   ({pred.num_microbatches} micro-batches, "
+        f"  step time        {pred.step_time_s:.3f} s   ({_plural(pred.num_microbatches, 'micro-batch', 'es')}, "
         f"layers per stage {_stages(pred.layers_per_stage)})",
         f"  throughput       {pred.tokens_per_s:,.0f} tokens/s  ({pred.tokens_per_s_per_gpu:,.0f} per GPU)",
-        f"  MFU              {pred.mfu * 100:.1f}%  ({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
+        f"  MFU              {pred.mfu * 100:.1f}%{' of the bf16 peak' if precision == 'fp8' else ''}  "
+        f"({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"  time breakdown   compute {t.compute_s:.3f} s, recompute {t.recompute_s:.3f} s, "
         f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s",
         f"  exposed comm     {comm} (s)",
@@ -54,6 +57,10 @@ def render_prediction(pred: Prediction) -> str:
     ])
 
 
+def _plural(n: int, word: str, suffix: str = "s") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}{suffix}"
+
+
 def _stages(layers: list[int]) -> str:
     if len(set(layers)) == 1:
         return f"{layers[0]} x {len(layers)}"
@@ -61,9 +68,9 @@ def _stages(layers: list[int]) -> str:
 
 
 # ---- search results ------------------------------------------------------------------------------
-def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str) -> str:
+def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str, precision: str = "bf16") -> str:
     """One ranked plan: degrees and schedule, the prediction (with memory breakdown), and why it ranks here."""
-    return "\n".join([f"#{rank}  {describe_parallel(par, pred.dp)}", render_prediction(pred),
+    return "\n".join([f"#{rank}  {describe_parallel(par, pred.dp)}", render_prediction(pred, precision),
                       f"  why              {explanation}"])
 
 

@@ -209,11 +209,23 @@ class SearchStats(_Strict):
     ilp_cache_hits: int = Field(default=0, description="layer requests answered from the ILP cache")
 
 
+class EmitReport(_Strict):
+    """What ``search --emit DIR`` wrote for plan #1 (or why it could not)."""
+
+    target: str = Field(description="the framework the files are for")
+    dir: str
+    files: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="where the target cannot follow the plan exactly "
+                             "(what the emitter changed)")
+    error: str | None = Field(default=None, description="why nothing was written (the search result stands)")
+
+
 class SearchResult(_Response):
     """The ``search`` response (``autoplan search --format json``): plans best first."""
 
     plans: list[Plan]
     search: SearchStats
+    emitted: EmitReport | None = Field(default=None, description="search --emit only")
 
 
 class BatchLine(_Strict):

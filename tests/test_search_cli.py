@@ -102,7 +102,7 @@ def test_progress_appears_only_after_the_delay(capsys) -> None:  # type: ignore[
     loud(5, 10)
     loud(10, 10)
     loud.close()
-    assert "searching" in capsys.readouterr().err
+    assert "scoring" in capsys.readouterr().err
 
 
 def test_plans_carry_the_ilp_op_shardings_and_solve_counts() -> None:

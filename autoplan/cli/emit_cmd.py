@@ -15,7 +15,9 @@ import click
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import cluster_flags, cluster_request, job_options, job_spec, stack, user_errors
-from autoplan.emit import TARGETS, EmitPlan, load_plan, write_plan
+from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
+from autoplan.errors import InfeasibleError
+from autoplan.inputs import strict
 from cost_models.specs import ParallelConfig
 
 # The same flags as `estimate`, optional here because --plan is the other way in.
@@ -49,7 +51,7 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
     from autoplan.request import resolve
 
     cluster_req, job = cluster_request(kw), job_spec(kw)
-    par = ParallelConfig(**degrees)
+    par = strict(ParallelConfig, degrees, "parallel")
     model_spec, cluster, job = resolve(model, cluster_req, job)
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par)
 
@@ -58,11 +60,27 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
 @target_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="output folder")
 @plan_inputs
+@click.option("--allow-over-memory", is_flag=True, default=False,
+              help="write a layout the cost model says does not fit in GPU memory (marked in README.txt)")
 @user_errors
-def emit_cmd(target: str, out_dir: str, **kw: Any) -> None:
-    """Write the launch configuration of a plan for Megatron-LM, torchtitan or FSDP2."""
+def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> None:
+    """Write the launch configuration of a plan for Megatron-LM, torchtitan or FSDP2.
+
+    The layout is priced first (as `autoplan estimate` would); one that does not fit in GPU memory is
+    refused (exit 3) unless --allow-over-memory, which writes it with a warning in README.txt."""
     plan = resolve_plan(kw)
+    check_emittable(plan, target)  # type: ignore[arg-type]
+    pred = price(plan)
+    if not pred.fits:
+        if not allow_over_memory:
+            raise InfeasibleError(over_memory_message(plan, pred),
+                                  hint="Pin other degrees, or run `autoplan search` for a layout that fits "
+                                       "(--allow-over-memory writes it anyway)")
+        click.echo(f"warning: {over_memory_message(plan, pred)}; writing it anyway (--allow-over-memory)", err=True)
     result = write_plan(plan, target, out_dir)  # type: ignore[arg-type]
+    click.echo(f"predicted: step {pred.step_time_s:.3f} s, MFU {pred.mfu:.1%}, peak memory "
+               f"{pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.0f} GiB "
+               f"({'fits' if pred.fits else 'DOES NOT FIT'})")
     click.echo(f"wrote {len(result.files)} files for {target} to {out_dir}:")
     for name in sorted(result.files):
         click.echo(f"  {Path(out_dir) / name}")

@@ -84,6 +84,6 @@ def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     specs = api.resolve(request)
     click.echo(describe_job(specs.model, specs.cluster, specs.job))
     click.echo(f"plan: {describe_parallel(result.parallel, result.prediction.dp)}")
-    click.echo(render_prediction(result.prediction))
+    click.echo(render_prediction(result.prediction, specs.job.precision))
     if result.goodput is not None:
         click.echo(render_goodput(result.goodput))

@@ -14,10 +14,10 @@ from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
-                                  model_option, request_from_file, request_option, user_errors)
+                                  fail, model_option, request_from_file, request_option, user_errors)
 from autoplan.errors import ConfigError
 from autoplan.report import describe_job, render_plan, render_search_stats
-from autoplan.schema import SearchRequest, validate_request
+from autoplan.schema import EmitReport, SearchRequest, validate_request
 
 
 class _Progress:
@@ -32,10 +32,11 @@ class _Progress:
     def __call__(self, done: int, total: int) -> None:
         if time.perf_counter() - self.start < self.delay_s:
             return
+        # ``total`` counts the layouts whose memory lower bound fits (the result's "searched" counts all)
         if self.tty:
-            click.echo(f"\rsearching: {done}/{total} layouts by bound", nl=False, err=True)
+            click.echo(f"\rscoring: {done}/{total} layouts that may fit in memory", nl=False, err=True)
         elif not self.shown:
-            click.echo(f"searching {total} layouts ...", err=True)
+            click.echo(f"scoring {total} layouts that may fit in memory ...", err=True)
         self.shown = True
 
     def close(self) -> None:
@@ -43,27 +44,19 @@ class _Progress:
             click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
 
 
-def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], target: str) -> list[str]:
-    try:
-        from autoplan.emit import write_emitted
-    except ImportError as err:  # pragma: no cover - emitters ship with the package
-        raise ConfigError(f"--emit: emitters not available ({err})") from None
+def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], target: str) -> EmitReport:
+    """Write plan #1's launch files; a failure is reported in the result (the search result stands)."""
+    from autoplan.emit import EmitPlan, emittable_targets, write_plan
+
+    plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel)
     emit_target = target
     if target == "any":  # the first framework that runs the plan as is
-        from autoplan.emit import EmitPlan, check_emittable
-
-        plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel)
-        for candidate in ("megatron", "torchtitan", "fsdp2"):
-            try:
-                check_emittable(plan, candidate)  # type: ignore[arg-type]
-            except ConfigError:
-                continue
-            emit_target = candidate
-            break
-        else:
-            emit_target = "fsdp2"
-    written = write_emitted(model, cluster, job, plans[0].parallel, emit_target, out_dir)  # type: ignore[arg-type]
-    return [str(p) for p in written]
+        emit_target = next(iter(emittable_targets(plan)), "fsdp2")
+    try:
+        written = write_plan(plan, emit_target, out_dir)  # type: ignore[arg-type]
+    except ConfigError as err:
+        return EmitReport(target=emit_target, dir=out_dir, error=str(err))
+    return EmitReport(target=emit_target, dir=out_dir, files=sorted(written.files), notes=list(written.notes))
 
 
 @cli.command("search")
@@ -108,9 +101,14 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
         result = api.search(request, progress=progress)
     finally:
         progress.close()
-    written = _emit(emit_dir, model_spec, cluster, job, result.plans, request.target) if emit_dir else []
+    if emit_dir:
+        result = result.model_copy(update={"emitted": _emit(emit_dir, model_spec, cluster, job, result.plans,
+                                                             request.target)})
     if fmt == "json":
-        click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
+        data = result.model_dump(mode="json")
+        if data["emitted"] is None:  # fields of flags not given are left out
+            del data["emitted"]
+        click.echo(json.dumps(data, indent=2))
     else:
         stats = result.search
         click.echo(describe_job(model_spec, cluster, job))
@@ -118,8 +116,14 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
                                        stats.target))
         for p in result.plans:
             click.echo("")
-            click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation))
+            click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation, job.precision))
             if p.goodput is not None:
                 click.echo(render_goodput(p.goodput))
-    if written:
-        click.echo(f"wrote {len(written)} files for plan #1 to {emit_dir}", err=True)
+        emitted = result.emitted
+        if emitted is not None and emitted.error is None:
+            click.echo("")
+            click.echo(f"emitted plan #1 for {emitted.target} to {emitted.dir}: {', '.join(emitted.files)}")
+            for note in emitted.notes:
+                click.echo(f"  changed by the emitter: {note}")
+    if result.emitted is not None and result.emitted.error is not None:
+        fail(f"Error: --emit {emit_dir}: {result.emitted.error}", 2)

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoplan.emit.launch import pin_emit_dir
-from autoplan.emit.plan import TARGETS, EmitPlan, Target, check_emittable, load_plan, plan_from_dict
+from autoplan.emit.plan import TARGETS, EmitPlan, Target, check_emittable, emittable_targets, load_plan, plan_from_dict
+from autoplan.errors import UserInputError
+from autoplan.outputs import output_target
+from cost_models.estimate import Prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
-__all__ = ["TARGETS", "EmitPlan", "Emitted", "Target", "check_emittable", "emit", "load_plan", "plan_from_dict",
-           "write_emitted", "write_plan"]
+__all__ = ["TARGETS", "EmitPlan", "Emitted", "Target", "check_emittable", "emit", "emittable_targets", "load_plan", "over_memory_message",
+           "plan_from_dict", "price", "write_emitted", "write_plan"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,23 @@ class Emitted:
     target: str
     files: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    prediction: Prediction | None = None
+    """The cost model's price of the emitted layout (what ``autoplan estimate`` says of it)."""
+
+
+def price(plan: EmitPlan) -> Prediction:
+    """The emitted layout priced by the cost model (the target's own rules were checked by ``check_emittable``)."""
+    from cost_models.estimate import estimate
+
+    return estimate(plan.model, plan.cluster, plan.job, plan.parallel, check=False)
+
+
+def over_memory_message(plan: EmitPlan, pred: Prediction) -> str:
+    par = plan.parallel
+    return (f"the layout tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} dp={plan.dp} mbs={par.micro_batch_size} "
+            f"zero={par.zero_stage} recompute={par.recompute} does not fit: {pred.peak_memory_gib:.1f} GiB per GPU "
+            f"on stage {pred.binding_stage}, {pred.over_memory_gib:.1f} GiB over the {pred.memory_limit_gib:.0f} GiB "
+            "limit")
 
 
 def emit(plan: EmitPlan, target: Target) -> Emitted:
@@ -45,15 +65,21 @@ def emit(plan: EmitPlan, target: Target) -> Emitted:
 
         files, notes = fsdp2.fsdp2_files(plan), fsdp2.notes(plan)
     files = dict(files)
-    files["README.txt"] = _readme(plan, target, files, notes)
-    return Emitted(target=target, files=files, notes=notes)
+    pred = price(plan)
+    files["README.txt"] = _readme(plan, target, files, notes, pred)
+    return Emitted(target=target, files=files, notes=notes, prediction=pred)
 
 
-def _readme(plan: EmitPlan, target: str, files: dict[str, str], notes: list[str]) -> str:
-    lines = [f"autoplan emit --target {target}", "",
-             f"model {plan.model.name}; {plan.cluster.num_gpus} x {plan.cluster.gpu.name}; "
-             f"dp={plan.dp} tp={plan.parallel.tp} pp={plan.parallel.pp} cp={plan.parallel.cp} "
-             f"ep={plan.parallel.ep} vp={plan.parallel.vp}", "", "files:"]
+def _readme(plan: EmitPlan, target: str, files: dict[str, str], notes: list[str], pred: Prediction) -> str:
+    lines = [f"autoplan emit --target {target}", ""]
+    if not pred.fits:
+        lines += [f"WARNING: {over_memory_message(plan, pred)}. It will run out of memory; "
+                  "`autoplan search` finds layouts that fit.", ""]
+    lines += [f"model {plan.model.name}; {plan.cluster.num_gpus} x {plan.cluster.gpu.name}; "
+              f"dp={plan.dp} tp={plan.parallel.tp} pp={plan.parallel.pp} cp={plan.parallel.cp} "
+              f"ep={plan.parallel.ep} vp={plan.parallel.vp}",
+              f"predicted: step {pred.step_time_s:.3f} s, MFU {pred.mfu:.1%}, peak memory {pred.peak_memory_gib:.1f} "
+              f"/ {pred.memory_limit_gib:.0f} GiB ({'fits' if pred.fits else 'DOES NOT FIT'})", "", "files:"]
     lines += [f"  {name}" for name in sorted(files)]
     if notes:
         lines += ["", "notes:"] + [f"  - {n}" for n in notes]
@@ -66,13 +92,16 @@ def write_plan(plan: EmitPlan, target: Target, out_dir: str | Path) -> Emitted:
     """Emit ``plan`` for ``target`` into ``out_dir`` (created if needed); scripts are made executable."""
     result = emit(plan, target)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserInputError(f"cannot create output folder '{out_dir}': {err.strerror or err}") from None
     folder = str(out.resolve())
     for name, text in result.files.items():
         path = out / name
         if name.endswith((".sh", ".sbatch")):
             text = pin_emit_dir(text, folder)  # sbatch runs a spooled copy: the folder's path is written in
-        path.write_text(text)
+        output_target(str(path)).write_text(text)  # each file atomically: never half-written
         if name.endswith((".sh", ".sbatch")):
             path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return result

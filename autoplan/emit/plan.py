@@ -112,7 +112,32 @@ def load_plan(path: str | Path, index: int | None = None) -> EmitPlan:
     return plan_from_dict(_read_json(path), index, source=str(path))
 
 
+def emittable_targets(plan: EmitPlan) -> list[Target]:
+    """The targets that accept ``plan`` as it is."""
+    ok = []
+    for t in TARGETS:
+        try:
+            _check(plan, t)
+        except ConfigError:
+            continue
+        ok.append(t)
+    return ok
+
+
 def check_emittable(plan: EmitPlan, target: Target) -> None:
+    """:func:`_check`, and on a refusal the error names the targets that would take this plan."""
+    try:
+        _check(plan, target)
+    except ConfigError as err:
+        if target not in TARGETS:
+            raise
+        others = [t for t in emittable_targets(plan) if t != target]
+        where = (f"this plan can be emitted for --target {' or '.join(others)}" if others
+                 else "no target can emit this plan as it is")
+        raise type(err)(f"{err}; {where}") from None
+
+
+def _check(plan: EmitPlan, target: Target) -> None:
     """Refuse a layout the target framework would reject, with the reason it would give.
 
     The shared hard constraints live in ``cost_models.validate.check_parallel``; Megatron accepts

@@ -79,8 +79,8 @@ def titan_model(m: ModelSpec) -> TitanModel:
     kind = " (a mixture-of-experts model)" if m.is_moe else ""
     raise UnsupportedModelError(
         f"torchtitan {TORCHTITAN_03} does not ship {m.name}{kind}: autoplan emits torchtitan configs for "
-        f"the models it ships ({ships}), matched by architecture. Use --target megatron or --target fsdp2, "
-        "or register the model with torchtitan (a model package with a config_registry) first")
+        f"the models it ships ({ships}), matched by architecture. Use another --target, or register the model with "
+        "torchtitan (a model package with a config_registry) first")
 
 
 def needs_config_module(plan: EmitPlan) -> bool:
