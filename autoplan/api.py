@@ -41,7 +41,7 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, Batc
                              parse_request, validate_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.goodput import goodput
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 RequestLike = SearchRequest | EstimateRequest | Mapping[str, Any]
 Response = Estimate | SearchResult
@@ -227,7 +227,14 @@ class Engine:
         def new_scorer() -> Scorer:
             return Scorer(r.model, r.cluster, r.job)
         scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(_job_key(req), new_scorer)
-        found, goods = ranked_search(r.model, r.cluster, r.job, target=req.target, pins=req.parallel.given(),
+        pins = req.parallel.given()
+        if ({"first_stage_layers", "last_stage_layers"} & set(pins)) and "vp" not in pins:
+            pins["vp"] = 1  # uneven first/last stages need vp 1 (Megatron rule): pinning them implies it
+        if "pp" in pins and ({"first_stage_layers", "last_stage_layers"} & set(pins)):
+            from cost_models.validate import stage_layers  # a split that cannot work is a bad pin (exit 2)
+            stage_layers(r.model, ParallelConfig(**{k: pins[k] for k in ("pp", "vp", "first_stage_layers",
+                                                                          "last_stage_layers") if k in pins}))
+        found, goods = ranked_search(r.model, r.cluster, r.job, target=req.target, pins=pins,
                                      top_k=req.top, rank_by=req.rank_by, failures=req.failures, progress=progress,
                                      scorer=scorer)
         return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,

@@ -13,6 +13,21 @@ def _valid(candidates: list[int], ok) -> list[int]:  # type: ignore[no-untyped-d
     return [c for c in candidates if ok(c)]
 
 
+def nvlink_tp_refusal(t: int, cluster: ClusterSpec) -> str:
+    """Why ``tp=t`` is refused on ``cluster``'s NVLink domain. TP groups are contiguous rank blocks (Megatron's
+    rank order, tp fastest), and TP all-reduces run in every layer, so a group must sit inside one NVLink
+    domain: ``t`` must divide the domain size, or some block of ``t`` ranks straddles two domains (16 on a
+    72-GPU NVL72 rack: ranks 64-79). Groups that reduce rarely (EP, DP) may straddle and are priced so."""
+    domain, node = cluster.nvlink_domain_size, cluster.gpus_per_node
+    msg = (f"tp={t} must divide the NVLink domain of {domain} GPUs (a TP group may not straddle two domains; "
+           f"blocks of {t} ranks would)")
+    smaller = [d for d in range(domain - 1, 0, -1) if d % t == 0 and d % node == 0 and d >= t]
+    if t < domain and smaller:
+        msg += (f"; with --nvlink-domain-size {smaller[0]} (using {smaller[0]} GPUs of each domain) "
+                f"tp={t} stays inside one")
+    return msg
+
+
 def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, *,
                    allow_kv_replication: bool = False) -> None:
     """Raise ``ConfigError`` for the first broken hard constraint.
@@ -31,7 +46,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if f % t:
         raise ConfigError(f"tp={t} does not divide ffn_hidden_size={f}", valid=tp_ok)
     if t > domain or domain % t:
-        raise ConfigError(f"tp={t} must fit inside one NVLink domain of {domain} GPUs", valid=tp_ok)
+        raise ConfigError(nvlink_tp_refusal(t, cluster), valid=tp_ok)
     mp = t * p * c
     if n % mp:
         raise ConfigError(f"tp*pp*cp = {t}*{p}*{c} = {mp} does not divide num_gpus={n}",

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.estimate import CostWeights, Prediction, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.validate import stage_layers
+from cost_models.validate import nvlink_tp_refusal, stage_layers
 from search.explain import explain
 from search.inter_op import best_split
 from search.score import Scorer, schedule_alpha, split_fields
@@ -141,9 +141,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if "tp" in pins:
         valid = tp_choices(model, cluster, target, {}, Tally())
         if pins["tp"] not in valid:
-            raise ConfigError(f"tp={pins['tp']} cannot shard {model.name} on this cluster (heads "
-                              f"{model.num_attention_heads}, KV heads {model.num_kv_heads}, NVLink domain "
-                              f"{cluster.nvlink_domain_size})", valid=valid)
+            t, domain = pins["tp"], cluster.nvlink_domain_size
+            shards = not (model.num_attention_heads % t or model.ffn_hidden_size % t or cluster.num_gpus % t)
+            why = (nvlink_tp_refusal(t, cluster) if shards and (t > domain or domain % t) else
+                   f"tp={t} cannot shard {model.name} for {target} (heads {model.num_attention_heads}, KV heads "
+                   f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
+            raise ConfigError(why, valid=valid)
     if scorer is None:
         scorer = Scorer(model, cluster, job, weights)
     elif not scorer.serves(model, cluster, job, weights):
@@ -227,9 +230,13 @@ def op_shardings(scorer: Scorer, lay: Layout) -> dict[str, dict[str, str]]:
 # ==== infeasible jobs =================================================================================
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
                 misses: list[tuple[float, tuple[Any, ...], Layout]], scorer: Scorer, find_smallest: bool,
-                tally: Tally) -> InfeasibleError:
+                tally: Tally) -> InfeasibleError | ConfigError:
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
+        if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
+            return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
+                               f"{pins} and passes the hard constraints (target {target}; cut: {cut}); relax "
+                               "the pins")
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
             f"(target {target}, pins {pins or 'none'}; cut: {cut})",

@@ -82,11 +82,16 @@ def build_cluster(
     def pick(explicit: float | None, from_profile: float | None, default: float) -> float:
         return next((v for v in (explicit, from_profile) if v is not None), default)
 
+    node = pick(gpus_per_node, prof.gpus_per_node, spec.gpus_per_node)
+    # Where NVLink spans exactly one node (HGX, MI300X: catalog domain = node), a smaller node has a smaller
+    # domain: NVLink does not cross the node boundary. NVL72-class racks keep their domain.
+    domain_default = (min(spec.nvlink_domain_size, int(node)) if spec.nvlink_domain_size == spec.gpus_per_node
+                      else spec.nvlink_domain_size)
     fields = {
         "gpu": spec,
         "num_gpus": num_gpus,
-        "gpus_per_node": pick(gpus_per_node, prof.gpus_per_node, spec.gpus_per_node),
-        "nvlink_domain_size": pick(nvlink_domain_size, prof.nvlink_domain_size, spec.nvlink_domain_size),
+        "gpus_per_node": node,
+        "nvlink_domain_size": pick(nvlink_domain_size, prof.nvlink_domain_size, domain_default),
         "inter_node_gbps": pick(inter_node_gbps, prof.inter_node_gbps, spec.nic_gbps),
         "efficiency": efficiency,
     }

@@ -81,6 +81,14 @@ format_option = click.option("--format", "fmt", type=click.Choice(["table", "jso
 
 
 def cluster_request(kw: dict[str, Any]) -> ClusterRequest:
+    node, domain = kw.get("gpus_per_node"), kw.get("nvlink_domain_size")
+    if node is not None and domain is not None and domain > node:
+        from autoplan.catalog import load_gpu
+
+        spec = load_gpu(kw["gpu"])
+        if spec.nvlink_domain_size == spec.gpus_per_node:
+            click.echo(f"warning: --nvlink-domain-size {domain} spans {domain // node} nodes of {node} GPUs, but "
+                       f"{spec.name} NVLink does not cross nodes; priced as you said", err=True)
     return ClusterRequest(gpu=kw.pop("gpu"), num_gpus=kw.pop("num_gpus"), gpus_per_node=kw.pop("gpus_per_node"),
                           inter_node_gbps=kw.pop("inter_node_gbps"), nvlink_domain_size=kw.pop("nvlink_domain_size"),
                           profile=kw.pop("profile"), memory_headroom=kw.pop("memory_headroom"))
