@@ -217,7 +217,7 @@ class Engine:
         pred = estimate_prediction(r.model, r.cluster, r.job, req.parallel)
         good = goodput(r.model, r.cluster, req.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                        req.failures)
-        return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
+        return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
                         parallel=req.parallel, prediction=pred, goodput=good)
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
@@ -237,7 +237,7 @@ class Engine:
         found, goods = ranked_search(r.model, r.cluster, r.job, target=req.target, pins=pins,
                                      top_k=req.top, rank_by=req.rank_by, failures=req.failures, progress=progress,
                                      scorer=scorer)
-        return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster), job=r.job,
+        return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
                             plans=[Plan.model_validate({**p.model_dump(), "goodput": g})
                                    for p, g in zip(found.plans, goods)],
                             search=SearchStats(candidates=found.candidates, evaluated=found.evaluated,
@@ -275,8 +275,12 @@ def _model_record(model: ModelSpec) -> ModelRecord:
     return ModelRecord(name=model.name, spec=model)
 
 
-def _cluster_record(cluster: ClusterSpec) -> ClusterRecord:
-    return ClusterRecord(**cluster_record(cluster))
+def _cluster_record(cluster: ClusterSpec, req: SearchRequest | EstimateRequest) -> ClusterRecord:
+    from autoplan.catalog.registry import efficiency_is_prior
+
+    basis = ("profile" if req.cluster.profile is not None else
+             "prior" if efficiency_is_prior(cluster.gpu) else "fitted")
+    return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis)
 
 
 # ==== module-level API (one default engine per process) ============================================

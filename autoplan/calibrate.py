@@ -85,9 +85,9 @@ _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs c
 
 
 class MeasuredRun(BaseModel):
-    """One line of a runs file (see the module docstring)."""
+    """One line of a runs file (see the module docstring; `autoplan schema calibrate_run`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
     name: str = ""
     model: str | dict[str, Any]
     cluster: ClusterRequest

@@ -170,6 +170,9 @@ class ClusterRecord(_Strict):
     gpus_per_node: int
     inter_node_gbps: float = Field(description="scale-out Gbit/s per GPU")
     nvlink_domain_size: int
+    efficiency_basis: Literal["fitted", "prior", "profile"] = Field(
+        default="fitted", description="where the efficiencies behind every prediction come from: fitted to "
+        "published runs of this GPU, priors (no measured run: calibrate before trusting), or a cluster profile")
 
 
 class _Response(_Strict):
@@ -255,11 +258,14 @@ def json_schema() -> dict[str, Any]:
 
     ``request`` dispatches on ``kind`` the way :func:`parse_request` does (absent means ``search``);
     ``responses`` names the shape of each output."""
+    from autoplan.calibrate import MeasuredRun
+
     defs: dict[str, Any] = {}
     scale_request, _ = _capacity()
-    for model in (SearchRequest, EstimateRequest, Estimate, SearchResult, BatchLine, BatchSummary,
+    for model in (SearchRequest, EstimateRequest, MeasuredRun, Estimate, SearchResult, BatchLine, BatchSummary,
                   *_capacity()):
-        mode = "validation" if model in (SearchRequest, EstimateRequest, scale_request) else "serialization"
+        mode = ("validation" if model in (SearchRequest, EstimateRequest, MeasuredRun, scale_request)
+                else "serialization")
         s = model.model_json_schema(mode=mode, ref_template="#/$defs/{model}")
         defs.update(s.pop("$defs", {}))
         defs[model.__name__] = s
@@ -270,6 +276,8 @@ def json_schema() -> dict[str, Any]:
         "else": {"$ref": "#/$defs/SearchRequest"},
     }
     responses = {name: {"$ref": f"#/$defs/{model.__name__}"} for name, model in _responses().items()}
+    calibrate_run = {"description": "one line of an `autoplan calibrate` runs file (JSON Lines; blank lines and "
+                                     "lines starting with # are skipped)", "$ref": "#/$defs/MeasuredRun"}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "autoplan",
@@ -278,13 +286,14 @@ def json_schema() -> dict[str, Any]:
         "request": request,
         "scale_request": {"$ref": "#/$defs/ScaleRequest"},
         "responses": responses,
+        "calibrate_run": calibrate_run,
         "$defs": defs,
     }
 
 
 RESPONSES: dict[str, type[BaseModel]] = {"estimate": Estimate, "search": SearchResult, "batch_line": BatchLine,
                                          "batch_summary": BatchSummary}
-SCHEMA_PARTS = ("request", "scale_request", *RESPONSES, "scale")
+SCHEMA_PARTS = ("request", "scale_request", "calibrate_run", *RESPONSES, "scale")
 
 
 def _capacity() -> tuple[type[BaseModel], type[BaseModel]]:
@@ -298,11 +307,12 @@ def _responses() -> dict[str, type[BaseModel]]:
 
 
 def schema_for(name: str) -> dict[str, Any]:
-    """A standalone schema for one of ``SCHEMA_PARTS`` (``request``, ``scale_request``, ``estimate``, ``search``,
-    ``batch_line``, ``batch_summary``, ``scale``): that entry at the root, with every definition beside it."""
+    """A standalone schema for one of ``SCHEMA_PARTS`` (``request``, ``scale_request``, ``calibrate_run``,
+    ``estimate``, ``search``, ``batch_line``, ``batch_summary``, ``scale``): that entry at the root, with every
+    definition beside it."""
     full = json_schema()
-    if name == "request":
-        root = full["request"]
+    if name in ("request", "calibrate_run"):
+        root = full[name]
     elif name == "scale_request":
         root = full["$defs"]["ScaleRequest"]
     else:

@@ -146,6 +146,12 @@ def efficiency_for(generation: str) -> Efficiency:
         raise UserInputError(f"no efficiency parameters for GPU generation '{generation}'", valid=sorted(table)) from None
 
 
+def efficiency_is_prior(gpu: GPUSpec) -> bool:
+    """Whether the catalog's efficiencies for ``gpu`` are priors (``efficiency_priors`` in gpus.yaml)."""
+    priors = _read("gpus.yaml").get("efficiency_priors") or {}
+    return gpu.generation in priors.get("generations", ()) or gpu.name in priors.get("gpus", ())
+
+
 def model_names() -> list[str]:
     """Catalog model names, sorted (aliases resolve but are not listed)."""
     return sorted(model_catalog().entries)

@@ -82,7 +82,7 @@ def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
         return
     specs = api.resolve(request)
-    click.echo(describe_job(specs.model, specs.cluster, specs.job))
+    click.echo(describe_job(specs.model, specs.cluster, specs.job, result.cluster.efficiency_basis))
     click.echo(f"plan: {describe_parallel(result.parallel, result.prediction.dp)}")
     click.echo(render_prediction(result.prediction, specs.job.precision))
     if result.goodput is not None:

@@ -111,7 +111,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
         click.echo(json.dumps(data, indent=2))
     else:
         stats = result.search
-        click.echo(describe_job(model_spec, cluster, job))
+        click.echo(describe_job(model_spec, cluster, job, result.cluster.efficiency_basis))
         click.echo(render_search_stats(stats.candidates, stats.evaluated, stats.pruned, stats.wall_time_s,
                                        stats.target))
         for p in result.plans:

@@ -1,0 +1,121 @@
+"""Issue 14's first-use reproductions, one regression each (outputs that say what they mean)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+from click.testing import CliRunner
+
+from autoplan.cli import cli
+from autoplan.schema import schema_for
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_emit_refuses_a_layout_that_does_not_fit(tmp_path: Path) -> None:
+    out = tmp_path / "x"
+    code, stdout, err = _cli("emit", "--target", "megatron", "--model", "llama3-70b", "--gpus", "1024", "-o", str(out))
+    assert code == 3 and "does not fit" in err and "GiB over the 80 GiB limit" in err and not out.exists()
+    code, stdout, err = _cli("emit", "--target", "megatron", "--model", "llama3-70b", "--gpus", "1024", "-o",
+                             str(out), "--allow-over-memory")
+    assert code == 0 and "DOES NOT FIT" in stdout and "WARNING" in (out / "README.txt").read_text()
+    code, stdout, _ = _cli("emit", "--target", "megatron", "--model", "llama3-70b", "--gpus", "1024", "--tp", "8",
+                           "--pp", "8", "-o", str(tmp_path / "y"))
+    assert code == 0 and "(fits)" in stdout and "predicted: step" in (tmp_path / "y" / "README.txt").read_text()
+
+
+def test_search_emit_error_keeps_the_search_result(tmp_path: Path) -> None:
+    code, stdout, err = _cli("search", "--model", "mixtral-8x7b", "--gpus", "64", "--target", "torchtitan",
+                             "--top", "1", "--format", "json", "--emit", str(tmp_path / "d"))
+    assert code == 2
+    data = json.loads(stdout)
+    assert data["plans"] and "does not ship mixtral" in data["emitted"]["error"]
+    assert "can be emitted for --target megatron" in err and "fsdp2" not in err.split("does not ship")[1]
+    lines = err.strip().splitlines()  # a progress line may come first (searches over a second)
+    assert lines[-1].startswith("Error: --emit") and all(x.startswith("scoring") for x in lines[:-1])
+
+
+def test_gb200_tp_rule_message_and_readme_agree() -> None:
+    code, _, err = _cli("search", "--model", "gpt3-175b", "--gpus", "1152", "--gpu", "gb200", "--tp", "16")
+    assert code == 2 and "tp=16 must divide the NVLink domain of 72 GPUs" in err and "--nvlink-domain-size 64" in err
+    code, _, err = _cli("estimate", "--model", "gpt3-175b", "--gpus", "1152", "--gpu", "gb200", "--tp", "16",
+                        "--pp", "8")
+    assert code == 2 and "must divide the NVLink domain of 72" in err
+    code, stdout, _ = _cli("search", "--model", "gpt3-175b", "--gpus", "1152", "--gpu", "gb200", "--tp", "16",
+                           "--nvlink-domain-size", "64", "--top", "1")
+    assert code == 0 and "tp=16" in stdout
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "tp must divide the NVLink domain" in readme
+
+
+def test_gpus_per_node_shrinks_a_node_scoped_nvlink_domain() -> None:
+    code, stdout, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--gpus-per-node", "4", "--tp", "4",
+                           "--pp", "1")
+    assert code == 0 and "(4/node, NVLink domain 4," in stdout
+    code, _, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--gpus-per-node", "4", "--tp", "8",
+                        "--pp", "1")
+    assert code == 2 and "tp=8 must divide the NVLink domain of 4" in err
+    code, stdout, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--gpu", "gb200", "--gpus-per-node",
+                             "2", "--tp", "1", "--pp", "1")
+    assert code == 0 and "NVLink domain 72" in stdout  # a rack-scale domain is not a node's
+
+
+def test_search_pins_exit_2_like_estimate() -> None:
+    assert _cli("search", "--model", "llama3-8b", "--gpus", "64", "--tp", "3")[0] == 2
+    code, _, err = _cli("search", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "16")
+    assert code == 2 and "keeps the pins" in err
+    code, stdout, _ = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--pp", "4", "--first-stage-layers", "5",
+                           "--top", "1")
+    assert code == 0 and "layers per stage [5, 9, 9, 9]" in stdout
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--pp", "4", "--first-stage-layers", "6")
+    assert code == 2 and "must split evenly" in err
+
+
+def test_output_nits() -> None:
+    code, stdout, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--pp", "1",
+                           "--global-batch-size", "1")
+    assert code == 0 and "(1 micro-batch," in stdout
+    code, stdout, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--pp", "1",
+                           "--precision", "fp8")
+    assert code == 0 and "of the bf16 peak" in stdout
+    code, stdout, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--tp", "8", "--pp", "1")
+    assert code == 0 and "caution: b200 efficiencies are priors" in stdout
+    code, stdout, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--tp", "8", "--pp",
+                           "1", "--format", "json")
+    assert json.loads(stdout)["cluster"]["efficiency_basis"] == "prior"
+    code, stdout, _ = _cli("search", "--help")
+    assert "[searched]" in stdout and "[1f1b]" not in stdout
+
+
+def test_index_is_one_based_like_the_table(tmp_path: Path) -> None:
+    code, stdout, _ = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--top", "2", "--format", "json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(stdout)
+    second = json.loads(stdout)["plans"][1]["parallel"]
+    code, out, _ = _cli("emit", "--target", "megatron", "--plan", str(plan), "--index", "2", "-o", str(tmp_path / "o"))
+    assert code == 0, out
+    args = (tmp_path / "o" / "megatron_args.txt").read_text()
+    assert f"--tensor-model-parallel-size\n{second['tp']}" in args or f"--tensor-model-parallel-size {second['tp']}" \
+        in args
+    code, _, err = _cli("emit", "--target", "megatron", "--plan", str(plan), "--index", "3", "-o", str(tmp_path / "p"))
+    assert code == 2 and "valid: 1..2" in err
+
+
+def test_calibrate_runs_schema_is_published() -> None:
+    code, stdout, _ = _cli("schema", "calibrate_run")
+    schema = json.loads(stdout)
+    run = {"model": "llama3-70b", "cluster": {"num_gpus": 256}, "parallel": {"tp": 8, "pp": 4},
+           "measured_step_time_s": 6.4}
+    jsonschema.validate(run, schema)
+    assert schema == schema_for("calibrate_run")
+    try:
+        jsonschema.validate({**run, "measured_step_time_s": 0}, schema)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("a zero step time passed the runs schema")
