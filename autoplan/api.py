@@ -103,12 +103,9 @@ def _reads_files(req: SearchRequest | EstimateRequest) -> bool:
 
 
 def _bounded(model: ModelSpec) -> ModelSpec:
-    """Refuse models far beyond any real one: per-layer work is linear in layers and experts."""
-    for name, value, limit in (("num_layers", model.num_layers, MAX_NUM_LAYERS),
-                               ("num_experts", model.num_experts, MAX_NUM_EXPERTS)):
-        if value > limit:
-            raise UserInputError(f"model {name} ({value}) is above the request limit ({limit})")
-    return model
+    from autoplan.catalog.loader import bounded
+
+    return bounded(model)
 
 
 def _path_like(text: str) -> bool:

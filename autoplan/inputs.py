@@ -40,6 +40,8 @@ MAX_YAML_ALIASES = 256
 MAX_INT_DIGITS = 30
 MAX_ABS_INT = 1 << 53  # no count autoplan handles comes near; beyond it floats lose integers
 MAX_NAME_CHARS = 1024
+MAX_NUM_LAYERS = 4096  # a resolved model's decoder layers (names, files, inline specs): per-layer work is linear
+MAX_NUM_EXPERTS = 4096
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
+from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS  # noqa: F401  (checked when a model is loaded)
 from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
 from cost_models.goodput import FailureModel, Goodput
@@ -35,8 +36,6 @@ from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Rec
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
 MAX_TOP = 50
-MAX_NUM_LAYERS = 4096  # a resolved model's decoder layers (checked after loading: names, files, inline specs)
-MAX_NUM_EXPERTS = 4096
 MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]

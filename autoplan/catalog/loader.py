@@ -18,7 +18,7 @@ from autoplan.catalog.hf import looks_like_hf_config, spec_from_hf_config
 from autoplan.catalog.registry import catalog_model, model_catalog, unknown_name_error
 from autoplan.catalog.spec_file import YAML_SUFFIXES, load_spec_file, read_mapping, spec_from_mapping
 from autoplan.errors import UserInputError
-from autoplan.inputs import read_bytes, user_path
+from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS, read_bytes, user_path
 from cost_models.specs import ModelSpec
 
 _PATH_SUFFIXES = (".json", *YAML_SUFFIXES)
@@ -29,8 +29,9 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
     autoplan YAML/JSON spec), or a mapping (spec fields, or a parsed HF config)."""
     if isinstance(source, Mapping):
         if looks_like_hf_config(source):
-            return spec_from_hf_config(source)
-        return spec_from_mapping(source, default_name="custom", what="model spec")
+            hf_precheck(source, "Hugging Face config")
+            return bounded(spec_from_hf_config(source))
+        return bounded(spec_from_mapping(source, default_name="custom", what="model spec"))
     if not isinstance(source, (str, Path)):
         raise UserInputError(f"model must be a name, a path or a mapping, got {type(source).__name__}")
     if isinstance(source, str):
@@ -63,5 +64,43 @@ def _load_file(resolved: str, mtime_ns: int, shown: str) -> ModelSpec:
     path = Path(shown)
     data = read_mapping(path)
     if path.suffix.lower() not in YAML_SUFFIXES and looks_like_hf_config(data):
-        return spec_from_hf_config(data, path=path)
-    return load_spec_file(path, data)
+        hf_precheck(data, f"config '{path}'")
+        return bounded(spec_from_hf_config(data, path=path))
+    return bounded(load_spec_file(path, data))
+
+
+# HF keys read as booleans / as MoE expert counts, per family (the transformers configuration classes).
+_HF_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_HF_EXPERT_KEYS = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+                   "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts"}
+
+
+def hf_precheck(data: Mapping[str, Any], source: str) -> None:
+    """Refuse what the family translations would misread, before any work: non-boolean flags ("false" is
+    truthy), layer/expert counts past the limits (the MoE-layout search is quadratic in layers), and a
+    mixture-of-experts family with no experts (which would be planned as a dense model)."""
+    for key in _HF_BOOL_KEYS:
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise UserInputError(f"{source}: key '{key}' must be true or false, got {data[key]!r:.40}")
+    for key, limit in (("num_hidden_layers", MAX_NUM_LAYERS), ("n_layer", MAX_NUM_LAYERS),
+                       ("num_local_experts", MAX_NUM_EXPERTS), ("num_experts", MAX_NUM_EXPERTS),
+                       ("n_routed_experts", MAX_NUM_EXPERTS)):
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise UserInputError(f"{source}: {key} ({value}) is above the limit ({limit})")
+    layers = data.get("mlp_only_layers")
+    if isinstance(layers, list) and len(layers) > MAX_NUM_LAYERS:
+        raise UserInputError(f"{source}: mlp_only_layers has {len(layers)} entries (limit {MAX_NUM_LAYERS})")
+    key = _HF_EXPERT_KEYS.get(str(data.get("model_type")))
+    if key is not None and data.get(key) is not None and data[key] == 0 and not isinstance(data[key], bool):
+        raise UserInputError(f"{source}: {key} is 0, but model_type '{data['model_type']}' is a mixture of "
+                             "experts; give the expert count (or use the dense family's model_type)")
+
+
+def bounded(model: ModelSpec) -> ModelSpec:
+    """Refuse models far beyond any real one (per-layer work is linear in layers and experts)."""
+    for name, value, limit in (("num_layers", model.num_layers, MAX_NUM_LAYERS),
+                               ("num_experts", model.num_experts, MAX_NUM_EXPERTS)):
+        if value > limit:
+            raise UserInputError(f"model {name} ({value}) is above the request limit ({limit})")
+    return model
