@@ -272,10 +272,12 @@ def _model_record(model: ModelSpec) -> ModelRecord:
     return ModelRecord(name=model.name, spec=model)
 
 
-def _cluster_record(cluster: ClusterSpec, req: SearchRequest | EstimateRequest) -> ClusterRecord:
+def _cluster_record(cluster: ClusterSpec, req: Any = None) -> ClusterRecord:
+    """The cluster as responses report it; ``req`` (any request with a ``cluster``) tells a profile apart."""
     from autoplan.catalog.registry import efficiency_is_prior
 
-    basis = ("profile" if req.cluster.profile is not None else
+    profile = getattr(getattr(req, "cluster", None), "profile", None)
+    basis = ("profile" if profile is not None else
              "prior" if efficiency_is_prior(cluster.gpu) else "fitted")
     return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis)
 

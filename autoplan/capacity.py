@@ -183,7 +183,7 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
             goodput=g.goodput, goodput_tokens_per_s=g.tokens_per_s, train_days=days, gpu_hours=gpu_hours, cost=cost,
             plan=plan))
         prev = label
-    return ScaleResult(model=_model_record(model), cluster=_cluster_record(cluster0), scaling=(
+    return ScaleResult(model=_model_record(model), cluster=_cluster_record(cluster0, req), scaling=(
         "weak" if req.tokens_per_gpu is not None else req.scaling), train_tokens=req.train_tokens,
         gpu_hour_price=req.gpu_hour_price, rows=rows, wall_time_s=time.perf_counter() - t0)
 
