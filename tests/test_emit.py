@@ -440,7 +440,9 @@ def test_cli_emit_from_flags(tmp_path: Path) -> None:
 def test_cli_emit_from_plan_file(tmp_path: Path) -> None:
     f = tmp_path / "plan.json"
     f.write_text(json.dumps(_plan_json(plan(**L405))))
-    code, out, err = run("emit", "--target", "torchtitan", "-o", str(tmp_path / "t"), "--plan", str(f))
+    # the fixture layout is over memory under today's memory model: emit refuses it unless told
+    code, out, err = run("emit", "--target", "torchtitan", "-o", str(tmp_path / "t"), "--plan", str(f),
+                         "--allow-over-memory")
     assert code == 0, err
     assert "note:" in out and (tmp_path / "t" / f"{CONFIG_MODULE}.py").exists()
 
