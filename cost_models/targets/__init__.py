@@ -1,0 +1,70 @@
+"""Target profiles: the ONE place where each framework's rules live (issue 10).
+
+A *target* is a framework that runs a plan: ``megatron`` (Megatron-LM + Megatron-Core), ``torchtitan`` (0.3.0)
+or ``fsdp2`` (plain PyTorch FSDP2 + DTensor, the module ``autoplan emit --target fsdp2`` writes). Its profile
+says what the framework accepts (legality), what it does at run time (semantics the cost model prices) and
+which knobs it offers. The search space, the cost model, the emitters and ``autoplan validate`` all read it,
+so what is priced is what is emitted. Each rule cites the framework file and line it comes from.
+
+API (everything here is importable from ``cost_models.targets``)::
+
+    from cost_models.targets import get_profile, Software
+
+    prof = get_profile("megatron")                      # TargetProfile; get_profile("any") -> None
+    sw = Software(grad_reduce_dtype="bf16")             # knobs the user set (None = target default)
+    rt = prof.resolve(sw, job, cluster, par)            # Runtime: every knob resolved + priced semantics
+    prof.check(model, cluster, job, par, rt)            # ConfigError naming the rule (file:line) + a neighbour
+    prof.legal(model, cluster, job, par, rt)            # None, or that message
+    run_par, note = prof.runs_as(par, cluster.num_gpus) # the layout the framework really runs (torchtitan
+                                                        # runs ZeRO-0 with cp > 1 as FSDP over cp)
+
+Profile tables (class attributes): ``schedules`` and ``zero_stages`` (search order) the target runs,
+``cp_comm_types``, ``allow_kv_replication`` (tp a multiple of num_kv_heads), ``knobs`` (name -> ``Knob``:
+allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP shard groups worth searching).
+
+``Runtime`` fields the cost model reads (issue 12: memory; issue 13: search):
+
+- ``weight_bytes``, ``grad_bytes``, ``optimizer_bytes``: bytes per parameter before ZeRO sharding
+  (Megatron bf16: 2 + 4 (fp32 main grads) + 12, or 2 + 2 + 12 with ``grad_reduce_dtype=bf16``;
+  torch FSDP2 / torchtitan: 4 + 4 + 8, fp32 sharded parameters are the master copy);
+- ``reduce_bytes`` (gradient dtype on the DP wire) and ``gather_bytes`` (bf16 parameter all-gathers);
+- ``tp_overlapped`` (Megatron ``--tp-comm-overlap`` or torchtitan async TP), ``overlap_grad_reduce``,
+  ``overlap_param_gather``, ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
+  ``fused_elementwise`` (TE / Inductor fused norms, SwiGLU, loss vs eager op by op), ``compile``,
+  ``fp8_recipe``;
+- ``env`` (launch environment the framework requires, e.g. Megatron's ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with
+  TP/CP and no FSDP before Blackwell) and ``knobs()`` (every knob assumed: plans and predictions report it).
+
+Emitters (issue 11) write the layout/knob flags from ``Runtime`` (``autoplan.emit``); item 4 (uneven
+interleaved pipelines) adds its pipeline-split rules to ``MegatronProfile``.
+"""
+
+from __future__ import annotations
+
+from cost_models.errors import ConfigError
+from cost_models.targets.common import (TARGET_NAMES, Knob, Runtime, Software, TargetName, TargetProfile)
+from cost_models.targets.fsdp2 import PROFILE as FSDP2
+from cost_models.targets.megatron import PROFILE as MEGATRON
+from cost_models.targets.torchtitan import PROFILE as TORCHTITAN
+
+PROFILES: dict[str, TargetProfile] = {"megatron": MEGATRON, "torchtitan": TORCHTITAN, "fsdp2": FSDP2}
+DEFAULT_TARGET: TargetName = "megatron"
+
+
+def get_profile(name: str) -> TargetProfile | None:
+    """The profile of ``name``; None for ``any`` (the search's union of targets)."""
+    if name == "any":
+        return None
+    prof = PROFILES.get(name)
+    if prof is None:
+        raise ConfigError(f"unknown target {name!r}", valid=[*TARGET_NAMES, "any"])
+    return prof
+
+
+def default_runtime(job: object = None, cluster: object = None) -> Runtime:
+    """Megatron's defaults (what ``estimate`` prices when no target is named)."""
+    return Runtime(target="megatron")
+
+
+__all__ = ["DEFAULT_TARGET", "FSDP2", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+           "Software", "TargetName", "TargetProfile", "get_profile"]

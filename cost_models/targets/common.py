@@ -1,0 +1,214 @@
+"""What every target profile shares: the knob request (``Software``), the resolved run-time semantics
+(``Runtime``) and the ``TargetProfile`` interface. Framework rules live in the per-framework modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_models.errors import ConfigError
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+TargetName = Literal["megatron", "torchtitan", "fsdp2"]
+TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
+GradDtype = Literal["fp32", "bf16"]
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
+
+
+class Software(BaseModel):
+    """Knobs a user may set (CLI flags, ``software`` in the JSON request). ``None`` = the target's default
+    (``TargetProfile.resolve`` says which); a knob the target lacks is an error there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    compile: bool | None = Field(default=None, description="torch.compile the model and loss (torchtitan)")
+    async_tp: bool | None = Field(default=None, description="torchtitan async TP (needs compile and tp > 1)")
+    tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (TE userbuffers; "
+                                         "needs sequence parallelism)")
+    fp8_recipe: Fp8Recipe | None = Field(default=None, description="fp8 scaling recipe (precision fp8 only)")
+    grad_reduce_dtype: GradDtype | None = Field(default=None, description="dtype of main gradients and of the DP "
+                                                "gradient reduction")
+    cp_comm_type: CpCommType | None = Field(default=None, description="context-parallel attention communication: "
+                                            "p2p ring, a2a (Ulysses), allgather, a2a+p2p (hierarchical)")
+    overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce")
+    overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather")
+    reshard_after_forward: bool | int | None = Field(
+        default=None, description="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to "
+        "(an int keeps the backward all-gather inside that group)")
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a target runs one job: every knob resolved, and the semantics the cost model prices.
+
+    Bytes are per parameter held by a rank before ZeRO sharding; ``*_sharded`` say whether ZeRO-1/2/3 shard
+    that piece (``cost_models.memory.zero_state_bytes``)."""
+
+    target: TargetName
+    compile: bool = False
+    async_tp: bool = False
+    tp_comm_overlap: bool = True
+    fp8_recipe: str | None = None
+    grad_reduce_dtype: GradDtype = "fp32"
+    cp_comm_type: CpCommType = "p2p"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    reshard_after_forward: bool | int = True
+    weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
+    grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
+    optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
+    gather_bytes: float = 2.0  # parameter all-gather payload per param (bf16 compute copy)
+    fused_elementwise: bool = True  # norms / activations / loss as fused kernels (TE, Inductor) vs eager op by op
+    env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
+    notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)
+
+    @property
+    def reduce_bytes(self) -> float:
+        """Gradient bytes per parameter on the DP wire (reduce dtype)."""
+        return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    @property
+    def tp_overlapped(self) -> bool:
+        """Whether TP collectives are hidden behind GEMMs (Megatron userbuffers or torchtitan async TP)."""
+        return self.tp_comm_overlap or self.async_tp
+
+    def knobs(self) -> dict[str, Any]:
+        """Every knob this run assumes (what plans and predictions report)."""
+        return {"target": self.target, "compile": self.compile, "async_tp": self.async_tp,
+                "tp_comm_overlap": self.tp_comm_overlap, "fp8_recipe": self.fp8_recipe,
+                "grad_reduce_dtype": self.grad_reduce_dtype, "cp_comm_type": self.cp_comm_type,
+                "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
+                "reshard_after_forward": self.reshard_after_forward}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob a target offers: its allowed values and the target's default (a rule citing the source)."""
+
+    name: str
+    values: tuple[Any, ...]
+    default: Any
+    source: str
+
+
+class TargetProfile:
+    """One framework (and version): legality, run-time semantics, knobs. Subclasses fill the tables."""
+
+    name: TargetName
+    version: str = ""
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    zero_stages: tuple[int, ...] = (0, 1, 3)  # search order
+    cp_comm_types: tuple[str, ...] = ("p2p",)
+    knobs: dict[str, Knob] = {}
+    allow_kv_replication: bool = False  # tp a multiple of num_kv_heads (KV heads replicated)
+
+    # ---- knobs -----------------------------------------------------------------------------------------
+    def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
+                par: ParallelConfig | None = None) -> Runtime:
+        """The run-time semantics of ``software`` on this target (defaults filled in); ``ConfigError`` for a
+        knob the target lacks or a value it refuses. ``par`` (the layout) refines defaults that depend on it."""
+        raise NotImplementedError
+
+    def _knob_values(self, software: Software | None, job: JobSpec, cluster: ClusterSpec) -> dict[str, Any]:
+        """Given knobs checked against ``knobs``; the rest left None."""
+        given = software.given() if software is not None else {}
+        for key, value in given.items():
+            knob = self.knobs.get(key)
+            if knob is None:
+                offered = ", ".join(sorted(self.knobs)) or "none"
+                raise ConfigError(f"{self.name} has no knob {key} (its knobs: {offered})")
+            if knob.values and value not in knob.values and not (key == "reshard_after_forward"
+                                                                  and isinstance(value, int)):
+                raise ConfigError(f"{key}={value!r} is not a {self.name} choice ({knob.source})", valid=knob.values)
+        return given
+
+    # ---- legality --------------------------------------------------------------------------------------
+    def check(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+              rt: Runtime | None = None) -> None:
+        """Raise ``ConfigError`` naming the framework rule (file:line) a layout breaks, and a legal neighbour."""
+        from cost_models.validate import check_parallel
+
+        check_parallel(model, cluster, job, par, allow_kv_replication=self.allow_kv_replication)
+        self.check_layout(model, cluster, job, par)
+        if rt is not None:
+            self.check_runtime(model, cluster, job, par, rt)
+
+    def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
+        """Target rules on the layout alone (what the search space filters on: ``layout_error``)."""
+        err = self.layout_error(model, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, zero=par.zero_stage,
+                                hsdp=par.hsdp_shard_size, dp_cp=par.dp(cluster.num_gpus) * par.cp,
+                                schedule=par.schedule)
+        if err is not None:
+            raise err
+
+    def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
+                     dp_cp: int, schedule: str) -> ConfigError | None:
+        """The first target rule the layout breaks (cheap: integers only, so the search calls it per layout)."""
+        if zero not in self.zero_stages:
+            return ConfigError(f"zero_stage={zero}: {self.zero_reason(zero)}", valid=sorted(self.zero_stages))
+        if schedule not in self.schedules:
+            return ConfigError(f"schedule {schedule}: {self.name} has no such schedule (its pipeline schedules: "
+                               + ", ".join(self.schedules) + ")", valid=self.schedules)
+        if hsdp is not None and hsdp < dp_cp:
+            return self.hsdp_error(zero, hsdp, cp, dp_cp)
+        return self.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
+
+    def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
+                            zero: int) -> ConfigError | None:
+        return None
+
+    def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                      rt: Runtime) -> None:
+        """Rules that tie knobs to the layout (e.g. TP overlap needs sequence parallelism)."""
+
+    def zero_reason(self, zero_stage: int) -> str:
+        return f"{self.name} has no ZeRO-{zero_stage}"
+
+    def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
+        return ConfigError(f"hsdp_shard_size={hsdp}: {self.name} has no hybrid sharding")
+
+    def legal(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+              rt: Runtime | None = None) -> str | None:
+        """None when the target accepts the layout, else the reason (the ``check`` message)."""
+        try:
+            self.check(model, cluster, job, par, rt)
+        except ConfigError as err:
+            return str(err)
+        return None
+
+    def runs_as(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
+        """The layout the framework really runs for ``par`` (e.g. torchtitan runs ZeRO-0 with cp > 1 as FSDP
+        over cp), and a note saying so; ``par`` itself when it runs as written."""
+        return par, None
+
+    def with_defaults(self, par: ParallelConfig) -> ParallelConfig:
+        """``par`` with the target's own ZeRO stage where the user left it unset and the generic default (1) is
+        one the target does not run (torchtitan, fsdp2: 3)."""
+        if "zero_stage" not in par.model_fields_set and par.zero_stage not in self.zero_stages:
+            return par.model_copy(update={"zero_stage": self.zero_stages[0]})
+        return par
+
+    def runs_as_written(self, zero: int, cp: int) -> bool:
+        """False when ``runs_as`` would turn this ZeRO stage into another layout (the search then offers only the
+        layout that runs)."""
+        return True
+
+    def hsdp_choices(self, cluster: ClusterSpec, dp_cp: int, cp: int) -> list[int]:
+        """Shard-group sizes the search tries for HSDP (ZeRO-3): an NVLink domain or a node."""
+        return [s for s in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size}) if 1 < s < dp_cp
+                and dp_cp % s == 0]
+
+
+def nearest(value: int, choices: list[int]) -> list[int]:
+    """``choices`` ordered by distance to ``value`` (for 'a legal neighbour')."""
+    return sorted(choices, key=lambda c: (abs(c - value), c))
+
+
+__all__ = ["CpCommType", "DTYPE_BYTES", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+           "TargetName", "TargetProfile", "nearest"]

@@ -1,0 +1,80 @@
+"""Plain PyTorch FSDP2 + DTensor (the ``autoplan_parallelize.py`` module ``autoplan emit --target fsdp2`` writes),
+torch 2.13 (``torch/distributed/fsdp/_fully_shard/_fully_shard.py``: ``fully_shard``).
+
+Run-time semantics: ``fully_shard`` over the data-parallel mesh (1-D, or 2-D ``dp_replicate × dp_shard`` for
+HSDP) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: fp32 sharded parameters, bf16
+all-gathers, fp32 reduce-scatters, Adam m, v fp32 (4 + 4 + 8 bytes, all sharded). ``reshard_after_forward``:
+True (ZeRO-3), False (parameters stay gathered until backward: no backward all-gather), or an int ``r``
+(re-shard to groups of ``r`` ranks after forward, so the backward all-gather stays inside them: ``fully_shard``
+docstring, "int: ... reshard to a smaller world size"). With pipeline stages the emitted module keeps the
+parameters gathered (False) as torch.distributed.pipelining micro-batches reuse them. The emitted module has no
+context or expert parallelism and no eager-fusion (elementwise ops run op by op).
+"""
+
+from __future__ import annotations
+
+from cost_models.errors import ConfigError
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Knob, Runtime, Software, TargetProfile
+
+FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
+
+
+class FSDP2Profile(TargetProfile):
+    name = "fsdp2"
+    version = "torch 2.13 FSDP2 + DTensor (autoplan_parallelize.py)"
+    schedules = ("1f1b", "interleaved")
+    zero_stages = (3,)
+    cp_comm_types = ()
+    allow_kv_replication = False
+    knobs = {
+        "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
+                                      f"{FULLY_SHARD}: bool or int (a divisor of the shard group)"),
+        "compile": Knob("compile", (False,), False, "the emitted module does not call torch.compile"),
+        "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32", "bf16"), "fp32",
+                                  "MixedPrecisionPolicy.reduce_dtype in the emitted apply_fsdp"),
+    }
+
+    def zero_reason(self, zero_stage: int) -> str:
+        return ("the fsdp2 target always runs fully_shard (zero_stage=3); keep parameters gathered between "
+                "forward and backward with reshard_after_forward=false instead")
+
+    def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
+        return None  # dp_replicate x dp_shard mesh, written by the emitter
+
+    def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
+                            zero: int) -> ConfigError | None:
+        if cp > 1:
+            return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; use --target "
+                               "megatron or --target torchtitan", valid=["cp=1"])
+        if ep > 1:
+            return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; use --target megatron",
+                               valid=["ep=1"])
+        return None
+
+    def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                      rt: Runtime) -> None:
+        r = rt.reshard_after_forward
+        if isinstance(r, int) and not isinstance(r, bool):
+            group = par.hsdp_shard_size or par.dp(cluster.num_gpus)
+            if not 1 < r < group or group % r:
+                raise ConfigError(f"reshard_after_forward={r} must be a divisor of the shard group ({group}) between "
+                                  f"1 and it ({FULLY_SHARD})",
+                                  valid=[d for d in range(2, group) if group % d == 0][:8] or [True, False])
+
+    def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
+                par: ParallelConfig | None = None) -> Runtime:
+        k = self._knob_values(software, job, cluster)
+        if job.precision == "fp8":
+            raise ConfigError("precision fp8: the fsdp2 target's module has no fp8 linears; use --target "
+                              "torchtitan or megatron", valid=["bf16"])
+        default_reshard = par is None or par.pp == 1
+        grad = k.get("grad_reduce_dtype", "fp32")
+        return Runtime(
+            target="fsdp2", grad_reduce_dtype=grad,
+            reshard_after_forward=k.get("reshard_after_forward", default_reshard),
+            weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0, fused_elementwise=False,
+        )
+
+
+PROFILE = FSDP2Profile()

@@ -1,0 +1,118 @@
+"""torchtitan 0.3.0 (``torchtitan/config/configs.py``, ``torchtitan/distributed/parallel_dims.py``,
+``torchtitan/models/llama3/parallelize.py``; ``TT`` below = ``torchtitan/`` of the 0.3.0 wheel).
+
+Run-time semantics:
+- Data parallelism is always torch FSDP2 ``fully_shard`` over the ``[dp_replicate, fsdp]`` mesh, where
+  ``fsdp = dp_shard × cp`` (TT/models/llama3/parallelize.py:68-88, TT/distributed/parallel_dims.py ``build_mesh``
+  docstring: "when cp is used, FSDP is also applied"). So ZeRO-3 is FSDP (HSDP with a shard group), and
+  "ZeRO-0" is ``dp_replicate = dp`` with the parameters still sharded over ``cp``: with cp > 1 it runs as FSDP
+  over cp (``runs_as``). There is no ZeRO-1/2.
+- Parameters are fp32 (``training.dtype``), gathered in bf16 (``mixed_precision_param``); gradients are
+  reduced in fp32 (``mixed_precision_reduce``, a Literal["float32"]: TT/config/configs.py:93); Adam m, v fp32:
+  4 + 4 + 8 bytes per parameter, all sharded over the FSDP group.
+- Eager PyTorch runs norms, SwiGLU and the loss op by op; ``compile`` (Inductor) fuses them
+  (TT/config/configs.py:291-309). Async TP (``compile.enable_async_tensor_parallel``) overlaps TP collectives
+  with the GEMMs and needs compile (configs.py:304).
+- Float8 (torchao): ``rowwise`` / ``rowwise_with_gw_hp`` (TT/components/quantization/float8.py:58) and
+  ``tensorwise`` (torchao ``Float8LinearConfig.from_recipe_name``, float8.py:113); MXFP8 needs sm_100
+  (TT/components/quantization/mx.py:70).
+"""
+
+from __future__ import annotations
+
+from cost_models.errors import ConfigError
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Knob, Runtime, Software, TargetProfile
+
+TT = "torchtitan 0.3.0 torchtitan/"
+
+
+class TorchtitanProfile(TargetProfile):
+    name = "torchtitan"
+    version = "torchtitan 0.3.0"
+    schedules = ("1f1b", "interleaved")
+    zero_stages = (3, 0)
+    cp_comm_types = ("allgather",)
+    allow_kv_replication = False
+    knobs = {
+        "compile": Knob("compile", (True, False), False, f"{TT}config/configs.py:292 (compile.enable)"),
+        "async_tp": Knob("async_tp", (True, False), False,
+                         f"{TT}config/configs.py:295-309 (needs compile.enable)"),
+        "fp8_recipe": Knob("fp8_recipe", ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), "rowwise",
+                           f"{TT}components/quantization/float8.py:58, mx.py:70 (mxfp8: sm_100)"),
+        "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32",), "fp32",
+                                  f"{TT}config/configs.py:93 (mixed_precision_reduce: Literal['float32'])"),
+        "cp_comm_type": Knob("cp_comm_type", ("allgather",), "allgather",
+                             f"{TT}distributed/context_parallel/api.py (SDPA through torch's CP dispatcher, whose "
+                             "rotate method defaults to all-gather; torchtitan 0.3.0 has no knob for it)"),
+        "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
+                                      f"{TT}config/configs.py:136 (fsdp_reshard_after_forward: default, always, "
+                                      "never; no group size)"),
+    }
+
+    def zero_reason(self, zero_stage: int) -> str:
+        return ("torchtitan shards with FSDP2 (zero_stage=3, or 0 = replicate) and has no ZeRO-1/2 "
+                f"({TT}models/llama3/parallelize.py:68-88)")
+
+    def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
+        if zero != 3:
+            return ConfigError(f"hsdp_shard_size={hsdp} needs zero_stage=3 (torchtitan's dp_replicate x dp_shard)",
+                               valid=["zero_stage=3"])
+        if hsdp % cp:
+            return ConfigError(f"hsdp_shard_size={hsdp} must be a multiple of cp={cp}: torchtitan shards over "
+                               f"dp_shard x cp ({TT}distributed/parallel_dims.py build_mesh)",
+                               valid=[s for s in range(cp, dp_cp, cp) if dp_cp % s == 0][:8])
+        return None
+
+    def runs_as(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
+        if par.zero_stage == 0 and par.cp > 1:
+            dp = par.dp(num_gpus)
+            shard = par.cp if dp > 1 else None
+            note = (f"torchtitan runs zero_stage=0 with cp={par.cp} as FSDP over dp_shard x cp = {par.cp} "
+                    f"(replicated over dp_replicate = {dp})")
+            return par.model_copy(update={"zero_stage": 3, "hsdp_shard_size": shard}), note
+        return par, None
+
+    def runs_as_written(self, zero: int, cp: int) -> bool:
+        return not (zero == 0 and cp > 1)
+
+    def hsdp_choices(self, cluster: ClusterSpec, dp_cp: int, cp: int) -> list[int]:
+        """A node / NVLink domain, and cp itself (what ZeRO-0 with CP runs as: FSDP over cp, replicated over dp)."""
+        extra = [cp] if 1 < cp < dp_cp else []
+        return sorted({s for s in super().hsdp_choices(cluster, dp_cp, cp) if s % cp == 0} | set(extra))
+
+    def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                      rt: Runtime) -> None:
+        if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
+            raise ConfigError(f"fp8_recipe=mxfp8 needs sm_100 (Blackwell) ({TT}components/quantization/mx.py:70); "
+                              f"{cluster.gpu.name} is {cluster.gpu.generation}",
+                              valid=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+
+    def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
+                par: ParallelConfig | None = None) -> Runtime:
+        k = self._knob_values(software, job, cluster)
+        compile_on = k.get("compile", False)
+        if k.get("async_tp") and not compile_on:
+            raise ConfigError(f"async_tp needs compile ({TT}config/configs.py:304: 'Async TP requires "
+                              "--compile.enable')", valid=["--compile --async-tp", "--no-async-tp"])
+        if "fp8_recipe" in k and job.precision != "fp8":
+            raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})")
+        tp = par.tp if par is not None else 2
+        return Runtime(
+            target="torchtitan",
+            compile=compile_on,
+            async_tp=bool(k.get("async_tp", False)) and tp > 1,
+            tp_comm_overlap=False,
+            fp8_recipe=k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None,
+            grad_reduce_dtype="fp32",
+            cp_comm_type=k.get("cp_comm_type", "allgather"),
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            # "default": reshard after forward unless pipelining (torchtitan apply_fsdp: not pp_enabled)
+            reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
+            weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
+            fused_elementwise=compile_on,
+        )
+
+
+PROFILE = TorchtitanProfile()
