@@ -18,7 +18,8 @@ from autoplan.cli import cli
 from autoplan.emit import EmitPlan, emit, load_plan, write_emitted, write_plan
 from autoplan.emit.megatron import megatron_args, parse_megatron_args
 from autoplan.emit.ranks import megatron_layout, rank_coordinates, rank_groups
-from autoplan.emit.torchtitan import (CONFIG_MODULE, UnsupportedModelError, check_v02, module_fqns_per_model_part,
+from autoplan.emit.torchtitan import (CONFIG_MODULE, UnsupportedModelError, check_v02, config_module,
+                                      module_fqns_per_model_part,
                                       torchtitan_overrides, v02_document)
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import JobSpec, ParallelConfig
@@ -150,8 +151,12 @@ def test_rank_layout_partitions(tp: int, cp: int, dp: int, pp: int, ep: int) -> 
 # ---- torchtitan -------------------------------------------------------------------------------------------
 
 def test_torchtitan_overrides_70b() -> None:
-    args = torchtitan_overrides(plan(**L70_PP8))
+    args = torchtitan_overrides(plan(**{**L70_PP8, "model": "llama3.1-70b"}))  # torchtitan's 70B is Llama 3.1
     assert args[:4] == ["--module", "llama3", "--config", "llama3_70b"]
+    # Llama 3.0 70B: the same flavor with its RoPE scaling removed, through the emitted config module
+    assert torchtitan_overrides(plan(**L70_PP8))[:4] == ["--module", "autoplan_torchtitan_config", "--config",
+                                                         "autoplan_config"]
+    assert "_set(config.model_spec.model, RoPE.Config, **{'scaling': 'none'})" in config_module(plan(**L70_PP8))
     assert args[-1] == "activation_checkpoint:selective" and "--training.disable_cuda_graphs" in args
     f = flags(args)
     assert f["--parallelism.tensor_parallel_degree"] == "8" and f["--parallelism.pipeline_parallel_degree"] == "8"
@@ -485,8 +490,8 @@ def test_check_emittable_covers_target_limits() -> None:
 def test_notes_for_what_a_target_cannot_follow() -> None:
     e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "megatron")
     assert any("hsdp_shard_size=8" in n for n in e.notes) and "notes:" in e.files["README.txt"]
-    e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "torchtitan")
-    f = flags(torchtitan_overrides(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3,
+    e = emit(plan("llama3.1-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "torchtitan")
+    f = flags(torchtitan_overrides(plan("llama3.1-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3,
                                         hsdp_shard_size=8)))
     assert f["--parallelism.data_parallel_replicate_degree"] == "8"
     assert f["--parallelism.data_parallel_shard_degree"] == "8" and not e.notes

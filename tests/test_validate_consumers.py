@@ -101,9 +101,13 @@ def test_shipped_table_matches_torchtitan() -> None:
         mc = mod.model_registry(t.flavor).model
         layer = mc.layers[-1]
         experts = layer.moe.num_experts if getattr(layer, "moe", None) is not None else 0
-        got = (len(mc.layers), mc.dim, layer.attention.n_heads, layer.attention.n_kv_heads, mc.vocab_size, experts)
+        heads = layer.attention.n_heads
+        kv = getattr(layer.attention, "n_kv_heads", None) or heads  # MLA: no KV heads (ModelSpec: = heads)
+        got = (len(mc.layers), mc.dim, heads, kv, mc.vocab_size, experts)
         want = t.dims[:4] + t.dims[5:]
         assert got == want, t
+        rope = layer.attention.rope
+        assert (rope.theta, rope.scaling, layer.attention_norm.eps) == (t.rope_theta, t.rope_scaling, t.norm_eps), t
         if t.config_fn:
             assert callable(getattr(importlib.import_module(f"torchtitan.models.{t.module}.config_registry"),
                                     t.config_fn))

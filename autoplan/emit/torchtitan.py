@@ -37,7 +37,7 @@ class UnsupportedModelError(ConfigError):
 
 @dataclass(frozen=True)
 class TitanModel:
-    """A model torchtitan 0.3.0 ships: its module, flavor and ``config_registry`` function."""
+    """A flavor torchtitan 0.3.0 ships: its module, flavor, ``config_registry`` function and architecture."""
 
     module: str  # --module
     flavor: str  # model_registry flavor (also [model] flavor in <= 0.2.x)
@@ -45,23 +45,53 @@ class TitanModel:
     config_precision: Literal["bf16", "fp8"]  # what config_fn trains in
     # architecture fingerprint: layers, hidden, heads, kv heads, ffn, vocab, experts
     dims: tuple[int, int, int, int, int, int, int]
+    # the flavor's own architecture facts (models/<module>/__init__.py): RoPE base and scaling, norm eps
+    rope_theta: float = 500000.0
+    rope_scaling: Literal["none", "llama", "yarn"] = "llama"
+    norm_eps: float = 1e-5
     # For a config module: a shipped bf16 config function of the same family to start from (building
     # config_fn itself would construct its float8 converter), and config_fn's settings to keep.
     bf16_base: str = ""
     keep: tuple[tuple[str, str], ...] = ()
 
 
+def _qwen3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], theta: float = 1e6,
+           base: str = "") -> TitanModel:
+    return TitanModel("qwen3", flavor, fn, "bf16", dims, theta, "none", 1e-6, bf16_base=base)
+
+
+def _dsv3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], base: str = "") -> TitanModel:
+    return TitanModel("deepseek_v3", flavor, fn, "bf16", dims, 10000.0, "yarn", 1e-5, bf16_base=base)
+
+
+# Every non-debug flavor torchtitan 0.3.0 ships for the decoder families autoplan plans (tests/test_torchtitan_
+# flavors.py rebuilds each from torchtitan and checks the row). Llama 3 flavors are Llama 3.1/3.2: llama RoPE
+# scaling (factor 8 over 8192 tokens) is part of every one of them.
 SHIPPED: tuple[TitanModel, ...] = (
+    TitanModel("llama3", "1B", "", "bf16", (16, 2048, 32, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
+    TitanModel("llama3", "3B", "", "bf16", (28, 3072, 24, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
     TitanModel("llama3", "8B", "llama3_8b", "bf16", (32, 4096, 32, 8, 14336, 128256, 0)),
     TitanModel("llama3", "70B", "llama3_70b", "bf16", (80, 8192, 64, 8, 28672, 128256, 0)),
     TitanModel("llama3", "405B", "llama3_405b", "fp8", (126, 16384, 128, 8, 53248, 128256, 0),
                bf16_base="llama3_70b",
                keep=(("hf_assets_path", "'./assets/hf/Llama-3.1-405B'"),
                      ("optimizer", "default_adamw(lr=8e-5)"),
-                     ("lr_scheduler", "LRSchedulersContainer.Config(warmup_steps=600)"))),
-    # torchtitan 0.3.0 ships the 235B-A22B flavor without a config function: start from qwen3_30b_a3b.
-    TitanModel("qwen3", "235B-A22B", "", "bf16", (94, 4096, 64, 4, 12288, 151936, 128),
+                     ("lr_scheduler", "LRSchedulersContainer.Config(warmup_steps=600)"),
+                     ("training.local_batch_size", "2"), ("training.steps", "3000"),
+                     ("compile", "CompileConfig(enable=True, enable_async_tensor_parallel=True)"))),
+    _qwen3("0.6B", "qwen3_0_6b", (28, 1024, 16, 8, 3072, 151936, 0)),
+    _qwen3("1.7B", "qwen3_1_7b", (28, 2048, 16, 8, 6144, 151936, 0)),
+    _qwen3("4B", "", (36, 2560, 32, 8, 9728, 151936, 0), base="qwen3_14b"),
+    _qwen3("8B", "", (36, 4096, 32, 8, 12288, 151936, 0), base="qwen3_14b"),
+    _qwen3("14B", "qwen3_14b", (40, 5120, 40, 8, 17408, 151936, 0)),
+    _qwen3("32B", "qwen3_32b", (64, 5120, 64, 8, 25600, 151936, 0)),
+    _qwen3("30B-A3B", "qwen3_30b_a3b", (48, 2048, 32, 4, 6144, 151936, 128)),
+    # torchtitan 0.3.0 ships 235B-A22B without a config function and with RoPE base 5e6 (Qwen's config.json: 1e6)
+    TitanModel("qwen3", "235B-A22B", "", "bf16", (94, 4096, 64, 4, 12288, 151936, 128), 5e6, "none", 1e-6,
                bf16_base="qwen3_30b_a3b", keep=(("hf_assets_path", "'./assets/hf/Qwen3-235B-A22B'"),)),
+    _dsv3("16B", "deepseek_v3_16b", (27, 2048, 16, 16, 10944, 102400, 64)),
+    _dsv3("236B", "", (60, 5120, 128, 128, 12288, 102400, 160), base="deepseek_v3_16b"),
+    _dsv3("671B", "deepseek_v3_671b", (61, 7168, 128, 128, 18432, 129280, 256)),
 )
 
 
@@ -71,7 +101,8 @@ def fingerprint(m: ModelSpec) -> tuple[int, int, int, int, int, int, int]:
 
 
 def titan_model(m: ModelSpec) -> TitanModel:
-    """The torchtitan model with ``m``'s architecture, or ``UnsupportedModelError`` saying what ships."""
+    """The torchtitan flavor with ``m``'s shapes, or ``UnsupportedModelError`` saying what ships. Facts that
+    differ without changing shapes (RoPE, norm eps, MTP) are set by the emitted config module (``arch_overrides``)."""
     for t in SHIPPED:
         if t.dims == fingerprint(m):
             return t
@@ -83,9 +114,35 @@ def titan_model(m: ModelSpec) -> TitanModel:
         "torchtitan (a model package with a config_registry) first")
 
 
+def arch_overrides(m: ModelSpec) -> dict[str, Any]:
+    """Where the flavor's architecture differs from the model the user asked for: RoPE base (``theta``), RoPE
+    scaling (``scaling``), norm epsilon (``eps``), MTP depth (``num_mtp_layers``, DeepSeek). Raises
+    ``UnsupportedModelError`` for a difference torchtitan's config cannot express here."""
+    t, arch, out = titan_model(m), m.arch, {}
+    if arch.rope_theta != t.rope_theta:
+        out["theta"] = arch.rope_theta
+    want = {None: "none", "llama3": "llama", "yarn": "yarn"}[arch.rope_scaling.type if arch.rope_scaling else None]
+    if want != t.rope_scaling:
+        if want != "none":
+            raise UnsupportedModelError(f"{m.name}: RoPE scaling '{want}' differs from torchtitan {t.module} "
+                                        f"{t.flavor}'s '{t.rope_scaling}'; autoplan only removes a flavor's scaling")
+        out["scaling"] = "none"
+    elif want == "llama" and arch.rope_scaling is not None:
+        rs = arch.rope_scaling  # torchtitan's llama scaling defaults (RoPE.Config): 8, 1, 4, 8192
+        if (rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings) != (8, 1, 4, 8192):
+            raise UnsupportedModelError(f"{m.name}: llama RoPE scaling {rs} differs from torchtitan's (8, 1, 4, 8192)")
+    if arch.norm_eps != t.norm_eps:
+        out["eps"] = arch.norm_eps
+    if arch.mtp_layers:
+        if t.module != "deepseek_v3":
+            raise UnsupportedModelError(f"{m.name}: torchtitan {t.module} has no multi-token prediction")
+        out["num_mtp_layers"] = arch.mtp_layers
+    return out
+
+
 def needs_config_module(plan: EmitPlan) -> bool:
     t = titan_model(plan.model)
-    return not t.config_fn or t.config_precision != plan.job.precision
+    return not t.config_fn or t.config_precision != plan.job.precision or bool(arch_overrides(plan.model))
 
 
 def _dp_degrees(plan: EmitPlan) -> tuple[int, int, str]:
@@ -173,9 +230,11 @@ def notes(plan: EmitPlan) -> list[str]:
     if par.schedule == "zb-h1":
         out.append("schedule zb-h1: torchtitan's zero-bubble schedules need 2+ stages per rank; emitted 1F1B")
     if needs_config_module(plan):
-        t = titan_model(plan.model)
+        t, differs = titan_model(plan.model), arch_overrides(plan.model)
         why = (f"torchtitan ships {t.module} {t.flavor} without a config function" if not t.config_fn else
-               f"torchtitan's {t.config_fn} trains in {t.config_precision}, the plan in {plan.job.precision}")
+               f"torchtitan's {t.config_fn} trains in {t.config_precision}, the plan in {plan.job.precision}"
+               if t.config_precision != plan.job.precision else
+               f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
     return out
 
@@ -209,39 +268,86 @@ def torchtitan_overrides(plan: EmitPlan) -> list[str]:
 
 
 def config_module(plan: EmitPlan) -> str:
-    """A torchtitan 0.3 ``config_registry``-style module: the shipped config with the plan's precision.
+    """A torchtitan 0.3 ``config_registry``-style module: the shipped config, in the plan's precision, building
+    the model the user asked for.
 
     bf16 from an fp8 config: start from the family's bf16 config function (building the fp8 one would
-    construct its float8 converter), swap in the flavor, keep the fp8 config's other settings.
-    fp8 from a bf16 config: the shipped config with a ``Float8LinearConverter`` (lm_head kept in bf16)."""
+    construct its float8 converter, which needs torchao), swap in the flavor, re-apply the fp8 config's own
+    settings (``keep``: compile, async TP, optimizer, schedule). fp8 from a bf16 config: the shipped config with a
+    ``Float8LinearConverter`` (lm_head kept in bf16). Architecture differences from the flavor (``arch_overrides``)
+    are set on every RoPE / RMSNorm config of the model."""
     t = titan_model(plan.model)
     fp8 = plan.job.precision == "fp8"
-    base = t.config_fn if (fp8 and t.config_fn) else (t.bf16_base or t.config_fn)
+    over = arch_overrides(plan.model)
+    differs = dict(over)
+    mtp = over.pop("num_mtp_layers", 0)
+    rope = {k: over[k] for k in ("theta", "scaling") if k in over}
+    base = t.config_fn if (fp8 and t.config_fn) or (t.config_fn and t.config_precision == "bf16") else \
+        (t.bf16_base or t.config_fn)
+    why = (f"torchtitan's {t.config_fn} trains in {t.config_precision}" if t.config_fn and t.config_precision !=
+           plan.job.precision else f"torchtitan ships the {t.flavor} flavor without a config function"
+           if not t.config_fn else f"{plan.model.name} differs from torchtitan's {t.flavor} flavor: {differs}")
     lines = [
         f'"""torchtitan config for {t.module} {t.flavor} in {plan.job.precision} (generated by autoplan).',
         "",
-        (f"torchtitan's {t.config_fn} trains in {t.config_precision}; this one starts from {base}." if t.config_fn
-         else f"torchtitan ships the {t.flavor} flavor without a config function; this one starts from {base}."),
+        f"{why}; this one starts from {base}.",
         '"""',
+        "",
+        "import dataclasses",
         "",
         f"from torchtitan.models.{t.module} import model_registry",
         f"from torchtitan.models.{t.module}.config_registry import {base} as _base",
     ]
     if fp8:
         lines.append("from torchtitan.components.quantization import Float8LinearConverter")
-    if any("default_adamw" in v or "LRSchedulersContainer" in v for _, v in t.keep) and not fp8:
+    keep = t.keep if base != t.config_fn else ()
+    if any("default_adamw" in v or "LRSchedulersContainer" in v for _, v in keep):
         lines += ["from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw"]
-    lines += ["", "", f"def {CONFIG_FN}():", "    config = _base()"]
+    if any("CompileConfig" in v for _, v in keep):
+        lines += ["from torchtitan.config import CompileConfig"]
+    if rope or "eps" in over:
+        lines += ["from torchtitan.models.common import RMSNorm, RoPE"]
+    if mtp:
+        lines += ["from torchtitan.models.common.config_utils import decoder_vocab_size",
+                  "from torchtitan.models.deepseek_v3.mtp import MTPLoss"]
+    lines += [
+        "", "",
+        "def _set(node, cls, **values):",
+        '    """Set ``values`` on every ``cls`` config nested in ``node`` (each layer has its own copy)."""',
+        "    seen = set()",
+        "    stack = [node]",
+        "    while stack:",
+        "        x = stack.pop()",
+        "        if id(x) in seen:",
+        "            continue",
+        "        seen.add(id(x))",
+        "        if isinstance(x, cls):",
+        "            for k, v in values.items():",
+        "                setattr(x, k, v)",
+        "        if dataclasses.is_dataclass(x):",
+        "            stack += [getattr(x, f.name) for f in dataclasses.fields(x)]",
+        "        elif isinstance(x, (list, tuple)):",
+        "            stack += list(x)",
+        "", "",
+        f"def {CONFIG_FN}():", "    config = _base()"]
+    extra = f", num_mtp_layers={mtp}" if mtp else ""
     if fp8:
         lines += [
             "    compile_on = config.compile.enable and 'model' in config.compile.components",
-            f"    config.model_spec = model_registry({t.flavor!r}, converters=[",
+            f"    config.model_spec = model_registry({t.flavor!r}{extra}, converters=[",
             "        Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=compile_on)])",
         ]
     else:
-        lines.append(f"    config.model_spec = model_registry({t.flavor!r})  # no float8 converter: bf16")
-        lines += [f"    config.{k} = {v}  # " + (f"as in {t.config_fn}" if t.config_fn else f"for {t.flavor}")
-                  for k, v in t.keep]
+        lines.append(f"    config.model_spec = model_registry({t.flavor!r}{extra})  # no float8 converter: bf16")
+    lines += [f"    config.{k} = {v}  # " + (f"as in {t.config_fn}" if t.config_fn else f"for {t.flavor}")
+              for k, v in keep]
+    if mtp:  # as torchtitan's deepseek_v3_debugmodel_mtp: the MTP modules need their loss
+        lines.append("    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))")
+    if rope:
+        lines.append(f"    _set(config.model_spec.model, RoPE.Config, **{rope!r})  # {plan.model.name}'s RoPE")
+    if "eps" in over:
+        lines.append(f"    _set(config.model_spec.model, RMSNorm.Config, eps={over['eps']!r})  # "
+                     f"{plan.model.name}'s norm epsilon")
     lines += ["    return config", ""]
     return "\n".join(lines)
 

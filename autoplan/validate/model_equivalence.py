@@ -1,0 +1,254 @@
+"""The model a framework builds from autoplan's emitted config, compared with the Hugging Face model of the same
+``config.json``, field by field, on the meta device (no weights are allocated).
+
+Reference: ``transformers`` builds the HF model (``AutoModelForCausalLM.from_config``) and computes its RoPE
+frequencies (``modeling_rope_utils.ROPE_INIT_FUNCTIONS``). Candidates: megatron-core's ``GPTModel`` (MLA for
+DeepSeek) built from the TransformerConfig that the emitted Megatron argument list maps to (as Megatron-LM's
+``core_transformer_config_from_args`` and ``gpt_builders.py`` do), and torchtitan's model built from the emitted
+flavor (``torchtitan_equivalence``). Needs the ``validate`` extra. Rows: (model, framework, field, ours, theirs).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+Row = tuple[str, str, str, Any, Any]
+
+
+def _hf(config: dict[str, Any]) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(cfg)
+    return cfg, model
+
+
+def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields compared, as transformers' own model and config state them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg, model = _hf(config)
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_type": "default"}
+    kind = rope.get("rope_type", "default")
+    init = ROPE_INIT_FUNCTIONS[kind] if kind != "default" else None
+    if init is None:
+        from transformers.modeling_rope_utils import dynamic_rope_update  # noqa: F401  (same module, default)
+        base = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        dim = getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None) or \
+            cfg.hidden_size // cfg.num_attention_heads
+        import torch
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = init(cfg, "cpu")
+    attn = model.model.layers[0].self_attn
+    names = {n for n, _ in model.named_modules()}
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "rope_inv_freq": inv_freq.double(),
+        "norm_eps": float(cfg.rms_norm_eps),
+        "qk_norm": any(n.endswith(("self_attn.q_norm", "self_attn.q_a_layernorm")) for n in names),
+        "window": getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None,
+        "softmax_scale": float(attn.scaling),
+        "router": _hf_router(config),
+    }
+
+
+def _hf_router(c: dict[str, Any]) -> dict[str, Any] | None:
+    experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    if not experts:
+        return None
+    return {"experts": experts, "top_k": c["num_experts_per_tok"], "score": c.get("scoring_func", "softmax"),
+            "groups": c.get("n_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
+            "group_top_k": c.get("topk_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
+            "expert_bias": c.get("topk_method") == "noaux_tc", "scale": c.get("routed_scaling_factor", 1.0),
+            # Mixtral: top-k of the logits, softmax over them (renormalized); Qwen/DeepSeek: norm_topk_prob
+            "renormalize": bool(c.get("norm_topk_prob", c.get("model_type") == "mixtral")),
+            "aux_coeff": c.get("router_aux_loss_coef", c.get("aux_loss_alpha"))}
+
+
+def _init_megatron() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29561")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(1, 1)
+
+
+def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
+    """megatron-core's GPTModel (on meta) for an emitted argument list, at tp = pp = ep = 1 (the model, not the
+    layout, is compared)."""
+    import torch
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec, get_gpt_layer_local_spec,
+                                                           get_gpt_mtp_block_spec)
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    from autoplan.emit.megatron import parse_megatron_args
+    from autoplan.validate.megatron_checks import gpt_model_kwargs, transformer_config_kwargs
+
+    _init_megatron()
+    ns = parse_megatron_args(argv)
+    ns.padded_vocab_size = vocab_size
+    mla, kw = transformer_config_kwargs(ns)
+    kw.update(use_cpu_initialization=True, perform_initialization=False, tensor_model_parallel_size=1,
+              pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
+              expert_model_parallel_size=1, expert_tensor_parallel_size=1, sequence_parallel=False,
+              num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
+              recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
+              # the dispatcher moves tokens, it is not part of the model; alltoall allocates a CUDA stream at build
+              moe_token_dispatcher_type="allgather", moe_grouped_gemm=False)  # grouped GEMM: same parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
+        if cfg.num_moe_experts:
+            spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
+        else:
+            spec = get_gpt_layer_local_spec(qk_layernorm=cfg.qk_layernorm, multi_latent_attention=mla,
+                                            normalization=cfg.normalization)
+        if mla:
+            _parameterless_core_attention(spec)
+        mtp = get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False) if cfg.mtp_num_layers else None
+        # megatron-core 0.16's MLA builds YarnRotaryEmbedding without passing use_cpu_initialization, so it asks
+        # torch.cuda.current_device(); on a CPU-only torch answer "cpu" for the duration of the build.
+        saved = torch.cuda.current_device
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        # Without Transformer Engine, multi_latent_attention.TELinear is a placeholder (None or a mock, not a class)
+        # and MLA's isinstance() check on it raises; a class nothing is an instance of gives the answer that check
+        # means (not a TE linear).
+        import megatron.core.transformer.multi_latent_attention as mla_mod
+        saved_te = getattr(mla_mod, "TELinear", None)
+        if not isinstance(saved_te, type):
+            mla_mod.TELinear = type("NoTELinear", (), {})  # type: ignore[attr-defined]
+        try:
+            with torch.device("meta"):
+                model = GPTModel(config=cfg, transformer_layer_spec=spec, mtp_block_spec=mtp, **gpt_model_kwargs(ns))
+        finally:
+            torch.cuda.current_device = saved  # type: ignore[assignment]
+            mla_mod.TELinear = saved_te  # type: ignore[attr-defined]
+    return cfg, model
+
+
+def _parameterless_core_attention(spec: Any) -> None:
+    """megatron-core 0.16's non-TE MLA spec pairs MLASelfAttention with a DotProductAttention that rejects its
+    ``k_channels`` argument (a TE-only path). The core attention holds no parameters and the softmax scale is
+    MLASelfAttention's own, so for building the model it is replaced by a parameterless stand-in."""
+    import torch
+
+    class CoreAttention(torch.nn.Module):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+            self.softmax_scale = kwargs.get("softmax_scale")
+
+    layers = getattr(spec, "layer_specs", None) or [spec]
+    for layer in layers:
+        attn = layer.submodules.self_attention
+        attn.submodules.core_attention = CoreAttention
+
+
+def _effective_inv_freq(rope: Any) -> Any:
+    """The frequencies a Megatron rotary module applies: ``inv_freq`` for RoPE (llama3 scaling applied at init);
+    for YaRN the blend ``YarnRotaryEmbedding.get_emb`` forms, computed with megatron-core's own ramp functions."""
+    if not hasattr(rope, "inv_freq_extra"):
+        return rope.inv_freq
+    import torch
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as yarn
+
+    low, high = yarn._yarn_find_correction_range(rope.beta_fast, rope.beta_slow, rope.dim, rope.rotary_base,
+                                                 rope.original_max_position_embeddings,
+                                                 rope.correction_range_round_to_int)
+    mask = 1.0 - yarn._yarn_linear_ramp_mask(low, high, rope.dim // 2, device="cpu").to(dtype=torch.float32)
+    return rope.inv_freq_inter * (1 - mask) + rope.inv_freq_extra * mask
+
+
+def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
+    cfg, model = megatron_model(argv, vocab_size)
+    named = dict(model.named_parameters())
+    mods = dict(model.named_modules())
+    attn = mods["decoder.layers.0.self_attention"]
+    rope = getattr(model, "rotary_pos_emb", None) or attn.rotary_pos_emb
+    router = None
+    if cfg.num_moe_experts:
+        router = {"experts": cfg.num_moe_experts, "top_k": cfg.moe_router_topk, "score": cfg.moe_router_score_function,
+                  "groups": cfg.moe_router_num_groups or 1, "group_top_k": cfg.moe_router_group_topk or 1,
+                  "expert_bias": cfg.moe_router_enable_expert_bias,
+                  "scale": cfg.moe_router_topk_scaling_factor or 1.0,
+                  # topk_softmax_with_capacity: sigmoid scores are always renormalized over the k chosen; softmax is
+                  # renormalized unless moe_router_pre_softmax (megatron/core/transformer/moe/moe_utils.py)
+                  "renormalize": cfg.moe_router_score_function == "sigmoid" or not cfg.moe_router_pre_softmax,
+                  "aux_coeff": cfg.moe_aux_loss_coeff}
+    window = cfg.window_size[0] + 1 if cfg.window_size else None
+    core = attn.core_attention
+    return {
+        "params": sum(p.numel() for k, p in named.items() if not k.startswith("mtp.")),
+        "mtp_params": sum(p.numel() for k, p in named.items() if k.startswith("mtp.")),
+        "rope_inv_freq": _effective_inv_freq(rope).double(),
+        "norm_eps": float(cfg.layernorm_epsilon),
+        "qk_norm": "decoder.layers.0.self_attention.q_layernorm" in mods and
+                   not type(mods["decoder.layers.0.self_attention.q_layernorm"]).__name__ == "IdentityOp",
+        "window": window,
+        "softmax_scale": float(getattr(attn, "softmax_scale", None) or getattr(core, "softmax_scale", None) or
+                               1.0 / (cfg.kv_channels ** 0.5)),
+        "router": router,
+    }
+
+
+def compare_megatron(model: Any, hf_config: dict[str, Any]) -> list[Row]:
+    """Rows for one model: the emitted Megatron model (tp = pp = 1 plan) against transformers' model."""
+    import torch
+
+    from autoplan.catalog import build_cluster
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.emit.plan import EmitPlan
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    plan = EmitPlan(model=model, cluster=build_cluster("h100-sxm", 8), job=JobSpec(global_batch_size=8, seq_len=4096),
+                    parallel=ParallelConfig(tp=1))
+    ours, ref = megatron_fields(megatron_args(plan), model.vocab_size), hf_reference(hf_config)
+    rows: list[Row] = []
+    for field, theirs in ref.items():
+        mine = ours[field]
+        if field == "rope_inv_freq":
+            same = mine.shape == theirs.shape and bool(torch.allclose(mine, theirs, rtol=1e-6, atol=0))
+            mine, theirs = (f"{mine.shape[0]} freqs", f"{theirs.shape[0]} freqs, max |diff| "
+                            f"{float((mine - theirs).abs().max()) if mine.shape == theirs.shape else 'n/a':.1e}")
+            rows.append((model.name, "megatron-core", field, mine if same else "DIFFERENT", theirs))
+            continue
+        if field == "softmax_scale":
+            same = abs(mine - theirs) <= 1e-12 * abs(theirs)
+            rows.append((model.name, "megatron-core", field, theirs if same else mine, theirs))
+            continue
+        rows.append((model.name, "megatron-core", field, mine, theirs))
+    rows.append((model.name, "megatron-core", "mtp_params (vs ModelSpec.mtp_params)", ours["mtp_params"],
+                 model.mtp_params))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    """``python -m autoplan.validate.model_equivalence MODEL CONFIG_JSON``: JSON rows on stdout (one process per
+    model: megatron-core's parallel state and torch.distributed are process-global)."""
+    import json
+    import sys
+
+    from autoplan.catalog import load_model
+
+    warnings.simplefilter("ignore")
+    model, config = load_model(argv[0]), json.loads(open(argv[1]).read())
+    rows = compare_megatron(model, config)
+    json.dump([list(r) for r in rows], sys.stdout, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
