@@ -202,8 +202,74 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
     }
 
 
-def compare_megatron(model: Any, hf_config: dict[str, Any]) -> list[Row]:
-    """Rows for one model: the emitted Megatron model (tp = pp = 1 plan) against transformers' model."""
+def _titan_config(plan: Any) -> Any:
+    """torchtitan's Trainer.Config for the emitted plan: the emitted config module when there is one (executed as
+    the launch script would import it), else the shipped config_registry function."""
+    import importlib
+
+    from autoplan.emit.torchtitan import CONFIG_FN, config_module, needs_config_module, titan_model
+
+    t = titan_model(plan.model)
+    if needs_config_module(plan):
+        scope: dict[str, Any] = {}
+        exec(compile(config_module(plan), "autoplan_torchtitan_config.py", "exec"), scope)  # noqa: S102 (ours)
+        return scope[CONFIG_FN]()
+    return getattr(importlib.import_module(f"torchtitan.models.{t.module}.config_registry"), t.config_fn)()
+
+
+def _rope_freqs(rope_cfg: Any) -> Any:
+    """The frequencies of a torchtitan RoPE module (built on CPU from the layer's config): the phase advance
+    between positions 0 and 1 of its cache (complex ``freqs_cis`` or ``cos``/``sin``)."""
+    import torch
+
+    module = rope_cfg.build()
+    bufs = dict(module.named_buffers())
+    cache = next(iter(bufs.values()))
+    if torch.is_complex(cache):
+        return torch.angle(cache[1]).double()
+    half = cache.shape[-1] // 4 if cache.shape[-1] == 2 * rope_cfg.dim else cache.shape[-1] // 2
+    cos, sin = cache[1, :half], cache[1, cache.shape[-1] // 2:cache.shape[-1] // 2 + half]
+    return torch.atan2(sin, cos).double()
+
+
+def torchtitan_fields(plan: Any) -> dict[str, Any]:
+    import torch
+
+    cfg = _titan_config(plan)
+    mc = cfg.model_spec.model
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = mc.build()
+    named = dict(model.named_parameters())
+    names = {n for n, _ in model.named_modules()}
+    layer = mc.layers[0]
+    moe = next((x.moe for x in mc.layers if getattr(x, "moe", None) is not None), None)
+    router = None
+    if moe is not None:
+        r = moe.router
+        router = {"experts": moe.num_experts, "top_k": r.top_k, "score": r.score_func,
+                  "groups": r.num_expert_groups or 1, "group_top_k": r.num_limited_groups or 1,
+                  "expert_bias": moe.load_balance_coeff is not None, "scale": r.route_scale,
+                  "renormalize": bool(r.route_norm), "aux_coeff": None}  # torchtitan has no auxiliary loss
+    attn = dict(model.named_modules())["layers.0.attention"]
+    head = getattr(layer.attention, "qk_nope_head_dim", 0) + getattr(layer.attention, "qk_rope_head_dim", 0) or \
+        getattr(layer.attention, "head_dim", None) or mc.dim // layer.attention.n_heads
+    scale = getattr(attn, "softmax_scale", None) or head ** -0.5
+    return {
+        "params": sum(p.numel() for k, p in named.items() if not k.startswith("mtp")),
+        "mtp_params": sum(p.numel() for k, p in named.items() if k.startswith("mtp")),
+        "rope_inv_freq": _rope_freqs(layer.attention.rope),
+        "norm_eps": float(layer.attention_norm.eps),
+        "qk_norm": any(n.endswith(("attention.q_norm", "attention.qk_norm")) for n in names),
+        "window": None,
+        "softmax_scale": float(scale),
+        "router": router,
+    }
+
+
+def compare(model: Any, hf_config: dict[str, Any], framework: str) -> list[Row]:
+    """Rows for one model: the emitted model of ``framework`` (megatron-core or torchtitan; a tp = pp = 1 plan)
+    against transformers' model of the same config.json."""
     import torch
 
     from autoplan.catalog import build_cluster
@@ -213,28 +279,31 @@ def compare_megatron(model: Any, hf_config: dict[str, Any]) -> list[Row]:
 
     plan = EmitPlan(model=model, cluster=build_cluster("h100-sxm", 8), job=JobSpec(global_batch_size=8, seq_len=4096),
                     parallel=ParallelConfig(tp=1))
-    ours, ref = megatron_fields(megatron_args(plan), model.vocab_size), hf_reference(hf_config)
+    ref = hf_reference(hf_config)
+    ours = megatron_fields(megatron_args(plan), model.vocab_size) if framework == "megatron-core" else \
+        torchtitan_fields(plan)
     rows: list[Row] = []
     for field, theirs in ref.items():
         mine = ours[field]
         if field == "rope_inv_freq":
-            same = mine.shape == theirs.shape and bool(torch.allclose(mine, theirs, rtol=1e-6, atol=0))
+            # torchtitan's frequencies are read back from its float32 cache (phase at position 1): float32 tolerance
+            same = mine.shape == theirs.shape and bool(torch.allclose(mine, theirs, rtol=1e-6, atol=1e-7))
             mine, theirs = (f"{mine.shape[0]} freqs", f"{theirs.shape[0]} freqs, max |diff| "
                             f"{float((mine - theirs).abs().max()) if mine.shape == theirs.shape else 'n/a':.1e}")
-            rows.append((model.name, "megatron-core", field, mine if same else "DIFFERENT", theirs))
+            rows.append((model.name, framework, field, mine if same else "DIFFERENT", theirs))
             continue
         if field == "softmax_scale":
             same = abs(mine - theirs) <= 1e-12 * abs(theirs)
-            rows.append((model.name, "megatron-core", field, theirs if same else mine, theirs))
+            rows.append((model.name, framework, field, theirs if same else mine, theirs))
             continue
-        rows.append((model.name, "megatron-core", field, mine, theirs))
-    rows.append((model.name, "megatron-core", "mtp_params (vs ModelSpec.mtp_params)", ours["mtp_params"],
+        rows.append((model.name, framework, field, mine, theirs))
+    rows.append((model.name, framework, "mtp_params (vs ModelSpec.mtp_params)", ours["mtp_params"],
                  model.mtp_params))
     return rows
 
 
 def main(argv: list[str]) -> int:
-    """``python -m autoplan.validate.model_equivalence MODEL CONFIG_JSON``: JSON rows on stdout (one process per
+    """``python -m autoplan.validate.model_equivalence MODEL CONFIG_JSON [megatron-core|torchtitan]``: JSON rows on stdout (one process per
     model: megatron-core's parallel state and torch.distributed are process-global)."""
     import json
     import sys
@@ -243,7 +312,7 @@ def main(argv: list[str]) -> int:
 
     warnings.simplefilter("ignore")
     model, config = load_model(argv[0]), json.loads(open(argv[1]).read())
-    rows = compare_megatron(model, config)
+    rows = compare(model, config, argv[2] if len(argv) > 2 else "megatron-core")
     json.dump([list(r) for r in rows], sys.stdout, default=str)
     return 0
 
