@@ -227,6 +227,9 @@ class Engine:
         pins = req.parallel.given()
         if ({"first_stage_layers", "last_stage_layers"} & set(pins)) and "vp" not in pins:
             pins["vp"] = 1  # uneven first/last stages need vp 1 (Megatron rule): pinning them implies it
+        if ({"first_stage_layers", "last_stage_layers"} & set(pins)) and pins.get("pp", 1) == 1:
+            raise ConfigError("first_stage_layers / last_stage_layers pin a pipeline split: pin pp > 1 with them "
+                              "(--pp)")
         if "pp" in pins and ({"first_stage_layers", "last_stage_layers"} & set(pins)):
             from cost_models.validate import stage_layers  # a split that cannot work is a bad pin (exit 2)
             stage_layers(r.model, ParallelConfig(**{k: pins[k] for k in ("pp", "vp", "first_stage_layers",

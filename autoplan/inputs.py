@@ -263,3 +263,6 @@ def strict(model: type[M], data: Any, what: str | None = None) -> M:
     except ValidationError as err:
         prefix = f"invalid {what}: " if what else ""
         raise UserInputError(prefix + describe_validation_error(err)) from None
+    except TypeError as err:  # a "before" validator met a value of the wrong type (e.g. vp: "2")
+        prefix = f"invalid {what}: " if what else ""
+        raise UserInputError(f"{prefix}a field has the wrong type ({err})") from None

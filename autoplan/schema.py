@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer,
+                      field_validator)
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
@@ -89,6 +90,13 @@ class ParallelPins(_Strict):
     schedule: Schedule | None = None
     first_stage_layers: int | None = Field(default=None, ge=0)
     last_stage_layers: int | None = Field(default=None, ge=0)
+
+    @field_validator("zero_stage", mode="before")
+    @classmethod
+    def _zero_stage_is_not_a_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # Literal[0, 1, 2, 3] would take False/True as 0/1
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {v}")
+        return v
 
     def given(self) -> dict[str, Any]:
         """The pinned fields only."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -430,11 +430,18 @@ class ParallelConfig(_Frozen):
     first_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on pipeline stage 0")
     last_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on the last stage")
 
+    @field_validator("zero_stage", mode="before")
+    @classmethod
+    def _zero_stage_is_not_a_bool(cls, v: object) -> object:
+        if isinstance(v, bool):  # Literal[0, 1, 2, 3] would take False/True as 0/1
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {v}")
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _interleave_when_vp(cls, data: object) -> object:
         """``vp > 1`` implies the interleaved schedule (the only one that uses virtual stages)."""
-        if isinstance(data, dict) and (data.get("vp") or 1) > 1 and data.get("schedule", "1f1b") == "1f1b":
+        if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1 and data.get("schedule", "1f1b") == "1f1b":
             data = {**data, "schedule": "interleaved"}
         return data
 

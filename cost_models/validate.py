@@ -47,6 +47,8 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
         raise ConfigError(f"tp={t} does not divide ffn_hidden_size={f}", valid=tp_ok)
     if t > domain or domain % t:
         raise ConfigError(nvlink_tp_refusal(t, cluster), valid=tp_ok)
+    if p == 1 and (par.first_stage_layers is not None or par.last_stage_layers is not None):
+        raise ConfigError("first_stage_layers / last_stage_layers need pp > 1 (with pp=1 there is one stage)")
     mp = t * p * c
     if n % mp:
         raise ConfigError(f"tp*pp*cp = {t}*{p}*{c} = {mp} does not divide num_gpus={n}",

@@ -14,6 +14,7 @@ import click
 
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
+from autoplan.cli.options import FLOAT, INT  # noqa: F401
 from autoplan.cli.options import cluster_flags, cluster_request, job_options, job_spec, stack, user_errors
 from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
 from autoplan.errors import InfeasibleError
@@ -24,7 +25,7 @@ from cost_models.specs import ParallelConfig
 plan_inputs = stack(
     click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
                  help="plan JSON from `autoplan estimate/search --format json`"),
-    click.option("--index", type=int, default=None, help="with a search result: the plan numbered #INDEX in its table [1]"),
+    click.option("--index", type=INT, default=None, help="with a search result: the plan numbered #INDEX in its table [1]"),
     click.option("--model", default=None,
                  help="catalog name, HF config.json path or spec file (instead of --plan)"),
     cluster_flags(gpus_required=False),

@@ -9,6 +9,7 @@ import click
 
 from autoplan import api
 from autoplan.cli import cli
+from autoplan.cli.options import FLOAT, INT  # noqa: F401
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
                                   model_option, request_from_file, request_option, stack, user_errors)
 from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
@@ -26,24 +27,24 @@ def parallel_options(required: bool, searched: bool = False) -> Any:
     def default(text: str) -> str:
         return "[searched]" if searched else f"[{text}]"
     return stack(
-        opt("--tp", type=int, required=required, help="tensor-parallel degree"),
-        opt("--pp", type=int, required=required, help="pipeline-parallel degree"),
-        opt("--cp", type=int, default=None, help=f"context-parallel degree {default('1')}"),
-        opt("--ep", type=int, default=None, help=f"expert-parallel degree, inside dp*cp {default('1')}"),
-        opt("--vp", type=int, default=None, help=f"virtual stages per pipeline rank (interleaved) {default('1')}"),
-        opt("--mbs", "micro_batch_size", type=int, default=None,
+        opt("--tp", type=INT, required=required, help="tensor-parallel degree"),
+        opt("--pp", type=INT, required=required, help="pipeline-parallel degree"),
+        opt("--cp", type=INT, default=None, help=f"context-parallel degree {default('1')}"),
+        opt("--ep", type=INT, default=None, help=f"expert-parallel degree, inside dp*cp {default('1')}"),
+        opt("--vp", type=INT, default=None, help=f"virtual stages per pipeline rank (interleaved) {default('1')}"),
+        opt("--mbs", "micro_batch_size", type=INT, default=None,
             help=f"micro-batch size in sequences {default('1')}"),
         opt("--zero", "zero_stage", type=click.IntRange(0, 3), default=None,
             help=f"0 DDP, 1 distributed optimizer, 2, 3 FSDP {default('1')}"),
-        opt("--hsdp", "hsdp_shard_size", type=int, default=None,
+        opt("--hsdp", "hsdp_shard_size", type=INT, default=None,
             help=f"HSDP shard-group size {default('none')}"),
         opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help=default("none")),
         opt("--sequence-parallel/--no-sequence-parallel", default=None, help=f"Megatron SP {default('on')}"),
         opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None,
             help=default("1f1b")),
-        opt("--first-stage-layers", type=int, default=None,
+        opt("--first-stage-layers", type=INT, default=None,
             help=f"decoder layers on pipeline stage 0 {default('even split')}"),
-        opt("--last-stage-layers", type=int, default=None,
+        opt("--last-stage-layers", type=INT, default=None,
             help=f"decoder layers on the last stage {default('even split')}"),
     )
 

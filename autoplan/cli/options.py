@@ -19,6 +19,30 @@ from cost_models.specs import JobSpec
 F = Callable[..., Any]
 
 
+class _AsciiNumber(click.ParamType):
+    """An integer or float written in ASCII digits only: Python's int()/float() also take other scripts'
+    digits ("१२" is 12), which no user means as a GPU count."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.name = "integer" if kind is int else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, self.kind) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if not text.isascii():
+            self.fail(f"{value!r} is not a valid {self.name} (ASCII digits only)", param, ctx)
+        try:
+            return self.kind(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a valid {self.name}", param, ctx)
+
+
+INT = _AsciiNumber(int)
+FLOAT = _AsciiNumber(float)
+
+
 def stack(*decorators: F) -> Callable[[F], F]:
     """Apply click decorators in the order written (the first is the outermost)."""
     def apply(f: F) -> F:
@@ -35,12 +59,12 @@ def cluster_flags(*, gpus_required: bool = True, gpus: bool = True) -> Callable[
     """The cluster flags; ``--gpus`` is optional where another input (a plan file) can stand in for it, and
     absent (``gpus=False``) where a command defines its own (``scale``: a list of sizes)."""
     return stack(
-        *([click.option("--gpus", "num_gpus", type=int, required=gpus_required, help="number of GPUs")]
+        *([click.option("--gpus", "num_gpus", type=INT, required=gpus_required, help="number of GPUs")]
           if gpus else []),
         click.option("--gpu", default="h100-sxm", show_default=True, help="GPU type (see `autoplan hardware`)"),
-        click.option("--gpus-per-node", type=int, default=None, help="default: the GPU catalog's"),
-        click.option("--inter-node-gbps", type=float, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
-        click.option("--nvlink-domain-size", type=int, default=None, help="GPUs per NVLink domain; default: catalog"),
+        click.option("--gpus-per-node", type=INT, default=None, help="default: the GPU catalog's"),
+        click.option("--inter-node-gbps", type=FLOAT, default=None, help="scale-out Gbit/s per GPU; default: catalog"),
+        click.option("--nvlink-domain-size", type=INT, default=None, help="GPUs per NVLink domain; default: catalog"),
         click.option("--cluster", "profile", default=None, help="cluster profile YAML written by `autoplan calibrate`"),
         click.option("--memory-headroom", type=str, default=None, callback=_headroom,
                      help="HBM every plan keeps free: GiB (e.g. 6 or 6GiB) or a fraction (0.1 or 10%); default 5%"),
@@ -69,9 +93,9 @@ def _headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 cluster_options = cluster_flags()
 
 job_options = stack(
-    click.option("--global-batch-size", type=int, default=JobSpec.model_fields["global_batch_size"].default,
+    click.option("--global-batch-size", type=INT, default=JobSpec.model_fields["global_batch_size"].default,
                  show_default=True, help="sequences per optimizer step"),
-    click.option("--seq-len", type=int, default=JobSpec.model_fields["seq_len"].default, show_default=True,
+    click.option("--seq-len", type=INT, default=JobSpec.model_fields["seq_len"].default, show_default=True,
                  help="tokens per sequence"),
     click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
 )
@@ -95,8 +119,11 @@ def cluster_request(kw: dict[str, Any]) -> ClusterRequest:
 
 
 def job_spec(kw: dict[str, Any]) -> JobSpec:
-    return JobSpec(global_batch_size=kw.pop("global_batch_size"), seq_len=kw.pop("seq_len"),
-                   precision=kw.pop("precision"))
+    """The job flags, within the request bounds (``autoplan.schema.JobRequest``) for every command."""
+    from autoplan.schema import JobRequest
+
+    return JobRequest(global_batch_size=kw.pop("global_batch_size"), seq_len=kw.pop("seq_len"),
+                      precision=kw.pop("precision")).spec()
 
 
 def user_errors(f: F) -> F:
