@@ -42,6 +42,7 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, Batc
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.goodput import goodput
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.validate import with_explicit_split
 
 RequestLike = SearchRequest | EstimateRequest | Mapping[str, Any]
 Response = Estimate | SearchResult
@@ -215,7 +216,7 @@ class Engine:
         good = goodput(r.model, r.cluster, req.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                        req.failures)
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
-                        parallel=req.parallel, prediction=pred, goodput=good)
+                        parallel=with_explicit_split(r.model, req.parallel), prediction=pred, goodput=good)
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         from search.score import Scorer

@@ -45,6 +45,7 @@ def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
     return "\n".join([
         f"  step time        {pred.step_time_s:.3f} s   ({_plural(pred.num_microbatches, 'micro-batch', 'es')}, "
         f"layers per stage {_stages(pred.layers_per_stage)})",
+        *([f"  pipeline split   {pred.pipeline_split}"] if pred.pipeline_split else []),
         f"  throughput       {pred.tokens_per_s:,.0f} tokens/s  ({pred.tokens_per_s_per_gpu:,.0f} per GPU)",
         f"  MFU              {pred.mfu * 100:.1f}%{' of the bf16 peak' if precision == 'fp8' else ''}  "
         f"({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",

@@ -88,8 +88,8 @@ class ParallelPins(_Strict):
     hsdp_shard_size: int | None = Field(default=None, gt=0, description="HSDP shard-group size")
     recompute: Recompute | None = None
     schedule: Schedule | None = None
-    first_stage_layers: int | None = Field(default=None, ge=0)
-    last_stage_layers: int | None = Field(default=None, ge=0)
+    first_stage_layers: int | None = Field(default=None, gt=0)
+    last_stage_layers: int | None = Field(default=None, gt=0)
 
     @field_validator("zero_stage", mode="before")
     @classmethod

@@ -11,6 +11,8 @@ with memory in GiB.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
@@ -21,7 +23,7 @@ from cost_models.memory import (GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, 
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.validate import check_parallel, stage_layers
+from cost_models.validate import check_parallel, pipeline_split
 
 ADAM_BYTES_PER_PARAM = 28.0  # reads fp32 master, m, v (12) + bf16 grad (2); writes master, m, v (12) + bf16 weight (2)
 
@@ -64,6 +66,8 @@ class Prediction(BaseModel):
     num_microbatches: int
     dp: int
     layers_per_stage: list[int]
+    pipeline_split: str = Field(default="", description="how the decoder layers are split over pipeline ranks and "
+                                "virtual stages, and the Megatron flags that build it (empty without pipelining)")
     binding_stage: int = Field(description="the pipeline stage with the highest memory")
     slowest_stage: int
     time: TimeBreakdown
@@ -81,7 +85,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)
     m = job.global_batch_size // (par.micro_batch_size * dp)
-    layers = stage_layers(model, par)
+    split = pipeline_split(model, par)
+    layers, ids = split.rank_layers, split.layer_ids
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp) for k, g in graphs.items() if k in ("dense", "moe")}
     head = head_cost(graphs["head"], cluster, job, par)
@@ -89,10 +94,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
 
     stage_t: list[float] = []
     stage_parts: list[dict[str, float]] = []
-    start = 0
-    for s, n in enumerate(layers):
+    for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0}
-        for i in range(start, start + n):
+        for i in ids[s]:
             lc: LayerCost = costs["moe" if model.is_moe_layer(i) else "dense"]
             parts["compute"] += lc.forward_s + lc.backward_s
             parts["recompute"] += lc.recompute_s
@@ -101,18 +105,17 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
             parts["cp"] += lc.cp_exposed_s
         if s == p - 1:
             parts["compute"] += head
-        start += n
         stage_parts.append(parts)
         stage_t.append(sum(parts.values()))
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
-    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m)
+    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
     step = pipe + pp_fill + dp_exposed + opt_s
 
     runtime = memory_runtime(target)
-    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime) for s in range(p)]
+    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s]) for s in range(p)]
     binding = max(range(p), key=lambda i: mems[i].total)
     peak: MemoryBreakdown = mems[binding]
     peak_gib = peak.total / GIB
@@ -157,6 +160,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         num_microbatches=m,
         dp=dp,
         layers_per_stage=layers,
+        pipeline_split=split.describe() if p > 1 else "",
         binding_stage=binding,
         slowest_stage=slowest,
         time=TimeBreakdown(compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble, exposed_comm_s=exposed,
@@ -206,7 +210,8 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
 
 
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
-                   strides: RankStrides, m: int = 1) -> tuple[float, float, float]:
+                       strides: RankStrides, m: int = 1,
+                       layer_ids: Sequence[Sequence[int]] | None = None) -> tuple[float, float, float]:
     """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
     reduce-scatter gradients and all-gather updated weights (same volume); ZeRO-3 also all-gathers weights
     for the forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches,
@@ -214,10 +219,10 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
     worst = (0.0, 0.0, 0.0)
-    start = 0
-    for s, n in enumerate(layers):
-        sp = stage_params(model, par, start, n, first=s == 0, last=s == par.pp - 1)
-        start += n
+    bounds = [sum(layers[:s]) for s in range(len(layers) + 1)]
+    for s in range(len(layers)):
+        ids = range(bounds[s], bounds[s + 1]) if layer_ids is None else layer_ids[s]
+        sp = stage_params(model, par, ids, first=s == 0, last=s == par.pp - 1)
         total_s = total_b = 0.0
         # The dp·cp group is contiguous at stride tp; the expert-data-parallel group at stride ep.
         for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.memory import GIB, OPTIM_BYTES, WEIGHT_BYTES, expert_data_parallel_size, stage_params
 from cost_models.specs import ClusterSpec, ModelSpec, ParallelConfig
+from cost_models.validate import pipeline_split
 
 # Llama 3 405B pre-training (Dubey et al. 2024, §3.3.4, Table 5): interruptions, days, GPUs.
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
@@ -107,9 +108,12 @@ def checkpoint_bytes_per_rank(model: ModelSpec, par: ParallelConfig, num_gpus: i
     """Bytes one rank of each pipeline stage writes (replicated state split across its data-parallel peers)."""
     dp = num_gpus // (par.tp * par.pp * par.cp)
     edp = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
+    split = pipeline_split(model, par)  # the layers each rank holds (interleaved: every pp-th chunk)
+    ids = split.layer_ids if split.rank_layers == list(layers) else None
     out, start = [], 0
     for s, n in enumerate(layers):
-        sp = stage_params(model, par, start, n, first=s == 0, last=s == par.pp - 1)
+        held = ids[s] if ids is not None else range(start, start + n)
+        sp = stage_params(model, par, held, first=s == 0, last=s == par.pp - 1)
         start += n
         out.append(CHECKPOINT_BYTES_PER_PARAM * (sp.dense / (dp * par.cp) + sp.expert / edp))
     return out

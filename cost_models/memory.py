@@ -30,6 +30,7 @@ keeps ``p + 1`` on every rank, which holds two stages (DeepSeek-V3 report Table 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -148,11 +149,12 @@ class StageParams:
     largest_layer: float  # for ZeRO-3's gathered + prefetched units
 
 
-def stage_params(model: ModelSpec, par: ParallelConfig, first_layer: int, n_layers: int, *, first: bool,
+def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
                  last: bool) -> StageParams:
+    """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``) holds."""
     t, e = par.tp, par.ep
     dense = expert = largest = 0.0
-    for i in range(first_layer, first_layer + n_layers):
+    for i in layer_ids:
         ex = model.layer_expert_params(i)
         norms = model.norm_params_per_layer
         d = (model.layer_params(i) - ex - norms) / t + norms
@@ -307,16 +309,19 @@ def runtime_overhead_bytes() -> float:
 
 
 def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, stage: int, layers: list[int],
-                 m: int, graphs: dict[str, LayerGraph], runtime: MemoryRuntime = MEGATRON) -> MemoryBreakdown:
-    """Peak memory of one rank of pipeline stage ``stage``; ``layers`` = decoder layers per stage."""
-    first_layer = sum(layers[:stage])
+                 m: int, graphs: dict[str, LayerGraph], runtime: MemoryRuntime = MEGATRON,
+                 layer_ids: Sequence[int] | None = None) -> MemoryBreakdown:
+    """Peak memory of one rank of pipeline stage ``stage``; ``layers`` = decoder layers per stage, ``layer_ids``
+    the ones this stage holds (default: contiguous; interleaved stages hold every ``pp``-th chunk)."""
     n = layers[stage]
+    ids = range(sum(layers[:stage]), sum(layers[:stage]) + n) if layer_ids is None else layer_ids
     first, last = stage == 0, stage == par.pp - 1
     dual = par.schedule == "dualpipe"
-    sp = stage_params(model, par, first_layer, n, first=first, last=last)
+    sp = stage_params(model, par, ids, first=first, last=last)
     if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
         mirror = par.pp - 1 - stage
-        mp = stage_params(model, par, sum(layers[:mirror]), layers[mirror], first=mirror == 0,
+        start = sum(layers[:mirror])
+        mp = stage_params(model, par, range(start, start + layers[mirror]), first=mirror == 0,
                           last=mirror == par.pp - 1)
         sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer))
     group = par.hsdp_shard_size or dp * par.cp
@@ -324,7 +329,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group)
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     per_mb = 0.0
-    for i in range(first_layer, first_layer + n):
+    for i in ids:
         per_mb += activation_bytes_per_microbatch(graphs["moe" if model.is_moe_layer(i) else "dense"], model, job,
                                                   par, runtime)
     if dual:  # a chunk runs on either of the rank's two stages: their mean

@@ -427,8 +427,14 @@ class ParallelConfig(_Frozen):
     )
     recompute: Recompute = "none"
     schedule: Schedule = "1f1b"
-    first_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on pipeline stage 0")
-    last_stage_layers: int | None = Field(default=None, ge=0, description="decoder layers on the last stage")
+    first_stage_layers: int | None = Field(default=None, gt=0, description="decoder layers on pipeline stage 0 "
+                                           "(Megatron --decoder-first-pipeline-num-layers)")
+    last_stage_layers: int | None = Field(default=None, gt=0, description="decoder layers on the last stage "
+                                          "(Megatron --decoder-last-pipeline-num-layers)")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        default=False, description="the embedding counts as one layer of the split (Megatron flag of that name)")
+    account_for_loss_in_pipeline_split: bool = Field(
+        default=False, description="the output layer + loss count as one layer of the split (Megatron flag)")
 
     @field_validator("zero_stage", mode="before")
     @classmethod
@@ -449,8 +455,6 @@ class ParallelConfig(_Frozen):
     def _check(self) -> "ParallelConfig":
         if self.schedule == "interleaved" and self.pp == 1:
             raise ValueError("schedule 'interleaved' needs pp > 1")
-        if self.vp > 1 and (self.first_stage_layers is not None or self.last_stage_layers is not None):
-            raise ValueError("uneven first/last stages are not supported with vp > 1 (Megatron rule)")
         return self
 
     @property

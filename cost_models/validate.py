@@ -6,6 +6,7 @@ Every violation raises ``ConfigError`` naming the value, the constraint and the 
 from __future__ import annotations
 
 from cost_models.errors import ConfigError, divisors
+from cost_models.pipeline_split import PipelineSplit, resolve
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 
@@ -59,9 +60,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if p * v > layers:
         raise ConfigError(f"pp*vp = {p}*{v} = {p * v} pipeline chunks exceed num_layers={layers}",
                           valid=[x for x in divisors(layers) if x * v <= layers and n % (t * x * c) == 0][:12])
-    if v > 1 and layers % (p * v):
-        raise ConfigError(f"interleaved schedule needs num_layers={layers} divisible by pp*vp = {p * v}",
-                          valid=[f"vp={x}" for x in divisors(layers // p)] if layers % p == 0 else None)
+    pipeline_split(model, par)  # Megatron's split rules (ConfigError naming the rule)
     if job.global_batch_size % (par.micro_batch_size * dp):
         per = job.global_batch_size // dp if job.global_batch_size >= dp else 0
         raise ConfigError(
@@ -94,37 +93,28 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
         raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)",
                           valid=["bf16"])
-    stage_layers(model, par)  # uneven-split checks
+
+
+def pipeline_split(model: ModelSpec, par: ParallelConfig) -> PipelineSplit:
+    """Megatron's split of the decoder layers over (pipeline rank, virtual stage) for ``par``
+    (``cost_models.pipeline_split``): the explicit first/last counts or embedding/loss accounting when given,
+    else even, else the uneven form ``resolve`` applies by itself."""
+    return resolve(model.num_layers, par.pp, par.vp, par.first_stage_layers, par.last_stage_layers,
+                   par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split)
+
+
+def with_explicit_split(model: ModelSpec, par: ParallelConfig) -> ParallelConfig:
+    """``par`` with the split ``pipeline_split`` chose by itself written into its fields (what runs, said)."""
+    sp = pipeline_split(model, par)
+    if not sp.auto:
+        return par
+    return ParallelConfig(**{**par.model_dump(), "first_stage_layers": sp.first_stage_layers,
+                             "last_stage_layers": sp.last_stage_layers,
+                             "account_for_embedding_in_pipeline_split": sp.account_for_embedding,
+                             "account_for_loss_in_pipeline_split": sp.account_for_loss})
 
 
 def stage_layers(model: ModelSpec, par: ParallelConfig) -> list[int]:
-    """Decoder layers per pipeline stage (all of a stage's virtual chunks together).
-
-    Explicit ``first_stage_layers`` / ``last_stage_layers`` are honoured (Megatron's
-    ``--decoder-first/last-pipeline-num-layers``; the rest split evenly over the middle stages). Otherwise
-    an even split when ``pp`` divides the layers; else middle stages take ``ceil(L/p)`` and the first and
-    last stages — which also hold the embedding and the head — share the remainder.
-    Example: 126 layers on 16 stages → [7, 8 × 14, 7]."""
-    L, p = model.num_layers, par.pp
-    if p == 1:
-        return [L]
-    first, last = par.first_stage_layers, par.last_stage_layers
-    if first is None and last is None and L % p == 0:
-        return [L // p] * p
-    if first is None and last is None:
-        q = -(-L // p)
-        rest = L - (p - 2) * q
-        while rest < 2 and q > 1:  # many stages, few layers: shrink the middle
-            q -= 1
-            rest = L - (p - 2) * q
-        first, last = rest // 2, rest - rest // 2
-        return [first] + [q] * (p - 2) + [last]
-    fixed = (first or 0) + (last or 0)
-    n_mid = p - (first is not None) - (last is not None)
-    remaining = L - fixed
-    if remaining < 0 or (n_mid and remaining % n_mid) or (n_mid == 0 and remaining):
-        raise ConfigError(
-            f"first_stage_layers={first} and last_stage_layers={last} leave {remaining} of num_layers={L} "
-            f"for {n_mid} other stages; they must split evenly")
-    mid = remaining // n_mid if n_mid else 0
-    return [first if first is not None else mid] + [mid] * (p - 2) + [last if last is not None else mid]
+    """Decoder layers per pipeline rank (all of its virtual chunks together), as Megatron builds them.
+    Example: 126 layers on pp 16 → [7, 8 × 14, 7] (embedding and loss each counted as a layer)."""
+    return pipeline_split(model, par).rank_layers

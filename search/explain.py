@@ -40,7 +40,9 @@ def _layout_diff(a: ParallelConfig, b: ParallelConfig, dp_a: int, dp_b: int) -> 
     for f, label in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("vp", "vp"),
                      ("micro_batch_size", "mbs"), ("recompute", "recompute"), ("zero_stage", "zero"),
                      ("hsdp_shard_size", "hsdp"), ("schedule", "schedule"),
-                     ("first_stage_layers", "first-stage layers"), ("last_stage_layers", "last-stage layers")):
+                     ("first_stage_layers", "first-stage layers"), ("last_stage_layers", "last-stage layers"),
+                     ("account_for_embedding_in_pipeline_split", "embedding counted in the split"),
+                     ("account_for_loss_in_pipeline_split", "loss counted in the split")):
         va, vb = getattr(a, f), getattr(b, f)
         if va != vb:
             out.append(f"{label} {va} vs {vb}")

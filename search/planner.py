@@ -31,13 +31,16 @@ from pydantic import BaseModel, ConfigDict
 from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.estimate import CostWeights, Prediction, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.validate import nvlink_tp_refusal, stage_layers
+from cost_models.pipeline_split import candidates
+from cost_models.validate import nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain
-from search.inter_op import best_split
+from search.inter_op import StageTables, best_split
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
 
 Progress = Callable[[int, int], None]
+SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
+              "account_for_loss_in_pipeline_split")
 CLOSEST_CANDIDATES = 32  # layouts (lowest memory bounds) priced exactly to name the closest miss
 
 
@@ -82,7 +85,7 @@ def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> Paral
     par = ParallelConfig(**lay.parallel_kwargs())
     if lay.pp > 1 and tuple(stage_layers(model, par)) != tuple(layers):
         par = ParallelConfig(**lay.parallel_kwargs(), **split_fields(layers, lay.vp))
-    return par
+    return with_explicit_split(model, par)
 
 
 def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
@@ -96,9 +99,10 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
     """The stage DP's split (or the pinned / forced one), None when nothing fits memory."""
     model = scorer.model
     tables = scorer.tables(lay)
-    if lay.pp == 1 or lay.vp > 1 or "first_stage_layers" in pins or "last_stage_layers" in pins:
-        par = ParallelConfig(**lay.parallel_kwargs(), **{k: pins[k] for k in ("first_stage_layers",
-                                                                             "last_stage_layers") if k in pins})
+    if lay.vp > 1 and not any(k in pins for k in SPLIT_PINS):
+        return _interleaved_split(lay, scorer, tables)
+    if lay.pp == 1 or lay.vp > 1 or any(k in pins for k in SPLIT_PINS):
+        par = ParallelConfig(**lay.parallel_kwargs(), **{k: pins[k] for k in SPLIT_PINS if k in pins})
         try:
             layers = tuple(stage_layers(model, par))
         except ConfigError:
@@ -121,6 +125,21 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...]
                 and float(scorer.stage_memory(lay, default, tables).max()) <= scorer.limit_bytes):
             return default
     return tuple(found[0])
+
+
+def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tuple[int, ...] | None:
+    """With ``vp > 1`` the stage DP's contiguous splits are not Megatron's: weigh its few legal interleaved
+    splits (``pipeline_split.candidates``: even, embedding/loss accounting, first/last counts) by the exact
+    score and keep the cheapest that fits (ties: the earlier candidate, i.e. what ``resolve`` picks)."""
+    best: tuple[float, int, tuple[int, ...]] | None = None
+    for i, sp in enumerate(candidates(scorer.model.num_layers, lay.pp, lay.vp)):
+        layers = tuple(sp.rank_layers)
+        if float(scorer.stage_memory(lay, layers, tables).max()) > scorer.limit_bytes:
+            continue
+        cost = scorer.score(lay, layers, tables).composite_cost
+        if best is None or (cost, i) < best[:2]:
+            best = (cost, i, layers)
+    return None if best is None else best[2]
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",

@@ -39,6 +39,7 @@ from cost_models.memory import (
     runtime_overhead_bytes,
 )
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
+from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
@@ -356,9 +357,6 @@ class Scorer:
         return max(mean, first)
 
 
-def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | None]:
-    """ParallelConfig fields that make ``stage_layers`` return ``layers``."""
-    if len(layers) == 1 or vp > 1:
-        return {}
-    return {"first_stage_layers": layers[0], "last_stage_layers": layers[-1]}
-
+def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | bool | None]:
+    """ParallelConfig fields that make ``stage_layers`` return ``layers`` (``pipeline_split.fields_for``)."""
+    return fields_for(tuple(layers), vp)

@@ -15,7 +15,8 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
 - ``batch_divisibility``: ``global_batch % (mbs·dp)``;
 - ``microbatches_lt_pp``: 1F1B needs ``m ≥ pp``;
 - ``ep_divisibility``: ``ep`` must divide both ``num_experts`` and ``dp·cp``;
-- ``interleave_divisibility``: interleaving needs ``L % (pp·vp) == 0`` and ``m % pp == 0`` (Megatron);
+- ``interleave_divisibility``: interleaving needs ``m % pp == 0`` (Megatron); only ``vp`` with a split Megatron
+  builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``) are listed;
 - ``pin``: a value the user pinned excludes it;
 - ``target_rule``: the launch target cannot run it (Megatron-LM: no ZeRO-3 with pp > 1);
 - ``zero_redundant``: with one data-parallel rank all ZeRO stages are the same layout.
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cost_models.errors import divisors
+from cost_models.pipeline_split import legal_vp
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
 Target = Literal["megatron", "torchtitan", "any"]
@@ -235,15 +237,13 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
             if sched != "interleaved":
                 out.append((sched, 1))
                 continue
-            for v in divisors(model.num_layers // pp) if model.num_layers % pp == 0 else []:
-                if v == 1:
+            for v in range(2, model.num_layers // pp + 1):
+                if not legal_vp(model.num_layers, pp, v):  # no even or uneven split Megatron builds
                     continue
                 if m % pp:
                     tally.cut("interleave_divisibility")
                 else:
                     out.append(("interleaved", v))
-            if model.num_layers % pp:
-                tally.cut("interleave_divisibility")
     if "schedule" in pins:
         kept = [x for x in out if x[0] == pins["schedule"]]
         tally.cut("pin", len(out) - len(kept))

@@ -67,10 +67,10 @@ def test_megatron_interleaved_and_fp8() -> None:
 
 
 def test_megatron_uneven_stages_405b() -> None:
-    """126 layers on 16 stages: 7 + 14 x 8 + 7 (the embedding and head stages hold fewer)."""
+    """126 layers on 16 stages: 7 + 14 x 8 + 7, said as Megatron's embedding and loss accounting (128 / 16)."""
     f = flags(megatron_args(plan(**L405)))
-    assert f["--decoder-first-pipeline-num-layers"] == "7" and f["--decoder-last-pipeline-num-layers"] == "7"
-    assert (126 - 7 - 7) % 14 == 0
+    assert f["--account-for-embedding-in-pipeline-split"] and f["--account-for-loss-in-pipeline-split"]
+    assert "--decoder-first-pipeline-num-layers" not in f and "--decoder-last-pipeline-num-layers" not in f
 
 
 def test_megatron_explicit_first_stage() -> None:

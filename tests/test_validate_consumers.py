@@ -34,6 +34,8 @@ MEGATRON_ONLY = {
     "deepseek-v3@2048 tp8 pp8 ep32 first5 last2": ("deepseek-v3", 2048, 2048, 4096,
                                                   dict(tp=8, pp=8, ep=32, first_stage_layers=5,
                                                        last_stage_layers=2), "bf16"),
+    "llama3.1-405b@16384 tp8 pp8 cp2 vp8 (embedding+loss accounting)": ("llama3.1-405b", 16384, 2048, 8192,
+                                                                        dict(tp=8, pp=8, cp=2, vp=8), "bf16"),
 }
 
 
@@ -57,8 +59,8 @@ def test_megatron_consumers_accept(case: str) -> None:
     from autoplan.validate import run_checks
 
     checks = run_checks(make(case), "megatron")
-    assert len(checks) == 4 and all(c.ok for c in checks), report(checks)
-    assert "identical" in checks[2].detail
+    assert len(checks) == 5 and all(c.ok for c in checks), report(checks)
+    assert "identical" in checks[2].detail and "identical" in checks[3].detail
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("mixtral")])
@@ -165,7 +167,7 @@ def test_cli_validate_pass_and_fail_lines(tmp_path, monkeypatch) -> None:  # typ
                                  "--gpus", "64", "--global-batch-size", "64", "--seq-len", "4096", "--tp", "8",
                                  "--pp", "2"])
     assert r.exit_code == 0, r.output
-    assert r.stdout.count("PASS  ") == 4 and "4 of 4 checks passed" in r.stdout
+    assert r.stdout.count("PASS  ") == 5 and "5 of 5 checks passed" in r.stdout
     assert (tmp_path / "m" / "megatron_args.txt").exists()
     r = CliRunner().invoke(cli, ["validate", "--target", "torchtitan", "--model", "mixtral-8x22b", "--gpus", "256",
                                  "--global-batch-size", "256", "--tp", "8", "--pp", "4", "--ep", "8"])

@@ -22,7 +22,9 @@ KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "mbs": "micr
         "micro_batch_size": "micro_batch_size", "zero": "zero_stage", "zero_stage": "zero_stage",
         "hsdp": "hsdp_shard_size", "recompute": "recompute", "schedule": "schedule",
         "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
-        "first_stage_layers": "first_stage_layers", "last_stage_layers": "last_stage_layers"}
+        "first_stage_layers": "first_stage_layers", "last_stage_layers": "last_stage_layers",
+        "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split"}
 _INDEX = re.compile(r"^#?(\d+)$")
 
 

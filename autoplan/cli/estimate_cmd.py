@@ -46,11 +46,16 @@ def parallel_options(required: bool, searched: bool = False) -> Any:
             help=f"decoder layers on pipeline stage 0 {default('even split')}"),
         opt("--last-stage-layers", type=INT, default=None,
             help=f"decoder layers on the last stage {default('even split')}"),
+        opt("--account-for-embedding-in-pipeline-split", "account_for_embedding_in_pipeline_split", is_flag=True,
+            default=None, help="the embedding counts as a layer of the pipeline split (Megatron)"),
+        opt("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split", is_flag=True,
+            default=None, help="the output layer and loss count as a layer of the pipeline split (Megatron)"),
     )
 
 
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "hsdp_shard_size", "recompute",
-                 "sequence_parallel", "schedule", "first_stage_layers", "last_stage_layers")
+                 "sequence_parallel", "schedule", "first_stage_layers", "last_stage_layers",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 
 
 def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:

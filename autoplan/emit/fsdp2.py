@@ -23,7 +23,7 @@ from __future__ import annotations
 from autoplan.emit.launch import script_header, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
-from cost_models.validate import stage_layers
+from cost_models.validate import pipeline_split
 
 MODULE_NAME = "autoplan_parallelize"
 
@@ -39,10 +39,7 @@ def check_fsdp2(plan: EmitPlan) -> None:
 
 def stage_chunks(plan: EmitPlan) -> list[int]:
     """Decoder layers per pipeline chunk, in chunk order (chunk c runs on pp rank c % pp)."""
-    par = plan.parallel
-    if par.vp > 1:
-        return [plan.model.num_layers // (par.pp * par.vp)] * (par.pp * par.vp)
-    return stage_layers(plan.model, par)
+    return [n for *_, n in pipeline_split(plan.model, plan.parallel).chunk_order()]
 
 
 def schedule_name(plan: EmitPlan) -> str:

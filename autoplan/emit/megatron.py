@@ -17,7 +17,7 @@ from typing import Any
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
-from cost_models.validate import stage_layers
+from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
 
@@ -50,15 +50,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--expert-tensor-parallel-size", _expert_tp(plan))
     if par.tp > 1 and par.sequence_parallel:
         add("--sequence-parallel")
-    if par.pp > 1:
-        layers = stage_layers(m, par)
-        explicit_first, explicit_last = par.first_stage_layers is not None, par.last_stage_layers is not None
-        if explicit_first or explicit_last or len(set(layers)) > 1:
-            mid = layers[1] if par.pp > 2 else None
-            if explicit_first or layers[0] != mid:
-                add("--decoder-first-pipeline-num-layers", layers[0])
-            if explicit_last or layers[-1] != mid:
-                add("--decoder-last-pipeline-num-layers", layers[-1])
+    for flag, value in pipeline_split(m, par).megatron_flags():  # the split the cost model priced
+        add(flag, value)
     dp_cp = plan.dp * par.cp
     if par.zero_stage in (1, 2):
         add("--use-distributed-optimizer")
@@ -263,7 +256,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--overlap-param-gather", "--group-query-attention", "--swiglu", "--disable-bias-linear",
                  "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--multi-latent-attention",
                  "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",
-                 "--moe-router-pre-softmax", "--moe-router-enable-expert-bias"]:
+                 "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),

@@ -24,7 +24,7 @@ from autoplan.emit.launch import bash_array, script_header, slurm_script, torchr
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
 from cost_models.specs import ModelSpec
-from cost_models.validate import stage_layers
+from cost_models.validate import pipeline_split
 
 TORCHTITAN_03 = "0.3.0"
 CONFIG_MODULE = "autoplan_torchtitan_config"
@@ -169,14 +169,9 @@ def pipeline_schedule(plan: EmitPlan) -> str:
 
 def module_fqns_per_model_part(plan: EmitPlan) -> list[list[str]]:
     """torchtitan FQNs per pipeline chunk (``tok_embeddings`` first, ``norm`` + ``lm_head`` last),
-    following ``stage_layers`` exactly (the same split Megatron gets). With ``vp`` chunks per rank,
-    chunk ``c`` runs on rank ``c % pp`` (looped schedules), each with ``L / (pp * vp)`` layers."""
-    par, m = plan.parallel, plan.model
-    if par.vp > 1:
-        per = m.num_layers // (par.pp * par.vp)
-        sizes = [per] * (par.pp * par.vp)
-    else:
-        sizes = stage_layers(m, par)
+    following ``pipeline_split`` exactly (the split Megatron gets, uneven ones included). With ``vp`` chunks per
+    rank, chunk ``c`` runs on rank ``c % pp`` (looped schedules)."""
+    sizes = [n for *_, n in pipeline_split(plan.model, plan.parallel).chunk_order()]
     parts, start = [], 0
     for i, n in enumerate(sizes):
         part = [f"layers.{j}" for j in range(start, start + n)]

@@ -44,6 +44,8 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         "sequence_parallel": ns.sequence_parallel,
         "num_layers_in_first_pipeline_stage": ns.decoder_first_pipeline_num_layers,
         "num_layers_in_last_pipeline_stage": ns.decoder_last_pipeline_num_layers,
+        "account_for_embedding_in_pipeline_split": ns.account_for_embedding_in_pipeline_split,
+        "account_for_loss_in_pipeline_split": ns.account_for_loss_in_pipeline_split,
         "recompute_granularity": ns.recompute_granularity, "recompute_method": ns.recompute_method,
         "recompute_num_layers": ns.recompute_num_layers,
         "add_bias_linear": not ns.disable_bias_linear, "add_qkv_bias": ns.add_qkv_bias,
@@ -115,6 +117,36 @@ def _check_config(ns: argparse.Namespace) -> str:
             f"ep={cfg.expert_model_parallel_size}, etp={cfg.expert_tensor_parallel_size})")
 
 
+def megatron_layers_built(ns: argparse.Namespace) -> list[list[tuple[int, int]]]:
+    """(offset, layers) megatron-core builds for every (pp rank, virtual stage) from the emitted arguments:
+    ``get_num_layers_to_build`` and ``get_transformer_layer_offset`` (transformer_block.py:75,
+    transformer_layer.py:39), called with explicit ranks."""
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    mla, kw = transformer_config_kwargs(ns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
+    vp = cfg.virtual_pipeline_model_parallel_size
+    return [[(get_transformer_layer_offset(cfg, vp_stage=v if vp else None, pp_rank=r),
+              get_num_layers_to_build(cfg, vp_stage=v if vp else None, pp_rank=r)) for v in range(vp or 1)]
+            for r in range(cfg.pipeline_model_parallel_size)]
+
+
+def _check_layers(plan: EmitPlan, ns: argparse.Namespace) -> str:
+    from cost_models.validate import pipeline_split
+
+    split = pipeline_split(plan.model, plan.parallel)
+    built = megatron_layers_built(ns)
+    ours = [[(start, n) for r2, _, start, n in split.chunk_order() if r2 == r] for r in range(split.pp)]
+    if built != ours:
+        raise AssertionError(f"megatron-core builds (offset, layers) per rank and virtual stage {built}, "
+                             f"autoplan priced {ours}")
+    return f"layers per rank {split.rank_layers} ({split.vp} virtual stages each): identical"
+
+
 def _degrees(plan: EmitPlan, ns: argparse.Namespace) -> dict[str, int]:
     tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
     return {"tp": tp, "pp": pp, "cp": cp, "dp": plan.cluster.num_gpus // (tp * pp * cp),
@@ -173,6 +205,8 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
         return
     rep.check("megatron-core: TransformerConfig accepts the emitted model and parallel arguments",
               lambda: _check_config(ns))
+    rep.check("megatron-core: get_num_layers_to_build / get_transformer_layer_offset build the layers autoplan "
+              "priced on every (pp rank, virtual stage)", lambda: _check_layers(plan, ns))
     rep.check("megatron-core: RankGenerator groups equal autoplan's rank layout", lambda: _check_ranks(plan, ns))
     rep.check(f"megatron-core: initialize_model_parallel accepts the degrees (fake backend, "
               f"{plan.cluster.num_gpus} ranks)", lambda: _check_init(plan, ns))

@@ -1,0 +1,293 @@
+"""Megatron-LM's pipeline split: decoder layers per (pipeline rank, virtual stage), and the flags that say it.
+
+Kept in one small module so that the cost model, the search and every emitter read the same split (it moves
+into the Megatron target profile, ``cost_models/targets/``, once that lands). The truth is megatron-core 0.16.1:
+
+- ``transformer/transformer_block.py:75`` ``get_num_layers_to_build``: with ``num_layers_in_first/last_pipeline_stage``
+  the first/last rank build those layers (split over its ``vp`` chunks) and the other ranks share the rest evenly;
+  otherwise ``num_layers (+1 embedding) (+1 loss)`` divide evenly over ``pp`` ranks and ``vp`` chunks, and the first
+  chunk of rank 0 (the last chunk of the last rank) builds one layer fewer when the embedding (loss) is accounted.
+- ``transformer/transformer_layer.py:39`` ``get_transformer_layer_offset``: chunks hold contiguous layers in
+  chunk order ``(v, r)`` = virtual stage major, pipeline rank minor (chunk ``c`` runs on rank ``c % pp``).
+- ``transformer/transformer_config.py:1294-1480`` (``__post_init__``): first/last and embedding/loss accounting
+  exclude each other; first/last layers > 0 and divisible by ``vp``; the middle ranks' layers divide evenly and, per
+  rank, by ``vp``; with accounting ``(L + e + l) % pp == 0`` and the per-rank count divides by ``vp``.
+- Megatron-LM ``megatron/training/arguments.py`` (commit d98e8a6): ``--decoder-first/last-pipeline-num-layers``
+  (l. 3095-3102), ``--num-virtual-stages-per-pipeline-rank`` (l. 3116; with uneven first/last it is required
+  instead of ``--num-layers-per-virtual-pipeline-stage``, l. 953-957), the accounting flags' divisibility
+  (l. 960-998); ``--account-for-embedding/loss-in-pipeline-split`` come from ``TransformerConfig``'s fields.
+
+When ``num_layers`` does not divide ``pp·vp`` and no split is given, ``resolve`` picks Megatron's own ways, in order:
+embedding + loss accounting, embedding only, loss only, then first/last-stage counts (the most even, the first
+stage ≥ the last, which carries the output layer and loss: 61 layers on pp 16 → 3, 4 × 14, 2, as Megatron-LM's
+``examples/post_training/modelopt/conf/moonshotai/kimi_k2_instruct_export.sh`` sets for that architecture).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models.errors import ConfigError
+
+Chunks = tuple[tuple[int, ...], ...]  # chunks[r][v]: decoder layers of pipeline rank r, virtual stage v
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """One legal Megatron split of ``num_layers`` decoder layers over ``pp`` ranks × ``vp`` chunks."""
+
+    num_layers: int
+    pp: int
+    vp: int
+    chunks: Chunks
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    auto: bool = False  # chosen by ``resolve`` because num_layers does not divide pp·vp
+
+    def fields(self) -> dict[str, int | bool | None]:
+        """The ``ParallelConfig`` fields that say this split."""
+        return {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers,
+                "account_for_embedding_in_pipeline_split": self.account_for_embedding,
+                "account_for_loss_in_pipeline_split": self.account_for_loss}
+
+    @property
+    def rank_layers(self) -> list[int]:
+        """Decoder layers per pipeline rank (all of its chunks)."""
+        return [sum(c) for c in self.chunks]
+
+    def chunk_order(self) -> list[tuple[int, int, int, int]]:
+        """(rank, virtual stage, first layer, layers) per chunk in Megatron's layer order (v major, r minor)."""
+        out, start = [], 0
+        for v in range(self.vp):
+            for r in range(self.pp):
+                n = self.chunks[r][v]
+                out.append((r, v, start, n))
+                start += n
+        return out
+
+    @property
+    def layer_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Decoder layer indices each rank holds (non-contiguous when ``vp > 1``)."""
+        ids: list[list[int]] = [[] for _ in range(self.pp)]
+        for r, _, start, n in self.chunk_order():
+            ids[r].extend(range(start, start + n))
+        return tuple(tuple(x) for x in ids)
+
+    def megatron_flags(self) -> list[tuple[str, int | None]]:
+        """The pipeline-split flags of Megatron-LM's ``pretrain_gpt.py`` that build exactly this split."""
+        flags: list[tuple[str, int | None]] = []
+        if self.first_stage_layers is not None:
+            flags.append(("--decoder-first-pipeline-num-layers", self.first_stage_layers))
+        if self.last_stage_layers is not None:
+            flags.append(("--decoder-last-pipeline-num-layers", self.last_stage_layers))
+        if self.account_for_embedding:
+            flags.append(("--account-for-embedding-in-pipeline-split", None))
+        if self.account_for_loss:
+            flags.append(("--account-for-loss-in-pipeline-split", None))
+        return flags
+
+    @property
+    def rule(self) -> str:
+        if self.account_for_embedding or self.account_for_loss:
+            what = " and ".join(k for k, on in (("embedding", self.account_for_embedding),
+                                                 ("loss", self.account_for_loss)) if on)
+            return f"{what} counted as a layer"
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
+            return "first/last-stage layer counts"
+        return "even"
+
+    def describe(self) -> str:
+        """One line: the per-rank layers, the rule and the Megatron flags (``estimate`` prints it)."""
+        ranks = _runs(self.rank_layers)
+        text = f"{ranks} layers per pipeline rank"
+        if self.vp > 1:
+            text += f" ({self.vp} virtual stages each)"
+        text += f"; {self.rule}"
+        flags = " ".join(f if v is None else f"{f} {v}" for f, v in self.megatron_flags())
+        if flags:
+            text += f" (Megatron {flags})"
+        if self.auto:
+            text += f"; applied by autoplan: num_layers={self.num_layers} does not divide pp*vp = {self.pp * self.vp}"
+        return text
+
+
+def _runs(xs: list[int]) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[i]:
+            j += 1
+        out.append(f"{xs[i]} x {j - i + 1}" if j > i else str(xs[i]))
+        i = j + 1
+    return "[" + ", ".join(out) + "]"
+
+
+def megatron_chunks(L: int, pp: int, vp: int, *, first: int | None = None, last: int | None = None,
+                    embedding: bool = False, loss: bool = False) -> Chunks:
+    """Layers per (rank, chunk) exactly as megatron-core builds them; ``ConfigError`` naming Megatron's rule."""
+    if pp == 1:
+        if first is not None or last is not None or embedding or loss:
+            raise ConfigError("first/last-stage layers and embedding/loss accounting need pp > 1", valid=["pp > 1"])
+        return ((L,),)
+    if (first is not None or last is not None) and (embedding or loss):
+        raise ConfigError("first_stage_layers/last_stage_layers cannot be combined with embedding/loss accounting "
+                          "(megatron-core TransformerConfig)")
+    if first is not None or last is not None:
+        for name, x in (("first_stage_layers", first), ("last_stage_layers", last)):
+            if x is not None and (x <= 0 or x % vp):
+                raise ConfigError(f"{name}={x} must be > 0 and divisible by vp={vp} (megatron-core TransformerConfig)",
+                                  valid=[k for k in range(vp, L, vp)][:8])
+        rest = L - (first or 0) - (last or 0)
+        n_mid = pp - (first is not None) - (last is not None)
+        if bool(rest) != bool(n_mid) or (n_mid and (rest <= 0 or rest % n_mid or (rest // n_mid) % vp)):
+            raise ConfigError(
+                f"first_stage_layers={first} and last_stage_layers={last} leave {rest} of num_layers={L} for {n_mid} "
+                f"middle stages; each must get the same number of layers, divisible by vp={vp} (megatron-core "
+                "TransformerConfig)")
+        mid = rest // n_mid if n_mid else 0
+        per_rank = [first if first is not None else mid] + [mid] * (pp - 2) + [last if last is not None else mid]
+        return tuple(tuple([n // vp] * vp) for n in per_rank)
+    total = L + embedding + loss
+    if total % pp or (total // pp) % vp:
+        what = "num_layers" + (" + embedding" if embedding else "") + (" + loss" if loss else "")
+        raise ConfigError(f"{what} = {total} must divide evenly over pp*vp = {pp}*{vp} = {pp * vp} pipeline chunks "
+                          "(megatron-core get_num_layers_to_build)",
+                          valid=[f"vp={v}" for v in range(1, total // pp + 1) if total % pp == 0 and (total // pp) % v == 0]
+                          or None)
+    per = total // (pp * vp)
+    chunks = [[per] * vp for _ in range(pp)]
+    if embedding:
+        chunks[0][0] -= 1
+    if loss:
+        chunks[-1][-1] -= 1
+    return tuple(tuple(c) for c in chunks)
+
+
+@lru_cache(maxsize=4096)
+def resolve(L: int, pp: int, vp: int, first: int | None = None, last: int | None = None,
+            embedding: bool = False, loss: bool = False) -> PipelineSplit:
+    """The split Megatron builds for these settings; when none is given and ``L`` does not divide ``pp·vp``,
+    the first of Megatron's uneven forms that is legal (module docstring). ``ConfigError`` when none is."""
+    explicit = first is not None or last is not None or embedding or loss
+    if explicit or pp == 1 or L % (pp * vp) == 0:
+        try:
+            chunks = megatron_chunks(L, pp, vp, first=first, last=last, embedding=embedding, loss=loss)
+        except ConfigError as err:
+            if first is None and last is None:
+                raise
+            near = sorted(first_last_options(L, pp, vp),
+                          key=lambda o: abs((o[0] or 0) - (first or 0)) + abs((o[1] or 0) - (last or 0)))
+            raise ConfigError(str(err), valid=[f"first={f} last={la}" for f, la in near[:6]] or None) from None
+        return PipelineSplit(L, pp, vp, chunks, first, last, embedding, loss)
+    found = _uneven(L, pp, vp)
+    if found is None:
+        raise ConfigError(f"num_layers={L} cannot be split over pp*vp = {pp}*{vp} pipeline chunks in any way Megatron "
+                          "accepts (even, embedding/loss accounting, or first/last-stage layers)",
+                          valid=[f"vp={v}" for v in range(1, L // pp + 1) if legal_vp(L, pp, v)][:8] or None)
+    return found
+
+
+def _uneven(L: int, pp: int, vp: int) -> PipelineSplit | None:
+    """Megatron's uneven forms in ``resolve``'s order of preference; None when none is legal."""
+    for e, lo in ((True, True), (True, False), (False, True)):
+        try:
+            return PipelineSplit(L, pp, vp, megatron_chunks(L, pp, vp, embedding=e, loss=lo), None, None, e, lo,
+                                 auto=True)
+        except ConfigError:
+            pass
+    best = None
+    for f, la in first_last_options(L, pp, vp):
+        counts = [c for c in (f, la) if c is not None]
+        mid = (L - sum(counts)) // (pp - len(counts)) if pp > len(counts) else None
+        sizes = counts + ([mid] if mid is not None else [])
+        key = (max(sizes), max(sizes) - min(sizes), -(f if f is not None else mid or 0))
+        if best is None or key < best[0]:
+            best = (key, f, la)
+    if best is None:
+        return None
+    return PipelineSplit(L, pp, vp, megatron_chunks(L, pp, vp, first=best[1], last=best[2]), best[1], best[2],
+                         auto=True)
+
+
+@lru_cache(maxsize=4096)
+def first_last_options(L: int, pp: int, vp: int) -> tuple[tuple[int | None, int | None], ...]:
+    """Every legal (first_stage_layers, last_stage_layers) with at least one given (None = not given):
+    given counts are positive multiples of ``vp``; the ``n`` middle ranks share the rest, ``k·vp`` each, k ≥ 1."""
+    out: list[tuple[int | None, int | None]] = []
+    if pp < 2:
+        return ()
+    n_one = pp - 1  # one end given: the other pp - 1 ranks are "middle" ranks
+    for x in range(vp, L, vp):
+        if (L - x) % (n_one * vp) == 0:
+            out.extend([(x, None), (None, x)])
+    n_mid = pp - 2
+    for f in range(vp, L, vp):
+        if n_mid == 0:
+            if L - f >= vp and (L - f) % vp == 0:
+                out.append((f, L - f))
+            continue
+        k = 1
+        while (la := L - f - k * n_mid * vp) >= vp:
+            if la % vp == 0:
+                out.append((f, la))
+            k += 1
+    return tuple(sorted(out, key=lambda o: (o[0] is None, o[0] or 0, o[1] is None, o[1] or 0)))
+
+
+@lru_cache(maxsize=4096)
+def legal_vp(L: int, pp: int, vp: int) -> bool:
+    """Whether some Megatron split of ``L`` layers over ``pp`` ranks × ``vp`` chunks exists."""
+    return pp == 1 or L % (pp * vp) == 0 or _uneven(L, pp, vp) is not None
+
+
+@lru_cache(maxsize=1024)
+def candidates(L: int, pp: int, vp: int) -> tuple[PipelineSplit, ...]:
+    """The splits the search weighs for one (L, pp, vp): what ``resolve`` picks, every legal embedding/loss
+    accounting, and the first/last-stage counts with the smallest largest stage (distinct per-rank layers only)."""
+    out: list[PipelineSplit] = []
+    seen: set[tuple[int, ...]] = set()
+
+    def add(sp: PipelineSplit) -> None:
+        key = tuple(sp.rank_layers)
+        if key not in seen:
+            seen.add(key)
+            out.append(sp)
+
+    if legal_vp(L, pp, vp):
+        add(resolve(L, pp, vp))
+    if pp == 1:
+        return tuple(out)
+    for e, lo in ((True, True), (True, False), (False, True)):
+        try:
+            add(PipelineSplit(L, pp, vp, megatron_chunks(L, pp, vp, embedding=e, loss=lo), None, None, e, lo))
+        except ConfigError:
+            pass
+    options = []
+    for f, la in first_last_options(L, pp, vp):
+        sp = PipelineSplit(L, pp, vp, megatron_chunks(L, pp, vp, first=f, last=la), f, la)
+        options.append((max(sp.rank_layers), sp))
+    if options:
+        low = min(k for k, _ in options)
+        for k, sp in options:
+            if k == low:
+                add(sp)
+    return tuple(out)
+
+
+def fields_for(layers: tuple[int, ...], vp: int) -> dict[str, int | bool | None]:
+    """``ParallelConfig`` fields that make Megatron build ``layers`` decoder layers per rank (with ``vp`` chunks
+    each): the default split's (none), else a matching candidate's, else first/last counts (checked later)."""
+    L, pp = sum(layers), len(layers)
+    if pp == 1:
+        return {}
+    if legal_vp(L, pp, vp) and tuple(resolve(L, pp, vp).rank_layers) == tuple(layers):
+        return {}
+    if vp > 1:
+        for sp in candidates(L, pp, vp):
+            if tuple(sp.rank_layers) == tuple(layers):
+                return sp.fields()
+    return {"first_stage_layers": layers[0], "last_stage_layers": layers[-1]}
