@@ -12,6 +12,8 @@ into the Megatron target profile, ``cost_models/targets/``, once that lands). Th
 - ``transformer/transformer_config.py:1294-1480`` (``__post_init__``): first/last and embedding/loss accounting
   exclude each other; first/last layers > 0 and divisible by ``vp``; the middle ranks' layers divide evenly and, per
   rank, by ``vp``; with accounting ``(L + e + l) % pp == 0`` and the per-rank count divides by ``vp``.
+  With ``vp > 1`` and both first and last given, ``pp`` must exceed 2: ``get_transformer_layer_offset`` divides by the
+  number of middle stages (transformer_layer.py:137, ZeroDivisionError at pp 2).
 - Megatron-LM ``megatron/training/arguments.py`` (commit d98e8a6): ``--decoder-first/last-pipeline-num-layers``
   (l. 3095-3102), ``--num-virtual-stages-per-pipeline-rank`` (l. 3116; with uneven first/last it is required
   instead of ``--num-layers-per-virtual-pipeline-stage``, l. 953-957), the accounting flags' divisibility
@@ -143,6 +145,9 @@ def megatron_chunks(L: int, pp: int, vp: int, *, first: int | None = None, last:
                                   valid=[k for k in range(vp, L, vp)][:8])
         rest = L - (first or 0) - (last or 0)
         n_mid = pp - (first is not None) - (last is not None)
+        if vp > 1 and n_mid == 0:  # get_transformer_layer_offset divides by the middle stages (transformer_layer.py:137)
+            raise ConfigError(f"first_stage_layers and last_stage_layers with vp={vp} need a middle stage (pp > 2): "
+                              f"megatron-core's layer offset divides by zero at pp={pp}", valid=["pp > 2", "vp=1"])
         if bool(rest) != bool(n_mid) or (n_mid and (rest <= 0 or rest % n_mid or (rest // n_mid) % vp)):
             raise ConfigError(
                 f"first_stage_layers={first} and last_stage_layers={last} leave {rest} of num_layers={L} for {n_mid} "
@@ -226,6 +231,8 @@ def first_last_options(L: int, pp: int, vp: int) -> tuple[tuple[int | None, int 
             out.extend([(x, None), (None, x)])
     n_mid = pp - 2
     for f in range(vp, L, vp):
+        if n_mid == 0 and vp > 1:
+            break  # megatron-core cannot place the layers (see megatron_chunks)
         if n_mid == 0:
             if L - f >= vp and (L - f) % vp == 0:
                 out.append((f, L - f))

@@ -134,7 +134,7 @@ def test_explicit_accounting_flags_and_conflicts() -> None:
         megatron_chunks(80, 4, 2, first=3, last=3)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(L=st.integers(4, 64), pp=st.integers(2, 8), vp=st.integers(1, 4), form=st.integers(0, 4),
        a=st.integers(1, 16), b=st.integers(1, 16))
 def test_megatron_accepts_exactly_what_autoplan_accepts(L: int, pp: int, vp: int, form: int, a: int, b: int) -> None:
@@ -172,7 +172,7 @@ def test_megatron_accepts_exactly_what_autoplan_accepts(L: int, pp: int, vp: int
                        for v in range(vp)] for r in range(pp)]
         if any(n < 0 for row in theirs for _, n in row):
             raise AssertionError("negative layer count")
-    except (ValueError, AssertionError):
+    except (ValueError, AssertionError, ZeroDivisionError):  # ZeroDivisionError: pp 2, vp > 1, first and last
         theirs = None
     if ours is None:
         # autoplan refuses: Megatron must refuse too, unless only the even split was asked of L % (pp·vp) ≠ 0
