@@ -40,6 +40,8 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, Batc
                              EstimateRequest, ModelRecord, Plan, SearchRequest, SearchResult, SearchStats, Status,
                              parse_request, validate_request)
 from cost_models.estimate import estimate as estimate_prediction
+from cost_models.targets import PROFILES
+from cost_models.validate import check_parallel
 from cost_models.goodput import goodput
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.validate import with_explicit_split
@@ -212,11 +214,15 @@ class Engine:
 
     def _estimate(self, req: EstimateRequest) -> Estimate:
         r = self.resolve(req)
-        pred = estimate_prediction(r.model, r.cluster, r.job, req.parallel)
-        good = goodput(r.model, r.cluster, req.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
+        prof = PROFILES[req.target]  # the framework's rules, each citing its source (cost_models.targets)
+        par = prof.with_defaults(req.parallel)  # e.g. torchtitan's ZeRO-3 when none was given
+        check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=False)  # what autoplan can price
+        prof.check_layout(r.model, r.cluster, r.job, par)
+        pred = estimate_prediction(r.model, r.cluster, r.job, par, check=False, target=req.target)
+        good = goodput(r.model, r.cluster, par, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                        req.failures)
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
-                        parallel=with_explicit_split(r.model, req.parallel), prediction=pred, goodput=good)
+                        parallel=with_explicit_split(r.model, par), prediction=pred, goodput=good)
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         from search.score import Scorer

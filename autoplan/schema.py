@@ -41,6 +41,7 @@ MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]
 Target = Literal["megatron", "torchtitan", "any"]
+FrameworkTarget = Literal["megatron", "torchtitan", "fsdp2"]
 RankBy = Literal["step", "goodput"]
 
 
@@ -119,6 +120,8 @@ class EstimateRequest(_RequestBase):
     kind: Literal["estimate"] = "estimate"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig,
                                      description="the layout to score (ParallelConfig defaults for omitted fields)")
+    target: FrameworkTarget = Field(default="megatron", description="framework that runs the layout: its rules "
+                                    "(cost_models.targets) refuse what it cannot run; memory is priced as it holds it")
 
 
 class SearchRequest(_RequestBase):

@@ -18,7 +18,9 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
 - ``interleave_divisibility``: interleaving needs ``m % pp == 0`` (Megatron); only ``vp`` with a split Megatron
   builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``) are listed;
 - ``pin``: a value the user pinned excludes it;
-- ``target_rule``: the launch target cannot run it (Megatron-LM: no ZeRO-3 with pp > 1);
+- ``target_rule``: the launch target cannot run it — the target profile's ``layout_error``
+  (``cost_models.targets``: e.g. Megatron-LM refuses --use-torch-fsdp2 with pp > 1 or ep > 1, has no ZeRO-2 and
+  no HSDP for FSDP2; torchtitan has no ZeRO-1/2 and shards HSDP over dp_shard×cp; fsdp2 has no CP/EP);
 - ``zero_redundant``: with one data-parallel rank all ZeRO stages are the same layout.
 
 Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
@@ -34,26 +36,16 @@ from typing import Any, Literal
 from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
+from cost_models.targets import TargetProfile, get_profile
 
-Target = Literal["megatron", "torchtitan", "any"]
+Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 RECOMPUTE_ORDER = ("none", "selective", "full")
 MIN_CP_TOKENS = 1024  # ring attention below ~1k tokens per rank is latency-bound; not worth searching
 MAX_MBS = 8
-# What each launch target runs (and ``autoplan.emit`` can write): ZB-H1 with one stage per rank is neither
-# a Megatron-LM nor a torchtitan schedule (torchtitan's zero-bubble schedules need 2+ stages per rank), so
-# it is searched for ``any`` only, or when pinned.
-SCHEDULES: dict[str, tuple[str, ...]] = {
-    "megatron": ("1f1b", "interleaved"),
-    "torchtitan": ("1f1b", "interleaved"),
-    "any": ("1f1b", "interleaved", "zb-h1"),
-}
-ZERO_STAGES: dict[str, tuple[int, ...]] = {
-    # Megatron: the distributed optimizer (ZeRO-1), DDP, or torch FSDP2 (ZeRO-3, pp = 1 only);
-    # torchtitan: FSDP2 (ZeRO-3, optionally HSDP) or plain replication (DDP).
-    "megatron": (1, 0, 3),
-    "torchtitan": (3, 0),
-    "any": (1, 0, 2, 3),
-}
+# ``any``: every layout the cost model prices, whatever the framework (ZeRO-2 and ZB-H1 included); a named
+# target enumerates what its profile (``cost_models.targets``) runs.
+ANY_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
+ANY_ZERO_STAGES: tuple[int, ...] = (1, 0, 2, 3)
 
 
 @dataclass
@@ -193,14 +185,13 @@ def mbs_choices(job: JobSpec, dp: int, pp: int, pins: dict[str, Any], tally: Tal
 
 
 def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins: dict[str, Any],
-                 tally: Tally) -> list[tuple[int, int | None]]:
-    """(zero_stage, hsdp_shard_size). With one data-parallel rank every stage is the same: keep one.
-    HSDP (ZeRO-3 only): shard inside an NVLink domain or a node, replicate across. Megatron-LM runs
-    ZeRO-3 (torch FSDP2) only without pipeline parallelism."""
-    stages = list(ZERO_STAGES[target])
-    if target == "megatron" and pp > 1 and 3 in stages:
-        stages.remove(3)
-        tally.cut("target_rule")
+                 tally: Tally, model: ModelSpec | None = None, tp: int = 1, cp: int = 1,
+                 ep: int = 1) -> list[tuple[int, int | None]]:
+    """(zero_stage, hsdp_shard_size) the target runs (its profile's ``zero_stages`` and ``layout_error``).
+    With one data-parallel rank every stage is the same: keep one. HSDP (ZeRO-3 for FSDP targets; the
+    distributed optimizer's instances for Megatron): shard inside an NVLink domain or a node, replicate across."""
+    prof = get_profile(target)
+    stages = list(prof.zero_stages if prof is not None else ANY_ZERO_STAGES)
     if "zero_stage" in pins:
         stages = [pins["zero_stage"]]
     if dp_cp == 1:
@@ -209,16 +200,28 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
     out: list[tuple[int, int | None]] = []
     for z in stages:
         out.append((z, None))
-        if z == 3 and dp_cp > 1:
-            for shard in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size}):
-                if 1 < shard < dp_cp and dp_cp % shard == 0:
-                    out.append((z, shard))
+        if dp_cp > 1 and z == 3:
+            shards = (prof.hsdp_choices(cluster, dp_cp, cp) if prof is not None else
+                      [s for s in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size})
+                       if 1 < s < dp_cp and dp_cp % s == 0])
+            out += [(z, shard) for shard in shards]
     if "hsdp_shard_size" in pins:
         kept = [x for x in out if x[1] == pins["hsdp_shard_size"]]
         if not kept and any(z == 3 for z, _ in out) and dp_cp % pins["hsdp_shard_size"] == 0:
             kept = [(3, pins["hsdp_shard_size"])]
         tally.cut("pin", max(0, len(out) - len(kept)))
         out = kept
+    if prof is not None and model is not None:
+        legal = [(z, h) for z, h in out if prof.layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=z, hsdp=h,
+                                                             dp_cp=dp_cp, schedule="1f1b") is None]
+        tally.cut("target_rule", len(out) - len(legal))
+        out = []
+        for z, h in legal:  # offer what really runs (torchtitan: ZeRO-0 with cp > 1 is FSDP over cp)
+            if not prof.runs_as_written(z, cp):
+                tally.cut("runs_as_other")
+                z, h = 3, (cp if cp < dp_cp else None)
+            if (z, h) not in out:
+                out.append((z, h))
     return out
 
 
@@ -230,7 +233,8 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
         out = [("1f1b", 1)]
     else:
         out = []
-        schedules = list(SCHEDULES[target])
+        prof = get_profile(target)
+        schedules = list(prof.schedules if prof is not None else ANY_SCHEDULES)
         if pins.get("schedule") == "zb-h1" and "zb-h1" not in schedules:
             schedules.append("zb-h1")  # pinned: searched whatever the target
         for sched in schedules:
@@ -274,7 +278,8 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                 for ep in ep_choices(model, dp * cp, pins, tally):
                     for mbs, m in mbs_choices(job, dp, pp, pins, tally):
                         for rc in recompute_choices(pins, tally):
-                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally):
+                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally, model, tp,
+                                                           cp, ep):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
                                     yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp, sp or tp == 1,
                                                  target)

@@ -151,7 +151,8 @@ def test_rank_layout_partitions(tp: int, cp: int, dp: int, pp: int, ep: int) -> 
 # ---- torchtitan -------------------------------------------------------------------------------------------
 
 def test_torchtitan_overrides_70b() -> None:
-    args = torchtitan_overrides(plan(**{**L70_PP8, "model": "llama3.1-70b"}))  # torchtitan's 70B is Llama 3.1
+    # torchtitan's 70B is Llama 3.1
+    args = torchtitan_overrides(plan(**{**L70_PP8, "model": "llama3.1-70b"}, zero_stage=3))
     assert args[:4] == ["--module", "llama3", "--config", "llama3_70b"]
     # Llama 3.0 70B: the same flavor with its RoPE scaling removed, through the emitted config module
     assert torchtitan_overrides(plan(**L70_PP8))[:4] == ["--module", "autoplan_torchtitan_config", "--config",
@@ -177,26 +178,26 @@ def test_torchtitan_interleaved_chunks_cover_the_model() -> None:
 
 
 def test_torchtitan_no_pp_no_cuda_graph_flag() -> None:
-    args = torchtitan_overrides(plan("llama3-8b", 64, 64, tp=8, pp=1, recompute="full"))
+    args = torchtitan_overrides(plan("llama3-8b", 64, 64, tp=8, pp=1, recompute="full", zero_stage=3))
     assert "--training.disable_cuda_graphs" not in args and args[-1] == "activation_checkpoint:full"
     f = flags(args)
     assert f["--training.local_batch_size"] == "1"  # one micro-batch at a time, accumulated to the global batch
 
 
 def test_torchtitan_405b_bf16_gets_a_config_module() -> None:
-    e = emit(plan(**L405), "torchtitan")
+    e = emit(plan(**L405, zero_stage=3), "torchtitan")
     assert f"{CONFIG_MODULE}.py" in e.files
     text = e.files[f"{CONFIG_MODULE}.py"]
     compile(text, CONFIG_MODULE, "exec")
     assert "model_registry('405B')" in text and "Float8" not in text
-    assert torchtitan_overrides(plan(**L405))[:4] == ["--module", CONFIG_MODULE, "--config", "autoplan_config"]
+    assert torchtitan_overrides(plan(**L405, zero_stage=3))[:4] == ["--module", CONFIG_MODULE, "--config", "autoplan_config"]
     assert "PYTHONPATH" in e.files["train_torchtitan_torchrun.sh"]
     assert any("bf16" in n for n in e.notes)
 
 
 def test_torchtitan_refuses_unshipped_model() -> None:
     with pytest.raises(UnsupportedModelError, match="does not ship mixtral-8x22b.*--target megatron"):
-        emit(plan(**MIXTRAL), "torchtitan")
+        emit(plan(**MIXTRAL, zero_stage=0), "torchtitan")  # DDP: both targets run the layout
 
 
 def test_torchtitan_refuses_tp_over_kv_heads_megatron_accepts() -> None:
@@ -211,14 +212,14 @@ def test_torchtitan_refuses_tp_over_kv_heads_megatron_accepts() -> None:
 
 
 def test_torchtitan_v02_toml() -> None:
-    e = emit(plan(**L70_VP2), "torchtitan")
+    e = emit(plan(**L70_VP2, zero_stage=3), "torchtitan")
     doc = tomllib.loads(e.files["torchtitan_v02.toml"])
     assert doc["model"] == {"name": "llama3", "flavor": "70B", "converters": []}
     assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert doc["parallelism"]["tensor_parallel_degree"] == 8 and doc["training"]["global_batch_size"] == 512
     assert doc["activation_checkpoint"] == {"mode": "none"}
     assert len(doc["parallelism"]["module_fqns_per_model_part"]) == 8
-    fp8 = tomllib.loads(emit(plan(**L70_PP8, precision="fp8"), "torchtitan").files["torchtitan_v02.toml"])
+    fp8 = tomllib.loads(emit(plan(**L70_PP8, precision="fp8", zero_stage=3), "torchtitan").files["torchtitan_v02.toml"])
     assert fp8["model"]["converters"] == ["float8"] and fp8["float8"]["recipe_name"] == "rowwise"
     assert fp8["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
 
@@ -232,7 +233,7 @@ def test_torchtitan_v02_toml() -> None:
     ("nonsense", "x", 1, "no section"),
 ])
 def test_torchtitan_v02_type_check(section: str, key: str, value: object, msg: str) -> None:
-    doc = v02_document(plan(**L70_PP8))
+    doc = v02_document(plan(**L70_PP8, zero_stage=3))
     doc.setdefault(section, {})[key] = value
     with pytest.raises(ConfigError, match=msg):
         check_v02(doc)
@@ -241,7 +242,7 @@ def test_torchtitan_v02_type_check(section: str, key: str, value: object, msg: s
 # ---- FSDP2 ---------------------------------------------------------------------------------------------
 
 def test_fsdp2_module_text() -> None:
-    e = emit(plan(**L70_VP2), "fsdp2")
+    e = emit(plan(**L70_VP2, zero_stage=3), "fsdp2")
     text = e.files["autoplan_parallelize.py"]
     compile(text, "autoplan_parallelize", "exec")
     for needle in ("init_device_mesh", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "fully_shard",
@@ -251,9 +252,9 @@ def test_fsdp2_module_text() -> None:
 
 def test_fsdp2_refuses_cp_and_ep() -> None:
     with pytest.raises(ConfigError, match="context parallelism"):
-        emit(plan(**L405_CP), "fsdp2")
+        emit(plan(**L405_CP, zero_stage=3), "fsdp2")
     with pytest.raises(ConfigError, match="expert parallelism"):
-        emit(plan(**MIXTRAL), "fsdp2")
+        emit(plan(**MIXTRAL, zero_stage=3), "fsdp2")
 
 
 # ---- shell safety ----------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_scripts_quote_names(tmp_path: Path) -> None:
     base = load_model("llama3-8b").model_dump()
     m = ModelSpec(**{**base, "name": EVIL})
     p = EmitPlan(m, build_cluster("h100-sxm", 8), JobSpec(global_batch_size=8, seq_len=4096),
-                 ParallelConfig(tp=8))
+                 ParallelConfig(tp=8, zero_stage=3))  # pp = 1: every target runs torch FSDP2
     out = tmp_path / "out dir $(touch PWNED4)"
     for target in ("megatron", "fsdp2", "torchtitan"):
         write_plan(p, target, out)
@@ -365,7 +366,7 @@ def test_megatron_script_names_the_missing_placeholder(tmp_path: Path) -> None:
 def test_spooled_torchtitan_script_finds_its_config_module(tmp_path: Path) -> None:
     """The 405B in bf16 needs the emitted config module: the spooled sbatch copy must still put its folder on
     PYTHONPATH (the folder's absolute path is written into the script)."""
-    p = plan(**L405)
+    p = plan(**L405, zero_stage=3)
     out = tmp_path / "emitted"
     write_plan(p, "torchtitan", out)
     assert (out / "autoplan_torchtitan_config.py").exists()
@@ -444,7 +445,7 @@ def test_cli_emit_from_flags(tmp_path: Path) -> None:
 
 def test_cli_emit_from_plan_file(tmp_path: Path) -> None:
     f = tmp_path / "plan.json"
-    f.write_text(json.dumps(_plan_json(plan(**L405))))
+    f.write_text(json.dumps(_plan_json(plan(**L405, zero_stage=3))))
     # the fixture layout is over memory under today's memory model: emit refuses it unless told
     code, out, err = run("emit", "--target", "torchtitan", "-o", str(tmp_path / "t"), "--plan", str(f),
                          "--allow-over-memory")
@@ -481,22 +482,29 @@ def test_check_emittable_covers_target_limits() -> None:
 
     p = plan(**MIXTRAL)
     check_emittable(p, "megatron")
+    fsdp = plan(**MIXTRAL, zero_stage=3)  # the FSDP targets' own data parallelism
     with pytest.raises(UnsupportedModelError):
-        check_emittable(p, "torchtitan")
+        check_emittable(fsdp, "torchtitan")
     with pytest.raises(ConfigError, match="expert parallelism"):
-        check_emittable(p, "fsdp2")
+        check_emittable(fsdp, "fsdp2")
+    with pytest.raises(ConfigError, match=r"--use-torch-fsdp2 is not supported with pipeline parallelism"):
+        check_emittable(fsdp, "megatron")
 
 
 def test_notes_for_what_a_target_cannot_follow() -> None:
-    e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "megatron")
-    assert any("hsdp_shard_size=8" in n for n in e.notes) and "notes:" in e.files["README.txt"]
+    # HSDP with torch FSDP2 is not expressible in Megatron-LM: refused, not emitted as full sharding.
+    with pytest.raises(ConfigError, match="--num-distributed-optimizer-instances"):
+        emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "megatron")
+    e = emit(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=1, hsdp_shard_size=8), "megatron")
+    assert flags(megatron_args(plan("llama3-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=1,
+                                    hsdp_shard_size=8)))["--num-distributed-optimizer-instances"] == "8"
     e = emit(plan("llama3.1-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3, hsdp_shard_size=8), "torchtitan")
     f = flags(torchtitan_overrides(plan("llama3.1-8b", 64, 256, seq=4096, tp=1, pp=1, zero_stage=3,
                                         hsdp_shard_size=8)))
     assert f["--parallelism.data_parallel_replicate_degree"] == "8"
     assert f["--parallelism.data_parallel_shard_degree"] == "8" and not e.notes
-    e = emit(plan("llama3-70b", 1024, 512, tp=8, pp=8, schedule="zb-h1"), "megatron")
-    assert any("zb-h1" in n for n in e.notes)
+    with pytest.raises(ConfigError, match="megatron has no such schedule"):  # never priced, never emitted
+        emit(plan("llama3-70b", 1024, 512, tp=8, pp=8, schedule="zb-h1"), "megatron")
 
 
 def test_load_plan_bad_fields(tmp_path: Path) -> None:
@@ -517,7 +525,7 @@ def test_load_plan_bad_fields(tmp_path: Path) -> None:
 
 def test_torchtitan_script_keeps_subcommand_last(tmp_path: Path) -> None:
     """EXTRA_ARGS go before `activation_checkpoint:...` (tyro needs the subcommand last)."""
-    p = plan(**L405)
+    p = plan(**L405, zero_stage=3)
     write_plan(p, "torchtitan", tmp_path / "o")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -536,7 +544,7 @@ def test_torchtitan_script_keeps_subcommand_last(tmp_path: Path) -> None:
 
 def test_torchtitan_flavor_without_config_function() -> None:
     """torchtitan 0.3.0 ships Qwen3 235B-A22B as a flavor only: a config module starts from qwen3_30b_a3b."""
-    p = plan("qwen3-235b-a22b", 512, 1024, seq=4096, tp=4, pp=4, ep=32)
+    p = plan("qwen3-235b-a22b", 512, 1024, seq=4096, tp=4, pp=4, ep=32, zero_stage=3)
     e = emit(p, "torchtitan")
     text = e.files[f"{CONFIG_MODULE}.py"]
     compile(text, CONFIG_MODULE, "exec")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from autoplan.validate import megatron_lm
+
 from autoplan.catalog import build_cluster, load_model
 from autoplan.emit import EmitPlan, emit
 from autoplan.errors import ConfigError
@@ -39,11 +41,13 @@ MEGATRON_ONLY = {
 }
 
 
-def make(case: str) -> EmitPlan:
+def make(case: str, target: str = "megatron") -> EmitPlan:
     if case in MEGATRON_ONLY:
         model, gpus, gbs, seq, par, precision = MEGATRON_ONLY[case]
     else:
         (model, gpus, gbs, seq, par), precision = CASES[case], "bf16"
+    if target != "megatron":
+        par = {**par, "zero_stage": 3}  # torchtitan and plain FSDP2 shard with fully_shard (no ZeRO-1)
     return EmitPlan(load_model(model), build_cluster("h100-sxm", gpus),
                     JobSpec(global_batch_size=gbs, seq_len=seq, precision=precision), ParallelConfig(**par))
 
@@ -59,8 +63,10 @@ def test_megatron_consumers_accept(case: str) -> None:
     from autoplan.validate import run_checks
 
     checks = run_checks(make(case), "megatron")
-    assert len(checks) == 5 and all(c.ok for c in checks), report(checks)
+    assert len(checks) == 7 and all(c.ok for c in checks), report(checks)
     assert "identical" in checks[2].detail and "identical" in checks[3].detail
+    assert "micro-batches" in checks[5].detail
+    assert checks[6].skipped == (megatron_lm.checkout() is None), report(checks)  # real validate_args if present
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("mixtral")])
@@ -69,7 +75,7 @@ def test_torchtitan_consumers_accept(case: str) -> None:
     pytest.importorskip("torch")
     from autoplan.validate import run_checks
 
-    checks = run_checks(make(case), "torchtitan")
+    checks = run_checks(make(case, "torchtitan"), "torchtitan")
     assert len(checks) == 5 and all(c.ok for c in checks), report(checks)
     assert "as planned" in checks[-1].detail
 
@@ -78,7 +84,11 @@ def test_torchtitan_mixtral_clear_message() -> None:
     pytest.importorskip("torchtitan")
     from autoplan.validate import run_checks
 
-    checks = run_checks(make("mixtral-8x22b@256 tp8 pp4 ep8"), "torchtitan")
+    from dataclasses import replace
+
+    plan = make("mixtral-8x22b@256 tp8 pp4 ep8", "torchtitan")  # as DDP (zero 0) Megatron runs it too
+    plan = replace(plan, parallel=plan.parallel.model_copy(update={"zero_stage": 0}))
+    checks = run_checks(plan, "torchtitan")
     assert len(checks) == 1 and not checks[0].ok
     assert "does not ship mixtral-8x22b" in checks[0].detail and "--target megatron" in checks[0].detail
 
@@ -87,7 +97,7 @@ def test_fsdp2_consumers_accept() -> None:
     pytest.importorskip("torch")
     from autoplan.validate import run_checks
 
-    checks = run_checks(make("llama3-70b@1024 tp8 pp4 vp2"), "fsdp2")
+    checks = run_checks(make("llama3-70b@1024 tp8 pp4 vp2", "fsdp2"), "fsdp2")
     assert len(checks) == 3 and all(c.ok for c in checks), report(checks)
 
 
@@ -167,8 +177,40 @@ def test_cli_validate_pass_and_fail_lines(tmp_path, monkeypatch) -> None:  # typ
                                  "--gpus", "64", "--global-batch-size", "64", "--seq-len", "4096", "--tp", "8",
                                  "--pp", "2"])
     assert r.exit_code == 0, r.output
-    assert r.stdout.count("PASS  ") == 5 and "5 of 5 checks passed" in r.stdout
+    n_pass = 6 if megatron_lm.checkout() is None else 7
+    assert r.stdout.count("PASS  ") == n_pass and "7 of 7 checks passed" in r.stdout, r.stdout
+    assert ("SKIP  Megatron-LM" in r.stdout) == (megatron_lm.checkout() is None)
     assert (tmp_path / "m" / "megatron_args.txt").exists()
     r = CliRunner().invoke(cli, ["validate", "--target", "torchtitan", "--model", "mixtral-8x22b", "--gpus", "256",
                                  "--global-batch-size", "256", "--tp", "8", "--pp", "4", "--ep", "8"])
     assert r.exit_code == 1 and "FAIL  " in r.stdout and "does not ship mixtral-8x22b" in r.stdout
+
+
+# ---- the plans of issue 10's "Why": refused with Megatron's reason, or emitted as priced ----------------------------
+def test_validate_fails_on_the_why_plans() -> None:
+    pytest.importorskip("megatron.core")
+    from autoplan.validate import run_checks
+
+    ds3 = EmitPlan(load_model("deepseek-v3"), build_cluster("h800", 2048), JobSpec(global_batch_size=4096, seq_len=4096),
+                   ParallelConfig(tp=1, pp=1, ep=256, zero_stage=3))
+    checks = run_checks(ds3, "megatron")
+    assert len(checks) == 1 and not checks[0].ok
+    assert "--use-torch-fsdp2 is not supported with expert parallelism" in checks[0].detail
+    hsdp = EmitPlan(load_model("llama3-8b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256),
+                    ParallelConfig(tp=1, pp=1, zero_stage=3, hsdp_shard_size=8))
+    checks = run_checks(hsdp, "megatron")
+    assert len(checks) == 1 and not checks[0].ok and "--num-distributed-optimizer-instances" in checks[0].detail
+
+
+def test_megatron_fsdp2_plan_is_emitted_as_validate_args_wants(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ZeRO-3: --use-torch-fsdp2 with --no-gradient-accumulation-fusion, and no CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    pytest.importorskip("megatron.core")
+    from autoplan.validate import run_checks
+
+    p = EmitPlan(load_model("llama3-8b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=64, seq_len=4096),
+                 ParallelConfig(tp=8, pp=1, zero_stage=3))
+    checks = run_checks(p, "megatron", tmp_path)
+    assert all(c.ok for c in checks), report(checks)
+    args = (tmp_path / "megatron_args.txt").read_text().split()
+    assert "--use-torch-fsdp2" in args and "--no-gradient-accumulation-fusion" in args
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "train_megatron_torchrun.sh").read_text()

@@ -57,6 +57,15 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par)
 
 
+def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
+    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``)."""
+    from dataclasses import replace
+
+    from cost_models.targets import PROFILES
+
+    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel))
+
+
 @cli.command("emit")
 @target_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="output folder")
@@ -69,9 +78,9 @@ def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> N
 
     The layout is priced first (as `autoplan estimate` would); one that does not fit in GPU memory is
     refused (exit 3) unless --allow-over-memory, which writes it with a warning in README.txt."""
-    plan = resolve_plan(kw)
+    plan = with_target_defaults(resolve_plan(kw), target)
     check_emittable(plan, target)  # type: ignore[arg-type]
-    pred = price(plan)
+    pred = price(plan, target)
     if not pred.fits:
         if not allow_over_memory:
             raise InfeasibleError(over_memory_message(plan, pred),
@@ -99,7 +108,7 @@ def validate_cmd(target: str, out_dir: str | None, **kw: Any) -> None:
     """Emit a plan and check it with the framework's own code (needs the `validate` extra)."""
     from autoplan.validate import EXTRA_HINT, missing_extra, run_checks
 
-    plan = resolve_plan(kw)
+    plan = with_target_defaults(resolve_plan(kw), target)
     missing = missing_extra(target)  # type: ignore[arg-type]
     if missing:
         click.echo(f"Error: validate --target {target} runs {', '.join(missing)}, which "

@@ -69,10 +69,13 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
 @job_options
 @parallel_options(required=True)
 @failure_options
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2"]), default="megatron",
+              show_default=True, help="framework that runs the layout: its rules (cost_models.targets) refuse what it "
+              "cannot run, and memory is priced as it holds it")
 @request_option
 @format_option
 @user_errors
-def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
+def estimate_cmd(model: str, fmt: str, target: str, **kw: Any) -> None:
     """Predict step time, tokens/s, MFU and memory per GPU of one parallel configuration, and its goodput
     after failures, checkpoints and restarts."""
     failures = failure_model(kw)
@@ -82,7 +85,7 @@ def estimate_cmd(model: str, fmt: str, **kw: Any) -> None:
     else:
         request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
                                   job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"),
-                                  failures=failures)
+                                  failures=failures, target=target)
     result = api.estimate(request)
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))

@@ -35,11 +35,12 @@ class Emitted:
     """The cost model's price of the emitted layout (what ``autoplan estimate`` says of it)."""
 
 
-def price(plan: EmitPlan) -> Prediction:
-    """The emitted layout priced by the cost model (the target's own rules were checked by ``check_emittable``)."""
+def price(plan: EmitPlan, target: str) -> Prediction:
+    """The emitted layout priced by the cost model as ``target`` holds it (its rules were checked by
+    ``check_emittable``)."""
     from cost_models.estimate import estimate
 
-    return estimate(plan.model, plan.cluster, plan.job, plan.parallel, check=False)
+    return estimate(plan.model, plan.cluster, plan.job, plan.parallel, check=False, target=target)
 
 
 def over_memory_message(plan: EmitPlan, pred: Prediction) -> str:
@@ -65,7 +66,7 @@ def emit(plan: EmitPlan, target: Target) -> Emitted:
 
         files, notes = fsdp2.fsdp2_files(plan), fsdp2.notes(plan)
     files = dict(files)
-    pred = price(plan)
+    pred = price(plan, target)
     files["README.txt"] = _readme(plan, target, files, notes, pred)
     return Emitted(target=target, files=files, notes=notes, prediction=pred)
 

@@ -86,7 +86,8 @@ PLAN = __PLAN__
 # Decoder layers per pipeline chunk; chunk c runs on pp rank c % pp (looped schedules).
 STAGE_LAYERS = __STAGE_LAYERS__
 SCHEDULE = __SCHEDULE__
-RESHARD_AFTER_FORWARD = __RESHARD__
+RESHARD_AFTER_FORWARD = __RESHARD__  # bool, or a group size: re-shard to it after forward
+REDUCE_DTYPE = __REDUCE__
 FQN = {"embed": "tok_embeddings", "layers": "layers", "norm": "norm", "output": "output"}
 
 
@@ -182,7 +183,7 @@ def apply_ac(model: nn.Module) -> None:
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> None:
     """fully_shard every block, then the root (embedding, norm and head go with the root)."""
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=REDUCE_DTYPE) if param_dtype else None
     kw = {"mesh": mesh, "reshard_after_forward": RESHARD_AFTER_FORWARD}
     if mp is not None:
         kw["mp_policy"] = mp
@@ -241,6 +242,7 @@ def fsdp2_module(plan: EmitPlan) -> str:
     """The emitted module's text. Every value is written with ``repr`` (no user text in code)."""
     check_fsdp2(plan)
     par = plan.parallel
+    rt = plan.runtime("fsdp2")  # reshard_after_forward and the reduce dtype the plan was priced with
     values = {
         "tp": par.tp, "pp": par.pp, "dp": plan.dp, "vp": par.vp,
         "hsdp_shard": par.hsdp_shard_size or 0, "micro_batch_size": par.micro_batch_size,
@@ -251,7 +253,8 @@ def fsdp2_module(plan: EmitPlan) -> str:
     text = _TEMPLATE
     for key, val in {"__MODEL_NAME__": repr(plan.model.name), "__PLAN__": repr(values),
                      "__STAGE_LAYERS__": repr(stage_chunks(plan)), "__SCHEDULE__": repr(schedule_name(plan)),
-                     "__RESHARD__": repr(par.zero_stage == 3 and par.pp == 1)}.items():
+                     "__RESHARD__": repr(rt.reshard_after_forward),
+                     "__REDUCE__": "torch.bfloat16" if rt.grad_reduce_dtype == "bf16" else "torch.float32"}.items():
         text = text.replace(key, val)
     return text
 

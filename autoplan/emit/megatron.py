@@ -32,6 +32,7 @@ def _expert_tp(plan: EmitPlan) -> int:
 def megatron_args(plan: EmitPlan) -> list[str]:
     """The argv (without the entry point) that trains ``plan`` with Megatron-LM."""
     m, par, job = plan.model, plan.parallel, plan.job
+    rt = plan.runtime("megatron")  # knobs and run-time semantics the plan was priced with
     a: list[str] = []
 
     def add(flag: str, value: Any = None) -> None:
@@ -52,17 +53,25 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--sequence-parallel")
     for flag, value in pipeline_split(m, par).megatron_flags():  # the split the cost model priced
         add(flag, value)
+    if par.cp > 1:
+        add("--cp-comm-type", {"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type))
     dp_cp = plan.dp * par.cp
-    if par.zero_stage in (1, 2):
+    if par.zero_stage == 1:
         add("--use-distributed-optimizer")
         if par.hsdp_shard_size and par.hsdp_shard_size < dp_cp:
             add("--num-distributed-optimizer-instances", dp_cp // par.hsdp_shard_size)
-    elif par.zero_stage == 3:
+    elif par.zero_stage == 3:  # torch FSDP2: arguments.py:1031-1049
         add("--use-torch-fsdp2")
-    if dp_cp > 1:
+        add("--no-gradient-accumulation-fusion")
+        add("--ckpt-format", "torch_dist")
+    if rt.overlap_grad_reduce:
         add("--overlap-grad-reduce")
-        if par.zero_stage in (1, 2):
-            add("--overlap-param-gather")
+    if rt.overlap_param_gather:
+        add("--overlap-param-gather")
+    if rt.grad_reduce_dtype == "bf16":
+        add("--grad-reduce-in-bf16")
+    if rt.tp_comm_overlap:
+        add("--tp-comm-overlap")
     # ---- batch -----------------------------------------------------------------------------------
     add("--micro-batch-size", par.micro_batch_size)
     add("--global-batch-size", job.global_batch_size)
@@ -81,6 +90,7 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     add("--bf16")
     if job.precision == "fp8":
         add("--fp8-format", "hybrid")
+        add("--fp8-recipe", rt.fp8_recipe)
     return a
 
 
@@ -250,6 +260,11 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
             "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
             "--mtp-num-layers"]
+    p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
+    p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"], default="torch_dist")
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
+                   default="delayed")
     for flag in ints:
         p.add_argument(flag, type=int, default=None)
     for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--overlap-grad-reduce",
@@ -257,7 +272,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--multi-latent-attention",
                  "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",
                  "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
-                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]:
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--grad-reduce-in-bf16", "--tp-comm-overlap"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
@@ -301,12 +317,6 @@ def notes(plan: EmitPlan) -> list[str]:
         out.append("the model states no load-balancing loss coefficient: emitted --moe-router-load-balancing-type none")
     if par.schedule == "zb-h1":
         out.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
-    if par.zero_stage == 3 and par.hsdp_shard_size and par.hsdp_shard_size < plan.dp * par.cp:
-        out.append(f"hsdp_shard_size={par.hsdp_shard_size}: Megatron-LM's --use-torch-fsdp2 shards over the whole "
-                   "data-parallel group (no hybrid sharding flag); emitted full sharding")
-    if par.zero_stage == 2:
-        out.append("zero_stage=2: emitted --use-distributed-optimizer (Megatron shards optimizer state and "
-                   "reduce-scatters gradients)")
     return out
 
 
@@ -355,7 +365,7 @@ def megatron_files(plan: EmitPlan) -> dict[str, str]:
     body = USER_SETTINGS + "\n" + bash_array("MEGATRON_ARGS", args)
     program = ['"${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout}/' + ENTRYPOINT + '"',
                '"${MEGATRON_ARGS[@]}"', '"${USER_ARGS[@]}"', "${DATA_ARGS}", "${EXTRA_ARGS:-}"]
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    env = dict(plan.runtime("megatron").env)  # Megatron's requirement (arguments.py:1453-1479); none with FSDP
     return {
         "megatron_args.txt": "\n".join(args) + "\n",
         "train_megatron_torchrun.sh": torchrun_script(header, body, program, nodes, per_node, env),

@@ -8,12 +8,13 @@ infeasible layout is refused by autoplan with the reason the framework itself wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import PROFILES, Runtime, Software
 
 Target = Literal["megatron", "torchtitan", "fsdp2"]
 TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2")
@@ -27,6 +28,11 @@ class EmitPlan:
     cluster: ClusterSpec
     job: JobSpec
     parallel: ParallelConfig
+    software: Software = field(default_factory=Software)
+
+    def runtime(self, target: str) -> Runtime:
+        """How ``target`` runs this plan (``cost_models.targets``): the knobs and env the emitters write."""
+        return PROFILES[target].resolve(self.software, self.job, self.cluster, self.parallel)
 
     @property
     def dp(self) -> int:
@@ -99,12 +105,23 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
         par = entry.get("parallel") if isinstance(entry, dict) else None
         if not isinstance(par, dict):
             raise UserInputError(f"plan file '{source}': plans[{i}] has no \"parallel\" object")
+        knobs = (entry.get("prediction") or {}).get("software") or {}
     else:
         if index not in (None, 1):
             raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
         par = _require(data, "parallel", source)
+        knobs = (data.get("prediction") or {}).get("software") or {}
     parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
-    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel)
+    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=priced_software(knobs))
+
+
+def priced_software(knobs: dict[str, Any]) -> Software:
+    """The knobs a plan was priced with (``prediction.software``), as the user would set them: the priced target's
+    own knobs only (another target's defaults are not requests)."""
+    prof = PROFILES.get(str(knobs.get("target", "")))
+    if prof is None:
+        return Software()
+    return Software(**{k: v for k, v in knobs.items() if k in prof.knobs and v is not None})
 
 
 def load_plan(path: str | Path, index: int | None = None) -> EmitPlan:
@@ -145,17 +162,12 @@ def _check(plan: EmitPlan, target: Target) -> None:
     TP shard KV heads and need ``num_kv_heads % tp == 0``."""
     if target not in TARGETS:
         raise ConfigError(f"unknown target '{target}'", valid=TARGETS)
-    from cost_models.validate import check_parallel
-
-    check_parallel(plan.model, plan.cluster, plan.job, plan.parallel,
-                   allow_kv_replication=(target == "megatron"))
     par = plan.parallel
     if par.schedule == "dualpipe":
         raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
                           f"no {target} schedule runs it", valid=["1f1b", "interleaved", "zb-h1"])
-    if target == "megatron" and par.zero_stage == 3 and par.pp > 1:
-        raise ConfigError(f"zero_stage=3 with pp={par.pp}: Megatron-LM's --use-torch-fsdp2 does not work with "
-                          "pipeline parallelism; use zero_stage 1 (distributed optimizer) or pp=1")
+    prof = PROFILES[target]  # the framework's rules, each citing its source (cost_models.targets)
+    prof.check(plan.model, plan.cluster, plan.job, plan.parallel, plan.runtime(target))
     if target == "torchtitan":
         from autoplan.emit.torchtitan import titan_model
 

@@ -141,23 +141,29 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
 
 
 def needs_config_module(plan: EmitPlan) -> bool:
+    """A config module is emitted when the shipped config function cannot express the plan: no function for the
+    flavor, another precision, or an fp8 recipe other than the shipped converter's default (rowwise)."""
     t = titan_model(plan.model)
-    return not t.config_fn or t.config_precision != plan.job.precision or bool(arch_overrides(plan.model))
+    recipe = plan.runtime("torchtitan").fp8_recipe
+    return (not t.config_fn or t.config_precision != plan.job.precision or bool(arch_overrides(plan.model))
+            or recipe not in (None, "rowwise"))
 
 
 def _dp_degrees(plan: EmitPlan) -> tuple[int, int, str]:
     """(data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward).
 
-    ZeRO-3 is FSDP (HSDP with ``hsdp_shard_size``); ZeRO-0 is DDP (replicate); ZeRO-1/2 have no
-    torchtitan equivalent and map to FSDP without resharding after forward (gradients and optimizer
-    state sharded, parameters kept gathered between forward and backward: ZeRO-2's memory)."""
+    ZeRO-3 is FSDP (HSDP with ``hsdp_shard_size``); ZeRO-0 is ``dp_replicate = dp`` (torchtitan still shards
+    over cp: the profile prices it as FSDP over cp). ``reshard_after_forward`` as priced: torchtitan's "default"
+    (reshard unless pipelining) when it matches, else "always" / "never"."""
     par, dp = plan.parallel, plan.dp
+    r = plan.runtime("torchtitan").reshard_after_forward
+    reshard = "default" if bool(r) == (par.pp == 1) else ("always" if r else "never")
     if par.zero_stage == 0:
-        return dp, 1, "default"
+        return dp, 1, reshard
     if par.hsdp_shard_size and par.hsdp_shard_size % par.cp == 0 and par.hsdp_shard_size // par.cp < dp:
         shard = par.hsdp_shard_size // par.cp
-        return dp // shard, shard, "default" if par.zero_stage == 3 else "never"
-    return 1, dp, "default" if par.zero_stage == 3 else "never"
+        return dp // shard, shard, reshard
+    return 1, dp, reshard
 
 
 def pipeline_schedule(plan: EmitPlan) -> str:
@@ -214,16 +220,16 @@ def titan_settings(plan: EmitPlan) -> dict[str, dict[str, Any]]:
         p["pipeline_parallel_microbatch_size"] = micro
         p["module_fqns_per_model_part"] = module_fqns_per_model_part(plan)
     t = {"local_batch_size": local, "global_batch_size": plan.job.global_batch_size, "seq_len": plan.job.seq_len}
-    return {"parallelism": p, "training": t}
+    rt = plan.runtime("torchtitan")
+    c = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
+    return {"parallelism": p, "training": t, "compile": c}
 
 
 def notes(plan: EmitPlan) -> list[str]:
     par, out = plan.parallel, []
-    if par.zero_stage in (1, 2) and plan.dp > 1:
-        out.append(f"zero_stage={par.zero_stage} has no torchtitan equivalent: emitted FSDP with "
-                   "fsdp_reshard_after_forward=never (ZeRO-2 memory)")
-    if par.schedule == "zb-h1":
-        out.append("schedule zb-h1: torchtitan's zero-bubble schedules need 2+ stages per rank; emitted 1F1B")
+    if par.zero_stage == 0 and par.cp > 1:
+        out.append(f"zero_stage=0 with cp={par.cp}: torchtitan shards parameters over dp_shard x cp (FSDP over cp); "
+                   "priced that way")
     if needs_config_module(plan):
         t, differs = titan_model(plan.model), arch_overrides(plan.model)
         why = (f"torchtitan ships {t.module} {t.flavor} without a config function" if not t.config_fn else
@@ -293,7 +299,10 @@ def config_module(plan: EmitPlan) -> str:
         f"from torchtitan.models.{t.module} import model_registry",
         f"from torchtitan.models.{t.module}.config_registry import {base} as _base",
     ]
-    if fp8:
+    recipe = plan.runtime("torchtitan").fp8_recipe
+    if fp8 and recipe == "mxfp8":
+        lines.append("from torchtitan.components.quantization.mx import MXFP8LinearConverter")
+    elif fp8:
         lines.append("from torchtitan.components.quantization import Float8LinearConverter")
     keep = t.keep if base != t.config_fn else ()
     if any("default_adamw" in v or "LRSchedulersContainer" in v for _, v in keep):
@@ -326,11 +335,18 @@ def config_module(plan: EmitPlan) -> str:
         "", "",
         f"def {CONFIG_FN}():", "    config = _base()"]
     extra = f", num_mtp_layers={mtp}" if mtp else ""
-    if fp8:
+    if fp8 and recipe == "mxfp8":
         lines += [
             "    compile_on = config.compile.enable and 'model' in config.compile.components",
             f"    config.model_spec = model_registry({t.flavor!r}{extra}, converters=[",
-            "        Float8LinearConverter.Config(filter_fqns=['lm_head'], model_compile_enabled=compile_on)])",
+            "        MXFP8LinearConverter.Config(model_compile_enabled=compile_on)])  # mxfp8: sm_100",
+        ]
+    elif fp8:
+        lines += [
+            "    compile_on = config.compile.enable and 'model' in config.compile.components",
+            f"    config.model_spec = model_registry({t.flavor!r}{extra}, converters=[",
+            f"        Float8LinearConverter.Config(recipe_name={recipe!r}, filter_fqns=['lm_head'],",
+            "                                     model_compile_enabled=compile_on)])",
         ]
     else:
         lines.append(f"    config.model_spec = model_registry({t.flavor!r}{extra})  # no float8 converter: bf16")
@@ -401,7 +417,8 @@ def v02_document(plan: EmitPlan) -> dict[str, dict[str, Any]]:
         | ({"selective_ac_option": "op"} if plan.parallel.recompute == "selective" else {}),
     }
     if plan.job.precision == "fp8":
-        doc["float8"] = {"recipe_name": "rowwise"}
+        recipe = plan.runtime("torchtitan").fp8_recipe
+        doc["float8"] = {"recipe_name": recipe if recipe in V02_SCHEMA["float8"]["recipe_name"] else "rowwise"}
     return doc
 
 

@@ -42,9 +42,11 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    skipped: bool = False
 
     def line(self) -> str:
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.name}" + (f": {self.detail}" if self.detail else "")
+        word = "SKIP" if self.skipped else ("PASS" if self.ok else "FAIL")
+        return f"{word}  {self.name}" + (f": {self.detail}" if self.detail else "")
 
 
 def _importable(module: str) -> bool:
@@ -69,7 +71,8 @@ def child_env() -> dict[str, str]:
 
 def plan_to_json(plan: EmitPlan) -> dict:
     return {"model": plan.model.model_dump(mode="json"), "cluster": plan.cluster.model_dump(mode="json"),
-            "job": plan.job.model_dump(mode="json"), "parallel": plan.parallel.model_dump(mode="json")}
+            "job": plan.job.model_dump(mode="json"), "parallel": plan.parallel.model_dump(mode="json"),
+            "software": plan.software.model_dump(mode="json", exclude_none=True)}
 
 
 def run_checks(plan: EmitPlan, target: Target, emitted_dir: str | Path | None = None,
@@ -94,7 +97,7 @@ def run_checks(plan: EmitPlan, target: Target, emitted_dir: str | Path | None = 
         for line in proc.stdout.splitlines():
             if line.startswith("CHECK "):
                 rec = json.loads(line[6:])
-                checks.append(Check(rec["name"], rec["ok"], rec.get("detail", "")))
+                checks.append(Check(rec["name"], rec["ok"], rec.get("detail", ""), rec.get("skipped", False)))
         if proc.returncode != 0 or not checks:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             checks.append(Check(f"{target}: checker process", False,

@@ -198,6 +198,37 @@ def _check_init(plan: EmitPlan, ns: argparse.Namespace) -> str:
     return f"world {world}: " + ", ".join(f"{k}={v}" for k, v in got.items())
 
 
+def _check_microbatches(plan: EmitPlan, ns: argparse.Namespace) -> str:
+    from megatron.core import num_microbatches_calculator as mc
+
+    d = _degrees(plan, ns)
+    mc.destroy_num_microbatches_calculator()
+    mc.init_num_microbatches_calculator(0, None, ns.global_batch_size, ns.micro_batch_size, d["dp"], False)
+    got = mc.get_num_microbatches()
+    mc.destroy_num_microbatches_calculator()
+    if got != plan.num_microbatches:
+        raise AssertionError(f"megatron-core runs {got} micro-batches, autoplan priced {plan.num_microbatches}")
+    return f"{got} micro-batches of {ns.micro_batch_size} on dp={d['dp']}"
+
+
+def megatron_lm_case(plan: EmitPlan, argv: list[str]) -> dict[str, Any]:
+    """One ``megatron_lm.judge`` case: the emitted list, the world size and the launch script's environment."""
+    extra = [] if "--vocab-size" in argv else ["--vocab-size", str(plan.model.vocab_size)]
+    arch = {"ampere": 8, "hopper": 9, "blackwell": 10}.get(plan.cluster.gpu.generation, 9)
+    return {"argv": argv + extra, "world_size": plan.cluster.num_gpus, "env": dict(plan.runtime("megatron").env),
+            "arch": arch}
+
+
+def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
+    from autoplan.validate.megatron_lm import judge
+
+    argv = [a for a in (out / "megatron_args.txt").read_text().split("\n") if a]
+    res = judge([megatron_lm_case(plan, argv)])[0]
+    if not res["ok"]:
+        raise AssertionError(res["error"])
+    return f"validate_args accepts the {len(argv)} emitted tokens (world size {plan.cluster.num_gpus})"
+
+
 def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
     ns = rep.check("megatron: arguments parse with Megatron-LM's flag names, types and choices",
                    lambda: _check_args(plan, out))
@@ -210,3 +241,12 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
     rep.check("megatron-core: RankGenerator groups equal autoplan's rank layout", lambda: _check_ranks(plan, ns))
     rep.check(f"megatron-core: initialize_model_parallel accepts the degrees (fake backend, "
               f"{plan.cluster.num_gpus} ranks)", lambda: _check_init(plan, ns))
+    rep.check("megatron-core: the micro-batch calculator runs the priced micro-batches",
+              lambda: _check_microbatches(plan, ns))
+    from autoplan.validate.megatron_lm import checkout, skip_reason
+
+    name = "Megatron-LM: parse_args + validate_args accept the emitted arguments"
+    if checkout() is None:
+        rep.skip(name, skip_reason())
+    else:
+        rep.check(name, lambda: _check_megatron_lm(plan, out))

@@ -14,6 +14,7 @@ from typing import Any
 
 from autoplan.emit import EmitPlan
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import Software
 
 
 class Reporter:
@@ -35,14 +36,18 @@ class Reporter:
                 traceback.print_exc()
             return None
 
-    def emit(self, name: str, ok: bool, detail: str) -> None:
-        print("CHECK " + json.dumps({"name": name, "ok": ok, "detail": detail}), flush=True)
+    def emit(self, name: str, ok: bool, detail: str, skipped: bool = False) -> None:
+        print("CHECK " + json.dumps({"name": name, "ok": ok, "detail": detail, "skipped": skipped}), flush=True)
+
+    def skip(self, name: str, why: str) -> None:
+        """A check that cannot run here (e.g. no Megatron-LM checkout), reported as such."""
+        self.emit(name, True, why, skipped=True)
 
 
 def load(path: str) -> EmitPlan:
     d = json.loads(Path(path).read_text())
     return EmitPlan(model=ModelSpec(**d["model"]), cluster=ClusterSpec(**d["cluster"]), job=JobSpec(**d["job"]),
-                    parallel=ParallelConfig(**d["parallel"]))
+                    parallel=ParallelConfig(**d["parallel"]), software=Software(**d.get("software", {})))
 
 
 def main(argv: list[str]) -> int:
