@@ -74,7 +74,7 @@ def test_search_pins_exit_2_like_estimate() -> None:
                            "--top", "1")
     assert code == 0 and "layers per stage [5, 9, 9, 9]" in stdout
     code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--pp", "4", "--first-stage-layers", "6")
-    assert code == 2 and "must split evenly" in err
+    assert code == 2 and "each must get the same number of layers" in err and "valid: first=" in err
 
 
 def test_output_nits() -> None:
