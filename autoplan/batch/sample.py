@@ -1,7 +1,7 @@
 """A reproducible mixed workload for tests and ``benchmarks/batch.py``: what a planning queue looks like.
 
 ``mixed_requests(n, seed)`` returns ``n`` JSONL lines with the status each must get: estimates of random
-valid layouts (dense and MoE catalog models, 8 … 16,384 GPUs), searches drawn from a pool of jobs (a
+valid layouts (legal for the default target's profile) (dense and MoE catalog models, 8 … 16,384 GPUs), searches drawn from a pool of jobs (a
 queue repeats jobs, so the pool is small), a few jobs that cannot fit anywhere near their GPU count
 (``infeasible``) and deliberately broken lines (``invalid``).
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from autoplan.catalog import build_cluster, load_model
 from cost_models.errors import ConfigError, divisors
 from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import DEFAULT_TARGET, PROFILES
 from cost_models.validate import check_parallel
 
 DENSE = ("llama3-8b", "llama3-70b", "llama3-405b", "llama2-7b", "llama2-13b", "gpt3-175b")
@@ -74,6 +75,7 @@ def _valid_estimate(rng: random.Random, model_name: str, gpus: int) -> dict[str,
     job = JobSpec(global_batch_size=dp * mbs * m, seq_len=rng.choice((2048, 4096, 8192)))
     try:
         check_parallel(model, cluster, job, par, allow_kv_replication=False)
+        PROFILES[DEFAULT_TARGET].check_layout(model, cluster, job, par)  # what a line's default target runs
     except ConfigError:
         return None
     return {"kind": "estimate", "model": model_name, "cluster": {"num_gpus": gpus},
