@@ -32,7 +32,8 @@ from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS  # noqa: F401  (chec
 from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
 from cost_models.goodput import FailureModel, Goodput
-from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule
+from cost_models.specs import (JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule,
+                                zero_stage_is_not_a_bool)
 
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
@@ -92,12 +93,7 @@ class ParallelPins(_Strict):
     first_stage_layers: int | None = Field(default=None, gt=0)
     last_stage_layers: int | None = Field(default=None, gt=0)
 
-    @field_validator("zero_stage", mode="before")
-    @classmethod
-    def _zero_stage_is_not_a_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):  # Literal[0, 1, 2, 3] would take False/True as 0/1
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {v}")
-        return v
+    _zero_stage_is_not_a_bool = field_validator("zero_stage", mode="before")(zero_stage_is_not_a_bool)
 
     def given(self) -> dict[str, Any]:
         """The pinned fields only."""

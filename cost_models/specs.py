@@ -411,6 +411,13 @@ class JobSpec(_Frozen):
         return self.global_batch_size * self.seq_len
 
 
+def zero_stage_is_not_a_bool(v: object) -> object:
+    """A ``mode="before"`` check for ``zero_stage`` fields: Literal[0, 1, 2, 3] would take False/True as 0/1."""
+    if isinstance(v, bool):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {v}")
+    return v
+
+
 class ParallelConfig(_Frozen):
     """One parallel layout. Checks that need the model or cluster live in ``cost_models.validate``."""
 
@@ -436,12 +443,7 @@ class ParallelConfig(_Frozen):
     account_for_loss_in_pipeline_split: bool = Field(
         default=False, description="the output layer + loss count as one layer of the split (Megatron flag)")
 
-    @field_validator("zero_stage", mode="before")
-    @classmethod
-    def _zero_stage_is_not_a_bool(cls, v: object) -> object:
-        if isinstance(v, bool):  # Literal[0, 1, 2, 3] would take False/True as 0/1
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {v}")
-        return v
+    _zero_stage_is_not_a_bool = field_validator("zero_stage", mode="before")(zero_stage_is_not_a_bool)
 
     @model_validator(mode="before")
     @classmethod
