@@ -359,16 +359,18 @@ Params = tuple[dict[str, Efficiency], dict[str, dict[str, Any]]]
 
 def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = None,
                fw_starts: dict[str, dict[str, Any]] | None = None, quiet: bool = True,
-               also_gens: set[str] | None = None) -> Params:
+               also_gpus: dict[str, Any] | None = None) -> Params:
     """One set of physical parameters per GPU generation and one per framework, as the catalog is made: each
     generation's ``DEFAULT_FIT_FIELDS`` by pure bounded least squares on its Megatron-Core runs (the reference
     stack), then each other framework's ``FRAMEWORK_FIT_FIELDS`` on that framework's runs with the generation
-    held. A generation without reference runs takes another generation's fit; a framework without runs takes
-    no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from."""
+    held. A generation without reference runs takes another generation's fit through ``transfer_efficiency``
+    (dimensionless efficiencies as they are, the GEMM saturation dim scaled by the ridge point); a framework
+    without runs takes no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from."""
     starts = starts or efficiency_catalog()
     fw_starts = fw_starts if fw_starts is not None else {f: framework_efficiency(f) for f in ("torchtitan",)}
     gen_eff: dict[str, Efficiency] = {}
-    gens = sorted({r.cluster.gpu.generation for r in runs} | (also_gens or set()), key=lambda g: (g != "hopper", g))
+    gpus = {**(also_gpus or {}), **{g: _gen_gpu(runs, g) for g in {r.cluster.gpu.generation for r in runs}}}
+    gens = sorted(gpus, key=lambda g: (g != "hopper", g))
     for gen in gens:
         ref = [r for r in runs if r.cluster.gpu.generation == gen and r.target == "megatron"]
         if ref:
@@ -378,9 +380,10 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
                 print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
                       f"{res.at_bound}", file=sys.stderr)
     for gen in gens:
-        if gen not in gen_eff:  # no reference run of this generation: the other generation's physics
-            other = next(iter(gen_eff.values()), starts[gen])
-            gen_eff[gen] = starts[gen].model_copy(update={n: getattr(other, n) for n in DEFAULT_FIT_FIELDS})
+        if gen not in gen_eff and gen_eff:  # no reference run of this generation: transfer another's physics
+            src = next(iter(gen_eff))
+            gen_eff[gen] = transfer_efficiency(gen_eff[src], gpus[src], gpus[gen], starts[gen])
+        gen_eff.setdefault(gen, starts[gen])
     fw: dict[str, dict[str, Any]] = {}
     for f in sorted({r.target for r in runs} - {"megatron"}):
         fr = [r for r in runs if r.target == f]
@@ -392,6 +395,33 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
             print(f"# framework {f}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at "
                   f"bound {res.at_bound}", file=sys.stderr)
     return gen_eff, fw
+
+
+def machine_balance(gpu: Any) -> float:
+    """Peak dense bf16 FLOP per byte of HBM bandwidth: the roofline's ridge point (Williams et al. 2009)."""
+    return gpu.peak_bf16_tflops / gpu.hbm_tbytes_per_s
+
+
+def transfer_efficiency(src: Efficiency, src_gpu: Any, dst_gpu: Any, dst_start: Efficiency) -> Efficiency:
+    """A generation's fitted physics carried to a generation with no measured reference run.
+
+    The tensor-core pipeline's large-GEMM efficiency (``gemm_max``), the attention kernel's share of peak, the
+    fp8 ratio and the DP overlap are dimensionless and carry over. The GEMM saturation dim does not: a tile
+    keeps the tensor cores fed only once its operand reuse (arithmetic intensity, ∝ the GEMM's dims) reaches the
+    machine's ridge point, so ``gemm_half_dim`` scales with peak FLOP/s ÷ HBM bytes/s (roofline: Williams et al.
+    2009). ``tp_overlap`` is a fact of the run's software (``software``), not of the GPU: kept at the target's
+    start. The rest (link/NIC/NVLS bus efficiencies, HBM streaming share) are the target's own measurements."""
+    carry = {n: getattr(src, n) for n in ("gemm_max", "attention", "fp8_gemm_speedup", "dp_overlap")}
+    if dst_gpu is not None and src_gpu is not None:
+        carry["gemm_half_dim"] = src.gemm_half_dim * machine_balance(dst_gpu) / machine_balance(src_gpu)
+    if dst_start.fp8_gemm_speedup <= 1.0:
+        carry.pop("fp8_gemm_speedup")  # no fp8 tensor cores there
+    return dst_start.model_copy(update=carry)
+
+
+def _gen_gpu(runs: list[ResolvedRun], gen: str) -> Any:
+    return next((r.cluster.gpu for r in runs if r.cluster.gpu.generation == gen and r.target == "megatron"),
+                next((r.cluster.gpu for r in runs if r.cluster.gpu.generation == gen), None))
 
 
 def predict_with(run: ResolvedRun, params: Params) -> float:
@@ -406,7 +436,9 @@ def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[
     for g in sorted({c["group"] for c, _ in runs}):
         train = [r for c, r in runs if c["group"] != g]
         # no start from the catalog's own fit of the held-out framework
-        params = fit_params(train, fw_starts={}, also_gens={r.cluster.gpu.generation for _, r in runs})
+        params = fit_params(train, fw_starts={}, also_gpus={r.cluster.gpu.generation: _gen_gpu([x for _, x in runs],
+                                                                                        r.cluster.gpu.generation)
+                                                             for _, r in runs})
         for c, r in runs:
             if c["group"] == g:
                 out[c["id"]] = predict_with(r, params) / r.measured_step_time_s - 1.0

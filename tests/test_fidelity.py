@@ -142,12 +142,15 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
     """Fit without a whole source, predict it. Issue #12's target (≤ 10%, no run worse than 25%) is NOT met
-    (17.9%, worst 64%: a held-out generation or framework has nothing left to fit its parameters on); this
-    guards the measured level against regressions."""
+    (13.0%, worst 35%: a held-out framework has nothing left to fit its parameters on); this guards the
+    measured level against regressions. SC'21, the only A100 source, is predicted from Hopper's fit carried over
+    by ``transfer_efficiency`` (saturation dim scaled by the roofline ridge point): within 8% on average."""
     rows = fidelity.evaluate(with_loo=False, with_logo=True)
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
-    assert sum(logo) / len(logo) <= 0.20
+    assert sum(logo) / len(logo) <= 0.14
+    sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]
+    assert sum(sc21) / len(sc21) <= 0.08
     table = fidelity.render(rows)
     assert "LOGO MAPE" in table
 
@@ -164,3 +167,19 @@ def test_memory_against_published_peaks() -> None:
         assert parts["allocated"] < parts["reserved"] < parts["total"]
         assert parts["total"] <= 96 * (1 - 0.05)  # h100-sxm-96g less the default 5% headroom
     assert "memory MAPE" in fidelity.render_memory(rows)
+
+
+def test_transfer_scales_the_saturation_dim_by_the_ridge_point() -> None:
+    """A generation without reference runs: dimensionless efficiencies carry over, ``gemm_half_dim`` scales with
+    peak FLOP/s ÷ HBM bytes/s, and a GPU without fp8 tensor cores keeps its fp8 ratio of 1."""
+    from autoplan.catalog import build_cluster
+
+    cat = efficiency_catalog()
+    h100, a100 = build_cluster("h100-sxm", 8).gpu, build_cluster("a100-80g", 8).gpu
+    out = fidelity.transfer_efficiency(cat["hopper"], h100, a100, cat["ampere"])
+    ridge = (a100.peak_bf16_tflops / a100.hbm_tbytes_per_s) / (h100.peak_bf16_tflops / h100.hbm_tbytes_per_s)
+    assert out.gemm_half_dim == pytest.approx(cat["hopper"].gemm_half_dim * ridge)
+    assert 0.4 < ridge < 0.6
+    assert out.gemm_max == cat["hopper"].gemm_max and out.dp_overlap == cat["hopper"].dp_overlap
+    assert out.fp8_gemm_speedup == 1.0 and out.tp_overlap == cat["ampere"].tp_overlap
+    assert out.link_bus == cat["ampere"].link_bus
