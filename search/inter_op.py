@@ -30,7 +30,7 @@ layers) so each ``F[s]`` costs ``O(edges)``; the differential tests offer every 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,11 +229,78 @@ def mid_layer_choices(n_layers: int, n_stages: int) -> list[int]:
     return list(range(1, (n_layers - 2) // (n_stages - 2) + 1))
 
 
+SplitSolver = Callable[..., "tuple[list[int], float] | None"]
+
+
+def megatron_scan(tables: StageTables, n_stages: int, mid_layers: int, *, n_microbatches: int,
+                  inflight: Sequence[float], mem_limit: float, alpha: float) -> tuple[list[int], float] | None:
+    """``stage_dp`` over ``megatron_edges(tables, n_stages, mid_layers)``, answered by scanning its paths.
+
+    With fixed ``p`` and ``q`` a path is ``[f, q × (p − 2), L − f − (p − 2)·q]``: the first stage's size ``f``
+    fixes it (a stage not starting at 0 nor ending at L spans q layers, and exactly p must cover L). So one
+    array row per ``f`` holds the same edge costs and memory the DP reads (same float operations), the sum
+    in the DP's order (F[s] = c + F[s − 1]: last stage first), and the DP's choice follows from its rules:
+    the least objective, reached first at the least t_max (the smallest max stage cost among the optimal
+    paths), then reconstructed at that t_max as the lowest edge index whose sum is within 1e-12 of F — the
+    smallest f. Returns what ``stage_dp`` returns, as (layers per stage, objective); None when nothing fits.
+    tests/test_inter_op.py holds it equal to the DP on tables with ties."""
+    time = tables.time
+    L, p, m = time.size - 1, n_stages, n_microbatches
+    if p == 1:
+        bounds = np.array([[0, L]], dtype=np.int64)
+    else:
+        q = mid_layers if p > 2 else 0
+        f = np.arange(1, L - (p - 2) * q, dtype=np.int64)
+        if not f.size:
+            return None
+        bounds = np.empty((f.size, p + 1), dtype=np.int64)
+        bounds[:, 0] = 0
+        bounds[:, 1:p] = f[:, None] + q * np.arange(p - 1)
+        bounds[:, p] = L
+    st, en = bounds[:, :-1], bounds[:, 1:]
+    cost = time[en] - time[st]
+    cost[:, -1] += tables.last_time  # megatron_edges adds 0.0 elsewhere: exact
+    static = tables.static[en] - tables.static[st]
+    static[:, 0] += tables.first_static
+    static[:, -1] += tables.last_static
+    static += tables.stage_static
+    if tables.range_static is not None:
+        static = static + tables.range_static[st, en]
+    act = tables.act[en] - tables.act[st]
+    act[:, -1] += tables.last_act
+    infl = np.asarray(inflight, dtype=float)[p - np.arange(p)]  # stage k has p − k stages left
+    ok = (static + act * infl <= mem_limit).all(axis=1)
+    if not ok.any():
+        return None
+    total = cost[:, p - 1].copy()
+    for k in range(p - 2, -1, -1):
+        total = total + cost[:, k]
+    t_max = cost.max(axis=1)
+    obj = alpha * total + (m - alpha) * t_max
+    best = obj[ok].min()
+    t_star = t_max[ok & (obj == best)].min()
+    under = ok & (t_max <= t_star)
+    f_sum = total[under].min()
+    pick = int(np.flatnonzero(under & np.isclose(total, f_sum, rtol=1e-12, atol=0.0))[0])
+    costs = [float(c) for c in cost[pick]]
+    return np.diff(bounds[pick]).tolist(), alpha * sum(costs) + (m - alpha) * max(costs)
+
+
+def megatron_dp(tables: StageTables, n_stages: int, mid_layers: int, *, n_microbatches: int,
+                inflight: Sequence[float], mem_limit: float, alpha: float) -> tuple[list[int], float] | None:
+    """The same answer from the general ``stage_dp`` (the reference ``megatron_scan`` is tested against)."""
+    sol = stage_dp(megatron_edges(tables, n_stages, mid_layers), n_layers=tables.time.size - 1,
+                   n_microbatches=n_microbatches, inflight=inflight, mem_limit=mem_limit, n_stages=n_stages,
+                   alpha=alpha)
+    return None if sol is None else ([b - a for a, b, _ in sol.stages], sol.objective)
+
+
 def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, inflight: Sequence[float],
-               mem_limit: float, alpha: float) -> tuple[list[int], float] | None:
+               mem_limit: float, alpha: float, solver: SplitSolver = megatron_scan) -> tuple[list[int], float] | None:
     """The Megatron-expressible split minimising the pipeline time under the memory limit:
     (layers per stage, objective). Middle sizes are tried in order of a lower bound and cut once the
-    bound reaches the best found (each middle stage costs ≥ q · cheapest layer)."""
+    bound reaches the best found (each middle stage costs ≥ q · cheapest layer). ``solver`` answers one
+    middle size (``megatron_scan``, or ``megatron_dp``: the same answer from the stage DP)."""
     L = tables.time.size - 1
     m = n_microbatches
     per_layer = np.diff(tables.time)
@@ -249,8 +316,7 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
     for q in sorted(mid_layer_choices(L, p), key=lambda q: (bound(q), q)):
         if best is not None and bound(q) >= best[1]:
             break
-        sol = stage_dp(megatron_edges(tables, p, q), n_layers=L, n_microbatches=m, inflight=inflight,
-                       mem_limit=mem_limit, n_stages=p, alpha=alpha)
-        if sol is not None and (best is None or sol.objective < best[1]):
-            best = ([b - a for a, b, _ in sol.stages], sol.objective)
+        found = solver(tables, p, q, n_microbatches=m, inflight=inflight, mem_limit=mem_limit, alpha=alpha)
+        if found is not None and (best is None or found[1] < best[1]):
+            best = found
     return best

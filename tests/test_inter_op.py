@@ -151,3 +151,29 @@ def test_early_break_keeps_the_optimum_when_t_max_is_not_the_bottleneck() -> Non
         sol = stage_dp(edges, n_layers=2, n_microbatches=m, inflight=[0, 1, 1, 1], max_stages=2)
         ref = brute_force(edges, n_layers=2, n_microbatches=m, inflight=[0, 1, 1, 1], max_stages=2)
         assert sol is not None and sol.objective == pytest.approx(ref)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_megatron_scan_gives_the_stage_dps_answer_ties_included(seed: int) -> None:
+    # megatron_scan (the planner's path) must return the DP's split and objective bit for bit, on coarse
+    # tables where many splits tie (equal sums, equal maxima), with and without ZeRO-3 range terms.
+    from search.inter_op import megatron_dp, megatron_scan
+
+    rng = np.random.default_rng(1000 + seed)
+    L = int(rng.integers(2, 17))
+    t = _tables(rng, L)
+    if seed % 3 == 0:
+        largest = rng.integers(1, 4, size=L) / 8.0
+        rs = np.zeros((L + 1, L + 1))
+        for i in range(L):
+            rs[i, i + 1:] = np.maximum.accumulate(largest[i:])
+        t = StageTables(t.time, t.static, t.act, t.last_time, t.first_static, t.last_static, t.last_act,
+                        t.stage_static, rs)
+    for p in range(1, min(L, 7) + 1):
+        m = int(rng.integers(p, 3 * p + 2))
+        inflight = [0.0] + [float(min(s, m)) for s in range(1, p + 1)]
+        for limit in (np.inf, 2.0, 3.0, 5.0):
+            kw = dict(n_microbatches=m, inflight=inflight, mem_limit=limit, alpha=float(rng.choice(ALPHAS)))
+            for q in mid_layer_choices(L, p):
+                assert megatron_scan(t, p, q, **kw) == megatron_dp(t, p, q, **kw), (p, q, kw)
+            assert best_split(t, n_stages=p, **kw) == best_split(t, n_stages=p, solver=megatron_dp, **kw)
