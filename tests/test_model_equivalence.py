@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.written_configs import MISTRAL_7B
+
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
@@ -21,14 +23,6 @@ pytestmark = [pytest.mark.consumers, pytest.mark.slow]
 HF = Path(__file__).parent / "data" / "hf"
 ROOT = Path(__file__).parent.parent
 
-# A Mistral-7B v0.1 config.json, written here (as published: https://huggingface.co/mistralai/Mistral-7B-v0.1)
-MISTRAL_7B = {
-    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
-    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000,
-}
 
 CASES = {"llama3-8b": HF / "llama3-8b.json", "llama3-70b": HF / "llama3-70b.json",
          "llama3-405b": HF / "llama3.1-405b.json", "llama3.1-8b": HF / "llama3.1-8b.json",

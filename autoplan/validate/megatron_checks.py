@@ -212,21 +212,31 @@ def _check_microbatches(plan: EmitPlan, ns: argparse.Namespace) -> str:
 
 
 def megatron_lm_case(plan: EmitPlan, argv: list[str]) -> dict[str, Any]:
-    """One ``megatron_lm.judge`` case: the emitted list, the world size and the launch script's environment."""
-    extra = [] if "--vocab-size" in argv else ["--vocab-size", str(plan.model.vocab_size)]
+    """One ``megatron_lm.judge`` setup case: the launch script's argv, the world size, the script's environment
+    and the plan GPU's architecture."""
     arch = {"ampere": 8, "hopper": 9, "blackwell": 10}.get(plan.cluster.gpu.generation, 9)
-    return {"argv": argv + extra, "world_size": plan.cluster.num_gpus, "env": dict(plan.runtime("megatron").env),
-            "arch": arch}
+    return {"argv": argv, "world_size": plan.cluster.num_gpus, "env": dict(plan.runtime("megatron").env),
+            "arch": arch, "setup": True}
 
 
 def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
-    from autoplan.validate.megatron_lm import judge
+    """The emitted torchrun script's argv, its placeholders filled with mock data, through Megatron-LM's setup."""
+    import tempfile
 
-    argv = [a for a in (out / "megatron_args.txt").read_text().split("\n") if a]
+    from autoplan.validate.megatron_lm import judge, launch_argv, mock_data_env
+
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = launch_argv(out / "train_megatron_torchrun.sh", mock_data_env(plan.model.vocab_size, tmp))
     res = judge([megatron_lm_case(plan, argv)])[0]
     if not res["ok"]:
-        raise AssertionError(res["error"])
-    return f"validate_args accepts the {len(argv)} emitted tokens (world size {plan.cluster.num_gpus})"
+        raise AssertionError(f"{res['stage']}: {res['error']}")
+    f = res["facts"]
+    if f["num_microbatches"] != plan.num_microbatches or f["padded_vocab_size"] != plan.model.vocab_size:
+        raise AssertionError(f"Megatron-LM settled {f['num_microbatches']} micro-batches and a {f['padded_vocab_size']}"
+                             f"-token vocabulary; autoplan priced {plan.num_microbatches} and {plan.model.vocab_size}")
+    return (f"the launch script's {len(argv)} tokens (mock data) pass parse_args, validate_args, the micro-batch "
+            f"calculator ({f['num_microbatches']}), build_tokenizer (vocab {f['padded_vocab_size']}), "
+            f"core_transformer_config_from_args and update_train_iters")
 
 
 def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
@@ -245,7 +255,7 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
               lambda: _check_microbatches(plan, ns))
     from autoplan.validate.megatron_lm import checkout, skip_reason
 
-    name = "Megatron-LM: parse_args + validate_args accept the emitted arguments"
+    name = "Megatron-LM: argument validation and setup accept the emitted launch (mock data)"
     if checkout() is None:
         rep.skip(name, skip_reason())
     else:

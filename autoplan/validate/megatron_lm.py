@@ -1,13 +1,25 @@
-"""Megatron-LM's own ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py``) on emitted argument lists.
+"""Megatron-LM's own argument validation and setup (``megatron/training``) on emitted argument lists.
 
 Megatron-LM ships in no PyPI package, so this runs only where a checkout is given: ``MEGATRON_LM_PATH`` (a folder
 holding ``megatron/training/arguments.py``; autoplan's profile cites tag ``core_v0.16.1``, the release matching the
-megatron-core 0.16.1 CI installs). Without it, ``autoplan validate`` reports the check as skipped and says why.
+megatron-core 0.16.1 CI installs). Its tokenizer modules import ``six`` and ``regex`` (the ``validate`` extra).
+Without a checkout, ``autoplan validate`` reports the check as skipped and says why.
 
-One child process imports the checkout (its ``megatron`` package shadows the installed megatron-core) and judges
-many lists: ``python -m autoplan.validate.megatron_lm < cases.jsonl`` reads ``{"argv": [...], "world_size": N,
-"env": {...}}`` lines and prints one ``{"ok": bool, "error": str}`` line each. Megatron reads the world size and
-``CUDA_DEVICE_MAX_CONNECTIONS`` from the environment, so each case sets them as the emitted launch script would.
+Two kinds of case, judged in one child process that imports the checkout (its ``megatron`` package shadows the
+installed megatron-core): ``python -m autoplan.validate.megatron_lm < cases.jsonl`` reads ``{"argv": [...],
+"world_size": N, "env": {...}, "arch": 9, "setup": bool}`` lines and prints one JSON line each.
+- ``setup`` false: ``parse_args`` + ``validate_args`` only, on the list plus ``HARNESS_ARGS`` (rule checks).
+- ``setup`` true: the list exactly as given (the caller adds data/tokenizer/schedule flags, e.g. through the
+  emitted script's ``DATA_ARGS``) goes the way ``pretrain_gpt.py`` takes it before touching a GPU
+  (``initialize_megatron`` then ``pretrain``, megatron/training/initialize.py:41-96, training.py:1128):
+  ``parse_args`` -> ``validate_args`` (pretrain_gpt.py's ``args_defaults``) -> ``set_global_variables`` (the
+  micro-batch calculator, ``build_tokenizer``, writers, timers) -> ``core_transformer_config_from_args`` ->
+  ``update_train_iters``; the reply carries what Megatron settled (dp, micro-batches, iterations, padded vocab,
+  the model config's architecture fields) and, on failure, the stage that raised.
+Megatron reads the world size and ``CUDA_DEVICE_MAX_CONNECTIONS`` from the environment, so each case sets them as
+the emitted launch script would. CPU stand-ins (no GPU, no Transformer Engine here; the plan's cluster has both):
+the device answers with the plan GPU's compute capability, and TE's fused RoPE kernel, which
+``TransformerConfig.__post_init__`` only looks up (transformer_config.py:1530-1552), is a placeholder.
 """
 
 from __future__ import annotations
@@ -16,11 +28,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ENV_VAR = "MEGATRON_LM_PATH"
 # What pretrain_gpt.py needs beside the plan (data and schedule are the user's: DATA_ARGS in the launch script).
 HARNESS_ARGS = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
+ENTRY = "pretrain_gpt.py"
 
 
 def checkout() -> Path | None:
@@ -35,12 +49,40 @@ def checkout() -> Path | None:
 def skip_reason() -> str:
     path = os.environ.get(ENV_VAR)
     if not path:
-        return f"{ENV_VAR} is not set (point it at a Megatron-LM checkout, e.g. tag core_v0.16.1)"
+        return (f"{ENV_VAR} is not set (point it at a Megatron-LM checkout, e.g. tag core_v0.16.1; "
+                "Megatron-LM is not on PyPI, and its tokenizers need pip's six and regex)")
     return f"{ENV_VAR}={path} holds no megatron/training/arguments.py"
 
 
+def mock_data_env(vocab_size: int, workdir: str | Path) -> dict[str, str]:
+    """The emitted launch script's placeholders filled for a smoke run: mock data, a NullTokenizer of the model's
+    vocabulary (it adds an end-of-document token to ``--vocab-size``), and a short schedule."""
+    return {"DATA_ARGS": f"--mock-data --tokenizer-type NullTokenizer --vocab-size {vocab_size - 1}",
+            "TRAIN_ITERS": "100", "LR": "1e-4", "CHECKPOINT_DIR": str(Path(workdir) / "ckpt")}
+
+
+def launch_argv(script: str | Path, env: dict[str, str], timeout_s: float = 60) -> list[str]:
+    """The argument list the emitted torchrun launch script hands ``pretrain_gpt.py``: the script runs as written,
+    with ``env`` as its placeholders and a stub ``torchrun`` first on PATH that records its argv."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = Path(tmp) / "torchrun"
+        stub.write_text('#!/usr/bin/env bash\nprintf \'%s\\n\' "$@" > "$AUTOPLAN_ARGV_OUT"\n')
+        stub.chmod(0o755)
+        out = Path(tmp) / "argv"
+        run_env = {**os.environ, "MEGATRON_LM": "/megatron-lm", **env, "AUTOPLAN_ARGV_OUT": str(out),
+                   "PATH": f"{tmp}:{os.environ.get('PATH', '')}"}
+        proc = subprocess.run(["bash", str(script)], env=run_env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{Path(script).name} exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        words = out.read_text().split("\n")[:-1]
+    starts = [i for i, w in enumerate(words) if w.endswith("/" + ENTRY)]
+    if not starts:
+        raise RuntimeError(f"{Path(script).name} did not hand {ENTRY} to torchrun: {words[:12]}")
+    return words[starts[0] + 1:]
+
+
 def judge(cases: list[dict], timeout_s: float = 1800) -> list[dict]:
-    """Run Megatron-LM's parse_args + validate_args on each case in one child process."""
+    """Run Megatron-LM's argument code on each case in one child process (see the module doc)."""
     root = checkout()
     if root is None:
         raise RuntimeError(skip_reason())
@@ -56,6 +98,44 @@ def judge(cases: list[dict], timeout_s: float = 1800) -> list[dict]:
     return out
 
 
+def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child process
+    """pretrain_gpt.py's path up to the first GPU use; returns what Megatron settled."""
+    from megatron.core import num_microbatches_calculator as mc
+    from megatron.training import global_vars
+    from megatron.training.arguments import core_transformer_config_from_args, parse_args, validate_args
+    from megatron.training.training import update_train_iters
+
+    sys.argv = [ENTRY, *argv]
+    stage = "parse_args"
+    try:
+        args = parse_args()
+        stage = "validate_args"
+        validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})  # pretrain_gpt.py's args_defaults
+        stage = "set_global_variables (micro-batch calculator, build_tokenizer)"
+        global_vars.set_global_variables(args)
+        stage = "core_transformer_config_from_args"
+        cfg = core_transformer_config_from_args(args)
+        stage = "update_train_iters"
+        update_train_iters(args)
+        tok = global_vars.get_tokenizer()
+        return {"ok": True, "error": "", "stage": "", "facts": {
+            "dp": args.data_parallel_size, "num_microbatches": mc.get_num_microbatches(),
+            "train_iters": args.train_iters, "padded_vocab_size": args.padded_vocab_size,
+            "tokenizer_vocab_size": tok.vocab_size, "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+            "config": type(cfg).__name__, "rotary_base": args.rotary_base, "norm_epsilon": cfg.layernorm_epsilon,
+            "qk_layernorm": cfg.qk_layernorm, "window_size": list(cfg.window_size) if cfg.window_size else None,
+            "num_moe_experts": cfg.num_moe_experts, "moe_router_topk": cfg.moe_router_topk,
+            "moe_router_score_function": cfg.moe_router_score_function,
+            "moe_aux_loss_coeff": cfg.moe_aux_loss_coeff, "moe_router_enable_expert_bias":
+                cfg.moe_router_enable_expert_bias, "mtp_num_layers": cfg.mtp_num_layers,
+            "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout}}
+    except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
+    finally:
+        global_vars.unset_global_variables()
+        mc.unset_num_microbatches_calculator()
+
+
 def _child() -> int:  # pragma: no cover - runs in the child process
     import contextlib
     import io
@@ -64,6 +144,7 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     warnings.simplefilter("ignore")
     import torch
 
+    import megatron.core.models.common.embeddings.rope_utils as rope_utils
     import megatron.training.arguments as mlm_args
     from megatron.training.arguments import parse_args, validate_args
 
@@ -72,6 +153,8 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     arch = {"major": 9}
     mlm_args.get_device_arch_version = lambda: arch["major"]
     torch.cuda.get_device_capability = lambda *a, **k: (arch["major"], 0)
+    if rope_utils.fused_apply_rotary_pos_emb is None:  # TE's kernel: only looked up by the config, never called here
+        rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
 
     for line in sys.stdin:
         if not line.strip():
@@ -80,13 +163,16 @@ def _child() -> int:  # pragma: no cover - runs in the child process
         arch["major"] = int(case.get("arch", 9))
         os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         os.environ.update({"WORLD_SIZE": str(case["world_size"]), "RANK": "0", "LOCAL_RANK": "0", **case.get("env", {})})
-        sys.argv = ["pretrain_gpt.py", *case["argv"], *HARNESS_ARGS]
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                validate_args(parse_args())
-            res = {"ok": True, "error": ""}
-        except (AssertionError, ValueError, SystemExit) as e:  # Megatron's rules are asserts; argparse exits
-            res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if case.get("setup"):
+                res = _setup(case["argv"])
+            else:
+                sys.argv = [ENTRY, *case["argv"], *HARNESS_ARGS]
+                try:
+                    validate_args(parse_args())
+                    res = {"ok": True, "error": ""}
+                except (AssertionError, ValueError, SystemExit) as e:  # Megatron's rules are asserts; argparse exits
+                    res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
         print(json.dumps(res), flush=True)
     return 0
 
