@@ -25,7 +25,8 @@ so this is the same optimum with |A|·|B| instead of |S_u|·|S_v| variables (exa
 activations are live together at the start of backward, so one memory row (5) is the layer's peak.
 
 Speed: follow ops merged and sibling matmuls fused (``strategies.build_nodes``); dominated strategies
-pruned (``prune_dominated``, exact); all-zero edges dropped; the LP relaxation first (GLOP; an integral
+pruned (``prune_dominated``, exact); all-zero edges dropped; up to ``ENUMERATE_UP_TO`` assignments every
+one is evaluated at once in numpy (exact); larger problems: the LP relaxation first (GLOP; an integral
 LP optimum is the ILP optimum), else the MIP backend CBC via ``pywraplp`` (SEARCH_NOTES.md: fastest for
 the linearized edge form); results cached per request (``IntraOpCache``).
 """
@@ -117,7 +118,7 @@ class IlpSolution:
 
 # ==== solver =========================================================================================
 def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str = "auto",
-              tie_break_memory: bool = True) -> IlpSolution:
+              tie_break_memory: bool = True, enumerate_up_to: int | None = None) -> IlpSolution:
     """Solve the formulation in the module docstring. With ``tie_break_memory`` a second solve keeps the
     optimal cost (7) and minimizes memory, so equal-cost choices (ZeRO-0 vs ZeRO-1 traffic is equal)
     report the leaner one.
@@ -125,13 +126,15 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
     ``backend="auto"`` first solves the LP relaxation with GLOP: an integral LP optimum is an ILP optimum
     (the relaxation's optimum is a lower bound that the integral point attains), and an infeasible LP means
     an infeasible ILP. These graphs are usually integral (SEARCH_NOTES.md, autoparallel #484); when the LP
-    is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form)."""
+    is fractional, the MIP backend CBC solves it (SEARCH_NOTES.md: fastest on the linearized edge form).
+    Before that, up to ``enumerate_up_to`` (default ``ENUMERATE_UP_TO``) assignments are enumerated."""
     t0 = time.perf_counter()
     method = backend
+    limit = ENUMERATE_UP_TO if enumerate_up_to is None else enumerate_up_to
     separable = _separable_optimum(problem) if backend == "auto" else None
     if separable is not None:
         sol, method = separable, "separable"
-    elif backend == "auto" and _n_assignments(problem) <= ENUMERATE_UP_TO:
+    elif backend == "auto" and _n_assignments(problem, limit) <= limit:
         sol, method = _enumerate(problem, tie_break_memory), "enumeration"
     elif backend == "auto":
         lp, tie_done = _solve_once(problem, "GLOP", False, time_limit_s, tie_break_memory)
@@ -150,14 +153,14 @@ def solve_ilp(problem: IlpProblem, *, time_limit_s: float = 10.0, backend: str =
                        sol.num_variables, method)
 
 
-ENUMERATE_UP_TO = 256  # assignments: below this, listing them all is faster than building a solver model
+ENUMERATE_UP_TO = 1 << 15  # assignments: up to this, listing them all (vectorised) beats building an LP model
 
 
-def _n_assignments(problem: IlpProblem) -> int:
+def _n_assignments(problem: IlpProblem, limit: int) -> int:
     n = 1
     for c in problem.node_cost:
         n *= c.size
-        if n > ENUMERATE_UP_TO:
+        if n > limit:
             break
     return n
 
@@ -183,19 +186,42 @@ def _separable_optimum(problem: IlpProblem) -> IlpSolution | None:
 def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
     """Exact: every assignment, objective then (7) memory, first in index order on ties. After
     ``prune_dominated`` most layer problems have one or two strategies per node (a single point when the
-    target expresses one pattern), so this is the usual path."""
-    best: tuple[float, float, tuple[int, ...]] | None = None
-    for choice in itertools.product(*(range(c.size) for c in problem.node_cost)):
-        if not problem.feasible(choice):
-            continue
-        obj, mem = problem.evaluate(choice)
-        key = (obj, mem if tie_break_memory else 0.0, choice)
-        if best is None or key[:2] < best[:2]:
-            best = key
-    if best is None:
+    target expresses one pattern), so this is the usual path. Vectorised: one array entry per assignment in
+    ``itertools.product`` order, objective and memory summed in ``IlpProblem.evaluate``'s order (same floats),
+    feasibility as ``IlpProblem.feasible`` (tests/test_intra_op_exact.py holds it to the plain loop)."""
+    sizes = [c.size for c in problem.node_cost]
+    if 0 in sizes:
         return IlpSolution("infeasible", None, None, None, 0.0, 0)
-    obj, _, choice = best
-    return IlpSolution("optimal", choice, obj, problem.evaluate(choice)[1], 0.0, 0)
+    digits = (np.indices(sizes).reshape(len(sizes), -1) if sizes  # (V, N): row v = node v's strategy per assignment
+              else np.zeros((0, 1), dtype=np.int64))
+    cost = np.zeros(digits.shape[1])
+    for c, d in zip(problem.node_cost, digits):
+        cost = cost + c[d]
+    if problem.edges:
+        edge_sum = np.zeros_like(cost)
+        for e in problem.edges:
+            edge_sum = edge_sum + e.cost[e.u_class[digits[e.u]], e.v_class[digits[e.v]]]
+        cost = cost + edge_sum
+    mem = np.zeros_like(cost)
+    for m, d in zip(problem.node_mem, digits):
+        mem = mem + m[d]
+    ok = np.ones(cost.size, dtype=bool)
+    for g in problem.ties:
+        codes: dict[Hashable, int] = {}
+        per_member = [np.array([codes.setdefault(t, len(codes)) for t in vals])[digits[v]]
+                      for v, vals in g.values.items()]
+        for other in per_member[1:]:
+            ok &= other == per_member[0]
+    if problem.memory_limit is not None:
+        ok &= mem <= problem.memory_limit * (1 + 1e-9)
+    if not ok.any():
+        return IlpSolution("infeasible", None, None, None, 0.0, 0)
+    cand = ok & (cost == cost[ok].min())
+    if tie_break_memory:
+        cand &= mem == mem[cand].min()
+    choice = tuple(int(x) for x in digits[:, int(np.flatnonzero(cand)[0])])
+    obj, used = problem.evaluate(choice)
+    return IlpSolution("optimal", choice, obj, used, 0.0, 0)
 
 
 def _solve_once(problem: IlpProblem, backend: str, integer: bool, time_limit_s: float, tie_break_memory: bool,

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search.intra_op import IlpEdge, IlpProblem, TieGroup, prune_dominated, solve_ilp
+from search.intra_op import IlpEdge, IlpProblem, IlpSolution, TieGroup, _enumerate, prune_dominated, solve_ilp
 
 
 def brute_force(p: IlpProblem) -> tuple[float, tuple[int, ...]] | None:
@@ -53,10 +53,11 @@ def problems(draw: st.DrawFn) -> IlpProblem:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(), st.sampled_from(["auto", "CBC"]))
+@given(problems(), st.sampled_from(["auto", "lp", "CBC"]))
 def test_ilp_matches_brute_force(p: IlpProblem, backend: str) -> None:
     ref = brute_force(p)
-    sol = solve_ilp(p, backend=backend)
+    # "lp": the auto path with enumeration off (GLOP relaxation, CBC when fractional)
+    sol = solve_ilp(p, backend="auto", enumerate_up_to=0) if backend == "lp" else solve_ilp(p, backend=backend)
     if ref is None:
         assert sol.status == "infeasible"
         return
@@ -102,3 +103,27 @@ def test_edge_classes_pick_the_cheap_pair() -> None:
                    (IlpEdge(0, 1, np.array([0, 0, 1]), np.array([0]), np.array([[2.0], [0.0]])),))
     sol = solve_ilp(p)
     assert sol.status == "optimal" and sol.choice == (2, 0) and np.isclose(sol.objective, 1.5)
+
+
+def _enumerate_loop(p: IlpProblem, tie_break_memory: bool) -> IlpSolution:
+    """The plain loop ``_enumerate`` vectorises: objective, then memory, first in product order."""
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    for choice in itertools.product(*(range(c.size) for c in p.node_cost)):
+        if not p.feasible(choice):
+            continue
+        obj, mem = p.evaluate(choice)
+        if best is None or (obj, mem if tie_break_memory else 0.0) < best[:2]:
+            best = (obj, mem if tie_break_memory else 0.0, choice)
+    if best is None:
+        return IlpSolution("infeasible", None, None, None, 0.0, 0)
+    return IlpSolution("optimal", best[2], *p.evaluate(best[2]), 0.0, 0)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.booleans(), st.booleans())
+def test_vectorised_enumeration_equals_the_loop(p: IlpProblem, tie_break_memory: bool, coarse_mem: bool) -> None:
+    # Same choice, objective and memory bit for bit, ties included (coarse memory makes (cost, memory) ties).
+    if coarse_mem:
+        p = IlpProblem(p.names, p.node_cost, tuple(np.round(m / 2**30) for m in p.node_mem), p.edges, p.ties,
+                       None if p.memory_limit is None else round(p.memory_limit / 2**30))
+    assert _enumerate(p, tie_break_memory) == _enumerate_loop(p, tie_break_memory)
