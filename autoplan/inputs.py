@@ -12,7 +12,7 @@ one line naming the value and the limit (:class:`~autoplan.errors.UserInputError
 - parsed data (:func:`check_tree`): at most ``MAX_DEPTH`` levels and ``MAX_NODES`` values, finite floats,
   integers within ±2**53, strings that are valid Unicode (no lone surrogate escapes);
 - typed models (:func:`strict`): pydantic strict mode, so ``true`` is not 1, ``8.9`` is not 8 and
-  ``"false"`` is not true.
+  ``"false"`` is not true; ``8.0`` is 8 (JSON Schema's integer, which ``autoplan schema`` declares).
 
 Other commands (and other engineers' new ones) call :func:`read_data` / :func:`strict` rather than reading
 files themselves.
@@ -252,6 +252,20 @@ def describe_validation_error(err: ValidationError) -> str:
     return " ".join("; ".join(parts).split())
 
 
+def integral_floats_as_ints(data: Any) -> Any:
+    """``data`` with every float that has a zero fractional part (``33147.0``) as an int, as JSON Schema
+    reads numbers (Core 2020-12 §4.2.1: "integer" matches any number with a zero fractional part) and as
+    ``autoplan schema`` declares integer fields. ``8.9`` and ``true`` stay what they are (and are refused
+    where an integer is meant); beyond ±2**53 a float does not hold an exact integer and stays a float."""
+    if isinstance(data, float):
+        return int(data) if data.is_integer() and abs(data) <= MAX_ABS_INT else data
+    if isinstance(data, dict):
+        return {k: integral_floats_as_ints(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [integral_floats_as_ints(v) for v in data]
+    return data
+
+
 def strict(model: type[M], data: Any, what: str | None = None) -> M:
     """``model`` validated from ``data`` in pydantic strict mode (no coercion of bools, floats or strings
     into integers), after :func:`check_tree`; errors become one :class:`UserInputError` line."""
@@ -259,7 +273,7 @@ def strict(model: type[M], data: Any, what: str | None = None) -> M:
         return data
     check_tree(data, what or model.__name__)
     try:
-        return model.model_validate(data, strict=True)
+        return model.model_validate(integral_floats_as_ints(data), strict=True)
     except ValidationError as err:
         prefix = f"invalid {what}: " if what else ""
         raise UserInputError(prefix + describe_validation_error(err)) from None

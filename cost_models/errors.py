@@ -6,7 +6,23 @@ from collections.abc import Iterable
 
 
 class AutoplanError(Exception):
-    """Base of every error autoplan reports to its user (re-exported as ``autoplan.AutoplanError``)."""
+    """Base of every error autoplan reports to its user (re-exported as ``autoplan.AutoplanError``).
+
+    The message is one line whatever user text it quotes: control characters (a newline in a GPU name) are
+    written as escapes, so no input can split an error over lines or forge a second one."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (one_line(args[0]),)
+        super().__init__(*args)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character (newline, tab, ESC, lone surrogate ...) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
 
 
 class ConfigError(AutoplanError, ValueError):

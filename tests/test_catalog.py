@@ -77,7 +77,7 @@ def test_unknown_model_without_close_match() -> None:
     [
         ("no/such/model.yaml", r"model file 'no/such/model.yaml' does not exist"),
         ("missing.json", r"model file 'missing.json' does not exist"),
-        ("", r"model name is empty"),
+        ("", r"model must not be empty; catalog names: .*llama3-8b"),
     ],
 )
 def test_missing_model_sources(source: str, pattern: str) -> None:

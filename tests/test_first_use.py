@@ -120,3 +120,21 @@ def test_calibrate_runs_schema_is_published() -> None:
         pass
     else:
         raise AssertionError("a zero step time passed the runs schema")
+
+
+def test_hsdp_without_zero3_is_priced_as_megatron_runs_it_and_refused_elsewhere() -> None:
+    """``--hsdp 4 --zero 1``: Megatron runs it (the distributed optimizer in dp*cp / 4 instances,
+    --num-distributed-optimizer-instances), so the optimizer state is sharded over 4 ranks, not 8; torchtitan
+    and the fsdp2 target have no ZeRO-1 and refuse it with their rule."""
+    base = ["estimate", "--model", "llama3-8b", "--gpus", "64", "--tp", "8", "--pp", "1", "--zero", "1",
+            "--format", "json"]
+    code, out, err = _cli(*base, "--hsdp", "4")
+    assert code == 0, err
+    grouped = json.loads(out)["prediction"]["memory_gib"]["optimizer"]
+    whole = json.loads(_cli(*base)[1])["prediction"]["memory_gib"]["optimizer"]
+    assert abs(grouped - 2 * whole) < 1e-6 * whole, (grouped, whole)
+    for target, rule in (("torchtitan", "no ZeRO-1/2"), ("fsdp2", "always runs fully_shard")):
+        code, out, err = _cli(*base, "--hsdp", "4", "--target", target)
+        assert code == 2 and rule in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = _cli(*base[:-4], "--zero", "0", "--hsdp", "4")
+    assert code == 2 and "num-distributed-optimizer-instances" in err, err

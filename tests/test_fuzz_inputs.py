@@ -36,6 +36,8 @@ from autoplan.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 30.0
 FAST, SLOW = 40, 400
+# the counting run raises the API and batch examples (AUTOPLAN_FUZZ_API=600): each case is cheap
+API_EXAMPLES = int(os.environ.get("AUTOPLAN_FUZZ_API", str(FAST * 2)))
 
 COUNTS: dict[str, Counter[str]] = defaultdict(Counter)
 
@@ -113,6 +115,15 @@ FIELDS: list[tuple[tuple[str, ...], Any]] = [
                                            st.just(1.5), st.just("1"))),
     (("parallel", "sequence_parallel"), st.one_of(st.integers(), st.just("false"), st.just("yes"))),
     (("top",), BAD_INT), (("kind",), BAD_STR), (("unknown_field",), st.integers()),
+    (("parallel", "cp"), BAD_INT), (("parallel", "hsdp_shard_size"), BAD_INT),
+    (("parallel", "first_stage_layers"), BAD_INT), (("parallel", "last_stage_layers"), BAD_INT),
+    (("parallel", "schedule"), BAD_STR), (("parallel", "recompute"), BAD_STR), (("parallel", "bogus"), BAD_INT),
+    (("cluster", "memory_headroom"), BAD_FLOAT.filter(lambda v: v != 0.0 or isinstance(v, bool))), (("cluster", "profile"), BAD_STR), (("cluster", "bogus"), BAD_INT),
+    (("job", "optimizer"), BAD_STR), (("job", "bogus"), BAD_STR), (("target",), BAD_STR), (("rank_by",), BAD_STR),
+    (("id",), st.one_of(st.booleans(), st.integers(), st.lists(st.text(max_size=2), max_size=2), st.just("x" * 300))),
+    (("failures", "interruptions_per_gpu_hour"), BAD_FLOAT), (("failures", "checkpoint_gbps"), BAD_FLOAT),
+    (("failures", "restart_s"), st.one_of(st.booleans(), st.just(float("nan")), st.just(-1.0), st.just(1e300))),
+    (("failures", "async_save"), st.one_of(st.integers(), st.just("false"))), (("failures", "bogus"), BAD_INT),
 ]
 
 
@@ -322,7 +333,7 @@ def _api_case(name: str, request: dict[str, Any]) -> None:
 def test_api_refuses_malformed_requests(name: str) -> None:
     kind = "estimate" if name == "api.estimate" else "search"
 
-    @_settings(FAST * 2)
+    @_settings(API_EXAMPLES)
     @given(req=bad_requests(kind))
     def case(req: dict[str, Any]) -> None:
         _api_case(name, req)

@@ -101,9 +101,57 @@ def test_strict_model_spec_types() -> None:
     spec = {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
             "num_kv_heads": 4, "vocab_size": 1000}
     for bad, needle in (({"num_layers": True}, "num_layers"), ({"tied_embeddings": "false"}, "tied_embeddings"),
-                        ({"hidden_size": 256.0}, "hidden_size")):
+                        ({"hidden_size": 256.5}, "hidden_size")):
         with pytest.raises(autoplan.InputError, match=needle):
             autoplan.estimate({"model": {**spec, **bad}, "cluster": {"num_gpus": 8}})
+
+
+def test_integral_floats_are_integers_as_json_schema_reads_them(tmp_path: Path) -> None:
+    """``autoplan schema`` declares integer fields; JSON Schema's integer is any number with a zero fractional
+    part. The API (and ``serve``, which validates through the same function), the CLI's --request and the
+    schema agree: 64.0 is 64; 8.9 and true are refused by all of them."""
+    import json
+
+    import jsonschema
+
+    from autoplan.schema import schema_for
+
+    req = {"kind": "search", "model": "llama3-8b", "cluster": {"num_gpus": 8.0},
+           "job": {"global_batch_size": 64.0, "seq_len": 2048.0}, "parallel": {"tp": 2.0}, "top": 1.0}
+    schema = schema_for("request")
+    jsonschema.validate(req, schema)
+    r = autoplan.search(req)
+    assert (r.cluster.num_gpus, r.job.global_batch_size, r.plans[0].parallel.tp) == (8, 64, 2)
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    code, err, out = _cli("search", "--request", str(path), "--format", "json")
+    assert code == 0 and json.loads(out)["cluster"]["num_gpus"] == 8, err
+    for bad in (8.9, True, 2.0**60):
+        wrong = {**req, "cluster": {"num_gpus": bad}}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
+        with pytest.raises(autoplan.InputError, match="cluster.num_gpus"):
+            autoplan.search(wrong)
+        path.write_text(json.dumps(wrong))
+        assert "cluster.num_gpus" in _one_line_error(*_cli("search", "--request", str(path)))
+
+
+def test_errors_stay_one_line_whatever_they_quote() -> None:
+    """User text inside a message (a GPU name with a newline) cannot split it or forge a second line."""
+    with pytest.raises(autoplan.InputError) as info:
+        autoplan.search({"model": "llama3-8b", "cluster": {"num_gpus": 8, "gpu": "h100\nError: forged\x1b[2J"}})
+    text = str(info.value)
+    assert "\n" not in text and "\x1b" not in text and "unknown GPU 'h100\\nError: forged\\x1b[2J'" in text
+    err = _one_line_error(*_cli("search", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100\nforged"))
+    assert "h100\\nforged" in err
+
+
+def test_empty_model_names_the_catalog() -> None:
+    for model in ("", "  "):
+        with pytest.raises(autoplan.InputError, match="model must not be empty; catalog names: .*llama3-8b"):
+            autoplan.search({"model": model, "cluster": {"num_gpus": 8}})
+    err = _one_line_error(*_cli("search", "--model", "", "--gpus", "8"))
+    assert "model must not be empty; catalog names:" in err and "file" not in err.split(";")[0]
 
 
 def test_error_hierarchy_is_exported() -> None:

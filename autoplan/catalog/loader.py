@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.catalog.hf import looks_like_hf_config, spec_from_hf_config
-from autoplan.catalog.registry import catalog_model, model_catalog, unknown_name_error
+from autoplan.catalog.registry import catalog_model, model_catalog, model_names, unknown_name_error
 from autoplan.catalog.spec_file import YAML_SUFFIXES, load_spec_file, read_mapping, spec_from_mapping
 from autoplan.errors import UserInputError
 from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS, read_bytes, user_path
@@ -36,7 +36,10 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
         raise UserInputError(f"model must be a name, a path or a mapping, got {type(source).__name__}")
     if isinstance(source, str):
         if not source.strip():
-            raise UserInputError("model name is empty (see 'autoplan models')")
+            err = UserInputError("model must not be empty; catalog names: "
+                                 + ", ".join(model_names()) + " (or a model file path, or an inline spec)")
+            err.valid = model_names()
+            raise err
         spec = catalog_model(source)
         if spec is not None:
             return spec
