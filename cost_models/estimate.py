@@ -20,6 +20,7 @@ from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import (GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 memory_runtime, stage_memory, stage_params)
+from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -105,6 +106,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
             parts["cp"] += lc.cp_exposed_s
         if s == p - 1:
             parts["compute"] += head
+            if model.arch.mtp_layers:  # cost_models.mtp: n × (a decoder layer + a head) + the projections
+                n, lc = model.arch.mtp_layers, costs[mtp_layer_kind(model)]
+                proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)
+                parts["compute"] += n * (lc.forward_s + lc.backward_s + head) + proj_gemm
+                parts["recompute"] += n * lc.recompute_s
+                parts["tp"] += n * lc.tp_s + proj_tp
+                parts["ep"] += n * lc.ep_s
+                parts["cp"] += n * lc.cp_exposed_s
         stage_parts.append(parts)
         stage_t.append(sum(parts.values()))
     slowest = max(range(p), key=lambda i: stage_t[i])
@@ -251,6 +260,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
 
 def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: JobSpec) -> float:
     per_token = model_flops_per_token(graphs["head"])
+    per_token += model.arch.mtp_layers * (per_token + model_flops_per_token(graphs[mtp_layer_kind(model)]))
+    per_token += mtp_projection_flops_per_token(model)
     for i in range(model.num_layers):
         per_token += model_flops_per_token(graphs["moe" if model.is_moe_layer(i) else "dense"])
     return per_token * job.tokens_per_step

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
 from cost_models.opgraph import LayerGraph, Op, layer_graph
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 
@@ -167,6 +168,8 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         dense += model.head_params / t  # output projection (0 when tied) + final norm
         if model.tied_embeddings and par.pp > 1:  # the last stage keeps its own copy of the tied weight
             dense += model.vocab_size * model.hidden_size / t
+        mtp_dense, mtp_expert, mtp_unit = mtp_stage_params(model, t, e)  # MTP modules run on the last stage
+        dense, expert, largest = dense + mtp_dense, expert + mtp_expert, max(largest, mtp_unit)
     return StageParams(dense, expert, largest)
 
 
@@ -339,7 +342,12 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
         full = par.model_copy(update={"recompute": "none"})
         transient += activation_bytes_per_microbatch(graphs["dense"], model, job, full, runtime)
-    head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime) if (last or (dual and first)) else 0.0
+    head = 0.0
+    if last or (dual and first):
+        head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime)
+        if model.arch.mtp_layers:
+            mtp_layer = activation_bytes_per_microbatch(graphs[mtp_layer_kind(model)], model, job, par, runtime)
+            head += mtp_activation_bytes(model, mtp_layer, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head
     if par.zero_stage == 3:
         transient += runtime.gathered_unit_bytes * sp.largest_layer * (1 - 1 / group)

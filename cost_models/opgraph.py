@@ -1,8 +1,9 @@
 """Operator graph of one transformer layer: ops, tensors, FLOPs and what each op saves for backward.
 
 Per-token quantities (multiply by tokens = micro-batch · seq_len). Forward FLOPs of a matmul are
-``2 · in · out`` per token (COST_MODEL.md §2); the attention core is ``2·2·s·d_attn`` per token for QKᵀ
-and AV, halved by a causal kernel that skips masked blocks (``causal=True``).
+``2 · in · out`` per token (COST_MODEL.md §2); the attention core is ``2·2·k·d_attn`` per token for QKᵀ
+and AV over ``k`` keys per query: ``s``, halved by a causal kernel that skips masked blocks (``causal=True``),
+fewer under a sliding window (``keys_per_query``).
 
 Saved activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", §4.1, Table 2):
 each op keeps the inputs its backward needs, in bf16 (2 bytes/element), dropout masks in 1 byte/element.
@@ -159,7 +160,7 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> 
     rq = b.tensor("q_rot", b.tensors[q].width, b.tensors[q].dim_kind)
     b.add(Op("rotary", "elementwise", (q, k), rq))
     ctx = b.tensor("ctx", a * d_v, "q")
-    attn_flops = 2.0 * seq_len * a * (d_qk + d_v) * (0.5 if causal else 1.0)
+    attn_flops = 2.0 * a * (d_qk + d_v) * keys_per_query(seq_len, m.arch.sliding_window, causal)
     saved = [b.saved(rq, "tp"), b.saved(k, "tp"), b.saved(v, "tp")]
     if not flash:
         per_tok = a * seq_len  # score elements per token
@@ -168,6 +169,18 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> 
     b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved)))
     o = b.linear("o_proj", ctx, "attn_out", h, "hidden", "tp", m.linear_bias)
     return b.residual("attn_residual", x, o, "attn_res")
+
+
+def keys_per_query(seq_len: int, window: int | None, causal: bool) -> float:
+    """Keys one query attends to, averaged over the sequence, as the attention kernel computes them: ``s`` without
+    a causal skip, ``s/2`` for a causal kernel that skips masked blocks, and with a causal sliding window of ``W``
+    keys (query ``i`` sees ``min(i, W)``, Mistral 7B, Jiang et al. 2023 §2; FlashAttention-2's ``window_size`` and
+    cuDNN skip the blocks outside it) the mean ``(W²/2 + (s−W)·W)/s = W − W²/(2s)``, which is ``s/2`` at ``W = s``."""
+    if not causal:
+        return float(seq_len)
+    if window is None or window >= seq_len:
+        return seq_len / 2
+    return window - window * window / (2.0 * seq_len)
 
 
 def _latent_norm(b: _Builder, name: str, x: str, out: str, width: int) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import layer_cost, tp_boundary_costs
+from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
     FRAGMENTATION,
@@ -166,6 +167,10 @@ class Scorer:
             kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par))
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par)
         head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
+        if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
+            layer_t, layer_a = kinds[mtp_layer_kind(self.model)]
+            head_t += mtp_time_s(self.model, layer_t, head_t, self.cluster, self.job, par)
+            head_a += mtp_activation_bytes(self.model, layer_a, head_a, self.job, par)
         out = (kinds, head_t, head_a)
         self._bounds[key] = out
         return out
@@ -222,13 +227,14 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and lay.pp > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
+        mtp_dense, mtp_expert, _ = mtp_stage_params(m, lay.tp, lay.ep)
         peak = 0.0
         if lay.recompute == "full":
             peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
                                                    self._par(lay, recompute="none", vp=1, schedule="1f1b"))
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
-            first_static=kd * m.embedding_params / lay.tp, last_static=kd * last_dense, last_act=frag * head_a,
+            first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
             range_static=self._zero3_table(lay, largest, group) if lay.zero_stage == 3 else None,
         )
@@ -345,9 +351,11 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
+        mtp_dense, mtp_expert, _ = mtp_stage_params(m, lay.tp, lay.ep)
         acts = frag * (a_moe * n_moe + a_dense * (L - n_moe) + head_a)
         infl = self.inflight(lay)
-        resident = kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense) + p * stage_static
+        resident = (kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense)
+                    + ke * mtp_expert + p * stage_static)
         mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
             return mean

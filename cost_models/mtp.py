@@ -1,0 +1,87 @@
+"""Multi-token prediction (DeepSeek-V3 report §2.2): what its modules add to the last pipeline stage.
+
+Each MTP module ``k`` shares the embedding and the output head with the main model and adds an RMSNorm on the
+hidden state and one on the embedding of token ``i+k``, a projection ``M_k`` of the concatenated ``2h`` to ``h``,
+one Transformer block, and (Megatron) a final norm before the shared head (report §2.2, Fig. 3). Megatron-Core
+builds it as ``MultiTokenPredictionLayer``: enorm, hnorm, a column-parallel ``eh_proj`` (2h→h, ``gather_output=False``,
+then ``gather_from_tensor_model_parallel_region`` of its h-wide output and, with SP, a scatter back), the decoder
+layer spec of the last layer, final layernorm (megatron/core/transformer/multi_token_prediction.py:410-444,
+648-661, 734-747 at core_v0.16.1); without a custom pipeline layout every MTP layer runs on the last pipeline
+stage (``mtp_on_this_rank``, :447-487). Its FLOPs count likewise adds one layer of the last layer's kind, the
+``2h·h`` projection and one more logit GEMM per MTP layer (megatron/training/training.py:354-358, 556-573).
+So per MTP layer the last stage runs, per micro-batch: one more decoder layer of the last layer's kind, the
+projection, and one more final norm + head + loss (priced by the same functions as the main ones).
+"""
+
+from __future__ import annotations
+
+from cost_models.collectives import group_collective_time_s
+from cost_models.gemm import matmul_time_s
+from cost_models.layer_cost import tp_collectives, tp_exposed_fraction
+from cost_models.opgraph import BF16, LayerKind
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+
+def mtp_layer_kind(model: ModelSpec) -> LayerKind:
+    """The MTP block is built from the last decoder layer's spec (MoE for DeepSeek-V3)."""
+    return "moe" if model.is_moe_layer(model.num_layers - 1) else "dense"
+
+
+def mtp_stage_params(model: ModelSpec, tp: int, ep: int) -> tuple[float, float, float]:
+    """(dense, expert, largest unit) parameters one last-stage rank holds for all MTP modules: the block sharded as
+    a decoder layer (``memory.stage_params``), ``eh_proj`` column-parallel over TP, the three norms replicated."""
+    n = model.arch.mtp_layers
+    if not n:
+        return 0.0, 0.0, 0.0
+    i, h = model.num_layers - 1, model.hidden_size
+    ex, norms = model.layer_expert_params(i), model.norm_params_per_layer
+    dense = (model.layer_params(i) - ex - norms) / tp + norms + 2 * h * h / tp + 3 * h
+    return n * dense, n * ex / ep, dense + ex / ep
+
+
+def mtp_projection_time_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                          par: ParallelConfig) -> tuple[float, float]:
+    """(GEMM s, exposed TP s), forward + backward, of every module's ``eh_proj`` for one micro-batch on one rank:
+    the column-parallel GEMM (backward = 2 GEMMs), its input's TP boundary (Shoeybi et al. 2019 ``f``; with SP
+    the all-gather/reduce-scatter of the 2h-wide input) and the forward all-gather of its h-wide output, exposed
+    as the layers' TP collectives are (``layer_cost.tp_exposed_fraction``)."""
+    n = model.arch.mtp_layers
+    if not n:
+        return 0.0, 0.0
+    t, h = par.tp, model.hidden_size
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    gemm = 3 * matmul_time_s(tokens, 2 * h, -(-h // t), cluster, job.precision)
+    comm = 0.0
+    if t > 1:  # TP groups are consecutive ranks (Megatron order tp-cp-ep-dp-pp): stride 1
+        for kind, _, calls in tp_collectives("column", par.sequence_parallel, par.recompute):
+            comm += calls * group_collective_time_s(kind, BF16 * tokens * 2 * h, t, 1, cluster)
+        comm += group_collective_time_s("all_gather", BF16 * tokens * h, t, 1, cluster)
+        comm *= tp_exposed_fraction(t, cluster.efficiency)
+    return n * gemm, n * comm
+
+
+def mtp_time_s(model: ModelSpec, layer_s: float, head_s: float, cluster: ClusterSpec, job: JobSpec,
+               par: ParallelConfig) -> float:
+    """What the MTP modules add to the last stage's time per micro-batch: per module one decoder layer of the
+    last layer's kind (``layer_s``, as ``layer_cost`` prices it) and one head + loss (``head_s``), plus the
+    projections."""
+    return model.arch.mtp_layers * (layer_s + head_s) + sum(mtp_projection_time_s(model, cluster, job, par))
+
+
+def mtp_activation_bytes(model: ModelSpec, layer_bytes: float, head_bytes: float, job: JobSpec,
+                         par: ParallelConfig) -> float:
+    """What the MTP modules add to the last stage's saved activations per micro-batch: per module one decoder
+    layer's (``layer_bytes``) and one head's (``head_bytes``), plus the projections' inputs."""
+    return model.arch.mtp_layers * (layer_bytes + head_bytes) + mtp_projection_saved_bytes(model, job, par)
+
+
+def mtp_projection_saved_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
+    """Activations every module's projection keeps for backward, one micro-batch on one rank: the inputs of enorm
+    and hnorm (h each) and of ``eh_proj`` (2h), bf16, sequence-sharded by SP (Korthikanti et al. 2022 §4)."""
+    tokens = par.micro_batch_size * job.seq_len / par.cp / (par.tp if par.sequence_parallel else 1)
+    return model.arch.mtp_layers * BF16 * 4 * model.hidden_size * tokens
+
+
+def mtp_projection_flops_per_token(model: ModelSpec) -> float:
+    """Model FLOPs of the projections per token (3 × forward ``2·2h·h``, as Megatron's count)."""
+    return model.arch.mtp_layers * 3 * 2 * 2 * model.hidden_size**2
