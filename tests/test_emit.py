@@ -195,6 +195,22 @@ def test_torchtitan_405b_bf16_gets_a_config_module() -> None:
     assert any("bf16" in n for n in e.notes)
 
 
+@pytest.mark.parametrize(("model", "said"), [
+    ("qwen3-235b-a22b", ["aux_loss load-balancing loss (coefficient 0.001) is not trained", "has no expert bias"]),
+    ("deepseek-v3", ["seq_aux_loss load-balancing loss (coefficient 0.001) is not trained"]),
+    ("llama3-8b", []),
+])
+def test_torchtitan_says_which_moe_balancing_it_cannot_train(model: str, said: list[str]) -> None:
+    """torchtitan 0.3.0's MoE has no auxiliary loss and always an expert bias: what the published model balances
+    differently is a WARNING in the notes (README.txt, stderr), one per fact."""
+    gpus, par = {"qwen3-235b-a22b": (1024, dict(tp=4, pp=8, ep=8)), "deepseek-v3": (2048, dict(tp=2, pp=16, ep=64)),
+                 "llama3-8b": (64, dict(tp=2))}[model]
+    e = emit(plan(model, gpus, gpus, seq=4096, zero_stage=3, **par), "torchtitan")
+    warned = [n for n in e.notes if n.startswith("WARNING: ")]
+    assert len(warned) == len(said) and all(any(s in w for w in warned) for s in said), warned
+    assert all(w in e.files["README.txt"] for w in warned)
+
+
 def test_torchtitan_refuses_unshipped_model() -> None:
     with pytest.raises(UnsupportedModelError, match="does not ship mixtral-8x22b.*--target megatron"):
         emit(plan(**MIXTRAL, zero_stage=0), "torchtitan")  # DDP: both targets run the layout

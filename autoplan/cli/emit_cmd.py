@@ -95,7 +95,10 @@ def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> N
     for name in sorted(result.files):
         click.echo(f"  {Path(out_dir) / name}")
     for note in result.notes:
-        click.echo(f"note: {note}")
+        if note.startswith("WARNING: "):
+            click.echo(f"warning: {note.removeprefix('WARNING: ')}", err=True)
+        else:
+            click.echo(f"note: {note}")
 
 
 @cli.command("validate")

@@ -237,6 +237,26 @@ def notes(plan: EmitPlan) -> list[str]:
                if t.config_precision != plan.job.precision else
                f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
+    out += balancing_warnings(plan.model)
+    return out
+
+
+def balancing_warnings(model: ModelSpec) -> list[str]:
+    """What torchtitan 0.3.0 cannot train of the model's MoE load balancing: its MoE has no auxiliary loss at all,
+    only aux-loss-free balancing by a per-expert bias updated before each optimizer step (``MoE.Config.
+    load_balance_coeff``, default 1e-3, in every flavor: torchtitan/models/common/moe.py, config_utils.py
+    ``make_moe_config``; components/optimizer/optimizer.py's pre-hook). No config field adds the loss."""
+    if not model.is_moe:
+        return []
+    r, out = model.arch.router, []
+    if r.aux_loss != "none" and r.aux_loss_coeff:
+        out.append(f"WARNING: {model.name}'s {r.aux_loss} load-balancing loss (coefficient {r.aux_loss_coeff:g}) is "
+                   "not trained: torchtitan 0.3.0's MoE has no auxiliary loss (only the expert-bias balancing "
+                   "below); use --target megatron for the published balancing")
+    if not r.expert_bias:
+        out.append(f"WARNING: {model.name} has no expert bias, but torchtitan 0.3.0 balances every MoE with one "
+                   "(MoE load_balance_coeff 1e-3, aux-loss-free, arXiv 2408.15664); kept, since it is torchtitan's "
+                   "only balancing")
     return out
 
 
