@@ -192,24 +192,32 @@ def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
     sizes = [c.size for c in problem.node_cost]
     if 0 in sizes:
         return IlpSolution("infeasible", None, None, None, 0.0, 0)
-    digits = (np.indices(sizes).reshape(len(sizes), -1) if sizes  # (V, N): row v = node v's strategy per assignment
-              else np.zeros((0, 1), dtype=np.int64))
-    cost = np.zeros(digits.shape[1])
-    for c, d in zip(problem.node_cost, digits):
-        cost = cost + c[d]
+    n = len(sizes)
+
+    def along(values: np.ndarray, *axes: int) -> np.ndarray:  # broadcast a per-strategy table over the grid
+        shape = [1] * n
+        for ax, k in zip(axes, values.shape):
+            shape[ax] = k
+        return values.reshape(shape)
+
+    cost = np.zeros(sizes)
+    for v, c in enumerate(problem.node_cost):
+        cost = cost + along(c, v)
     if problem.edges:
-        edge_sum = np.zeros_like(cost)
+        edge_sum = np.zeros(sizes)
         for e in problem.edges:
-            edge_sum = edge_sum + e.cost[e.u_class[digits[e.u]], e.v_class[digits[e.v]]]
+            pair = e.cost[e.u_class[:, None], e.v_class[None, :]]  # (|S_u|, |S_v|)
+            term = (along(pair, e.u, e.v) if e.u < e.v else along(pair.T, e.v, e.u) if e.u > e.v
+                    else along(pair.diagonal().copy(), e.u))
+            edge_sum = edge_sum + term
         cost = cost + edge_sum
-    mem = np.zeros_like(cost)
-    for m, d in zip(problem.node_mem, digits):
-        mem = mem + m[d]
-    ok = np.ones(cost.size, dtype=bool)
+    mem = np.zeros(sizes)
+    for v, m in enumerate(problem.node_mem):
+        mem = mem + along(m, v)
+    ok = np.ones(sizes, dtype=bool)
     for g in problem.ties:
         codes: dict[Hashable, int] = {}
-        per_member = [np.array([codes.setdefault(t, len(codes)) for t in vals])[digits[v]]
-                      for v, vals in g.values.items()]
+        per_member = [along(np.array([codes.setdefault(t, len(codes)) for t in vals]), v) for v, vals in g.values.items()]
         for other in per_member[1:]:
             ok &= other == per_member[0]
     if problem.memory_limit is not None:
@@ -219,7 +227,8 @@ def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
     cand = ok & (cost == cost[ok].min())
     if tie_break_memory:
         cand &= mem == mem[cand].min()
-    choice = tuple(int(x) for x in digits[:, int(np.flatnonzero(cand)[0])])
+    flat = int(np.flatnonzero(cand)[0])  # C order = itertools.product order
+    choice = tuple(int(x) for x in np.unravel_index(flat, sizes)) if n else ()
     obj, used = problem.evaluate(choice)
     return IlpSolution("optimal", choice, obj, used, 0.0, 0)
 

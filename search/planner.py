@@ -7,6 +7,8 @@
 3. Layouts are visited in order of their time bound (branch and bound): the stage DP
    (``search.inter_op.best_split``) chooses the layer split under the memory limit and ``Scorer.score``
    prices it exactly as ``estimate`` would; the visit stops once a bound reaches the ``keep``-th best cost.
+   Before a layout's intra-op ILP is solved, the stage DP on the cost floors (``Scorer.tables(lower=True)``,
+   ``_split_lower_bound``) may already reach that cost: the layout is skipped unsolved (tally ``split_bound``).
 4. Finalists are re-scored with ``cost_models.estimate.estimate`` — what users see — and ranked by the
    composite cost, ties broken by ``Layout.sort_key`` (simpler layouts first).
 
@@ -93,6 +95,25 @@ def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
     t_lb = max(total / lay.pp, slowest, head_t + fastest) if lay.pp > 1 else total
     a = schedule_alpha(lay.schedule, lay.vp)
     return a * total + (lay.m - a) * t_lb + scorer.p2p_fill_s(lay)
+
+
+def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
+    """A lower bound on the pipeline time + fill of the split ``_split`` picks (pp > 1, vp = 1, no split pins),
+    before the intra-op ILP is solved: the stage DP on ``Scorer.tables(lower=True)`` (every layer cost and
+    activation at or below the ILP's, so its optimum, and Megatron's default split priced on them, are no
+    higher), less 1e-9 for rounding. +inf only if no split fits even the floor memory."""
+    tables = scorer.tables(lay, lower=True)
+    alpha = schedule_alpha(lay.schedule, lay.vp)
+    found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
+                       mem_limit=scorer.limit_bytes, alpha=alpha)
+    lb = np.inf if found is None else found[1]
+    default = tuple(stage_layers(scorer.model, ParallelConfig(**lay.parallel_kwargs())))
+    if min(default) >= 1 and float(scorer.stage_memory(lay, default, tables).max()) <= scorer.limit_bytes:
+        bounds = np.concatenate([[0], np.cumsum(default)])
+        t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
+        t[-1] += tables.last_time
+        lb = min(lb, alpha * float(t.sum()) + (lay.m - alpha) * float(t.max()))
+    return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
 
 
 def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...] | None:
@@ -193,6 +214,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if len(best) >= keep and w_min * lb >= best[keep - 1].cost:
             tally.cut("bound", len(bounded) - n)
             break
+        if len(best) >= keep and lay.pp > 1 and lay.vp == 1 and not any(k in pins for k in SPLIT_PINS):
+            split_lb = _split_lower_bound(lay, scorer)  # the stage DP on the cost floors, before any ILP solve
+            if w_min * split_lb >= best[keep - 1].cost:
+                tally.cut("split_bound" if np.isfinite(split_lb) else "memory")
+                continue
         layers = _split(lay, scorer, pins)
         evaluated += 1
         if layers is None:

@@ -140,6 +140,14 @@ class Scorer:
         self._layer[key] = out
         return out
 
+    def lower_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
+        """``layer_pieces`` with ``bound_pieces``' floors in place of the ILP's answers (no solve): every
+        entry is ≤ its ``layer_pieces`` counterpart, so the stage DP on these tables bounds it from below."""
+        kinds, head_t, head_a = self.bound_pieces(lay)
+        t_moe, a_moe = kinds.get("moe", (0.0, 0.0))
+        per = np.where(self.is_moe_layer, t_moe, kinds["dense"][0])
+        return np.concatenate([[0.0], np.cumsum(per)]), head_t, kinds["dense"][1], a_moe, head_a
+
     def bound_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, tuple[float, float]],
                                                                                 float, float]:
         """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
@@ -213,8 +221,9 @@ class Scorer:
         return hit
 
     # ---- what the stage DP reads -------------------------------------------------------------------
-    def tables(self, lay: Layout) -> StageTables:
-        time, head_t, a_dense, a_moe, head_a = self.layer_pieces(lay)
+    def tables(self, lay: Layout, lower: bool = False) -> StageTables:
+        """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
+        time, head_t, a_dense, a_moe, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         expert_group = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)

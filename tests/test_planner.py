@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -103,6 +104,35 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
         assert fs.fits == pred.fits
         assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_models(), jobs(), st.sampled_from(["megatron", "torchtitan", "any"]), st.data())
+def test_split_lower_bound_is_below_the_split_the_planner_prices(model, cj, target, data) -> None:  # type: ignore[no-untyped-def]
+    # The planner skips a layout's ILP solve when this bound already loses; it must never exceed the pipeline
+    # time + fill of the split _split returns, and the floor tables must sit below the ILP's, entry by entry.
+    from cost_models.pipeline import pipeline_time_s
+    from search.planner import _split, _split_lower_bound
+
+    cluster, job = cj
+    layouts = [lay for lay in enumerate_layouts(model, cluster, job, target, {}, Tally()) if lay.pp > 1 and lay.vp == 1]
+    if not layouts:
+        return
+    scorer = Scorer(model, cluster, job)
+    for lay in data.draw(st.lists(st.sampled_from(layouts), min_size=1, max_size=8)):
+        low, true = scorer.tables(lay, lower=True), scorer.tables(lay)
+        for name in ("time", "act"):
+            assert (np.diff(getattr(low, name)) <= np.diff(getattr(true, name)) * (1 + 1e-12)).all()
+        assert low.last_time <= true.last_time and low.last_act <= true.last_act
+        layers = _split(lay, scorer, {})
+        if layers is None:
+            continue
+        bounds = np.concatenate([[0], np.cumsum(layers)])
+        t = true.time[bounds[1:]] - true.time[bounds[:-1]]
+        t[-1] += true.last_time
+        pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp) + scorer.p2p_fill_s(lay)  # type: ignore[arg-type]
+        assert _split_lower_bound(lay, scorer) <= pipe
+        assert _split_lower_bound(lay, scorer) <= scorer.score(lay, layers).step_time_s
 
 
 def test_showcase_llama70b_is_fast_deterministic_and_valid() -> None:
