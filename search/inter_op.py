@@ -232,6 +232,79 @@ def mid_layer_choices(n_layers: int, n_stages: int) -> list[int]:
 SplitSolver = Callable[..., "tuple[list[int], float] | None"]
 
 
+class _Paths:
+    """Every Megatron path ``[f, q × (p − 2), L − f − (p − 2)·q]`` for a list of middle sizes q, one array
+    row per (q, f) (grouped by q, f ascending), with the DP's choice per q (``megatron_scan``'s docstring)."""
+
+    def __init__(self, tables: StageTables, p: int, qs: Sequence[int], m: int, inflight: Sequence[float],
+                 mem_limit: float, alpha: float):
+        time = tables.time
+        L = time.size - 1
+        self.p, self.m, self.alpha = p, m, alpha
+        if p == 1:
+            n_f = np.ones(len(qs), dtype=np.int64)
+            bounds = np.tile(np.array([0, L], dtype=np.int64), (len(qs), 1))
+        else:
+            qv = np.asarray(qs, dtype=np.int64) if p > 2 else np.zeros(len(qs), dtype=np.int64)
+            n_f = np.maximum(L - (p - 2) * qv - 1, 0)  # f = 1 … L − (p − 2)·q − 1
+            starts = np.cumsum(n_f) - n_f
+            f = np.arange(int(n_f.sum()), dtype=np.int64) - np.repeat(starts, n_f) + 1
+            bounds = np.empty((f.size, p + 1), dtype=np.int64)
+            bounds[:, 0] = 0
+            bounds[:, 1:p] = f[:, None] + np.repeat(qv, n_f)[:, None] * np.arange(p - 1)
+            bounds[:, p] = L
+        self.n_f, self.bounds = n_f, bounds
+        self.pick = np.full(len(qs), -1, dtype=np.int64)
+        if not bounds.shape[0]:
+            return
+        st, en = bounds[:, :-1], bounds[:, 1:]
+        cost = time[en] - time[st]
+        cost[:, -1] += tables.last_time  # megatron_edges adds 0.0 elsewhere: exact
+        static = tables.static[en] - tables.static[st]
+        static[:, 0] += tables.first_static
+        static[:, -1] += tables.last_static
+        static += tables.stage_static
+        if tables.range_static is not None:
+            static = static + tables.range_static[st, en]
+        act = tables.act[en] - tables.act[st]
+        act[:, -1] += tables.last_act
+        infl = np.asarray(inflight, dtype=float)[p - np.arange(p)]  # stage k has p − k stages left
+        ok = (static + act * infl <= mem_limit).all(axis=1)
+        self.cost = cost
+        if not ok.any():
+            return
+        total = cost[:, p - 1].copy()
+        for k in range(p - 2, -1, -1):
+            total = total + cost[:, k]  # the DP's order: F[s] = c + F[s − 1]
+        t_max = cost.max(axis=1)
+        obj = alpha * total + (m - alpha) * t_max
+        # Per group (q), reductions over its rows: least objective, least t_max reaching it, least sum under it,
+        # then the first row whose sum is within 1e-12 of that (np.isclose(total, F, rtol=1e-12, atol=0)).
+        has = n_f > 0
+        starts = (np.cumsum(n_f) - n_f)[has]
+        gid = np.repeat(np.arange(has.sum()), n_f[has])
+
+        def group_min(x: np.ndarray) -> np.ndarray:
+            return np.minimum.reduceat(x, starts)
+
+        best = group_min(np.where(ok, obj, INF))
+        t_star = group_min(np.where(ok & (obj == best[gid]), t_max, INF))
+        under = ok & (t_max <= t_star[gid])
+        f_sum = group_min(np.where(under, total, INF))[gid]
+        close = under & (np.abs(total - f_sum) <= 1e-12 * np.abs(f_sum))
+        R = bounds.shape[0]
+        first = group_min(np.where(close, np.arange(R), R))
+        self.pick[np.flatnonzero(has)] = np.where(np.isfinite(best), first, -1)
+
+    def answer(self, g: int) -> tuple[list[int], float] | None:
+        """(layers per stage, objective) of group ``g``'s choice, as ``stage_dp`` reports it; None if none fits."""
+        row = int(self.pick[g])
+        if row < 0:
+            return None
+        costs = self.cost[row].tolist()
+        return np.diff(self.bounds[row]).tolist(), self.alpha * sum(costs) + (self.m - self.alpha) * max(costs)
+
+
 def megatron_scan(tables: StageTables, n_stages: int, mid_layers: int, *, n_microbatches: int,
                   inflight: Sequence[float], mem_limit: float, alpha: float) -> tuple[list[int], float] | None:
     """``stage_dp`` over ``megatron_edges(tables, n_stages, mid_layers)``, answered by scanning its paths.
@@ -244,46 +317,7 @@ def megatron_scan(tables: StageTables, n_stages: int, mid_layers: int, *, n_micr
     paths), then reconstructed at that t_max as the lowest edge index whose sum is within 1e-12 of F — the
     smallest f. Returns what ``stage_dp`` returns, as (layers per stage, objective); None when nothing fits.
     tests/test_inter_op.py holds it equal to the DP on tables with ties."""
-    time = tables.time
-    L, p, m = time.size - 1, n_stages, n_microbatches
-    if p == 1:
-        bounds = np.array([[0, L]], dtype=np.int64)
-    else:
-        q = mid_layers if p > 2 else 0
-        f = np.arange(1, L - (p - 2) * q, dtype=np.int64)
-        if not f.size:
-            return None
-        bounds = np.empty((f.size, p + 1), dtype=np.int64)
-        bounds[:, 0] = 0
-        bounds[:, 1:p] = f[:, None] + q * np.arange(p - 1)
-        bounds[:, p] = L
-    st, en = bounds[:, :-1], bounds[:, 1:]
-    cost = time[en] - time[st]
-    cost[:, -1] += tables.last_time  # megatron_edges adds 0.0 elsewhere: exact
-    static = tables.static[en] - tables.static[st]
-    static[:, 0] += tables.first_static
-    static[:, -1] += tables.last_static
-    static += tables.stage_static
-    if tables.range_static is not None:
-        static = static + tables.range_static[st, en]
-    act = tables.act[en] - tables.act[st]
-    act[:, -1] += tables.last_act
-    infl = np.asarray(inflight, dtype=float)[p - np.arange(p)]  # stage k has p − k stages left
-    ok = (static + act * infl <= mem_limit).all(axis=1)
-    if not ok.any():
-        return None
-    total = cost[:, p - 1].copy()
-    for k in range(p - 2, -1, -1):
-        total = total + cost[:, k]
-    t_max = cost.max(axis=1)
-    obj = alpha * total + (m - alpha) * t_max
-    best = obj[ok].min()
-    t_star = t_max[ok & (obj == best)].min()
-    under = ok & (t_max <= t_star)
-    f_sum = total[under].min()
-    pick = int(np.flatnonzero(under & np.isclose(total, f_sum, rtol=1e-12, atol=0.0))[0])
-    costs = [float(c) for c in cost[pick]]
-    return np.diff(bounds[pick]).tolist(), alpha * sum(costs) + (m - alpha) * max(costs)
+    return _Paths(tables, n_stages, [mid_layers], n_microbatches, inflight, mem_limit, alpha).answer(0)
 
 
 def megatron_dp(tables: StageTables, n_stages: int, mid_layers: int, *, n_microbatches: int,
@@ -296,11 +330,12 @@ def megatron_dp(tables: StageTables, n_stages: int, mid_layers: int, *, n_microb
 
 
 def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, inflight: Sequence[float],
-               mem_limit: float, alpha: float, solver: SplitSolver = megatron_scan) -> tuple[list[int], float] | None:
+               mem_limit: float, alpha: float, solver: SplitSolver | None = None) -> tuple[list[int], float] | None:
     """The Megatron-expressible split minimising the pipeline time under the memory limit:
     (layers per stage, objective). Middle sizes are tried in order of a lower bound and cut once the
-    bound reaches the best found (each middle stage costs ≥ q · cheapest layer). ``solver`` answers one
-    middle size (``megatron_scan``, or ``megatron_dp``: the same answer from the stage DP)."""
+    bound reaches the best found (each middle stage costs ≥ q · cheapest layer). Every middle size's paths
+    are scanned in one pass (``megatron_scan``'s answer per size); ``solver`` answers one size at a time
+    instead (``megatron_scan`` or ``megatron_dp``, the same answers from the stage DP, for the tests)."""
     L = tables.time.size - 1
     m = n_microbatches
     per_layer = np.diff(tables.time)
@@ -312,11 +347,15 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
         t_lb = max(total / p, q * c_min if p > 2 else 0.0, (L - (p - 2) * q) * c_min / 2 if p > 1 else total)
         return alpha * total + (m - alpha) * t_lb
 
+    qs = mid_layer_choices(L, p)
+    paths = None if solver is not None else _Paths(tables, p, qs, m, inflight, mem_limit, alpha)
     best: tuple[list[int], float] | None = None
-    for q in sorted(mid_layer_choices(L, p), key=lambda q: (bound(q), q)):
-        if best is not None and bound(q) >= best[1]:
+    for g in sorted(range(len(qs)), key=lambda g: (bound(qs[g]), qs[g])):
+        if best is not None and bound(qs[g]) >= best[1]:
             break
-        found = solver(tables, p, q, n_microbatches=m, inflight=inflight, mem_limit=mem_limit, alpha=alpha)
+        found = (paths.answer(g) if paths is not None else
+                 solver(tables, p, qs[g], n_microbatches=m, inflight=inflight, mem_limit=mem_limit,  # type: ignore[misc]
+                        alpha=alpha))
         if found is not None and (best is None or found[1] < best[1]):
             best = found
     return best

@@ -176,4 +176,5 @@ def test_megatron_scan_gives_the_stage_dps_answer_ties_included(seed: int) -> No
             kw = dict(n_microbatches=m, inflight=inflight, mem_limit=limit, alpha=float(rng.choice(ALPHAS)))
             for q in mid_layer_choices(L, p):
                 assert megatron_scan(t, p, q, **kw) == megatron_dp(t, p, q, **kw), (p, q, kw)
-            assert best_split(t, n_stages=p, **kw) == best_split(t, n_stages=p, solver=megatron_dp, **kw)
+            ref = best_split(t, n_stages=p, solver=megatron_dp, **kw)
+            assert best_split(t, n_stages=p, **kw) == ref == best_split(t, n_stages=p, solver=megatron_scan, **kw)
