@@ -114,3 +114,19 @@ def test_plans_carry_the_ilp_op_shardings_and_solve_counts() -> None:
     tp = data["plans"][0]["parallel"]["tp"]
     assert shard["o_proj"] == ("row_sp" if tp > 1 else "R") and shard["attn_core"] == ("F" if tp > 1 else "R")
     assert data["search"]["ilp_solves"] + data["search"]["ilp_cache_hits"] >= 1  # solves may come from the cache
+
+
+def test_every_command_is_found_by_its_lazily_imported_module() -> None:
+    # autoplan.cli imports a command's module only when the command is looked up: the map must name the
+    # module that defines each command, and every command defined must be in the map.
+    import importlib
+    import pkgutil
+
+    import autoplan.cli as cli_pkg
+
+    for info in pkgutil.iter_modules(cli_pkg.__path__):
+        if info.name != "__main__":  # that one runs the CLI
+            importlib.import_module(f"autoplan.cli.{info.name}")
+    assert set(cli_pkg.cli.commands) == set(cli_pkg.COMMAND_MODULES)
+    for name, module in cli_pkg.COMMAND_MODULES.items():
+        assert cli_pkg.cli.commands[name].callback.__module__ == f"autoplan.cli.{module}"

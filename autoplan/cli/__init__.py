@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import IO, Any
 
 import click
@@ -20,7 +21,24 @@ class _OneLineUsageError(click.UsageError):
         click.echo(f"Error: {' '.join(self.format_message().split())}{where}", err=True, file=file)
 
 
+# Command → the module that defines it (with @cli.command). Modules are imported when their command is looked
+# up, so `autoplan search` does not pay for calibrate's or batch's imports (tests/test_search_cli.py checks the map).
+COMMAND_MODULES = {
+    "batch": "batch_cmd", "calibrate": "calibrate_cmd", "compare": "compare_cmd", "emit": "emit_cmd",
+    "estimate": "estimate_cmd", "hardware": "catalog_cmd", "models": "catalog_cmd", "scale": "scale_cmd",
+    "schema": "schema_cmd", "search": "search_cmd", "serve": "serve_cmd", "validate": "emit_cmd",
+}
+
+
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            importlib.import_module(f"autoplan.cli.{COMMAND_MODULES[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -32,20 +50,6 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="autoplan")
 def cli() -> None:
     """Find the fastest way to train a model on a cluster, and emit configs that launch."""
-
-
-def _register() -> None:
-    # One import per command module; each module defines commands decorated with @cli.command().
-    from autoplan.cli import estimate_cmd  # noqa: F401
-    from autoplan.cli import catalog_cmd  # noqa: F401
-    from autoplan.cli import batch_cmd, schema_cmd  # noqa: F401
-    from autoplan.cli import search_cmd  # noqa: F401
-    from autoplan.cli import calibrate_cmd  # noqa: F401
-    from autoplan.cli import emit_cmd  # noqa: F401
-    from autoplan.cli import compare_cmd, scale_cmd, serve_cmd  # noqa: F401
-
-
-_register()
 
 
 def main() -> None:
