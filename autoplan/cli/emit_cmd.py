@@ -122,5 +122,8 @@ def validate_cmd(target: str, out_dir: str | None, **kw: Any) -> None:
     for c in checks:
         click.echo(c.line())
     bad = sum(not c.ok for c in checks)
-    click.echo(f"validate --target {target}: {len(checks) - bad} of {len(checks)} checks passed")
+    skipped = sum(c.skipped for c in checks)
+    ran = len(checks) - skipped
+    click.echo(f"validate --target {target}: {ran - bad} of {ran} checks passed"
+               + (f", {skipped} skipped (see SKIP)" if skipped else ""))
     sys.exit(1 if bad else 0)
