@@ -223,6 +223,47 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def job_key(case: dict[str, Any]) -> tuple[Any, ...]:
+    """The job a run trains: model, GPU, GPU count, global batch, sequence length (its layout, precision and
+    software knobs are the configuration)."""
+    return (case["model"]["name"], case["cluster"]["gpu"], case["cluster"]["num_gpus"],
+            case["job"]["global_batch_size"], case["job"]["seq_len"])
+
+
+def ranking(rows: list[Row], logo: bool = False) -> tuple[int, int, list[str]]:
+    """Pairs of differently configured runs of one job (``job_key``): (ordered right, pairs, the wrong ones).
+    A pair is right when the predicted step times order the two runs as the measured ones do; ``logo`` ranks with
+    the leave-one-group-out predictions. A predicted tie (within 0.5%) on a measured difference counts wrong."""
+    keys = {c["id"]: job_key(c) for c in json.loads(data_path().read_text())["cases"]}
+    by_job: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
+    for r in rows:
+        if not logo or r.logo_error is not None:
+            by_job[keys[r.id]].append(r)
+    right = total = 0
+    wrong: list[str] = []
+    for rs in by_job.values():
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                pa, pb = ((x.measured_s * (1 + (x.logo_error or 0.0)) if logo else x.predicted_s) for x in (a, b))
+                total += 1
+                if abs(pa / pb - 1) > 0.005 and (pa < pb) == (a.measured_s < b.measured_s):
+                    right += 1
+                else:
+                    wrong.append(f"{a.id} vs {b.id}")
+    return right, total, wrong
+
+
+def render_ranking(rows: list[Row]) -> str:
+    lines = []
+    for logo, name in ((False, "in-sample"), (True, "leave-one-group-out")):
+        if logo and not any(r.logo_error is not None for r in rows):
+            continue
+        right, total, wrong = ranking(rows, logo)
+        lines.append(f"Ranking ({name}): {right}/{total} pairs of differently configured runs of one job ordered "
+                     f"right ({right / total:.0%}; target >= 85%)" + (f"; wrong: {', '.join(wrong)}" if wrong else ""))
+    return "\n".join(lines)
+
+
 def svg_scatter(rows: list[Row], title: str = "autoplan: predicted vs measured step time") -> str:
     """Log-log scatter with the y = x line and the ±10% band; colour by group."""
     w, h, pad = 640, 600, 70
@@ -487,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(fit_catalog(), sort_keys=False))  # gpus.yaml efficiency / frameworks
         return 0
     rows = evaluate(with_loo=not args.no_loo)
-    table = render(rows) + "\n\nPeak memory vs published figures (cost_models.memory, target torchtitan):\n\n"
+    table = render(rows) + "\n\n" + render_ranking(rows) + "\n\nPeak memory vs published figures (cost_models.memory, target torchtitan):\n\n"
     table += render_memory(memory_rows())
     table += "\n\n" + render_deepseek()
     print(table)

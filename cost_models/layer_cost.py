@@ -213,13 +213,17 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
     elif op.kind == "attention":
         if eff.flash_attention:
-            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster)
+            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * cp_kernel_slowdown(job, par,
+                                                                                                   cluster)
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par)
     if not eff.compiled:
         mem_f, mem_b = mem_f * eff.eager_traffic, mem_b * eff.eager_traffic
+    if op.kind == "attention" and par.cp > 1:
+        merge_f, merge_b = cp_merge_bytes(op, graph, job, par)
+        mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
     extra = gemm * eff.memory_bound_fraction
     return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
 
@@ -350,6 +354,44 @@ def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
     block = tokens * kv_width / par.tp * 2.0
     n_blocks = 3 * (c - 1)
     return n_blocks * group_collective_time_s("send_recv", block, 2, stride, cluster), n_blocks * block
+
+
+# Ring attention as Megatron-Core runs it (Transformer Engine ``AttnFuncWithCPAndKVP2P``,
+# transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): the sequence is cut into 2c chunks,
+# rank i holding chunks i and 2c−1−i (causal load balance), and each of the c ring steps runs the flash kernel on the
+# local queries against one received K/V block. Every step's kernel therefore sees on average s/(2c) keys per query,
+# against s/2 for the unsplit causal kernel the ``attention`` efficiency is measured on; and each step's partial
+# result is merged outside the kernel: forward ``flash_attn_fwd_out_correction`` (read the step's output, read and
+# write the accumulated output), backward ``dq.add_(dq_)`` / ``dk.add_(dk_)`` / ``dv.add_(dv_)`` into the buffers
+# that travel the ring. HBM bytes per element per step: the step kernel's own write of its partial (2) and the merge
+# (read 2 + read/write the accumulator 4); the unsplit kernel writes each element once (2).
+CP_STEP_BYTES = 8.0
+
+
+def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec) -> float:
+    """Time factor of the flash kernel under ring CP: its QKᵀ and PV GEMMs run over ``s/(2c)`` keys per query
+    instead of ``s/2``, at the generation's GEMM saturation in that dim (gemm.py: ``x/(x + gemm_half_dim)``)."""
+    if par.cp <= 1:
+        return 1.0
+    half = cluster.efficiency.gemm_half_dim
+
+    def sat(x: float) -> float:
+        return x / (x + half)
+
+    return sat(job.seq_len / 2) / sat(job.seq_len / (2 * par.cp))
+
+
+def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of ring CP's per-step merges on one rank for one micro-batch: the output
+    forward, dQ and dK/dV backward, ``CP_STEP_BYTES`` per element per step less the unsplit kernel's one write."""
+    c = par.cp
+    if c <= 1:
+        return 0.0, 0.0
+    tokens = par.micro_batch_size * job.seq_len / c
+    per = (CP_STEP_BYTES * c - 2.0) * tokens / par.tp
+    out = graph.tensors[op.output].width
+    q, k, v = (graph.tensors[x].width for x in op.inputs)
+    return per * out, per * (q + k + v)
 
 
 def ring_exposed_s(ring_s: float, attention_s: float) -> float:

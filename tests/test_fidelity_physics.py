@@ -114,3 +114,37 @@ def test_moe_expert_traffic_scales_with_top_k() -> None:
     fwd2, _ = memory_traffic_bytes(graph, moe, job, ParallelConfig(tp=2, sequence_parallel=True))
     # Everything on this layer is either hidden-width (÷t with SP), routed tokens (÷t with SP) or head-width (÷t).
     assert fwd2 == pytest.approx(fwd1 / 2)
+
+
+@pytest.mark.parametrize("c", [2, 4, 8])
+def test_ring_cp_prices_short_kernels_and_per_step_merges(c: int) -> None:
+    """Ring CP (TE AttnFuncWithCPAndKVP2P): the flash kernel's GEMMs run over s/(2c) keys per query instead of s/2
+    (the generation's saturation in that dim), and each of the c steps merges its partial output (forward) and
+    dQ, dK, dV (backward) through HBM at CP_STEP_BYTES per element, less the unsplit kernel's single write."""
+    from cost_models.gemm import hbm_time_s
+    from cost_models.layer_cost import CP_STEP_BYTES, cp_kernel_slowdown, cp_merge_bytes, op_compute
+
+    cluster = build_cluster("h100-sxm", 64)
+    job = JobSpec(global_batch_size=64, seq_len=S)
+    graph = layer_graph(GPT, "dense", S)
+    core = next(op for op in graph.ops if op.kind == "attention")
+    half = cluster.efficiency.gemm_half_dim
+    slow = cp_kernel_slowdown(job, ParallelConfig(tp=2, cp=c), cluster)
+    assert slow == pytest.approx((S / 2 / (S / 2 + half)) / (S / (2 * c) / (S / (2 * c) + half)))
+    assert slow > cp_kernel_slowdown(job, ParallelConfig(tp=2, cp=c // 2 or 1), cluster) >= 1.0
+    one, split = (op_compute(core, graph, GPT, cluster, job, ParallelConfig(tp=2, cp=x)) for x in (1, c))
+    assert split.attn_f * c == pytest.approx(one.attn_f * slow)  # 1/c of the FLOPs, each at the slower rate
+    tokens, h = S / c, GPT.hidden_size  # mbs 1; q, k, v and the output are h wide (MHA)
+    per = (CP_STEP_BYTES * c - 2) * tokens / 2
+    assert cp_merge_bytes(core, graph, job, ParallelConfig(tp=2, cp=c)) == pytest.approx((per * h, per * 3 * h))
+    assert split.mem_f - one.mem_f / c == pytest.approx(hbm_time_s(per * h, cluster))
+
+
+def test_search_keeps_cp_off_at_short_sequences() -> None:
+    """GPT-3 175B at 2,048 tokens on 1,024 A100 (benchmarks/vs_heuristic.py): no published recipe splits such short
+    sequences, and with ring CP priced per step (short kernels, merges) the search does not either."""
+    from search.planner import search
+
+    res = search(load_model("gpt3-175b"), build_cluster("a100-80g", 1024),
+                 JobSpec(global_batch_size=1536, seq_len=2048), top_k=1, find_smallest_cluster=False)
+    assert res.plans[0].parallel.cp == 1
