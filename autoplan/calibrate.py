@@ -76,9 +76,11 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
 # Efficiency settings a run may state for itself (facts of its software stack, never fitted): the attention kernel,
 # whether element-wise kernels are fused (torch.compile / TE), and tp_overlap 0 where the stack has no TP overlap
 # (torchtitan without async TP).
-SOFTWARE_SETTINGS = {"flash_attention", "compiled", "tp_overlap"}
-# Per-framework parameters (gpus.yaml `frameworks`): what differs between training stacks on the same GPUs.
-FRAMEWORK_FIT_FIELDS = ("gemm_max", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap", "eager_traffic")
+SOFTWARE_SETTINGS = {"flash_attention", "attention_fa2", "compiled", "tp_overlap"}
+# Per-framework parameters (gpus.yaml `frameworks`): what differs between training stacks on the same GPUs,
+# what its GEMM dispatch, fp8 recipe and communication overlap make of the generation's physics. Its
+# attention kernel (``attention_fa2``) and eager element-wise traffic (``EAGER_TRAFFIC``) are measured / counted, not fitted.
+FRAMEWORK_FIT_FIELDS = ("gemm_max", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 PRIOR_WEIGHT = 1e-3  # residual weight of each parameter's (normalised) distance from its start value
 _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter

@@ -400,13 +400,15 @@ Params = tuple[dict[str, Efficiency], dict[str, dict[str, Any]]]
 
 def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = None,
                fw_starts: dict[str, dict[str, Any]] | None = None, quiet: bool = True,
-               also_gpus: dict[str, Any] | None = None) -> Params:
+               also_gpus: dict[str, Any] | None = None, unseen_to_prior: bool = False) -> Params:
     """One set of physical parameters per GPU generation and one per framework, as the catalog is made: each
     generation's ``DEFAULT_FIT_FIELDS`` by pure bounded least squares on its Megatron-Core runs (the reference
     stack), then each other framework's ``FRAMEWORK_FIT_FIELDS`` on that framework's runs with the generation
     held. A generation without reference runs takes another generation's fit through ``transfer_efficiency``
     (dimensionless efficiencies as they are, the GEMM saturation dim scaled by the ridge point); a framework
-    without runs takes no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from."""
+    without runs takes no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from.
+    ``unseen_to_prior`` (leave-one-group-out): a parameter no training run identifies falls back to its datasheet
+    value rather than staying at the catalog's fit, which saw the held-out group."""
     starts = starts or efficiency_catalog()
     fw_starts = fw_starts if fw_starts is not None else {f: framework_efficiency(f) for f in ("torchtitan",)}
     gen_eff: dict[str, Efficiency] = {}
@@ -417,6 +419,10 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
         if ref:
             res = fit(ref, starts[gen], DEFAULT_FIT_FIELDS, prior_weight=0.0)
             gen_eff[gen] = res.efficiency
+            if unseen_to_prior and "fp8_gemm_speedup" in res.held:
+                # no fp8 run left to see it: the datasheet's fp8/bf16 peak ratio, not the catalog's own fit
+                g = gpus[gen]
+                gen_eff[gen] = gen_eff[gen].model_copy(update={"fp8_gemm_speedup": g.peak_fp8_tflops / g.peak_bf16_tflops})
             if not quiet:
                 print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
                       f"{res.at_bound}", file=sys.stderr)
@@ -477,7 +483,7 @@ def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[
     for g in sorted({c["group"] for c, _ in runs}):
         train = [r for c, r in runs if c["group"] != g]
         # no start from the catalog's own fit of the held-out framework
-        params = fit_params(train, fw_starts={}, also_gpus={r.cluster.gpu.generation: _gen_gpu([x for _, x in runs],
+        params = fit_params(train, fw_starts={}, unseen_to_prior=True, also_gpus={r.cluster.gpu.generation: _gen_gpu([x for _, x in runs],
                                                                                         r.cluster.gpu.generation)
                                                              for _, r in runs})
         for c, r in runs:

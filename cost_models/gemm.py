@@ -13,7 +13,7 @@ copy bandwidth is 0.85–0.9 of the datasheet figure on A100/H100).
 
 from __future__ import annotations
 
-from cost_models.specs import ClusterSpec, Precision
+from cost_models.specs import FA2_VS_CUDNN, ClusterSpec, Precision
 
 ELEM_BYTES = {"bf16": 2.0, "fp8": 1.0}
 
@@ -40,8 +40,10 @@ def matmul_time_s(m: float, k: float, n: float, cluster: ClusterSpec, precision:
 
 
 def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
-    """Flash-attention core (always bf16 here): FLOPs at the attention efficiency."""
-    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * cluster.efficiency.attention)
+    """Flash-attention core (always bf16 here): FLOPs at the attention efficiency (cuDNN / TE fused attention;
+    FlashAttention-2 at ``FA2_VS_CUDNN`` of it where the stack runs that kernel)."""
+    eff = cluster.efficiency
+    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * (FA2_VS_CUDNN if eff.attention_fa2 else 1.0))
 
 
 def hbm_time_s(nbytes: float, cluster: ClusterSpec) -> float:

@@ -366,14 +366,18 @@ def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
 # that travel the ring. HBM bytes per element per step: the step kernel's own write of its partial (2) and the merge
 # (read 2 + read/write the accumulator 4); the unsplit kernel writes each element once (2).
 CP_STEP_BYTES = 8.0
+# Keys per query at which the fused causal attention kernel reaches half its long-sequence throughput: cuDNN forward
+# on H100, causal, head dim 128, sequences 512-16k (keys per query s/2): 315, 410, 484, 518, 529, 539 TFLOP/s
+# (Shah et al. 2024, FlashAttention-3, Fig. 5) follow x/(x + 180) within 5% from 1k up; FlashAttention-2 alike.
+ATTN_HALF_KEYS = 180.0
 
 
 def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec) -> float:
-    """Time factor of the flash kernel under ring CP: its QKᵀ and PV GEMMs run over ``s/(2c)`` keys per query
-    instead of ``s/2``, at the generation's GEMM saturation in that dim (gemm.py: ``x/(x + gemm_half_dim)``)."""
+    """Time factor of the flash kernel under ring CP: each step's kernel sees ``s/(2c)`` keys per query instead of
+    the unsplit causal kernel's ``s/2``, on the measured saturation ``x/(x + ATTN_HALF_KEYS)``."""
     if par.cp <= 1:
         return 1.0
-    half = cluster.efficiency.gemm_half_dim
+    half = ATTN_HALF_KEYS
 
     def sat(x: float) -> float:
         return x / (x + half)

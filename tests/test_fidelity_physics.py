@@ -118,17 +118,17 @@ def test_moe_expert_traffic_scales_with_top_k() -> None:
 
 @pytest.mark.parametrize("c", [2, 4, 8])
 def test_ring_cp_prices_short_kernels_and_per_step_merges(c: int) -> None:
-    """Ring CP (TE AttnFuncWithCPAndKVP2P): the flash kernel's GEMMs run over s/(2c) keys per query instead of s/2
-    (the generation's saturation in that dim), and each of the c steps merges its partial output (forward) and
+    """Ring CP (TE AttnFuncWithCPAndKVP2P): the flash kernel runs over s/(2c) keys per query instead of s/2 (on the
+    measured saturation in keys), and each of the c steps merges its partial output (forward) and
     dQ, dK, dV (backward) through HBM at CP_STEP_BYTES per element, less the unsplit kernel's single write."""
     from cost_models.gemm import hbm_time_s
-    from cost_models.layer_cost import CP_STEP_BYTES, cp_kernel_slowdown, cp_merge_bytes, op_compute
+    from cost_models.layer_cost import ATTN_HALF_KEYS, CP_STEP_BYTES, cp_kernel_slowdown, cp_merge_bytes, op_compute
 
     cluster = build_cluster("h100-sxm", 64)
     job = JobSpec(global_batch_size=64, seq_len=S)
     graph = layer_graph(GPT, "dense", S)
     core = next(op for op in graph.ops if op.kind == "attention")
-    half = cluster.efficiency.gemm_half_dim
+    half = ATTN_HALF_KEYS
     slow = cp_kernel_slowdown(job, ParallelConfig(tp=2, cp=c), cluster)
     assert slow == pytest.approx((S / 2 / (S / 2 + half)) / (S / (2 * c) / (S / (2 * c) + half)))
     assert slow > cp_kernel_slowdown(job, ParallelConfig(tp=2, cp=c // 2 or 1), cluster) >= 1.0
@@ -148,3 +148,18 @@ def test_search_keeps_cp_off_at_short_sequences() -> None:
     res = search(load_model("gpt3-175b"), build_cluster("a100-80g", 1024),
                  JobSpec(global_batch_size=1536, seq_len=2048), top_k=1, find_smallest_cluster=False)
     assert res.plans[0].parallel.cp == 1
+
+
+def test_fa2_attention_and_eager_traffic_are_facts_not_fits() -> None:
+    """A stack on FlashAttention-2 runs the attention core at FA2_VS_CUDNN of the generation's (cuDNN) figure; eager
+    element-wise kernels move EAGER_TRAFFIC x the fused bytes; neither is a framework fit field any more."""
+    from autoplan.calibrate import FRAMEWORK_FIT_FIELDS
+    from cost_models.gemm import attention_time_s
+    from cost_models.specs import EAGER_TRAFFIC, FA2_VS_CUDNN
+
+    cluster = build_cluster("h100-sxm", 8)
+    fa2 = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"attention_fa2": True})})
+    assert attention_time_s(1e12, fa2) == pytest.approx(attention_time_s(1e12, cluster) / FA2_VS_CUDNN)
+    assert 0.5 < FA2_VS_CUDNN < 0.7 and 2.5 < EAGER_TRAFFIC < 4.0
+    assert cluster.efficiency.eager_traffic == EAGER_TRAFFIC
+    assert "attention" not in FRAMEWORK_FIT_FIELDS and "eager_traffic" not in FRAMEWORK_FIT_FIELDS
