@@ -354,8 +354,8 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
         if best is not None and bound(qs[g]) >= best[1]:
             break
         found = (paths.answer(g) if paths is not None else
-                 solver(tables, p, qs[g], n_microbatches=m, inflight=inflight, mem_limit=mem_limit,  # type: ignore[misc]
-                        alpha=alpha))
+                 solver(tables, p, qs[g], n_microbatches=m,  # type: ignore[misc]
+                        inflight=inflight, mem_limit=mem_limit, alpha=alpha))
         if found is not None and (best is None or found[1] < best[1]):
             best = found
     return best

@@ -217,7 +217,8 @@ def _enumerate(problem: IlpProblem, tie_break_memory: bool) -> IlpSolution:
     ok = np.ones(sizes, dtype=bool)
     for g in problem.ties:
         codes: dict[Hashable, int] = {}
-        per_member = [along(np.array([codes.setdefault(t, len(codes)) for t in vals]), v) for v, vals in g.values.items()]
+        per_member = [along(np.array([codes.setdefault(t, len(codes)) for t in vals]), v)
+                      for v, vals in g.values.items()]
         for other in per_member[1:]:
             ok &= other == per_member[0]
     if problem.memory_limit is not None:

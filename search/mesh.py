@@ -31,6 +31,7 @@ COST_MODEL.md §1); this module only says which group each axis is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from enum import Enum
 from typing import Literal
 
@@ -140,9 +141,9 @@ class LogicalMesh:
         """Ranks along ``axis`` (1 when the mesh does not have it)."""
         return self.sizes[self.axes.index(axis)] if axis in self.axes else 1
 
-    @property
+    @cached_property
     def strides(self) -> RankStrides:
-        """Megatron's rank strides for this mesh's degrees (``dp`` counts every data-parallel rank)."""
+        """Megatron's rank strides for this mesh's degrees (``dp`` counts every data-parallel rank; computed once)."""
         ep = self.size(MeshAxis.EP)
         return RankStrides.megatron(self.size(MeshAxis.TP), self.size(MeshAxis.CP), self.size(MeshAxis.DP) * ep, ep)
 

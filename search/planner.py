@@ -7,7 +7,7 @@
 3. Layouts are visited in order of their time bound (branch and bound): the stage DP
    (``search.inter_op.best_split``) chooses the layer split under the memory limit and ``Scorer.score``
    prices it exactly as ``estimate`` would; the visit stops once a bound reaches the ``keep``-th best cost.
-   Before a layout's intra-op ILP is solved, the stage DP on the cost floors (``Scorer.tables(lower=True)``,
+   Before a layout's intra-op ILP is solved, its split priced on the cost floors (``Scorer.tables(lower=True)``,
    ``_split_lower_bound``) may already reach that cost: the layout is skipped unsolved (tally ``split_bound``).
 4. Finalists are re-scored with ``cost_models.estimate.estimate`` — what users see — and ranked by the
    composite cost, ties broken by ``Layout.sort_key`` (simpler layouts first).
@@ -31,8 +31,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from cost_models.errors import ConfigError, InfeasibleError
-from cost_models.estimate import CostWeights, Prediction, estimate
+from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
 from cost_models.validate import nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain
@@ -98,28 +99,51 @@ def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
 
 
 def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
-    """A lower bound on the pipeline time + fill of the split ``_split`` picks (pp > 1, vp = 1, no split pins),
-    before the intra-op ILP is solved: the stage DP on ``Scorer.tables(lower=True)`` (every layer cost and
-    activation at or below the ILP's, so its optimum, and Megatron's default split priced on them, are no
-    higher), less 1e-9 for rounding. +inf only if no split fits even the floor memory."""
+    """A lower bound on the step time of the split ``_split`` picks (no split pins), before the intra-op ILP
+    is solved, from ``Scorer.tables(lower=True)`` (every layer cost and activation at or below the ILP's).
+    pp > 1, vp = 1: the stage DP's optimum on those tables and Megatron's default split priced on them, plus
+    the fill. Otherwise the split is one of a few (pp = 1: all layers; vp > 1: ``pipeline_split.candidates``):
+    the least, over those that fit the floor memory, of ``pipeline_time_s`` on the floor stage times (it is
+    monotone in them) + fill + ``dp_exposed_s`` with an unbounded overlap window + the optimizer step
+    (``Scorer.score``'s terms). Less 1e-9 for rounding; +inf when no split fits even the floor memory."""
     tables = scorer.tables(lay, lower=True)
-    alpha = schedule_alpha(lay.schedule, lay.vp)
-    found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
-                       mem_limit=scorer.limit_bytes, alpha=alpha)
-    lb = np.inf if found is None else found[1]
-    default = tuple(stage_layers(scorer.model, ParallelConfig(**lay.parallel_kwargs())))
-    if min(default) >= 1 and float(scorer.stage_memory(lay, default, tables).max()) <= scorer.limit_bytes:
-        bounds = np.concatenate([[0], np.cumsum(default)])
+    model, limit = scorer.model, scorer.limit_bytes
+    try:
+        default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+    except ConfigError:
+        return -np.inf  # _split decides
+    if lay.pp > 1 and lay.vp == 1:
+        alpha = schedule_alpha(lay.schedule, lay.vp)
+        found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
+                           mem_limit=limit, alpha=alpha)
+        lb = np.inf if found is None else found[1]
+        if min(default) >= 1 and float(scorer.stage_memory(lay, default, tables).max()) <= limit:
+            bounds = np.concatenate([[0], np.cumsum(default)])
+            t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
+            t[-1] += tables.last_time
+            lb = min(lb, alpha * float(t.sum()) + (lay.m - alpha) * float(t.max()))
+        return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
+    splits = ([tuple(sp.rank_layers) for sp in candidates(model.num_layers, lay.pp, lay.vp)] if lay.vp > 1
+              else [default])
+    lb = np.inf
+    for layers in splits:
+        if float(scorer.stage_memory(lay, layers, tables).max()) > limit:
+            continue
+        bounds = np.concatenate([[0], np.cumsum(layers)])
         t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
         t[-1] += tables.last_time
-        lb = min(lb, alpha * float(t.sum()) + (lay.m - alpha) * float(t.max()))
+        dp_s, _, opt_s = scorer.data_parallel(lay, layers)
+        hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster)  # it falls as stages grow
+        pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
+        lb = min(lb, pipe + hidden_most + opt_s)
     return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
 
 
-def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any]) -> tuple[int, ...] | None:
+def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any],
+           tables: StageTables | None = None) -> tuple[int, ...] | None:
     """The stage DP's split (or the pinned / forced one), None when nothing fits memory."""
     model = scorer.model
-    tables = scorer.tables(lay)
+    tables = tables or scorer.tables(lay)
     if lay.vp > 1 and not any(k in pins for k in SPLIT_PINS):
         return _interleaved_split(lay, scorer, tables)
     if lay.pp == 1 or lay.vp > 1 or any(k in pins for k in SPLIT_PINS):
@@ -214,18 +238,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if len(best) >= keep and w_min * lb >= best[keep - 1].cost:
             tally.cut("bound", len(bounded) - n)
             break
-        if len(best) >= keep and lay.pp > 1 and lay.vp == 1 and not any(k in pins for k in SPLIT_PINS):
-            split_lb = _split_lower_bound(lay, scorer)  # the stage DP on the cost floors, before any ILP solve
+        if len(best) >= keep and not any(k in pins for k in SPLIT_PINS):
+            split_lb = _split_lower_bound(lay, scorer)  # the split on the cost floors, before any ILP solve
             if w_min * split_lb >= best[keep - 1].cost:
                 tally.cut("split_bound" if np.isfinite(split_lb) else "memory")
                 continue
-        layers = _split(lay, scorer, pins)
+        tables = scorer.tables(lay)
+        layers = _split(lay, scorer, pins, tables)
         evaluated += 1
         if layers is None:
             tally.cut("memory")
             misses.append((scorer.memory_lower_bound(lay), key, lay))
             continue
-        fs = scorer.score(lay, layers)
+        fs = scorer.score(lay, layers, tables)
         if not fs.fits:  # the DP's memory check and the scorer agree; guard against rounding
             tally.cut("memory")
             continue

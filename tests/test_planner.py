@@ -106,33 +106,51 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tiny_models(), jobs(), st.sampled_from(["megatron", "torchtitan", "any"]), st.data())
-def test_split_lower_bound_is_below_the_split_the_planner_prices(model, cj, target, data) -> None:  # type: ignore[no-untyped-def]
-    # The planner skips a layout's ILP solve when this bound already loses; it must never exceed the pipeline
-    # time + fill of the split _split returns, and the floor tables must sit below the ILP's, entry by entry.
+def _check_split_lower_bound(scorer: Scorer, lay) -> None:  # type: ignore[no-untyped-def]
     from cost_models.pipeline import pipeline_time_s
     from search.planner import _split, _split_lower_bound
 
+    low, true = scorer.tables(lay, lower=True), scorer.tables(lay)
+    for name in ("time", "act"):
+        assert (np.diff(getattr(low, name)) <= np.diff(getattr(true, name)) * (1 + 1e-12)).all()
+    assert low.last_time <= true.last_time and low.last_act <= true.last_act
+    layers = _split(lay, scorer, {})
+    if layers is None:
+        return
+    bound = _split_lower_bound(lay, scorer)
+    assert bound <= scorer.score(lay, layers).step_time_s
+    if lay.pp > 1 and lay.vp == 1:  # the stage DP's bound: pipeline + fill alone
+        bounds = np.concatenate([[0], np.cumsum(layers)])
+        t = true.time[bounds[1:]] - true.time[bounds[:-1]]
+        t[-1] += true.last_time
+        assert bound <= pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp) + scorer.p2p_fill_s(lay)  # type: ignore[arg-type]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_models(), jobs(), st.sampled_from(["megatron", "torchtitan", "any"]), st.data())
+def test_split_lower_bound_is_below_what_the_split_costs(model, cj, target, data) -> None:  # type: ignore[no-untyped-def]
+    # The planner skips a layout's ILP solve when this bound already loses: it must never exceed the step time
+    # of the split _split returns, and the floor tables must sit below the ILP's, entry by entry.
     cluster, job = cj
-    layouts = [lay for lay in enumerate_layouts(model, cluster, job, target, {}, Tally()) if lay.pp > 1 and lay.vp == 1]
+    layouts = list(enumerate_layouts(model, cluster, job, target, {}, Tally()))
     if not layouts:
         return
     scorer = Scorer(model, cluster, job)
     for lay in data.draw(st.lists(st.sampled_from(layouts), min_size=1, max_size=8)):
-        low, true = scorer.tables(lay, lower=True), scorer.tables(lay)
-        for name in ("time", "act"):
-            assert (np.diff(getattr(low, name)) <= np.diff(getattr(true, name)) * (1 + 1e-12)).all()
-        assert low.last_time <= true.last_time and low.last_act <= true.last_act
-        layers = _split(lay, scorer, {})
-        if layers is None:
-            continue
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        t = true.time[bounds[1:]] - true.time[bounds[:-1]]
-        t[-1] += true.last_time
-        pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp) + scorer.p2p_fill_s(lay)  # type: ignore[arg-type]
-        assert _split_lower_bound(lay, scorer) <= pipe
-        assert _split_lower_bound(lay, scorer) <= scorer.score(lay, layers).step_time_s
+        _check_split_lower_bound(scorer, lay)
+
+
+@pytest.mark.parametrize("name,gpus,target", [("llama3-8b", 64, "any"), ("mixtral-8x7b", 64, "megatron")])
+def test_split_lower_bound_on_catalog_models(name: str, gpus: int, target: str) -> None:
+    # Real layer shapes: interleaved (vp > 1), pp = 1 and stage-DP layouts, MoE, the any target's floors.
+    model, cluster, job = load_model(name), build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=128)
+    layouts = list(enumerate_layouts(model, cluster, job, target, {}, Tally()))  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    picked = [layouts[i] for i in rng.choice(len(layouts), size=min(40, len(layouts)), replace=False)]
+    assert {lay.vp > 1 for lay in picked} == {True, False} and any(lay.pp == 1 for lay in picked)
+    scorer = Scorer(model, cluster, job)
+    for lay in picked:
+        _check_split_lower_bound(scorer, lay)
 
 
 def test_showcase_llama70b_is_fast_deterministic_and_valid() -> None:
