@@ -1,6 +1,7 @@
 """The target profiles accept exactly what the frameworks' own validators accept, on a few hundred random layouts.
 
-- torchtitan (CI): the emitted degrees through torchtitan's ``ParallelDims`` and the knobs through its ``CompileConfig``
+- torchtitan (CI): the emitted degrees through torchtitan's ``ParallelDims`` (and its ``build_mesh`` on a fake
+  process group when experts are parallel) and the knobs through its ``CompileConfig``
   (``torchtitan/config/configs.py``), against ``cost_models.targets.TORCHTITAN``;
 - megatron-core (CI): ``ModelParallelConfig``/``TransformerConfig`` on the Megatron layouts autoplan accepts;
 - Megatron-LM's real ``validate_args`` (``autoplan.validate.megatron_lm``, where ``MEGATRON_LM_PATH`` names a
@@ -69,11 +70,27 @@ def _titan_accepts(model, cluster, job, par, sw) -> str | None:  # type: ignore[
         return "not expressible in torchtitan's ParallelismConfig"
     try:
         CompileConfig(enable=bool(sw.compile), enable_async_tensor_parallel=bool(sw.async_tp))
-        ParallelDims(dp_replicate=degrees[0], dp_shard=degrees[1], cp=par.cp, tp=par.tp, pp=par.pp, ep=par.ep,
-                     world_size=cluster.num_gpus, spmd_backend="partial_dtensor")
+        dims = ParallelDims(dp_replicate=degrees[0], dp_shard=degrees[1], cp=par.cp, tp=par.tp, pp=par.pp,
+                            ep=par.ep, world_size=cluster.num_gpus, spmd_backend="partial_dtensor")
+        if par.ep > 1:  # the expert mesh is cut in build_mesh, not in ParallelDims' own checks
+            _build_mesh_in_fake_world(dims, cluster.num_gpus)
     except (AssertionError, ValueError) as e:
         return str(e)
     return None
+
+
+def _build_mesh_in_fake_world(dims, size: int) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan's ParallelDims.build_mesh on ``size`` fake ranks (torch's FakeStore / "fake" backend: no
+    communication), in this one process; the process group is gone again afterwards."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+    try:
+        dims.build_mesh()
+    finally:
+        dist.destroy_process_group()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
