@@ -139,3 +139,17 @@ def test_hsdp_without_zero3_is_priced_as_megatron_runs_it_and_refused_elsewhere(
         assert code == 2 and rule in err and len(err.strip().splitlines()) == 1, err
     code, out, err = _cli(*base[:-4], "--zero", "0", "--hsdp", "4")
     assert code == 2 and "num-distributed-optimizer-instances" in err, err
+
+
+def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:
+    """--top shapes the output, so it may be given with --request (the file's "top" is replaced); a job flag
+    beside --request is still refused (the file holds the job)."""
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps({"model": "llama3-8b", "cluster": {"num_gpus": 8}, "top": 1,
+                                "job": {"global_batch_size": 64, "seq_len": 2048}}))
+    code, out, err = _cli("search", "--request", str(path), "--top", "2", "--format", "json")
+    assert code == 0 and len(json.loads(out)["plans"]) == 2, err
+    code, out, err = _cli("search", "--request", str(path), "--format", "json")
+    assert code == 0 and len(json.loads(out)["plans"]) == 1, err
+    code, out, err = _cli("search", "--request", str(path), "--gpus", "16")
+    assert code == 2 and "--request replaces --gpus" in err

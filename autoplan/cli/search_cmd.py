@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from autoplan import api
 from autoplan.cli import cli
@@ -87,8 +88,10 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     Exit status 3 when no layout fits, with the closest one and the smallest GPU count that has a plan.
     """
     failures = failure_model(kw)
-    data = request_from_file("search", keep=("fmt", "emit_dir"))
+    data = request_from_file("search", keep=("fmt", "emit_dir", "top_k"))
     if data is not None:
+        if click.get_current_context().get_parameter_source("top_k") is ParameterSource.COMMANDLINE:
+            data["top"] = top_k  # how many plans to show: --top beside --request overrides the file's "top"
         request = validate_request(SearchRequest, data)
     else:
         request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(),
