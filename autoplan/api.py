@@ -216,7 +216,7 @@ class Engine:
         r = self.resolve(req)
         prof = PROFILES[req.target]  # the framework's rules, each citing its source (cost_models.targets)
         par = prof.with_defaults(req.parallel)  # e.g. torchtitan's ZeRO-3 when none was given
-        check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=False)  # what autoplan can price
+        check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=prof.allow_kv_replication)
         prof.check_layout(r.model, r.cluster, r.job, par)
         pred = estimate_prediction(r.model, r.cluster, r.job, par, check=False, target=req.target)
         good = goodput(r.model, r.cluster, par, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,

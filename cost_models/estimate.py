@@ -81,7 +81,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint. ``target`` (the
     launch framework) sets how memory is held (``cost_models.memory.memory_runtime``; default Megatron-Core)."""
     if check:
-        check_parallel(model, cluster, job, par, allow_kv_replication=False)
+        from cost_models.targets import get_profile
+
+        prof = get_profile(target) if target is not None else None
+        # tp > num_kv_heads is priced (opgraph.tp_divisor, layer_cost.kv_gather_cost); a target profile says
+        # whether its framework runs it (Megatron does; no target named = Megatron's rules).
+        check_parallel(model, cluster, job, par,
+                       allow_kv_replication=prof.allow_kv_replication if prof is not None else True)
     weights = weights or CostWeights()
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)

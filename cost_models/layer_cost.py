@@ -23,7 +23,7 @@ from typing import Literal
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.opgraph import LayerGraph, Op
+from cost_models.opgraph import LayerGraph, Op, tp_divisor
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 
 ATTN_BWD_FACTOR = 2.5
@@ -138,8 +138,10 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
     tokens = par.micro_batch_size * job.seq_len / par.cp
 
     def per_rank(tensor: str) -> float:
-        kind = graph.tensors[tensor].dim_kind
-        return graph.tensors[tensor].width / (t if kind in _COLUMN_KINDS or sp else 1)
+        ten = graph.tensors[tensor]
+        if ten.dim_kind in _COLUMN_KINDS:
+            return ten.width / tp_divisor(t, ten.heads)
+        return ten.width / (t if sp else 1)
 
     fwd = bwd = 0.0
     tf = op.tokens_factor
@@ -204,7 +206,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = attn_f = attn_b = 0.0
     if op.kind in ("matmul", "router"):
-        k, n = _local_widths(op, graph, t)
+        k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
         gemm = matmul_time_s(tokens, k, n, cluster, job.precision)
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep
@@ -297,6 +299,61 @@ def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par
     return out
 
 
+def kv_gather_width(graph: LayerGraph, t: int) -> int:
+    """Width of the QKV output Megatron gathers across TP when ``t`` exceeds the KV heads (GQA), else 0.
+
+    Megatron-Core 0.16.1 splits ``linear_qkv`` evenly over ``t`` ranks even when a rank's share is less than one KV
+    group; it then all-gathers the whole ``[s, b, (a + 2g)·d]`` output over TP and keeps its own group's slice
+    (``megatron/core/transformer/attention.py:1398-1416``, ``get_query_key_value_tensors``), whose backward is a
+    reduce-scatter (``megatron/core/tensor_parallel/mappings.py:380-397``, ``_AllGatherFromTensorParallelRegion``).
+    The weights stay sharded ``t`` ways; each rank then holds one K/V head (attention.py:289-300)."""
+    k = graph.tensors.get("k")
+    if k is None or not k.heads or t <= k.heads:
+        return 0
+    return graph.tensors["q"].width + k.width + graph.tensors["v"].width
+
+
+def kv_gather_collectives(recompute: str) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float], ...]:
+    """(collective, pass, calls per micro-batch) of Megatron's QKV gather (``kv_gather_width``): all-gather forward
+    (again under full recompute), reduce-scatter backward."""
+    return ("all_gather", "fwd", 2.0 if recompute == "full" else 1.0), ("reduce_scatter", "bwd", 1.0)
+
+
+def kv_replicated(graph: LayerGraph, par: ParallelConfig) -> bool:
+    """K/V projections whole on every TP rank: t > num_kv_heads with ``kv_replication='replicate'`` (a DTensor
+    ``Replicate`` module; each rank keeps the KV heads of its query heads). Their GEMMs run unsplit, their saved
+    input is the one Q shares, and the weight gradient of each rank covers only its query heads: it is
+    all-reduced over TP in backward (``kv_replica_grad_collectives``)."""
+    return bool(kv_gather_width(graph, par.tp)) and par.kv_replication == "replicate"
+
+
+def kv_replica_grad_collectives(graph: LayerGraph) -> tuple[CollectiveKind, Literal["fwd", "bwd"], float, float]:
+    """(collective, pass, calls per micro-batch, bf16 payload bytes) of the replicated K/V weights' gradient
+    reduction: DTensor turns the Partial gradient of a Replicate parameter into Replicate with one all-reduce."""
+    params = sum(op.params for op in graph.ops if op.name in ("k_proj", "v_proj"))
+    return "all_reduce", "bwd", 1.0, 2.0 * params
+
+
+def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                   stride: int) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) for one micro-batch of Megatron's QKV gather (0 when t ≤ g), or
+    with ``kv_replication='replicate'`` of the replicated K/V weights' gradient all-reduce."""
+    width = kv_gather_width(graph, par.tp)
+    if not width:
+        return 0.0, 0.0
+    fraction = tp_exposed_fraction(par.tp, cluster.efficiency)
+    if par.kv_replication == "replicate":
+        kind, _, calls, payload = kv_replica_grad_collectives(graph)
+        return (calls * group_collective_time_s(kind, payload, par.tp, stride, cluster) * fraction,
+                calls * bytes_sent_per_rank(kind, payload, par.tp))
+    payload = 2.0 * par.micro_batch_size * job.seq_len / par.cp * width
+    seconds = nbytes = 0.0
+    for kind, _, calls in kv_gather_collectives(par.recompute):
+        seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster) * fraction
+        nbytes += calls * bytes_sent_per_rank(kind, payload, par.tp)
+    return seconds, nbytes
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
@@ -310,6 +367,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     if t > 1 and is_block:
         for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel):
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+        seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
+        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
     if graph.kind == "moe" and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep)
@@ -345,13 +404,14 @@ def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Par
 def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
             stride: int) -> tuple[float, float]:
     """(seconds, bytes) of ring attention's K/V traffic for one micro-batch: 3·(c−1) blocks of
-    (s/c)·b·(w_k + w_v)/t · 2 bytes (forward K,V; backward K,V and dK,dV), neighbours at ``stride``."""
+    (s/c)·b·(w_k + w_v)/t · 2 bytes (forward K,V; backward K,V and dK,dV), neighbours at ``stride``; with
+    t > num_kv_heads a rank holds one K/V head (``tp_divisor``)."""
     c = par.cp
     if c <= 1:
         return 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
-    kv_width = graph.tensors["k"].width + graph.tensors["v"].width
-    block = tokens * kv_width / par.tp * 2.0
+    k, v = graph.tensors["k"], graph.tensors["v"]
+    block = tokens * (k.width / tp_divisor(par.tp, k.heads) + v.width / tp_divisor(par.tp, v.heads)) * 2.0
     n_blocks = 3 * (c - 1)
     return n_blocks * group_collective_time_s("send_recv", block, 2, stride, cluster), n_blocks * block
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
-from cost_models.opgraph import LayerGraph, Op, layer_graph
+from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 
 GIB = 2**30
@@ -155,10 +155,12 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
     """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``) holds."""
     t, e = par.tp, par.ep
     dense = expert = largest = 0.0
+    # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
+    kv_whole = model.kv_projection_params * (1 - 1 / t) if model.kv_replicated(par) else 0.0
     for i in layer_ids:
         ex = model.layer_expert_params(i)
         norms = model.norm_params_per_layer
-        d = (model.layer_params(i) - ex - norms) / t + norms
+        d = (model.layer_params(i) - ex - norms) / t + norms + kv_whole
         dense += d
         expert += ex / e  # expert TP = 1: experts are not split by tp
         largest = max(largest, d + ex / e)
@@ -215,7 +217,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
             op = graph.op(op_name)
             ten = graph.tensors[tensor]
             split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)
-            total += ten.width * 2.0 * op.tokens_factor * tokens / (t if split_tp else 1)
+            total += ten.width * 2.0 * op.tokens_factor * tokens / (tp_divisor(t, ten.heads) if split_tp else 1)
         return total
     return sum(op_activation_bytes(op, job, par, runtime) for op in graph.ops)
 
@@ -244,7 +246,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Memo
             continue  # recomputed: norm outputs; q, k, v from MLA's saved latents (the up-projections)
         if cheap and op.kind in ("matmul", "experts") and s.tensor.endswith("_act"):
             continue  # SwiGLU output: recomputed from its cached input
-        div = t if (s.split == "tp" or sp) else 1
+        div = (tp_divisor(t, s.heads) if s.split == "tp" else t) if (s.split == "tp" or sp) else 1
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
         b = s.bytes_per_token

@@ -40,6 +40,7 @@ class Tensor:
     name: str
     width: int  # features per token
     dim_kind: DimKind
+    heads: int = 0  # K/V of GQA: the tensor splits over at most this many TP ranks (0: no limit); see tp_divisor
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Saved:
     tensor: str
     bytes_per_token: float
     split: Split
+    heads: int = 0  # as ``Tensor.heads``: a K/V head is never split, ranks past num_kv_heads hold a copy
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class LayerGraph:
         return next(o for o in self.ops if o.name == name)
 
 
+def tp_divisor(t: int, heads: int = 0) -> int:
+    """How many ways TP splits a head-sharded tensor: ``t``, or ``num_kv_heads`` for K/V when ``t`` exceeds it
+    (KV-head replication: each KV head is held by ``t / g`` ranks, Megatron-Core 0.16.1
+    ``megatron/core/transformer/attention.py:289-300`` (``num_query_groups_per_partition = 1``))."""
+    return min(t, heads) if heads else t
+
+
 class _Builder:
     def __init__(self, model: ModelSpec, dropout: bool) -> None:
         self.model, self.dropout = model, dropout
@@ -100,7 +109,8 @@ class _Builder:
         return name
 
     def saved(self, name: str, split: Split, elem_bytes: float = BF16, scale: float = 1.0) -> Saved:
-        return Saved(name, self.tensors[name].width * elem_bytes * scale, split)
+        ten = self.tensors[name]
+        return Saved(name, ten.width * elem_bytes * scale, split, ten.heads)
 
     def add(self, op: Op) -> str:
         self.ops.append(op)
@@ -138,6 +148,8 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> 
         q = b.linear("q_proj", xn, "q", m.q_dim, "q", "seq", bias)
         k = b.linear("k_proj", xn, "k", m.kv_dim, "kv", "seq", bias)
         v = b.linear("v_proj", xn, "v", m.kv_dim, "kv", "seq", bias)
+        for name in (k, v):  # GQA: one K/V head is never split (tp > num_kv_heads replicates heads)
+            b.tensors[name] = replace(b.tensors[name], heads=m.num_kv_heads)
         # The three projections share one saved input (the norm output): keep it on q_proj only.
         b.ops[-2], b.ops[-1] = _without_saved(b.ops[-2]), _without_saved(b.ops[-1])
     else:

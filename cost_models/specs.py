@@ -180,6 +180,19 @@ class ModelSpec(_Frozen):
         return self.num_kv_heads * self.head_dim_resolved
 
     @property
+    def kv_projection_params(self) -> int:
+        """K and V projection weights (+ biases) of one layer (0 for MLA: its K/V are per query head)."""
+        if self.mla is not None:
+            return 0
+        bias = self.linear_bias or self.qkv_bias
+        return 2 * (self.hidden_size * self.kv_dim + (self.kv_dim if bias else 0))
+
+    def kv_replicated(self, par: "ParallelConfig") -> bool:
+        """Whether ``par`` holds the K/V projections whole on every TP rank (``kv_replication='replicate'`` with
+        tp > num_kv_heads)."""
+        return self.mla is None and par.tp > self.num_kv_heads and par.kv_replication == "replicate"
+
+    @property
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
@@ -447,6 +460,10 @@ class ParallelConfig(_Frozen):
     )
     recompute: Recompute = "none"
     schedule: Schedule = "1f1b"
+    kv_replication: Literal["gather", "replicate"] = Field(
+        default="gather", description="tp > num_kv_heads (GQA): 'gather' = Megatron-Core's QKV split evenly and "
+        "all-gathered, one KV head per rank; 'replicate' = K/V weights whole on every TP rank (DTensor). Ignored "
+        "when tp divides num_kv_heads")
     first_stage_layers: int | None = Field(default=None, gt=0, description="decoder layers on pipeline stage 0 "
                                            "(Megatron --decoder-first-pipeline-num-layers)")
     last_stage_layers: int | None = Field(default=None, gt=0, description="decoder layers on the last stage "

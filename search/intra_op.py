@@ -411,6 +411,7 @@ class IntraOpRequest:
     compute_weight: float = 1.0  # w1 of the composite cost (COST_MODEL.md §6)
     comm_weight: float = 1.0  # w2; memory is a hard constraint (5) here, not the w3 penalty
     sequence_parallel: bool | None = None  # None: chosen per op (tied per layer for megatron); True/False: forced
+    kv_replication: Literal["gather", "replicate"] = "gather"  # tp > num_kv_heads: the layout's (ParallelConfig)
     time_limit_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -561,7 +562,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
     recompute = req.recompute if req.kind in ("dense", "moe") else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
-                       req.activation_copies, req.sequence_parallel)
+                       req.activation_copies, req.sequence_parallel, req.kv_replication)
     nodes = build_nodes(graph)
     strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)
     m = req.num_microbatches
@@ -616,6 +617,8 @@ def uniform_choice(lp: LayerProblem, sp: bool) -> tuple[int, ...] | None:
     choice = []
     for node, ss in zip(lp.nodes, lp.strategies):
         want = _megatron_mode(node, sp)
+        if not any(s.tp == want for s in ss) and any(s.tp == want + "_kvrep" for s in ss):
+            want += "_kvrep"  # K/V replicated by the layout (tp > num_kv_heads, kv_replication='replicate')
         mode = want if any(s.tp == want for s in ss) else "R"  # tp = 1: everything is "R"
         idx = [i for i, s in enumerate(ss) if s.tp == mode]
         if not idx:

@@ -26,7 +26,7 @@ import numpy as np
 
 from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import layer_cost, tp_boundary_costs
+from cost_models.layer_cost import kv_gather_cost, layer_cost, tp_boundary_costs
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
@@ -116,14 +116,15 @@ class Scorer:
             sp = None  # any: sequence-parallel regions are chosen per op
         req = IntraOpRequest(kind=kind, seq_len=self.job.seq_len, micro_batch_size=lay.micro_batch_size,  # type: ignore[arg-type]
                              recompute=recompute or lay.recompute, precision=self.job.precision,  # type: ignore[arg-type]
-                             target=lay.target, sequence_parallel=sp)  # type: ignore[arg-type]
+                             target=lay.target, sequence_parallel=sp,  # type: ignore[arg-type]
+                             kv_replication=lay.kv_replication)  # type: ignore[arg-type]
         return solve_layer(self.model, mesh, req, cache=self.ilp)
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
         """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act):
         decoder layers as the intra-op ILP solved them, the head as ``cost_models`` prices it."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target)
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target, lay.kv_replication)
         hit = self._layer.get(key)
         if hit is not None:
             return hit
@@ -158,12 +159,14 @@ class Scorer:
         core, the ring and the all-to-alls' floor (weights are sharded as the layout says); sequence-sharded
         memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target)
+        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target, lay.kv_replication)
         hit = self._bounds.get(key)
         if hit is not None:
             return hit
         par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=rc, sequence_parallel=lay.sequence_parallel)  # type: ignore[arg-type]
+                             recompute=rc, sequence_parallel=lay.sequence_parallel,  # type: ignore[arg-type]
+                             kv_replication=lay.kv_replication)  # type: ignore[arg-type]
+        # One point where the target's strategy set leaves a single pattern (the K/V holding is the layout's)
         single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
         kinds = {}
         for kind in ("dense", "moe"):
@@ -188,18 +191,21 @@ class Scorer:
         if par.tp == 1:
             return 0.0
         on, off = (tp_boundary_costs(graph, self.cluster, self.job, par, 1, sp) for sp in (True, False))
-        return sum(min(a[0], b[0]) for a, b in zip(on, off))
+        kv_s, _ = kv_gather_cost(graph, self.cluster, self.job, par, 1)  # the layout's K/V replication, any SP
+        return sum(min(a[0], b[0]) for a, b in zip(on, off)) + kv_s
 
-    def param_pieces(self, tp: int, ep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def param_pieces(self, tp: int, ep: int, kv: str = "gather") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-layer (dense, expert, largest) parameters one rank holds (``memory.stage_params``)."""
-        key = (tp, ep)
+        key = (tp, ep, kv)
         hit = self._params.get(key)
         if hit is None:
             m = self.model
             norms = m.norm_params_per_layer
             ex = np.array([m.layer_expert_params(i) for i in range(self.L)], dtype=float)
             tot = np.array([m.layer_params(i) for i in range(self.L)], dtype=float)
-            dense = (tot - ex - norms) / tp + norms
+            whole = ParallelConfig(tp=tp, kv_replication=kv)  # type: ignore[arg-type]
+            kv_whole = m.kv_projection_params * (1 - 1 / tp) if m.kv_replicated(whole) else 0.0
+            dense = (tot - ex - norms) / tp + norms + kv_whole
             expert = ex / ep
             hit = (dense, expert, dense + expert)
             self._params[key] = hit
@@ -209,7 +215,7 @@ class Scorer:
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, group: int) -> np.ndarray:
         """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it)."""
-        key = (lay.tp, lay.ep, group)
+        key = (lay.tp, lay.ep, group, lay.kv_replication)
         hit = self._zero3.get(key)
         if hit is None:
             L = self.L
@@ -224,7 +230,7 @@ class Scorer:
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
         """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
         time, head_t, a_dense, a_moe, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
-        dense, expert, largest = self.param_pieces(lay.tp, lay.ep)
+        dense, expert, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         expert_group = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
         kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
@@ -284,7 +290,8 @@ class Scorer:
         return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float]:
-        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m)
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
+               lay.kv_replication)
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
@@ -347,8 +354,8 @@ class Scorer:
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
         kinds, _, head_a = self.bound_pieces(lay)
         a_dense, a_moe = kinds["dense"][1], kinds.get("moe", (0.0, 0.0))[1]
-        self.param_pieces(lay.tp, lay.ep)
-        sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep)]
+        self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
+        sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(self.runtime.state_bytes(1.0, lay.zero_stage,

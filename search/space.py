@@ -79,18 +79,23 @@ class Layout:
     vp: int
     sequence_parallel: bool = True  # searched layouts always use SP (it only saves memory); a pin may turn it off
     target: Target = "megatron"  # the framework that runs it: which per-op strategies the intra-op ILP may use
+    kv_replication: str = "gather"  # tp > num_kv_heads: how K/V heads are replicated (kv_choices)
 
     def parallel_kwargs(self) -> dict[str, Any]:
-        return dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
-                    micro_batch_size=self.micro_batch_size, recompute=self.recompute, zero_stage=self.zero_stage,
-                    hsdp_shard_size=self.hsdp_shard_size, schedule=self.schedule,
-                    sequence_parallel=self.sequence_parallel)
+        kw = dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
+                  micro_batch_size=self.micro_batch_size, recompute=self.recompute, zero_stage=self.zero_stage,
+                  hsdp_shard_size=self.hsdp_shard_size, schedule=self.schedule,
+                  sequence_parallel=self.sequence_parallel)
+        if self.kv_replication != "gather":
+            kw["kv_replication"] = self.kv_replication
+        return kw
 
     def sort_key(self) -> tuple[Any, ...]:
         """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no
         interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
         return (self.pp, self.tp, self.cp, self.ep, self.vp, -self.micro_batch_size,
-                RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule)
+                RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule,
+                self.kv_replication)
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:
@@ -99,6 +104,22 @@ def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> 
     kept = [v for v in values if v == pins[key]]
     tally.cut("pin", len(values) - len(kept))
     return kept
+
+
+def kv_replication(target: Target) -> bool:
+    """Whether ``target`` runs tp a multiple of num_kv_heads (its profile's ``kv_modes``; ``any``: yes)."""
+    prof = get_profile(target)
+    return prof is None or prof.allow_kv_replication
+
+
+def kv_choices(model: ModelSpec, target: Target, tp: int) -> tuple[str, ...]:
+    """How the target replicates KV heads when tp > num_kv_heads (its profile's ``kv_modes``: Megatron gathers the
+    evenly split QKV output, the fsdp2 module replicates the K/V weights; ``any`` searches both)."""
+    if model.mla is not None or tp <= model.num_kv_heads:
+        return ("gather",)  # heads split (or MLA): the field is ignored
+    prof = get_profile(target)
+    modes = prof.kv_modes if prof is not None else ("gather", "replicate")
+    return tuple(m for m in ("gather", "replicate") if m in modes)
 
 
 def tp_choices(model: ModelSpec, cluster: ClusterSpec, target: Target, pins: dict[str, Any],
@@ -114,7 +135,7 @@ def tp_choices(model: ModelSpec, cluster: ClusterSpec, target: Target, pins: dic
             tally.cut("gpu_divisibility")
         elif a % t or f % t:
             tally.cut("head_ffn_divisibility")
-        elif g % t:
+        elif g % t and not (kv_replication(target) and t % g == 0):
             tally.cut("gqa")
         elif t > domain or domain % t:
             tally.cut("nvlink_domain")
@@ -281,5 +302,6 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                             for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally, model, tp,
                                                            cp, ep):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
-                                    yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp, sp or tp == 1,
-                                                 target)
+                                    for kv in kv_choices(model, target, tp):
+                                        yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
+                                                     sp or tp == 1, target, kv)

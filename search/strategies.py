@@ -49,6 +49,9 @@ from cost_models.layer_cost import (
     TpRole,
     cp_ring,
     ep_all_to_all,
+    kv_gather_collectives,
+    kv_gather_width,
+    kv_replica_grad_collectives,
     op_compute,
     ring_exposed_s,
     tp_collectives,
@@ -57,23 +60,47 @@ from cost_models.layer_cost import (
 from cost_models.memory import op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
+from cost_models.targets import get_profile
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import BF16_BYTES, Layout
 
-Target = Literal["megatron", "torchtitan", "any"]
-TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "any")
+Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
+TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2", "any")
 Phase = Literal["fwd", "bwd"]
 Role = Literal["column", "row", "none"]
 
 MATMUL_KINDS = ("matmul", "experts", "router")
 EXPERT_KINDS = ("dispatch", "experts", "combine")
 _FEATURE_KINDS = ("q", "kv", "ffn", "expert_ffn", "vocab", "router")
-SP_MODES = frozenset({"S", "seq", "col_sp", "row_sp", "vocab_sp"})
-_TP_SPLIT_MODES = frozenset({"col", "col_sp", "row", "row_sp", "F", "vocab", "vocab_sp", "S", "seq"})
+SP_MODES = frozenset({"S", "seq", "col_sp", "row_sp", "vocab_sp", "col_sp_kvrep"})
+KV_REPLICATED_MODES = frozenset({"col_kvrep", "col_sp_kvrep"})  # Q column-parallel, K/V weights replicated
+_TP_SPLIT_MODES = frozenset({"col", "col_sp", "row", "row_sp", "F", "vocab", "vocab_sp", "S", "seq"}
+                            | KV_REPLICATED_MODES)
 # tp mode → (input letter, output letter).
 _TP_LAYOUT = {"R": ("R", "R"), "S": ("S", "S"), "seq": ("S", "S"), "col": ("R", "F"),
               "col_sp": ("S", "F"), "row": ("F", "R"), "row_sp": ("F", "S"), "F": ("F", "F"),
-              "vocab": ("R", "R"), "vocab_sp": ("R", "S")}
+              "vocab": ("R", "R"), "vocab_sp": ("R", "S"), "col_kvrep": ("R", "F"), "col_sp_kvrep": ("S", "F")}
+
+
+@dataclass(frozen=True)
+class StrategySet:
+    """What a target lets the ILP choose (its profile's ``sequence_parallel``, ``loss_modes``, ``kv_modes``,
+    ``cost_models.targets``); ``any`` is their union with sequence parallelism per op."""
+
+    sequence_parallel: Literal["flag", "forced", "per_op"]
+    loss_modes: tuple[str, ...]
+    kv_modes: tuple[str, ...]
+
+
+ANY_STRATEGIES = StrategySet("per_op", ("F", "R"), ("shard", "gather", "replicate"))
+
+
+@lru_cache(maxsize=8)
+def strategy_set(target: str) -> StrategySet:
+    prof = get_profile(target)
+    if prof is None:
+        return ANY_STRATEGIES
+    return StrategySet(prof.sequence_parallel, prof.loss_modes, prof.kv_modes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +116,7 @@ class LayerContext:
     target: Target
     activation_copies: int  # micro-batches whose activations are alive at once (1F1B: p − stage)
     sequence_parallel: bool | None = None  # None: the solver chooses; True/False: force SP on/off
+    kv_replication: str = "gather"  # tp > num_kv_heads: Megatron's QKV gather or replicated K/V weights
 
     @property
     def tokens(self) -> int:
@@ -197,15 +225,22 @@ def build_nodes(graph: LayerGraph) -> tuple[Node, ...]:
 
 
 # ==== modes per target ===============================================================================
-def heads_divide(model: ModelSpec, t: int) -> bool:
-    """Attention and KV heads, FFN columns split evenly ``t`` ways (every target; KV replication for
-    ``t > num_kv_heads`` is not priced by ``cost_models``, so no target is offered it)."""
-    return model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0
+def heads_divide(model: ModelSpec, t: int, kv_replication: bool = False) -> bool:
+    """Attention heads and FFN columns split evenly ``t`` ways, and KV heads too, or (``kv_replication``: a target
+    whose ``kv_modes`` hold "gather" or "replicate") ``t`` a multiple of ``num_kv_heads``."""
+    a, g, f = model.num_attention_heads, model.num_kv_heads, model.ffn_hidden_size
+    return a % t == 0 and f % t == 0 and (g % t == 0 or (kv_replication and t % g == 0))
+
+
+def _is_qkv(node: Node, graph: LayerGraph) -> bool:
+    """The fused Q/K/V projection of GQA/MHA attention (MLA's K/V are per query head: never replicated)."""
+    return any(op.name == "k_proj" for op in node.ops) and graph.tensors["k"].heads > 0
 
 
 def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
     """Modes on the tp axis that ``ctx.target`` can launch for ``node`` (empty list: none)."""
-    t, target = ctx.mesh.size(MeshAxis.TP), ctx.target
+    t = ctx.mesh.size(MeshAxis.TP)
+    strategies = strategy_set(ctx.target)
     if t == 1:
         return ["R"]
     k = node.kind
@@ -218,7 +253,12 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
     elif k == "embedding":
         modes = ["vocab", "vocab_sp"]
     elif k == "loss":
-        modes = ["F"] if target == "megatron" else ["F", "R"]  # torchtitan: --parallelism.disable_loss_parallel
+        modes = list(strategies.loss_modes)
+    elif node.role == "column" and _is_qkv(node, graph) and t > ctx.model.num_kv_heads:
+        # KV heads replicated (t a multiple of g): the layout says how, the target must run it (kv_modes)
+        if ctx.kv_replication not in strategies.kv_modes:
+            return []
+        modes = ["col", "col_sp"] if ctx.kv_replication == "gather" else ["col_kvrep", "col_sp_kvrep"]
     elif node.role == "column":
         modes = ["col", "col_sp"]
     elif node.role == "row":
@@ -227,7 +267,7 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
         modes = ["R", "seq"]
     seq_ok = ctx.seq_len % (t * ctx.mesh.size(MeshAxis.CP)) == 0
     sp = ctx.sequence_parallel
-    if target == "torchtitan" and sp is None:
+    if strategies.sequence_parallel == "forced" and sp is None:
         sp = True  # torchtitan's TP plan is sequence-parallel whenever tp > 1
     if not seq_ok or sp is False:
         modes = [m for m in modes if m not in SP_MODES]
@@ -245,10 +285,12 @@ def ep_modes(node: Node, ctx: LayerContext) -> list[str | None]:
 
 @lru_cache(maxsize=4096)
 def op_parallel(tp_mode: str, t: int, cp: int, ep: int, mbs: int, recompute: Recompute) -> ParallelConfig:
-    """The ``ParallelConfig`` under which ``cost_models`` prices an op held in ``tp_mode`` (module docstring)."""
+    """The ``ParallelConfig`` under which ``cost_models`` prices an op held in ``tp_mode`` (module docstring);
+    the ``_kvrep`` modes price the K/V GEMMs unsplit (``layer_cost.kv_replicated``)."""
     split = tp_mode in _TP_SPLIT_MODES and t > 1
+    kv = "replicate" if tp_mode in KV_REPLICATED_MODES else "gather"
     return ParallelConfig(tp=t if split else 1, cp=cp, ep=ep, micro_batch_size=mbs, recompute=recompute,
-                          sequence_parallel=split and tp_mode in SP_MODES)
+                          sequence_parallel=split and tp_mode in SP_MODES, kv_replication=kv)
 
 
 # ==== one strategy: layouts, cost, memory ===========================================================
@@ -317,7 +359,15 @@ class _Eval:
             return []
         mesh = ctx.mesh
         tokens = ctx.micro_batch_size * ctx.seq_len / mesh.size(MeshAxis.CP) * node.ops[0].tokens_factor
-        if tp in ("col", "col_sp"):
+        extra: list[Comm] = []
+        if tp in ("col", "col_sp") and kv_gather_width(self.graph, self.t) and _is_qkv(node, self.graph):
+            gathered = tokens * kv_gather_width(self.graph, self.t) * BF16_BYTES  # Megatron's QKV gather, t > g
+            extra = [Comm(kind, (MeshAxis.TP,), phase, gathered, mesh.collective_time_s(kind, gathered, MeshAxis.TP),
+                          calls) for kind, phase, calls in kv_gather_collectives(ctx.recompute)]
+        elif tp in KV_REPLICATED_MODES:  # the replicated K/V weights' gradient all-reduce
+            kind, phase, calls, grad = kv_replica_grad_collectives(self.graph)
+            extra = [Comm(kind, (MeshAxis.TP,), phase, grad, mesh.collective_time_s(kind, grad, MeshAxis.TP), calls)]
+        if tp in ("col", "col_sp", "col_kvrep", "col_sp_kvrep"):
             role: TpRole = "column"
             payload = tokens * self.graph.tensors[node.inputs[0]].width * BF16_BYTES
         elif tp in ("row", "row_sp", "vocab", "vocab_sp"):
@@ -330,7 +380,7 @@ class _Eval:
         else:
             return []
         return [Comm(kind, (MeshAxis.TP,), phase, payload, mesh.collective_time_s(kind, payload, MeshAxis.TP), calls)
-                for kind, phase, calls in tp_collectives(role, tp in SP_MODES, ctx.recompute)]
+                for kind, phase, calls in tp_collectives(role, tp in SP_MODES, ctx.recompute)] + extra
 
     def ep_comms(self) -> list[Comm]:
         """Dispatch or combine all-to-all, forward and backward (``layer_cost.ep_all_to_all``)."""
@@ -351,9 +401,9 @@ class _Eval:
 
 def _ties(node: Node, ctx: LayerContext, tp: str) -> tuple[tuple[str, Hashable], ...]:
     """Choices a launch target makes once per model (constraint 6 of ``intra_op``)."""
-    if ctx.target == "megatron" and ctx.mesh.size(MeshAxis.TP) > 1 and tp in _TP_LAYOUT and node.kind not in (
-            "attention", "experts", "loss"):
-        return (("sp", tp in SP_MODES),)  # --sequence-parallel is one flag
+    if strategy_set(ctx.target).sequence_parallel == "flag" and ctx.mesh.size(MeshAxis.TP) > 1 and \
+            tp in _TP_LAYOUT and node.kind not in ("attention", "experts", "loss"):
+        return (("sp", tp in SP_MODES),)  # --sequence-parallel (the emitted module's flag) is one switch
     return ()
 
 
@@ -363,11 +413,12 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
     if ctx.mesh.crosses_domain(MeshAxis.TP):
         raise ConfigError(f"tp={t} spans NVLink domains of {ctx.mesh.cluster.nvlink_domain_size} GPUs; "
                           "tensor parallelism stays inside one domain", valid=[d for d in range(1, t) if t % d == 0])
-    if t > 1 and not heads_divide(ctx.model, t):
+    kv_rep = strategy_set(ctx.target).kv_modes != ("shard",)
+    if t > 1 and not heads_divide(ctx.model, t, kv_rep):
         m = ctx.model
         raise ConfigError(f"tp={t} does not divide the heads ({m.num_attention_heads}), KV heads ({m.num_kv_heads}) "
                           f"and FFN width ({m.ffn_hidden_size}) of {m.name}",
-                          valid=[d for d in range(1, t + 1) if heads_divide(m, d)])
+                          valid=[d for d in range(1, t + 1) if heads_divide(m, d, kv_rep)])
     modes = tp_modes(node, graph, ctx)
     if not modes:
         raise ConfigError(f"no {ctx.target} strategy for {node.name} on {ctx.mesh.label}")
@@ -394,6 +445,8 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
 # torchtitan (``torch.distributed.tensor.parallel`` styles; module names of torchtitan's Llama).
 TORCHTITAN_STYLE: dict[str, str] = {
     "col": "ColwiseParallel()",
+    "col_kvrep": "ColwiseParallel() (wq); ReplicatedKV() (wk, wv)",
+    "col_sp_kvrep": "ColwiseParallel(input_layouts=Shard(1)) (wq); ReplicatedKV() (wk, wv)",
     "col_sp": "ColwiseParallel(input_layouts=Shard(1))",
     "row": "RowwiseParallel()",
     "row_sp": "RowwiseParallel(output_layouts=Shard(1))",

@@ -42,3 +42,20 @@ def test_pipeline_1f1b_two_stages_matches_one_process() -> None:
     p = tiny_plan(2, pp=2, global_batch_size=4, micro_batch_size=1, recompute="full")
     assert p.num_microbatches == 4
     _run(p)
+
+
+def test_ilp_kv_replication_plan_matches_one_process() -> None:
+    """tp 4 > 2 KV heads on 4 processes: the search (target fsdp2, tp pinned) picks kv_replication=replicate and the
+    intra-op ILP puts wk/wv in ``col_sp_kvrep`` (K/V weights replicated on every TP rank) while wq stays
+    column-parallel: a per-op plan that differs from the uniform Megatron pattern. The emitted module applies it
+    from ``op_shardings`` (ReplicatedKV style) and matches one process."""
+    pytest.importorskip("torch")
+    from autoplan.emit.fsdp2 import block_modes
+    from autoplan.validate.cpu_execution import searched_plan
+
+    p = searched_plan(4, pins={"tp": 4})
+    assert p.parallel.kv_replication == "replicate"
+    dense = p.op_shardings["dense"]
+    assert dense["k_proj"].endswith("_kvrep") and dense["gate_proj"] in ("col", "col_sp")
+    assert block_modes(p)["attention.wk"].endswith("_kvrep")
+    _run(p)

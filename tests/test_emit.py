@@ -223,8 +223,17 @@ def test_torchtitan_refuses_tp_over_kv_heads_megatron_accepts() -> None:
                   num_kv_heads=4, vocab_size=1000)
     pl = EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=64, seq_len=2048), ParallelConfig(tp=8))
     with pytest.raises(ConfigError, match="tp=8 does not divide num_kv_heads=4; valid: 1, 2, 4"):
-        emit(pl, "fsdp2")
+        emit(pl, "torchtitan")
     emit(pl, "megatron")  # Megatron replicates KV heads when tp is a multiple of num_query_groups
+    # the fsdp2 module replicates the K/V weights instead of gathering Megatron's QKV output: the layout says which
+    with pytest.raises(ConfigError, match="kv_replication=gather with tp=8 > num_kv_heads=4.*valid: replicate"):
+        emit(pl, "fsdp2")
+    rep = EmitPlan(m, pl.cluster, pl.job, ParallelConfig(tp=8, kv_replication="replicate", zero_stage=3))
+    text = emit(rep, "fsdp2").files["autoplan_parallelize.py"]
+    compile(text, "autoplan_parallelize", "exec")
+    assert "'attention.wk': 'col_sp_kvrep'" in text and "KV_HEADS = 4" in text
+    with pytest.raises(ConfigError, match="kv_replication=replicate with tp=8 > num_kv_heads=4.*valid: gather"):
+        emit(rep, "megatron")
 
 
 def test_torchtitan_v02_toml() -> None:

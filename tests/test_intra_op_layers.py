@@ -98,12 +98,35 @@ def test_tp16_across_hgx_domains_rejected(llama70b) -> None:
             solve_layer(llama70b, mesh, req(target=target))
 
 
-@pytest.mark.parametrize("target", ["megatron", "torchtitan", "any"])
-def test_tp16_head_sharding_not_allowed(llama70b, target) -> None:
-    # A 64-GPU NVLink domain that 16 divides; 8 KV heads cannot be split 16 ways (KV replication is not priced).
+def test_tp16_head_sharding_not_allowed_on_torchtitan(llama70b) -> None:
+    # A 64-GPU NVLink domain that 16 divides; torchtitan splits KV heads (wk/wv ColwiseParallel): 8 KV heads
+    # cannot be split 16 ways. Its profile's kv_modes say so.
     mesh = LogicalMesh.from_degrees(build_cluster("gb200", 128, nvlink_domain_size=64), dp=8, tp=16)
     with pytest.raises(ConfigError, match=r"tp=16 does not divide .*KV heads \(8\).*valid: 1, 2, 4, 8"):
-        solve_layer(llama70b, mesh, req(target=target))
+        solve_layer(llama70b, mesh, req(target="torchtitan"))
+
+
+def test_tp16_kv_replication_megatron_gathers_any_chooses(llama70b) -> None:
+    """tp 16 > 8 KV heads: Megatron splits QKV evenly and all-gathers its output (layer_cost.kv_gather_width);
+    fsdp2 can only replicate the K/V weights; ``any`` runs what the layout says (the search tries both)."""
+    from cost_models.layer_cost import kv_gather_width
+
+    mesh = LogicalMesh.from_degrees(build_cluster("gb200", 128, nvlink_domain_size=64), dp=8, tp=16)
+    meg = solve_layer(llama70b, mesh, req(target="megatron"))
+    qkv = meg.strategy("k_proj")
+    assert qkv.tp in ("col", "col_sp")
+    gathers = [c for c in qkv.comms if c.kind == "all_gather" and c.payload_bytes > 2 * 8192 * 4096]
+    width = kv_gather_width(intra_op._graph(llama70b, "dense", 8192, True), 16)
+    assert width == 8192 + 2 * 1024 and gathers
+    fs = solve_layer(llama70b, mesh, req(target="fsdp2", sequence_parallel=True, kv_replication="replicate"))
+    assert fs.strategy("k_proj").tp == "col_sp_kvrep"
+    with pytest.raises(ConfigError, match="no fsdp2 strategy"):  # the fsdp2 module cannot gather QKV
+        solve_layer(llama70b, mesh, req(target="fsdp2", sequence_parallel=True))
+    with pytest.raises(ConfigError, match="no megatron strategy"):
+        solve_layer(llama70b, mesh, req(target="megatron", kv_replication="replicate"))
+    for kv in ("gather", "replicate"):
+        any_ = solve_layer(llama70b, mesh, req(target="any", kv_replication=kv))
+        assert any_.strategy("k_proj").tp.endswith("_kvrep") == (kv == "replicate")
 
 
 # ---- memory pressure: sequence-parallel regions ----------------------------------------------------------

@@ -19,35 +19,40 @@ from cost_models.specs import JobSpec, ParallelConfig
 from search.intra_op import IntraOpRequest, build_layer_problem, uniform_choice
 from search.mesh import LogicalMesh, MeshAxis
 
-MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3")}
+# qwen3-235b-a22b: 4 KV heads, so tp 8 replicates them (Megatron's QKV gather, layer_cost.kv_gather_cost)
+MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3",
+                                              "qwen3-235b-a22b")}
 
 
 @st.composite
 def layouts(draw: st.DrawFn) -> tuple:
     name = draw(st.sampled_from(sorted(MODELS)))
     model = MODELS[name]
-    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if model.num_kv_heads % t == 0]))
+    g = model.num_kv_heads
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if g % t == 0 or t % g == 0]))
     cp = draw(st.sampled_from([1, 2, 4]))
     ep = draw(st.sampled_from([1, 2, 4, 8])) if model.is_moe else 1
     dp = ep * draw(st.sampled_from([1, 2, 4]))
     sp = True if model.is_moe else draw(st.booleans())
+    target = draw(st.sampled_from(["megatron", "any"]))
+    kv = draw(st.sampled_from(["gather", "replicate"])) if target == "any" and tp > g else "gather"
     return (name, tp, cp, ep, dp, draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"])),
-            sp, draw(st.sampled_from(["megatron", "any"])), draw(st.sampled_from(["h100-sxm", "a100-80g"])),
-            draw(st.sampled_from([4096, 8192])))
+            sp, target, draw(st.sampled_from(["h100-sxm", "a100-80g"])), draw(st.sampled_from([4096, 8192])), kv)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
 def test_uniform_strategies_sum_to_layer_cost(case: tuple) -> None:
-    name, tp, cp, ep, dp, mbs, rc, sp, target, gpu, seq = case
+    name, tp, cp, ep, dp, mbs, rc, sp, target, gpu, seq, kv = case
     model = MODELS[name]
     cluster = build_cluster(gpu, 1024)
     mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=tp, cp=cp, ep=ep)
-    par = ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, recompute=rc, sequence_parallel=sp)
+    par = ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, recompute=rc, sequence_parallel=sp,
+                         kv_replication=kv)
     job = JobSpec(seq_len=seq)
     for kind in ("dense", "moe") if model.is_moe else ("dense",):
         req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc, target=target,  # type: ignore[arg-type]
-                             sequence_parallel=sp if tp > 1 else None)
+                             sequence_parallel=sp if tp > 1 else None, kv_replication=kv)
         lp = build_layer_problem(model, mesh, req)
         choice = uniform_choice(lp, sp)
         assert choice is not None
@@ -71,3 +76,32 @@ def test_mesh_strides_are_the_cost_models_megatron_strides() -> None:
     assert mesh.strides == RankStrides.megatron(8, 1, 16, 8)
     assert mesh.stride(MeshAxis.EP) == RankStrides.megatron(8, 1, 16, 8).ep == 1
     assert mesh.link(MeshAxis.EP).link == "nvlink"
+
+
+def test_kv_head_replication_is_priced() -> None:
+    """tp 8 > 4 KV heads (qwen3-235b): Megatron-Core keeps one KV head per rank (attention.py:289-300) and
+    all-gathers the evenly split QKV output (attention.py:1398-1416): the attention core saves q/8 but k, v / 4,
+    the layer pays an all-gather + reduce-scatter of [tokens, q + 2kv], and estimate accepts the layout."""
+    from cost_models.estimate import estimate
+    from cost_models.layer_cost import kv_gather_cost
+    from cost_models.memory import op_activation_bytes
+
+    model = MODELS["qwen3-235b-a22b"]
+    cluster = build_cluster("h100-sxm", 1024)
+    job = JobSpec(seq_len=4096, global_batch_size=1024)
+    graph = graphs_for(model, 4096)["moe"]
+    core = graph.op("attn_core")
+    q, k, v = (graph.tensors[x].width for x in ("q_rot", "k", "v"))
+    for tp, kv_div in ((4, 4), (8, 4)):
+        par = ParallelConfig(tp=tp, ep=8, sequence_parallel=True)
+        assert op_activation_bytes(core, job, par) == pytest.approx(2.0 * 4096 * (q / tp + (k + v) / kv_div))
+        seconds, nbytes = kv_gather_cost(graph, cluster, job, par, 1)
+        if tp == 4:
+            assert seconds == nbytes == 0.0
+        else:  # all-gather forward + reduce-scatter backward of the bf16 [4096, q + k + v] QKV output
+            assert nbytes == pytest.approx(2 * 2.0 * 4096 * (q + k + v) * 7 / 8)
+            assert seconds > 0
+    lc8 = layer_cost(graph, model, cluster, job, ParallelConfig(tp=8, ep=8), 16)
+    assert lc8.tp_bytes > 0
+    pred = estimate(model, cluster, job, ParallelConfig(tp=8, pp=8, ep=8))
+    assert pred.step_time_s > 0

@@ -37,6 +37,48 @@ def check_fsdp2(plan: EmitPlan) -> None:
         raise ConfigError(f"ep={par.ep}: the fsdp2 target does not emit expert parallelism; use --target megatron")
 
 
+# The modes of the intra-op ILP's fsdp2 strategy set (cost_models.targets.fsdp2: SP one flag, K/V shard or
+# replicate), per module FQN of a decoder block (torchtitan's Llama names, search.strategies.TORCHTITAN_MODULE).
+BLOCK_MODULES = {"attn_norm": "attention_norm", "q_proj": "attention.wq", "k_proj": "attention.wk",
+                 "v_proj": "attention.wv", "o_proj": "attention.wo", "mlp_norm": "ffn_norm",
+                 "gate_proj": "feed_forward.w1", "up_proj": "feed_forward.w3", "down_proj": "feed_forward.w2"}
+EMITTED_MODES = {"attention_norm": ("R", "S"), "ffn_norm": ("R", "S"), "attention.wo": ("row", "row_sp"),
+                 "feed_forward.w2": ("row", "row_sp"), "feed_forward.w1": ("col", "col_sp"),
+                 "feed_forward.w3": ("col", "col_sp"),
+                 **{f"attention.w{x}": ("col", "col_sp", "col_kvrep", "col_sp_kvrep") for x in "qkv"}}
+
+
+def block_modes(plan: EmitPlan) -> dict[str, str]:
+    """Module FQN → tp mode of a decoder block: the ILP's ``op_shardings`` of the plan's dense layer, or (a plan
+    without them, e.g. from ``estimate``) the layout's uniform pattern. ``ConfigError`` for a mode this module
+    does not emit (the fsdp2 strategy set never yields one)."""
+    par = plan.parallel
+    if par.tp == 1:
+        return {}
+    chosen = plan.op_shardings.get("dense") if plan.op_shardings else None
+    if not chosen:
+        sp = par.sequence_parallel
+        kv = plan.model.mla is None and par.tp > plan.model.num_kv_heads and par.kv_replication == "replicate"
+        col = "col_sp" if sp else "col"
+        chosen = {"attn_norm": "S" if sp else "R", "mlp_norm": "S" if sp else "R", "q_proj": col,
+                  "k_proj": col + ("_kvrep" if kv else ""), "v_proj": col + ("_kvrep" if kv else ""),
+                  "o_proj": "row_sp" if sp else "row", "gate_proj": col, "up_proj": col,
+                  "down_proj": "row_sp" if sp else "row"}
+    out = {}
+    for op, fqn in BLOCK_MODULES.items():
+        if op not in chosen:
+            continue  # e.g. plain (non-gated) MLP: no gate_proj
+        mode = chosen[op]
+        if mode not in EMITTED_MODES[fqn]:
+            raise ConfigError(f"op_shardings: {op}={mode} is not a mode the fsdp2 module emits for {fqn} "
+                              f"(it emits {', '.join(EMITTED_MODES[fqn])})", valid=list(EMITTED_MODES[fqn]))
+        out[fqn] = mode
+    if plan.model.mla is None and par.tp > plan.model.num_kv_heads and not out["attention.wk"].endswith("_kvrep"):
+        raise ConfigError(f"tp={par.tp} > num_kv_heads={plan.model.num_kv_heads}: the fsdp2 module replicates the "
+                          "K/V projections (kv_replication=replicate)", valid=["kv_replication=replicate"])
+    return out
+
+
 def stage_chunks(plan: EmitPlan) -> list[int]:
     """Decoder layers per pipeline chunk, in chunk order (chunk c runs on pp rank c % pp)."""
     return [n for *_, n in pipeline_split(plan.model, plan.parallel).chunk_order()]
@@ -77,8 +119,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
 MODEL_NAME = __MODEL_NAME__
@@ -89,6 +131,12 @@ SCHEDULE = __SCHEDULE__
 RESHARD_AFTER_FORWARD = __RESHARD__  # bool, or a group size: re-shard to it after forward
 REDUCE_DTYPE = __REDUCE__
 FQN = {"embed": "tok_embeddings", "layers": "layers", "norm": "norm", "output": "output"}
+# Tensor-parallel mode of each decoder-block module, as the intra-op ILP chose it (autoplan op_shardings):
+# col / row = Megatron column / row parallel, _sp = sequence-parallel input / output (Shard(1)), S = sequence-
+# parallel norm, R = replicated, *_kvrep on wk/wv = K/V projections replicated on every TP rank (ReplicatedKV).
+BLOCK_MODES = __BLOCK_MODES__
+KV_HEADS = __KV_HEADS__
+HEAD_DIM = __HEAD_DIM__
 
 
 def mesh_shape() -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -109,25 +157,58 @@ def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"] if "dp_shard" in names else mesh["dp"]
 
 
-def block_tp_plan(sequence_parallel: bool) -> dict:
-    """TP plan of one decoder block, by FQN inside the block (Megatron's column/row split)."""
-    if not sequence_parallel:
-        return {
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(),
-        }
-    return {
-        "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-    }
+class ReplicatedKV(ParallelStyle):
+    """A K/V projection held whole on every TP rank (tp > num_kv_heads). Its weight is Replicate on the TP mesh;
+    each rank keeps the KV heads its query heads use (rank r of t: head r // (t / KV_HEADS)). The output's
+    gradient covers only this rank's query heads, so it leaves as Partial: DTensor sums the weight gradient over
+    TP, and the input gradient joins the query projection's (reduce-scatter / all-reduce of the block input)."""
+
+    def _partition(self, name, module, mesh):
+        for pname, param in list(module.named_parameters(recurse=False)):
+            module.register_parameter(pname, nn.Parameter(distribute_tensor(param, mesh, [Replicate()])))
+
+    def _input(self, module, inputs, mesh):
+        x = inputs[0]
+        x = x.redistribute(mesh, [Replicate()]) if isinstance(x, DTensor) else DTensor.from_local(
+            x, mesh, [Replicate()], run_check=False)
+        return (x, *inputs[1:])
+
+    def _output(self, module, output, mesh):
+        local = output.to_local(grad_placements=[Partial()])
+        t, rank = mesh.size(), mesh.get_local_rank()
+        head = rank // (t // KV_HEADS)
+        return local[..., head * HEAD_DIM:(head + 1) * HEAD_DIM]
+
+    def _apply(self, module, device_mesh):
+        return distribute_module(module, device_mesh, self._partition, self._input, self._output)
+
+
+def _style(fqn: str, mode: str):
+    if mode == "S":
+        return SequenceParallel()
+    if mode.endswith("_kvrep") and fqn != "attention.wq":
+        return ReplicatedKV()
+    if mode.startswith("col"):
+        return ColwiseParallel()
+    if mode == "row_sp":
+        return RowwiseParallel(output_layouts=Shard(1))
+    if mode == "row":
+        return RowwiseParallel()
+    return None  # "R": replicated, left as is
+
+
+def block_tp_plan() -> dict:
+    """TP plan of one decoder block, by FQN inside the block, from BLOCK_MODES; the attention and MLP modules
+    gather a sequence-parallel input (Shard(1)) for their column-parallel projections."""
+    plan = {}
+    for fqn, mode in BLOCK_MODES.items():
+        style = _style(fqn, mode)
+        if style is not None:
+            plan[fqn] = style
+    for module, first in (("attention", "attention.wq"), ("feed_forward", "feed_forward.w1")):
+        if BLOCK_MODES.get(first, "").startswith("col_sp"):
+            plan[module] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return plan
 
 
 def top_tp_plan(model: nn.Module, sequence_parallel: bool) -> dict:
@@ -150,7 +231,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if top:
         parallelize_module(model, tp_mesh, top)
     for block in getattr(model, FQN["layers"]).values():
-        parallelize_module(block, tp_mesh, block_tp_plan(sp))
+        parallelize_module(block, tp_mesh, block_tp_plan())
 
 
 def _sac_policy(ctx, op, *args, **kwargs):
@@ -243,6 +324,7 @@ def fsdp2_module(plan: EmitPlan) -> str:
     check_fsdp2(plan)
     par = plan.parallel
     rt = plan.runtime("fsdp2")  # reshard_after_forward and the reduce dtype the plan was priced with
+    modes = block_modes(plan)
     values = {
         "tp": par.tp, "pp": par.pp, "dp": plan.dp, "vp": par.vp,
         "hsdp_shard": par.hsdp_shard_size or 0, "micro_batch_size": par.micro_batch_size,
@@ -253,7 +335,9 @@ def fsdp2_module(plan: EmitPlan) -> str:
     text = _TEMPLATE
     for key, val in {"__MODEL_NAME__": repr(plan.model.name), "__PLAN__": repr(values),
                      "__STAGE_LAYERS__": repr(stage_chunks(plan)), "__SCHEDULE__": repr(schedule_name(plan)),
-                     "__RESHARD__": repr(rt.reshard_after_forward),
+                     "__RESHARD__": repr(rt.reshard_after_forward), "__BLOCK_MODES__": repr(modes),
+                     "__KV_HEADS__": repr(plan.model.num_kv_heads),
+                     "__HEAD_DIM__": repr(plan.model.head_dim_resolved),
                      "__REDUCE__": "torch.bfloat16" if rt.grad_reduce_dtype == "bf16" else "torch.float32"}.items():
         text = text.replace(key, val)
     return text

@@ -29,6 +29,9 @@ class EmitPlan:
     job: JobSpec
     parallel: ParallelConfig
     software: Software = field(default_factory=Software)
+    # decoder layer kind → op → tp mode the intra-op ILP chose (search JSON ``plans[i].op_shardings``); empty
+    # for an estimate plan: the emitters then write the layout's uniform pattern
+    op_shardings: dict[str, dict[str, str]] = field(default_factory=dict, hash=False, compare=False)
 
     def runtime(self, target: str) -> Runtime:
         """How ``target`` runs this plan (``cost_models.targets``): the knobs and env the emitters write."""
@@ -106,13 +109,20 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
         if not isinstance(par, dict):
             raise UserInputError(f"plan file '{source}': plans[{i}] has no \"parallel\" object")
         knobs = (entry.get("prediction") or {}).get("software") or {}
+        shardings = entry.get("op_shardings") or {}
+        if not (isinstance(shardings, dict) and all(isinstance(v, dict) and all(
+                isinstance(a, str) and isinstance(b, str) for a, b in v.items()) for v in shardings.values())):
+            raise UserInputError(f"plan file '{source}': plans[{i}].op_shardings must map layer kinds to "
+                                 "{op: mode} objects")
     else:
+        shardings = {}
         if index not in (None, 1):
             raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
         par = _require(data, "parallel", source)
         knobs = (data.get("prediction") or {}).get("software") or {}
     parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
-    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=priced_software(knobs))
+    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=priced_software(knobs),
+                    op_shardings=shardings)
 
 
 def priced_software(knobs: dict[str, Any]) -> Software:

@@ -44,6 +44,22 @@ def tiny_plan(num_gpus: int, *, tp: int = 1, pp: int = 1, global_batch_size: int
                                             schedule=schedule, recompute=recompute))
 
 
+def searched_plan(num_gpus: int, *, pins: dict, target: str = "fsdp2", global_batch_size: int = 4,
+                  seq_len: int = 16) -> EmitPlan:
+    """The best plan ``autoplan search`` finds for the tiny model under ``pins`` (stage split and the intra-op
+    ILP's per-op shardings included): what a user would emit, nothing written by hand."""
+    from autoplan.catalog import build_cluster
+    from search.planner import search
+
+    cluster = build_cluster("h100-sxm", num_gpus)
+    job = JobSpec(global_batch_size=global_batch_size, seq_len=seq_len)
+    res = search(tiny_model_spec(), cluster, job, target=target, pins=pins, top_k=1,  # type: ignore[arg-type]
+                 find_smallest_cluster=False)
+    best = res.plans[0]
+    return EmitPlan(model=tiny_model_spec(), cluster=cluster, job=job, parallel=best.parallel,
+                    op_shardings=best.op_shardings)
+
+
 @dataclass(frozen=True)
 class ExecutionResult:
     world_size: int

@@ -106,7 +106,21 @@ class TargetProfile:
     zero_stages: tuple[int, ...] = (0, 1, 3)  # search order
     cp_comm_types: tuple[str, ...] = ("p2p",)
     knobs: dict[str, Knob] = {}
-    allow_kv_replication: bool = False  # tp a multiple of num_kv_heads (KV heads replicated)
+    # Per-op strategy set the intra-op ILP may use on this target (search/strategies.py reads them):
+    # sequence parallelism "flag" (one switch for the model, the layout's) or "forced" (on whenever tp > 1);
+    # the loss "F" (vocab-parallel cross-entropy) and/or "R" (logits gathered, loss replicated); K/V projections
+    # under TP: "shard" (heads split, num_kv_heads % tp == 0), "gather" (tp a multiple of num_kv_heads: QKV
+    # split evenly, output all-gathered, one KV head per rank: Megatron-Core), "replicate" (K/V weights
+    # replicated on every TP rank, each rank keeps its query heads' KV heads: a DTensor Replicate module).
+    sequence_parallel: Literal["flag", "forced"] = "flag"
+    loss_modes: tuple[str, ...] = ("F",)
+    kv_modes: tuple[str, ...] = ("shard",)
+    kv_source: str = ""  # where the K/V rule comes from
+
+    @property
+    def allow_kv_replication(self) -> bool:
+        """tp a multiple of num_kv_heads (KV heads held by tp / num_kv_heads ranks each)."""
+        return "gather" in self.kv_modes or "replicate" in self.kv_modes
 
     # ---- knobs -----------------------------------------------------------------------------------------
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
@@ -135,6 +149,11 @@ class TargetProfile:
         from cost_models.validate import check_parallel
 
         check_parallel(model, cluster, job, par, allow_kv_replication=self.allow_kv_replication)
+        if model.mla is None and par.tp > model.num_kv_heads and par.kv_replication not in self.kv_modes:
+            held = [m for m in self.kv_modes if m != "shard"]
+            raise ConfigError(f"kv_replication={par.kv_replication} with tp={par.tp} > num_kv_heads="
+                              f"{model.num_kv_heads}: {self.name} replicates KV heads by "
+                              f"{' or '.join(held)} ({self.kv_source})", valid=held)
         self.check_layout(model, cluster, job, par)
         if rt is not None:
             self.check_runtime(model, cluster, job, par, rt)

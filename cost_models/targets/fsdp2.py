@@ -26,7 +26,14 @@ class FSDP2Profile(TargetProfile):
     schedules = ("1f1b", "interleaved")
     zero_stages = (3,)
     cp_comm_types = ()
-    allow_kv_replication = False
+    # The emitted autoplan_parallelize.py applies the plan's per-op shardings: SequenceParallel norms with the
+    # plan's sequence_parallel flag, the output head ColwiseParallel(output_layouts=Replicate()) (loss on gathered
+    # logits: "R"), wk/wv ColwiseParallel ("shard") or, where the ILP chose it, the ReplicatedKV style (K/V
+    # weights replicated on the TP mesh: "replicate"; the only choice when tp > num_kv_heads).
+    sequence_parallel = "flag"
+    loss_modes = ("R",)
+    kv_modes = ("shard", "replicate")
+    kv_source = "the emitted autoplan_parallelize.py (ReplicatedKV: K/V weights Replicate on the TP mesh)"
     knobs = {
         "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
                                       f"{FULLY_SHARD}: bool or int (a divisor of the shard group)"),

@@ -38,7 +38,12 @@ class MegatronProfile(TargetProfile):
     schedules = ("1f1b", "interleaved")
     zero_stages = (1, 0, 3)
     cp_comm_types = ("p2p", "a2a", "allgather", "a2a+p2p")
-    allow_kv_replication = True
+    # Megatron-Core 0.16.1: TransformerConfig accepts num_query_groups a multiple or a divisor of tp
+    # (transformer_config.py:939-946); with fewer groups than tp ranks linear_qkv is split evenly, its output
+    # all-gathered and each rank keeps one group (attention.py:289-300, 1398-1416): "gather".
+    kv_modes = ("shard", "gather")
+    kv_source = f"{TC}:939-946; megatron/core/transformer/attention.py:289-300, 1398-1416 @{COMMIT}"
+    loss_modes = ("F",)  # vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
     knobs = {
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32", "bf16"), "fp32",
                                   f"{MLM}:716-723 (--grad-reduce-in-bf16, line 2178)"),

@@ -33,7 +33,12 @@ class TorchtitanProfile(TargetProfile):
     schedules = ("1f1b", "interleaved")
     zero_stages = (3, 0)
     cp_comm_types = ("allgather",)
-    allow_kv_replication = False
+    # TP plan of models/llama3/infra/parallelize.py: wq/wk/wv ColwiseParallel (KV heads split: n_kv_heads % tp == 0),
+    # SequenceParallel norms whenever tp > 1, loss parallel unless --parallelism.disable_loss_parallel.
+    sequence_parallel = "forced"
+    loss_modes = ("F", "R")
+    kv_modes = ("shard",)
+    kv_source = f"{TT}models/llama3/infra/parallelize.py (wk/wv ColwiseParallel)"
     knobs = {
         "compile": Knob("compile", (True, False), False, f"{TT}config/configs.py:292 (compile.enable)"),
         "async_tp": Knob("async_tp", (True, False), False,
