@@ -337,19 +337,20 @@ def kv_replica_grad_collectives(graph: LayerGraph) -> tuple[CollectiveKind, Lite
 def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                    stride: int) -> tuple[float, float]:
     """(exposed seconds, bytes each rank sends) for one micro-batch of Megatron's QKV gather (0 when t ≤ g), or
-    with ``kv_replication='replicate'`` of the replicated K/V weights' gradient all-reduce."""
+    with ``kv_replication='replicate'`` of the replicated K/V weights' gradient all-reduce. Both are plain
+    collectives on the compute stream (``_gather_along_last_dim``, a DTensor redistribute), not the linear layers'
+    userbuffer-overlapped ones: fully exposed (no ``tp_exposed_fraction``)."""
     width = kv_gather_width(graph, par.tp)
     if not width:
         return 0.0, 0.0
-    fraction = tp_exposed_fraction(par.tp, cluster.efficiency)
     if par.kv_replication == "replicate":
         kind, _, calls, payload = kv_replica_grad_collectives(graph)
-        return (calls * group_collective_time_s(kind, payload, par.tp, stride, cluster) * fraction,
+        return (calls * group_collective_time_s(kind, payload, par.tp, stride, cluster),
                 calls * bytes_sent_per_rank(kind, payload, par.tp))
     payload = 2.0 * par.micro_batch_size * job.seq_len / par.cp * width
     seconds = nbytes = 0.0
     for kind, _, calls in kv_gather_collectives(par.recompute):
-        seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster) * fraction
+        seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster)
         nbytes += calls * bytes_sent_per_rank(kind, payload, par.tp)
     return seconds, nbytes
 

@@ -359,14 +359,6 @@ class _Eval:
             return []
         mesh = ctx.mesh
         tokens = ctx.micro_batch_size * ctx.seq_len / mesh.size(MeshAxis.CP) * node.ops[0].tokens_factor
-        extra: list[Comm] = []
-        if tp in ("col", "col_sp") and kv_gather_width(self.graph, self.t) and _is_qkv(node, self.graph):
-            gathered = tokens * kv_gather_width(self.graph, self.t) * BF16_BYTES  # Megatron's QKV gather, t > g
-            extra = [Comm(kind, (MeshAxis.TP,), phase, gathered, mesh.collective_time_s(kind, gathered, MeshAxis.TP),
-                          calls) for kind, phase, calls in kv_gather_collectives(ctx.recompute)]
-        elif tp in KV_REPLICATED_MODES:  # the replicated K/V weights' gradient all-reduce
-            kind, phase, calls, grad = kv_replica_grad_collectives(self.graph)
-            extra = [Comm(kind, (MeshAxis.TP,), phase, grad, mesh.collective_time_s(kind, grad, MeshAxis.TP), calls)]
         if tp in ("col", "col_sp", "col_kvrep", "col_sp_kvrep"):
             role: TpRole = "column"
             payload = tokens * self.graph.tensors[node.inputs[0]].width * BF16_BYTES
@@ -380,7 +372,24 @@ class _Eval:
         else:
             return []
         return [Comm(kind, (MeshAxis.TP,), phase, payload, mesh.collective_time_s(kind, payload, MeshAxis.TP), calls)
-                for kind, phase, calls in tp_collectives(role, tp in SP_MODES, ctx.recompute)] + extra
+                for kind, phase, calls in tp_collectives(role, tp in SP_MODES, ctx.recompute)]
+
+    def kv_comms(self) -> list[Comm]:
+        """KV-head replication (t > num_kv_heads) on the Q/K/V node: Megatron's QKV gather, or the replicated K/V
+        weights' gradient all-reduce (``layer_cost.kv_gather_cost``); plain collectives, fully exposed."""
+        ctx, node, tp, mesh = self.ctx, self.node, self.tp, self.ctx.mesh
+        if self.t == 1 or not _is_qkv(node, self.graph):
+            return []
+        tokens = ctx.micro_batch_size * ctx.seq_len / mesh.size(MeshAxis.CP) * node.ops[0].tokens_factor
+        extra: list[Comm] = []
+        if tp in ("col", "col_sp") and kv_gather_width(self.graph, self.t):
+            gathered = tokens * kv_gather_width(self.graph, self.t) * BF16_BYTES  # Megatron's QKV gather, t > g
+            extra = [Comm(kind, (MeshAxis.TP,), phase, gathered, mesh.collective_time_s(kind, gathered, MeshAxis.TP),
+                          calls) for kind, phase, calls in kv_gather_collectives(ctx.recompute)]
+        elif tp in KV_REPLICATED_MODES:  # the replicated K/V weights' gradient all-reduce
+            kind, phase, calls, grad = kv_replica_grad_collectives(self.graph)
+            extra = [Comm(kind, (MeshAxis.TP,), phase, grad, mesh.collective_time_s(kind, grad, MeshAxis.TP), calls)]
+        return extra
 
     def ep_comms(self) -> list[Comm]:
         """Dispatch or combine all-to-all, forward and backward (``layer_cost.ep_all_to_all``)."""
@@ -428,14 +437,14 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
         for ep in ep_modes(node, ctx):
             ev = _Eval(node, graph, ctx, tp, ep)
             compute, attention = ev.compute()
-            tp_c, ep_c = ev.tp_comms(), ev.ep_comms()
-            exposed = (sum(c.time_s * c.count for c in tp_c) * fraction + sum(c.time_s * c.count for c in ep_c)
+            tp_c, kv_c, ep_c = ev.tp_comms(), ev.kv_comms(), ev.ep_comms()
+            exposed = (sum(c.time_s * c.count for c in tp_c) * fraction + sum(c.time_s * c.count for c in kv_c + ep_c)
                        + ring_exposed_s(ev.ring_s(), attention))
             out.append(Strategy(
                 name="/".join(x for x in (f"tp:{tp}", f"ep:{ep}" if ep else "") if x), tp=tp, ep=ep,
                 in_layouts=tuple((x, ev.layout(x, "in")) for x in node.inputs),
                 out_layouts=tuple((x, ev.layout(x, "out")) for x in node.outputs),
-                compute_s=compute, exposed_s=exposed, comms=tuple(tp_c + ep_c),
+                compute_s=compute, exposed_s=exposed, comms=tuple(tp_c + kv_c + ep_c),
                 activation_bytes=ev.activation_bytes(), ties=_ties(node, ctx, tp),
             ))
     return out

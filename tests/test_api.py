@@ -41,8 +41,8 @@ def test_request_models_dicts_and_run_agree() -> None:
 
 
 def test_errors_are_typed() -> None:
-    with pytest.raises(ConfigError, match="tp=16 does not divide num_kv_heads=8"):
-        autoplan.estimate({**EST, "parallel": {"tp": 16, "pp": 8}})
+    with pytest.raises(ConfigError, match="tp=16 does not divide num_kv_heads=8"):  # torchtitan splits KV heads
+        autoplan.estimate({**EST, "target": "torchtitan", "parallel": {"tp": 16, "pp": 8}})
     with pytest.raises(autoplan.InputError, match=r"parallel.tp: Input should be greater than 0 \(got 0\)"):
         autoplan.estimate({**EST, "parallel": {"tp": 0}})
     with pytest.raises(autoplan.AutoplanError, match=r"cluster.num_gpus: Input should be a valid integer \(got True\)"):

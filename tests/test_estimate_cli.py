@@ -70,7 +70,9 @@ def test_not_fitting_is_reported_not_an_error() -> None:
 @pytest.mark.parametrize("args, needle", [
     (["estimate", "--model", "llama3-7b", "--gpus", "8", "--tp", "1", "--pp", "1"], "did you mean"),
     ([*BASE, "--gpu", "h100", "--tp", "8", "--pp", "8"], "unknown GPU"),
-    ([*BASE, "--tp", "16", "--pp", "8"], "tp=16 does not divide num_kv_heads=8; valid: 1, 2, 4, 8"),
+    ([*BASE, "--tp", "16", "--pp", "8", "--target", "torchtitan"],
+     "tp=16 does not divide num_kv_heads=8; valid: 1, 2, 4, 8"),  # Megatron would replicate KV heads
+    ([*BASE, "--tp", "16", "--pp", "8"], "tp=16 must divide the NVLink domain of 8"),
     (["estimate", "--model", "llama2-7b", "--gpus", "16", "--tp", "16", "--pp", "1",
       "--global-batch-size", "16"], "NVLink domain of 8"),
     ([*BASE, "--tp", "3", "--pp", "1"], "tp=3 does not divide num_attention_heads=64"),
