@@ -81,9 +81,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint. ``target`` (the
     launch framework) sets how memory is held (``cost_models.memory.memory_runtime``; default Megatron-Core)."""
     if check:
-        from cost_models.targets import get_profile
+        from cost_models.targets import PROFILES
 
-        prof = get_profile(target) if target is not None else None
+        prof = PROFILES.get(target or "")  # None: no target, ``any``, or a run's own framework (fidelity)
         # tp > num_kv_heads is priced (opgraph.tp_divisor, layer_cost.kv_gather_cost); a target profile says
         # whether its framework runs it (Megatron does; no target named = Megatron's rules).
         check_parallel(model, cluster, job, par,

@@ -50,12 +50,16 @@ def jobs(draw):  # type: ignore[no-untyped-def]
     return cluster, job
 
 
-def _check_plan_constraints(model, cluster, job, plan) -> None:  # type: ignore[no-untyped-def]
+def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> None:  # type: ignore[no-untyped-def]
+    from search.space import kv_replication
+
     par, pred = plan.parallel, plan.prediction
-    check_parallel(model, cluster, job, par)  # raises on any broken hard constraint
+    rep = kv_replication(target)  # Megatron / fsdp2 / any replicate KV heads when tp is a multiple of them
+    check_parallel(model, cluster, job, par, allow_kv_replication=rep)  # raises on any broken hard constraint
     dp = pred.dp
     assert dp * par.tp * par.pp * par.cp == cluster.num_gpus
-    assert model.num_kv_heads % par.tp == 0
+    g = model.num_kv_heads
+    assert g % par.tp == 0 or (rep and par.tp % g == 0)
     assert par.tp <= cluster.nvlink_domain_size and cluster.nvlink_domain_size % par.tp == 0
     layers = stage_layers(model, par)
     assert pred.layers_per_stage == layers and sum(layers) == model.num_layers and min(layers) >= 1
@@ -81,7 +85,7 @@ def test_search_equals_exhaustive_and_plans_obey_constraints(model, cj, target) 
     costs = [p.prediction.composite_cost for p in res.plans]
     assert costs == sorted(costs)
     for p in res.plans:
-        _check_plan_constraints(model, cluster, job, p)
+        _check_plan_constraints(model, cluster, job, p, target)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
