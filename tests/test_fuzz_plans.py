@@ -125,12 +125,17 @@ def _schedule_rule(target: str, schedule: str, pp: int, vp: int, m: int) -> str 
     return None
 
 
-def _kv_rule(target: str, tp: int, kv: int) -> str | None:
-    """KV heads whole per rank; Megatron also replicates them when tp is a multiple of the KV heads
-    (megatron/core/transformer/attention.py: num_query_groups_per_partition = max(1, groups // tp))."""
-    if kv % tp == 0 or (target in ("megatron", "any") and tp % kv == 0):
+def _kv_rule(target: str, tp: int, kv: int, how: str = "gather") -> str | None:
+    """KV heads whole per rank; when tp is a multiple of the KV heads Megatron replicates them by gathering the
+    evenly split QKV output (megatron/core/transformer/attention.py: num_query_groups_per_partition = 1, the
+    all-gather in get_query_key_value_tensors) and the fsdp2 module by replicating the K/V weights
+    (its ReplicatedKV style); torchtitan splits KV heads only."""
+    if kv % tp == 0:
         return None
-    return f"tp={tp} with {kv} KV heads on {target}"
+    ways = {"megatron": ("gather",), "fsdp2": ("replicate",), "any": ("gather", "replicate")}.get(target, ())
+    if tp % kv == 0 and how in ways:
+        return None
+    return f"tp={tp} with {kv} KV heads on {target} (kv_replication={how})"
 
 
 def _ep_rule(target: str, par: Any, dp: int, experts: int) -> str | None:
@@ -243,7 +248,7 @@ def violations(target: str, m: dict[str, Any], num_gpus: int, domain: int, gpu: 
     need(domain % t == 0, f"tp={t} does not divide the NVLink domain {domain}")
     need(gbs == mbs * dp * mb, f"global batch {gbs} != mbs*dp*m = {mbs}*{dp}*{mb}")
     need(m["num_attention_heads"] % t == 0 and m["ffn_hidden_size"] % t == 0, f"tp={t} does not shard heads/ffn")
-    for rule in (_schedule_rule(target, par.schedule, p, vp, mb), _kv_rule(target, t, m["num_kv_heads"]),
+    for rule in (_schedule_rule(target, par.schedule, p, vp, mb), _kv_rule(target, t, m["num_kv_heads"], par.kv_replication),
                  _ep_rule(target, par, dp, m.get("num_experts", 0)), _zero_rule(target, par, m["tied_embeddings"])):
         if rule:
             out.append(rule)
