@@ -46,7 +46,7 @@ from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.opgraph import LayerGraph, LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
-from search.resharding import Layout, edge_time_s
+from search.resharding import Placement, edge_time_s
 from search.strategies import (
     TORCHTITAN_MODULE,
     TORCHTITAN_STYLE,
@@ -428,8 +428,8 @@ class EdgeReshard:
     producer: str
     consumer: str
     tensor: str
-    src: Layout
-    dst: Layout
+    src: Placement
+    dst: Placement
     time_s: float  # per micro-batch, forward + backward
 
 
@@ -546,7 +546,7 @@ class LayerProblem:
     nodes: tuple[Node, ...]
     strategies: tuple[tuple[Strategy, ...], ...]
     # u, v, tensor at u, tensor at v, layouts A of u, layouts B of v, reshard seconds per micro-batch (|A|×|B|)
-    edges: tuple[tuple[int, int, str, str, tuple[Layout, ...], tuple[Layout, ...], np.ndarray], ...]
+    edges: tuple[tuple[int, int, str, str, tuple[Placement, ...], tuple[Placement, ...], np.ndarray], ...]
     problem: IlpProblem
 
 

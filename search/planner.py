@@ -14,7 +14,7 @@
 
 Each decoder layer kind is priced by the intra-op ILP on the layout's stage mesh (``Scorer.layer_solution``,
 cached per (kind, mesh, mbs, recompute, target)); every plan carries the per-op shardings it chose
-(``Plan.op_shardings``) and the result counts the ILP solves this search ran (``ilp_solves``, cache hits apart).
+(``RankedPlan.op_shardings``) and the result counts the ILP solves this search ran (``ilp_solves``, cache hits apart).
 
 ``search`` never prints; progress goes to an optional callback ``progress(done, total)``.
 """
@@ -47,7 +47,9 @@ SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_
 CLOSEST_CANDIDATES = 32  # layouts (lowest memory bounds) priced exactly to name the closest miss
 
 
-class Plan(BaseModel):
+class RankedPlan(BaseModel):
+    """One plan as the planner ranks it (``autoplan.schema.Plan`` is what the API publishes, goodput added)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     rank: int
     parallel: ParallelConfig
@@ -56,9 +58,11 @@ class Plan(BaseModel):
     op_shardings: dict[str, dict[str, str]]  # decoder layer kind → op → tp mode the intra-op ILP chose
 
 
-class SearchResult(BaseModel):
+class PlannerResult(BaseModel):
+    """What ``search`` returns (``autoplan.schema.SearchResult`` is the published response built from it)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
-    plans: list[Plan]
+    plans: list[RankedPlan]
     candidates: int  # layouts that passed the structural checks
     evaluated: int  # layouts whose split was chosen by the stage DP and scored
     pruned: dict[str, int]
@@ -190,7 +194,7 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
            progress: Progress | None = None, find_smallest_cluster: bool = True,
-           scorer: Scorer | None = None) -> SearchResult:
+           scorer: Scorer | None = None) -> PlannerResult:
     """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
 
     Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
@@ -280,9 +284,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     for i, (_, _, par, pred, lay) in enumerate(finals[:top_k]):
         nxt = finals[i + 1] if i + 1 < len(finals) else None
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
-        plans.append(Plan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
+        plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
                           op_shardings=op_shardings(scorer, lay)))
-    return SearchResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
+    return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
                         wall_time_s=time.perf_counter() - t0, target=target,
                         ilp_solves=scorer.ilp.misses - solves0, ilp_cache_hits=scorer.ilp.hits - hits0)
 

@@ -1,6 +1,6 @@
-"""Tensor layouts on a logical mesh and the α-β cost of converting between them (resharding).
+"""Tensor placements on a logical mesh and the α-β cost of converting between them (resharding).
 
-A *layout* gives, for every mesh axis (in ``LogicalMesh.axes`` order), what the axis does to an
+A *placement* (``Placement``; not ``search.space.Layout``, which is a point of the search space) gives, for every mesh axis (in ``LogicalMesh.axes`` order), what the axis does to an
 activation tensor of shape ``[tokens, width]``:
 
 - ``R`` replicated;  ``B`` batch dim sharded;  ``S`` sequence dim sharded;  ``E`` tokens grouped by expert
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from search.mesh import LogicalMesh
 
-Layout = tuple[str, ...]
+Placement = tuple[str, ...]
 BF16_BYTES = 2.0
 SHARDED = frozenset("BSEFK")
 
@@ -37,7 +37,7 @@ def shard_factor(letter: str, axis_size: int, kv_heads: int) -> int:
     return axis_size
 
 
-def device_bytes(tokens: float, width: int, layout: Layout, mesh: LogicalMesh, kv_heads: int) -> float:
+def device_bytes(tokens: float, width: int, layout: Placement, mesh: LogicalMesh, kv_heads: int) -> float:
     """Bytes of one bf16 ``[tokens, width]`` tensor held by one rank in ``layout``."""
     b = tokens * width * BF16_BYTES
     for letter, n in zip(layout, mesh.sizes):
@@ -45,7 +45,8 @@ def device_bytes(tokens: float, width: int, layout: Layout, mesh: LogicalMesh, k
     return b
 
 
-def reshard_time_s(tokens: float, width: int, src: Layout, dst: Layout, mesh: LogicalMesh, kv_heads: int) -> float:
+def reshard_time_s(tokens: float, width: int, src: Placement, dst: Placement, mesh: LogicalMesh,
+                   kv_heads: int) -> float:
     """Forward time of converting one tensor from ``src`` to ``dst`` (axis by axis, module docstring)."""
     if src == dst:
         return 0.0
@@ -64,7 +65,7 @@ def reshard_time_s(tokens: float, width: int, src: Layout, dst: Layout, mesh: Lo
     return t
 
 
-def edge_time_s(tokens: float, width: int, src: Layout, dst: Layout, mesh: LogicalMesh, kv_heads: int,
+def edge_time_s(tokens: float, width: int, src: Placement, dst: Placement, mesh: LogicalMesh, kv_heads: int,
                 forward_repeats: int = 1) -> float:
     """Forward (× ``forward_repeats``, 2 under full recompute) plus backward resharding of one edge."""
     fwd = reshard_time_s(tokens, width, src, dst, mesh, kv_heads)

@@ -62,7 +62,7 @@ from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
 from cost_models.targets import get_profile
 from search.mesh import LogicalMesh, MeshAxis
-from search.resharding import BF16_BYTES, Layout
+from search.resharding import BF16_BYTES, Placement
 
 Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2", "any")
@@ -154,8 +154,8 @@ class Strategy:
     name: str
     tp: str
     ep: str | None
-    in_layouts: tuple[tuple[str, Layout], ...]
-    out_layouts: tuple[tuple[str, Layout], ...]
+    in_layouts: tuple[tuple[str, Placement], ...]
+    out_layouts: tuple[tuple[str, Placement], ...]
     compute_s: float  # per micro-batch: forward + backward + recompute (cost_models.layer_cost.op_compute)
     exposed_s: float  # per micro-batch: TP (× exposed fraction), EP and CP-ring time on the critical path
     comms: tuple[Comm, ...]
@@ -170,10 +170,10 @@ class Strategy:
     def memory_bytes(self) -> float:
         return self.activation_bytes
 
-    def in_layout(self, tensor: str) -> Layout:
+    def in_layout(self, tensor: str) -> Placement:
         return dict(self.in_layouts)[tensor]
 
-    def out_layout(self, tensor: str) -> Layout:
+    def out_layout(self, tensor: str) -> Placement:
         return dict(self.out_layouts)[tensor]
 
 
@@ -323,8 +323,8 @@ class _Eval:
             return "R"  # a follow op's skip input next to a feature-sharded output keeps its own layout
         return letter
 
-    def layout(self, tensor: str, side: Literal["in", "out"]) -> Layout:
-        """Layout of ``tensor`` here; a follow op's other inputs (the residual's skip) take the out-layout."""
+    def layout(self, tensor: str, side: Literal["in", "out"]) -> Placement:
+        """Placement of ``tensor`` here; a follow op's other inputs (the residual's skip) take the out-layout."""
         if side == "in" and tensor not in self.lead_inputs:
             side = "out"
         return tuple(self.letter(a, tensor, side) for a in self.ctx.mesh.axes)

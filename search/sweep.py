@@ -22,7 +22,7 @@ from typing import Any
 from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.goodput import FailureModel, Goodput, goodput, goodput_upper_bound
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
-from search.planner import Plan, SearchResult, search
+from search.planner import PlannerResult, RankedPlan, search
 from search.score import Scorer
 from search.space import Target
 
@@ -35,12 +35,12 @@ class SweepPoint:
 
     num_gpus: int
     job: JobSpec
-    result: SearchResult | None = None
+    result: PlannerResult | None = None
     goodputs: tuple[Goodput, ...] = ()
     error: ConfigError | InfeasibleError | None = None
 
 
-def plan_goodput(model: ModelSpec, cluster: ClusterSpec, plan: Plan, failures: FailureModel | None) -> Goodput:
+def plan_goodput(model: ModelSpec, cluster: ClusterSpec, plan: RankedPlan, failures: FailureModel | None) -> Goodput:
     pred = plan.prediction
     return goodput(model, cluster, plan.parallel, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                    failures)
@@ -50,9 +50,9 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, targe
                   pins: dict[str, Any] | None = None, top_k: int = 3, rank_by: str = "step",
                   failures: FailureModel | None = None, scorer: Scorer | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  find_smallest_cluster: bool = True) -> tuple[SearchResult, tuple[Goodput, ...]]:
+                  find_smallest_cluster: bool = True) -> tuple[PlannerResult, tuple[Goodput, ...]]:
     """The planner's search, ranked by step time or by goodput; each plan with its goodput."""
-    def run(k: int) -> SearchResult:
+    def run(k: int) -> PlannerResult:
         return search(model, cluster, job, target=target, pins=pins, top_k=k, progress=progress, scorer=scorer,
                       find_smallest_cluster=find_smallest_cluster)
 
