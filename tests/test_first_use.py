@@ -153,3 +153,17 @@ def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:
     assert code == 0 and len(json.loads(out)["plans"]) == 1, err
     code, out, err = _cli("search", "--request", str(path), "--gpus", "16")
     assert code == 2 and "--request replaces --gpus" in err
+
+
+def test_output_flags_have_one_spelling_everywhere(tmp_path: Path) -> None:
+    """emit, batch and calibrate each take -o, --out and --output."""
+    for command in ("emit", "batch", "calibrate"):
+        code, out, err = _cli(command, "--help")
+        assert "-o, --out" in out.replace("--output, --out", "--out, --output") and "--output" in out, command
+    code, out, err = _cli("emit", "--target", "megatron", "--model", "llama3-8b", "--gpus", "8", "--tp", "8",
+                          "--global-batch-size", "16", "--seq-len", "2048", "--output", str(tmp_path / "e"))
+    assert code == 0 and any((tmp_path / "e").iterdir()), err
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"model": "llama3-8b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 16}}\n')
+    code, out, err = _cli("batch", str(lines), "--out", str(tmp_path / "out.jsonl"))
+    assert code == 0 and json.loads((tmp_path / "out.jsonl").read_text())["status"] == "ok", err

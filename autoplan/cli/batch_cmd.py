@@ -17,7 +17,7 @@ DEFAULTS = Limits()
 
 @cli.command("batch")
 @click.argument("requests", type=click.File("rb"))
-@click.option("-o", "--output", default="-", help="results JSONL [stdout]; a file is replaced only when the batch "
+@click.option("-o", "--output", "--out", "output", default="-", help="results JSONL [stdout]; a file is replaced only when the batch "
               "completes, a pipe or device is written in place")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="worker processes (local) or actors (ray)")

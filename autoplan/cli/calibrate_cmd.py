@@ -39,7 +39,7 @@ def _fields(text: str | None) -> tuple[str, ...]:
 @cli.command("calibrate")
 @click.argument("runs_file", type=click.Path(dir_okay=False))
 @click.option("--gpu", default=None, help="GPU catalog name the profile is for [the runs' GPU]")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="cluster profile YAML to write")
+@click.option("-o", "--output", "--out", "output", required=True, type=click.Path(dir_okay=False), help="cluster profile YAML to write")
 @click.option("--fit", "fit_fields", default=None,
               help=f"comma-separated Efficiency fields to fit [{','.join(DEFAULT_FIT_FIELDS)}]")
 @click.option("--start", "start_profile", default=None, type=click.Path(dir_okay=False),

@@ -68,7 +68,7 @@ def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
 
 @cli.command("emit")
 @target_option
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="output folder")
+@click.option("-o", "--out", "--output", "out_dir", type=click.Path(file_okay=False), required=True, help="output folder")
 @plan_inputs
 @click.option("--allow-over-memory", is_flag=True, default=False,
               help="write a layout the cost model says does not fit in GPU memory (marked in README.txt)")
@@ -103,7 +103,7 @@ def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> N
 
 @cli.command("validate")
 @target_option
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("-o", "--out", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="also keep the emitted files here (default: a temporary folder)")
 @plan_inputs
 @user_errors
