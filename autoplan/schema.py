@@ -41,7 +41,7 @@ MAX_TOP = 50
 MAX_ID_CHARS = 256
 
 Status = Literal["ok", "infeasible", "invalid", "error"]
-Target = Literal["megatron", "torchtitan", "any"]
+Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 FrameworkTarget = Literal["megatron", "torchtitan", "fsdp2"]
 RankBy = Literal["step", "goodput"]
 

@@ -576,3 +576,28 @@ def test_torchtitan_flavor_without_config_function() -> None:
     assert "qwen3_30b_a3b as _base" in text and "model_registry('235B-A22B')" in text
     f = flags(torchtitan_overrides(p))
     assert f["--parallelism.expert_parallel_degree"] == "32" and f["--module"] == CONFIG_MODULE
+
+
+def test_fsdp2_emits_the_searched_op_shardings() -> None:
+    """search --target fsdp2 (tp 4 > 2 KV heads) → plan JSON → emit: the module's BLOCK_MODES are the intra-op
+    ILP's choices (wk/wv replicated, the rest column/row/sequence parallel), read from plans[0].op_shardings."""
+    import json
+
+    import autoplan
+    from autoplan.emit.fsdp2 import block_modes
+    from autoplan.emit.plan import plan_from_dict
+    from autoplan.validate.cpu_execution import tiny_model_spec
+
+    req = {"model": tiny_model_spec().model_dump(), "cluster": {"num_gpus": 4, "gpu": "h100-sxm"},
+           "job": {"global_batch_size": 4, "seq_len": 16}, "target": "fsdp2", "parallel": {"tp": 4}}
+    data = json.loads(autoplan.search(req).model_dump_json())
+    dense = data["plans"][0]["op_shardings"]["dense"]
+    pl = plan_from_dict(data)
+    assert pl.parallel.kv_replication == "replicate" and pl.op_shardings["dense"] == dense
+    modes = block_modes(pl)
+    assert modes["attention.wk"] == dense["k_proj"] == "col_sp_kvrep" and modes["feed_forward.w2"] == dense["down_proj"]
+    text = emit(pl, "fsdp2").files["autoplan_parallelize.py"]
+    assert f"BLOCK_MODES = {modes!r}" in text
+    bad = {**data, "plans": [{**data["plans"][0], "op_shardings": {"dense": {**dense, "o_proj": "S"}}}]}
+    with pytest.raises(ConfigError, match="o_proj=S is not a mode the fsdp2 module emits"):
+        emit(plan_from_dict(bad), "fsdp2")

@@ -49,7 +49,8 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
     """Write plan #1's launch files; a failure is reported in the result (the search result stands)."""
     from autoplan.emit import EmitPlan, emittable_targets, write_plan
 
-    plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel)
+    plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel,
+                    op_shardings=plans[0].op_shardings)  # the intra-op ILP's per-op choices (fsdp2 writes them)
     emit_target = target
     if target == "any":  # the first framework that runs the plan as is
         emit_target = next(iter(emittable_targets(plan)), "fsdp2")
@@ -66,10 +67,11 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
 @job_options
 @parallel_options(required=False, searched=True)
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
-@click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
               show_default=True,
               help="framework the plan must run on: megatron (DDP, distributed optimizer, FSDP2 without PP; "
-                   "1F1B/interleaved), torchtitan (FSDP2/HSDP or DDP), any (also ZeRO-2, ZB-H1)")
+                   "1F1B/interleaved), torchtitan (FSDP2/HSDP or DDP), fsdp2 (plain FSDP2 + DTensor module, "
+                   "per-op TP plan), any (also ZeRO-2, ZB-H1)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
               help="rank by step time, or by tokens/s after failures, checkpoints and restarts (goodput)")
 @failure_options
