@@ -17,7 +17,8 @@ either stays inside one NVLink domain (bandwidth = link × link_bus efficiency) 
 hierarchical (NCCL): intra-domain reduce-scatter → inter-domain all-reduce of ``S / n_in`` → intra-domain
 all-gather, the inter-domain part limited per GPU by its NIC (rail-optimized: one NIC per GPU).
 Inside one domain an all-reduce uses NVLink SHARP (NVLS) where the switch supports it (``nvls_bus`` > 0:
-Hopper/Blackwell NVSwitch); reduce-scatter and all-gather stay on the ring.
+Hopper/Blackwell NVSwitch); reduce-scatter and all-gather stay on the ring. Across nodes an all-reduce takes the
+faster of ring and NCCL's double binary tree (latency 2·⌈log2 n⌉·α instead of 2(n−1)·α at thousands of nodes).
 """
 
 from __future__ import annotations
@@ -49,6 +50,24 @@ def collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, bandwi
         return 0.0
     steps = {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(kind, n - 1)
     return steps * latency_s + bytes_sent_per_rank(kind, payload_bytes, n) / bandwidth_bytes_per_s
+
+
+def tree_all_reduce_time_s(payload_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """NCCL's double binary tree all-reduce across nodes (Sanders, Speck & Träff 2009, "Two-tree algorithms for full
+    bandwidth broadcast, reduction and scan"; NCCL 2.4): a reduce up and a broadcast down two complementary trees,
+    each carrying half the payload, so the latency term grows with ``2·⌈log2 n⌉`` hops instead of the ring's
+    ``2(n−1)`` while the bandwidth term stays the ring's ``2(n−1)/n · S/B`` (full bandwidth)."""
+    if n <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * latency_s + bytes_sent_per_rank("all_reduce", payload_bytes, n) / \
+        bandwidth_bytes_per_s
+
+
+def inter_node_all_reduce_s(payload_bytes: float, n: int, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """An all-reduce over ``n`` nodes as NCCL's tuner picks it: the faster of ring and double binary tree (NCCL has
+    no tree for reduce-scatter / all-gather: those stay on the ring)."""
+    return min(collective_time_s("all_reduce", payload_bytes, n, bandwidth_bytes_per_s, latency_s),
+               tree_all_reduce_time_s(payload_bytes, n, bandwidth_bytes_per_s, latency_s))
 
 
 @dataclass(frozen=True)
@@ -111,11 +130,13 @@ def group_collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, 
         return collective_time_s(kind, payload_bytes, n, bw_in, lat_in)
     if place.n_inner == 1 or kind in ("all_to_all", "send_recv"):
         # Every byte that leaves the domain goes through the rank's own NIC.
+        if kind == "all_reduce":
+            return inter_node_all_reduce_s(payload_bytes, n, bw_out, lat_out)
         return collective_time_s(kind, payload_bytes, n, bw_out, lat_out)
     inner, outer = place.n_inner, place.n_outer
     if kind == "all_reduce":
         return (collective_time_s("reduce_scatter", payload_bytes, inner, bw_in, lat_in)
-                + collective_time_s("all_reduce", payload_bytes / inner, outer, bw_out, lat_out)
+                + inter_node_all_reduce_s(payload_bytes / inner, outer, bw_out, lat_out)
                 + collective_time_s("all_gather", payload_bytes, inner, bw_in, lat_in))
     # all-gather / reduce-scatter: inner phase on NVLink, outer phase on the NIC with S / inner per rank.
     return (collective_time_s(kind, payload_bytes, inner, bw_in, lat_in)

@@ -163,3 +163,23 @@ def test_fa2_attention_and_eager_traffic_are_facts_not_fits() -> None:
     assert 0.5 < FA2_VS_CUDNN < 0.7 and 2.5 < EAGER_TRAFFIC < 4.0
     assert cluster.efficiency.eager_traffic == EAGER_TRAFFIC
     assert "attention" not in FRAMEWORK_FIT_FIELDS and "eager_traffic" not in FRAMEWORK_FIT_FIELDS
+
+
+def test_inter_node_all_reduce_takes_the_tree_at_scale() -> None:
+    """Across nodes NCCL picks ring or double binary tree: the tree's latency grows with 2·⌈log2 n⌉ hops, the ring's
+    with 2(n−1); the bandwidth term is the same. Small payloads over many nodes go to the tree; reduce-scatter has
+    no tree."""
+    from cost_models.collectives import (collective_time_s, inter_node_all_reduce_s, nic_bandwidth,
+                                         tree_all_reduce_time_s)
+
+    bw, lat = 47e9, 3.7e-6
+    small, big = 1e6, 1e10
+    assert tree_all_reduce_time_s(small, 2048, bw, lat) == pytest.approx(2 * 11 * lat + 2 * 2047 / 2048 * small / bw)
+    assert inter_node_all_reduce_s(small, 2048, bw, lat) < collective_time_s("all_reduce", small, 2048, bw, lat) / 5
+    assert inter_node_all_reduce_s(big, 2, bw, lat) == collective_time_s("all_reduce", big, 2, bw, lat)
+    cluster = build_cluster("h100-sxm", 16384)
+    dp = group_collective_time_s("all_reduce", small * 8, 2048, 8, cluster)  # one rank per node: the NIC path
+    assert dp == pytest.approx(inter_node_all_reduce_s(small * 8, 2048, nic_bandwidth(cluster),
+                                                       cluster.gpu.nic_latency_us * 1e-6))
+    rs = group_collective_time_s("reduce_scatter", small * 8, 2048, 8, cluster)
+    assert rs > 2047 * cluster.gpu.nic_latency_us * 1e-6  # ring only
