@@ -102,6 +102,9 @@ def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
     return a * total + (lay.m - a) * t_lb + scorer.p2p_fill_s(lay)
 
 
+ALPHA_SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # cost_models.pipeline: T = α·Σ t + (m − α)·max t exactly
+
+
 def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
     """A lower bound on the step time of the split ``_split`` picks (no split pins), before the intra-op ILP
     is solved, from ``Scorer.tables(lower=True)`` (every layer cost and activation at or below the ILP's).
@@ -117,6 +120,8 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
     except ConfigError:
         return -np.inf  # _split decides
     if lay.pp > 1 and lay.vp == 1:
+        if lay.schedule not in ALPHA_SCHEDULES:
+            return -np.inf  # the stage DP's α·Σt + (m − α)·max t is pipeline_time_s only for these
         alpha = schedule_alpha(lay.schedule, lay.vp)
         found = best_split(tables, n_stages=lay.pp, n_microbatches=lay.m, inflight=scorer.inflight(lay),
                            mem_limit=limit, alpha=alpha)

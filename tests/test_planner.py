@@ -144,6 +144,22 @@ def test_split_lower_bound_is_below_what_the_split_costs(model, cj, target, data
         _check_split_lower_bound(scorer, lay)
 
 
+def test_stage_dp_objective_is_pipeline_time_for_the_schedules_the_bound_trusts() -> None:
+    # _split_lower_bound uses the stage DP's α·Σt + (m − α)·max t as pipeline_time_s for ALPHA_SCHEDULES only.
+    from cost_models.pipeline import pipeline_time_s
+    from search.planner import ALPHA_SCHEDULES
+    from search.score import schedule_alpha
+
+    rng = np.random.default_rng(7)
+    for schedule in ALPHA_SCHEDULES:
+        for _ in range(50):
+            p = int(rng.integers(2, 9))
+            vp = int(rng.choice([2, 4])) if schedule == "interleaved" else 1
+            m, t = int(rng.integers(p, 4 * p + 1)), list(rng.random(p))
+            a = schedule_alpha(schedule, vp)
+            assert pipeline_time_s(t, m, schedule, vp) == pytest.approx(a * sum(t) + (m - a) * max(t), rel=1e-12)
+
+
 @pytest.mark.parametrize("name,gpus,target", [("llama3-8b", 64, "any"), ("mixtral-8x7b", 64, "megatron")])
 def test_split_lower_bound_on_catalog_models(name: str, gpus: int, target: str) -> None:
     # Real layer shapes: interleaved (vp > 1), pp = 1 and stage-DP layouts, MoE, the any target's floors.
