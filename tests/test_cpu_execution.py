@@ -44,18 +44,21 @@ def test_pipeline_1f1b_two_stages_matches_one_process() -> None:
     _run(p)
 
 
-def test_ilp_kv_replication_plan_matches_one_process() -> None:
+@pytest.mark.parametrize("pins", [{"tp": 4}, {"tp": 4, "sequence_parallel": False, "recompute": "full"}])
+def test_ilp_kv_replication_plan_matches_one_process(pins: dict) -> None:
     """tp 4 > 2 KV heads on 4 processes: the search (target fsdp2, tp pinned) picks kv_replication=replicate and the
     intra-op ILP puts wk/wv in ``col_sp_kvrep`` (K/V weights replicated on every TP rank) while wq stays
     column-parallel: a per-op plan that differs from the uniform Megatron pattern. The emitted module applies it
-    from ``op_shardings`` (ReplicatedKV style) and matches one process."""
+    from ``op_shardings`` (ReplicatedKV style) and matches one process; with sequence parallelism (the K/V input
+    gathered from Shard(1)) and without it (a plain tensor, whole-block recompute)."""
     pytest.importorskip("torch")
     from autoplan.emit.fsdp2 import block_modes
     from autoplan.validate.cpu_execution import searched_plan
 
-    p = searched_plan(4, pins={"tp": 4})
+    p = searched_plan(4, pins=pins)
     assert p.parallel.kv_replication == "replicate"
     dense = p.op_shardings["dense"]
-    assert dense["k_proj"].endswith("_kvrep") and dense["gate_proj"] in ("col", "col_sp")
+    sp = pins.get("sequence_parallel", True)
+    assert dense["k_proj"] == ("col_sp_kvrep" if sp else "col_kvrep") and dense["gate_proj"] == ("col_sp" if sp else "col")
     assert block_modes(p)["attention.wk"].endswith("_kvrep")
     _run(p)

@@ -601,3 +601,31 @@ def test_fsdp2_emits_the_searched_op_shardings() -> None:
     bad = {**data, "plans": [{**data["plans"][0], "op_shardings": {"dense": {**dense, "o_proj": "S"}}}]}
     with pytest.raises(ConfigError, match="o_proj=S is not a mode the fsdp2 module emits"):
         emit(plan_from_dict(bad), "fsdp2")
+
+
+@pytest.mark.parametrize("tp, kv_heads, sp, recompute", [(2, 2, True, "none"), (4, 2, True, "selective"),
+                                                        (4, 1, False, "full"), (8, 8, False, "none"),
+                                                        (8, 2, True, "full"), (2, 1, False, "selective")])
+def test_fsdp2_strategy_set_is_what_the_module_emits(tp: int, kv_heads: int, sp: bool, recompute: str) -> None:
+    """Whatever the intra-op ILP chooses under the fsdp2 profile's strategy set (SP flag, gathered-logits loss, K/V
+    sharded or replicated), the fsdp2 emitter writes it (block_modes raises on a mode it cannot emit)."""
+    from autoplan.emit.fsdp2 import block_modes
+    from cost_models.specs import ModelSpec
+    from search.intra_op import IntraOpRequest, solve_layer
+    from search.mesh import LogicalMesh
+
+    m = ModelSpec(name="gqa", num_layers=4, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=8,
+                  num_kv_heads=kv_heads, vocab_size=32000)
+    cluster = build_cluster("h100-sxm", 64)
+    kv = "replicate" if tp > kv_heads else "gather"
+    sol = solve_layer(m, LogicalMesh.per_rank(cluster, tp=tp, cp=1, ep=1),
+                      IntraOpRequest(kind="dense", seq_len=4096, recompute=recompute, target="fsdp2",  # type: ignore[arg-type]
+                                     sequence_parallel=sp, kv_replication=kv))  # type: ignore[arg-type]
+    shardings = {"dense": {op: c.strategy.tp for c in sol.choices for op in c.ops}}
+    par = ParallelConfig(tp=tp, sequence_parallel=sp, recompute=recompute, zero_stage=3, kv_replication=kv)  # type: ignore[arg-type]
+    pl = EmitPlan(m, cluster, JobSpec(global_batch_size=64, seq_len=4096), par, op_shardings=shardings)
+    modes = block_modes(pl)
+    assert modes["attention.wk"].endswith("_kvrep") == (tp > kv_heads)
+    assert all(mode.endswith("_sp") or mode == "S" for fqn, mode in modes.items()
+               if not fqn.endswith(("wk", "wv", "wq"))) == sp
+    compile(emit(pl, "fsdp2").files["autoplan_parallelize.py"], "autoplan_parallelize", "exec")
