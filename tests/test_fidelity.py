@@ -147,15 +147,15 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's target (≤ 10%, no run worse than 25%) is NOT met
-    (10.4%, worst 29%: torchtitan's 405B held out); this guards the measured level against regressions. SC'21, the
-    only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation dim scaled
-    by the roofline ridge point): within 8% on average. With the group out, a parameter no training run sees (fp8
-    without NeMo) takes its datasheet value, not the catalog's fit."""
+    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met narrowly (9.8%), no run worse
+    than 25% NOT met (worst 29%: torchtitan's 405B held out); this guards the measured level against regressions.
+    SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
+    dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
+    sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
     rows = fidelity.evaluate(with_loo=False, with_logo=True)
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
-    assert sum(logo) / len(logo) <= 0.11
+    assert sum(logo) / len(logo) <= 0.105
     assert max(logo) <= 0.30
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
