@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ REPORT = os.environ.get("AUTOPLAN_PLAN_REPORT")
 SURFACES = ["api.search", "api.run", "batch", "scale", "cli.search"]
 COUNTS: dict[str, Counter[str]] = defaultdict(Counter)
 REFUSALS: Counter[str] = Counter()  # why cases were refused (the report shows the commonest)
+SLOWEST: dict[str, float] = defaultdict(float)  # CPU seconds of the slowest case per surface
+HANG_S = 30.0
 GiB = 2**30
 
 # Sources the rules below come from (installed wheels; Megatron-LM at core_v0.16.1):
@@ -99,6 +102,9 @@ def cases(draw: Any) -> tuple[str, dict[str, Any]]:
            "seq_len": draw(st.sampled_from([1024, 2048, 4096, 8192, 32768])),
            "precision": draw(st.sampled_from(["bf16", "bf16", "fp8"]))}
     cluster: dict[str, Any] = {"gpu": draw(st.sampled_from(gpu_names())), "num_gpus": num_gpus}
+    gpu = load_gpu(cluster["gpu"])
+    if job["precision"] == "fp8" and gpu.peak_fp8_tflops <= gpu.peak_bf16_tflops and draw(st.integers(0, 3)):
+        job["precision"] = "bf16"  # fp8 where there are no fp8 tensor cores is refused: keep a quarter of those
     if draw(st.integers(0, 4)) == 0:
         cluster["gpus_per_node"] = draw(st.sampled_from([4, 8]))
     req = {"model": draw(models()), "cluster": cluster, "job": job, "parallel": draw(PINS),
@@ -324,6 +330,7 @@ def _plans(surface: str, req: dict[str, Any], tmp: Path) -> list[tuple[Any, int,
 def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
     c = COUNTS[surface]
     c["cases"] += 1
+    t0 = time.process_time()
     try:
         found = _plans(surface, req, tmp)
     except autoplan.InfeasibleError:
@@ -333,6 +340,10 @@ def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
         c["refused"] += 1  # a pin or model/cluster pair that cannot be laid out at all (said in one line)
         REFUSALS[str(err)[:70]] += 1
         return
+    finally:
+        cpu = time.process_time() - t0
+        c["hangs (> 30 s CPU)"] += cpu > HANG_S
+        SLOWEST[surface] = max(SLOWEST[surface], round(cpu, 2))
     bad = []
     for plan, n, gbs, cluster in found:
         c["plans"] += 1
@@ -363,6 +374,7 @@ def _report() -> Any:
     yield
     if REPORT:
         Path(REPORT).write_text(json.dumps({**{k: dict(v) for k, v in COUNTS.items()},
+                                            "slowest_cpu_s": dict(SLOWEST),
                                             "refusals": dict(REFUSALS.most_common(15))}, indent=1, sort_keys=True))
 
 

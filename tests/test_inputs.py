@@ -126,8 +126,18 @@ def test_integral_floats_are_integers_as_json_schema_reads_them(tmp_path: Path) 
     path.write_text(json.dumps(req))
     code, err, out = _cli("search", "--request", str(path), "--format", "json")
     assert code == 0 and json.loads(out)["cluster"]["num_gpus"] == 8, err
+    try:  # the HTTP API's handlers validate a body with serve._as (the same strict layer)
+        from autoplan.serve import _as as http_body
+        from autoplan.schema import SearchRequest
+    except ImportError:  # the serve extra (fastapi) is not installed
+        http_body = None
+    if http_body is not None:
+        assert http_body(req, SearchRequest).cluster.num_gpus == 8
     for bad in (8.9, True, 2.0**60):
         wrong = {**req, "cluster": {"num_gpus": bad}}
+        if http_body is not None:
+            with pytest.raises(autoplan.InputError, match="cluster.num_gpus"):
+                http_body(wrong, SearchRequest)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema)
         with pytest.raises(autoplan.InputError, match="cluster.num_gpus"):
