@@ -218,7 +218,14 @@ class Engine:
         par = prof.with_defaults(req.parallel)  # e.g. torchtitan's ZeRO-3 when none was given
         check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=prof.allow_kv_replication)
         prof.check_layout(r.model, r.cluster, r.job, par)
-        pred = estimate_prediction(r.model, r.cluster, r.job, par, check=False, target=req.target)
+        rt = prof.resolve(req.software, r.job, r.cluster, par)  # the knobs resolved (a knob it lacks: error)
+        prof.check_runtime(r.model, r.cluster, r.job, par, rt)
+        run_par, note = prof.runs_as(par, r.cluster.num_gpus)  # e.g. torchtitan: ZeRO-0 with cp > 1 runs as FSDP
+        if note is not None:
+            rt = prof.resolve(req.software, r.job, r.cluster, run_par)
+        pred = estimate_prediction(r.model, r.cluster, r.job, run_par, check=False, runtime=rt)
+        if note is not None:
+            pred = pred.model_copy(update={"software": {**pred.software, "runs_as": note}})
         good = goodput(r.model, r.cluster, par, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                        req.failures)
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
@@ -228,9 +235,13 @@ class Engine:
         from search.score import Scorer
         from search.sweep import ranked_search  # lazily: the solver stack is slow to import
         r = self.resolve(req)
+        prof = PROFILES.get(req.target, PROFILES["megatron"])  # any: Megatron's runtime
+        prof.resolve(req.software, r.job, r.cluster)  # a knob the target lacks is an error before the search
+
         def new_scorer() -> Scorer:
-            return Scorer(r.model, r.cluster, r.job)
-        scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(_job_key(req), new_scorer)
+            return Scorer(r.model, r.cluster, r.job, software=req.software)
+        key = _job_key(req) + json.dumps(req.software.given(), sort_keys=True)
+        scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(key, new_scorer)
         pins = req.parallel.given()
         if ({"first_stage_layers", "last_stage_layers"} & set(pins)) and "vp" not in pins:
             pins["vp"] = 1  # uneven first/last stages need vp 1 (Megatron rule): pinning them implies it

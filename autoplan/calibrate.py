@@ -44,6 +44,7 @@ from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import Software
 
 # Physical range of each fitted parameter (lower, upper) and why. A fit that ends on a bound is reported.
 PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
@@ -100,6 +101,8 @@ class MeasuredRun(BaseModel):
                                               f"stack, never fitted: {sorted(SOFTWARE_SETTINGS)}")
     target: str = Field(default="megatron", description="the framework that ran it: its memory facts and its "
                         "efficiency parameters (gpus.yaml `frameworks`)")
+    knobs: Software = Field(default_factory=Software, description="the target's knobs the run used, e.g. "
+                            "grad_reduce_dtype (cost_models.targets: unset = the target's default)")
     source: str = ""
 
     @field_validator("software")
@@ -123,6 +126,7 @@ class ResolvedRun:
     measured_step_time_s: float
     software: dict[str, bool | float] = field(default_factory=dict)
     target: str = "megatron"
+    knobs: Software = field(default_factory=Software)
 
     def cluster_with(self, eff: Efficiency | None = None) -> ClusterSpec:
         """The run's cluster with efficiency ``eff`` (default: its own) and the run's software settings."""
@@ -131,7 +135,7 @@ class ResolvedRun:
 
     def predict(self, eff: Efficiency | None = None) -> float:
         return estimate(self.model, self.cluster_with(eff), self.job, self.parallel, check=False,
-                        target=self.target).step_time_s
+                        target=self.target, software=self.knobs).step_time_s
 
 
 def resolve_run(run: MeasuredRun) -> ResolvedRun:
@@ -143,9 +147,10 @@ def resolve_run(run: MeasuredRun) -> ResolvedRun:
     overrides = framework_efficiency(run.target)
     if overrides:
         cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=overrides)})
-    estimate(model, cluster, run.job, run.parallel, target=run.target)  # raises ConfigError on an invalid layout
+    estimate(model, cluster, run.job, run.parallel, target=run.target,
+             software=run.knobs)  # raises ConfigError on an invalid layout
     return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,
-                       dict(run.software), run.target)
+                       dict(run.software), run.target, run.knobs)
 
 
 MAX_RUNS_LINES = 10_000

@@ -6,6 +6,11 @@ from cost_models.estimate import Prediction
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 
+def describe_software(knobs: dict[str, object]) -> str:
+    """Every knob a prediction assumed (``Prediction.software``), on one line."""
+    return " ".join(f"{k}={v}" for k, v in knobs.items() if v is not None) or "defaults"
+
+
 def describe_parallel(par: ParallelConfig, dp: int) -> str:
     parts = [f"dp={dp}", f"tp={par.tp}", f"pp={par.pp}"]
     if par.cp > 1:
@@ -74,6 +79,7 @@ def _stages(layers: list[int]) -> str:
 def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str, precision: str = "bf16") -> str:
     """One ranked plan: degrees and schedule, the prediction (with memory breakdown), and why it ranks here."""
     return "\n".join([f"#{rank}  {describe_parallel(par, pred.dp)}", render_prediction(pred, precision),
+                      f"  software         {describe_software(pred.software)}",
                       f"  why              {explanation}"])
 
 

@@ -7,7 +7,9 @@ One request shape serves ``estimate``, ``search`` and every line of ``autoplan b
      "cluster": {"gpu": "h100-sxm", "num_gpus": 1024, "gpus_per_node": 8, "inter_node_gbps": 400},
      "job": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16"},
      "parallel": {"tp": 8, "pp": 8},                       # estimate: the layout; search: degrees to pin
-     "top": 3, "target": "megatron"}                       # search only: plans kept, framework
+     "target": "megatron",                                 # framework (search also: any)
+     "software": {"grad_reduce_dtype": "bf16"},            # knobs (cost_models.targets.Software; omitted: defaults)
+     "top": 3}                                             # search only: plans kept
 
 Omitted fields take the defaults documented on each field (``JobSpec``: 1024 sequences of 8192 tokens, bf16;
 cluster: ``h100-sxm`` with the catalog's node size, NVLink domain and NIC; ``ParallelConfig``: tp = pp = 1,
@@ -34,6 +36,7 @@ from cost_models.estimate import Prediction
 from cost_models.goodput import FailureModel, Goodput
 from cost_models.specs import (JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule,
                                 zero_stage_is_not_a_bool)
+from cost_models.targets import Software
 
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_SEQ_LEN = 1 << 24
@@ -117,7 +120,9 @@ class EstimateRequest(_RequestBase):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig,
                                      description="the layout to score (ParallelConfig defaults for omitted fields)")
     target: FrameworkTarget = Field(default="megatron", description="framework that runs the layout: its rules "
-                                    "(cost_models.targets) refuse what it cannot run; memory is priced as it holds it")
+                                    "(cost_models.targets) refuse what it cannot run; it is priced as it runs")
+    software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "
+                               "knob the target lacks is an error naming the target's knobs)")
 
 
 class SearchRequest(_RequestBase):
@@ -128,6 +133,8 @@ class SearchRequest(_RequestBase):
     top: int = Field(default=3, gt=0, le=MAX_TOP, description="how many plans to return")
     target: Target = Field(default="megatron", description="keep plans the named framework can run; any: all")
     rank_by: RankBy = Field(default="step", description="rank by step time, or by tokens/s after failures")
+    software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "
+                               "knob the target lacks is an error naming the target's knobs; any: Megatron's)")
 
 
 

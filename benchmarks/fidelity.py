@@ -69,6 +69,10 @@ def _pad_vocab(v: int, tp: int) -> int:
     return -(-v // unit) * unit
 
 
+# Knobs a published case's `software` names, passed to its target's runtime (cost_models.targets).
+RUN_KNOBS = ("compile", "async_tp", "fp8_recipe")
+
+
 def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
     """A published case as an ``autoplan calibrate`` run line, with the group's documented resolutions."""
     group = rules["groups"][case["group"]]
@@ -108,7 +112,8 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
         job={"global_batch_size": job["global_batch_size"], "seq_len": job["seq_len"],
              "precision": job["precision"]},
         parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"],
-        software=software, target=sw.get("framework", "megatron"))
+        software=software, target=sw.get("framework", "megatron"),
+        knobs={**group.get("knobs", {}), **{k: sw[k] for k in RUN_KNOBS if k in sw}})
 
 
 def skipped_cases(path: Path | None = None) -> list[tuple[str, str]]:
@@ -159,7 +164,7 @@ def evaluate(with_loo: bool = True, with_logo: bool | None = None) -> list[Row]:
     runs = published_runs()
     rows = []
     for case, run in runs:
-        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target)
+        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs)
         rows.append(Row(case["id"], case["group"], run.cluster.gpu.generation, run.measured_step_time_s,
                         pred.step_time_s, _measured_mfu(case, pred.mfu, pred.step_time_s), pred.mfu))
     if with_loo:
@@ -331,7 +336,7 @@ def memory_rows() -> list[tuple[str, float, float, dict[str, float]]]:
     for case, run in published_runs():
         meas = case["measured"].get("peak_memory_gib")
         if meas:
-            pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target)
+            pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs)
             out.append((case["id"], meas, pred.peak_reserved_gib, pred.memory_gib))
     data = json.loads((DATA / "published_memory.json").read_text())
     for c in data["cases"]:

@@ -12,21 +12,22 @@ with memory in GiB.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
+from cost_models.knob_effects import eager_elementwise
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
-from cost_models.memory import (GIB, GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, expert_data_parallel_size, graphs_for,
-                                memory_runtime, stage_memory, stage_params)
+from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
+                                stage_memory, stage_params)
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import Runtime, Software, runtime_for
 from cost_models.validate import check_parallel, pipeline_split
-
-ADAM_BYTES_PER_PARAM = 28.0  # reads fp32 master, m, v (12) + bf16 grad (2); writes master, m, v (12) + bf16 weight (2)
 
 
 class CostWeights(BaseModel):
@@ -74,12 +75,20 @@ class Prediction(BaseModel):
     time: TimeBreakdown
     memory_gib: dict[str, float] = Field(description="peak-memory stage, by kind")
     comm_volume_gib: dict[str, float] = Field(description="bytes each GPU sends per step, per dimension")
+    software: dict[str, Any] = Field(default_factory=dict, description="every knob this prediction assumes: the "
+                                     "target and its resolved knobs (cost_models.targets.Runtime.knobs), and how the "
+                                     "target runs the layout where it differs (runs_as)")
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
-             weights: CostWeights | None = None, *, check: bool = True, target: str | None = None) -> Prediction:
-    """Predict one configuration. Raises ``ConfigError`` when it breaks a hard constraint. ``target`` (the
-    launch framework) sets how memory is held (``cost_models.memory.memory_runtime``; default Megatron-Core)."""
+             weights: CostWeights | None = None, *, check: bool = True, target: str | None = None,
+             software: Software | None = None, runtime: Runtime | None = None) -> Prediction:
+    """Predict one configuration as ``runtime`` (a target's resolved ``cost_models.targets.Runtime``) runs it:
+    how memory is held, the gradient dtype on the DP wire, the knobs. Without ``runtime``: ``target`` resolved
+    with the knobs in ``software`` (``runtime_for``; no target: Megatron-Core's). Raises ``ConfigError`` when the
+    configuration breaks a hard constraint."""
+    if runtime is None:
+        runtime = runtime_for(target, job, cluster, par, software)
     if check:
         from cost_models.targets import PROFILES
 
@@ -95,8 +104,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     split = pipeline_split(model, par)
     layers, ids = split.rank_layers, split.layer_ids
     graphs = graphs_for(model, job.seq_len)
-    costs = {k: layer_cost(g, model, cluster, job, par, dp) for k, g in graphs.items() if k in ("dense", "moe")}
-    head = head_cost(graphs["head"], cluster, job, par)
+    costs = {k: layer_cost(g, model, cluster, job, par, dp, runtime) for k, g in graphs.items()
+             if k in ("dense", "moe")}
+    head = head_cost(graphs["head"], cluster, job, par, runtime)
     strides = RankStrides.megatron(t, c, dp, par.ep)
 
     stage_t: list[float] = []
@@ -125,11 +135,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
-    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids)
+    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
     step = pipe + pp_fill + dp_exposed + opt_s
 
-    runtime = memory_runtime(target)
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s]) for s in range(p)]
     binding = max(range(p), key=lambda i: mems[i].total)
     peak: MemoryBreakdown = mems[binding]
@@ -182,6 +191,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
                            optimizer_s=opt_s),
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
+        software=runtime.knobs(),
     )
 
 
@@ -212,25 +222,30 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     return max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - window)
 
 
-def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> float:
+def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+              rt: Runtime | None = None) -> float:
     """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch: the GEMM (×3 for
     dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
-    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par)
-    if not cluster.efficiency.compiled:
+    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt)
+    if eager_elementwise(cluster.efficiency, rt):
         mem_f, mem_b = mem_f * cluster.efficiency.eager_traffic, mem_b * cluster.efficiency.eager_traffic
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
-                       strides: RankStrides, m: int = 1,
-                       layer_ids: Sequence[Sequence[int]] | None = None) -> tuple[float, float, float]:
+                       strides: RankStrides, m: int = 1, layer_ids: Sequence[Sequence[int]] | None = None,
+                       rt: Runtime = DEFAULT_RUNTIME) -> tuple[float, float, float]:
     """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
-    reduce-scatter gradients and all-gather updated weights (same volume); ZeRO-3 also all-gathers weights
-    for the forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches,
-    as FSDP2 does under gradient accumulation. HSDP adds an all-reduce of the shard across replicas."""
+    reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the forward and
+    again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does under
+    gradient accumulation. Gradients travel in the target's reduce dtype (``rt.reduce_bytes``: fp32 in Megatron
+    unless ``--grad-reduce-in-bf16``, megatron/training/arguments.py:716-723; fp32 in torch FSDP2's
+    ``MixedPrecisionPolicy(reduce_dtype=fp32)``), weights in bf16 (``rt.gather_bytes``). FSDP2
+    ``reshard_after_forward``: False drops the backward all-gather, an int ``r`` runs it inside groups of ``r``
+    ranks (``fully_shard`` docstring). HSDP adds an all-reduce of the shard across replicas."""
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
     worst = (0.0, 0.0, 0.0)
@@ -243,22 +258,29 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):
             if params <= 0 or g <= 1:
                 continue
-            grad = GRAD_BYTES * params
+            grad, weight = rt.reduce_bytes * params, rt.gather_bytes * params
+            ops: list[tuple[str, float, int, int]]  # (collective, payload, group, calls per step)
             if par.zero_stage == 0:
-                ops = [("all_reduce", grad, 1)]
+                ops = [("all_reduce", grad, g, 1)]
             elif par.zero_stage in (1, 2):
-                ops = [("reduce_scatter", grad, 1), ("all_gather", WEIGHT_BYTES * params, 1)]
-            else:  # (collective, payload, calls per step)
-                ops = [("all_gather", WEIGHT_BYTES * params, 2 * m), ("reduce_scatter", grad, m)]
-            for kind, payload, calls in ops:
-                total_s += calls * group_collective_time_s(kind, payload, g, stride, cluster)  # type: ignore[arg-type]
-                total_b += calls * (2 if kind == "all_reduce" else 1) * (g - 1) / g * payload
+                ops = [("reduce_scatter", grad, g, 1), ("all_gather", weight, g, 1)]
+            else:
+                # Under pipelining torch keeps the stage unsharded and syncs once per step (stage.py
+                # backward_maybe_with_nosync; the memory model holds it so: pp_unsharded_bytes), yet this prices a
+                # forward and a backward gather per micro-batch, as before: with one gather per step the published
+                # torchtitan 405B pp=8 run is predicted 40% fast (benchmarks/fidelity.py). Left to the calibration.
+                r = True if par.pp > 1 else rt.reshard_after_forward
+                again = [] if r is False else [("all_gather", weight, g if r is True else min(int(r), g), m)]
+                ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
+            for kind, payload, n, calls in ops:
+                total_s += calls * group_collective_time_s(kind, payload, n, stride, cluster)  # type: ignore[arg-type]
+                total_b += calls * (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
             replicas = (dp * par.cp) // g if g == par.hsdp_shard_size else 1
             if replicas > 1:
                 total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)
                 total_b += 2 * (replicas - 1) / replicas * grad / g
         local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
-        opt_s = ADAM_BYTES_PER_PARAM * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
+        opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s)
     return worst

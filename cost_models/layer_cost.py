@@ -23,8 +23,11 @@ from typing import Literal
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
+from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, ring_kernels, tp_overlap,
+                                     wgrad_in_bf16)
 from cost_models.opgraph import LayerGraph, Op, tp_divisor
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
 
 ATTN_BWD_FACTOR = 2.5
 _COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}
@@ -44,11 +47,13 @@ class LayerCost:
     tp_bytes: float
     ep_bytes: float
     cp_bytes: float
+    cp_window: float = 1.0  # share of the attention core CP traffic can hide behind (knob_effects.cp_comm)
 
     @property
     def cp_exposed_s(self) -> float:
-        """Ring attention overlaps each K/V block transfer with the previous block's compute."""
-        return ring_exposed_s(self.cp_s, self.attention_s)
+        """Ring attention overlaps each K/V block transfer with the previous block's compute (an all-gather only
+        with the local block; Ulysses' all-to-alls with nothing)."""
+        return ring_exposed_s(self.cp_s, self.attention_s * self.cp_window)
 
     @property
     def total_s(self) -> float:
@@ -83,7 +88,8 @@ LOSS_PARALLEL_BYTES_PER_TOKEN = 3 * 4.0
 # softmax (read probs 2, grad 2, write 2).
 SCORE_BYTES = (9.0, 11.0)
 # fp8 (Transformer Engine): each GEMM input is cast to fp8 row- and column-wise copies (read 2, write 1 + 1) unless a
-# norm produced it (LayerNormLinear fuses the cast); backward casts the output gradient the same way.
+# norm produced it (LayerNormLinear fuses the cast); backward casts the output gradient the same way. Other recipes:
+# knob_effects.FP8_CAST_BYTES.
 FP8_CAST_BYTES = 4.0
 
 
@@ -96,6 +102,7 @@ class OpCompute:
     attn_b: float  # attention core, backward
     mem_f: float  # memory-bound kernels, forward
     mem_b: float  # memory-bound kernels, backward
+    wgrad_hp: float = 0.0  # extra backward time of weight-gradient GEMMs kept in bf16 (fp8 rowwise_with_gw_hp)
 
     @property
     def forward_s(self) -> float:
@@ -104,7 +111,7 @@ class OpCompute:
     @property
     def backward_s(self) -> float:
         """GEMMs 2× forward (dgrad + wgrad); the attention core and memory-bound kernels as priced."""
-        return 2 * self.gemm_f + self.attn_b + self.mem_b
+        return 2 * self.gemm_f + self.attn_b + self.mem_b + self.wgrad_hp
 
     def recompute_s(self, recompute: str) -> float:
         """Selective recompute repeats the attention core's forward, full recompute the whole forward."""
@@ -116,18 +123,18 @@ def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
 
 
 def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
-                         par: ParallelConfig) -> tuple[float, float]:
+                         par: ParallelConfig, rt: Runtime | None = None) -> tuple[float, float]:
     """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank:
     the sum of ``op_traffic_bytes`` over its ops."""
     fwd = bwd = 0.0
     for op in graph.ops:
-        f, b = op_traffic_bytes(op, graph, model, job, par)
+        f, b = op_traffic_bytes(op, graph, model, job, par, rt)
         fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
 
 
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
-                     par: ParallelConfig) -> tuple[float, float]:
+                     par: ParallelConfig, rt: Runtime | None = None) -> tuple[float, float]:
     """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank.
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
@@ -173,9 +180,10 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         k, n = _local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
         prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
+        cast = fp8_cast_bytes(rt)  # by the runtime's fp8 recipe (knob_effects.FP8_CAST_BYTES; TE's 4 by default)
         if prod is None or prod.kind != "norm":
-            fwd += FP8_CAST_BYTES * k * scale
-        bwd += FP8_CAST_BYTES * n * scale
+            fwd += cast * k * scale
+        bwd += cast * n * scale
     return fwd * tokens, bwd * tokens
 
 
@@ -198,16 +206,18 @@ def _unfused_attention(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobS
 
 
 def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-               par: ParallelConfig) -> OpCompute:
+               par: ParallelConfig, rt: Runtime | None = None) -> OpCompute:
     """Compute time of one op for one micro-batch on one rank, sharded as ``par`` says (the uniform layer
     passes its config; the intra-op search passes each op's own sharding)."""
     t = par.tp
     eff = cluster.efficiency
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = attn_f = attn_b = 0.0
+    gemm = attn_f = attn_b = wgrad_hp = 0.0
     if op.kind in ("matmul", "router"):
         k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
         gemm = matmul_time_s(tokens, k, n, cluster, job.precision)
+        if op.kind == "matmul" and wgrad_in_bf16(rt, job):
+            wgrad_hp = matmul_time_s(tokens, k, n, cluster, "bf16") - gemm
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep
         routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
@@ -215,32 +225,36 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
     elif op.kind == "attention":
         if eff.flash_attention:
-            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * cp_kernel_slowdown(job, par,
-                                                                                                   cluster)
+            slow = cp_kernel_slowdown(job, par, cluster) if ring_kernels(rt) else 1.0
+            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
-    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par)
-    if not eff.compiled:
+    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt)
+    if eager_elementwise(eff, rt):
         mem_f, mem_b = mem_f * eff.eager_traffic, mem_b * eff.eager_traffic
-    if op.kind == "attention" and par.cp > 1:
+    if op.kind == "attention" and par.cp > 1 and ring_kernels(rt):
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par)
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
     extra = gemm * eff.memory_bound_fraction
-    return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra)
+    return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra,
+                     wgrad_hp)
 
 
-def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> OpCompute:
+def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+             rt: Runtime | None = None) -> OpCompute:
     """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
-    parts = [op_compute(op, graph, model, cluster, job, par) for op in graph.ops]
-    return OpCompute(*(sum(getattr(p, f) for p in parts) for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b")))
+    parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
+    return OpCompute(*(sum(getattr(p, f) for p in parts)
+                       for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")))
 
 
-def tp_exposed_fraction(t: int, eff: Efficiency) -> float:
-    """Share of TP traffic left on the critical path. Megatron-Core ``--tp-comm-overlap`` (TE userbuffers)
-    hides ``tp_overlap`` of it behind the GEMMs it feeds, pipelined over t chunks (one per peer): the
-    reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays exposed."""
-    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t)) if t > 1 else 0.0
+def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:
+    """Share of TP traffic left on the critical path. Megatron-Core ``--tp-comm-overlap`` (TE userbuffers) or
+    torchtitan's async TP hides ``tp_overlap`` of it behind the GEMMs it feeds, pipelined over t chunks (one per
+    peer): the reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays
+    exposed. A runtime without either overlap (``knob_effects.tp_overlap``) exposes all of it."""
+    return max(1.0 - tp_overlap(eff, rt), 1.0 / (2 * t)) if t > 1 else 0.0
 
 
 TpRole = Literal["column", "row"]
@@ -281,12 +295,12 @@ def tp_collectives(role: TpRole, sequence_parallel: bool,
 
 
 def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-                      sequence_parallel: bool) -> list[tuple[float, float]]:
+                      sequence_parallel: bool, rt: Runtime | None = None) -> list[tuple[float, float]]:
     """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
     without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor, × the share
     TP-comm overlap leaves exposed."""
     t = par.tp
-    fraction = tp_exposed_fraction(t, cluster.efficiency)
+    fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
     tokens = par.micro_batch_size * job.seq_len / par.cp
     out = []
     for tensor, role in tp_boundaries(graph):
@@ -356,17 +370,18 @@ def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: P
 
 
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-               par: ParallelConfig, dp: int) -> LayerCost:
-    """Cost of one layer of ``graph.kind`` for one micro-batch on one rank."""
+               par: ParallelConfig, dp: int, rt: Runtime | None = None) -> LayerCost:
+    """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:
+    ``knob_effects``; None: the efficiency's own settings, as the intra-op ILP prices ops)."""
     t, c, e = par.tp, par.cp, par.ep
     strides = RankStrides.megatron(t, c, dp)
-    cc = _compute(graph, model, cluster, job, par)
+    cc = _compute(graph, model, cluster, job, par, rt)
     forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in ("dense", "moe")
     if t > 1 and is_block:
-        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel):
+        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt):
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
@@ -382,10 +397,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                 slow = 1.0 / (1.0 - DEEPEP_SM_FRACTION)
                 forward, backward = forward * slow, backward * slow
             ep_s = max(0.0, ep_s - (forward + backward))
+    window = 1.0
     if c > 1 and is_block:
-        cp_s, cp_bytes = cp_ring(graph, cluster, job, par, strides.cp)
+        cp_s, cp_bytes, window = cp_comm(graph, cluster, job, par, strides.cp, rt)
     return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
-                     ep_bytes, cp_bytes)
+                     ep_bytes, cp_bytes, window)
 
 
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)

@@ -11,7 +11,8 @@ Three numbers, as the tools report them:
 * **device** — what ``nvidia-smi`` sees and what must fit in HBM: reserved plus the CUDA context and
   NCCL's own buffers (neither goes through the caching allocator).
 
-Resident state per parameter a rank holds (the :class:`MemoryRuntime` of each framework):
+Resident state per parameter a rank holds (the resolved ``cost_models.targets.Runtime`` of the target: the
+profile is the one place these facts live):
 Megatron-Core keeps bf16 weights (2), fp32 main gradients (4: ``--accumulate-allreduce-grads-in-fp32`` is
 forced on for bf16, megatron/training/arguments.py, unless ``--grad-reduce-in-bf16``) and fp32 master + Adam
 m, v (12), sharded by the distributed optimizer: ``6 + 12/d`` bytes (Megatron-Core docs,
@@ -37,6 +38,7 @@ from functools import lru_cache
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
 from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
 
 GIB = 2**30
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0  # ZeRO paper accounting (bf16 weights and grads)
@@ -53,75 +55,13 @@ ALLOCATOR_RESERVE = 0.10
 FRAGMENTATION = ALLOCATOR_RESERVE  # the name the search scorer imports
 
 
-@dataclass(frozen=True)
-class MemoryRuntime:
-    """How one training framework holds state, saves activations and computes the loss (the memory facts of
-    its target profile, ``cost_models.targets``)."""
-
-    name: str
-    weight_bytes: float  # the rank's own parameter copy, per parameter (sharded by ZeRO-3 only)
-    grad_bytes: float
-    optimizer_bytes: float  # master copy + Adam m, v
-    loss_bytes_per_logit: float  # peak bytes of the loss per vocabulary entry per token (÷ TP: vocab-parallel)
-    fp8_saved_bytes: float  # bytes per saved GEMM input element under fp8 (TE keeps the fp8 cast: 1)
-    selective: str  # what "selective" recompute saves: "attention" (Megatron) or "op_sac" (torchtitan)
-    gathered_unit_bytes: float  # ZeRO-3: bytes per parameter of the gathered units (current + prefetched + grad)
-    pp_unsharded_bytes: float  # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step
-
-    def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
-        return zero_state_bytes(params, zero_stage, shard_group,
-                                (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
-
-
-MEGATRON = MemoryRuntime(
-    name="megatron", weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
-    # vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): the bf16 logits are cast
-    # to fp32 (4) and exponentiated in place; the softmax is saved and the gradient formed in it; the bf16
-    # gradient (2) is the only other copy: 6 bytes per entry at the peak.
-    loss_bytes_per_logit=6.0,
-    # Transformer Engine saves the fp8 cast of each GEMM input for the backward (transformer_engine/pytorch/
-    # module/linear.py: ``saved_inputmat`` is the quantized tensor when fp8 is on).
-    fp8_saved_bytes=1.0,
-    selective="attention",
-    gathered_unit_bytes=4.0,  # Megatron FSDP-style ZeRO-3: one gathered bf16 unit + one prefetched
-    pp_unsharded_bytes=0.0,
-)
-FSDP2 = MemoryRuntime(
-    name="torchtitan", weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
-    # torchtitan's cross_entropy on ``pred.float()`` (torchtitan/components/loss.py): fp32 copy (4), saved
-    # log-softmax (4), and in the backward the fp32 gradient of the log-probs (4) beside them: 12 per entry.
-    loss_bytes_per_logit=12.0,
-    # torchao Float8Linear casts in the backward again from the saved high-precision input (bf16: 2).
-    fp8_saved_bytes=2.0,
-    selective="op_sac",
-    # FSDP2: the gathered bf16 unit (2) and the prefetched next one (2), and in the backward the unit's bf16
-    # gradient (2) and its fp32 copy for the fp32 reduce-scatter (4) (torch/distributed/fsdp/_fully_shard/
-    # _fsdp_collectives.py foreach_reduce): 10 bytes per parameter of the largest unit.
-    gathered_unit_bytes=10.0,
-    # torchtitan turns reshard_after_forward off under PP (parallelize_llama.apply_fsdp) and the pipeline
-    # schedule skips the gradient sync but for the last micro-batch (torch/distributed/pipelining/stage.py
-    # backward_maybe_with_nosync): the stage's bf16 parameters (2) and fp32 unsharded gradients (4) stay.
-    pp_unsharded_bytes=6.0,
-)
-# DeepSeek-V3's own framework (HAI-LLM), as its report states it; used to check the published 2048-H800 layout.
-DEEPSEEK = MemoryRuntime(
-    name="deepseek", weight_bytes=2.0, grad_bytes=4.0,  # bf16 weights, fp32 gradient accumulation (§3.3.3)
-    optimizer_bytes=8.0,  # fp32 master weights, Adam moments in bf16 ("Low-Precision Optimizer States", §3.3.3)
-    loss_bytes_per_logit=6.0,
-    fp8_saved_bytes=1.0,  # activations cached in fp8 for the Linear backward (§3.3.3)
-    # "Recomputation of RMSNorm and MLA Up-Projection" (§3.2.3) and the MoE SwiGLU: its input cached in fp8, its
-    # output recomputed (§3.3.3): what `selective` means in this runtime.
-    selective="cheap",
-    gathered_unit_bytes=4.0, pp_unsharded_bytes=0.0,
-)
-RUNTIMES = {"megatron": MEGATRON, "torchtitan": FSDP2, "fsdp2": FSDP2, "deepseek": DEEPSEEK}
+# What memory is priced with when no runtime is given: Megatron-Core's defaults (fp32 main grads, distributed
+# optimizer). Every fact per framework lives in its target profile (``cost_models.targets``: ``Runtime``).
+DEFAULT_RUNTIME = Runtime(target="megatron")
+# Bytes per vocabulary entry the operator graph's loss saves (opgraph: Megatron's bf16 logits + fp32 softmax).
+GRAPH_LOSS_BYTES_PER_LOGIT = 6.0
 # Outputs of the layer's norms (opgraph names): recomputed, not kept, under the "cheap" policy.
 _NORM_OUTPUTS = frozenset({"attn_in", "mlp_in", "q_c", "kv_c", "head_in"})
-
-
-def memory_runtime(target: str | None) -> MemoryRuntime:
-    """The memory facts of a launch target (``None`` or ``any``: Megatron-Core's)."""
-    return RUNTIMES.get(target or "megatron", MEGATRON)
 
 
 def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
@@ -139,6 +79,24 @@ def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
     if zero_stage == 2:
         return p, g / r, o / r
     return p / r, g / r, o / r
+
+
+def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, float]:
+    """ZeRO-3/FSDP bytes beyond the shards, as (per parameter of the stage, per parameter of its largest layer).
+    The gathered units (``rt.gathered_unit_bytes`` of the largest layer, less its own shard); under pipelining
+    what the runtime keeps unsharded through the step (``rt.pp_unsharded_bytes``); otherwise FSDP2's
+    ``reshard_after_forward`` (``fully_shard`` docstring): True frees each unit after forward, False keeps the
+    stage's gathered bf16 parameters until backward, an int ``r`` keeps ``1/r`` of them."""
+    group = max(1, group)
+    unit = rt.gathered_unit_bytes * (1 - 1 / group)
+    r = rt.reshard_after_forward
+    if pp > 1:
+        return rt.pp_unsharded_bytes, unit
+    if r is True:
+        return 0.0, unit
+    if r is False:
+        return rt.gather_bytes * (1 - 1 / group), unit
+    return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
 
 
 @dataclass(frozen=True)
@@ -198,7 +156,7 @@ def _op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
 
 
 def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
-                                    runtime: MemoryRuntime = MEGATRON) -> float:
+                                    runtime: Runtime = DEFAULT_RUNTIME) -> float:
     """Bytes one layer saves for backward for one micro-batch on one rank (Korthikanti Table 2 generalised).
 
     ``tp``-split tensors ÷ t; ``seq``-split tensors ÷ t only with sequence parallelism; everything ÷ cp.
@@ -228,7 +186,7 @@ def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -
     return 2.0 * model.hidden_size * par.micro_batch_size * job.seq_len / par.cp / (par.tp if sp else 1)
 
 
-def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: MemoryRuntime = MEGATRON) -> float:
+def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runtime = DEFAULT_RUNTIME) -> float:
     """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
     recompute: that keeps only the layer input, ``recompute_input_bytes``). The loss holds the runtime's
     bytes per logit (the graph's saved logits are Megatron's 2 + 4); under fp8 a GEMM's saved input takes the
@@ -251,7 +209,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Memo
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
         b = s.bytes_per_token
         if op.kind == "loss":
-            b *= runtime.loss_bytes_per_logit / MEGATRON.loss_bytes_per_logit
+            b *= runtime.loss_bytes_per_logit / GRAPH_LOSS_BYTES_PER_LOGIT
         elif fp8 and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
             b *= runtime.fp8_saved_bytes / 2.0
         elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
@@ -314,7 +272,7 @@ def runtime_overhead_bytes() -> float:
 
 
 def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, stage: int, layers: list[int],
-                 m: int, graphs: dict[str, LayerGraph], runtime: MemoryRuntime = MEGATRON,
+                 m: int, graphs: dict[str, LayerGraph], runtime: Runtime = DEFAULT_RUNTIME,
                  layer_ids: Sequence[int] | None = None) -> MemoryBreakdown:
     """Peak memory of one rank of pipeline stage ``stage``; ``layers`` = decoder layers per stage, ``layer_ids``
     the ones this stage holds (default: contiguous; interleaved stages hold every ``pp``-th chunk)."""
@@ -352,9 +310,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
             head += mtp_activation_bytes(model, mtp_layer, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head
     if par.zero_stage == 3:
-        transient += runtime.gathered_unit_bytes * sp.largest_layer * (1 - 1 / group)
-        if par.pp > 1:
-            transient += runtime.pp_unsharded_bytes * (sp.dense + sp.expert)
+        per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
+        transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
     allocator = ALLOCATOR_RESERVE * (acts + transient)
     return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, transient, allocator, runtime_overhead_bytes())
 

@@ -56,7 +56,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             break
         n += 1
         try:
-            pred = estimate(model, cluster, job, par, weights)
+            pred = estimate(model, cluster, job, par, weights, target=None if target == "any" else target)
         except ConfigError:
             continue
         if not pred.fits:

@@ -281,7 +281,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     finals = []
     for s in best:
         par = to_parallel(model, s.layout, s.layers)
-        pred = estimate(model, cluster, job, par, weights)
+        pred = estimate(model, cluster, job, par, weights, runtime=scorer.runtime(s.layout))
         if pred.fits:
             finals.append((pred.composite_cost, s.key, par, pred, s.layout))
     finals.sort(key=lambda x: (x[0], x[1]))

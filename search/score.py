@@ -32,16 +32,17 @@ from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
     FRAGMENTATION,
     GIB,
-    MEGATRON,
     activation_bytes_per_microbatch,
     expert_data_parallel_size,
     graphs_for,
     inflight_microbatches,
     runtime_overhead_bytes,
+    zero3_transient_bytes,
 )
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import Runtime, Software, runtime_for
 from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
@@ -68,14 +69,16 @@ class FastScore:
 class Scorer:
     """Caches for one (model, cluster, job, weights); callers may keep it across requests for that job."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None = None):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None = None,
+                 software: Software | None = None):
         self.model, self.cluster, self.job = model, cluster, job
         self.weights = weights or CostWeights()
+        self.software = software or Software()  # the knobs the user set (none: every target's defaults)
+        self._runtimes: dict[tuple, Runtime] = {}
         self.graphs = graphs_for(model, job.seq_len)
         self.L = model.num_layers
         self.is_moe_layer = np.array([model.is_moe_layer(i) for i in range(self.L)], dtype=bool)
         self.limit_bytes = cluster.memory_limit_gib * GIB
-        self.runtime = MEGATRON  # memory facts of the target (cost_models.memory.memory_runtime)
         self._layer: dict[tuple, tuple[np.ndarray, float, float, float, float]] = {}
         self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._dp: dict[tuple, tuple[float, float, float]] = {}
@@ -85,6 +88,7 @@ class Scorer:
         self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
+        self._knob_delta: dict[tuple, float] = {}  # (bound key, kind): layer_cost with the runtime's knobs − without
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
@@ -94,13 +98,28 @@ class Scorer:
         if (cluster.model_copy(update={"num_gpus": self.cluster.num_gpus}) != self.cluster
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
-        other = Scorer(self.model, cluster, job, self.weights)
-        for name in ("_layer", "_bounds", "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
+        other = Scorer(self.model, cluster, job, self.weights, self.software)
+        for name in ("_layer", "_bounds", "_knob_delta", "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
             setattr(other, name, getattr(self, name))
         return other
 
-    def serves(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None) -> bool:
-        return (self.model, self.cluster, self.job, self.weights) == (model, cluster, job, weights or CostWeights())
+    def serves(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None,
+               software: Software | None = None) -> bool:
+        """Whether this Scorer prices that job (and those knobs, when given: the search takes them from it)."""
+        return ((self.model, self.cluster, self.job, self.weights) == (model, cluster, job, weights or CostWeights())
+                and (software is None or software == self.software))
+
+    def runtime(self, lay: Layout) -> Runtime:
+        """The resolved runtime of ``lay``'s target with the user's knobs (``cost_models.targets.runtime_for``;
+        ``any``: Megatron's): the memory facts, gradient dtype and knobs ``estimate`` prices the layout with."""
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        hit = self._runtimes.get(key)
+        if hit is None:
+            par = ParallelConfig(tp=lay.tp, cp=lay.cp, pp=lay.pp, zero_stage=lay.zero_stage,
+                                 sequence_parallel=lay.sequence_parallel)
+            target = None if lay.target == "any" else lay.target
+            hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, self.software)
+        return hit
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -129,11 +148,16 @@ class Scorer:
         if hit is not None:
             return hit
         t_kind, a_kind = {}, {}
+        bounds, _, _ = self.bound_pieces(lay, rc)
         for kind in ("dense", "moe"):
             if kind in self.graphs:
                 sol = self.layer_solution(lay, kind, rc)
-                t_kind[kind] = sol.time_per_microbatch_s
-                a_kind[kind] = sol.activation_bytes
+                # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
+                # settings, exact where the ILP's only point is the uniform pattern)
+                t_kind[kind] = sol.time_per_microbatch_s + self._knob_delta[(key, kind)]
+                # A named target runs one pattern (the ILP's only point): its activations as the target's runtime
+                # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
+                a_kind[kind] = bounds[kind][1] if lay.target != "any" else sol.activation_bytes
         per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
         time = np.concatenate([[0.0], np.cumsum(per)])
         _, head_t, head_a = self.bound_pieces(lay, rc)
@@ -168,16 +192,19 @@ class Scorer:
                              kv_replication=lay.kv_replication)  # type: ignore[arg-type]
         # One point where the target's strategy set leaves a single pattern (the K/V holding is the layout's)
         single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
+        rt = self.runtime(lay)
         kinds = {}
         for kind in ("dense", "moe"):
             if kind not in self.graphs:
                 continue
             g = self.graphs[kind]
-            lc = layer_cost(g, self.model, self.cluster, self.job, par, 1)
+            lc = layer_cost(g, self.model, self.cluster, self.job, par, 1, rt)
+            self._knob_delta[(key, kind)] = lc.total_s - layer_cost(g, self.model, self.cluster, self.job, par,
+                                                                     1).total_s
             t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par)
-            kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par))
-        head_t = head_cost(self.graphs["head"], self.cluster, self.job, par)
-        head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par)
+            kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par, rt))
+        head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
+        head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
         if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
             layer_t, layer_a = kinds[mtp_layer_kind(self.model)]
             head_t += mtp_time_s(self.model, layer_t, head_t, self.cluster, self.job, par)
@@ -213,28 +240,40 @@ class Scorer:
             self._param_sums[key] = (float(dense.sum()), float(expert.sum()), pairs)
         return hit
 
-    def _zero3_table(self, lay: Layout, largest: np.ndarray, group: int) -> np.ndarray:
-        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it)."""
-        key = (lay.tp, lay.ep, group, lay.kv_replication)
+    def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
+        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it), at
+        ``per_largest`` bytes per parameter of it (``memory.zero3_transient_bytes``)."""
+        key = (lay.tp, lay.ep, per_largest, lay.kv_replication)
         hit = self._zero3.get(key)
         if hit is None:
             L = self.L
             hit = np.zeros((L + 1, L + 1))
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
-            hit *= self.runtime.gathered_unit_bytes * (1 - 1 / group) * (1.0 + FRAGMENTATION)
+            hit *= per_largest * (1.0 + FRAGMENTATION)
             self._zero3[key] = hit
         return hit
+
+    def state_coefficients(self, lay: Layout) -> tuple[float, float, float]:
+        """(bytes per dense parameter, per expert parameter, per parameter of the largest layer) a rank holds for
+        its stage: ZeRO state as the runtime holds it (``Runtime.state_bytes``) and ZeRO-3's transients
+        (``memory.zero3_transient_bytes``; the per-parameter ones with the allocator's reserve, as ``stage_memory``)."""
+        rt = self.runtime(lay)
+        group = lay.hsdp_shard_size or lay.dp * lay.cp
+        kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
+        ke = sum(rt.state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
+        if lay.zero_stage != 3:
+            return kd, ke, 0.0
+        per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
+        extra = per_param * (1.0 + FRAGMENTATION)
+        return kd + extra, ke + extra, per_largest
 
     # ---- what the stage DP reads -------------------------------------------------------------------
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
         """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
         time, head_t, a_dense, a_moe, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
-        group = lay.hsdp_shard_size or lay.dp * lay.cp
-        expert_group = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
-        kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(self.runtime.state_bytes(1.0, lay.zero_stage, expert_group))
+        kd, ke, per_largest = self.state_coefficients(lay)
         frag = 1.0 + FRAGMENTATION
         static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
         act = np.concatenate([[0.0], np.cumsum(frag * np.where(self.is_moe_layer, a_moe, a_dense))])
@@ -246,12 +285,13 @@ class Scorer:
         peak = 0.0
         if lay.recompute == "full":
             peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
-                                                   self._par(lay, recompute="none", vp=1, schedule="1f1b"))
+                                                   self._par(lay, recompute="none", vp=1, schedule="1f1b"),
+                                                   self.runtime(lay))
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
-            range_static=self._zero3_table(lay, largest, group) if lay.zero_stage == 3 else None,
+            range_static=self._zero3_table(lay, largest, per_largest) if lay.zero_stage == 3 else None,
         )
 
     def inflight(self, lay: Layout) -> np.ndarray:
@@ -290,13 +330,14 @@ class Scorer:
         return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float]:
+        rt = self.runtime(lay)
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
-               lay.kv_replication)
+               lay.kv_replication, rt)
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
             hit = data_parallel_cost(self.model, self.cluster, par, list(layers), lay.dp,
-                                 RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m)
+                                     RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m, rt=rt)
             self._dp[key] = hit
         return hit
 
@@ -356,10 +397,7 @@ class Scorer:
         a_dense, a_moe = kinds["dense"][1], kinds.get("moe", (0.0, 0.0))[1]
         self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
-        group = lay.hsdp_shard_size or lay.dp * lay.cp
-        kd = sum(self.runtime.state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(self.runtime.state_bytes(1.0, lay.zero_stage,
-                                          expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
+        kd, ke, _ = self.state_coefficients(lay)
         frag = 1.0 + FRAGMENTATION
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
         peak = self.bound_pieces(lay, "none")[0]["dense"][1] if lay.recompute == "full" else 0.0

@@ -15,8 +15,8 @@ from pytest import approx
 from autoplan.catalog import build_cluster, load_model
 from cost_models.estimate import estimate
 from cost_models.layer_cost import FP8_DISPATCH_BYTES, layer_cost, moe_all_to_all
-from cost_models.memory import (DEEPSEEK, FSDP2, GIB, MEGATRON, activation_bytes_per_microbatch, graphs_for,
-                                memory_runtime)
+from cost_models.memory import DEFAULT_RUNTIME, GIB, activation_bytes_per_microbatch, graphs_for
+from cost_models.targets import DEEPSEEK, runtime_for
 from cost_models.pipeline import bubble_fraction
 from cost_models.specs import JobSpec, ParallelConfig
 
@@ -33,12 +33,20 @@ def _fidelity():  # type: ignore[no-untyped-def]
 
 
 # --- memory per target ---------------------------------------------------------------------------------------
+_JOB, _H100 = JobSpec(global_batch_size=64), build_cluster("h100-sxm", 64)
+MEGATRON = runtime_for("megatron", _JOB, _H100, ParallelConfig(tp=8))
+FSDP2 = runtime_for("torchtitan", _JOB, _H100, ParallelConfig(tp=8, zero_stage=3))
+
+
 def test_state_bytes_per_framework() -> None:
     # Megatron-Core distributed optimizer: 6 + 12/d bytes per parameter; FSDP2: 16/d.
     assert sum(MEGATRON.state_bytes(1.0, 1, 8)) == approx(6 + 12 / 8)
     assert sum(FSDP2.state_bytes(1.0, 3, 8)) == approx(16 / 8)
     assert sum(DEEPSEEK.state_bytes(1.0, 1, 2)) == approx(6 + 8 / 2)
-    assert memory_runtime(None) is MEGATRON and memory_runtime("torchtitan") is FSDP2
+    # no target: Megatron-Core's memory facts; every framework's facts come from its resolved target profile
+    assert runtime_for(None, _JOB, _H100, ParallelConfig(tp=8)) == MEGATRON
+    assert DEFAULT_RUNTIME.state_bytes(1.0, 1, 8) == MEGATRON.state_bytes(1.0, 1, 8)
+    assert runtime_for("fsdp2", _JOB, _H100).state_bytes(1.0, 3, 8) == FSDP2.state_bytes(1.0, 3, 8)
 
 
 def test_loss_bytes_torchtitan_twice_megatron() -> None:

@@ -68,7 +68,8 @@ def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> Non
     assert pred.fits and pred.peak_memory_gib <= pred.memory_limit_gib
     if model.is_moe:
         assert model.num_experts % par.ep == 0 and (dp * par.cp) % par.ep == 0
-    assert pred == estimate(model, cluster, job, par)  # what users see is estimate's, exactly
+    # what users see is estimate's, exactly, as the plan's target runs it
+    assert pred == estimate(model, cluster, job, par, target=pred.software["target"])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -62,3 +62,169 @@ def test_cli_estimate_illegal_layout_is_one_line_naming_the_rule() -> None:
     ok = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "1", "--pp", "2",
                                   "--zero", "3", "--target", "torchtitan"])
     assert ok.exit_code == 0, ok.output
+
+
+# ---- one runtime: the resolved target Runtime prices memory, DP traffic and the search ------------------------
+def test_megatron_dp_gradients_travel_at_the_reduce_dtype() -> None:
+    """fp32 main grads (Megatron default) hold 2 more bytes per parameter than --grad-reduce-in-bf16 and double the
+    reduce-scatter; the all-gather of bf16 weights is the same: ZeRO-1 DP bytes (4 + 2) / (2 + 2) = 1.5."""
+    from cost_models.estimate import estimate
+    from cost_models.targets import Software
+
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 1024)
+    job, par = JobSpec(global_batch_size=512), ParallelConfig(tp=8, pp=8, zero_stage=1)
+    fp32 = estimate(model, cluster, job, par, target="megatron")
+    bf16 = estimate(model, cluster, job, par, target="megatron", software=Software(grad_reduce_dtype="bf16"))
+    assert fp32.software["grad_reduce_dtype"] == "fp32" and bf16.software["grad_reduce_dtype"] == "bf16"
+    assert fp32.comm_volume_gib["dp"] / bf16.comm_volume_gib["dp"] == pytest.approx(1.5)
+    params = sum(model.layer_params(i) for i in range(10)) / 8 + model.embedding_params / 8  # stage 0 holds 10 layers
+    held = (fp32.memory_gib["grads"] - bf16.memory_gib["grads"]) * 2**30
+    assert held == pytest.approx(2.0 * params, rel=0.02)
+    assert fp32.time.exposed_comm_s["dp"] >= bf16.time.exposed_comm_s["dp"]
+
+
+@pytest.mark.parametrize("target,software", [("torchtitan", {"compile": True}), ("fsdp2", {}),
+                                             ("megatron", {"grad_reduce_dtype": "bf16"})])
+def test_scorer_prices_with_the_targets_runtime(target: str, software: dict) -> None:
+    """The search Scorer holds the target's memory facts and knobs: it equals estimate with that runtime (and
+    differs from Megatron's where the facts differ)."""
+    from cost_models.estimate import estimate
+    from cost_models.targets import Software, runtime_for
+    from search.planner import to_parallel
+    from search.score import Scorer
+
+    model, cluster, job = load_model("llama3-8b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=128)
+    sw = Software(**software)
+    scorer = Scorer(model, cluster, job, software=sw)
+    lays = [lay for lay in enumerate_layouts(model, cluster, job, target, {}, Tally()) if lay.pp <= 2][:6]
+    assert lays
+    for lay in lays:
+        par = to_parallel(model, lay, (model.num_layers,) if lay.pp == 1 else (16, 16))
+        layers = (model.num_layers,) if lay.pp == 1 else (16, 16)
+        rt = runtime_for(target, job, cluster, par, sw)
+        assert scorer.runtime(lay) == rt
+        fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, par, runtime=rt)
+        assert pred.software["target"] == target
+        assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+        assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    for cmd in (["estimate", "--tp", "1", "--pp", "1"], ["search"]):
+        res = CliRunner().invoke(cli, [*cmd, "--model", "llama3-8b", "--gpus", "8", "--target", "megatron",
+                                       "--compile"])
+        assert res.exit_code == 2, res.output
+        assert res.output.strip().count("\n") == 0
+        assert "megatron has no knob compile (its knobs: cp_comm_type, fp8_recipe, grad_reduce_dtype" in res.output
+
+
+def test_predictions_report_every_knob_and_the_emitter_writes_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    base = ["--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--target", "megatron"]
+    res = CliRunner().invoke(cli, ["estimate", *base, "--grad-reduce-dtype", "bf16", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    knobs = json.loads(res.output)["prediction"]["software"]
+    assert knobs == {"target": "megatron", "tp_comm_overlap": True, "fp8_recipe": None, "grad_reduce_dtype": "bf16",
+                     "cp_comm_type": "p2p", "overlap_grad_reduce": True, "overlap_param_gather": True}
+    text = CliRunner().invoke(cli, ["estimate", *base])
+    assert "software: target=megatron tp_comm_overlap=True grad_reduce_dtype=fp32" in text.output
+    plan = tmp_path / "plan.json"
+    plan.write_text(res.output)
+    for src, want in ((["--plan", str(plan)], True), (base[:-2], False)):
+        out = tmp_path / f"out{want}"
+        emitted = CliRunner().invoke(cli, ["emit", "--target", "megatron", "-o", str(out), *src])
+        assert emitted.exit_code == 0, emitted.output
+        script = "\n".join(p.read_text() for p in out.iterdir() if p.suffix == ".sh")
+        assert ("--grad-reduce-in-bf16" in script) == want  # exactly when the runtime reduces in bf16
+
+
+def test_schema_and_request_carry_software() -> None:
+    from autoplan.schema import EstimateRequest, SearchRequest, json_schema
+
+    text = str(json_schema())
+    assert "grad_reduce_dtype" in text and "reshard_after_forward" in text
+    req = EstimateRequest.model_validate({"model": "llama3-8b", "cluster": {"num_gpus": 8},
+                                          "parallel": {"tp": 2}, "target": "torchtitan",
+                                          "software": {"compile": True, "async_tp": True}})
+    pred = api.estimate(req).prediction
+    assert pred.software["compile"] is True and pred.software["async_tp"] is True
+    assert "fsdp2" in str(SearchRequest.model_fields["target"].annotation)
+
+
+def test_torchtitan_zero0_with_cp_is_priced_as_it_runs() -> None:
+    """torchtitan shards over dp_shard x cp even with 'zero 0': estimate prices the FSDP it runs and says so."""
+    base = {"model": "llama3-8b", "cluster": {"num_gpus": 16}, "job": {"global_batch_size": 16, "seq_len": 16384},
+            "target": "torchtitan"}
+    asked = api.estimate({**base, "parallel": {"tp": 1, "cp": 2, "zero_stage": 0}}).prediction
+    runs = api.estimate({**base, "parallel": {"tp": 1, "cp": 2, "zero_stage": 3, "hsdp_shard_size": 2}}).prediction
+    assert "runs_as" in asked.software and "FSDP over dp_shard x cp = 2" in asked.software["runs_as"]
+    assert asked.peak_memory_gib == pytest.approx(runs.peak_memory_gib, rel=1e-12)
+    assert asked.step_time_s == pytest.approx(runs.step_time_s, rel=1e-12)
+
+
+def _tt(model: str, gpus: int, job: JobSpec, par: ParallelConfig, **knobs: object) -> float:
+    from cost_models.estimate import estimate
+    from cost_models.targets import Software
+
+    return estimate(load_model(model), build_cluster("h100-sxm", gpus), job, par, target="torchtitan",
+                    software=Software(**knobs)).step_time_s
+
+
+def test_knob_effects_move_the_step_the_published_way() -> None:
+    """Async TP faster at tp > 1 and nothing at tp 1; rowwise Float8
+    (more cast traffic) and rowwise_with_gw_hp (bf16 weight-gradient GEMM) slower than tensorwise."""
+    job = JobSpec(global_batch_size=16, seq_len=8192)
+    fsdp = ParallelConfig(tp=1, zero_stage=3, micro_batch_size=2)
+    tp8 = ParallelConfig(tp=8, zero_stage=3, micro_batch_size=2)
+    assert _tt("llama3-70b", 64, job, tp8, compile=True, async_tp=True) < _tt("llama3-70b", 64, job, tp8,
+                                                                               compile=True)
+    assert _tt("llama3-8b", 8, job, fsdp, compile=True, async_tp=True) == _tt("llama3-8b", 8, job, fsdp,
+                                                                               compile=True)
+    fp8 = job.model_copy(update={"precision": "fp8"})
+    tensorwise = _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="tensorwise")
+    assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise") \
+        < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
+
+
+def test_compile_is_faster_with_the_torchtitan_profile_efficiency() -> None:
+    from autoplan.catalog.registry import framework_efficiency
+    from cost_models.estimate import estimate
+    from cost_models.targets import Software
+
+    cluster = build_cluster("h100-sxm", 8)
+    eff = cluster.efficiency.model_copy(update=framework_efficiency("torchtitan"))
+    cluster = cluster.model_copy(update={"efficiency": eff})
+    m, job, par = load_model("llama3-8b"), JobSpec(global_batch_size=16), ParallelConfig(zero_stage=3)
+    eager, fused = (estimate(m, cluster, job, par, target="torchtitan", software=Software(compile=c)).step_time_s
+                    for c in (False, True))
+    assert eager > fused * 1.02
+
+
+def test_ulysses_moves_what_the_formula_says_and_is_exposed() -> None:
+    """Ulysses all-to-all: 2·(w_q+w_k+w_v+w_o)/t per token re-split (forward and backward); ring P2P 3(c−1) K/V
+    blocks hidden behind the attention."""
+    from cost_models.estimate import estimate
+    from cost_models.memory import graphs_for
+    from cost_models.targets import Software
+
+    m, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 16)
+    job, par = JobSpec(global_batch_size=16, seq_len=32768), ParallelConfig(tp=1, cp=8)
+    g = graphs_for(m, job.seq_len)["dense"]
+    a2a = estimate(m, cluster, job, par, target="megatron", software=Software(cp_comm_type="a2a"))
+    ring = estimate(m, cluster, job, par, target="megatron", software=Software(cp_comm_type="p2p"))
+    tokens = job.seq_len / 8
+    width = 2 * m.hidden_size + 2 * g.tensors["k"].width
+    per_layer = 2 * tokens * width * 2.0 * 7 / 8
+    assert a2a.comm_volume_gib["cp"] * 2**30 == pytest.approx(per_layer * m.num_layers * a2a.num_microbatches)
+    ring_bytes = 3 * 7 * tokens * 2 * g.tensors["k"].width * 2.0
+    assert ring.comm_volume_gib["cp"] * 2**30 == pytest.approx(ring_bytes * m.num_layers * ring.num_microbatches)
+    assert a2a.software["cp_comm_type"] == "a2a" and ring.time.exposed_comm_s["cp"] == 0.0

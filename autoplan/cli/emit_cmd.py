@@ -15,7 +15,8 @@ import click
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import FLOAT, INT  # noqa: F401
-from autoplan.cli.options import cluster_flags, cluster_request, job_options, job_spec, stack, user_errors
+from autoplan.cli.options import (cluster_flags, cluster_request, job_options, job_spec, pop_software, software_options,
+                                  stack, user_errors)
 from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
 from autoplan.errors import InfeasibleError
 from autoplan.inputs import strict
@@ -31,6 +32,7 @@ plan_inputs = stack(
     cluster_flags(gpus_required=False),
     job_options,
     parallel_options(required=False),
+    software_options,
 )
 
 target_option = click.option("--target", type=click.Choice(TARGETS), required=True, help="framework to emit for")
@@ -40,11 +42,17 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
     """An ``EmitPlan`` from --plan, or from --model/--gpus and the degree flags."""
     plan_file, index, model = kw.pop("plan_file"), kw.pop("index"), kw.pop("model")
     degrees = pop_parallel(kw)
+    software = pop_software(kw)
     if plan_file is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("num_gpus",) if kw.get(k) is not None]
         if model is not None or degrees or given:
             raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both")
-        return load_plan(plan_file, index)
+        plan = load_plan(plan_file, index)  # with the knobs it was priced with; flags given here override them
+        if software.given():
+            from dataclasses import replace
+
+            plan = replace(plan, software=plan.software.model_copy(update=software.given()))
+        return plan
     if index is not None:
         raise click.UsageError("--index needs --plan")
     if model is None or kw.get("num_gpus") is None:
@@ -54,7 +62,7 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
     cluster_req, job = cluster_request(kw), job_spec(kw)
     par = strict(ParallelConfig, degrees, "parallel")
     model_spec, cluster, job = resolve(model, cluster_req, job)
-    return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par)
+    return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par, software=software)
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:

@@ -11,10 +11,11 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.options import FLOAT, INT  # noqa: F401
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
-                                  model_option, request_from_file, request_option, stack, user_errors)
+                                  model_option, pop_software, request_from_file, request_option, software_options,
+                                  stack, user_errors)
 from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.inputs import strict
-from autoplan.report import describe_job, describe_parallel, render_prediction
+from autoplan.report import describe_job, describe_parallel, describe_software, render_prediction
 from autoplan.schema import EstimateRequest, validate_request
 from cost_models.specs import ParallelConfig
 
@@ -71,7 +72,8 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
 @failure_options
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2"]), default="megatron",
               show_default=True, help="framework that runs the layout: its rules (cost_models.targets) refuse what it "
-              "cannot run, and memory is priced as it holds it")
+              "cannot run, and it is priced as it runs (memory, gradient dtype, knobs)")
+@software_options
 @request_option
 @format_option
 @user_errors
@@ -85,7 +87,7 @@ def estimate_cmd(model: str, fmt: str, target: str, **kw: Any) -> None:
     else:
         request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
                                   job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"),
-                                  failures=failures, target=target)
+                                  failures=failures, target=target, software=pop_software(kw))
     result = api.estimate(request)
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
@@ -93,6 +95,7 @@ def estimate_cmd(model: str, fmt: str, target: str, **kw: Any) -> None:
     specs = api.resolve(request)
     click.echo(describe_job(specs.model, specs.cluster, specs.job, result.cluster.efficiency_basis))
     click.echo(f"plan: {describe_parallel(result.parallel, result.prediction.dp)}")
+    click.echo(f"software: {describe_software(result.prediction.software)}")
     click.echo(render_prediction(result.prediction, specs.job.precision))
     if result.goodput is not None:
         click.echo(render_goodput(result.goodput))

@@ -15,6 +15,8 @@ from autoplan.catalog.spec_file import describe_validation_error
 from autoplan.errors import ConfigError, InfeasibleError
 from autoplan.request import ClusterRequest
 from cost_models.specs import JobSpec
+from cost_models.targets import Software
+from cost_models.targets.common import CpCommType, Fp8Recipe
 
 F = Callable[..., Any]
 
@@ -99,6 +101,43 @@ job_options = stack(
                  help="tokens per sequence"),
     click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
 )
+
+def _reshard(ctx: click.Context, param: click.Parameter, value: str | None) -> bool | int | None:
+    if value is None:
+        return None
+    low = value.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low.isascii() and low.isdigit() and int(low) > 1:
+        return int(low)
+    raise click.BadParameter(f"{value!r} is not true, false or a group size > 1")
+
+
+software_options = stack(
+    click.option("--compile/--no-compile", "compile", default=None,
+                 help="torch.compile the model and loss (torchtitan) [target default]"),
+    click.option("--async-tp/--no-async-tp", "async_tp", default=None,
+                 help="torchtitan async TP: TP collectives overlapped with the GEMMs (needs --compile)"),
+    click.option("--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap", default=None,
+                 help="Megatron --tp-comm-overlap (needs sequence parallelism) [on where legal]"),
+    click.option("--fp8-recipe", type=click.Choice(list(Fp8Recipe.__args__)), default=None,  # type: ignore[attr-defined]
+                 help="fp8 scaling recipe (precision fp8): megatron delayed|tensorwise|blockwise|mxfp8, torchtitan "
+                      "tensorwise|rowwise|rowwise_with_gw_hp|mxfp8 (mxfp8: Blackwell only)"),
+    click.option("--grad-reduce-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
+                 help="main gradients and the DP reduction (Megatron default fp32; bf16 = --grad-reduce-in-bf16)"),
+    click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
+                 help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p"),
+    click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
+                 help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
+)
+SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
+                 "reshard_after_forward")
+
+
+def pop_software(kw: dict[str, Any]) -> Software:
+    """The knob flags the user gave (None = the target's default: ``cost_models.targets``)."""
+    return Software(**{k: v for k in SOFTWARE_KEYS if (v := kw.pop(k, None)) is not None})
+
 
 format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True)

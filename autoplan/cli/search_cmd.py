@@ -15,6 +15,7 @@ from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.cli.options import (cluster_options, cluster_request, format_option, job_options, job_spec,
+                                  pop_software, software_options,
                                   fail, model_option, request_from_file, request_option, user_errors)
 from autoplan.errors import ConfigError
 from autoplan.report import describe_job, render_plan, render_search_stats
@@ -49,8 +50,11 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
     """Write plan #1's launch files; a failure is reported in the result (the search result stands)."""
     from autoplan.emit import EmitPlan, emittable_targets, write_plan
 
+    from autoplan.emit.plan import priced_software
+
     plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel,
-                    op_shardings=plans[0].op_shardings)  # the intra-op ILP's per-op choices (fsdp2 writes them)
+                    op_shardings=plans[0].op_shardings,  # the intra-op ILP's per-op choices (fsdp2 writes them)
+                    software=priced_software(plans[0].prediction.software))  # the knobs it was priced with
     emit_target = target
     if target == "any":  # the first framework that runs the plan as is
         emit_target = next(iter(emittable_targets(plan)), "fsdp2")
@@ -69,12 +73,14 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
               show_default=True,
-              help="framework the plan must run on: megatron (DDP, distributed optimizer, FSDP2 without PP; "
-                   "1F1B/interleaved), torchtitan (FSDP2/HSDP or DDP), fsdp2 (plain FSDP2 + DTensor module, "
-                   "per-op TP plan), any (also ZeRO-2, ZB-H1)")
+              help="framework the plan must run on (its profile in cost_models.targets): megatron (DDP, distributed "
+                   "optimizer, torch FSDP2 without PP/EP; 1F1B/interleaved), torchtitan (FSDP2/HSDP, replicate), "
+                   "fsdp2 (plain FSDP2 + DTensor module, per-op TP plan; no CP/EP), any (every layout the cost model "
+                   "prices, with Megatron's runtime; also ZeRO-2, ZB-H1)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
               help="rank by step time, or by tokens/s after failures, checkpoints and restarts (goodput)")
 @failure_options
+@software_options
 @request_option
 @format_option
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False), default=None,
@@ -98,7 +104,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     else:
         request = SearchRequest(model=model, cluster=cluster_request(kw).model_dump(),
                                 job=job_spec(kw).model_dump(), parallel=pop_parallel(kw), top=top_k, target=target,
-                                rank_by=rank_by, failures=failures)
+                                rank_by=rank_by, failures=failures, software=pop_software(kw))
     specs = api.resolve(request)
     model_spec, cluster, job = specs.model, specs.cluster, specs.job
     progress = _Progress()

@@ -40,7 +40,7 @@ def price(plan: EmitPlan, target: str) -> Prediction:
     ``check_emittable``)."""
     from cost_models.estimate import estimate
 
-    return estimate(plan.model, plan.cluster, plan.job, plan.parallel, check=False, target=target)
+    return estimate(plan.model, plan.cluster, plan.job, plan.parallel, check=False, runtime=plan.runtime(target))
 
 
 def over_memory_message(plan: EmitPlan, pred: Prediction) -> str:

@@ -140,11 +140,15 @@ def load_plan(path: str | Path, index: int | None = None) -> EmitPlan:
 
 
 def emittable_targets(plan: EmitPlan) -> list[Target]:
-    """The targets that accept ``plan`` as it is."""
+    """The targets that accept ``plan`` as it is (with the knobs each of them has: another target's knobs are
+    not requests there)."""
+    from dataclasses import replace
+
     ok = []
     for t in TARGETS:
+        own = {k: v for k, v in plan.software.given().items() if k in PROFILES[t].knobs}
         try:
-            _check(plan, t)
+            _check(replace(plan, software=Software(**own)), t)
         except ConfigError:
             continue
         ok.append(t)

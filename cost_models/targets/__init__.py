@@ -17,12 +17,13 @@ API (everything here is importable from ``cost_models.targets``)::
     prof.legal(model, cluster, job, par, rt)            # None, or that message
     run_par, note = prof.runs_as(par, cluster.num_gpus) # the layout the framework really runs (torchtitan
                                                         # runs ZeRO-0 with cp > 1 as FSDP over cp)
+    rt = runtime_for("torchtitan", job, cluster, par, sw)  # what estimate/Scorer price with ("any": Megatron's)
 
 Profile tables (class attributes): ``schedules`` and ``zero_stages`` (search order) the target runs,
 ``cp_comm_types``, ``allow_kv_replication`` (tp a multiple of num_kv_heads), ``knobs`` (name -> ``Knob``:
 allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP shard groups worth searching).
 
-``Runtime`` fields the cost model reads (issue 12: memory; issue 13: search):
+``Runtime`` fields the cost model reads (memory, DP traffic, knob effects; the search Scorer the same):
 
 - ``weight_bytes``, ``grad_bytes``, ``optimizer_bytes``: bytes per parameter before ZeRO sharding
   (Megatron bf16: 2 + 4 (fp32 main grads) + 12, or 2 + 2 + 12 with ``grad_reduce_dtype=bf16``;
@@ -32,6 +33,12 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
   ``overlap_param_gather``, ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
   ``fused_elementwise`` (TE / Inductor fused norms, SwiGLU, loss vs eager op by op), ``compile``,
   ``fp8_recipe``;
+- memory facts (``cost_models.memory`` reads them; the profile is their only home): ``loss_bytes_per_logit``,
+  ``fp8_saved_bytes``, ``selective`` (what selective recompute keeps), ``gathered_unit_bytes`` (ZeRO-3 units),
+  ``pp_unsharded_bytes`` (FSDP2 under pipelining), ``state_bytes()``, ``adam_bytes_per_param``;
+- ``runtime_for(target, job, cluster, par, software)``: the resolved runtime ``estimate`` and the search Scorer
+  price with (``None``/``any``: Megatron's; ``deepseek``: DeepSeek-V3's HAI-LLM as its report states it,
+  ``cost_models.targets.reference``, priced but never emitted); knob effects on time: ``cost_models.knob_effects``;
 - ``env`` (launch environment the framework requires, e.g. Megatron's ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with
   TP/CP and no FSDP before Blackwell) and ``knobs()`` (every knob assumed: plans and predictions report it).
 
@@ -42,9 +49,11 @@ interleaved pipelines) adds its pipeline-split rules to ``MegatronProfile``.
 from __future__ import annotations
 
 from cost_models.errors import ConfigError
+from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
 from cost_models.targets.common import (TARGET_NAMES, Knob, Runtime, Software, TargetName, TargetProfile)
 from cost_models.targets.fsdp2 import PROFILE as FSDP2
 from cost_models.targets.megatron import PROFILE as MEGATRON
+from cost_models.targets.reference import DEEPSEEK, REFERENCE_RUNTIMES
 from cost_models.targets.torchtitan import PROFILE as TORCHTITAN
 
 PROFILES: dict[str, TargetProfile] = {"megatron": MEGATRON, "torchtitan": TORCHTITAN, "fsdp2": FSDP2}
@@ -61,10 +70,16 @@ def get_profile(name: str) -> TargetProfile | None:
     return prof
 
 
-def default_runtime(job: object = None, cluster: object = None) -> Runtime:
-    """Megatron's defaults (what ``estimate`` prices when no target is named)."""
-    return Runtime(target="megatron")
+def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None = None,
+                software: Software | None = None) -> Runtime:
+    """The resolved ``Runtime`` of ``target`` for this job and layout (``None`` or ``any``: Megatron's; a reference
+    runtime such as ``deepseek`` as it is). What ``estimate`` and the search Scorer price memory and time with."""
+    ref = REFERENCE_RUNTIMES.get(target or "")
+    if ref is not None:
+        return ref
+    prof = get_profile(target or DEFAULT_TARGET) or PROFILES[DEFAULT_TARGET]
+    return prof.resolve(software, job, cluster, par)
 
 
-__all__ = ["DEFAULT_TARGET", "FSDP2", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+__all__ = ["DEEPSEEK", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
            "Software", "TargetName", "TargetProfile", "get_profile"]

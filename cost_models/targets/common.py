@@ -12,6 +12,7 @@ from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 TargetName = Literal["megatron", "torchtitan", "fsdp2"]
+Selective = Literal["attention", "op_sac", "cheap"]
 TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
 GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
@@ -43,6 +44,10 @@ class Software(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
+              "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward")
+
+
 @dataclass(frozen=True)
 class Runtime:
     """How a target runs one job: every knob resolved, and the semantics the cost model prices.
@@ -50,7 +55,7 @@ class Runtime:
     Bytes are per parameter held by a rank before ZeRO sharding; ``*_sharded`` say whether ZeRO-1/2/3 shard
     that piece (``cost_models.memory.zero_state_bytes``)."""
 
-    target: TargetName
+    target: str  # a TargetName, or a reference runtime autoplan prices but does not emit for ("deepseek")
     compile: bool = False
     async_tp: bool = False
     tp_comm_overlap: bool = True
@@ -67,6 +72,36 @@ class Runtime:
     fused_elementwise: bool = True  # norms / activations / loss as fused kernels (TE, Inductor) vs eager op by op
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
     notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)
+    # ---- memory facts (cost_models.memory reads them; defaults = Megatron-Core with Transformer Engine) ----
+    # Peak bytes of the loss per vocabulary entry per token (÷ TP: vocab-parallel). Megatron's
+    # vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py) casts the bf16 logits to fp32
+    # (4) and exponentiates in place; the bf16 gradient (2) is the only other copy: 6.
+    loss_bytes_per_logit: float = 6.0
+    # Bytes per saved GEMM input element under fp8: Transformer Engine saves the fp8 cast (1)
+    # (transformer_engine/pytorch/module/linear.py ``saved_inputmat``).
+    fp8_saved_bytes: float = 1.0
+    # What "selective" recompute keeps: "attention" (Megatron: drops the attention core's score-sized tensors),
+    # "op_sac" (torchtitan's per-op SAC), "cheap" (DeepSeek-V3: norms, MLA up-projections, SwiGLU recomputed).
+    selective: Selective = "attention"
+    # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
+    gathered_unit_bytes: float = 4.0
+    # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).
+    pp_unsharded_bytes: float = 0.0
+
+    def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
+        """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``."""
+        from cost_models.memory import zero_state_bytes
+
+        return zero_state_bytes(params, zero_stage, shard_group,
+                                (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
+
+    @property
+    def adam_bytes_per_param(self) -> float:
+        """HBM bytes of one Adam step per parameter: read and write the optimizer state, read the gradient, write
+        the parameter, and read it too where it is the fp32 master (torch FSDP2). Megatron (fp32 main grads):
+        12 + 4 + 12 + 2 = 30; torch FSDP2: 8 + 4 + 4 + 8 + 4 = 28."""
+        master = self.weight_bytes if self.weight_bytes >= 4 else 0.0
+        return 2 * self.optimizer_bytes + self.grad_bytes + self.weight_bytes + master
 
     @property
     def reduce_bytes(self) -> float:
@@ -79,12 +114,13 @@ class Runtime:
         return self.tp_comm_overlap or self.async_tp
 
     def knobs(self) -> dict[str, Any]:
-        """Every knob this run assumes (what plans and predictions report)."""
-        return {"target": self.target, "compile": self.compile, "async_tp": self.async_tp,
-                "tp_comm_overlap": self.tp_comm_overlap, "fp8_recipe": self.fp8_recipe,
-                "grad_reduce_dtype": self.grad_reduce_dtype, "cp_comm_type": self.cp_comm_type,
-                "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
-                "reshard_after_forward": self.reshard_after_forward}
+        """Every knob this run assumes (what plans and predictions report): the target and each knob its profile
+        offers, resolved (a reference runtime: all of them)."""
+        from cost_models.targets import PROFILES
+
+        prof = PROFILES.get(self.target)
+        names = [n for n in KNOB_NAMES if prof is None or n in prof.knobs]
+        return {"target": self.target, **{n: getattr(self, n) for n in names}}
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,7 @@ class Knob:
     values: tuple[Any, ...]
     default: Any
     source: str
+    int_values: bool = False  # also an integer > 1 (FSDP2 reshard_after_forward: a group size)
 
 
 class TargetProfile:
@@ -137,8 +174,8 @@ class TargetProfile:
             if knob is None:
                 offered = ", ".join(sorted(self.knobs)) or "none"
                 raise ConfigError(f"{self.name} has no knob {key} (its knobs: {offered})")
-            if knob.values and value not in knob.values and not (key == "reshard_after_forward"
-                                                                  and isinstance(value, int)):
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            if knob.values and value not in knob.values and not (knob.int_values and is_int):
                 raise ConfigError(f"{key}={value!r} is not a {self.name} choice ({knob.source})", valid=knob.values)
         return given
 
@@ -224,10 +261,39 @@ class TargetProfile:
                 and dp_cp % s == 0]
 
 
+def fsdp2_gathered_unit_bytes(reduce_dtype: GradDtype) -> float:
+    """torch FSDP2 (``fully_shard``), per parameter of the largest unit: the gathered bf16 unit (2) and the
+    prefetched next one (2), and in the backward the unit's bf16 gradient (2) and, for an fp32 reduce-scatter, its
+    fp32 copy (4) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``): 10 with the fp32
+    reduce of ``MixedPrecisionPolicy(reduce_dtype=fp32)``, 6 with a bf16 reduce."""
+    return 6.0 + (4.0 if reduce_dtype == "fp32" else 0.0)
+
+
+# torch FSDP2 under pipelining (torchtitan apply_fsdp: reshard_after_forward off with PP; torch/distributed/
+# pipelining/stage.py backward_maybe_with_nosync: no reshard, no gradient sync but for the last micro-batch): the
+# stage's bf16 parameters (2) and fp32 unsharded gradients (4) stay through the step.
+FSDP2_PP_UNSHARDED_BYTES = 6.0
+
+
+def torch_memory_facts(reduce_dtype: GradDtype) -> dict[str, Any]:
+    """Memory facts of a torch FSDP2 training loop (torchtitan 0.3.0, and the fsdp2 target's module)."""
+    return dict(
+        # cross_entropy on ``pred.float()`` (torchtitan/components/loss.py): fp32 copy (4), saved log-softmax (4),
+        # and in the backward the fp32 gradient of the log-probs (4) beside them: 12 per entry.
+        loss_bytes_per_logit=12.0,
+        # torchao Float8Linear casts in the backward again from the saved high-precision input (bf16: 2).
+        fp8_saved_bytes=2.0,
+        # per-op SAC (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule)
+        selective="op_sac",
+        gathered_unit_bytes=fsdp2_gathered_unit_bytes(reduce_dtype),
+        pp_unsharded_bytes=FSDP2_PP_UNSHARDED_BYTES,
+    )
+
+
 def nearest(value: int, choices: list[int]) -> list[int]:
     """``choices`` ordered by distance to ``value`` (for 'a legal neighbour')."""
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["CpCommType", "DTYPE_BYTES", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile
+from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
 
 FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
 
@@ -36,7 +36,8 @@ class FSDP2Profile(TargetProfile):
     kv_source = "the emitted autoplan_parallelize.py (ReplicatedKV: K/V weights Replicate on the TP mesh)"
     knobs = {
         "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
-                                      f"{FULLY_SHARD}: bool or int (a divisor of the shard group)"),
+                                      f"{FULLY_SHARD}: bool or int (a divisor of the shard group)",
+                                      int_values=True),
         "compile": Knob("compile", (False,), False, "the emitted module does not call torch.compile"),
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32", "bf16"), "fp32",
                                   "MixedPrecisionPolicy.reduce_dtype in the emitted apply_fsdp"),
@@ -81,6 +82,7 @@ class FSDP2Profile(TargetProfile):
             target="fsdp2", grad_reduce_dtype=grad,
             reshard_after_forward=k.get("reshard_after_forward", default_reshard),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0, fused_elementwise=False,
+            **torch_memory_facts(grad),
         )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile
+from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, fsdp2_gathered_unit_bytes
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
@@ -126,6 +126,9 @@ class MegatronProfile(TargetProfile):
             weight_bytes=4.0 if fsdp else 2.0,
             grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
             optimizer_bytes=8.0 if fsdp else 12.0,
+            # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
+            # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
+            gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
             env=env,
         )
 

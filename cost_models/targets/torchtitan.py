@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile
+from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
 
 TT = "torchtitan 0.3.0 torchtitan/"
 
@@ -135,6 +135,7 @@ class TorchtitanProfile(TargetProfile):
             reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
             fused_elementwise=compile_on,
+            **torch_memory_facts("fp32"),
         )
 
 

@@ -1,0 +1,109 @@
+"""What a target's knobs change in the time of one layer (``cost_models.targets.Runtime``; COST_MODEL.md §2, §4).
+
+No fitted factor here: each knob switches a physical mechanism on or off, or changes the bytes a kernel moves.
+
+- **Fused element-wise kernels** (Transformer Engine, ``torch.compile``/Inductor) vs eager PyTorch: eager norms,
+  rotary and SwiGLU make several HBM passes; the ratio is ``Efficiency.eager_traffic`` (counted from the eager op
+  sequences: ``specs.EAGER_TRAFFIC``) and applies only where the runtime does not fuse (torchtitan without
+  ``compile``, the fsdp2 module).
+- **TP communication overlap** (Megatron ``--tp-comm-overlap``, TE userbuffers; torchtitan async TP, micro-pipelined
+  all-gather/reduce-scatter matmuls, ``torch/distributed/_symmetric_memory``): ``Efficiency.tp_overlap`` of the TP
+  traffic hides behind the GEMMs only when the runtime overlaps; otherwise all of it is on the critical path.
+- **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
+  casts, by scaling granularity (``FP8_CAST_BYTES``); ``rowwise_with_gw_hp`` runs the weight-gradient GEMM in bf16.
+- **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
+  attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
+  re-split over CP before and after attention; nothing to hide behind).
+"""
+
+from __future__ import annotations
+
+from cost_models.collectives import group_collective_time_s
+from cost_models.opgraph import LayerGraph
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ParallelConfig
+from cost_models.targets.common import Runtime
+
+# HBM bytes per element to cast one GEMM operand to fp8 and keep what the backward needs, by recipe (bf16 in: 2).
+FP8_CAST_BYTES: dict[str | None, float] = {
+    # Transformer Engine delayed scaling: one kernel reads bf16 (2) and writes the row- and column-wise fp8 copies
+    # (1 + 1) with the previous steps' amax (transformer_engine/pytorch/tensor/float8_tensor.py).
+    None: 4.0, "delayed": 4.0,
+    # Dynamic per-tensor scaling (torchao ``Float8LinearConfig`` tensorwise, TE Float8CurrentScaling): the amax
+    # must be known before the cast: an extra read (2) before the cast to the fp8 copy and its transpose (2 + 1 + 1);
+    # under torch.compile Inductor fuses the amax into the producer's kernel (``fp8_cast_bytes``): 4.
+    "tensorwise": 6.0,
+    # Per-row scales (torchao rowwise): the row-scaled copy in one pass (2 + 1); the copy scaled along the other
+    # axis (for the other GEMM of the backward) cannot be a transpose of it: its amax over tokens is another read
+    # (2), then its own cast (2 + 1). No producer can fuse a reduction over tokens.
+    "rowwise": 8.0,
+    # rowwise with the weight-gradient GEMM in bf16: only the row-scaled copy (2 + 1); that GEMM runs unquantised.
+    "rowwise_with_gw_hp": 3.0,
+    # Block scales (TE Float8BlockScaling 1x128 / 128x128; MXFP8 32-element blocks): the amax is local to a block,
+    # fused with the cast (2 + 1 + 1), plus one scale per block (4/128; 1/32 for MX's e8m0).
+    "blockwise": 4.0 + 4.0 / 128, "mxfp8": 4.0 + 2.0 / 32,
+}
+
+
+def eager_elementwise(eff: Efficiency, rt: Runtime | None) -> bool:
+    """Whether norms, rotary, activations and the loss run op by op (``rt`` None: the efficiency's own setting)."""
+    return not eff.compiled or (rt is not None and not rt.fused_elementwise)
+
+
+def tp_overlap(eff: Efficiency, rt: Runtime | None) -> float:
+    """Share of TP traffic that can hide behind GEMMs: ``eff.tp_overlap`` where the runtime overlaps, else 0."""
+    return eff.tp_overlap if rt is None or rt.tp_overlapped else 0.0
+
+
+def fp8_cast_bytes(rt: Runtime | None) -> float:
+    recipe = rt.fp8_recipe if rt is not None else None
+    if recipe == "tensorwise" and rt is not None and rt.compile:
+        return FP8_CAST_BYTES[None]  # the global amax fused into the producer (torch.compile): cast + transpose
+    return FP8_CAST_BYTES.get(recipe, FP8_CAST_BYTES[None])
+
+
+def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:
+    """torchao ``rowwise_with_gw_hp``: the weight-gradient GEMM stays in high precision."""
+    return job.precision == "fp8" and rt is not None and rt.fp8_recipe == "rowwise_with_gw_hp"
+
+
+def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
+            rt: Runtime | None) -> tuple[float, float, float]:
+    """(seconds, bytes each rank sends, seconds of attention it can hide behind) of one layer's context-parallel
+    traffic for one micro-batch, by ``rt.cp_comm_type`` (``p2p`` when ``rt`` is None).
+
+    - p2p ring (Liu et al. 2023, Ring Attention): ``3(c−1)`` K/V blocks of ``(s/c)·b·(w_k+w_v)/t`` bf16 (forward
+      K, V; backward K, V and dK, dV), each hidden behind a block of attention: the whole core can hide them.
+    - allgather (torch ``context_parallel`` with its default all-gather rotater; Megatron ``all_gather``): the same
+      blocks, gathered at once; only the local block's attention (1/c of it) runs before the wait.
+    - a2a (Ulysses, Jacobs et al. 2023): q, k, v and the output re-split from sequence to heads and back, forward
+      and backward: ``2·(w_q + w_k + w_v + w_o)/t`` per token, each rank sending ``(c−1)/c`` of its share; the
+      attention needs the result, so nothing hides it. Heads after TP must divide by cp (the profile's rule)."""
+    c = par.cp
+    if c <= 1:
+        return 0.0, 0.0, 0.0
+    tokens = par.micro_batch_size * job.seq_len / c
+    kind = rt.cp_comm_type if rt is not None else "p2p"
+    if kind == "a2a":
+        t = graph.tensors
+        core = next(op for op in graph.ops if op.kind == "attention")
+        width = sum(t[x].width for x in core.inputs) + t[core.output].width
+        payload = tokens * width / par.tp * 2.0
+        seconds = 2 * group_collective_time_s("all_to_all", payload, c, stride, cluster)
+        return seconds, 2 * payload * (c - 1) / c, 0.0
+    if kind == "allgather":
+        kv_width = graph.tensors["k"].width + graph.tensors["v"].width
+        block = tokens * kv_width / par.tp * 2.0
+        ag = group_collective_time_s("all_gather", block * c, c, stride, cluster)
+        rs = group_collective_time_s("reduce_scatter", block * c, c, stride, cluster)
+        return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c
+    from cost_models.layer_cost import cp_ring  # the ring's own formula (layer_cost imports this module)
+
+    ring_s, ring_b = cp_ring(graph, cluster, job, par, stride)
+    return ring_s, ring_b, 1.0
+
+
+def ring_kernels(rt: Runtime | None) -> bool:
+    """Whether attention runs per K/V chunk with merges (ring P2P, and the all-gather variants that loop over the
+    gathered chunks: TE ``AttnFuncWithCPAndKVAllGather``, torch ``_templated_ring_attention``); Ulysses runs the
+    whole sequence on ``heads/c`` heads in one kernel."""
+    return rt is None or rt.cp_comm_type != "a2a"
