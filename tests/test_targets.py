@@ -228,3 +228,33 @@ def test_ulysses_moves_what_the_formula_says_and_is_exposed() -> None:
     ring_bytes = 3 * 7 * tokens * 2 * g.tensors["k"].width * 2.0
     assert ring.comm_volume_gib["cp"] * 2**30 == pytest.approx(ring_bytes * m.num_layers * ring.num_microbatches)
     assert a2a.software["cp_comm_type"] == "a2a" and ring.time.exposed_comm_s["cp"] == 0.0
+
+
+def test_emitters_write_the_knobs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan: compile and async TP flags; fsdp2: the integer reshard_after_forward; torchtitan refuses an
+    integer (its config has no group size) in one line."""
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    base = ["--model", "llama3-8b", "--gpus", "16", "--pp", "1"]
+    tt = CliRunner().invoke(cli, ["emit", "--target", "torchtitan", "-o", str(tmp_path / "tt"), *base, "--tp", "2",
+                                  "--compile", "--async-tp"])
+    assert tt.exit_code == 0, tt.output
+    script = (tmp_path / "tt" / "train_torchtitan_torchrun.sh").read_text()
+    assert "--compile.enable" in script and "--compile.enable_async_tensor_parallel" in script
+    f2 = CliRunner().invoke(cli, ["emit", "--target", "fsdp2", "-o", str(tmp_path / "f2"), *base, "--tp", "1",
+                                  "--reshard-after-forward", "8"])
+    assert f2.exit_code == 0, f2.output
+    assert "RESHARD_AFTER_FORWARD = 8" in (tmp_path / "f2" / "autoplan_parallelize.py").read_text()
+    bad = CliRunner().invoke(cli, ["estimate", *base, "--tp", "1", "--target", "torchtitan",
+                                   "--reshard-after-forward", "8"])
+    assert bad.exit_code == 2 and bad.output.strip().count("\n") == 0
+    assert "reshard_after_forward=8 is not a torchtitan choice" in bad.output
+
+
+def test_search_with_knobs_reports_them_on_every_plan() -> None:
+    res = api.search({"model": "llama3-8b", "cluster": {"num_gpus": 16}, "job": {"global_batch_size": 64},
+                      "target": "torchtitan", "top": 2, "software": {"compile": True}})
+    assert res.plans and all(p.prediction.software["compile"] is True for p in res.plans)
+    assert all(p.prediction.software["target"] == "torchtitan" for p in res.plans)
