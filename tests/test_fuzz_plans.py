@@ -108,7 +108,7 @@ def cases(draw: Any) -> tuple[str, dict[str, Any]]:
     if draw(st.integers(0, 4)) == 0:
         cluster["gpus_per_node"] = draw(st.sampled_from([4, 8]))
     req = {"model": draw(models()), "cluster": cluster, "job": job, "parallel": draw(PINS),
-           "target": draw(st.sampled_from(["megatron", "torchtitan", "any"])), "top": 3}
+           "target": draw(st.sampled_from(["megatron", "torchtitan", "fsdp2", "any"])), "top": 3}
     return draw(st.sampled_from(SURFACES)), req
 
 
@@ -121,7 +121,7 @@ def _schedule_rule(target: str, schedule: str, pp: int, vp: int, m: int) -> str 
         # microbatch_group_size_per_vp_stage defaults to pp (model_parallel_config.py:447); the interleaved
         # schedule needs pp <= m and m % pp in {0} ∪ [pp, ...) (pipeline_parallel/schedules.py:995-1015)
         return f"{MCORE} interleaved schedule: m={m} with pp={pp}"
-    if target == "torchtitan":
+    if target in ("torchtitan", "fsdp2"):  # both run torch.distributed.pipelining schedules
         if vp == 1 and m < pp:  # Schedule1F1B (schedules.py:1020)
             return f"{TORCH} Schedule1F1B: m={m} < pp={pp}"
         if vp > 1 and m % max(1, m // pp):  # ScheduleInterleaved1F1B (schedules.py:2935-2941)
@@ -174,6 +174,10 @@ def _zero_rule(target: str, par: Any, tied: bool) -> str | None:
             return f"torchtitan zero_stage={z} hsdp={h}"
         if par.schedule not in ("1f1b", "interleaved"):
             return f"torchtitan schedule {par.schedule}"
+    if target == "fsdp2":
+        # the emitted module: fully_shard (ZeRO-3) over dp (HSDP: dp_replicate x dp_shard), no CP, no EP
+        if z != 3 or par.cp != 1 or par.ep != 1:
+            return f"fsdp2 module zero_stage={z} cp={par.cp} ep={par.ep}"
     return None
 
 
@@ -404,3 +408,21 @@ def test_the_checker_catches_broken_plans() -> None:
         assert violations(*args, broken), update
     big = plan.model_copy(update={"prediction": plan.prediction.model_copy(update={"peak_memory_gib": 0.01})})
     assert any("floor" in v or "parts" in v for v in violations(*args, big))
+
+
+def test_defects_this_fuzz_found_stay_fixed() -> None:
+    """torchtitan cuts the expert mesh from dp_shard*cp*tp (a ZeRO-0 / HSDP layout with a larger ep has no
+    mesh); the fsdp2 target has no EP, HSDP or not (an HSDP group used to skip the target's other rules)."""
+    moe = {"name": "moe", "num_layers": 4, "hidden_size": 1024, "ffn_hidden_size": 2048, "num_attention_heads": 8,
+           "num_kv_heads": 8, "vocab_size": 32000, "num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 1024,
+           "tied_embeddings": False, "gated_mlp": True}
+    base = {"model": moe, "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 256, "seq_len": 32768}}
+    with pytest.raises(autoplan.InputError, match=r"ep=4 must divide dp_shard\*cp\*tp = 2\*1"):
+        autoplan.estimate({**base, "parallel": {"cp": 2, "ep": 4, "zero_stage": 3, "hsdp_shard_size": 2},
+                           "target": "torchtitan"})
+    with pytest.raises(autoplan.InputError, match="fsdp2 target does not emit expert parallelism"):
+        autoplan.estimate({**base, "parallel": {"ep": 2, "zero_stage": 3, "hsdp_shard_size": 4}, "target": "fsdp2"})
+    for target in ("torchtitan", "fsdp2"):
+        r = autoplan.search({**base, "parallel": {"zero_stage": 3}, "target": target, "top": 5})
+        for plan in r.plans:
+            assert violations(target, moe, 8, r.cluster.nvlink_domain_size, "h100-sxm", 256, 32768, plan) == []

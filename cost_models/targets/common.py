@@ -212,7 +212,9 @@ class TargetProfile:
             return ConfigError(f"schedule {schedule}: {self.name} has no such schedule (its pipeline schedules: "
                                + ", ".join(self.schedules) + ")", valid=self.schedules)
         if hsdp is not None and hsdp < dp_cp:
-            return self.hsdp_error(zero, hsdp, cp, dp_cp)
+            err = self.hsdp_error(zero, hsdp, cp, dp_cp)
+            if err is not None:
+                return err  # (a target that takes this HSDP group still applies its other rules below)
         return self.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
