@@ -156,22 +156,23 @@ class Engine:
 
         def compute() -> Resolved:
             from autoplan.catalog import load_model
-            return Resolved(_bounded(load_model(req.model)), req.cluster.resolve(), req.job.spec())
+            return Resolved(_bounded(load_model(req.model)), req.cluster.resolve(req.target), req.job.spec())
         if _reads_files(req):
             return compute()
         return self.resolved.get_or_compute(_job_key(req), compute)
 
-    def resolve_parts(self, model: Any, cluster: Any, job: JobSpec) -> Resolved:
+    def resolve_parts(self, model: Any, cluster: Any, job: JobSpec, target: str = "megatron") -> Resolved:
         """``resolve`` for the parts of a request (``scale`` resolves one cluster size at a time)."""
-        probe = SearchRequest(model=model, cluster=cluster.model_dump(), job=job.model_dump())
+        probe = SearchRequest(model=model, cluster=cluster.model_dump(), job=job.model_dump(), target=target)
         return self.resolve(probe)
 
-    def scorer_family(self, model: Any, shape: Any, job: JobSpec, make: Callable[[], Any]) -> Any:
+    def scorer_family(self, model: Any, shape: Any, job: JobSpec, make: Callable[[], Any],
+                      target: str = "megatron") -> Any:
         """The cached Scorer a sweep derives every size's from: one per (model, cluster shape, sequence length,
         precision), whatever the GPU count or the global batch."""
         if shape.profile is not None or (isinstance(model, str) and catalog_model(model) is None):
             return make()
-        key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision],
+        key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision, target],
                          sort_keys=True, separators=(",", ":"))
         return self.scorers.get_or_compute(key, make)
 
@@ -270,8 +271,9 @@ class Engine:
 
 
 def _job_key(req: SearchRequest | EstimateRequest) -> str:
-    """What fixes the resolved specs: the model, cluster and job fields of a request."""
-    return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json")],
+    """What fixes the resolved specs: the model, cluster and job fields of a request, and the target (its
+    efficiency parameters are the cluster's)."""
+    return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json"), req.target],
                       sort_keys=True, separators=(",", ":"))
 
 

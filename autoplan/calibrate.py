@@ -140,13 +140,8 @@ class ResolvedRun:
 
 def resolve_run(run: MeasuredRun) -> ResolvedRun:
     """Resolve names and check the configuration like ``autoplan estimate`` does."""
-    from autoplan.catalog.registry import framework_efficiency
-
     model = load_model(run.model)
-    cluster = run.cluster.resolve()
-    overrides = framework_efficiency(run.target)
-    if overrides:
-        cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=overrides)})
+    cluster = run.cluster.resolve(run.target)  # the framework's efficiency parameters over the generation's
     estimate(model, cluster, run.job, run.parallel, target=run.target,
              software=run.knobs)  # raises ConfigError on an invalid layout
     return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,

@@ -146,12 +146,12 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
 
     t0 = time.perf_counter()
     jobs = req.jobs()
-    first = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1])
+    first = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1], req.target)
     model, cluster0 = first.model, first.cluster
 
     def base() -> Scorer:
         return Scorer(model, cluster0, jobs[0][1])
-    family = engine.scorer_family(req.model, req.cluster, jobs[0][1], base)
+    family = engine.scorer_family(req.model, req.cluster, jobs[0][1], base, req.target)
     points = sweep(model, cluster0, jobs, target=req.target, pins=req.parallel.given(), top_k=1,
                    rank_by=req.rank_by, failures=req.failures, scorer=family, progress=progress,
                    processes=processes)

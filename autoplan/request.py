@@ -36,10 +36,11 @@ class ClusterRequest(BaseModel):
                                           description="HBM every plan keeps free: a fraction of HBM when < 1, GiB "
                                           "when >= 1; None: the default (5% of HBM)")
 
-    def resolve(self) -> ClusterSpec:
+    def resolve(self, framework: str | None = None) -> ClusterSpec:
+        """The cluster as ``framework`` (the request's target) runs on it: its efficiency parameters."""
         return build_cluster(self.gpu, self.num_gpus, gpus_per_node=self.gpus_per_node,
                              inter_node_gbps=self.inter_node_gbps, nvlink_domain_size=self.nvlink_domain_size,
-                             profile=self.profile, memory_headroom=self.memory_headroom)
+                             profile=self.profile, memory_headroom=self.memory_headroom, framework=framework)
 
 
 def model_record(model: ModelSpec) -> dict[str, Any]:

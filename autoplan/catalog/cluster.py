@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoplan.catalog.registry import efficiency_for, load_gpu
+from autoplan.catalog.registry import efficiency_for, framework_efficiency, load_gpu
 from autoplan.catalog.spec_file import read_mapping, validate
 from autoplan.errors import UserInputError
 from autoplan.inputs import read_bytes, user_path
@@ -64,13 +64,19 @@ def build_cluster(
     nvlink_domain_size: int | None = None,
     profile: str | Path | None = None,
     memory_headroom: float | None = None,
+    framework: str | None = None,
 ) -> ClusterSpec:
     """A homogeneous cluster of ``num_gpus`` catalog GPUs. Fewer GPUs than one node is allowed
-    (``gpus_per_node`` then stays the catalog's)."""
+    (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's, then what the training
+    ``framework`` (the target) sets over it (gpus.yaml ``frameworks``, fitted on its published runs), then a
+    cluster profile's own fields."""
     spec = load_gpu(gpu)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
     efficiency = efficiency_for(spec.generation)
+    overrides = framework_efficiency(framework)
+    if overrides:
+        efficiency = efficiency.model_copy(update=overrides)
     prof = load_profile(profile) if profile is not None else ClusterProfile(gpu=spec.name)
     if load_gpu(prof.gpu).name != spec.name:
         raise UserInputError(f"cluster profile '{profile}' is for GPU '{prof.gpu}', not '{spec.name}'")

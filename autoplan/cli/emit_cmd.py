@@ -66,12 +66,18 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
-    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``)."""
+    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``), priced with the
+    target's efficiency parameters (gpus.yaml ``frameworks``, as ``estimate --target`` does)."""
     from dataclasses import replace
 
+    from autoplan.catalog.registry import framework_efficiency
     from cost_models.targets import PROFILES
 
-    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel))
+    cluster = plan.cluster
+    overrides = framework_efficiency(target)
+    if overrides:
+        cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=overrides)})
+    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel), cluster=cluster)
 
 
 @cli.command("emit")
