@@ -29,10 +29,15 @@ collectives of ``cost_models.collectives`` (on the mesh's Megatron rank strides)
 uniform Megatron pattern therefore sums to ``layer_cost``/``activation_bytes_per_microbatch`` exactly
 (tests/test_one_cost_model.py holds them to 1e-9).
 
-Targets (``TARGETS``) restrict the modes to what the framework can express: ``megatron`` (uniform TP, one
-``--sequence-parallel`` flag per model), ``torchtitan`` (its Llama/DeepSeek TP plan: SP on whenever tp > 1,
-loss parallel or replicated), ``any`` (every mode per op: SP per region, replicated loss). What torchtitan
-calls the modes: ``TORCHTITAN_STYLE``/``TORCHTITAN_MODULE`` at the end.
+Targets (``TARGETS``) restrict the modes to what the framework can express, read from its profile
+(``cost_models.targets``: ``sequence_parallel``, ``loss_modes``, ``kv_modes``; ``strategy_set``): ``megatron``
+(uniform TP, one ``--sequence-parallel`` flag, vocab-parallel loss, K/V heads split or gathered), ``torchtitan``
+(its Llama/DeepSeek TP plan: SP on whenever tp > 1, loss parallel or replicated), ``fsdp2`` (the emitted module:
+one SP flag, loss on gathered logits, K/V split or replicated), ``any`` (every mode per op: SP per region,
+replicated loss, either K/V holding). With tp > num_kv_heads the layout says how KV heads are replicated
+(``ParallelConfig.kv_replication``): Megatron's QKV gather (``col``/``col_sp`` plus ``layer_cost.kv_gather_cost``)
+or K/V weights on every rank (``col_kvrep``/``col_sp_kvrep``). What torchtitan calls the modes:
+``TORCHTITAN_STYLE``/``TORCHTITAN_MODULE`` at the end.
 """
 
 from __future__ import annotations
