@@ -196,6 +196,31 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
     return None if best is None else best[2]
 
 
+def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, cluster: ClusterSpec, job: JobSpec, scorer: Scorer,
+                     tally: Tally) -> list[Layout]:
+    """The layouts whose target runs the user's knobs (``TargetProfile.check_runtime``, as ``estimate`` checks
+    them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard
+    group); the rest are cut as ``knob_rule``. When the knobs rule out every layout, the first rule is the
+    error (bad input, not an infeasible job)."""
+    from cost_models.targets import get_profile
+
+    kept: list[Layout] = []
+    first: ConfigError | None = None
+    for lay in layouts:
+        prof = get_profile(lay.target)
+        if prof is not None:
+            try:
+                prof.check_runtime(model, cluster, job, ParallelConfig(**lay.parallel_kwargs()), scorer.runtime(lay))
+            except ConfigError as err:
+                tally.cut("knob_rule")
+                first = first or err
+                continue
+        kept.append(lay)
+    if layouts and not kept and first is not None:
+        raise first
+    return kept
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
            progress: Progress | None = None, find_smallest_cluster: bool = True,
@@ -226,6 +251,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         raise ValueError("scorer was built for another model, cluster, job or weights")
     solves0, hits0 = scorer.ilp.misses, scorer.ilp.hits
     layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
+    layouts = _runs_with_knobs(layouts, model, cluster, job, scorer, tally)
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:

@@ -426,3 +426,25 @@ def test_defects_this_fuzz_found_stay_fixed() -> None:
         r = autoplan.search({**base, "parallel": {"zero_stage": 3}, "target": target, "top": 5})
         for plan in r.plans:
             assert violations(target, moe, 8, r.cluster.nvlink_domain_size, "h100-sxm", 256, 32768, plan) == []
+
+
+@pytest.mark.parametrize("target, software, precision", [
+    ("megatron", {"tp_comm_overlap": True}, "bf16"), ("megatron", {"overlap_param_gather": False}, "bf16"),
+    ("megatron", {"fp8_recipe": "mxfp8"}, "fp8"), ("fsdp2", {"reshard_after_forward": 2}, "bf16"),
+    ("fsdp2", {"reshard_after_forward": 3}, "bf16"), ("torchtitan", {"reshard_after_forward": False}, "bf16"),
+])
+def test_search_keeps_only_plans_estimate_accepts_with_the_same_knobs(target: str, software: dict[str, Any],
+                                                                       precision: str) -> None:
+    """Knobs that rule out some layouts cut them from the search; knobs that rule out all are a one-line
+    input error (exit 2), the rule estimate names too (search used to return plans estimate refuses)."""
+    base = {"model": "llama3-8b", "cluster": {"num_gpus": 8}, "target": target, "software": software,
+            "job": {"global_batch_size": 64, "seq_len": 2048, "precision": precision}}
+    try:
+        r = autoplan.search({**base, "top": 5})
+    except autoplan.InputError as err:
+        with pytest.raises(autoplan.InputError) as est:
+            autoplan.estimate({**base, "parallel": {"tp": 2, "zero_stage": 3 if target != "megatron" else 1}})
+        assert str(err).split(";")[0].split("(")[0] in str(est.value), (err, est.value)
+        return
+    for plan in r.plans:
+        autoplan.estimate({**base, "parallel": plan.parallel.model_dump()})

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,7 +36,7 @@ class Software(BaseModel):
                                             "p2p ring, a2a (Ulysses), allgather, a2a+p2p (hierarchical)")
     overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce")
     overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather")
-    reshard_after_forward: bool | int | None = Field(
+    reshard_after_forward: bool | Annotated[int, Field(ge=2)] | None = Field(
         default=None, description="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to "
         "(an int keeps the backward all-gather inside that group)")
 
@@ -175,7 +175,9 @@ class TargetProfile:
                 offered = ", ".join(sorted(self.knobs)) or "none"
                 raise ConfigError(f"{self.name} has no knob {key} (its knobs: {offered})")
             is_int = isinstance(value, int) and not isinstance(value, bool)
-            if knob.values and value not in knob.values and not (knob.int_values and is_int):
+            # by type as well as value: 0 == False and 1 == True, but an int is a group size, not a bool
+            offered = any(value == v and type(value) is type(v) for v in knob.values)
+            if knob.values and not offered and not (knob.int_values and is_int):
                 raise ConfigError(f"{key}={value!r} is not a {self.name} choice ({knob.source})", valid=knob.values)
         return given
 
