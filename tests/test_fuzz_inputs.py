@@ -127,6 +127,11 @@ FIELDS: list[tuple[tuple[str, ...], Any]] = [
     (("failures", "interruptions_per_gpu_hour"), BAD_FLOAT), (("failures", "checkpoint_gbps"), BAD_FLOAT),
     (("failures", "restart_s"), st.one_of(st.booleans(), st.just(float("nan")), st.just(-1.0), st.just(1e300))),
     (("failures", "async_save"), st.one_of(st.integers(), st.just("false"))), (("failures", "bogus"), BAD_INT),
+    (("software", "compile"), st.one_of(st.integers(), st.just("true"), st.just(None).map(lambda _: [True]))),
+    (("software", "reshard_after_forward"), st.one_of(st.integers(max_value=1), st.just(1.5), st.just("true"),
+                                                       st.just(float("nan")), st.just(2**60))),
+    (("software", "fp8_recipe"), BAD_STR), (("software", "grad_reduce_dtype"), BAD_STR),
+    (("software", "bogus"), BAD_INT),
 ]
 
 
