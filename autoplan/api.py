@@ -172,7 +172,8 @@ class Engine:
         precision), whatever the GPU count or the global batch."""
         if shape.profile is not None or (isinstance(model, str) and catalog_model(model) is None):
             return make()
-        key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision, target],
+        key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision,
+                          _efficiency_key(target)],
                          sort_keys=True, separators=(",", ":"))
         return self.scorers.get_or_compute(key, make)
 
@@ -270,10 +271,17 @@ class Engine:
                 "scorers": self.scorers.stats()}
 
 
+def _efficiency_key(target: str) -> str | None:
+    """The target whose efficiency parameters (gpus.yaml ``frameworks``) a cluster takes; None: the generation's."""
+    from autoplan.catalog.registry import framework_efficiency
+    return target if framework_efficiency(target) else None
+
+
 def _job_key(req: SearchRequest | EstimateRequest) -> str:
-    """What fixes the resolved specs: the model, cluster and job fields of a request, and the target (its
-    efficiency parameters are the cluster's)."""
-    return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json"), req.target],
+    """What fixes the resolved specs: the model, cluster and job fields of a request, and the efficiency
+    parameters its target sets over the GPU generation's (targets without any share one key)."""
+    return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json"),
+                       _efficiency_key(req.target)],
                       sort_keys=True, separators=(",", ":"))
 
 
