@@ -109,7 +109,36 @@ def cases(draw: Any) -> tuple[str, dict[str, Any]]:
         cluster["gpus_per_node"] = draw(st.sampled_from([4, 8]))
     req = {"model": draw(models()), "cluster": cluster, "job": job, "parallel": draw(PINS),
            "target": draw(st.sampled_from(["megatron", "torchtitan", "fsdp2", "any"])), "top": 3}
+    if req["target"] in KNOBS and draw(st.integers(0, 3)) == 0:
+        req["software"] = draw(st.sampled_from(KNOBS[req["target"]]))
     return draw(st.sampled_from(SURFACES)), req
+
+
+# knobs that restrict the layouts a target runs (the search must cut the rest, as estimate refuses them)
+KNOBS: dict[str, list[dict[str, Any]]] = {
+    "megatron": [{"tp_comm_overlap": True}, {"tp_comm_overlap": False}, {"overlap_param_gather": True},
+                 {"grad_reduce_dtype": "bf16"}],
+    "torchtitan": [{"compile": True}, {"reshard_after_forward": False}],
+    "fsdp2": [{"reshard_after_forward": 2}, {"reshard_after_forward": 4}, {"reshard_after_forward": False},
+              {"grad_reduce_dtype": "bf16"}],
+}
+
+
+def _knob_rule(target: str, software: dict[str, Any], par: Any, dp: int) -> str | None:
+    """Layouts the knobs need: Megatron's --tp-comm-overlap needs tp > 1 with --sequence-parallel
+    (megatron/training/arguments.py:916), --overlap-param-gather the distributed optimizer (:598); an FSDP2
+    reshard_after_forward group size must divide the shard group (torch fully_shard: "reshard to a smaller
+    world size")."""
+    if software.get("tp_comm_overlap") and not (par.tp > 1 and par.sequence_parallel):
+        return f"tp_comm_overlap with tp={par.tp} sp={par.sequence_parallel}"
+    if software.get("overlap_param_gather") and par.zero_stage != 1:
+        return f"overlap_param_gather with zero_stage={par.zero_stage}"
+    r = software.get("reshard_after_forward")
+    if isinstance(r, int) and not isinstance(r, bool):
+        group = par.hsdp_shard_size or dp * par.cp
+        if not 1 < r < group or group % r:
+            return f"reshard_after_forward={r} with a shard group of {group}"
+    return None
 
 
 # ==== the independent check =========================================================================
@@ -334,6 +363,7 @@ def _plans(surface: str, req: dict[str, Any], tmp: Path) -> list[tuple[Any, int,
 def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
     c = COUNTS[surface]
     c["cases"] += 1
+    c["cases with knobs"] += "software" in req
     t0 = time.process_time()
     try:
         found = _plans(surface, req, tmp)
@@ -353,6 +383,9 @@ def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
         c["plans"] += 1
         v = violations(req["target"], req["model"], n, cluster.nvlink_domain_size, req["cluster"]["gpu"], gbs,
                        req["job"]["seq_len"], plan)
+        knobs = req.get("software", {}) if surface != "scale" else {}  # a scale request has no knobs
+        knob = _knob_rule(req["target"], knobs, plan.parallel, plan.prediction.dp)
+        v += [knob] if knob else []
         if v:
             c["wrong plans"] += 1
             bad.append((str(plan.parallel), v))
@@ -362,7 +395,8 @@ def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
         best = found[0][0]
         try:
             est = autoplan.estimate({"model": req["model"], "cluster": req["cluster"], "job": req["job"],
-                                     "parallel": best.parallel.model_dump(), "target": req["target"]})
+                                     "parallel": best.parallel.model_dump(), "target": req["target"],
+                                     "software": req.get("software", {})})
         except autoplan.InputError as err:
             # estimate prices KV heads whole per rank only: it refuses Megatron's KV-head replication
             assert best.parallel.tp > req["model"]["num_kv_heads"] and "num_kv_heads" in str(err), err
