@@ -218,17 +218,32 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
     return total
 
 
+def interleaved_warmup(stage: int, pp: int, vp: int, m: int, group: int | None = None) -> int:
+    """Forward chunk-micro-batches rank ``stage`` runs before its first backward under Megatron's interleaved
+    1F1B: megatron-core 0.16.1 ``pipeline_parallel/schedules.py`` ``get_pp_rank_microbatches`` (l. 758-787):
+    ``2·(pp − rank − 1) + (vp − 1)·group``, capped at all ``m·vp`` chunk-micro-batches; ``group`` =
+    ``microbatch_group_size_per_vp_stage``, default ``pp`` (``model_parallel_config.py`` l. 447)."""
+    g = pp if group is None else group
+    return min(2 * (pp - stage - 1) + (vp - 1) * g, m * vp)
+
+
 def inflight_microbatches(stage: int, par: ParallelConfig, m: int) -> float:
-    """Micro-batches of activations stage ``stage`` holds at its peak (COST_MODEL.md §3)."""
+    """Micro-batches of activations (in units of the stage's whole layer set) stage ``stage`` holds at its peak.
+
+    1F1B: ``min(pp − stage, m)`` (warmup ``pp − stage − 1`` forwards, then one more before each backward).
+    Interleaved: the warmup of :func:`interleaved_warmup` plus the steady state's one forward before its backward,
+    at most all ``m·vp`` chunk-micro-batches, each ``1/vp`` of the stage's layers: stage 0 holds
+    ``pp + (pp − 1)/vp`` (Korthikanti et al. 2022's ``pp·(1 + (pp−1)/(pp·vp))``) only while
+    ``m·vp`` exceeds that; with ``m = pp`` every micro-batch is already in flight, so it holds ``m``."""
     p = par.pp
     if par.schedule == "dualpipe":
         # DeepSeek-V3 report Table 2: PP + 1 micro-batch chunks in flight on every rank (a chunk is one of the
         # rank's two stages, one per direction).
         return float(min(p + 1, m))
-    held = float(min(p - stage, m))
-    if par.schedule == "interleaved" and stage == 0:
-        held *= 1 + (p - 1) / (p * par.vp)
-    return held
+    if par.schedule == "interleaved" and par.vp > 1 and p > 1:
+        v = par.vp
+        return min(interleaved_warmup(stage, p, v, m) + 1, m * v) / v
+    return float(min(p - stage, m))
 
 
 @dataclass(frozen=True)

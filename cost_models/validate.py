@@ -56,7 +56,10 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
                           valid=[f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0][:12]
                           if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
     dp = n // mp
-    layers = model.num_layers
+    # With embedding/loss accounting they count as layers of the split: chunk 0 may hold the embedding alone
+    # (megatron-core transformer_config.py __post_init__; Llama 3 paper §3.3.2 runs 126 layers on pp 16 × vp 8).
+    layers = (model.num_layers + par.account_for_embedding_in_pipeline_split
+              + par.account_for_loss_in_pipeline_split)
     if p * v > layers:
         raise ConfigError(f"pp*vp = {p}*{v} = {p * v} pipeline chunks exceed num_layers={layers}",
                           valid=[x for x in divisors(layers) if x * v <= layers and n % (t * x * c) == 0][:12])

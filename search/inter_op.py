@@ -215,10 +215,10 @@ def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> Stage
     is_first, is_last = st == 0, en == L
     cost = tables.time[en] - tables.time[st] + np.where(is_last, tables.last_time, 0.0)
     static = (tables.static[en] - tables.static[st] + np.where(is_first, tables.first_static, 0.0)
-              + np.where(is_last, tables.last_static, 0.0) + tables.stage_static)
+              + np.where(is_last, tables.last_static + tables.last_act, 0.0) + tables.stage_static)
     if tables.range_static is not None:
         static = static + tables.range_static[st, en]
-    act = tables.act[en] - tables.act[st] + np.where(is_last, tables.last_act, 0.0)
+    act = tables.act[en] - tables.act[st]  # the head's activations (last_act) are held once: in static
     return StageEdges(st, en, cost, static, act, np.zeros(st.size, dtype=np.int64))
 
 
@@ -262,12 +262,11 @@ class _Paths:
         cost[:, -1] += tables.last_time  # megatron_edges adds 0.0 elsewhere: exact
         static = tables.static[en] - tables.static[st]
         static[:, 0] += tables.first_static
-        static[:, -1] += tables.last_static
+        static[:, -1] += tables.last_static + tables.last_act  # the head's activations: held once
         static += tables.stage_static
         if tables.range_static is not None:
             static = static + tables.range_static[st, en]
         act = tables.act[en] - tables.act[st]
-        act[:, -1] += tables.last_act
         infl = np.asarray(inflight, dtype=float)[p - np.arange(p)]  # stage k has p − k stages left
         ok = (static + act * infl <= mem_limit).all(axis=1)
         self.cost = cost

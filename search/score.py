@@ -384,8 +384,8 @@ class Scorer:
         static[-1] += tables.last_static
         if tables.range_static is not None:
             static += tables.range_static[st, en]
+        static[-1] += tables.last_act  # the head's activations: held once (memory.stage_memory)
         act = tables.act[en] - tables.act[st]
-        act[-1] += tables.last_act
         infl = self.inflight(lay)
         return static + act * infl[p - np.arange(p)]
 
@@ -406,10 +406,10 @@ class Scorer:
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
         mtp_dense, mtp_expert, _ = mtp_stage_params(m, lay.tp, lay.ep)
-        acts = frag * (a_moe * n_moe + a_dense * (L - n_moe) + head_a)
+        acts = frag * (a_moe * n_moe + a_dense * (L - n_moe))
         infl = self.inflight(lay)
         resident = (kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense)
-                    + ke * mtp_expert + p * stage_static)
+                    + ke * mtp_expert + p * stage_static + frag * head_a)  # the head's activations: held once
         mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
             return mean
