@@ -71,3 +71,23 @@ def test_llama3_405b_paper_layout() -> None:
     fsdp = estimate(model, cluster, job, par.model_copy(update={"zero_stage": 2}), check=False)
     assert fsdp.peak_memory_gib < cluster.gpu.hbm_gib
     assert fsdp.peak_allocated_gib < pred.peak_allocated_gib - 10  # fp32 grads sharded over dp 128
+
+
+def test_llama3_405b_paper_split_is_what_megatron_builds() -> None:
+    """pp·vp = 128 chunks over 126 layers is legal with embedding/loss accounting: megatron-core's own
+    ``TransformerConfig`` / ``get_num_layers_to_build`` give rank 0's first chunk and the last rank's last chunk
+    no decoder layer (the paper's embedding-only and output-only chunks), every other chunk one."""
+    from autoplan.emit import EmitPlan
+    from autoplan.emit.megatron import megatron_args, parse_megatron_args
+    from autoplan.validate.megatron_checks import megatron_layers_built
+
+    par = ParallelConfig(tp=8, pp=16, vp=8, schedule="interleaved", account_for_embedding_in_pipeline_split=True,
+                         account_for_loss_in_pipeline_split=True)
+    plan = EmitPlan(load_model("llama3-405b"), build_cluster("h100-sxm", 16384),
+                    JobSpec(global_batch_size=2048, seq_len=8192), par)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = megatron_layers_built(parse_megatron_args(megatron_args(plan)))
+    sizes = [[n for _, n in chunks] for chunks in built]
+    assert sizes[0] == [0] + [1] * 7 and sizes[-1] == [1] * 7 + [0]
+    assert all(s == [1] * 8 for s in sizes[1:-1])
