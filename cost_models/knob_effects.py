@@ -9,8 +9,11 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
 - **TP communication overlap** (Megatron ``--tp-comm-overlap``, TE userbuffers; torchtitan async TP, micro-pipelined
   all-gather/reduce-scatter matmuls, ``torch/distributed/_symmetric_memory``): ``Efficiency.tp_overlap`` of the TP
   traffic hides behind the GEMMs only when the runtime overlaps; otherwise all of it is on the critical path.
+  torchtitan's Float8 tensorwise TP all-gathers fp8 (``Runtime.tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
-  casts, by scaling granularity (``FP8_CAST_BYTES``); ``rowwise_with_gw_hp`` runs the weight-gradient GEMM in bf16.
+  casts, by scaling granularity (``FP8_CAST_BYTES``); ``rowwise_with_gw_hp`` runs the weight-gradient GEMM in bf16;
+  the rowwise recipes' slow-accumulation backward GEMMs run cuBLAS's tensorwise kernel and rescale the output in a
+  separate pass (``fp8_rescale_bytes``).
 - **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
   attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
   re-split over CP before and after attention; nothing to hide behind).
@@ -59,6 +62,25 @@ def fp8_cast_bytes(rt: Runtime | None) -> float:
     if recipe == "tensorwise" and rt is not None and rt.compile:
         return FP8_CAST_BYTES[None]  # the global amax fused into the producer (torch.compile): cast + transpose
     return FP8_CAST_BYTES.get(recipe, FP8_CAST_BYTES[None])
+
+
+# torchao rowwise backward GEMMs (grad_input, grad_weight: ``use_fast_accum=False`` by default in
+# ``Float8LinearConfig``) do not run the rowwise CUTLASS kernel, "so slow without fast-accum": they call cuBLAS's
+# tensorwise kernel with unit scales and multiply the bf16 output by the outer product of the row scales afterwards
+# (torchao/float8/float8_python_api.py ``addmm_float8_unwrapped``, pytorch/ao#1325): read 2 + write 2 bytes per
+# output element. Inductor can fuse that multiply into a following element-wise kernel (the grad_input's consumer,
+# under torch.compile), not into the weight gradient, which leaves the graph for FSDP's reduce-scatter.
+FP8_RESCALE_BYTES = 4.0
+
+
+def fp8_rescale_bytes(rt: Runtime | None, job: JobSpec) -> tuple[float, float]:
+    """HBM bytes per output element of the separate rescale pass after a backward fp8 GEMM: (grad_input,
+    grad_weight). 0 outside torchao's rowwise recipes; ``rowwise_with_gw_hp`` runs grad_weight in bf16 (no
+    rescale); a compiled runtime fuses the grad_input rescale into its consumer."""
+    if job.precision != "fp8" or rt is None or rt.fp8_recipe not in ("rowwise", "rowwise_with_gw_hp"):
+        return 0.0, 0.0
+    dgrad = 0.0 if rt.fused_elementwise else FP8_RESCALE_BYTES
+    return dgrad, (FP8_RESCALE_BYTES if rt.fp8_recipe == "rowwise" else 0.0)
 
 
 def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:

@@ -23,8 +23,8 @@ from typing import Literal
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, ring_kernels, tp_overlap,
-                                     wgrad_in_bf16)
+from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_rescale_bytes, ring_kernels,
+                                     tp_overlap, wgrad_in_bf16)
 from cost_models.opgraph import LayerGraph, Op, tp_divisor
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -184,6 +184,9 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         if prod is None or prod.kind != "norm":
             fwd += cast * k * scale
         bwd += cast * n * scale
+        if op.kind == "matmul":  # torchao rowwise: the slow-accum backward GEMMs' separate rescale pass
+            dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
+            bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
     return fwd * tokens, bwd * tokens
 
 
@@ -297,16 +300,19 @@ def tp_collectives(role: TpRole, sequence_parallel: bool,
 def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
                       sequence_parallel: bool, rt: Runtime | None = None) -> list[tuple[float, float]]:
     """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
-    without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor, × the share
-    TP-comm overlap leaves exposed."""
+    without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor (all-gathers at
+    ``rt.tp_gather_bytes``: fp8 under torchtitan's Float8 tensorwise TP), × the share TP-comm overlap leaves
+    exposed."""
     t = par.tp
     fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
     tokens = par.micro_batch_size * job.seq_len / par.cp
     out = []
+    gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers under torchtitan's Float8 TP
     for tensor, role in tp_boundaries(graph):
-        payload = 2.0 * tokens * graph.tensors[tensor].width
+        elems = tokens * graph.tensors[tensor].width
         seconds = nbytes = 0.0
         for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
+            payload = (gather if kind == "all_gather" else 2.0) * elems
             seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * fraction
             nbytes += calls * bytes_sent_per_rank(kind, payload, t)
         out.append((seconds, nbytes))

@@ -201,7 +201,7 @@ class Scorer:
             lc = layer_cost(g, self.model, self.cluster, self.job, par, 1, rt)
             self._knob_delta[(key, kind)] = lc.total_s - layer_cost(g, self.model, self.cluster, self.job, par,
                                                                      1).total_s
-            t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par)
+            t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par, rt)
             kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par, rt))
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
         head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
@@ -213,11 +213,11 @@ class Scorer:
         self._bounds[key] = out
         return out
 
-    def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig) -> float:
+    def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig, rt: Runtime | None = None) -> float:
         """Σ over the layer's TP boundaries of the cheaper of SP and non-SP (``layer_cost.tp_boundary_costs``)."""
         if par.tp == 1:
             return 0.0
-        on, off = (tp_boundary_costs(graph, self.cluster, self.job, par, 1, sp) for sp in (True, False))
+        on, off = (tp_boundary_costs(graph, self.cluster, self.job, par, 1, sp, rt) for sp in (True, False))
         kv_s, _ = kv_gather_cost(graph, self.cluster, self.job, par, 1)  # the layout's K/V replication, any SP
         return sum(min(a[0], b[0]) for a, b in zip(on, off)) + kv_s
 

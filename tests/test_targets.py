@@ -195,6 +195,55 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
         < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
 
 
+def test_rowwise_backward_rescale_bytes_follow_torchao() -> None:
+    """torchao's rowwise slow-accum backward GEMMs rescale their bf16 output in a separate pass (ao#1325):
+    rowwise adds 4 B per grad_weight element of every linear (never fused) and, in eager mode only, 4 B per
+    grad_input element; rowwise_with_gw_hp (bf16 grad_weight) only the eager grad_input one; tensorwise none."""
+    from cost_models.layer_cost import _local_widths, op_traffic_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.targets import Software, runtime_for
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    job = JobSpec(global_batch_size=16, seq_len=8192, precision="fp8")
+    par = ParallelConfig(tp=1, zero_stage=3, micro_batch_size=2)
+    graph = layer_graph(model, "dense", job.seq_len)
+    linears = [op for op in graph.ops if op.kind == "matmul"]
+    weights = sum(k * n for k, n in (_local_widths(op, graph, 1) for op in linears))
+    inputs = sum(_local_widths(op, graph, 1)[0] for op in linears) * par.micro_batch_size * job.seq_len
+
+    def bwd(recipe: str, compiled: bool) -> float:
+        rt = runtime_for("torchtitan", job, cluster, par, Software(compile=compiled, fp8_recipe=recipe))
+        return sum(op_traffic_bytes(op, graph, model, job, par, rt)[1] for op in linears)
+
+    base = {c: bwd("rowwise_with_gw_hp", c) for c in (True, False)}
+    assert base[False] - base[True] == pytest.approx(4.0 * inputs)  # eager grad_input rescale
+    extra = bwd("rowwise", True) - base[True]  # grad_output cast 8 vs 3 B, plus 4 B per grad_weight element
+    assert extra - 4.0 * weights == pytest.approx(
+        (8.0 - 3.0) * sum(_local_widths(op, graph, 1)[1] for op in linears) * par.micro_batch_size * job.seq_len)
+
+
+def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
+    """torchtitan's Float8 tensorwise TP (torchao Float8ColwiseParallel/RowwiseParallel) all-gathers fp8 (1 B),
+    reduce-scatters bf16: with SP each boundary runs one of each, so TP bytes are 3/4 of rowwise's, whose regular
+    DTensor TP gathers bf16 like Megatron's."""
+    from cost_models.layer_cost import tp_boundary_costs
+    from cost_models.opgraph import layer_graph
+    from cost_models.targets import Software, runtime_for
+
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64)
+    job = JobSpec(global_batch_size=16, seq_len=8192, precision="fp8")
+    par = ParallelConfig(tp=8, zero_stage=3, micro_batch_size=2, sequence_parallel=True)
+    graph = layer_graph(model, "dense", job.seq_len)
+
+    def tp_bytes(recipe: str | None) -> float:
+        rt = None if recipe is None else runtime_for("torchtitan", job, cluster, par,
+                                                     Software(compile=True, fp8_recipe=recipe))
+        return sum(b for _, b in tp_boundary_costs(graph, cluster, job, par, 1, True, rt))
+
+    assert tp_bytes("rowwise") == pytest.approx(tp_bytes(None))
+    assert tp_bytes("tensorwise") == pytest.approx(0.75 * tp_bytes("rowwise"))
+
+
 def test_compile_is_faster_with_the_torchtitan_profile_efficiency() -> None:
     from autoplan.catalog.registry import framework_efficiency
     from cost_models.estimate import estimate

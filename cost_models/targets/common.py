@@ -69,6 +69,7 @@ class Runtime:
     grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
     gather_bytes: float = 2.0  # parameter all-gather payload per param (bf16 compute copy)
+    tp_gather_bytes: float = 2.0  # bytes per element of the sequence-parallel TP all-gathers (fp8: 1; knob_effects)
     fused_elementwise: bool = True  # norms / activations / loss as fused kernels (TE, Inductor) vs eager op by op
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
     notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)

@@ -24,6 +24,15 @@ from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
 
+# Float8 tensorwise TP: torchtitan's apply_tp swaps in torchao's Float8ColwiseParallel / Float8RowwiseParallel when
+# the recipe is tensorwise ("float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
+# rowwise recipes, we use regular TP and all-gather happens in high precision": torchtitan
+# models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``). Those cast the input to fp8 before the
+# sequence-parallel all-gather, and the output gradient to fp8 before the backward all-gather
+# (torchao/float8/float8_tensor_parallel.py ``_prepare_input_fn`` / ``NoopFwToFloat8BwDynamic``): 1 byte per
+# element; the reduce-scatters carry bf16 partial sums (2).
+TP_FP8_GATHER_BYTES = 1.0
+
 TT = "torchtitan 0.3.0 torchtitan/"
 
 
@@ -121,12 +130,13 @@ class TorchtitanProfile(TargetProfile):
         if "fp8_recipe" in k and job.precision != "fp8":
             raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})")
         tp = par.tp if par is not None else 2
+        recipe = k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None
         return Runtime(
             target="torchtitan",
             compile=compile_on,
             async_tp=bool(k.get("async_tp", False)) and tp > 1,
             tp_comm_overlap=False,
-            fp8_recipe=k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None,
+            fp8_recipe=recipe,
             grad_reduce_dtype="fp32",
             cp_comm_type=k.get("cp_comm_type", "allgather"),
             overlap_grad_reduce=True,
@@ -134,6 +144,7 @@ class TorchtitanProfile(TargetProfile):
             # "default": reshard after forward unless pipelining (torchtitan apply_fsdp: not pp_enabled)
             reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
+            tp_gather_bytes=TP_FP8_GATHER_BYTES if recipe == "tensorwise" else 2.0,
             fused_elementwise=compile_on,
             **torch_memory_facts("fp32"),
         )
