@@ -26,8 +26,9 @@ from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, t
 
 # Float8 tensorwise TP: torchtitan's apply_tp swaps in torchao's Float8ColwiseParallel / Float8RowwiseParallel when
 # the recipe is tensorwise ("float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
-# rowwise recipes, we use regular TP and all-gather happens in high precision": torchtitan
-# models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``). Those cast the input to fp8 before the
+# rowwise recipes, we use regular TP and all-gather happens in high precision": torchtitan's llama
+# parallelize_llama.py ``apply_tp(enable_float8_tensorwise_tp)``, the versions with tensorwise, as the published
+# 2024-12 runs; 0.3.0 has neither the recipe, float8.py:58, nor Float8 TP). Those cast the input to fp8 before the
 # sequence-parallel all-gather, and the output gradient to fp8 before the backward all-gather
 # (torchao/float8/float8_tensor_parallel.py ``_prepare_input_fn`` / ``NoopFwToFloat8BwDynamic``): 1 byte per
 # element; the reduce-scatters carry bf16 partial sums (2).
