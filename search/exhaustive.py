@@ -14,16 +14,36 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from search.space import Layout, Tally, Target, enumerate_layouts
 
 
-def expressible_splits(n_layers: int, pp: int) -> Iterator[tuple[int, int] | None]:
-    """(first_stage_layers, last_stage_layers) pairs with ≥ 1 layer each and an even middle; None = default."""
+def expressible_splits(n_layers: int, pp: int, vp: int = 1) -> Iterator[tuple[int | None, int | None] | None]:
+    """(first_stage_layers, last_stage_layers) pairs ``ParallelConfig`` can state; None = default. With vp = 1:
+    both given, ≥ 1 layer each and an even middle. With vp > 1 (Megatron's uneven interleaved pipelines): every
+    first and/or last count — a superset; ``estimate`` refuses those megatron-core cannot build."""
     yield None
     if pp == 1:
         return
+    if vp > 1:
+        for n in range(1, n_layers):
+            yield n, None
+            yield None, n
     for first in range(1, n_layers):
         for last in range(1, n_layers - first + 1):
             rest = n_layers - first - last
-            if (pp == 2 and rest == 0) or (pp > 2 and rest > 0 and rest % (pp - 2) == 0):
+            if vp > 1 or (pp == 2 and rest == 0) or (pp > 2 and rest > 0 and rest % (pp - 2) == 0):
                 yield first, last
+
+
+def expressible_split_fields(n_layers: int, pp: int, vp: int = 1) -> Iterator[dict[str, Any]]:
+    """Every pipeline-split statement ``ParallelConfig`` can make for (pp, vp): first/last counts
+    (:func:`expressible_splits`) and, with pp > 1, Megatron's embedding/loss accounting flags — each combination
+    once; ``estimate`` refuses the ones megatron-core cannot build (e.g. flags together with counts)."""
+    flags = [(False, False)] if pp == 1 else [(e, lo) for e in (False, True) for lo in (False, True)]
+    for sp in expressible_splits(n_layers, pp, vp):
+        for emb, loss in flags:
+            fields: dict[str, Any] = {"account_for_embedding_in_pipeline_split": emb,
+                                      "account_for_loss_in_pipeline_split": loss}
+            if sp is not None:
+                fields.update(first_stage_layers=sp[0], last_stage_layers=sp[1])
+            yield fields
 
 
 @dataclass(frozen=True)
@@ -37,12 +57,8 @@ def exhaustive_points(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                       pins: dict[str, Any] | None = None) -> Iterator[tuple[Layout, ParallelConfig]]:
     pins = dict(pins or {})
     for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
-        splits = [None] if lay.vp > 1 else list(expressible_splits(model.num_layers, lay.pp))
-        for sp in splits:
-            if sp is None:
-                yield lay, ParallelConfig(**lay.parallel_kwargs())
-            else:
-                yield lay, ParallelConfig(**lay.parallel_kwargs(), first_stage_layers=sp[0], last_stage_layers=sp[1])
+        for fields in expressible_split_fields(model.num_layers, lay.pp, lay.vp):
+            yield lay, ParallelConfig(**{**lay.parallel_kwargs(), **fields})
 
 
 def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target = "megatron",
