@@ -88,6 +88,7 @@ class Scorer:
         self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
+        self._knob_args: dict[tuple, tuple[ParallelConfig, Runtime | None, float]] = {}  # bound key, kind
         self._knob_delta: dict[tuple, float] = {}  # (bound key, kind): layer_cost with the runtime's knobs − without
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
@@ -99,7 +100,8 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_knob_delta", "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
+        for name in ("_layer", "_bounds", "_knob_args", "_knob_delta", "ilp", "_params", "_param_sums", "_inflight",
+                     "_zero3"):
             setattr(other, name, getattr(self, name))
         return other
 
@@ -154,7 +156,7 @@ class Scorer:
                 sol = self.layer_solution(lay, kind, rc)
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
-                t_kind[kind] = sol.time_per_microbatch_s + self._knob_delta[(key, kind)]
+                t_kind[kind] = sol.time_per_microbatch_s + self.knob_delta_s(key, kind)
                 # A named target runs one pattern (the ILP's only point): its activations as the target's runtime
                 # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
                 a_kind[kind] = bounds[kind][1] if lay.target != "any" else sol.activation_bytes
@@ -199,8 +201,7 @@ class Scorer:
                 continue
             g = self.graphs[kind]
             lc = layer_cost(g, self.model, self.cluster, self.job, par, 1, rt)
-            self._knob_delta[(key, kind)] = lc.total_s - layer_cost(g, self.model, self.cluster, self.job, par,
-                                                                     1).total_s
+            self._knob_args[(key, kind)] = (par, rt, lc.total_s)  # knob_delta_s prices the rest if the ILP runs
             t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par, rt)
             kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par, rt))
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
@@ -212,6 +213,16 @@ class Scorer:
         out = (kinds, head_t, head_a)
         self._bounds[key] = out
         return out
+
+    def knob_delta_s(self, key: tuple, kind: str) -> float:
+        """``layer_cost`` with the runtime's knobs − without them, for a ``bound_pieces`` key: priced only for
+        the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first)."""
+        hit = self._knob_delta.get((key, kind))
+        if hit is None:
+            par, _, with_knobs = self._knob_args[(key, kind)]
+            hit = with_knobs - layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1).total_s
+            self._knob_delta[(key, kind)] = hit
+        return hit
 
     def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig, rt: Runtime | None = None) -> float:
         """Σ over the layer's TP boundaries of the cheaper of SP and non-SP (``layer_cost.tp_boundary_costs``)."""
