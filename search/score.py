@@ -89,6 +89,7 @@ class Scorer:
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
         self._knob_args: dict[tuple, tuple[ParallelConfig, Runtime | None, float]] = {}  # bound key, kind
+        self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._knob_delta: dict[tuple, float] = {}  # (bound key, kind): layer_cost with the runtime's knobs − without
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
@@ -214,6 +215,13 @@ class Scorer:
         self._bounds[key] = out
         return out
 
+    def mtp_params(self, tp: int, ep: int) -> tuple[float, float, float]:
+        """``cost_models.mtp.mtp_stage_params``, once per (tp, ep)."""
+        hit = self._mtp.get((tp, ep))
+        if hit is None:
+            hit = self._mtp[(tp, ep)] = mtp_stage_params(self.model, tp, ep)
+        return hit
+
     def knob_delta_s(self, key: tuple, kind: str) -> float:
         """``layer_cost`` with the runtime's knobs − without them, for a ``bound_pieces`` key: priced only for
         the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first)."""
@@ -292,7 +300,7 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and lay.pp > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
-        mtp_dense, mtp_expert, _ = mtp_stage_params(m, lay.tp, lay.ep)
+        mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         peak = 0.0
         if lay.recompute == "full":
             peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
@@ -416,7 +424,7 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
-        mtp_dense, mtp_expert, _ = mtp_stage_params(m, lay.tp, lay.ep)
+        mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         acts = frag * (a_moe * n_moe + a_dense * (L - n_moe))
         infl = self.inflight(lay)
         resident = (kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense)
