@@ -53,6 +53,7 @@ from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, Measur
 from autoplan.catalog.registry import efficiency_catalog, framework_efficiency  # noqa: E402
 from cost_models.specs import Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
+from cost_models.targets import framework_of  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = ROOT.parent / "shared" / "calibration" / "published_runs.json"
@@ -112,7 +113,7 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
         job={"global_batch_size": job["global_batch_size"], "seq_len": job["seq_len"],
              "precision": job["precision"]},
         parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"],
-        software=software, target=sw.get("framework", "megatron"),
+        software=software, target=group.get("target", sw.get("framework", "megatron")),
         knobs={**group.get("knobs", {}), **{k: sw[k] for k in RUN_KNOBS if k in sw}})
 
 
@@ -442,8 +443,8 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
             gen_eff[gen] = transfer_efficiency(gen_eff[src], gpus[src], gpus[gen], starts[gen])
         gen_eff.setdefault(gen, starts[gen])
     fw: dict[str, dict[str, Any]] = {}
-    for f in sorted({r.target for r in runs} - {"megatron"}):
-        fr = [r for r in runs if r.target == f]
+    for f in sorted({framework_of(r.target) for r in runs} - {"megatron"}):
+        fr = [r for r in runs if framework_of(r.target) == f]
         gen = fr[0].cluster.gpu.generation
         start = gen_eff[gen].model_copy(update=fw_starts.get(f, {}))
         res = fit(fr, start, FRAMEWORK_FIT_FIELDS, prior_weight=0.0)
@@ -483,7 +484,7 @@ def _gen_gpu(runs: list[ResolvedRun], gen: str) -> Any:
 
 def predict_with(run: ResolvedRun, params: Params) -> float:
     gen_eff, fw = params
-    eff = gen_eff[run.cluster.gpu.generation].model_copy(update=fw.get(run.target, {}))
+    eff = gen_eff[run.cluster.gpu.generation].model_copy(update=fw.get(framework_of(run.target), {}))
     return run.predict(eff)
 
 

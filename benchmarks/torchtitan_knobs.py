@@ -44,7 +44,7 @@ PUBLISHED_RECIPE_GAP = ("torchtitan_8B_t1_fsdp_compile_fp8", "rowwise", 7190 / 6
 
 def main() -> int:
     fid = _fidelity()
-    runs = {c["id"]: (c, r) for c, r in fid.published_runs() if r.target == "torchtitan"}
+    runs = {c["id"]: (c, r) for c, r in fid.published_runs() if r.target == "torchtitan-2024-12"}
     skipped = [(cid, why) for cid, why in fid.skipped_cases() if cid.startswith("torchtitan")]
     pred = {cid: r.predict() for cid, (_, r) in runs.items()}
     print("| run | knobs | measured s | predicted s | error |")

@@ -90,9 +90,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     if runtime is None:
         runtime = runtime_for(target, job, cluster, par, software)
     if check:
-        from cost_models.targets import PROFILES
+        from cost_models.targets import PROFILES, REFERENCE_PROFILES
 
-        prof = PROFILES.get(target or "")  # None: no target, ``any``, or a run's own framework (fidelity)
+        # None: no target, ``any``, or a reference runtime (``deepseek``)
+        prof = PROFILES.get(target or "") or REFERENCE_PROFILES.get(target or "")
         # tp > num_kv_heads is priced (opgraph.tp_divisor, layer_cost.kv_gather_cost); a target profile says
         # whether its framework runs it (Megatron does; no target named = Megatron's rules).
         check_parallel(model, cluster, job, par,

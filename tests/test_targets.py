@@ -171,11 +171,12 @@ def test_torchtitan_zero0_with_cp_is_priced_as_it_runs() -> None:
     assert asked.step_time_s == pytest.approx(runs.step_time_s, rel=1e-12)
 
 
-def _tt(model: str, gpus: int, job: JobSpec, par: ParallelConfig, **knobs: object) -> float:
+def _tt(model: str, gpus: int, job: JobSpec, par: ParallelConfig, target: str = "torchtitan",
+        **knobs: object) -> float:
     from cost_models.estimate import estimate
     from cost_models.targets import Software
 
-    return estimate(load_model(model), build_cluster("h100-sxm", gpus), job, par, target="torchtitan",
+    return estimate(load_model(model), build_cluster("h100-sxm", gpus), job, par, target=target,
                     software=Software(**knobs)).step_time_s
 
 
@@ -190,9 +191,12 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
     assert _tt("llama3-8b", 8, job, fsdp, compile=True, async_tp=True) == _tt("llama3-8b", 8, job, fsdp,
                                                                                compile=True)
     fp8 = job.model_copy(update={"precision": "fp8"})
-    tensorwise = _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="tensorwise")
+    # tensorwise: the 2024-12 torchtitan (reference profile; 0.3.0 refuses it), otherwise priced alike
+    tensorwise = _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="tensorwise")
     assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise") \
         < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
+    assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="rowwise") \
+        == _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
 
 
 def test_rowwise_backward_rescale_bytes_follow_torchao() -> None:
@@ -236,7 +240,7 @@ def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
     graph = layer_graph(model, "dense", job.seq_len)
 
     def tp_bytes(recipe: str | None) -> float:
-        rt = None if recipe is None else runtime_for("torchtitan", job, cluster, par,
+        rt = None if recipe is None else runtime_for("torchtitan-2024-12", job, cluster, par,
                                                      Software(compile=True, fp8_recipe=recipe))
         return sum(b for _, b in tp_boundary_costs(graph, cluster, job, par, 1, True, rt))
 
@@ -307,3 +311,42 @@ def test_search_with_knobs_reports_them_on_every_plan() -> None:
                       "target": "torchtitan", "top": 2, "software": {"compile": True}})
     assert res.plans and all(p.prediction.software["compile"] is True for p in res.plans)
     assert all(p.prediction.software["target"] == "torchtitan" for p in res.plans)
+
+
+def test_torchtitan_fp8_recipes_are_what_torchtitan_accepts() -> None:
+    """The 0.3.0 profile's fp8_recipe values are exactly the installed torchtitan's: the Float8 converter's
+    ``recipe_name`` Literal (components/quantization/float8.py:58) plus ``mxfp8`` where the MXFP8 linear converter
+    exists (mx.py); the 2024-12 reference profile adds only ``tensorwise`` (what the published runs used)."""
+    import dataclasses
+    import typing
+
+    from torchtitan.components.quantization import float8, mx
+
+    from cost_models.targets import REFERENCE_PROFILES, TORCHTITAN
+
+    field = next(f for f in dataclasses.fields(float8.Float8LinearConverter.Config) if f.name == "recipe_name")
+    hints = typing.get_type_hints(float8.Float8LinearConverter.Config)
+    accepted = set(typing.get_args(hints[field.name]))
+    assert accepted and "tensorwise" not in accepted
+    if hasattr(mx, "MXFP8LinearConverter"):
+        accepted.add("mxfp8")
+    assert set(TORCHTITAN.knobs["fp8_recipe"].values) == accepted
+    assert TORCHTITAN.knobs["fp8_recipe"].default == field.default
+    ref = REFERENCE_PROFILES["torchtitan-2024-12"]
+    assert set(ref.knobs["fp8_recipe"].values) == accepted | {"tensorwise"}
+    assert {k: v for k, v in ref.knobs.items() if k != "fp8_recipe"} == \
+        {k: v for k, v in TORCHTITAN.knobs.items() if k != "fp8_recipe"}
+
+
+def test_torchtitan_tensorwise_is_a_one_line_error() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "autoplan", "estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1",
+                          "--target", "torchtitan", "--precision", "fp8", "--fp8-recipe", "tensorwise"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert "tensorwise" in lines[0] and "float8.py:58" in lines[0]
+    assert "rowwise" in lines[0] and "rowwise_with_gw_hp" in lines[0]

@@ -122,7 +122,7 @@ software_options = stack(
                  help="Megatron --tp-comm-overlap (needs sequence parallelism) [on where legal]"),
     click.option("--fp8-recipe", type=click.Choice(list(Fp8Recipe.__args__)), default=None,  # type: ignore[attr-defined]
                  help="fp8 scaling recipe (precision fp8): megatron delayed|tensorwise|blockwise|mxfp8, torchtitan "
-                      "tensorwise|rowwise|rowwise_with_gw_hp|mxfp8 (mxfp8: Blackwell only)"),
+                      "rowwise|rowwise_with_gw_hp|mxfp8 (0.3.0 has no tensorwise; mxfp8: Blackwell only)"),
     click.option("--grad-reduce-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="main gradients and the DP reduction (Megatron default fp32; bf16 = --grad-reduce-in-bf16)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]

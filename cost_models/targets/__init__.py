@@ -53,7 +53,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
 from cost_models.targets.common import (TARGET_NAMES, Knob, Runtime, Software, TargetName, TargetProfile)
 from cost_models.targets.fsdp2 import PROFILE as FSDP2
 from cost_models.targets.megatron import PROFILE as MEGATRON
-from cost_models.targets.reference import DEEPSEEK, REFERENCE_RUNTIMES
+from cost_models.targets.reference import DEEPSEEK, REFERENCE_FRAMEWORKS, REFERENCE_PROFILES, REFERENCE_RUNTIMES
 from cost_models.targets.torchtitan import PROFILE as TORCHTITAN
 
 PROFILES: dict[str, TargetProfile] = {"megatron": MEGATRON, "torchtitan": TORCHTITAN, "fsdp2": FSDP2}
@@ -77,9 +77,15 @@ def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: Par
     ref = REFERENCE_RUNTIMES.get(target or "")
     if ref is not None:
         return ref
-    prof = get_profile(target or DEFAULT_TARGET) or PROFILES[DEFAULT_TARGET]
+    prof = REFERENCE_PROFILES.get(target or "") or get_profile(target or DEFAULT_TARGET) or PROFILES[DEFAULT_TARGET]
     return prof.resolve(software, job, cluster, par)
 
 
-__all__ = ["DEEPSEEK", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+def framework_of(target: str) -> str:
+    """The framework whose efficiency parameters (gpus.yaml ``frameworks``) ``target`` runs with: itself, or a
+    reference profile's framework (``torchtitan-2024-12``: torchtitan)."""
+    return REFERENCE_FRAMEWORKS.get(target, target)
+
+
+__all__ = ["DEEPSEEK", "framework_of", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
            "Software", "TargetName", "TargetProfile", "get_profile"]

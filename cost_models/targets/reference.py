@@ -2,11 +2,18 @@
 
 ``DEEPSEEK``: DeepSeek-V3's own framework (HAI-LLM), as its technical report (arXiv 2412.19437) states it; used
 to price the published 2048-H800 layout (``benchmarks/fidelity.py``).
+
+``TORCHTITAN_2024_12`` (target ``torchtitan-2024-12``): the torchtitan that ran the published 2024-12 H100 runs
+(``benchmarks/data/published_runs.json``, group ``torchtitan_h100_2024_12``). It differs from the torchtitan 0.3.0
+profile only in accepting the Float8 ``tensorwise`` recipe, which those runs used (with Float8 TP: the input and
+output-gradient all-gathers in fp8, ``torchtitan.TP_FP8_GATHER_BYTES``); 0.3.0 refuses it (float8.py:58). Same
+framework efficiency parameters (gpus.yaml ``frameworks: torchtitan``): ``framework_of``.
 """
 
 from __future__ import annotations
 
-from cost_models.targets.common import Runtime
+from cost_models.targets.common import Knob, Runtime
+from cost_models.targets.torchtitan import TorchtitanProfile
 
 DEEPSEEK = Runtime(
     target="deepseek",
@@ -22,4 +29,23 @@ DEEPSEEK = Runtime(
 )
 REFERENCE_RUNTIMES: dict[str, Runtime] = {"deepseek": DEEPSEEK}
 
-__all__ = ["DEEPSEEK", "REFERENCE_RUNTIMES"]
+
+class Torchtitan2024Profile(TorchtitanProfile):
+    """torchtitan as of the published 2024-12 H100 runs: 0.3.0's rules plus the ``tensorwise`` Float8 recipe
+    (torchao dynamic tensorwise scaling, the only Float8 scaling torchtitan ran then: the runs' ``fp8_recipe``)."""
+
+    version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
+    knobs = {**TorchtitanProfile.knobs,
+             "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",
+                                "torchtitan 2024-12 torchtitan/float8.py: torchao tensorwise dynamic scaling; "
+                                "0.3.0: components/quantization/float8.py:58, mx.py:70")}
+
+
+TORCHTITAN_2024_12 = Torchtitan2024Profile()
+# Reference profiles autoplan prices (and checks) but never emits for, and the framework whose efficiency
+# parameters (gpus.yaml ``frameworks``) they run with.
+REFERENCE_PROFILES: dict[str, TorchtitanProfile] = {"torchtitan-2024-12": TORCHTITAN_2024_12}
+REFERENCE_FRAMEWORKS: dict[str, str] = {"torchtitan-2024-12": "torchtitan"}
+
+__all__ = ["DEEPSEEK", "REFERENCE_FRAMEWORKS", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12",
+           "Torchtitan2024Profile"]

@@ -13,9 +13,10 @@ Run-time semantics:
 - Eager PyTorch runs norms, SwiGLU and the loss op by op; ``compile`` (Inductor) fuses them
   (TT/config/configs.py:291-309). Async TP (``compile.enable_async_tensor_parallel``) overlaps TP collectives
   with the GEMMs and needs compile (configs.py:304).
-- Float8 (torchao): ``rowwise`` / ``rowwise_with_gw_hp`` (TT/components/quantization/float8.py:58) and
-  ``tensorwise`` (torchao ``Float8LinearConfig.from_recipe_name``, float8.py:113); MXFP8 needs sm_100
-  (TT/components/quantization/mx.py:70).
+- Float8 (torchao): ``rowwise`` / ``rowwise_with_gw_hp`` only (TT/components/quantization/float8.py:58,
+  ``Float8LinearConverter.Config.recipe_name: Literal["rowwise", "rowwise_with_gw_hp"]``: 0.3.0 has no
+  ``tensorwise``; the published 2024-12 runs' torchtitan did: ``reference.TORCHTITAN_2024_12``); MXFP8
+  (``MXFP8LinearConverter``) needs sm_100 (TT/components/quantization/mx.py:70).
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class TorchtitanProfile(TargetProfile):
         "compile": Knob("compile", (True, False), False, f"{TT}config/configs.py:292 (compile.enable)"),
         "async_tp": Knob("async_tp", (True, False), False,
                          f"{TT}config/configs.py:295-309 (needs compile.enable)"),
-        "fp8_recipe": Knob("fp8_recipe", ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"), "rowwise",
-                           f"{TT}components/quantization/float8.py:58, mx.py:70 (mxfp8: sm_100)"),
+        "fp8_recipe": Knob("fp8_recipe", ("rowwise", "rowwise_with_gw_hp", "mxfp8"), "rowwise",
+                           f"{TT}components/quantization/float8.py:58 (Float8LinearConverter.Config.recipe_name: "
+                           "Literal['rowwise', 'rowwise_with_gw_hp']), mx.py:50 (MXFP8LinearConverter; sm_100)"),
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32",), "fp32",
                                   f"{TT}config/configs.py:93 (mixed_precision_reduce: Literal['float32'])"),
         "cp_comm_type": Knob("cp_comm_type", ("allgather",), "allgather",
@@ -119,7 +121,7 @@ class TorchtitanProfile(TargetProfile):
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
             raise ConfigError(f"fp8_recipe=mxfp8 needs sm_100 (Blackwell) ({TT}components/quantization/mx.py:70); "
                               f"{cluster.gpu.name} is {cluster.gpu.generation}",
-                              valid=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+                              valid=[r for r in self.knobs["fp8_recipe"].values if r != "mxfp8"])
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
