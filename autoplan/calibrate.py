@@ -70,9 +70,6 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_imbalance": (1.0, 3.0),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
     "nvls_bus": (0.5, 1.5),
-    # Eager PyTorch element-wise kernels over fused ones: RMSNorm in eager makes ~5 passes (pow, mean, rsqrt, mul,
-    # mul) against 2 fused; SwiGLU 3 against 1: between 1 and ~4.
-    "eager_traffic": (1.0, 4.0),
 }
 # Efficiency settings a run may state for itself (facts of its software stack, never fitted): the attention kernel,
 # whether element-wise kernels are fused (torch.compile / TE), and tp_overlap 0 where the stack has no TP overlap
@@ -80,7 +77,7 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
 SOFTWARE_SETTINGS = {"flash_attention", "attention_fa2", "compiled", "tp_overlap"}
 # Per-framework parameters (gpus.yaml `frameworks`): what differs between training stacks on the same GPUs,
 # what its GEMM dispatch, fp8 recipe and communication overlap make of the generation's physics. Its
-# attention kernel (``attention_fa2``) and eager element-wise traffic (``EAGER_TRAFFIC``) are measured / counted, not fitted.
+# attention kernel (``attention_fa2``) and eager element-wise bytes (``layer_cost.EAGER_*``) are measured / counted, not fitted.
 FRAMEWORK_FIT_FIELDS = ("gemm_max", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 PRIOR_WEIGHT = 1e-3  # residual weight of each parameter's (normalised) distance from its start value

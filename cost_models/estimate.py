@@ -230,9 +230,8 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
-    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt)
-    if eager_elementwise(cluster.efficiency, rt):
-        mem_f, mem_b = mem_f * cluster.efficiency.eager_traffic, mem_b * cluster.efficiency.eager_traffic
+    eager = not rt.fused_loss if rt is not None else eager_elementwise(cluster.efficiency, None)
+    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt, eager)
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 

@@ -17,7 +17,7 @@ touches).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
@@ -87,6 +87,23 @@ LOSS_PARALLEL_BYTES_PER_TOKEN = 3 * 4.0
 # forward softmax read 2 + write 2, dropout read 2 + write 2 + mask 1; backward dropout (read 2 + 1, write 2) and
 # softmax (read probs 2, grad 2, write 2).
 SCORE_BYTES = (9.0, 11.0)
+# Eager PyTorch (no torch.compile), per element, forward / backward: what each ATen kernel of the op's eager
+# autograd reads and writes (counted with a TorchDispatchMode over the ops: benchmarks/eager_traffic.py;
+# tests/test_knob_physics.py recounts them). torchtitan's code as the published 2024-12 runs ran it (commit 9dec370):
+# - RMSNorm (torchtitan/models/norms.py ``RMSNorm``: ``x.float()``, ``pow(2).mean(-1)``, ``rsqrt``, ``mul``,
+#   ``type_as``, ``* weight``): 36 forward; its autograd 92 (fp32 mul/sum/div/pow/add backward kernels).
+EAGER_NORM_BYTES = (36.0, 92.0)
+# - rotary (models/llama/model.py ``apply_rotary_emb``, = 0.3.0 ``ComplexRoPE.apply_rotary_emb``): ``float()``
+#   (2 + 4), complex multiply (4 + 4), ``type_as`` (4 + 2); the backward the same three in reverse.
+EAGER_ROTARY_BYTES = (20.0, 20.0)
+# - SwiGLU ``F.silu(w1(x)) * w3(x)``: silu writes its output (2 + 2) and the mul reads it back (2 + 2 + 2): 4 bytes
+#   per FFN element more than one fused kernel forward; backward two muls and silu_backward (6 + 6 + 6) against
+#   the fused 10: 8 more. Residual adds are one kernel either way (RESIDUAL_BYTES).
+EAGER_GATED_ACT_EXTRA = (4.0, 8.0)
+# - the loss ``cross_entropy(pred.flatten(0, 1).float(), labels)`` (torchtitan train.py; not compiled in the 2024-12
+#   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
+#   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
+TORCH_LOSS_BYTES = (14.0, 22.0)
 # fp8 (Transformer Engine): each GEMM input is cast to fp8 row- and column-wise copies (read 2, write 1 + 1) unless a
 # norm produced it (LayerNormLinear fuses the cast); backward casts the output gradient the same way. Other recipes:
 # knob_effects.FP8_CAST_BYTES.
@@ -103,6 +120,7 @@ class OpCompute:
     mem_f: float  # memory-bound kernels, forward
     mem_b: float  # memory-bound kernels, backward
     wgrad_hp: float = 0.0  # extra backward time of weight-gradient GEMMs kept in bf16 (fp8 rowwise_with_gw_hp)
+    op_sac_f: float | None = None  # forward work torchtitan's per-op SAC re-runs in the backward (None: not op-SAC)
 
     @property
     def forward_s(self) -> float:
@@ -114,7 +132,10 @@ class OpCompute:
         return 2 * self.gemm_f + self.attn_b + self.mem_b + self.wgrad_hp
 
     def recompute_s(self, recompute: str) -> float:
-        """Selective recompute repeats the attention core's forward, full recompute the whole forward."""
+        """Selective recompute repeats the attention core's forward (Megatron), or under torchtitan's per-op SAC
+        what it did not save (``op_sac_f``); full recompute the whole forward."""
+        if recompute == "selective" and self.op_sac_f is not None:
+            return self.op_sac_f
         return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
 
 
@@ -123,19 +144,23 @@ def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
 
 
 def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
-                         par: ParallelConfig, rt: Runtime | None = None) -> tuple[float, float]:
+                         par: ParallelConfig, rt: Runtime | None = None,
+                         eager: bool = False) -> tuple[float, float]:
     """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank:
     the sum of ``op_traffic_bytes`` over its ops."""
     fwd = bwd = 0.0
     for op in graph.ops:
-        f, b = op_traffic_bytes(op, graph, model, job, par, rt)
+        f, b = op_traffic_bytes(op, graph, model, job, par, rt, eager)
         fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
 
 
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
-                     par: ParallelConfig, rt: Runtime | None = None) -> tuple[float, float]:
-    """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank.
+                     par: ParallelConfig, rt: Runtime | None = None,
+                     eager: bool = False) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank. ``eager``:
+    norms, rotary and the gated activation run op by op (``EAGER_*``); the loss is torch's op-by-op cross-entropy
+    (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``).
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
     the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
@@ -154,12 +179,14 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
     tf = op.tokens_factor
     if op.kind == "norm":
         w = per_rank(op.inputs[0])
-        fwd, bwd = NORM_BYTES[0] * w, NORM_BYTES[1] * w
+        nb = EAGER_NORM_BYTES if eager else NORM_BYTES
+        fwd, bwd = nb[0] * w, nb[1] * w
     elif op.kind == "elementwise" and op.name == "rotary":
         if model is not None and model.learned_position_embeddings:
             return 0.0, 0.0  # absolute positions are added once at the embedding: no rotary kernel
         w = sum(per_rank(x) for x in op.inputs)
-        fwd, bwd = ROTARY_BYTES[0] * w, ROTARY_BYTES[1] * w
+        rb = EAGER_ROTARY_BYTES if eager else ROTARY_BYTES
+        fwd, bwd = rb[0] * w, rb[1] * w
     elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
         w = per_rank(op.output)  # residual / shared-expert add
         fwd, bwd = RESIDUAL_BYTES[0] * w, RESIDUAL_BYTES[1] * w
@@ -170,12 +197,17 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             ins, out = ins * t / (t if sp else 1), out * t / (t if sp else 1)
         fwd = 2.0 * (ins + out) * tf
         bwd = 2.0 * (2 * ins + out) * tf
+        if eager and len(op.inputs) == 2:  # silu(gate) * up: the silu output goes through HBM
+            fwd, bwd = fwd + EAGER_GATED_ACT_EXTRA[0] * out * tf, bwd + EAGER_GATED_ACT_EXTRA[1] * out * tf
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.hidden_size / (t if sp else 1) * model.moe_top_k
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
     elif op.kind == "loss":
         w = per_rank(op.inputs[0])
-        fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
+        if rt is not None and not rt.fused_loss:  # torch's cross_entropy on fp32 logits, op by op
+            fwd, bwd = TORCH_LOSS_BYTES[0] * w, TORCH_LOSS_BYTES[1] * w
+        else:
+            fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
     if job.precision == "fp8" and op.kind in ("matmul", "experts"):
         k, n = _local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
@@ -233,9 +265,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
-    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt)
-    if eager_elementwise(eff, rt):
-        mem_f, mem_b = mem_f * eff.eager_traffic, mem_b * eff.eager_traffic
+    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt))
     if op.kind == "attention" and par.cp > 1 and ring_kernels(rt):
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par)
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
@@ -248,8 +278,20 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
              rt: Runtime | None = None) -> OpCompute:
     """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
     parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
-    return OpCompute(*(sum(getattr(p, f) for p in parts)
-                       for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")))
+    total = OpCompute(*(sum(getattr(p, f) for p in parts)
+                        for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")))
+    if rt is None or rt.selective != "op_sac" or graph.kind not in ("dense", "moe"):
+        return total
+    # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
+    # output are saved, every other op is recomputed): the backward re-runs every memory-bound forward kernel (norms,
+    # rotary, activation, residual adds, casts: eager or fused as the runtime runs them) and every other GEMM's
+    # forward; the attention core is not re-run.
+    from cost_models.memory import op_sac_saved  # memory imports this module's callers
+
+    kept = op_sac_saved(graph)
+    redo = sum(p.mem_f + (p.gemm_f if op.kind in ("matmul", "experts", "router") and (op.name, op.output) not in kept
+                          else 0.0) for op, p in zip(graph.ops, parts))
+    return replace(total, op_sac_f=redo)
 
 
 def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:

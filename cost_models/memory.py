@@ -139,7 +139,7 @@ def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
     return max(1, tp * cp * dp // ep)
 
 
-def _op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
+def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
     other matmul (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
     everything else is recomputed from them and the block input."""
@@ -161,7 +161,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
 
     ``tp``-split tensors ÷ t; ``seq``-split tensors ÷ t only with sequence parallelism; everything ÷ cp.
     Selective recompute: Megatron drops the attention core's score-sized tensors (the ``5·a·s/h`` term);
-    torchtitan's per-op AC keeps the block input and the outputs :func:`_op_sac_saved` names. Full
+    torchtitan's per-op AC keeps the block input and the outputs :func:`op_sac_saved` names. Full
     recompute keeps only the layer input (÷ t with SP). The loss keeps ``runtime.loss_bytes_per_logit``
     per vocabulary entry (÷ t: vocab-parallel)."""
     if par.recompute == "full" and graph.kind in ("dense", "moe"):
@@ -171,7 +171,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
         sp = par.sequence_parallel and t > 1
         total = recompute_input_bytes(model, job, par)  # the block input
         tokens = par.micro_batch_size * job.seq_len / par.cp
-        for op_name, tensor in _op_sac_saved(graph):
+        for op_name, tensor in op_sac_saved(graph):
             op = graph.op(op_name)
             ten = graph.tensors[tensor]
             split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)

@@ -316,12 +316,6 @@ class GPUSpec(_Frozen):
     source: str = ""
 
 
-# PyTorch eager (no torch.compile) element-wise traffic / fused, per element of a Llama layer's memory-bound ops,
-# counted from the eager op sequences (forward; backward taken alike): RMSNorm as ATen's composite rms_norm (to fp32,
-# pow, mean, mul, type_as, weight mul: 36 bytes vs 4 fused), rotary as torchtitan's complex multiply (float(), complex
-# mul, type_as: 20 vs 4), SwiGLU silu then mul (10 vs 6), residual adds unchanged (6): weighted by the widths of
-# Llama 3 8B and 70B both give 3.1 (cost_models/layer_cost.py byte tables for the fused side).
-EAGER_TRAFFIC = 3.1
 # FlashAttention-2 / cuDNN fused attention forward throughput on H100 SXM5, causal, head dim 128, sequence 2k-16k:
 # 298/484, 319/518, 333/529, 335/539 TFLOP/s = 0.62 (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Fig. 5).
 FA2_VS_CUDNN = 0.62
@@ -366,9 +360,8 @@ class Efficiency(_Frozen):
     nvls_bus: float = Field(default=0.0, ge=0, le=1.5, description="NVLink SHARP (NVLS) all-reduce bus bandwidth "
                             "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
     compiled: bool = Field(default=True, description="element-wise kernels fused (TE / torch.compile); false = "
-                           "PyTorch eager, whose norms, rotary and SwiGLU make several HBM passes (eager_traffic)")
-    eager_traffic: float = Field(default=EAGER_TRAFFIC, ge=1, le=6, description="HBM traffic of eager element-wise kernels / "
-                                 "fused ones (applies only when compiled is false)")
+                           "PyTorch eager, whose norms, rotary and SwiGLU make several HBM passes (counted per op: "
+                           "cost_models/layer_cost.py EAGER_*)")
     attention_fa2: bool = Field(default=False, description="the fused attention is FlashAttention-2 (PyTorch SDPA's "
                                 "flash backend) rather than cuDNN / Transformer Engine fused attention: × FA2_VS_CUDNN")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "

@@ -195,8 +195,12 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
     tensorwise = _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="tensorwise")
     assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise") \
         < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
+    # the 2024-12 torchtitan compiled the blocks only (its loss eager, e8977b0); 0.3.0 compiles the loss too:
+    # priced alike without compile, the 2024-12 one slower with it
+    assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", fp8_recipe="rowwise") \
+        == _tt("llama3-8b", 8, fp8, fsdp, fp8_recipe="rowwise")
     assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="rowwise") \
-        == _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
+        > _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
 
 
 def test_rowwise_backward_rescale_bytes_follow_torchao() -> None:

@@ -70,7 +70,10 @@ class Runtime:
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
     gather_bytes: float = 2.0  # parameter all-gather payload per param (bf16 compute copy)
     tp_gather_bytes: float = 2.0  # bytes per element of the sequence-parallel TP all-gathers (fp8: 1; knob_effects)
-    fused_elementwise: bool = True  # norms / activations / loss as fused kernels (TE, Inductor) vs eager op by op
+    fused_elementwise: bool = True  # the blocks' norms / rotary / activations fused (TE, Inductor) vs eager op by op
+    # The head's final norm and loss fused (TE / Megatron's cross-entropy; torch.compile of the loss) vs torch's
+    # cross_entropy on fp32 logits op by op (layer_cost.TORCH_LOSS_BYTES) and an eager final norm.
+    fused_loss: bool = True
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
     notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)
     # ---- memory facts (cost_models.memory reads them; defaults = Megatron-Core with Transformer Engine) ----

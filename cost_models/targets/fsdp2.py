@@ -82,6 +82,7 @@ class FSDP2Profile(TargetProfile):
             target="fsdp2", grad_reduce_dtype=grad,
             reshard_after_forward=k.get("reshard_after_forward", default_reshard),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0, fused_elementwise=False,
+            fused_loss=False,
             **torch_memory_facts(grad),
         )
 

@@ -12,7 +12,10 @@ framework efficiency parameters (gpus.yaml ``frameworks: torchtitan``): ``framew
 
 from __future__ import annotations
 
-from cost_models.targets.common import Knob, Runtime
+from dataclasses import replace
+
+from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
+from cost_models.targets.common import Knob, Runtime, Software
 from cost_models.targets.torchtitan import TorchtitanProfile
 
 DEEPSEEK = Runtime(
@@ -39,6 +42,13 @@ class Torchtitan2024Profile(TorchtitanProfile):
              "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",
                                 "torchtitan 2024-12 torchtitan/float8.py: torchao tensorwise dynamic scaling; "
                                 "0.3.0: components/quantization/float8.py:58, mx.py:70")}
+
+    def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
+                par: ParallelConfig | None = None) -> Runtime:
+        # compile wraps each TransformerBlock only (parallelize_llama.py ``apply_compile``); the loss was not
+        # compiled (train.py, e8977b0 "turning off compile on loss function", 2024-12-18, before the runs' 9dec370):
+        # the final norm and cross_entropy on fp32 logits run eagerly with or without compile.
+        return replace(super().resolve(software, job, cluster, par), fused_loss=False)
 
 
 TORCHTITAN_2024_12 = Torchtitan2024Profile()

@@ -149,6 +149,9 @@ class TorchtitanProfile(TargetProfile):
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
             tp_gather_bytes=TP_FP8_GATHER_BYTES if recipe == "tensorwise" else 2.0,
             fused_elementwise=compile_on,
+            # compile.components defaults to ["model", "loss"] (TT/config/configs.py:298): the loss compiled with
+            # the model (TT/components/loss.py ``_maybe_compile``)
+            fused_loss=compile_on,
             **torch_memory_facts("fp32"),
         )
 

@@ -1,0 +1,116 @@
+"""HBM bytes per element that eager PyTorch moves for the element-wise pieces of a torchtitan Llama block, counted
+from the ops autograd really dispatches (a ``TorchDispatchMode`` records every ATen kernel of the forward and the
+backward with the bytes of its tensor inputs and outputs), next to the byte tables the cost model prices
+(``cost_models/layer_cost.py`` ``EAGER_*``, ``TORCH_LOSS_BYTES``; fused: ``NORM_BYTES``, ``ROTARY_BYTES``, ...).
+
+    python benchmarks/eager_traffic.py
+
+The code traced: torchtitan 0.3.0's ``ComplexRoPE.apply_rotary_emb`` and SwiGLU expression (installed; the same ops
+as the 2024-12 ``apply_rotary_emb`` / ``FeedForward.forward``), the 2024-12 ``RMSNorm`` (torchtitan/models/norms.py
+at 9dec370, not installable: its three lines restated in ``rmsnorm_2024_12``), torch's ``cross_entropy`` on fp32
+logits (torchtitan's loss). Views and aliases move no bytes; an index op (nll_loss) touches only what it indexes:
+its full-size input read is not counted, nor its full-size output's read (a zero-fill write).
+Kernel launches are not priced: a Llama 8B block at 16k tokens runs ~150 eager kernels of 10-1000 µs each, launched
+asynchronously ahead of the GPU, so launch latency (a few µs each) hides behind them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+_INDEX_OPS = {"nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())  # an expanded view reads its storage
+
+
+class _Traffic(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if any(r.alias_info is not None for r in func._schema.returns) or name in ("detach", "new_empty_strided"):
+            return out  # a view / alias / allocation: no HBM traffic
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        outs = [a for a in tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
+        read = 0 if name in _INDEX_OPS else sum(map(_nbytes, ins))
+        self.ops.append((name, read + sum(map(_nbytes, outs))))
+        return out
+
+
+def eager_bytes(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], inputs: Sequence[torch.Tensor],
+                elements: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per element of ``elements`` of ``fn``'s eager kernels and its autograd."""
+    mode = _Traffic()
+    with mode:
+        out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) if o.is_floating_point() else None for o in outs]
+    fwd = sum(b for _, b in mode.ops)
+    mode.ops.clear()
+    with mode:
+        torch.autograd.backward([o for o in outs if o.requires_grad], [g for g, o in zip(grads, outs) if o.requires_grad])
+    return fwd / elements, sum(b for _, b in mode.ops) / elements
+
+
+def rmsnorm_2024_12(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """torchtitan 9dec370 torchtitan/models/norms.py ``RMSNorm.forward`` / ``_norm`` (rmsnorm, the default)."""
+    a = x.float()
+    return (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def counted() -> dict[str, tuple[float, float]]:
+    """Bytes per element of each piece (per q/k element for rotary, per FFN element for SwiGLU, per logit)."""
+    from torchtitan.models.common.rope import ComplexRoPE
+
+    bf16 = dict(dtype=torch.bfloat16, requires_grad=True)
+    tokens, width = 1024, 512
+    x, w = torch.randn(tokens, width, **bf16), torch.ones(width, **bf16)
+    b, s, heads, kv, hd = 2, 256, 8, 2, 64
+    q, k = torch.randn(b, s, heads, hd, **bf16), torch.randn(b, s, kv, hd, **bf16)
+    cache = torch.polar(torch.ones(s, hd // 2), torch.rand(s, hd // 2)).view(1, s, 1, hd // 2)
+    g, u = torch.randn(tokens, width, **bf16), torch.randn(tokens, width, **bf16)
+    logits, labels = torch.randn(tokens, 4 * width, **bf16), torch.randint(0, 4 * width, (tokens,))
+    return {
+        "norm": eager_bytes(rmsnorm_2024_12, (x, w), x.numel()),
+        "rotary": eager_bytes(lambda a, c: ComplexRoPE.apply_rotary_emb(a, c, cache), (q, k), q.numel() + k.numel()),
+        "swiglu": eager_bytes(lambda a, c: F.silu(a) * c, (g, u), g.numel()),
+        "loss": eager_bytes(lambda z: F.cross_entropy(z.float(), labels), (logits,), logits.numel()),
+    }
+
+
+def priced() -> dict[str, tuple[float, float]]:
+    """The same pieces as cost_models/layer_cost.py prices them eager (SwiGLU: the fused act + the eager extra)."""
+    from cost_models import layer_cost as L
+
+    fused_act = (2.0 * (2 + 1), 2.0 * (2 * 2 + 1))  # op_traffic_bytes' activation: 2 inputs, 1 output, bf16
+    return {"norm": L.EAGER_NORM_BYTES, "rotary": L.EAGER_ROTARY_BYTES,
+            "swiglu": (fused_act[0] + L.EAGER_GATED_ACT_EXTRA[0], fused_act[1] + L.EAGER_GATED_ACT_EXTRA[1]),
+            "loss": L.TORCH_LOSS_BYTES}
+
+
+def main() -> int:
+    c, p = counted(), priced()
+    print("| piece (bytes per element) | counted fwd | priced fwd | counted bwd | priced bwd |")
+    print("|---|---:|---:|---:|---:|")
+    for name in c:
+        print(f"| {name} | {c[name][0]:.1f} | {p[name][0]:.1f} | {c[name][1]:.1f} | {p[name][1]:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The physics behind torchtitan's compile knob (issue 10): eager element-wise bytes counted from the ops torch
+really dispatches, per-op SAC recompute as torchtitan's policy runs it, the 2024-12 runs' uncompiled loss, and the
+HBM bandwidth of the GPUs those runs used."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.estimate import head_cost
+from cost_models.layer_cost import _compute
+from cost_models.opgraph import layer_graph
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import runtime_for
+from cost_models.targets.common import Software
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _eager_traffic():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("eager_traffic", ROOT / "benchmarks" / "eager_traffic.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["eager_traffic"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_eager_byte_tables_are_what_torch_dispatches() -> None:
+    """layer_cost's EAGER_* / TORCH_LOSS_BYTES equal the bytes a TorchDispatchMode counts over the eager forward and
+    autograd backward of torchtitan's RMSNorm, rotary (the installed ComplexRoPE), SwiGLU and fp32 cross-entropy
+    (rotary: + the frequency cache's reads at this toy size)."""
+    et = _eager_traffic()
+    counted, priced = et.counted(), et.priced()
+    for piece, (f, b) in counted.items():
+        assert priced[piece][0] == pytest.approx(f, rel=0.05), piece
+        assert priced[piece][1] == pytest.approx(b, rel=0.07), piece
+    # eager is several times the fused kernels (layer_cost.NORM_BYTES = (4, 6)) for the norm
+    assert counted["norm"][0] > 8 * 4 and counted["norm"][1] > 10 * 6
+
+
+def _case(recompute: str = "selective"):  # type: ignore[no-untyped-def]
+    model = load_model("llama3-8b")
+    cluster = build_cluster("h100-sxm-96g", 8)
+    job = JobSpec(global_batch_size=16, seq_len=8192, precision="bf16")
+    par = ParallelConfig(tp=1, pp=1, cp=1, micro_batch_size=2, zero_stage=3, recompute=recompute)
+    return model, cluster, job, par
+
+
+def test_op_sac_recompute_reruns_every_other_gemm_and_the_memory_bound_forward() -> None:
+    """torchtitan's per-op SAC saves the SDPA output and every other mm: its recompute does not depend on the
+    attention kernel, grows with eager element-wise kernels, and is more than half a GEMM forward's worth of the
+    layer's matmuls (wk, wo, w3 of 7: 36% of the FLOPs) but less than the whole forward."""
+    model, cluster, job, par = _case()
+    graph = layer_graph(model, "dense", job.seq_len)
+    on = runtime_for("torchtitan", job, cluster, par, Software(compile=True))
+    off = runtime_for("torchtitan", job, cluster, par, Software(compile=False))
+    cc_on, cc_off = _compute(graph, model, cluster, job, par, on), _compute(graph, model, cluster, job, par, off)
+    slow_attn = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"attention": 0.1})})
+    cc_slow = _compute(graph, model, slow_attn, job, par, on)
+    assert cc_on.recompute_s("selective") == pytest.approx(cc_slow.recompute_s("selective"))
+    assert cc_off.recompute_s("selective") - cc_on.recompute_s("selective") == pytest.approx(cc_off.mem_f - cc_on.mem_f)
+    assert 0.3 * cc_on.gemm_f < cc_on.recompute_s("selective") - cc_on.mem_f < 0.45 * cc_on.gemm_f
+    megatron = _compute(graph, model, cluster, job, par, runtime_for("megatron", job, cluster, par))
+    assert megatron.recompute_s("selective") == megatron.attn_f  # Megatron re-runs the attention core only
+
+
+def test_2024_12_torchtitan_loss_is_eager_with_or_without_compile() -> None:
+    """The 2024-12 runs compiled the blocks only (loss compile off since e8977b0): the head costs the same with and
+    without compile; torchtitan 0.3.0 compiles the loss with the model (compile.components)."""
+    model, cluster, job, par = _case()
+    head = layer_graph(model, "head", job.seq_len)
+    fp = job.model_copy(update={"precision": "bf16"})
+    costs = {c: head_cost(head, cluster, fp, par, runtime_for("torchtitan-2024-12", fp, cluster, par,
+                                                                 Software(compile=c))) for c in (True, False)}
+    assert costs[True] == pytest.approx(costs[False])
+    rt30 = runtime_for("torchtitan", fp, cluster, par, Software(compile=True))
+    assert rt30.fused_loss and head_cost(head, cluster, fp, par, rt30) != pytest.approx(costs[True])
+    assert not replace(rt30, fused_loss=False).fused_loss
+
+
+def test_torchtitan_benchmark_gpus_are_hbm2e_at_2_4_tb_s() -> None:
+    """torchtitan's benchmark GPUs: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth" (its Hardware section)."""
+    assert build_cluster("h100-sxm-96g", 8).gpu.hbm_tbytes_per_s == pytest.approx(2.4)
+    assert build_cluster("h100-sxm", 8).gpu.hbm_tbytes_per_s == pytest.approx(3.35)
