@@ -272,9 +272,11 @@ class Engine:
 
 
 def _efficiency_key(target: str) -> str | None:
-    """The target whose efficiency parameters (gpus.yaml ``frameworks``) a cluster takes; None: the generation's."""
-    from autoplan.catalog.registry import framework_efficiency
-    return target if framework_efficiency(target) else None
+    """The efficiency set a target's cluster takes (``target_efficiency``); None: the generation's. Targets that
+    share a set share resolved specs and scorers."""
+    from autoplan.catalog.cluster import target_efficiency
+    from cost_models.targets import framework_of
+    return framework_of(target) if target_efficiency(target) else None
 
 
 def _job_key(req: SearchRequest | EstimateRequest) -> str:

@@ -44,7 +44,7 @@ from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Software, framework_of
+from cost_models.targets import Software
 
 # Physical range of each fitted parameter (lower, upper) and why. A fit that ends on a bound is reported.
 PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
@@ -138,7 +138,7 @@ class ResolvedRun:
 def resolve_run(run: MeasuredRun) -> ResolvedRun:
     """Resolve names and check the configuration like ``autoplan estimate`` does."""
     model = load_model(run.model)
-    cluster = run.cluster.resolve(framework_of(run.target))  # the framework's efficiency parameters over the generation's
+    cluster = run.cluster.resolve(run.target)  # the efficiency set the target's profile names, over the generation's
     estimate(model, cluster, run.job, run.parallel, target=run.target,
              software=run.knobs)  # raises ConfigError on an invalid layout
     return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,

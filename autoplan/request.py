@@ -36,11 +36,11 @@ class ClusterRequest(BaseModel):
                                           description="HBM every plan keeps free: a fraction of HBM when < 1, GiB "
                                           "when >= 1; None: the default (5% of HBM)")
 
-    def resolve(self, framework: str | None = None) -> ClusterSpec:
-        """The cluster as ``framework`` (the request's target) runs on it: its efficiency parameters."""
+    def resolve(self, target: str | None = None) -> ClusterSpec:
+        """The cluster as ``target`` runs on it (``build_cluster``: the efficiency set its profile names)."""
         return build_cluster(self.gpu, self.num_gpus, gpus_per_node=self.gpus_per_node,
                              inter_node_gbps=self.inter_node_gbps, nvlink_domain_size=self.nvlink_domain_size,
-                             profile=self.profile, memory_headroom=self.memory_headroom, framework=framework)
+                             profile=self.profile, memory_headroom=self.memory_headroom, target=target)
 
 
 def model_record(model: ModelSpec) -> dict[str, Any]:
@@ -52,6 +52,7 @@ def cluster_record(cluster: ClusterSpec) -> dict[str, Any]:
             "inter_node_gbps": cluster.inter_node_gbps, "nvlink_domain_size": cluster.nvlink_domain_size}
 
 
-def resolve(model: str | dict[str, Any], cluster: ClusterRequest, job: JobSpec) -> tuple[ModelSpec, ClusterSpec,
-                                                                                           JobSpec]:
-    return load_model(model), cluster.resolve(), job
+def resolve(model: str | dict[str, Any], cluster: ClusterRequest, job: JobSpec,
+            target: str | None = None) -> tuple[ModelSpec, ClusterSpec, JobSpec]:
+    """The specs a request names, the cluster as ``target`` runs on it."""
+    return load_model(model), cluster.resolve(target), job

@@ -443,7 +443,7 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
             gen_eff[gen] = transfer_efficiency(gen_eff[src], gpus[src], gpus[gen], starts[gen])
         gen_eff.setdefault(gen, starts[gen])
     fw: dict[str, dict[str, Any]] = {}
-    for f in sorted({framework_of(r.target) for r in runs} - {"megatron"}):
+    for f in sorted({framework_of(r.target) for r in runs} - {"megatron", None}):  # type: ignore[operator]
         fr = [r for r in runs if framework_of(r.target) == f]
         gen = fr[0].cluster.gpu.generation
         start = gen_eff[gen].model_copy(update=fw_starts.get(f, {}))

@@ -9,6 +9,7 @@ from autoplan import api
 from autoplan.calibrate import MeasuredRun, resolve_run
 from autoplan.catalog.registry import framework_efficiency
 from autoplan.request import ClusterRequest
+from cost_models.targets import PROFILES
 
 CASE = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
         "job": {"global_batch_size": 256, "seq_len": 8192},
@@ -47,3 +48,58 @@ def test_search_and_estimate_agree_for_torchtitan() -> None:
     est = api.estimate({**{k: v for k, v in req.items() if k != "top"},
                         "parallel": best.parallel.model_dump(exclude_none=True)})
     assert est.prediction.step_time_s == pytest.approx(best.prediction.step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "fsdp2", "megatron"])
+def test_emit_estimate_and_search_price_a_plan_alike(target: str, tmp_path) -> None:
+    """One plan, one target: the search's prediction, ``estimate`` of its layout and what ``emit --plan`` prices
+    before writing (its own CLI path: ``resolve_plan`` → ``price``) agree to 1e-9, because all three resolve the
+    cluster through ``ClusterRequest.resolve(target)`` (the efficiency set the target's profile names)."""
+    import json
+
+    from autoplan.cli.emit_cmd import emit_cmd, resolve_plan, with_target_defaults
+    from autoplan.emit import price
+
+    req = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+           "job": {"global_batch_size": 64, "seq_len": 4096}, "target": target, "top": 1}
+    found = api.search(req)
+    best = found.plans[0]
+    est = api.estimate({**{k: v for k, v in req.items() if k != "top"},
+                        "parallel": best.parallel.model_dump(exclude_none=True),
+                        "software": {k: v for k, v in best.prediction.software.items()
+                                     if k in PROFILES[target].knobs}}).prediction
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(found.model_dump(mode="json")))
+    kw = dict(emit_cmd.make_context("emit", ["--target", target, "-o", str(tmp_path / "out"),
+                                             "--plan", str(plan_file)]).params)
+    for key in ("target", "out_dir", "allow_over_memory"):
+        kw.pop(key)
+    emitted = price(with_target_defaults(resolve_plan(kw, target), target), target)
+    assert est.step_time_s == pytest.approx(best.prediction.step_time_s, rel=1e-9)
+    assert emitted.step_time_s == pytest.approx(best.prediction.step_time_s, rel=1e-9)
+    assert emitted.peak_memory_gib == pytest.approx(best.prediction.peak_memory_gib, rel=1e-9)
+    if target != "megatron":  # the target's own efficiency set is what all three priced with
+        meg = api.estimate({**{k: v for k, v in req.items() if k not in ("top", "target")},
+                            "parallel": {**best.parallel.model_dump(exclude_none=True), "zero_stage": 1}})
+        assert meg.prediction.step_time_s != pytest.approx(est.step_time_s, rel=1e-6)
+
+
+def test_emit_keeps_a_cluster_profile_over_the_target_efficiency(tmp_path) -> None:
+    """A cluster profile's own fields win over the target's efficiency set on every path: emit resolves the cluster
+    once for its target (it used to lay torchtitan's ``gemm_max`` over the profile's a second time)."""
+    from autoplan.cli.emit_cmd import emit_cmd, resolve_plan, with_target_defaults
+    from autoplan.emit import price
+
+    prof = tmp_path / "cluster.yaml"
+    prof.write_text("gpu: h100-sxm\nefficiency: {gemm_max: 0.71}\n")
+    args = ["--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "64", "--seq-len", "4096",
+            "--tp", "2", "--pp", "1", "--zero", "3", "--cluster", str(prof)]
+    kw = dict(emit_cmd.make_context("emit", ["--target", "torchtitan", "-o", str(tmp_path / "o"), *args]).params)
+    for key in ("target", "out_dir", "allow_over_memory"):
+        kw.pop(key)
+    plan = with_target_defaults(resolve_plan(kw, "torchtitan"), "torchtitan")
+    assert plan.cluster.efficiency.gemm_max == 0.71
+    est = api.estimate({"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 16, "profile": str(prof)},
+                        "job": {"global_batch_size": 64, "seq_len": 4096}, "target": "torchtitan",
+                        "parallel": {"tp": 2, "pp": 1, "zero_stage": 3}})
+    assert price(plan, "torchtitan").step_time_s == pytest.approx(est.prediction.step_time_s, rel=1e-9)

@@ -55,6 +55,17 @@ def load_profile(path: str | Path) -> ClusterProfile:
     return _read_profile(str(resolved), resolved.stat().st_mtime_ns, str(path))
 
 
+def target_efficiency(target: str | None) -> dict[str, Any]:
+    """The Efficiency fields ``target`` sets over its GPU generation's: the set its profile names
+    (``cost_models.targets.framework_of``, i.e. ``TargetProfile.efficiency_set``) from gpus.yaml ``frameworks``.
+    ``None``/``any``/a runtime without a profile: none (the generation's, fitted on Megatron-Core runs). Lives here,
+    not in cost_models, because the numbers are catalog data (ARCHITECTURE.md: cost_models loads no YAML)."""
+    from cost_models.targets import framework_of
+
+    name = framework_of(target)
+    return framework_efficiency(name) if name else {}
+
+
 def build_cluster(
     gpu: str,
     num_gpus: int,
@@ -64,17 +75,19 @@ def build_cluster(
     nvlink_domain_size: int | None = None,
     profile: str | Path | None = None,
     memory_headroom: float | None = None,
-    framework: str | None = None,
+    target: str | None = None,
 ) -> ClusterSpec:
-    """A homogeneous cluster of ``num_gpus`` catalog GPUs. Fewer GPUs than one node is allowed
-    (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's, then what the training
-    ``framework`` (the target) sets over it (gpus.yaml ``frameworks``, fitted on its published runs), then a
-    cluster profile's own fields."""
+    """A homogeneous cluster of ``num_gpus`` catalog GPUs, as ``target`` runs on it. Fewer GPUs than one node is
+    allowed (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's, then the efficiency set
+    the target's profile names (``target_efficiency``), then a cluster profile's own fields.
+
+    The one way every path (estimate, search, ``any``'s per-target candidates, emit, validate, scale, compare,
+    calibrate, batch, serve) gets the cluster a target runs on: ``ClusterRequest.resolve(target)`` calls it."""
     spec = load_gpu(gpu)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
     efficiency = efficiency_for(spec.generation)
-    overrides = framework_efficiency(framework)
+    overrides = target_efficiency(target)
     if overrides:
         efficiency = efficiency.model_copy(update=overrides)
     prof = load_profile(profile) if profile is not None else ClusterProfile(gpu=spec.name)

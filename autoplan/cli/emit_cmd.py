@@ -38,8 +38,9 @@ plan_inputs = stack(
 target_option = click.option("--target", type=click.Choice(TARGETS), required=True, help="framework to emit for")
 
 
-def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
-    """An ``EmitPlan`` from --plan, or from --model/--gpus and the degree flags."""
+def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
+    """An ``EmitPlan`` from --plan, or from --model/--gpus and the degree flags, on the cluster as ``target`` runs
+    on it (``ClusterRequest.resolve``, the one function estimate and search resolve it with)."""
     plan_file, index, model = kw.pop("plan_file"), kw.pop("index"), kw.pop("model")
     degrees = pop_parallel(kw)
     software = pop_software(kw)
@@ -47,7 +48,7 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
         given = [f"--{k.replace('_', '-')}" for k in ("num_gpus",) if kw.get(k) is not None]
         if model is not None or degrees or given:
             raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both")
-        plan = load_plan(plan_file, index)  # with the knobs it was priced with; flags given here override them
+        plan = load_plan(plan_file, index, target)  # with the knobs it was priced with; flags given here override them
         if software.given():
             from dataclasses import replace
 
@@ -61,23 +62,18 @@ def resolve_plan(kw: dict[str, Any]) -> EmitPlan:
 
     cluster_req, job = cluster_request(kw), job_spec(kw)
     par = strict(ParallelConfig, degrees, "parallel")
-    model_spec, cluster, job = resolve(model, cluster_req, job)
+    model_spec, cluster, job = resolve(model, cluster_req, job, target)
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par, software=software)
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
-    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``), priced with the
-    target's efficiency parameters (gpus.yaml ``frameworks``, as ``estimate --target`` does)."""
+    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``). The cluster already
+    carries the target's efficiency set (``resolve_plan``)."""
     from dataclasses import replace
 
-    from autoplan.catalog.registry import framework_efficiency
     from cost_models.targets import PROFILES
 
-    cluster = plan.cluster
-    overrides = framework_efficiency(target)
-    if overrides:
-        cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=overrides)})
-    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel), cluster=cluster)
+    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel))
 
 
 @cli.command("emit")
@@ -92,7 +88,7 @@ def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> N
 
     The layout is priced first (as `autoplan estimate` would); one that does not fit in GPU memory is
     refused (exit 3) unless --allow-over-memory, which writes it with a warning in README.txt."""
-    plan = with_target_defaults(resolve_plan(kw), target)
+    plan = with_target_defaults(resolve_plan(kw, target), target)
     check_emittable(plan, target)  # type: ignore[arg-type]
     pred = price(plan, target)
     if not pred.fits:
@@ -125,7 +121,7 @@ def validate_cmd(target: str, out_dir: str | None, **kw: Any) -> None:
     """Emit a plan and check it with the framework's own code (needs the `validate` extra)."""
     from autoplan.validate import EXTRA_HINT, missing_extra, run_checks
 
-    plan = with_target_defaults(resolve_plan(kw), target)
+    plan = with_target_defaults(resolve_plan(kw, target), target)
     missing = missing_extra(target)  # type: ignore[arg-type]
     if missing:
         click.echo(f"Error: validate --target {target} runs {', '.join(missing)}, which "

@@ -73,8 +73,10 @@ def _require(data: dict[str, Any], key: str, path: str | Path, kind: type = dict
     return data[key]
 
 
-def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: str = "<plan>") -> EmitPlan:
-    """Resolve a plan JSON object (estimate or search output) into an ``EmitPlan``.
+def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: str = "<plan>",
+                   target: str | None = None) -> EmitPlan:
+    """Resolve a plan JSON object (estimate or search output) into an ``EmitPlan``, its cluster as ``target``
+    runs on it (``ClusterRequest.resolve``: the efficiency set the target's profile names).
 
     ``index`` picks ``plans[index]`` of a search result (default 0); it is an error for an estimate
     result, which holds a single ``"parallel"``."""
@@ -93,7 +95,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     model = strict(ModelSpec, spec, f"plan file '{source}': model")
     creq = strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
                                                            "nvlink_domain_size")}, f"plan file '{source}': cluster")
-    cluster = creq.resolve()
+    cluster = creq.resolve(target)
     job = strict(JobSpec, _require(data, "job", source), f"plan file '{source}': job")
 
     if "plans" in data:
@@ -134,9 +136,9 @@ def priced_software(knobs: dict[str, Any]) -> Software:
     return Software(**{k: v for k, v in knobs.items() if k in prof.knobs and v is not None})
 
 
-def load_plan(path: str | Path, index: int | None = None) -> EmitPlan:
-    """Read a plan JSON file (``autoplan estimate/search --format json``)."""
-    return plan_from_dict(_read_json(path), index, source=str(path))
+def load_plan(path: str | Path, index: int | None = None, target: str | None = None) -> EmitPlan:
+    """Read a plan JSON file (``autoplan estimate/search --format json``), its cluster as ``target`` runs on it."""
+    return plan_from_dict(_read_json(path), index, source=str(path), target=target)
 
 
 def emittable_targets(plan: EmitPlan) -> list[Target]:

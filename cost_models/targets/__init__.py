@@ -53,7 +53,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
 from cost_models.targets.common import (TARGET_NAMES, Knob, Runtime, Software, TargetName, TargetProfile)
 from cost_models.targets.fsdp2 import PROFILE as FSDP2
 from cost_models.targets.megatron import PROFILE as MEGATRON
-from cost_models.targets.reference import DEEPSEEK, REFERENCE_FRAMEWORKS, REFERENCE_PROFILES, REFERENCE_RUNTIMES
+from cost_models.targets.reference import DEEPSEEK, REFERENCE_PROFILES, REFERENCE_RUNTIMES
 from cost_models.targets.torchtitan import PROFILE as TORCHTITAN
 
 PROFILES: dict[str, TargetProfile] = {"megatron": MEGATRON, "torchtitan": TORCHTITAN, "fsdp2": FSDP2}
@@ -81,10 +81,13 @@ def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: Par
     return prof.resolve(software, job, cluster, par)
 
 
-def framework_of(target: str) -> str:
-    """The framework whose efficiency parameters (gpus.yaml ``frameworks``) ``target`` runs with: itself, or a
-    reference profile's framework (``torchtitan-2024-12``: torchtitan)."""
-    return REFERENCE_FRAMEWORKS.get(target, target)
+def framework_of(target: str | None) -> str | None:
+    """The framework efficiency set (gpus.yaml ``frameworks``) ``target`` runs with, as its profile names it
+    (``TargetProfile.efficiency_set``; ``torchtitan-2024-12``: torchtitan's). None for ``any``, no target or a
+    reference runtime without a profile (``deepseek``): the GPU generation's own efficiency (Megatron-Core's,
+    the reference the generation figures are fitted on)."""
+    prof = REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+    return prof.efficiency_set if prof is not None else None
 
 
 __all__ = ["DEEPSEEK", "framework_of", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",

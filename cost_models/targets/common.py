@@ -143,6 +143,10 @@ class TargetProfile:
 
     name: TargetName
     version: str = ""
+    # Which framework efficiency set (gpus.yaml ``frameworks``: GEMM efficiency, attention kernel, overlaps,
+    # fitted on that framework's published runs) this target's kernels run with. The profile names the set; the
+    # numbers are catalog data (``autoplan.catalog.cluster.target_efficiency`` reads them: cost_models loads no YAML).
+    efficiency_set: str = ""
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     zero_stages: tuple[int, ...] = (0, 1, 3)  # search order
     cp_comm_types: tuple[str, ...] = ("p2p",)

@@ -22,6 +22,7 @@ FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (f
 
 class FSDP2Profile(TargetProfile):
     name = "fsdp2"
+    efficiency_set = "fsdp2"
     version = "torch 2.13 FSDP2 + DTensor (autoplan_parallelize.py)"
     schedules = ("1f1b", "interleaved")
     zero_stages = (3,)

@@ -34,6 +34,7 @@ TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_paral
 
 class MegatronProfile(TargetProfile):
     name = "megatron"
+    efficiency_set = "megatron"
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
     zero_stages = (1, 0, 3)

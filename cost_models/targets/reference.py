@@ -7,7 +7,7 @@ to price the published 2048-H800 layout (``benchmarks/fidelity.py``).
 (``benchmarks/data/published_runs.json``, group ``torchtitan_h100_2024_12``). It differs from the torchtitan 0.3.0
 profile only in accepting the Float8 ``tensorwise`` recipe, which those runs used (with Float8 TP: the input and
 output-gradient all-gathers in fp8, ``torchtitan.TP_FP8_GATHER_BYTES``); 0.3.0 refuses it (float8.py:58). Same
-framework efficiency parameters (gpus.yaml ``frameworks: torchtitan``): ``framework_of``.
+framework efficiency set (``efficiency_set``, gpus.yaml ``frameworks: torchtitan``).
 """
 
 from __future__ import annotations
@@ -52,10 +52,9 @@ class Torchtitan2024Profile(TorchtitanProfile):
 
 
 TORCHTITAN_2024_12 = Torchtitan2024Profile()
-# Reference profiles autoplan prices (and checks) but never emits for, and the framework whose efficiency
-# parameters (gpus.yaml ``frameworks``) they run with.
+# Reference profiles autoplan prices (and checks) but never emits for; their efficiency set is their profile's
+# (``efficiency_set``, inherited: torchtitan's).
 REFERENCE_PROFILES: dict[str, TorchtitanProfile] = {"torchtitan-2024-12": TORCHTITAN_2024_12}
-REFERENCE_FRAMEWORKS: dict[str, str] = {"torchtitan-2024-12": "torchtitan"}
 
-__all__ = ["DEEPSEEK", "REFERENCE_FRAMEWORKS", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12",
+__all__ = ["DEEPSEEK", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12",
            "Torchtitan2024Profile"]

@@ -40,6 +40,7 @@ TT = "torchtitan 0.3.0 torchtitan/"
 
 class TorchtitanProfile(TargetProfile):
     name = "torchtitan"
+    efficiency_set = "torchtitan"
     version = "torchtitan 0.3.0"
     schedules = ("1f1b", "interleaved")
     zero_stages = (3, 0)
