@@ -234,16 +234,9 @@ class Engine:
                         parallel=with_explicit_split(r.model, par), prediction=pred, goodput=good)
 
     def _search(self, req: SearchRequest, progress: Callable[[int, int], None] | None = None) -> SearchResult:
-        from search.score import Scorer
         from search.sweep import ranked_search  # lazily: the solver stack is slow to import
         r = self.resolve(req)
-        prof = PROFILES.get(req.target, PROFILES["megatron"])  # any: Megatron's runtime
-        prof.resolve(req.software, r.job, r.cluster)  # a knob the target lacks is an error before the search
-
-        def new_scorer() -> Scorer:
-            return Scorer(r.model, r.cluster, r.job, software=req.software)
-        key = _job_key(req) + json.dumps(req.software.given(), sort_keys=True)
-        scorer = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(key, new_scorer)
+        scorers = self.target_scorers(req, r)
         pins = req.parallel.given()
         if ({"first_stage_layers", "last_stage_layers"} & set(pins)) and "vp" not in pins:
             pins["vp"] = 1  # uneven first/last stages need vp 1 (Megatron rule): pinning them implies it
@@ -256,7 +249,7 @@ class Engine:
                                                                           "last_stage_layers") if k in pins}))
         found, goods = ranked_search(r.model, r.cluster, r.job, target=req.target, pins=pins,
                                      top_k=req.top, rank_by=req.rank_by, failures=req.failures, progress=progress,
-                                     scorer=scorer)
+                                     scorer=scorers)
         return SearchResult(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,
                             plans=[Plan.model_validate({**p.model_dump(), "goodput": g})
                                    for p, g in zip(found.plans, goods)],
@@ -265,10 +258,46 @@ class Engine:
                                                target=req.target, rank_by=req.rank_by,
                                                ilp_solves=found.ilp_solves, ilp_cache_hits=found.ilp_cache_hits))
 
+    def target_scorers(self, req: SearchRequest, r: Resolved) -> dict[str, Any]:
+        """The Scorer (``search.score``) of each target the search runs, on the cluster as that target runs on
+        it (``ClusterRequest.resolve(target)``: its profile's efficiency set), cached per job, efficiency set and
+        knobs. ``any``: every target that has the knobs the user set (none has them all: the first target's error)."""
+        from search.score import Scorer
+        targets = search_targets(req.target)
+        usable: list[str] = []
+        first: ConfigError | None = None
+        for t in targets:
+            try:
+                PROFILES[t].resolve(req.software, r.job, r.cluster)  # a knob the target lacks: error before the search
+            except ConfigError as err:
+                first = first or err
+                continue
+            usable.append(t)
+        if not usable:
+            assert first is not None
+            if len(targets) > 1:
+                raise ConfigError(f"no target runs the knobs {req.software.given()} ({first})")
+            raise first
+        out: dict[str, Any] = {}
+        for t in usable:
+            treq = req.model_copy(update={"target": t})
+            rt = r if t == req.target else self.resolve(treq)
+
+            def new_scorer(rt: Resolved = rt) -> Scorer:
+                return Scorer(rt.model, rt.cluster, rt.job, software=req.software)
+            key = _job_key(treq) + json.dumps(req.software.given(), sort_keys=True)
+            out[t] = new_scorer() if _reads_files(req) else self.scorers.get_or_compute(key, new_scorer)
+        return out
+
     def stats(self) -> dict[str, Any]:
         """Cache counters: finished responses, resolved specs, planner sub-results (scorers)."""
         return {"responses": self.responses.stats(), "resolved": self.resolved.stats(),
                 "scorers": self.scorers.stats()}
+
+
+def search_targets(target: str) -> tuple[str, ...]:
+    """The targets a search for ``target`` ranks plans of: ``any`` = every target profile."""
+    return tuple(PROFILES) if target == "any" else (target,)
 
 
 def _efficiency_key(target: str) -> str | None:

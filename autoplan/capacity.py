@@ -140,7 +140,7 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
     """Run a sweep (``search.sweep``; ``processes`` > 1 forks, for single-threaded callers) and tabulate it."""
     import time
 
-    from autoplan.api import _cluster_record, _model_record, classify
+    from autoplan.api import _cluster_record, _model_record, classify, search_targets
     from search.score import Scorer
     from search.sweep import sweep
 
@@ -148,10 +148,13 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
     jobs = req.jobs()
     first = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1], req.target)
     model, cluster0 = first.model, first.cluster
+    family: dict[str, Scorer] = {}
+    for t in search_targets(req.target):  # each target on the cluster as it runs on it (any: every target)
+        own = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1], t).cluster
 
-    def base() -> Scorer:
-        return Scorer(model, cluster0, jobs[0][1])
-    family = engine.scorer_family(req.model, req.cluster, jobs[0][1], base, req.target)
+        def base(own: Any = own) -> Scorer:
+            return Scorer(model, own, jobs[0][1])
+        family[t] = engine.scorer_family(req.model, req.cluster, jobs[0][1], base, t)
     points = sweep(model, cluster0, jobs, target=req.target, pins=req.parallel.given(), top_k=1,
                    rank_by=req.rank_by, failures=req.failures, scorer=family, progress=progress,
                    processes=processes)

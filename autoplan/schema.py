@@ -131,10 +131,11 @@ class SearchRequest(_RequestBase):
     kind: Literal["search"] = "search"
     parallel: ParallelPins = Field(default_factory=ParallelPins, description="degrees to pin")
     top: int = Field(default=3, gt=0, le=MAX_TOP, description="how many plans to return")
-    target: Target = Field(default="megatron", description="keep plans the named framework can run; any: all")
+    target: Target = Field(default="megatron", description="keep plans the named framework can run; any: the best "
+                           "plans some target runs, each priced as its target runs it (plans[].target)")
     rank_by: RankBy = Field(default="step", description="rank by step time, or by tokens/s after failures")
     software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "
-                               "knob the target lacks is an error naming the target's knobs; any: Megatron's)")
+                               "knob the target lacks is an error naming the target's knobs; any: only the targets that have them)")
 
 
 
@@ -212,6 +213,9 @@ class Plan(_Strict):
     op_shardings: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="decoder layer kind → op → tensor-parallel mode the intra-op ILP chose "
                                           "(col/row[_sp], F heads, S/seq sequence-sharded, R replicated)")
+    target: FrameworkTarget = Field(default="megatron", description="the framework that runs this plan: it is "
+                                    "priced with that target's runtime, knobs and efficiency set, and `emit` writes "
+                                    "for it (with search target any, the target each plan came from)")
 
 
 class SearchStats(_Strict):

@@ -72,7 +72,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             break
         n += 1
         try:
-            pred = estimate(model, cluster, job, par, weights, target=None if target == "any" else target)
+            pred = estimate(model, cluster, job, par, weights, target=lay.target)  # any: each layout's own
         except ConfigError:
             continue
         if not pred.fits:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from cost_models.validate import nvlink_tp_refusal, stage_layers, with_explicit_
 from search.explain import explain
 from search.inter_op import StageTables, best_split
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import Layout, Tally, Target, enumerate_layouts, tp_choices
+from search.space import ANY_TARGETS, Layout, Tally, Target, enumerate_layouts, tp_choices
 
 Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
@@ -56,6 +56,7 @@ class RankedPlan(BaseModel):
     prediction: Prediction
     explanation: str
     op_shardings: dict[str, dict[str, str]]  # decoder layer kind → op → tp mode the intra-op ILP chose
+    target: str = "megatron"  # the framework that runs it, priced with its runtime and efficiency (emit writes it)
 
 
 class PlannerResult(BaseModel):
@@ -196,12 +197,13 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
     return None if best is None else best[2]
 
 
-def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, cluster: ClusterSpec, job: JobSpec, scorer: Scorer,
+def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scorers: Mapping[str, Scorer],
                      tally: Tally) -> list[Layout]:
     """The layouts whose target runs the user's knobs (``TargetProfile.check_runtime``, as ``estimate`` checks
     them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard
-    group); the rest are cut as ``knob_rule``. When the knobs rule out every layout, the first rule is the
-    error (bad input, not an infeasible job)."""
+    group; under ``any`` a target without a knob the user set runs none of its layouts); the rest are cut as
+    ``knob_rule``. When the knobs rule out every layout, the first rule is the error (bad input, not an
+    infeasible job)."""
     from cost_models.targets import get_profile
 
     kept: list[Layout] = []
@@ -209,8 +211,9 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, cluster: ClusterSp
     for lay in layouts:
         prof = get_profile(lay.target)
         if prof is not None:
+            sc = scorers[lay.target]
             try:
-                prof.check_runtime(model, cluster, job, ParallelConfig(**lay.parallel_kwargs()), scorer.runtime(lay))
+                prof.check_runtime(model, sc.cluster, job, ParallelConfig(**lay.parallel_kwargs()), sc.runtime(lay))
             except ConfigError as err:
                 tally.cut("knob_rule")
                 first = first or err
@@ -221,16 +224,40 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, cluster: ClusterSp
     return kept
 
 
+def target_scorers(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: str,
+                   scorer: Scorer | Mapping[str, Scorer] | None, weights: CostWeights | None = None
+                   ) -> dict[str, Scorer]:
+    """The Scorer each searched target prices its layouts with. A target runs on its own cluster (its profile's
+    efficiency set: ``autoplan`` resolves it with ``ClusterRequest.resolve(target)`` and passes a mapping); a
+    single Scorer (or none: one on ``cluster``) serves every target. ``any`` searches every target of the
+    mapping (all of ``ANY_TARGETS`` otherwise)."""
+    targets = tuple(ANY_TARGETS) if target == "any" else (target,)
+    if isinstance(scorer, Mapping):
+        out = {t: scorer[t] for t in targets if t in scorer}
+        if not out:
+            raise ValueError(f"no scorer for target {target}")
+    else:
+        one = scorer if scorer is not None else Scorer(model, cluster, job, weights)
+        out = {t: one for t in targets}
+    for sc in out.values():  # the same job on the same GPUs; only the efficiency set differs per target
+        same = sc.cluster.model_copy(update={"efficiency": cluster.efficiency}) == cluster
+        if not (same and sc.serves(model, sc.cluster, job, weights)):
+            raise ValueError("scorer was built for another model, cluster, job or weights")
+    return out
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
            pins: dict[str, Any] | None = None, top_k: int = 3, weights: CostWeights | None = None,
            progress: Progress | None = None, find_smallest_cluster: bool = True,
-           scorer: Scorer | None = None) -> PlannerResult:
-    """The ``top_k`` best plans (fitting in memory), ranked by composite cost.
+           scorer: Scorer | Mapping[str, Scorer] | None = None) -> PlannerResult:
+    """The ``top_k`` best plans (fitting in memory), ranked by composite cost. ``target="any"``: the best plans any
+    target runs, each layout priced by its own target's Scorer (``target_scorers``) and labelled with it.
 
     Raises ``InfeasibleError`` when no layout fits: the message names the closest layout and by how much
     it missed, the hint the smallest GPU count (same GPU) that has a plan.
     ``scorer``: a ``Scorer`` for the same (model, cluster, job, weights), to reuse its cached layer costs,
-    parameter sums and DP times across requests (batch workers keep one per job)."""
+    parameter sums and DP times across requests (batch workers keep one per job); or a mapping target → Scorer
+    (each on the cluster as that target runs on it)."""
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
@@ -245,16 +272,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"tp={t} cannot shard {model.name} for {target} (heads {model.num_attention_heads}, KV heads "
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
-    if scorer is None:
-        scorer = Scorer(model, cluster, job, weights)
-    elif not scorer.serves(model, cluster, job, weights):
-        raise ValueError("scorer was built for another model, cluster, job or weights")
-    solves0, hits0 = scorer.ilp.misses, scorer.ilp.hits
-    layouts = list(enumerate_layouts(model, cluster, job, target, pins, tally))
-    layouts = _runs_with_knobs(layouts, model, cluster, job, scorer, tally)
+    scorers = target_scorers(model, cluster, job, target, scorer, weights)
+    ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
+    solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
+    layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]
+    layouts = _runs_with_knobs(layouts, model, job, scorers, tally)
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:
+        scorer = scorers[lay.target]
         mem_lb = scorer.memory_lower_bound(lay)
         if mem_lb > scorer.limit_bytes:
             tally.cut("memory_lower_bound")
@@ -273,6 +299,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if len(best) >= keep and w_min * lb >= best[keep - 1].cost:
             tally.cut("bound", len(bounded) - n)
             break
+        scorer = scorers[lay.target]
         if len(best) >= keep and not any(k in pins for k in SPLIT_PINS):
             split_lb = _split_lower_bound(lay, scorer)  # the split on the cost floors, before any ILP solve
             if w_min * split_lb >= best[keep - 1].cost:
@@ -302,12 +329,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if progress is not None:
         progress(len(bounded), len(bounded))
     if not best:
-        raise _infeasible(model, cluster, job, target, pins, misses, scorer, find_smallest_cluster, tally)
+        raise _infeasible(model, cluster, job, target, pins, misses, scorers, find_smallest_cluster, tally)
 
     finals = []
     for s in best:
         par = to_parallel(model, s.layout, s.layers)
-        pred = estimate(model, cluster, job, par, weights, runtime=scorer.runtime(s.layout))
+        sc = scorers[s.layout.target]
+        pred = estimate(model, sc.cluster, job, par, weights, runtime=sc.runtime(s.layout))
         if pred.fits:
             finals.append((pred.composite_cost, s.key, par, pred, s.layout))
     finals.sort(key=lambda x: (x[0], x[1]))
@@ -315,11 +343,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     for i, (_, _, par, pred, lay) in enumerate(finals[:top_k]):
         nxt = finals[i + 1] if i + 1 < len(finals) else None
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
+        if nxt is not None and nxt[4].target != lay.target:
+            text += f" (#{i + 2} runs on {nxt[4].target})"
         plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
-                          op_shardings=op_shardings(scorer, lay)))
+                                op_shardings=op_shardings(scorers[lay.target], lay), target=lay.target))
     return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
-                        wall_time_s=time.perf_counter() - t0, target=target,
-                        ilp_solves=scorer.ilp.misses - solves0, ilp_cache_hits=scorer.ilp.hits - hits0)
+                         wall_time_s=time.perf_counter() - t0, target=target,
+                         ilp_solves=sum(c.misses for c in ilps) - solves0,
+                         ilp_cache_hits=sum(c.hits for c in ilps) - hits0)
 
 
 def op_shardings(scorer: Scorer, lay: Layout) -> dict[str, dict[str, str]]:
@@ -334,7 +365,7 @@ def op_shardings(scorer: Scorer, lay: Layout) -> dict[str, dict[str, str]]:
 
 # ==== infeasible jobs =================================================================================
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
-                misses: list[tuple[float, tuple[Any, ...], Layout]], scorer: Scorer, find_smallest: bool,
+                misses: list[tuple[float, tuple[Any, ...], Layout]], scorers: Mapping[str, Scorer], find_smallest: bool,
                 tally: Tally) -> InfeasibleError | ConfigError:
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
@@ -348,8 +379,9 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
             hint="relax the pins or change the global batch size / GPU count")
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
-    peak, lay = min(((float(scorer.stage_memory(lay, tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs()))),
-                                                 scorer.tables(lay)).max()) / 2**30, lay)
+    peak, lay = min(((float(scorers[lay.target].stage_memory(
+                          lay, tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs()))),
+                          scorers[lay.target].tables(lay)).max()) / 2**30, lay)
                      for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.memory_limit_gib
     msg = (f"no layout of {model.name} fits in {limit:.0f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "

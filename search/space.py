@@ -36,16 +36,17 @@ from typing import Any, Literal
 from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
-from cost_models.targets import TargetProfile, get_profile
+from cost_models.targets import PROFILES, TargetProfile, get_profile
 
 Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 RECOMPUTE_ORDER = ("none", "selective", "full")
 MIN_CP_TOKENS = 1024  # ring attention below ~1k tokens per rank is latency-bound; not worth searching
 MAX_MBS = 8
-# ``any``: every layout the cost model prices, whatever the framework (ZeRO-2 and ZB-H1 included); a named
-# target enumerates what its profile (``cost_models.targets``) runs.
-ANY_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1")
-ANY_ZERO_STAGES: tuple[int, ...] = (1, 0, 2, 3)
+# A named target enumerates what its profile (``cost_models.targets``) runs; ``any`` is the union of the targets'
+# layouts, each layout labelled with the target that runs it (``Layout.target`` is never ``any``). A schedule or
+# ZeRO stage no profile offers (ZB-H1, ZeRO-2 before a profile lists it, DualPipe) is not in ``any``: it is
+# priced only where estimate is asked for it with a reference runtime, never returned as a plan.
+ANY_TARGETS: tuple[str, ...] = tuple(PROFILES)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Layout:
         interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
         return (self.pp, self.tp, self.cp, self.ep, self.vp, -self.micro_batch_size,
                 RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule,
-                self.kv_replication)
+                self.kv_replication, self.target)
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:
@@ -212,7 +213,10 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
     With one data-parallel rank every stage is the same: keep one. HSDP (ZeRO-3 for FSDP targets; the
     distributed optimizer's instances for Megatron): shard inside an NVLink domain or a node, replicate across."""
     prof = get_profile(target)
-    stages = list(prof.zero_stages if prof is not None else ANY_ZERO_STAGES)
+    if prof is None:  # any: the union of the targets' (each layout keeps its own target's rules)
+        return list(dict.fromkeys(x for t in ANY_TARGETS  # type: ignore[arg-type]
+                                  for x in zero_choices(t, cluster, dp_cp, pp, pins, Tally(), model, tp, cp, ep)))
+    stages = list(prof.zero_stages)
     if "zero_stage" in pins:
         stages = [pins["zero_stage"]]
     if dp_cp == 1:
@@ -222,17 +226,14 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
     for z in stages:
         out.append((z, None))
         if dp_cp > 1 and z == 3:
-            shards = (prof.hsdp_choices(cluster, dp_cp, cp) if prof is not None else
-                      [s for s in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size})
-                       if 1 < s < dp_cp and dp_cp % s == 0])
-            out += [(z, shard) for shard in shards]
+            out += [(z, shard) for shard in prof.hsdp_choices(cluster, dp_cp, cp)]
     if "hsdp_shard_size" in pins:
         kept = [x for x in out if x[1] == pins["hsdp_shard_size"]]
         if not kept and any(z == 3 for z, _ in out) and dp_cp % pins["hsdp_shard_size"] == 0:
             kept = [(3, pins["hsdp_shard_size"])]
         tally.cut("pin", max(0, len(out) - len(kept)))
         out = kept
-    if prof is not None and model is not None:
+    if model is not None:
         legal = [(z, h) for z, h in out if prof.layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=z, hsdp=h,
                                                              dp_cp=dp_cp, schedule="1f1b") is None]
         tally.cut("target_rule", len(out) - len(legal))
@@ -255,9 +256,10 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
     else:
         out = []
         prof = get_profile(target)
-        schedules = list(prof.schedules if prof is not None else ANY_SCHEDULES)
-        if pins.get("schedule") == "zb-h1" and "zb-h1" not in schedules:
-            schedules.append("zb-h1")  # pinned: searched whatever the target
+        schedules = list(prof.schedules if prof is not None else
+                         dict.fromkeys(s for t in ANY_TARGETS for s in PROFILES[t].schedules))
+        if pins.get("schedule") == "zb-h1" and "zb-h1" not in schedules and prof is not None:
+            schedules.append("zb-h1")  # pinned on a named target: priced whatever the target (emit refuses it)
         for sched in schedules:
             if sched != "interleaved":
                 out.append((sched, 1))
@@ -286,7 +288,12 @@ def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
 
 def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
                       pins: dict[str, Any], tally: Tally) -> Iterator[Layout]:
-    """Every layout that passes the structural checks, in a fixed order."""
+    """Every layout that passes the structural checks, in a fixed order. ``any``: each target's layouts in turn
+    (``ANY_TARGETS`` order), each labelled with its target."""
+    if target == "any":
+        for t in ANY_TARGETS:
+            yield from enumerate_layouts(model, cluster, job, t, pins, tally)  # type: ignore[arg-type]
+        return
     N = cluster.num_gpus
     sp = bool(pins.get("sequence_parallel", True))
     for tp in tp_choices(model, cluster, target, pins, tally):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +48,7 @@ def plan_goodput(model: ModelSpec, cluster: ClusterSpec, plan: RankedPlan, failu
 
 def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Target = "megatron",
                   pins: dict[str, Any] | None = None, top_k: int = 3, rank_by: str = "step",
-                  failures: FailureModel | None = None, scorer: Scorer | None = None,
+                  failures: FailureModel | None = None, scorer: Scorer | Mapping[str, Scorer] | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   find_smallest_cluster: bool = True) -> tuple[PlannerResult, tuple[Goodput, ...]]:
     """The planner's search, ranked by step time or by goodput; each plan with its goodput."""
@@ -82,7 +82,7 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, targe
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobSpec]], *,
           target: Target = "megatron", pins: dict[str, Any] | None = None, top_k: int = 1, rank_by: str = "step",
-          failures: FailureModel | None = None, scorer: Scorer | None = None,
+          failures: FailureModel | None = None, scorer: Scorer | Mapping[str, Scorer] | None = None,
           progress: Callable[[int, int], None] | None = None, processes: int = 1) -> list[SweepPoint]:
     """The best plans at each ``(num_gpus, job)``; ``scorer``: a cached one of this model/GPU/network to
     derive every size's from (else one is made). Errors are kept per size, never raised.
@@ -108,12 +108,15 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, jobs: Sequence[tuple[int, JobS
     return [_point(model, cluster, scorer, n, job, progress=progress, **kw) for n, job in jobs]
 
 
-def _point(model: ModelSpec, cluster: ClusterSpec, scorer: Scorer | None, n: int, job: JobSpec,
+def _point(model: ModelSpec, cluster: ClusterSpec, scorer: Scorer | Mapping[str, Scorer] | None, n: int, job: JobSpec,
            **kw: Any) -> SweepPoint:
     size = cluster.model_copy(update={"num_gpus": n})
     try:
         ClusterSpec.model_validate(size.model_dump())  # the cross-field checks (whole nodes)
-        sc = scorer.derive(size, job) if scorer is not None else Scorer(model, size, job)
+        sc: Scorer | dict[str, Scorer] = (
+            Scorer(model, size, job) if scorer is None else
+            {t: s.derive(s.cluster.model_copy(update={"num_gpus": n}), job) for t, s in scorer.items()}
+            if isinstance(scorer, Mapping) else scorer.derive(size, job))  # any: each target on its own cluster
         found, goods = ranked_search(model, size, job, scorer=sc, find_smallest_cluster=False, **kw)
     except (ConfigError, InfeasibleError) as err:
         return SweepPoint(n, job, error=err)

@@ -381,21 +381,23 @@ def _one(surface: str, req: dict[str, Any], tmp: Path) -> None:
     bad = []
     for plan, n, gbs, cluster in found:
         c["plans"] += 1
-        v = violations(req["target"], req["model"], n, cluster.nvlink_domain_size, req["cluster"]["gpu"], gbs,
+        # every plan names the target that runs it (any: one of them) and obeys that target's rules
+        assert plan.target == req["target"] or req["target"] == "any", (plan.target, req["target"])
+        v = violations(plan.target, req["model"], n, cluster.nvlink_domain_size, req["cluster"]["gpu"], gbs,
                        req["job"]["seq_len"], plan)
         knobs = req.get("software", {}) if surface != "scale" else {}  # a scale request has no knobs
-        knob = _knob_rule(req["target"], knobs, plan.parallel, plan.prediction.dp)
+        knob = _knob_rule(plan.target, knobs, plan.parallel, plan.prediction.dp)
         v += [knob] if knob else []
         if v:
             c["wrong plans"] += 1
             bad.append((str(plan.parallel), v))
     assert not bad, f"{bad}\nrequest: {json.dumps(req)}"
     # estimate of the best plan (same target) lays it out the same way
-    if found and req["target"] != "any" and surface != "scale":
+    if found and surface != "scale":
         best = found[0][0]
         try:
             est = autoplan.estimate({"model": req["model"], "cluster": req["cluster"], "job": req["job"],
-                                     "parallel": best.parallel.model_dump(), "target": req["target"],
+                                     "parallel": best.parallel.model_dump(), "target": best.target,
                                      "software": req.get("software", {})})
         except autoplan.InputError as err:
             # estimate prices KV heads whole per rank only: it refuses Megatron's KV-head replication

@@ -103,7 +103,7 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
         layers = tuple(stage_layers(model, par))
         fs = scorer.score(lay, layers)
-        pred = estimate(model, cluster, job, par)
+        pred = estimate(model, cluster, job, par, target=lay.target)  # any: every layout has the target that runs it
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
         assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
@@ -312,7 +312,8 @@ def test_sequence_parallel_pin_is_priced_like_estimate() -> None:
         from search.planner import to_parallel
 
         layers = tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,))))
-        fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers))
+        fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers),
+                                                   target=lay.target)
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
 

@@ -46,20 +46,20 @@ class _Progress:
             click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
 
 
-def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], target: str) -> EmitReport:
-    """Write plan #1's launch files; a failure is reported in the result (the search result stands)."""
-    from autoplan.emit import EmitPlan, emittable_targets, write_plan
+def _emit(out_dir: str, model: Any, request: SearchRequest, job: Any, plans: list[Any]) -> EmitReport:
+    """Write plan #1's launch files for the target it was priced for (under ``any``: the one it came from), on the
+    cluster as that target runs on it; a failure is reported in the result (the search result stands)."""
+    from autoplan.emit import EmitPlan, write_plan
 
     from autoplan.emit.plan import priced_software
 
+    emit_target = plans[0].target
+    cluster = request.cluster.resolve(emit_target)
     plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=plans[0].parallel,
                     op_shardings=plans[0].op_shardings,  # the intra-op ILP's per-op choices (fsdp2 writes them)
                     software=priced_software(plans[0].prediction.software))  # the knobs it was priced with
-    emit_target = target
-    if target == "any":  # the first framework that runs the plan as is
-        emit_target = next(iter(emittable_targets(plan)), "fsdp2")
     try:
-        written = write_plan(plan, emit_target, out_dir)  # type: ignore[arg-type]
+        written = write_plan(plan, emit_target, out_dir)
     except ConfigError as err:
         return EmitReport(target=emit_target, dir=out_dir, error=str(err))
     return EmitReport(target=emit_target, dir=out_dir, files=sorted(written.files), notes=list(written.notes))
@@ -75,8 +75,8 @@ def _emit(out_dir: str, model: Any, cluster: Any, job: Any, plans: list[Any], ta
               show_default=True,
               help="framework the plan must run on (its profile in cost_models.targets): megatron (DDP, distributed "
                    "optimizer, torch FSDP2 without PP/EP; 1F1B/interleaved), torchtitan (FSDP2/HSDP, replicate), "
-                   "fsdp2 (plain FSDP2 + DTensor module, per-op TP plan; no CP/EP), any (every layout the cost model "
-                   "prices, with Megatron's runtime; also ZeRO-2, ZB-H1)")
+                   "fsdp2 (plain FSDP2 + DTensor module, per-op TP plan; no CP/EP), any (the best plans some target "
+                   "runs, each priced as its target runs it and labelled with it; --emit writes for that target)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
               help="rank by step time, or by tokens/s after failures, checkpoints and restarts (goodput)")
 @failure_options
@@ -113,8 +113,7 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
     finally:
         progress.close()
     if emit_dir:
-        result = result.model_copy(update={"emitted": _emit(emit_dir, model_spec, cluster, job, result.plans,
-                                                             request.target)})
+        result = result.model_copy(update={"emitted": _emit(emit_dir, model_spec, request, job, result.plans)})
     if fmt == "json":
         data = result.model_dump(mode="json")
         if data["emitted"] is None:  # fields of flags not given are left out
