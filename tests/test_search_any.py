@@ -74,3 +74,15 @@ def test_search_any_emits_for_the_target_of_its_best_plan(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["emitted"]["target"] == data["plans"][0]["target"] and data["emitted"]["files"]
+
+
+def test_compare_prices_searched_plans_for_the_target_that_runs_them() -> None:
+    """``compare '#1' --target torchtitan`` compares the torchtitan search's plan as torchtitan runs it (it was
+    re-estimated as Megatron before)."""
+    found = api.search({**REQ, "target": "torchtitan", "top": 1}).plans[0]
+    res = CliRunner().invoke(cli, ["compare", "#1", "#1", "--model", "llama3-8b", "--gpus", "16",
+                                   "--global-batch-size", "64", "--seq-len", "4096", "--target", "torchtitan",
+                                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)["plans"][0]
+    assert got["prediction"]["step_time_s"] == pytest.approx(found.prediction.step_time_s, rel=1e-9)

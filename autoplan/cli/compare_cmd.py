@@ -11,6 +11,7 @@ import click
 
 from autoplan import api
 from autoplan.cli import cli
+from cost_models.targets import PROFILES
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.goodput_options import failure_model, failure_options
 from autoplan.cli.options import (cluster_flags, cluster_request, format_option, job_options, job_spec,
@@ -52,8 +53,15 @@ def _estimate_of(path: str, index: int) -> dict[str, Any]:
     """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
     from autoplan.emit import load_plan
 
-    plan = load_plan(path, index)
-    return {"model": plan.model.model_dump(exclude_none=True), "cluster": {
+    from autoplan.emit.plan import _read_json
+
+    data = _read_json(path)
+    entry = (data.get("plans") or [{}])[index - 1] if isinstance(data.get("plans"), list) else data
+    target = (entry.get("target") or ((entry.get("prediction") or {}).get("software") or {}).get("target")
+              if isinstance(entry, dict) else None)
+    target = target if target in PROFILES else "megatron"  # the target it was priced for
+    plan = load_plan(path, index, target)
+    return {"model": plan.model.model_dump(exclude_none=True), "target": target, "cluster": {
         "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
         "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size},
         "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True)}
@@ -64,8 +72,9 @@ def _estimate_of(path: str, index: int) -> dict[str, Any]:
 @click.option("--model", default=None, help="for #K and degree plans: catalog name, HF config.json or spec file")
 @cluster_flags(gpus_required=False)
 @job_options
-@click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
-              show_default=True, help="for #K plans: the search's target")
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
+              show_default=True, help="for #K plans: the search's target (each plan is priced for the target that "
+                                      "runs it); for degree plans: the target (any: megatron)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True)
 @failure_options
 @format_option
@@ -112,9 +121,11 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
             if k_i > len(searched.plans):
                 raise UserInputError(f"plan {text!r}: the search found {len(searched.plans)} plan(s)")
             par = searched.plans[k_i - 1].parallel.model_dump(exclude_none=True)
-            requests.append({**context, "parallel": par, "failures": failures})
+            requests.append({**context, "parallel": par, "failures": failures,
+                             "target": searched.plans[k_i - 1].target})  # priced as the target that runs it
         else:
-            requests.append({**context, "parallel": _degrees(text), "failures": failures})
+            requests.append({**context, "parallel": _degrees(text), "failures": failures,
+                             **({"target": target} if target != "any" else {})})
     result = api.compare({"plans": requests, "rank_by": rank_by}, labels=list(plans))
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
