@@ -76,9 +76,12 @@ def _stages(layers: list[int]) -> str:
 
 
 # ---- search results ------------------------------------------------------------------------------
-def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str, precision: str = "bf16") -> str:
-    """One ranked plan: degrees and schedule, the prediction (with memory breakdown), and why it ranks here."""
-    return "\n".join([f"#{rank}  {describe_parallel(par, pred.dp)}", render_prediction(pred, precision),
+def render_plan(rank: int, par: ParallelConfig, pred: Prediction, explanation: str, precision: str = "bf16",
+                target: str | None = None) -> str:
+    """One ranked plan: degrees and schedule (``target``: the framework that runs it, shown for ``--target any``),
+    the prediction (with memory breakdown), and why it ranks here."""
+    on = f"[{target}] " if target else ""
+    return "\n".join([f"#{rank}  {on}{describe_parallel(par, pred.dp)}", render_prediction(pred, precision),
                       f"  software         {describe_software(pred.software)}",
                       f"  why              {explanation}"])
 

@@ -86,3 +86,11 @@ def test_compare_prices_searched_plans_for_the_target_that_runs_them() -> None:
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)["plans"][0]
     assert got["prediction"]["step_time_s"] == pytest.approx(found.prediction.step_time_s, rel=1e-9)
+
+
+def test_search_any_table_names_each_plans_target() -> None:
+    res = CliRunner().invoke(cli, ["search", "--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "64",
+                                   "--seq-len", "4096", "--target", "any", "--top", "2"])
+    assert res.exit_code == 0, res.output
+    heads = [line for line in res.stdout.splitlines() if line.startswith("#")]
+    assert len(heads) == 2 and all(any(h.startswith(f"#{i + 1}  [{t}] ") for t in PROFILES) for i, h in enumerate(heads))

@@ -47,8 +47,9 @@ def _tokens(text: str | None) -> float | None:
 @click.option("--train-tokens", default=None, help="tokens to train (e.g. 15T or 15e12): time and GPU-hours")
 @click.option("--gpu-hour-price", type=click.FloatRange(min=0), default=None, help="price of one GPU-hour")
 @parallel_options(required=False)
-@click.option("--target", type=click.Choice(["megatron", "torchtitan", "any"]), default="megatron",
-              show_default=True, help="framework the plans must run on")
+@click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
+              show_default=True, help="framework the plans must run on (any: the best plan some target runs, "
+                                      "priced as that target runs it)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True,
               help="best plan by step time, or by tokens/s after failures")
 @failure_options

@@ -126,7 +126,8 @@ def search_cmd(model: str, fmt: str, top_k: int, target: str, emit_dir: str | No
                                        stats.target))
         for p in result.plans:
             click.echo("")
-            click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation, job.precision))
+            click.echo(render_plan(p.rank, p.parallel, p.prediction, p.explanation, job.precision,
+                                   p.target if stats.target == "any" else None))
             if p.goodput is not None:
                 click.echo(render_goodput(p.goodput))
         emitted = result.emitted
