@@ -136,8 +136,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
-    dp_s, dp_bytes, opt_s = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime)
-    dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster)
+    dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime)
+    dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
+                              runtime.grad_reduce_every_microbatch)
     step = pipe + pp_fill + dp_exposed + opt_s
 
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s]) for s in range(p)]
@@ -213,14 +214,18 @@ def pp_fill_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Paralle
     return 2 * (par.pp * par.vp - 1) * send
 
 
-def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec) -> float:
+def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec,
+                 blocking_s: float = 0.0, every_microbatch: bool = False) -> float:
     """DP/FSDP time left on the critical path. ZeRO-0/1/2 (Megatron ``--overlap-grad-reduce`` /
     ``--overlap-param-gather``) reduce gradients during the last micro-batch's backward and gather weights
-    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP gathers and
-    reduces layer by layer in every micro-batch, behind the whole step's compute. Either way at least
-    ``1 − dp_overlap`` of it (the tail after the last layer's backward) stays exposed."""
-    window = microbatch_s * (m if zero_stage == 3 else 1)
-    return max(dp_s * (1 - cluster.efficiency.dp_overlap), dp_s - window)
+    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP, and sharded gradients
+    reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``), communicate in every
+    micro-batch, behind the whole step's compute. Either way at least ``1 − dp_overlap`` of it (the tail after
+    the last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute
+    stream as soon as it starts (``data_parallel_cost``): exposed in full."""
+    rest = dp_s - blocking_s
+    window = microbatch_s * (m if zero_stage == 3 or every_microbatch else 1)
+    return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
 
 
 def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -237,23 +242,27 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
 
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
                        strides: RankStrides, m: int = 1, layer_ids: Sequence[Sequence[int]] | None = None,
-                       rt: Runtime = DEFAULT_RUNTIME) -> tuple[float, float, float]:
-    """(DP time s, bytes sent, optimizer s) of the heaviest stage. ZeRO-0 all-reduces gradients; ZeRO-1/2
-    reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the forward and
-    again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does under
-    gradient accumulation. Gradients travel in the target's reduce dtype (``rt.reduce_bytes``: fp32 in Megatron
+                       rt: Runtime = DEFAULT_RUNTIME) -> tuple[float, float, float, float]:
+    """(DP time s, bytes sent, optimizer s, blocking s) of the heaviest stage. ZeRO-0 all-reduces gradients;
+    ZeRO-1/2 reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the
+    forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does
+    under gradient accumulation. Where the runtime reduces sharded gradients in every micro-batch
+    (``rt.grad_reduce_every_microbatch``, Megatron-FSDP ``optim_grads``) the ZeRO-2 reduce-scatter runs ``m``
+    times, and with ``vp`` model chunks the ``(vp − 1)/vp`` of it that belongs to the unbucketed chunks is
+    ``blocking`` (waited for at the end of each chunk's backward: the target profile cites the code). Gradients travel in the target's reduce dtype (``rt.reduce_bytes``: fp32 in Megatron
     unless ``--grad-reduce-in-bf16``, megatron/training/arguments.py:716-723; fp32 in torch FSDP2's
     ``MixedPrecisionPolicy(reduce_dtype=fp32)``), weights in bf16 (``rt.gather_bytes``). FSDP2
     ``reshard_after_forward``: False drops the backward all-gather, an int ``r`` runs it inside groups of ``r``
     ranks (``fully_shard`` docstring). HSDP adds an all-reduce of the shard across replicas."""
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
-    worst = (0.0, 0.0, 0.0)
+    worst = (0.0, 0.0, 0.0, 0.0)
+    every = rt.grad_reduce_every_microbatch and par.zero_stage == 2
     bounds = [sum(layers[:s]) for s in range(len(layers) + 1)]
     for s in range(len(layers)):
         ids = range(bounds[s], bounds[s + 1]) if layer_ids is None else layer_ids[s]
         sp = stage_params(model, par, ids, first=s == 0, last=s == par.pp - 1)
-        total_s = total_b = 0.0
+        total_s = total_b = blocking = 0.0
         # The dp·cp group is contiguous at stride tp; the expert-data-parallel group at stride ep.
         for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):
             if params <= 0 or g <= 1:
@@ -263,7 +272,7 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
             if par.zero_stage == 0:
                 ops = [("all_reduce", grad, g, 1)]
             elif par.zero_stage in (1, 2):
-                ops = [("reduce_scatter", grad, g, 1), ("all_gather", weight, g, 1)]
+                ops = [("reduce_scatter", grad, g, m if every else 1), ("all_gather", weight, g, 1)]
             else:
                 # Under pipelining torch keeps the stage unsharded and syncs once per step (stage.py
                 # backward_maybe_with_nosync; the memory model holds it so: pp_unsharded_bytes), yet this prices a
@@ -273,8 +282,11 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 again = [] if r is False else [("all_gather", weight, g if r is True else min(int(r), g), m)]
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
             for kind, payload, n, calls in ops:
-                total_s += calls * group_collective_time_s(kind, payload, n, stride, cluster)  # type: ignore[arg-type]
+                op_s = calls * group_collective_time_s(kind, payload, n, stride, cluster)  # type: ignore[arg-type]
+                total_s += op_s
                 total_b += calls * (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
+                if every and kind == "reduce_scatter":
+                    blocking += op_s * (par.vp - 1) / par.vp
             replicas = (dp * par.cp) // g if g == par.hsdp_shard_size else 1
             if replicas > 1:
                 total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)
@@ -282,7 +294,7 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
         opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
         if total_s + opt_s > worst[0] + worst[2]:
-            worst = (total_s, total_b, opt_s)
+            worst = (total_s, total_b, opt_s, blocking)
     return worst
 
 

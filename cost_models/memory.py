@@ -34,6 +34,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
 from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
@@ -97,6 +100,21 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
     if r is False:
         return rt.gather_bytes * (1 - 1 / group), unit
     return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
+
+
+def sharded_grad_transient_bytes(rt: Runtime, layer_params: Any, n_layers: Any, vp: int) -> Any:
+    """Gradients held unsharded during one model chunk's backward when gradients are sharded and reduced in every
+    micro-batch (``rt.grad_reduce_every_microbatch``: Megatron-FSDP ``optim_grads``; the profile cites the code):
+    a chunk of an interleaved pipeline (vp > 1) is one bucket, its whole gradient (``ceil(n/vp)`` of the rank's
+    ``n`` layers); a bucketed chunk (vp = 1) holds at most ``rt.grad_bucket_cap`` elements in flight. In
+    ``rt.grad_bytes`` (fp32 main gradients unless reduced in bf16). ``layer_params``: the rank's decoder-layer
+    parameters of its stage (embedding and head not counted)."""
+    if not rt.grad_reduce_every_microbatch:
+        return 0.0
+    n, p = np.asarray(n_layers, dtype=float), np.asarray(layer_params, dtype=float)
+    held = p * np.ceil(n / vp) / np.maximum(n, 1.0) if vp > 1 else np.minimum(p, rt.grad_bucket_cap)
+    out = np.where(n > 0, rt.grad_bytes * held, 0.0)  # also on arrays (the search's table of layer ranges)
+    return float(out) if out.ndim == 0 else out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -252,7 +270,8 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
-    zero3_buffers: float  # ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the recompute peak
+    zero3_buffers: float  # ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the recompute peak,
+    # Megatron-FSDP's unsharded gradient bucket
     allocator: float  # caching-allocator reserve (reserved − allocated)
     runtime: float  # CUDA context + NCCL buffers (outside the allocator)
 
@@ -327,6 +346,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if par.zero_stage == 3:
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
+    if runtime.grad_reduce_every_microbatch and not dual:
+        body = stage_params(model, par, ids, first=False, last=False)
+        transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)
     allocator = ALLOCATOR_RESERVE * (acts + transient)
     return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, transient, allocator, runtime_overhead_bytes())
 

@@ -142,8 +142,8 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
         bounds = np.concatenate([[0], np.cumsum(layers)])
         t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
         t[-1] += tables.last_time
-        dp_s, _, opt_s = scorer.data_parallel(lay, layers)
-        hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster)  # it falls as stages grow
+        dp_s, _, opt_s, blocking = scorer.data_parallel(lay, layers)
+        hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster, blocking)  # falls as stages grow
         pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         lb = min(lb, pipe + hidden_most + opt_s)
     return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)

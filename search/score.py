@@ -37,6 +37,7 @@ from cost_models.memory import (
     graphs_for,
     inflight_microbatches,
     runtime_overhead_bytes,
+    sharded_grad_transient_bytes,
     zero3_transient_bytes,
 )
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
@@ -273,6 +274,20 @@ class Scorer:
             self._zero3[key] = hit
         return hit
 
+    def _grad_bucket_table(self, lay: Layout, rt: Runtime, params: np.ndarray) -> np.ndarray:
+        """(L+1, L+1): the unsharded gradient bucket of range [i, j) when sharded gradients are reduced in every
+        micro-batch (``memory.sharded_grad_transient_bytes``: Megatron-FSDP optim_grads), with the reserve."""
+        key = ("grad", lay.tp, lay.ep, lay.kv_replication, lay.vp, rt.grad_bytes, rt.grad_bucket_cap)
+        hit = self._zero3.get(key)
+        if hit is None:
+            cum = np.concatenate([[0.0], np.cumsum(params)])
+            span = np.arange(self.L + 1)
+            n = span[None, :] - span[:, None]  # layers in [i, j); ranges with j <= i hold none
+            hit = sharded_grad_transient_bytes(rt, cum[None, :] - cum[:, None], np.maximum(n, 0), lay.vp)
+            hit = hit * (1.0 + FRAGMENTATION)
+            self._zero3[key] = hit
+        return hit
+
     def state_coefficients(self, lay: Layout) -> tuple[float, float, float]:
         """(bytes per dense parameter, per expert parameter, per parameter of the largest layer) a rank holds for
         its stage: ZeRO state as the runtime holds it (``Runtime.state_bytes``) and ZeRO-3's transients
@@ -310,8 +325,17 @@ class Scorer:
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
-            range_static=self._zero3_table(lay, largest, per_largest) if lay.zero_stage == 3 else None,
+            range_static=self._range_static(lay, largest, per_largest),
         )
+
+    def _range_static(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray | None:
+        """Non-additive bytes of a layer range: ZeRO-3's gathered units, or Megatron-FSDP's gradient bucket."""
+        if lay.zero_stage == 3:
+            return self._zero3_table(lay, largest, per_largest)
+        rt = self.runtime(lay)
+        if lay.zero_stage == 2 and rt.grad_reduce_every_microbatch:
+            return self._grad_bucket_table(lay, rt, largest)
+        return None
 
     def inflight(self, lay: Layout) -> np.ndarray:
         """``inflight[s]``: micro-batches held by the stage with ``s`` stages left (index 0 unused)."""
@@ -348,10 +372,10 @@ class Scorer:
                              sequence_parallel=lay.sequence_parallel)
         return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
-    def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float]:
+    def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float, float]:
         rt = self.runtime(lay)
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
-               lay.kv_replication, rt)
+               lay.kv_replication, rt, lay.vp if rt.grad_reduce_every_microbatch else 1)
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
@@ -367,8 +391,9 @@ class Scorer:
         stage_t[-1] += tables.last_time
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay)
-        dp_s, _, opt_s = self.data_parallel(lay, layers)
-        dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster)
+        dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
+        dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
+                                  self.runtime(lay).grad_reduce_every_microbatch)
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)

@@ -19,8 +19,9 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
   builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``) are listed;
 - ``pin``: a value the user pinned excludes it;
 - ``target_rule``: the launch target cannot run it — the target profile's ``layout_error``
-  (``cost_models.targets``: e.g. Megatron-LM refuses --use-torch-fsdp2 with pp > 1 or ep > 1, has no ZeRO-2 and
-  no HSDP for FSDP2; torchtitan has no ZeRO-1/2 and shards HSDP over dp_shard×cp; fsdp2 has no CP/EP);
+  (``cost_models.targets``: e.g. Megatron-LM refuses --use-torch-fsdp2 with pp > 1 or ep > 1, runs ZeRO-2 as
+  Megatron-FSDP optim_grads, and has HSDP only for the distributed optimizer; torchtitan has no ZeRO-1/2 and
+  shards HSDP over dp_shard×cp; fsdp2 has no CP/EP);
 - ``zero_redundant``: with one data-parallel rank all ZeRO stages are the same layout.
 
 Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.

@@ -191,9 +191,10 @@ def _ep_rule(target: str, par: Any, dp: int, experts: int) -> str | None:
 def _zero_rule(target: str, par: Any, tied: bool) -> str | None:
     z, h = par.zero_stage, par.hsdp_shard_size
     if target == "megatron":
-        # megatron/training/arguments.py@core_v0.16.1: no ZeRO-2; --use-torch-fsdp2 (ZeRO-3) not with pp (609),
-        # ep (611), tied embeddings (619); HSDP = --num-distributed-optimizer-instances (distributed optimizer)
-        if z not in (0, 1, 3) or z == 3 and (par.pp > 1 or par.ep > 1 or tied) or h is not None and z != 1:
+        # megatron/training/arguments.py@core_v0.16.1: ZeRO-2 = Megatron-FSDP optim_grads (no layout rule);
+        # --use-torch-fsdp2 (ZeRO-3) not with pp (609), ep (611), tied embeddings (619); HSDP =
+        # --num-distributed-optimizer-instances with the distributed optimizer (Megatron-FSDP's: not priced)
+        if z not in (0, 1, 2, 3) or z == 3 and (par.pp > 1 or par.ep > 1 or tied) or h is not None and z != 1:
             return f"Megatron-LM zero_stage={z} pp={par.pp} ep={par.ep} tied={tied} hsdp={h}"
         if par.schedule not in ("1f1b", "interleaved"):
             return f"Megatron-LM schedule {par.schedule}"

@@ -80,3 +80,36 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
             want.update(moe_router_topk=m.moe_top_k, moe_router_score_function=r.score_function,
                         moe_aux_loss_coeff=r.aux_loss_coeff, moe_router_enable_expert_bias=r.expert_bias)
         assert {k: got[k] for k in want} == want, name
+
+
+def test_megatron_fsdp_zero2_passes_validate_args_and_the_framework_refuses_its_misuse(tmp_path: Path) -> None:
+    """zero_stage=2 on the megatron target is Megatron-FSDP optim_grads: the emitted launch of the Llama 3 405B
+    paper layout (tp 8, pp 16, vp 8 with embedding/loss accounting) passes Megatron-LM's setup; the same argv with
+    the checkpoint format FSDP refuses, or launched with CUDA_DEVICE_MAX_CONNECTIONS=1, fails with Megatron's
+    reason (arguments.py:687, 690), which is why the profile emits neither."""
+    if megatron_lm.checkout() is None:
+        pytest.skip(megatron_lm.skip_reason())
+    tmp_path.mkdir(exist_ok=True)
+    model = load_model("llama3-405b")
+    plan = EmitPlan(model, build_cluster("h100-sxm", 16384), JobSpec(global_batch_size=2048, seq_len=8192),
+                    ParallelConfig(tp=8, pp=16, vp=8, schedule="interleaved", zero_stage=2,
+                                   account_for_embedding_in_pipeline_split=True,
+                                   account_for_loss_in_pipeline_split=True))
+    out = tmp_path / "emitted"
+    write_plan(plan, "megatron", out)
+    env = {"DATA_ARGS": f"--mock-data --tokenizer-type NullTokenizer --vocab-size {model.vocab_size - 1}",
+           "TRAIN_ITERS": str(TRAIN_ITERS), "LR": "3e-4", "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    argv = megatron_lm.launch_argv(out / "train_megatron_torchrun.sh", env)
+    i = argv.index("--data-parallel-sharding-strategy")
+    assert "--use-megatron-fsdp" in argv and argv[i + 1] == "optim_grads"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in megatron_lm_case(plan, argv)["env"]
+    torch_dist = list(argv)
+    torch_dist[torch_dist.index("--ckpt-format") + 1] = "torch_dist"
+    ok, bad_ckpt, bad_env = (megatron_lm_case(plan, argv), megatron_lm_case(plan, torch_dist),
+                             megatron_lm_case(plan, argv))
+    bad_env["env"] = {**bad_env["env"], "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    res = megatron_lm.judge([ok, bad_ckpt, bad_env])
+    assert res[0]["ok"], res[0]
+    assert res[0]["facts"]["num_microbatches"] == plan.num_microbatches == 16
+    assert not res[1]["ok"] and "Megatron FSDP only supports fsdp_dtensor" in res[1]["error"], res[1]
+    assert not res[2]["ok"] and "CUDA_DEVICE_MAX_CONNECTIONS" in res[2]["error"], res[2]

@@ -5,7 +5,9 @@
   (``torchtitan/config/configs.py``), against ``cost_models.targets.TORCHTITAN``;
 - megatron-core (CI): ``ModelParallelConfig``/``TransformerConfig`` on the Megatron layouts autoplan accepts;
 - Megatron-LM's real ``validate_args`` (``autoplan.validate.megatron_lm``, where ``MEGATRON_LM_PATH`` names a
-  checkout): on the rules of ``MEGATRON`` directly, in ``test_targets_profile.py``."""
+  checkout; skipped, saying so, elsewhere): the argument list ``autoplan emit`` writes for each random layout
+  (ZeRO-0 DDP, 1 distributed optimizer, 2 Megatron-FSDP optim_grads, 3 torch FSDP2) with its launch environment,
+  against ``MEGATRON.legal``; and rule by rule in ``test_targets_profile.py``."""
 
 from __future__ import annotations
 
@@ -132,3 +134,40 @@ def test_megatron_core_configs_accept_what_the_profile_accepts(lay) -> None:  # 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         TransformerConfig(**kw)  # raises on any size it refuses
+
+
+def _megatron_case(model, cluster, job, par) -> tuple[dict, bool]:  # type: ignore[no-untyped-def]
+    """(a validate_args case with the argv and env ``autoplan emit`` writes for ``par``, whether the emitted flags
+    express ``par``). The emitter writes an HSDP group only for the distributed optimizer
+    (``--num-distributed-optimizer-instances``); other HSDP layouts are not expressible (autoplan refuses them:
+    torch FSDP2 has no such group; Megatron-FSDP's is not priced)."""
+    from autoplan.emit import EmitPlan
+    from autoplan.emit.megatron import megatron_args
+
+    plan = EmitPlan(model, cluster, job, par)
+    argv = megatron_args(plan) + ["--vocab-size", str(model.vocab_size)]
+    case = {"argv": argv, "world_size": cluster.num_gpus, "env": dict(plan.runtime("megatron").env), "arch": 9}
+    return case, par.hsdp_shard_size is None or par.zero_stage == 1
+
+
+@pytest.mark.slow
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(layouts(zeros=(0,)), min_size=50, max_size=50))
+def test_megatron_profile_accepts_what_megatron_lm_validate_args_accepts(drawn) -> None:  # type: ignore[no-untyped-def]
+    """Megatron-LM's own parse_args + validate_args (core_v0.16.1) on the emitted argument list of each random
+    layout at every ZeRO stage (400 cases in one checker process): it accepts exactly what the profile accepts."""
+    from autoplan.validate import megatron_lm
+
+    if megatron_lm.checkout() is None:
+        pytest.skip(megatron_lm.skip_reason())
+    lays = [(m, c, j, p.model_copy(update={"zero_stage": z})) for m, c, j, p in drawn for z in (0, 1, 2, 3)]
+    cases, ours = [], []
+    for model, cluster, job, par in lays:
+        case, expressible = _megatron_case(model, cluster, job, par)
+        cases.append(case)
+        rt = MEGATRON.resolve(None, job, cluster, par)
+        ours.append((MEGATRON.legal(model, cluster, job, par, rt), expressible))
+    verdicts = megatron_lm.judge(cases)
+    for (model, _, _, par), (reason, expressible), v, c in zip(lays, ours, verdicts, cases):
+        theirs_ok = v["ok"] and expressible
+        assert (reason is None) == theirs_ok, (model.name, par, reason, v["error"], c["env"])

@@ -109,6 +109,47 @@ def test_scorer_prices_with_the_targets_runtime(target: str, software: dict) -> 
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
 
 
+def test_megatron_zero2_is_megatron_fsdp_optim_grads_priced_as_it_runs() -> None:
+    """ZeRO-2 on Megatron = Megatron-FSDP optim_grads: gradients sharded but reduce-scattered in every micro-batch
+    (DP bytes m·4 + 2 against ZeRO-1's 4 + 2 per parameter), one model chunk's gradients held unsharded in its
+    backward, the unbucketed chunks' (vp − 1)/vp of the reduce-scatter exposed; the search Scorer prices it as
+    estimate does."""
+    from cost_models.estimate import estimate
+    from cost_models.memory import stage_params
+    from cost_models.targets import runtime_for
+    from cost_models.validate import pipeline_split
+    from search.planner import to_parallel
+    from search.score import Scorer
+
+    model, cluster, job = load_model("llama3-8b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=128)
+    base = dict(tp=2, pp=2, vp=2, schedule="interleaved")
+    z1 = estimate(model, cluster, job, ParallelConfig(**base, zero_stage=1), target="megatron")
+    par = ParallelConfig(**base, zero_stage=2)
+    z2 = estimate(model, cluster, job, par, target="megatron")
+    m, dp = z2.num_microbatches, z2.dp
+    assert z2.comm_volume_gib["dp"] / z1.comm_volume_gib["dp"] == pytest.approx((4 * m + 2) / 6)
+    assert z2.memory_gib["grads"] == pytest.approx(z1.memory_gib["grads"] / dp)
+    assert z2.memory_gib["weights"] == pytest.approx(z1.memory_gib["weights"])
+    split = pipeline_split(model, par)
+    s = z2.binding_stage
+    body = stage_params(model, par, split.layer_ids[s], first=False, last=False)
+    chunk = (body.dense + body.expert) * -(-split.rank_layers[s] // 2) / split.rank_layers[s]
+    assert z2.memory_gib["zero3_buffers"] * 2**30 == pytest.approx(4.0 * chunk)  # fp32 main grads of one chunk
+    assert z2.time.exposed_comm_s["dp"] > z1.time.exposed_comm_s["dp"]
+    scorer = Scorer(model, cluster, job)
+    lays = [lay for lay in enumerate_layouts(model, cluster, job, "megatron", {"zero_stage": 2}, Tally())
+            if lay.pp <= 2 and lay.vp <= 2][:8]
+    assert lays and {lay.vp for lay in lays} == {1, 2}
+    for lay in lays:
+        layers = (model.num_layers,) if lay.pp == 1 else (16, 16)
+        p = to_parallel(model, lay, layers)
+        rt = runtime_for("megatron", job, cluster, p)
+        assert rt.grad_reduce_every_microbatch and scorer.runtime(lay) == rt
+        fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, p, runtime=rt)
+        assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+        assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
 def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
     from click.testing import CliRunner
 

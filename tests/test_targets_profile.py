@@ -22,8 +22,15 @@ def test_megatron_refuses_fsdp2_with_ep_pp_and_tied_embeddings_citing_validate_a
     l70 = load_model("llama3-70b")
     with pytest.raises(ConfigError, match=r"pipeline parallelism .*:609"):
         MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, pp=2, zero_stage=3))
-    with pytest.raises(ConfigError, match="no ZeRO-2"):
-        MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, pp=1, zero_stage=2))
+    # ZeRO-2 is Megatron-FSDP optim_grads: pipelining and experts allowed (validate_args has no such rule)
+    MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, pp=2, zero_stage=2))
+    MEGATRON.check(ds3, cluster, job, ParallelConfig(tp=1, pp=16, ep=64, zero_stage=2))
+    with pytest.raises(ConfigError, match="Megatron-FSDP's hybrid sharding"):
+        MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, zero_stage=2, hsdp_shard_size=4))
+    with pytest.raises(ConfigError, match=r"always overlaps the gradient reduce-scatter .*megatron_fsdp.py:277-283"):
+        par = ParallelConfig(tp=8, zero_stage=2)
+        rt = MEGATRON.resolve(Software(overlap_grad_reduce=False, overlap_param_gather=False), JobSpec(), H100, par)
+        MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), par, rt)
     with pytest.raises(ConfigError, match="--num-distributed-optimizer-instances"):
         MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, zero_stage=3, hsdp_shard_size=4))
     MEGATRON.check(l70, H100, JobSpec(global_batch_size=64), ParallelConfig(tp=8, zero_stage=1, hsdp_shard_size=4))
@@ -38,6 +45,14 @@ def test_megatron_runtime_fp32_main_grads_and_env() -> None:
     assert (bf16.grad_bytes, bf16.reduce_bytes) == (2, 2)
     fsdp = MEGATRON.resolve(None, job, H100, ParallelConfig(tp=8, zero_stage=3))
     assert fsdp.env == () and (fsdp.weight_bytes, fsdp.grad_bytes, fsdp.optimizer_bytes) == (4, 4, 8)
+    # Megatron-FSDP optim_grads: bf16 weights whole, fp32 main weights + Adam and main grads sharded, reduced in
+    # every micro-batch; no CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:687); param gather overlapped (:598)
+    z2 = MEGATRON.resolve(None, job, H100, ParallelConfig(tp=8, zero_stage=2))
+    assert z2.env == () and (z2.weight_bytes, z2.grad_bytes, z2.optimizer_bytes, z2.reduce_bytes) == (2, 4, 12, 4)
+    assert z2.grad_reduce_every_microbatch and z2.overlap_param_gather and z2.overlap_grad_reduce
+    assert z2.state_bytes(1.0, 2, 8) == (2.0, 0.5, 1.5)
+    # the reduce-scatter queue: max(1e9, bucket) + one bucket of max(40M, 1M * dp_cp) elements (64 GPUs, tp 8: 8)
+    assert z2.grad_bucket_cap == 1e9 + 40e6
 
 
 def test_torchtitan_semantics() -> None:

@@ -60,6 +60,12 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--use-distributed-optimizer")
         if par.hsdp_shard_size and par.hsdp_shard_size < dp_cp:
             add("--num-distributed-optimizer-instances", dp_cp // par.hsdp_shard_size)
+    elif par.zero_stage == 2:  # Megatron-FSDP optim_grads (cost_models.targets.megatron cites the code)
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy", "optim_grads")
+        add("--use-distributed-optimizer")  # Megatron-FSDP user guide's "required configurations"
+        add("--no-gradient-accumulation-fusion")
+        add("--ckpt-format", "fsdp_dtensor")  # arguments.py:690
     elif par.zero_stage == 3:  # torch FSDP2: arguments.py:1031-1049
         add("--use-torch-fsdp2")
         add("--no-gradient-accumulation-fusion")
@@ -263,11 +269,14 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"], default="torch_dist")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
+    p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
     for flag in ints:
         p.add_argument(flag, type=int, default=None)
-    for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--overlap-grad-reduce",
+    for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+                 "--overlap-grad-reduce",
                  "--overlap-param-gather", "--group-query-attention", "--swiglu", "--disable-bias-linear",
                  "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--multi-latent-attention",
                  "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",

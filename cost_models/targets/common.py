@@ -91,6 +91,13 @@ class Runtime:
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).
     pp_unsharded_bytes: float = 0.0
+    # Sharded gradients reduced in every micro-batch's backward (Megatron-FSDP ``optim_grads``): the DP
+    # reduce-scatter runs m times per step, and each model chunk's backward holds its gradients unsharded in
+    # ``grad_bytes`` until they are reduced (``memory.sharded_grad_transient_bytes``). ``grad_bucket_cap`` bounds
+    # that, in elements, for a chunk split into buckets (vp = 1); a chunk with bucketing disabled (vp > 1) is one
+    # bucket, and the compute stream waits for its reduce-scatter at the end of its backward: exposed.
+    grad_reduce_every_microbatch: bool = False
+    grad_bucket_cap: float = 0.0
 
     def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
         """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``."""

@@ -11,10 +11,34 @@ Run-time semantics:
   ``--grad-reduce-in-bf16`` (MLM:716-723); weights are bf16 (2 B), the optimizer holds fp32 master weights
   and Adam m, v (12 B). The distributed optimizer (ZeRO-1) shards the optimizer state only: the gradient
   buffer stays whole on every rank (Megatron ``docs/source/api-guide/dist_optimizer.md``: 6 + 12/d bytes per
-  parameter with fp32 grads). There is no ZeRO-2.
+  parameter with fp32 grads).
+- ZeRO-2 is Megatron-FSDP ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` (``MF`` =
+  megatron-core 0.16.1 ``megatron/core/distributed/fsdp/src/megatron_fsdp/``; ``PGB`` = its
+  ``param_and_grad_buffer.py``). The bf16 model weight buffer stays whole on every rank, the fp32 main weights
+  and the main-gradient buffer are sharded over dp*cp (PGB:1857-1860; gradients fp32 unless
+  ``--grad-reduce-in-bf16``, PGB:2024-2030 with ``grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32``,
+  training.py:1292): 2 + (4 + 12)/d bytes per parameter. Weights are never resharded: one bf16 all-gather per
+  step after the optimizer (PGB:2875-2904, ``AllGatherPipeline`` buckets are released only for FSDP units, and
+  ``optim_grads`` has none: mcore_fsdp_adapter.py:96-99). Gradients are reduce-scattered in *every*
+  micro-batch's backward (megatron_fsdp.py:649-667, "With gradient-sharding strategies, gradient reduction
+  occurs on every backward propagation"), overlap forced on (megatron_fsdp.py:277-283). Each backward holds
+  its chunk's gradients unsharded until reduced: chunk 0 in buckets of max(40M, 1M*dp_cp) elements
+  (training.py:1316-1319) with up to max(1e9, bucket) elements queued (megatron_fsdp.py:374-399,
+  PGB:3088-3110); chunks 1.. of an interleaved pipeline run with bucketing disabled (training.py:1335), one
+  bucket each, reduced when the chunk's backward ends and waited for right there (``_root_post_backward`` ->
+  ``GradReducePipeline.reset``, megatron_fsdp.py:775-792, PGB:3030-3046): that reduce-scatter is exposed.
+  Flags: Megatron-LM's "required configurations" (docs/discussions/megatron-fsdp-user-guide) add
+  ``--use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``; validate_args
+  demands the checkpoint format (MLM:690) and no ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (MLM:687), and allows
+  pipelining, experts, tied embeddings and ``--overlap-param-gather`` (MLM:598).
 - ZeRO-3 is torch FSDP2 (``--use-torch-fsdp2``): fp32 sharded parameters are the master copy, bf16 gathered
-  for compute, gradients reduce-scattered into fp32 shards (4 + 4 + 8 B, all sharded).
+  for compute, gradients reduce-scattered into fp32 shards (4 + 4 + 8 B, all sharded). Kept, not replaced by
+  Megatron-FSDP ``optim_grads_params``: that one would lift FSDP2's pp/ep refusals, but its runtime differs
+  (per-TransformerLayer units with a 2-unit prefetch, bf16 weight shards beside fp32 main weights,
+  mcore_fsdp_adapter.py:96-97, megatron_fsdp.py:377-387) and is not priced here yet; one zero stage = one
+  implementation, so a plan says by its stage what runs.
 - HSDP exists only for the distributed optimizer (``--num-distributed-optimizer-instances``), not for FSDP2.
+  (Megatron-FSDP also reads that flag, mcore_fsdp_adapter.py:203; autoplan does not price it: refused.)
 - TP communication overlaps GEMMs with ``--tp-comm-overlap`` (needs sequence parallelism, MLM:916); DP
   traffic overlaps backward with ``--overlap-grad-reduce`` and forward with ``--overlap-param-gather``.
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU, cross-entropy).
@@ -28,6 +52,11 @@ from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, f
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
+MF = "megatron-core 0.16.1 megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py"
+TRAINING = f"Megatron-LM megatron/training/training.py@{COMMIT}"
+# Megatron-FSDP's gradient buckets (elements): get_model sets bucket_size = max(40M, 1M * dp_cp) (TRAINING:1316-1319)
+# and MegatronFSDP queues reduce-scatters of up to max(1e9, bucket_size) elements (MF:374-399) before it waits.
+MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK, MFSDP_RS_QUEUE = 40e6, 1e6, 1e9
 TC = f"Megatron-LM megatron/core/transformer/transformer_config.py@{COMMIT}"
 TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py (a2a: heads % cp)"
 
@@ -37,7 +66,7 @@ class MegatronProfile(TargetProfile):
     efficiency_set = "megatron"
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
-    zero_stages = (1, 0, 3)
+    zero_stages = (1, 0, 2, 3)
     cp_comm_types = ("p2p", "a2a", "allgather", "a2a+p2p")
     # Megatron-Core 0.16.1: TransformerConfig accepts num_query_groups a multiple or a divisor of tp
     # (transformer_config.py:939-946); with fewer groups than tp ranks linear_qkv is split evenly, its output
@@ -60,10 +89,16 @@ class MegatronProfile(TargetProfile):
     }
 
     def zero_reason(self, zero_stage: int) -> str:
-        return ("Megatron-LM has no ZeRO-2: --use-distributed-optimizer shards the optimizer state only (the "
-                "gradient buffer stays whole), which is zero_stage=1")
+        return ("Megatron-LM runs ZeRO-0 (DDP), 1 (--use-distributed-optimizer), 2 (Megatron-FSDP optim_grads) "
+                "and 3 (--use-torch-fsdp2)")
 
     def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
+        if zero == 2:
+            return ConfigError(
+                f"hsdp_shard_size={hsdp} with zero_stage=2: Megatron-FSDP's hybrid sharding "
+                "(--num-distributed-optimizer-instances with --use-megatron-fsdp, "
+                "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:203) is not priced by autoplan",
+                valid=["zero_stage=1", "hsdp_shard_size unset"])
         if zero != 1:
             return ConfigError(
                 f"hsdp_shard_size={hsdp} with zero_stage={zero}: Megatron-LM shards in groups only with the "
@@ -91,9 +126,12 @@ class MegatronProfile(TargetProfile):
         if rt.tp_comm_overlap and not (par.tp > 1 and par.sequence_parallel):
             raise ConfigError(f"tp_comm_overlap needs tp > 1 with sequence parallelism ({MLM}:916)",
                               valid=["tp_comm_overlap=false"])
-        if rt.overlap_param_gather and par.zero_stage != 1:
-            raise ConfigError(f"overlap_param_gather needs the distributed optimizer, zero_stage=1 ({MLM}:598)",
-                              valid=["overlap_param_gather=false"])
+        if rt.overlap_param_gather and par.zero_stage not in (1, 2):
+            raise ConfigError(f"overlap_param_gather needs the distributed optimizer or Megatron-FSDP, zero_stage=1 "
+                              f"or 2 ({MLM}:598)", valid=["overlap_param_gather=false"])
+        if par.zero_stage == 2 and not rt.overlap_grad_reduce:
+            raise ConfigError(f"overlap_grad_reduce=false with zero_stage=2: Megatron-FSDP optim_grads always "
+                              f"overlaps the gradient reduce-scatter ({MF}:277-283)", valid=["overlap_grad_reduce=true"])
         if rt.overlap_param_gather and not rt.overlap_grad_reduce:
             raise ConfigError(f"overlap_param_gather needs overlap_grad_reduce ({MLM}:601)",
                               valid=["overlap_grad_reduce=true"])
@@ -112,9 +150,15 @@ class MegatronProfile(TargetProfile):
         zero = par.zero_stage if par is not None else 1
         grad = k.get("grad_reduce_dtype", "fp32")
         fsdp = zero == 3
+        mfsdp = zero == 2  # Megatron-FSDP optim_grads
         env: tuple[tuple[str, str], ...] = ()
-        if (par is None or par.tp > 1 or par.cp > 1) and not fsdp and cluster.gpu.generation != "blackwell":
-            env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)  # MLM:925-953 (TP/CP before Blackwell, no FSDP)
+        if (par is None or par.tp > 1 or par.cp > 1) and zero < 2 and cluster.gpu.generation != "blackwell":
+            env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)  # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687)
+        cap = 0.0
+        if mfsdp:
+            dp_cp = par.dp(cluster.num_gpus) * par.cp if par is not None else cluster.num_gpus
+            bucket = max(MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK * dp_cp)
+            cap = max(MFSDP_RS_QUEUE, bucket) + bucket  # queued reduce-scatters + the bucket being filled
         return Runtime(
             target="megatron",
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1)),
@@ -122,7 +166,7 @@ class MegatronProfile(TargetProfile):
             grad_reduce_dtype=grad,
             cp_comm_type=k.get("cp_comm_type", "p2p"),
             overlap_grad_reduce=k.get("overlap_grad_reduce", True),
-            overlap_param_gather=k.get("overlap_param_gather", zero == 1),
+            overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2)),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
             weight_bytes=4.0 if fsdp else 2.0,
             grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
@@ -130,7 +174,11 @@ class MegatronProfile(TargetProfile):
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
+            grad_reduce_every_microbatch=mfsdp,
+            grad_bucket_cap=cap,
             env=env,
+            notes=("zero_stage=2 runs as Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy "
+                   "optim_grads): gradients reduce-scattered in every micro-batch",) if mfsdp else (),
         )
 
 
