@@ -126,12 +126,13 @@ KNOBS: dict[str, list[dict[str, Any]]] = {
 
 def _knob_rule(target: str, software: dict[str, Any], par: Any, dp: int) -> str | None:
     """Layouts the knobs need: Megatron's --tp-comm-overlap needs tp > 1 with --sequence-parallel
-    (megatron/training/arguments.py:916), --overlap-param-gather the distributed optimizer (:598); an FSDP2
+    (megatron/training/arguments.py:916), --overlap-param-gather the distributed optimizer or Megatron-FSDP
+    (:598: ZeRO-1 or 2); an FSDP2
     reshard_after_forward group size must divide the shard group (torch fully_shard: "reshard to a smaller
     world size")."""
     if software.get("tp_comm_overlap") and not (par.tp > 1 and par.sequence_parallel):
         return f"tp_comm_overlap with tp={par.tp} sp={par.sequence_parallel}"
-    if software.get("overlap_param_gather") and par.zero_stage != 1:
+    if software.get("overlap_param_gather") and par.zero_stage not in (1, 2):
         return f"overlap_param_gather with zero_stage={par.zero_stage}"
     r = software.get("reshard_after_forward")
     if isinstance(r, int) and not isinstance(r, bool):
