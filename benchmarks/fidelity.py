@@ -346,8 +346,8 @@ def memory_rows() -> list[tuple[str, float, float, dict[str, float]]]:
         par = ParallelConfig(tp=c["tp"], pp=c["pp"], cp=c["cp"], micro_batch_size=c["micro_batch_size"],
                              zero_stage=3, recompute="full", sequence_parallel=c["tp"] > 1)
         job = JobSpec(global_batch_size=c["global_batch_size"], seq_len=c["seq_len"], precision="fp8")
-        pred = estimate(load_model(c["model"]), build_cluster("h100-sxm-96g", c["num_gpus"]), job, par,
-                        target="torchtitan")
+        pred = estimate(load_model(c["model"]), build_cluster("h100-sxm-96g", c["num_gpus"], target="torchtitan"),
+                        job, par, target="torchtitan")
         out.append((c["id"], c["measured_gib"], pred.peak_reserved_gib, pred.memory_gib))
     return out
 

@@ -61,7 +61,9 @@ def calibrate_cmd(runs_file: str, gpu: str | None, output: str, fit_fields: str 
         raise UserInputError(f"runs use several GPUs ({', '.join(sorted(names))}); pass --gpu and one GPU's runs")
     if names != {gpu_name}:
         raise UserInputError(f"--gpu {gpu_name} but the runs use {', '.join(sorted(names))}")
-    start = build_cluster(gpu_name, 1, profile=start_profile).efficiency if start_profile else None
+    # the start profile over the efficiency set of the runs' target (as each run resolves: ClusterRequest.resolve)
+    start = (build_cluster(gpu_name, 1, profile=start_profile, target=runs[0].target).efficiency
+             if start_profile else None)
     result = fit(runs, start, fields, prior_weight=prior_weight)
     loo_errors = (leave_one_out(runs, start, fields, prior_weight=prior_weight, progress=_loo_progress)
                   if loo and len(runs) > 1 else None)

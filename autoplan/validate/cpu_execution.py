@@ -51,7 +51,7 @@ def searched_plan(num_gpus: int, *, pins: dict, target: str = "fsdp2", global_ba
     from autoplan.catalog import build_cluster
     from search.planner import search
 
-    cluster = build_cluster("h100-sxm", num_gpus)
+    cluster = build_cluster("h100-sxm", num_gpus, target=target)  # as the target runs on it
     job = JobSpec(global_batch_size=global_batch_size, seq_len=seq_len)
     res = search(tiny_model_spec(), cluster, job, target=target, pins=pins, top_k=1,  # type: ignore[arg-type]
                  find_smallest_cluster=False)
