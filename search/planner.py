@@ -273,6 +273,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
     scorers = target_scorers(model, cluster, job, target, scorer, weights)
+    if "schedule" in pins:  # a schedule no searched target runs: the error estimate gives, not plans nobody runs
+        from cost_models.targets import PROFILES
+        offered = list(dict.fromkeys(s for t in scorers for s in PROFILES[t].schedules))
+        if pins["schedule"] not in offered:
+            raise ConfigError(f"schedule {pins['schedule']}: {' or '.join(scorers)} has no such schedule (pipeline "
+                              f"schedules: {', '.join(offered)})", valid=offered)
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]

@@ -250,8 +250,8 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
 
 def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: dict[str, Any],
                      tally: Tally) -> list[tuple[str, int]]:
-    """(schedule, vp) pairs: 1F1B, interleaved with every ``vp`` Megatron accepts, ZB-H1 where the
-    target runs it."""
+    """(schedule, vp) pairs the target's profile runs: 1F1B, interleaved with every ``vp`` Megatron accepts (a pinned
+    schedule it does not run is refused by ``search.planner.search``, as ``estimate`` refuses it)."""
     if pp == 1:
         out = [("1f1b", 1)]
     else:
@@ -259,8 +259,6 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
         prof = get_profile(target)
         schedules = list(prof.schedules if prof is not None else
                          dict.fromkeys(s for t in ANY_TARGETS for s in PROFILES[t].schedules))
-        if pins.get("schedule") == "zb-h1" and "zb-h1" not in schedules and prof is not None:
-            schedules.append("zb-h1")  # pinned on a named target: priced whatever the target (emit refuses it)
         for sched in schedules:
             if sched != "interleaved":
                 out.append((sched, 1))

@@ -94,3 +94,12 @@ def test_search_any_table_names_each_plans_target() -> None:
     assert res.exit_code == 0, res.output
     heads = [line for line in res.stdout.splitlines() if line.startswith("#")]
     assert len(heads) == 2 and all(any(h.startswith(f"#{i + 1}  [{t}] ") for t in PROFILES) for i, h in enumerate(heads))
+
+
+@pytest.mark.parametrize("target", ["megatron", "any"])
+def test_a_pinned_schedule_no_target_runs_is_refused_like_estimate(target: str) -> None:
+    """ZB-H1 is priced by the cost model but no profile runs it: a pin is the error ``estimate`` gives (it used to
+    return ZB-H1 plans labelled megatron)."""
+    with pytest.raises(ConfigError, match="schedule zb-h1: .*no such schedule") as err:
+        api.search({**REQ, "target": target, "parallel": {"pp": 2, "schedule": "zb-h1"}})
+    assert "zb-h1" not in err.value.valid and "1f1b" in err.value.valid
