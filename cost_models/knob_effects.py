@@ -16,7 +16,8 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   separate pass (``fp8_rescale_bytes``).
 - **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
   attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
-  re-split over CP before and after attention; nothing to hide behind).
+  re-split over CP before and after attention; nothing to hide behind), and Megatron's hierarchical a2a+p2p
+  (Ulysses inside a group of ``a`` ranks, the ring over ``cp/a`` of them).
 """
 
 from __future__ import annotations
@@ -88,10 +89,23 @@ def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:
     return job.precision == "fp8" and rt is not None and rt.fp8_recipe == "rowwise_with_gw_hp"
 
 
+def _ulysses(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, group: int,
+             stride: int) -> tuple[float, float]:
+    """(seconds, bytes each rank sends) of Ulysses' all-to-alls over ``group`` ranks at ``stride``: q, k, v re-split
+    from sequence to heads before the attention core and its output back, forward and backward."""
+    t = graph.tensors
+    core = next(op for op in graph.ops if op.kind == "attention")
+    width = sum(t[x].width for x in core.inputs) + t[core.output].width
+    payload = tokens * width / tp * 2.0
+    seconds = 2 * group_collective_time_s("all_to_all", payload, group, stride, cluster)
+    return seconds, 2 * payload * (group - 1) / group
+
+
 def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-            rt: Runtime | None) -> tuple[float, float, float]:
-    """(seconds, bytes each rank sends, seconds of attention it can hide behind) of one layer's context-parallel
-    traffic for one micro-batch, by ``rt.cp_comm_type`` (``p2p`` when ``rt`` is None).
+            rt: Runtime | None) -> tuple[float, float, float, float]:
+    """(seconds, bytes each rank sends, share of the attention core it can hide behind, seconds of it nothing
+    hides) of one layer's context-parallel traffic for one micro-batch, by ``rt.cp_comm_type`` (``p2p`` when
+    ``rt`` is None). ``c`` = cp, ``t`` = tp, ``s·b/c`` tokens per rank, ``w_x`` the width of tensor x.
 
     - p2p ring (Liu et al. 2023, Ring Attention): ``3(c−1)`` K/V blocks of ``(s/c)·b·(w_k+w_v)/t`` bf16 (forward
       K, V; backward K, V and dK, dV), each hidden behind a block of attention: the whole core can hide them.
@@ -99,33 +113,49 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
       blocks, gathered at once; only the local block's attention (1/c of it) runs before the wait.
     - a2a (Ulysses, Jacobs et al. 2023): q, k, v and the output re-split from sequence to heads and back, forward
       and backward: ``2·(w_q + w_k + w_v + w_o)/t`` per token, each rank sending ``(c−1)/c`` of its share; the
-      attention needs the result, so nothing hides it. Heads after TP must divide by cp (the profile's rule)."""
+      attention needs the result, so nothing hides it. Heads after TP must divide by cp (the profile's rule).
+    - a2a+p2p (Megatron ``--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes a r``, a·r = c; Transformer
+      Engine ``AttnFuncWithCPAndKVP2P`` with ``cp_group = [a2a group, p2p group]``,
+      transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py; Megatron-Core
+      ``parallel_state.create_hierarchical_groups``: the a2a groups are ``a`` adjacent CP ranks, stride ``t``,
+      the p2p ring links ranks ``a·t`` apart): Ulysses inside each a-group (``2·(w_q+w_k+w_v+w_o)/t`` per token,
+      ``(a−1)/a`` of it sent, exposed), then the ring over ``r = c/a`` ranks on ``a·s/c`` tokens of ``1/a`` of the
+      heads: ``3(r−1)`` K/V blocks of the p2p ring's size ``(s/c)·b·(w_k+w_v)/t``, hidden behind the core as the
+      ring is. Seconds: ``2·A2A_a(s·b/c·(w_q+w_k+w_v+w_o)/t·2 B) + 3(r−1)·P2P(block)``; the ring's kernels run
+      ``r`` steps (``ring_steps``)."""
     c = par.cp
     if c <= 1:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
     kind = rt.cp_comm_type if rt is not None else "p2p"
     if kind == "a2a":
-        t = graph.tensors
-        core = next(op for op in graph.ops if op.kind == "attention")
-        width = sum(t[x].width for x in core.inputs) + t[core.output].width
-        payload = tokens * width / par.tp * 2.0
-        seconds = 2 * group_collective_time_s("all_to_all", payload, c, stride, cluster)
-        return seconds, 2 * payload * (c - 1) / c, 0.0
+        seconds, nbytes = _ulysses(graph, cluster, tokens, par.tp, c, stride)
+        return seconds, nbytes, 0.0, 0.0
     if kind == "allgather":
         kv_width = graph.tensors["k"].width + graph.tensors["v"].width
         block = tokens * kv_width / par.tp * 2.0
         ag = group_collective_time_s("all_gather", block * c, c, stride, cluster)
         rs = group_collective_time_s("reduce_scatter", block * c, c, stride, cluster)
-        return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c
+        return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c, 0.0
     from cost_models.layer_cost import cp_ring  # the ring's own formula (layer_cost imports this module)
 
+    if kind == "a2a+p2p" and rt is not None and rt.cp_a2a_size:
+        a = rt.cp_a2a_size
+        a2a_s, a2a_b = _ulysses(graph, cluster, tokens, par.tp, a, stride)
+        ring_s, ring_b = cp_ring(graph, cluster, job, par, stride * a, ring=c // a)
+        return a2a_s + ring_s, a2a_b + ring_b, 1.0, a2a_s
     ring_s, ring_b = cp_ring(graph, cluster, job, par, stride)
-    return ring_s, ring_b, 1.0
+    return ring_s, ring_b, 1.0, 0.0
 
 
-def ring_kernels(rt: Runtime | None) -> bool:
-    """Whether attention runs per K/V chunk with merges (ring P2P, and the all-gather variants that loop over the
-    gathered chunks: TE ``AttnFuncWithCPAndKVAllGather``, torch ``_templated_ring_attention``); Ulysses runs the
-    whole sequence on ``heads/c`` heads in one kernel."""
-    return rt is None or rt.cp_comm_type != "a2a"
+def ring_steps(par: ParallelConfig, rt: Runtime | None) -> int:
+    """Ring steps the attention runs per micro-batch, each one kernel on one K/V chunk and a merge of its partial
+    result: ``cp`` for ring P2P and the all-gather variants that loop over the gathered chunks (TE
+    ``AttnFuncWithCPAndKVAllGather``, torch ``_templated_ring_attention``); ``cp / a`` for a2a+p2p (the ring over
+    the p2p level); 1 for Ulysses (the whole sequence on ``heads/c`` heads in one kernel)."""
+    kind = rt.cp_comm_type if rt is not None else "p2p"
+    if kind == "a2a":
+        return 1
+    if kind == "a2a+p2p" and rt is not None and rt.cp_a2a_size:
+        return par.cp // rt.cp_a2a_size
+    return par.cp

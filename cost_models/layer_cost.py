@@ -23,7 +23,7 @@ from typing import Literal
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_rescale_bytes, ring_kernels,
+from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_rescale_bytes, ring_steps,
                                      tp_overlap, wgrad_in_bf16)
 from cost_models.opgraph import LayerGraph, Op, tp_divisor
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
@@ -48,12 +48,14 @@ class LayerCost:
     ep_bytes: float
     cp_bytes: float
     cp_window: float = 1.0  # share of the attention core CP traffic can hide behind (knob_effects.cp_comm)
+    cp_unhidden_s: float = 0.0  # part of cp_s nothing hides (a2a+p2p's all-to-alls; knob_effects.cp_comm)
 
     @property
     def cp_exposed_s(self) -> float:
         """Ring attention overlaps each K/V block transfer with the previous block's compute (an all-gather only
-        with the local block; Ulysses' all-to-alls with nothing)."""
-        return ring_exposed_s(self.cp_s, self.attention_s * self.cp_window)
+        with the local block; Ulysses' all-to-alls with nothing; a2a+p2p: its ring as a ring, its all-to-alls
+        with nothing)."""
+        return self.cp_unhidden_s + ring_exposed_s(self.cp_s - self.cp_unhidden_s, self.attention_s * self.cp_window)
 
     @property
     def total_s(self) -> float:
@@ -260,14 +262,15 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
     elif op.kind == "attention":
         if eff.flash_attention:
-            slow = cp_kernel_slowdown(job, par, cluster) if ring_kernels(rt) else 1.0
+            steps = ring_steps(par, rt)
+            slow = cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
             attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt))
-    if op.kind == "attention" and par.cp > 1 and ring_kernels(rt):
-        merge_f, merge_b = cp_merge_bytes(op, graph, job, par)
+    if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
+        merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
     extra = gemm * eff.memory_bound_fraction
     return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra,
@@ -445,11 +448,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                 slow = 1.0 / (1.0 - DEEPEP_SM_FRACTION)
                 forward, backward = forward * slow, backward * slow
             ep_s = max(0.0, ep_s - (forward + backward))
-    window = 1.0
+    window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
-        cp_s, cp_bytes, window = cp_comm(graph, cluster, job, par, strides.cp, rt)
+        cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
     return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
-                     ep_bytes, cp_bytes, window)
+                     ep_bytes, cp_bytes, window, unhidden)
 
 
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)
@@ -467,17 +470,18 @@ def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Par
 
 
 def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
-            stride: int) -> tuple[float, float]:
-    """(seconds, bytes) of ring attention's K/V traffic for one micro-batch: 3·(c−1) blocks of
+            stride: int, ring: int | None = None) -> tuple[float, float]:
+    """(seconds, bytes) of ring attention's K/V traffic for one micro-batch: 3·(n−1) blocks of
     (s/c)·b·(w_k + w_v)/t · 2 bytes (forward K,V; backward K,V and dK,dV), neighbours at ``stride``; with
-    t > num_kv_heads a rank holds one K/V head (``tp_divisor``)."""
+    t > num_kv_heads a rank holds one K/V head (``tp_divisor``). ``n`` = ``ring`` ranks (default c; a2a+p2p: c/a,
+    whose blocks hold a× the tokens of 1/a of the heads: the same bytes)."""
     c = par.cp
     if c <= 1:
         return 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
     k, v = graph.tensors["k"], graph.tensors["v"]
     block = tokens * (k.width / tp_divisor(par.tp, k.heads) + v.width / tp_divisor(par.tp, v.heads)) * 2.0
-    n_blocks = 3 * (c - 1)
+    n_blocks = 3 * ((ring or c) - 1)
     return n_blocks * group_collective_time_s("send_recv", block, 2, stride, cluster), n_blocks * block
 
 
@@ -497,27 +501,31 @@ CP_STEP_BYTES = 8.0
 ATTN_HALF_KEYS = 180.0
 
 
-def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec) -> float:
-    """Time factor of the flash kernel under ring CP: each step's kernel sees ``s/(2c)`` keys per query instead of
-    the unsplit causal kernel's ``s/2``, on the measured saturation ``x/(x + ATTN_HALF_KEYS)``."""
-    if par.cp <= 1:
+def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec, steps: int | None = None) -> float:
+    """Time factor of the flash kernel under ring CP: each step's kernel sees ``s/(2n)`` keys per query instead of
+    the unsplit causal kernel's ``s/2``, on the measured saturation ``x/(x + ATTN_HALF_KEYS)``; ``n`` = ``steps``
+    (``knob_effects.ring_steps``; default cp)."""
+    n = steps or par.cp
+    if n <= 1:
         return 1.0
     half = ATTN_HALF_KEYS
 
     def sat(x: float) -> float:
         return x / (x + half)
 
-    return sat(job.seq_len / 2) / sat(job.seq_len / (2 * par.cp))
+    return sat(job.seq_len / 2) / sat(job.seq_len / (2 * n))
 
 
-def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig) -> tuple[float, float]:
+def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig,
+                   steps: int | None = None) -> tuple[float, float]:
     """HBM bytes (forward, backward) of ring CP's per-step merges on one rank for one micro-batch: the output
-    forward, dQ and dK/dV backward, ``CP_STEP_BYTES`` per element per step less the unsplit kernel's one write."""
+    forward, dQ and dK/dV backward, ``CP_STEP_BYTES`` per element per step less the unsplit kernel's one write,
+    over ``n`` = ``steps`` ring steps (default cp; a2a+p2p: cp/a steps on a× the tokens of 1/a of the heads)."""
     c = par.cp
     if c <= 1:
         return 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
-    per = (CP_STEP_BYTES * c - 2.0) * tokens / par.tp
+    per = (CP_STEP_BYTES * (steps or c) - 2.0) * tokens / par.tp
     out = graph.tensors[op.output].width
     q, k, v = (graph.tensors[x].width for x in op.inputs)
     return per * out, per * (q + k + v)

@@ -1,5 +1,6 @@
-"""Reference search: every layout of ``search.space`` × every layer split ``ParallelConfig`` can express,
-each scored by ``cost_models.estimate.estimate``. Slow by design (it is what the planner must equal); the
+"""Reference search: every layout of ``search.space`` × every layer split ``ParallelConfig`` can express × every
+legal setting of the knobs the target searches (``TargetProfile.knob_candidates``), each scored by
+``cost_models.estimate.estimate``. Slow by design (it is what the planner must equal); the
 tests run it on small spaces and ``benchmarks/search_speed.py`` times it (or extrapolates it)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, Prediction, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import PROFILES, Software
 from search.space import Layout, Tally, Target, enumerate_layouts
 
 
@@ -71,13 +73,24 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
         if max_points is not None and n >= max_points:
             break
         n += 1
-        try:
-            pred = estimate(model, cluster, job, par, weights, target=lay.target)  # any: each layout's own
-        except ConfigError:
-            continue
-        if not pred.fits:
-            continue
-        key = (pred.composite_cost, lay.sort_key())
-        if best is None or key < best[:2]:
-            best = (pred.composite_cost, lay.sort_key(), par, pred)
+        for sw in knob_settings(model, cluster, job, lay, par):
+            try:
+                pred = estimate(model, cluster, job, par, weights, target=lay.target,  # any: each layout's own
+                                software=sw)
+            except ConfigError:
+                continue
+            if not pred.fits:
+                continue
+            key = (pred.composite_cost, lay.sort_key())
+            if best is None or key < best[:2]:
+                best = (pred.composite_cost, lay.sort_key(), par, pred)
     return ExhaustiveBest(best[2], best[3], n) if best else None
+
+
+def knob_settings(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout,
+                  par: ParallelConfig) -> list[Software]:
+    """Every legal setting of the knobs the target's profile searches on this layout (none set by a user here),
+    the default first (``TargetProfile.knob_candidates``); just the defaults where there is nothing to choose."""
+    prof = PROFILES.get(lay.target)
+    cands = prof.knob_candidates(model, cluster, job, par, None) if prof is not None else []
+    return [Software(**c) for c in cands] or [Software()]

@@ -12,6 +12,8 @@ its largest non-compute part and its memory headroom.
 
 from __future__ import annotations
 
+from typing import Any
+
 from cost_models.estimate import Prediction
 from cost_models.specs import ClusterSpec, ParallelConfig
 
@@ -91,3 +93,18 @@ def explain(a: ParallelConfig, pa: Prediction, b: ParallelConfig, pb: Prediction
     if abs(pa.peak_memory_gib - pb.peak_memory_gib) > 0.05:
         text += f"; peak memory {pa.peak_memory_gib:.1f} vs {pb.peak_memory_gib:.1f} GiB"
     return text + ". Binds: " + binding(pa, cluster)
+
+
+def knob_choice(moved: dict[str, Any], defaults: dict[str, Any], pred: Prediction,
+                before: Prediction | None) -> str:
+    """What the knobs the search set (``moved``: those that differ from the target's ``defaults``) bought on the
+    plan's own layout: its step time against the same layout priced with the defaults (``before``)."""
+    if not moved:
+        return ""
+    chosen = " ".join(f"{k}={v}" for k, v in moved.items())
+    if before is None:
+        return f"knobs chosen: {chosen}"
+    was = " ".join(f"{k}={v}" for k, v in defaults.items() if v is not None)
+    t0, t1 = before.step_time_s, pred.step_time_s
+    return (f"knobs chosen: {chosen} ({t1:.4g} s per step vs {t0:.4g} s with the target's default {was}: "
+            f"{(t1 - t0) / t0:+.1%})")

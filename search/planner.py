@@ -36,7 +36,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
 from cost_models.validate import nvlink_tp_refusal, stage_layers, with_explicit_split
-from search.explain import explain
+from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import ANY_TARGETS, Layout, Tally, Target, enumerate_layouts, tp_choices
@@ -212,12 +212,16 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scor
         prof = get_profile(lay.target)
         if prof is not None:
             sc = scorers[lay.target]
-            try:
-                prof.check_runtime(model, sc.cluster, job, ParallelConfig(**lay.parallel_kwargs()), sc.runtime(lay))
+            par = ParallelConfig(**lay.parallel_kwargs())
+            try:  # the defaults first (no pricing); else the knobs the search chose, legal if any setting is
+                prof.check_runtime(model, sc.cluster, job, par, sc.default_runtime(lay))
             except ConfigError as err:
-                tally.cut("knob_rule")
-                first = first or err
-                continue
+                try:
+                    prof.check_runtime(model, sc.cluster, job, par, sc.runtime(lay))
+                except ConfigError:
+                    tally.cut("knob_rule")
+                    first = first or err
+                    continue
         kept.append(lay)
     if layouts and not kept and first is not None:
         raise first
@@ -351,12 +355,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
         if nxt is not None and nxt[4].target != lay.target:
             text += f" (#{i + 2} runs on {nxt[4].target})"
+        note = _knob_note(scorers[lay.target], lay, par, pred, weights)
+        text += f". {note[0].upper()}{note[1:]}" if note else ""
         plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
                                 op_shardings=op_shardings(scorers[lay.target], lay), target=lay.target))
     return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
                          wall_time_s=time.perf_counter() - t0, target=target,
                          ilp_solves=sum(c.misses for c in ilps) - solves0,
                          ilp_cache_hits=sum(c.hits for c in ilps) - hits0)
+
+
+def _knob_note(scorer: Scorer, lay: Layout, par: ParallelConfig, pred: Prediction,
+               weights: CostWeights | None) -> str:
+    """The knobs the search set on ``lay`` beyond the user's (``Scorer.chosen_knobs``) where they differ from the
+    target's defaults, and the step time the defaults would give on the same layout (``search.explain``)."""
+    base = scorer.default_runtime(lay)
+    moved = {k: v for k, v in scorer.chosen_knobs(lay).items() if getattr(base, k) != v}
+    if not moved:
+        return ""
+    try:
+        before: Prediction | None = estimate(scorer.model, scorer.cluster, scorer.job, par, weights, runtime=base)
+    except ConfigError:
+        before = None
+    return knob_choice(moved, {k: getattr(base, k) for k in moved}, pred, before)
 
 
 def op_shardings(scorer: Scorer, lay: Layout) -> dict[str, dict[str, str]]:

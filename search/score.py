@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
 from cost_models.collectives import RankStrides
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import kv_gather_cost, layer_cost, tp_boundary_costs
+from cost_models.layer_cost import LayerCost, kv_gather_cost, layer_cost, tp_boundary_costs
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
@@ -43,7 +44,7 @@ from cost_models.memory import (
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Runtime, Software, runtime_for
+from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
@@ -92,6 +93,11 @@ class Scorer:
         self._knob_args: dict[tuple, tuple[ParallelConfig, Runtime | None, float]] = {}  # bound key, kind
         self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._knob_delta: dict[tuple, float] = {}  # (bound key, kind): layer_cost with the runtime's knobs − without
+        self._chosen: dict[tuple, dict[str, Any]] = {}  # (bound key, zero, pp): the knobs the search chose
+        self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
+        self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
+        self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
+        self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
@@ -102,8 +108,8 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_knob_args", "_knob_delta", "ilp", "_params", "_param_sums", "_inflight",
-                     "_zero3"):
+        for name in ("_layer", "_bounds", "_knob_args", "_knob_delta", "_chosen", "_lc", "_ktime", "_cands", "_acts",
+                     "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
             setattr(other, name, getattr(self, name))
         return other
 
@@ -114,16 +120,96 @@ class Scorer:
                 and (software is None or software == self.software))
 
     def runtime(self, lay: Layout) -> Runtime:
-        """The resolved runtime of ``lay``'s target with the user's knobs (``cost_models.targets.runtime_for``;
-        ``any``: Megatron's): the memory facts, gradient dtype and knobs ``estimate`` prices the layout with."""
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        """The resolved runtime ``estimate`` prices ``lay`` with (``cost_models.targets.runtime_for``; ``any``:
+        Megatron's): the user's knobs and those the search chose for the layout (``chosen_knobs``)."""
+        return self._runtime_with(lay, self.chosen_knobs(lay))
+
+    def default_runtime(self, lay: Layout) -> Runtime:
+        """``lay``'s runtime with the user's knobs alone (every other knob at the target's default)."""
+        return self._runtime_with(lay, {})
+
+    def _runtime_with(self, lay: Layout, chosen: dict[str, Any]) -> Runtime:
+        items = tuple(sorted(chosen.items()))
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, items)
         hit = self._runtimes.get(key)
         if hit is None:
             par = ParallelConfig(tp=lay.tp, cp=lay.cp, pp=lay.pp, zero_stage=lay.zero_stage,
                                  sequence_parallel=lay.sequence_parallel)
             target = None if lay.target == "any" else lay.target
-            hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, self.software)
+            sw = Software(**self.software.given(), **chosen) if chosen else self.software
+            hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, sw)
         return hit
+
+    def chosen_knobs(self, lay: Layout) -> dict[str, Any]:
+        """The knobs the search sets for ``lay`` (``Software`` fields added to the user's): of the target's legal
+        settings of the knobs the user left unset (``TargetProfile.knob_candidates``), the one whose layers cost
+        least per micro-batch (``layer_cost`` of each decoder layer × its count + ``head_cost``, the functions
+        ``estimate`` prices with; every stage time, hence the pipeline, is monotone in them); ties: the earlier
+        candidate (the target's default first). Empty: nothing to choose (``any``: no profile). The searched
+        knobs change time only (``TargetProfile.searched_knobs``), so memory is priced alike with any of them."""
+        bkey = self.bound_key(lay)
+        key = (bkey, lay.zero_stage, lay.pp)
+        hit = self._chosen.get(key)
+        if hit is None:
+            cands = self.knob_candidates(lay)
+            hit = cands[0] if len(cands) == 1 else {}
+            if len(cands) > 1:
+                best: tuple[float, dict[str, Any]] | None = None
+                for fields in cands:
+                    t = self._knob_time(lay, bkey, fields)
+                    if best is None or t < best[0] * (1 - 1e-12):
+                        best = (t, fields)
+                hit = best[1]  # type: ignore[index]
+            self._chosen[key] = hit
+        return hit
+
+    def knob_candidates(self, lay: Layout) -> list[dict[str, Any]]:
+        """``TargetProfile.knob_candidates`` for ``lay``, once per runtime key (the fields of the layout the
+        profiles' knob rules and ``resolve`` read: target, zero, pp, tp, cp, sp)."""
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        hit = self._cands.get(key)
+        if hit is None:
+            prof = PROFILES.get(lay.target)
+            hit = [] if prof is None else prof.knob_candidates(self.model, self.cluster, self.job,
+                                                                ParallelConfig(**lay.parallel_kwargs()),
+                                                                self.software)
+            self._cands[key] = hit
+        return hit
+
+    @staticmethod
+    def bound_key(lay: Layout, recompute: str | None = None) -> tuple:
+        return (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, recompute or lay.recompute, lay.sequence_parallel,
+                lay.target, lay.kv_replication)
+
+    def _layer_cost(self, lay: Layout, bkey: tuple, kind: str, chosen: dict[str, Any]) -> LayerCost:
+        """``layer_cost`` of one decoder layer kind on ``bkey``'s mesh with the user's and the ``chosen`` knobs,
+        once per (bound key, kind, chosen knobs)."""
+        key = (bkey, kind, tuple(sorted(chosen.items())))
+        hit = self._lc.get(key)
+        if hit is None:
+            hit = self._lc[key] = layer_cost(self.graphs[kind], self.model, self.cluster, self.job,
+                                             self._bound_par(lay, bkey[4]), 1, self._runtime_with(lay, chosen))
+        return hit
+
+    def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
+        """Seconds per micro-batch of all decoder layers and the head with the ``chosen`` knobs (what
+        ``chosen_knobs`` ranks), once per (bound key, chosen knobs)."""
+        key = (bkey, tuple(sorted(chosen.items())))
+        hit = self._ktime.get(key)
+        if hit is None:
+            n = {"moe": self.n_moe, "dense": self.L - self.n_moe}
+            hit = sum(n[k] * self._layer_cost(lay, bkey, k, chosen).total_s for k in ("dense", "moe")
+                      if k in self.graphs)
+            hit += head_cost(self.graphs["head"], self.cluster, self.job, self._bound_par(lay, bkey[4]),
+                             self._runtime_with(lay, chosen))
+            self._ktime[key] = hit
+        return hit
+
+    @staticmethod
+    def _bound_par(lay: Layout, recompute: str) -> ParallelConfig:
+        return ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
+                              recompute=recompute, sequence_parallel=lay.sequence_parallel,  # type: ignore[arg-type]
+                              kv_replication=lay.kv_replication)  # type: ignore[arg-type]
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -187,34 +273,48 @@ class Scorer:
         core, the ring and the all-to-alls' floor (weights are sharded as the layout says); sequence-sharded
         memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target, lay.kv_replication)
+        key = self.bound_key(lay, rc)
         hit = self._bounds.get(key)
         if hit is not None:
             return hit
-        par = ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                             recompute=rc, sequence_parallel=lay.sequence_parallel,  # type: ignore[arg-type]
-                             kv_replication=lay.kv_replication)  # type: ignore[arg-type]
+        par = self._bound_par(lay, rc)
         # One point where the target's strategy set leaves a single pattern (the K/V holding is the layout's)
         single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
         rt = self.runtime(lay)
+        acts, head_a = self.act_pieces(lay, rc)
         kinds = {}
         for kind in ("dense", "moe"):
             if kind not in self.graphs:
                 continue
             g = self.graphs[kind]
-            lc = layer_cost(g, self.model, self.cluster, self.job, par, 1, rt)
+            lc = self._layer_cost(lay, key, kind, self.chosen_knobs(lay))
             self._knob_args[(key, kind)] = (par, rt, lc.total_s)  # knob_delta_s prices the rest if the ILP runs
             t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par, rt)
-            kinds[kind] = (t, activation_bytes_per_microbatch(g, self.model, self.job, par, rt))
+            kinds[kind] = (t, acts[kind])
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
-        head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
         if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
-            layer_t, layer_a = kinds[mtp_layer_kind(self.model)]
+            layer_t = kinds[mtp_layer_kind(self.model)][0]
             head_t += mtp_time_s(self.model, layer_t, head_t, self.cluster, self.job, par)
-            head_a += mtp_activation_bytes(self.model, layer_a, head_a, self.job, par)
         out = (kinds, head_t, head_a)
         self._bounds[key] = out
         return out
+
+    def act_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
+        """Activations per micro-batch of each decoder layer kind and of the head (+ MTP), as the target's
+        runtime saves them (``activation_bytes_per_microbatch``), without pricing time: what the memory bounds
+        read. With the user's knobs alone (the knobs the search chooses change time only)."""
+        rc = recompute or lay.recompute
+        key = self.bound_key(lay, rc)
+        hit = self._acts.get(key)
+        if hit is None:
+            par, rt = self._bound_par(lay, rc), self.default_runtime(lay)
+            acts = {kind: activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par, rt)
+                    for kind in ("dense", "moe") if kind in self.graphs}
+            head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
+            if self.model.arch.mtp_layers:
+                head_a += mtp_activation_bytes(self.model, acts[mtp_layer_kind(self.model)], head_a, self.job, par)
+            hit = self._acts[key] = (acts, head_a)
+        return hit
 
     def mtp_params(self, tp: int, ep: int) -> tuple[float, float, float]:
         """``cost_models.mtp.mtp_stage_params``, once per (tp, ep)."""
@@ -291,8 +391,9 @@ class Scorer:
     def state_coefficients(self, lay: Layout) -> tuple[float, float, float]:
         """(bytes per dense parameter, per expert parameter, per parameter of the largest layer) a rank holds for
         its stage: ZeRO state as the runtime holds it (``Runtime.state_bytes``) and ZeRO-3's transients
-        (``memory.zero3_transient_bytes``; the per-parameter ones with the allocator's reserve, as ``stage_memory``)."""
-        rt = self.runtime(lay)
+        (``memory.zero3_transient_bytes``; the per-parameter ones with the allocator's reserve, as ``stage_memory``).
+        Memory: the user's knobs alone (the knobs the search chooses change time only)."""
+        rt = self.default_runtime(lay)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(rt.state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
@@ -320,7 +421,7 @@ class Scorer:
         if lay.recompute == "full":
             peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
                                                    self._par(lay, recompute="none", vp=1, schedule="1f1b"),
-                                                   self.runtime(lay))
+                                                   self.default_runtime(lay))
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
@@ -437,14 +538,14 @@ class Scorer:
         """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
-        kinds, _, head_a = self.bound_pieces(lay)
-        a_dense, a_moe = kinds["dense"][1], kinds.get("moe", (0.0, 0.0))[1]
+        kinds, head_a = self.act_pieces(lay)
+        a_dense, a_moe = kinds["dense"], kinds.get("moe", 0.0)
         self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
         kd, ke, _ = self.state_coefficients(lay)
         frag = 1.0 + FRAGMENTATION
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
-        peak = self.bound_pieces(lay, "none")[0]["dense"][1] if lay.recompute == "full" else 0.0
+        peak = self.act_pieces(lay, "none")[0]["dense"] if lay.recompute == "full" else 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:

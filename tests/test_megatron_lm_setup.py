@@ -21,6 +21,7 @@ from autoplan.emit import EmitPlan, write_plan
 from autoplan.validate import megatron_lm
 from autoplan.validate.megatron_checks import megatron_lm_case
 from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import Software
 from tests.written_configs import MISTRAL_7B
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow]
@@ -29,11 +30,14 @@ pytestmark = [pytest.mark.consumers, pytest.mark.slow]
 CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          ("llama3-405b", 16384, dict(tp=8, pp=16)), ("mixtral-8x7b", 64, dict(tp=2, ep=8)),
          ("qwen3-235b-a22b", 1024, dict(tp=4, pp=8, ep=8)), ("deepseek-v3", 2048, dict(tp=2, pp=16, ep=64)),
-         ("mistral-7b config.json", 16, dict(tp=4))]
+         ("mistral-7b config.json", 16, dict(tp=4)),
+         # context-parallel communication types (issue 10): Ulysses, and hierarchical a2a+p2p with its group sizes
+         ("llama3-8b", 64, dict(tp=1, cp=8)), ("llama3-8b", 64, dict(tp=2, cp=8))]
+SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4)}
 TRAIN_ITERS = 250
 
 
-def _emit(name: str, gpus: int, par: dict, tmp: Path) -> tuple[EmitPlan, list[str]]:
+def _emit(name: str, gpus: int, par: dict, tmp: Path, software: Software | None = None) -> tuple[EmitPlan, list[str]]:
     tmp.mkdir()
     if name.endswith("config.json"):  # written here, loaded as a user's file
         src = tmp / "config.json"
@@ -44,7 +48,7 @@ def _emit(name: str, gpus: int, par: dict, tmp: Path) -> tuple[EmitPlan, list[st
     else:
         model = load_model(name)
     plan = EmitPlan(model, build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=2048, seq_len=4096),
-                    ParallelConfig(**par))
+                    ParallelConfig(**par), software=software or Software())
     out = tmp / "emitted"
     write_plan(plan, "megatron", out)
     env = {"DATA_ARGS": f"--mock-data --tokenizer-type NullTokenizer --vocab-size {model.vocab_size - 1}",
@@ -57,7 +61,7 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
         pytest.skip(megatron_lm.skip_reason())
     plans, cases = [], []
     for i, (name, gpus, par) in enumerate(CASES):
-        plan, argv = _emit(name, gpus, par, tmp_path / str(i))
+        plan, argv = _emit(name, gpus, par, tmp_path / str(i), SOFTWARE.get(i))
         assert argv[-5:] == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
                              str(plan.model.vocab_size - 1)]  # the test's DATA_ARGS reached the trainer
         plans.append(plan)
@@ -76,6 +80,11 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "window_size": [a.sliding_window - 1, 0] if a.sliding_window else None,
                 "num_moe_experts": m.num_experts or None, "mtp_num_layers": a.mtp_layers or None,
                 "hidden_dropout": a.hidden_dropout, "attention_dropout": a.attention_dropout}
+        rt = plan.runtime("megatron")  # the CP communication priced, as Megatron-Core settled it
+        hier = rt.cp_a2a_size if rt.cp_comm_type == "a2a+p2p" else None
+        want.update(cp_comm_type={"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type)
+                    if plan.parallel.cp > 1 else "p2p",
+                    hierarchical_context_parallel_sizes=[hier, plan.parallel.cp // hier] if hier else None)
         if m.num_experts:
             want.update(moe_router_topk=m.moe_top_k, moe_router_score_function=r.score_function,
                         moe_aux_loss_coeff=r.aux_loss_coeff, moe_router_enable_expert_bias=r.expert_bias)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan.catalog import build_cluster, load_model
+from autoplan.emit.plan import priced_software
 from cost_models.errors import InfeasibleError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ModelSpec
@@ -69,7 +70,8 @@ def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> Non
     if model.is_moe:
         assert model.num_experts % par.ep == 0 and (dp * par.cp) % par.ep == 0
     # what users see is estimate's, exactly, as the plan's target runs it
-    assert pred == estimate(model, cluster, job, par, target=pred.software["target"])
+    assert pred == estimate(model, cluster, job, par, target=pred.software["target"],
+                            software=priced_software(pred.software))  # with the knobs the search chose
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -292,7 +294,9 @@ def test_layer_costs_agree_with_the_intra_op_ilp_for_the_megatron_pattern(name: 
         par, dp, m = p.parallel, p.prediction.dp, p.prediction.num_microbatches
         lay = Layout(par.tp, par.cp, par.pp, dp, par.ep, par.micro_batch_size, m, par.recompute, par.zero_stage,
                      par.hsdp_shard_size, par.schedule, par.vp)
-        per_layer = float(np.diff(scorer.layer_pieces(lay)[0])[0])
+        # less what the knobs the search chose change (0 at the defaults: the ILP prices without a runtime)
+        per_layer = (float(np.diff(scorer.layer_pieces(lay)[0])[0])
+                     - scorer.knob_delta_s(scorer.bound_key(lay), "dense"))
         mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=par.tp, cp=par.cp, ep=par.ep)
         ilp = solve_layer(model, mesh, IntraOpRequest(kind="dense", seq_len=job.seq_len,
                                                       micro_batch_size=par.micro_batch_size,

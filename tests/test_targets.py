@@ -160,7 +160,7 @@ def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
                                        "--compile"])
         assert res.exit_code == 2, res.output
         assert res.output.strip().count("\n") == 0
-        assert "megatron has no knob compile (its knobs: cp_comm_type, fp8_recipe, grad_reduce_dtype" in res.output
+        assert "megatron has no knob compile (its knobs: cp_a2a_size, cp_comm_type, fp8_recipe, grad_reduce_dtype" in res.output
 
 
 def test_predictions_report_every_knob_and_the_emitter_writes_them(tmp_path) -> None:  # type: ignore[no-untyped-def]

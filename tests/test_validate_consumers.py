@@ -215,3 +215,22 @@ def test_megatron_fsdp2_plan_is_emitted_as_validate_args_wants(tmp_path) -> None
     args = (tmp_path / "megatron_args.txt").read_text().split()
     assert "--use-torch-fsdp2" in args and "--no-gradient-accumulation-fusion" in args
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "train_megatron_torchrun.sh").read_text()
+
+
+def test_megatron_core_builds_the_hierarchical_cp_groups_priced() -> None:
+    """a2a+p2p (issue 10): the emitted --hierarchical-context-parallel-sizes build megatron-core's groups on the
+    fake backend, rank 0's all-to-all group = 4 adjacent CP ranks (tp = 2 apart), its ring 2 ranks 8 apart: the
+    strides knob_effects.cp_comm prices."""
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("einops")  # megatron-core's create_hierarchical_groups
+    from dataclasses import replace
+
+    from autoplan.validate import run_checks
+    from cost_models.targets import Software
+
+    plan = EmitPlan(load_model("llama3-8b"), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=64,
+                    seq_len=65536), ParallelConfig(tp=2, cp=8))
+    checks = run_checks(replace(plan, software=Software(cp_comm_type="a2a+p2p", cp_a2a_size=4)), "megatron")
+    assert all(c.ok for c in checks), report(checks)
+    assert any("hierarchical CP groups [4, 2] (a2a ranks [0, 2, 4, 6], ring [0, 8])" in c.detail
+               for c in checks), report(checks)

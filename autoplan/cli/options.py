@@ -115,9 +115,9 @@ def _reshard(ctx: click.Context, param: click.Parameter, value: str | None) -> b
 
 software_options = stack(
     click.option("--compile/--no-compile", "compile", default=None,
-                 help="torch.compile the model and loss (torchtitan) [target default]"),
+                 help="torch.compile the model and loss (torchtitan) [searched by `search`; default off]"),
     click.option("--async-tp/--no-async-tp", "async_tp", default=None,
-                 help="torchtitan async TP: TP collectives overlapped with the GEMMs (needs --compile)"),
+                 help="torchtitan async TP: TP collectives overlapped with the GEMMs (needs --compile) [searched]"),
     click.option("--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap", default=None,
                  help="Megatron --tp-comm-overlap (needs sequence parallelism) [on where legal]"),
     click.option("--fp8-recipe", type=click.Choice(list(Fp8Recipe.__args__)), default=None,  # type: ignore[attr-defined]
@@ -126,12 +126,16 @@ software_options = stack(
     click.option("--grad-reduce-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="main gradients and the DP reduction (Megatron default fp32; bf16 = --grad-reduce-in-bf16)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
-                 help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p"),
+                 help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p "
+                      "[searched per layout by `search`; megatron default p2p]"),
+    click.option("--cp-a2a-size", "cp_a2a_size", type=click.IntRange(min=2), default=None,
+                 help="a2a+p2p: ranks of the inner all-to-all group (Megatron --hierarchical-context-parallel-sizes "
+                      "A CP/A) [searched]"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
-                 "reshard_after_forward")
+                 "cp_a2a_size", "reshard_after_forward")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -55,6 +55,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add(flag, value)
     if par.cp > 1:
         add("--cp-comm-type", {"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type))
+        if rt.cp_comm_type == "a2a+p2p" and rt.cp_a2a_size:  # [a2a level, p2p level] (MLM:403-408)
+            a.extend(["--hierarchical-context-parallel-sizes", str(rt.cp_a2a_size), str(par.cp // rt.cp_a2a_size)])
     dp_cp = plan.dp * par.cp
     if par.zero_stage == 1:
         add("--use-distributed-optimizer")
@@ -271,6 +273,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
     for flag in ints:

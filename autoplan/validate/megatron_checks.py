@@ -188,6 +188,7 @@ def _check_init(plan: EmitPlan, ns: argparse.Namespace) -> str:
             context_parallel_size=d["cp"], expert_model_parallel_size=d["ep"],
             expert_tensor_parallel_size=d["etp"],
             num_distributed_optimizer_instances=ns.num_distributed_optimizer_instances or 1,
+            hierarchical_context_parallel_sizes=ns.hierarchical_context_parallel_sizes,
             create_gloo_process_groups=False, order="tp-cp-ep-dp-pp")
     got = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
            "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size(),
@@ -195,7 +196,17 @@ def _check_init(plan: EmitPlan, ns: argparse.Namespace) -> str:
     want = {k: d[k] for k in got}
     if got != want:
         raise AssertionError(f"parallel_state sizes {got} != plan {want}")
-    return f"world {world}: " + ", ".join(f"{k}={v}" for k, v in got.items())
+    text = f"world {world}: " + ", ".join(f"{k}={v}" for k, v in got.items())
+    sizes = ns.hierarchical_context_parallel_sizes
+    if sizes:  # a2a+p2p: rank 0's a2a group is `a` adjacent CP ranks (tp apart), its ring links ranks a*tp apart
+        groups = [dist.get_process_group_ranks(g) for g in ps.get_hierarchical_context_parallel_groups()]
+        a, tp = sizes[0], d["tp"]
+        priced = [[i * tp for i in range(a)], [i * a * tp for i in range(sizes[1])]]
+        if groups != priced:
+            raise AssertionError(f"hierarchical CP groups of rank 0 {groups} != priced {priced} "
+                                 "(knob_effects.cp_comm strides)")
+        text += f"; hierarchical CP groups {sizes} (a2a ranks {groups[0][:4]}, ring {groups[1][:4]})"
+    return text
 
 
 def _check_microbatches(plan: EmitPlan, ns: argparse.Namespace) -> str:

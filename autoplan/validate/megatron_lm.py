@@ -128,7 +128,9 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "moe_router_score_function": cfg.moe_router_score_function,
             "moe_aux_loss_coeff": cfg.moe_aux_loss_coeff, "moe_router_enable_expert_bias":
                 cfg.moe_router_enable_expert_bias, "mtp_num_layers": cfg.mtp_num_layers,
-            "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout}}
+            "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
+            "cp_comm_type": cfg.cp_comm_type,
+            "hierarchical_context_parallel_sizes": cfg.hierarchical_context_parallel_sizes}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -34,6 +35,9 @@ class Software(BaseModel):
                                                 "gradient reduction")
     cp_comm_type: CpCommType | None = Field(default=None, description="context-parallel attention communication: "
                                             "p2p ring, a2a (Ulysses), allgather, a2a+p2p (hierarchical)")
+    cp_a2a_size: Annotated[int, Field(ge=2)] | None = Field(
+        default=None, description="a2a+p2p: ranks of the inner all-to-all group (Megatron "
+        "--hierarchical-context-parallel-sizes a2a p2p: a ring over cp / this size)")
     overlap_grad_reduce: bool | None = Field(default=None, description="Megatron --overlap-grad-reduce")
     overlap_param_gather: bool | None = Field(default=None, description="Megatron --overlap-param-gather")
     reshard_after_forward: bool | Annotated[int, Field(ge=2)] | None = Field(
@@ -45,7 +49,7 @@ class Software(BaseModel):
 
 
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
-              "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward")
+              "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Runtime:
     fp8_recipe: str | None = None
     grad_reduce_dtype: GradDtype = "fp32"
     cp_comm_type: CpCommType = "p2p"
+    cp_a2a_size: int | None = None  # a2a+p2p: the inner all-to-all group (the ring runs over cp / it)
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     reshard_after_forward: bool | int = True
@@ -130,7 +135,8 @@ class Runtime:
         from cost_models.targets import PROFILES
 
         prof = PROFILES.get(self.target)
-        names = [n for n in KNOB_NAMES if prof is None or n in prof.knobs]
+        names = [n for n in KNOB_NAMES if (prof is None or n in prof.knobs)
+                 and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")]  # a parameter of a2a+p2p only
         return {"target": self.target, **{n: getattr(self, n) for n in names}}
 
 
@@ -195,6 +201,45 @@ class TargetProfile:
             if knob.values and not offered and not (knob.int_values and is_int):
                 raise ConfigError(f"{key}={value!r} is not a {self.name} choice ({knob.source})", valid=knob.values)
         return given
+
+    # ---- knobs the search chooses ---------------------------------------------------------------------------
+    # Knobs whose best value depends on the layout and that change only the time of a layer (neither memory nor
+    # numerics): the search prices each legal value per layout with ``layer_cost`` and keeps the cheapest
+    # (``search.score.Scorer.chosen_knobs``). Not searched: numerics (grad_reduce_dtype, fp8_recipe: the user's
+    # call), and overlaps whose default "on" is never slower in the cost model (Megatron tp_comm_overlap,
+    # overlap_grad_reduce/param_gather: ``knob_effects.tp_overlap``, ``estimate.dp_exposed_s``).
+    searched_knobs: tuple[str, ...] = ()
+
+    def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                     given: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """Settings of one searched knob worth pricing on this layout (``given``: the user's knobs), the target's
+        default first (each a dict of ``Software`` fields: a value may carry a parameter, e.g. a2a+p2p its group
+        size); () or one: no choice."""
+        return ()
+
+    def knob_candidates(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                        software: Software | None) -> list[dict[str, Any]]:
+        """The legal settings of the searched knobs the user left unset on this layout (the user's knobs kept),
+        as ``Software`` fields to add to the user's; the target's defaults first, then in ``knob_options`` order
+        (the search's tie order). Empty when nothing is left to choose or no setting is legal with the user's
+        knobs (the user's knobs then decide, and ``check_runtime`` says why)."""
+        given = software.given() if software is not None else {}
+        options = [o for o in (self.knob_options(n, model, cluster, job, par, given) for n in self.searched_knobs
+                               if n not in given) if len(o) > 1]
+        if not options:
+            return []
+        out: list[dict[str, Any]] = []
+        for combo in itertools.product(*options):
+            fields: dict[str, Any] = {}
+            for part in combo:
+                fields.update(part)
+            try:
+                rt = self.resolve(Software(**given, **fields), job, cluster, par)
+                self.check_runtime(model, cluster, job, par, rt)
+            except ConfigError:
+                continue
+            out.append(fields)
+        return out
 
     # ---- legality --------------------------------------------------------------------------------------
     def check(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

@@ -46,6 +46,8 @@ Run-time semantics:
 
 from __future__ import annotations
 
+from typing import Any
+
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, fsdp2_gathered_unit_bytes
@@ -83,10 +85,36 @@ class MegatronProfile(TargetProfile):
                            f"{TC}:436-441 (mxfp8: Blackwell only)"),
         "cp_comm_type": Knob("cp_comm_type", ("p2p", "a2a", "allgather", "a2a+p2p"), "p2p",
                              f"{TC}:732-743 (--cp-comm-type, {MLM}:2341)"),
+        "cp_a2a_size": Knob("cp_a2a_size", (), None,
+                            f"{MLM}:403-408 (--hierarchical-context-parallel-sizes a2a p2p, product = cp; "
+                            "megatron/core/model_parallel_config.py:48-53)", int_values=True),
         "overlap_grad_reduce": Knob("overlap_grad_reduce", (True, False), True, f"{MLM}:2243"),
         "overlap_param_gather": Knob("overlap_param_gather", (True, False), True,
                                      f"{MLM}:598-601 (distributed optimizer + overlap_grad_reduce)"),
     }
+
+    searched_knobs = ("cp_comm_type", "cp_a2a_size")
+
+    def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                     given: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """cp_comm_type on cp > 1 (p2p, Megatron's default, first), with a2a+p2p at each inner size; cp_a2a_size
+        when the user asked for a2a+p2p without one. Illegal ones (heads after TP, ``check_cp_comm``) are
+        dropped by ``knob_candidates``."""
+        if par.cp <= 1:
+            return ()
+        sizes = hierarchical_sizes(par.cp)
+        if name == "cp_a2a_size":
+            return tuple({"cp_a2a_size": a} for a in sizes) if given.get("cp_comm_type") == "a2a+p2p" else ()
+        kinds = sorted(self.knobs["cp_comm_type"].values, key=lambda v: v != self.knobs["cp_comm_type"].default)
+        out: list[dict[str, Any]] = []
+        for kind in kinds:
+            if kind != "a2a+p2p":
+                out.append({"cp_comm_type": kind})
+            elif "cp_a2a_size" in given:
+                out.append({"cp_comm_type": kind})
+            else:
+                out += [{"cp_comm_type": kind, "cp_a2a_size": a} for a in sizes]
+        return tuple(out)
 
     def zero_reason(self, zero_stage: int) -> str:
         return ("Megatron-LM runs ZeRO-0 (DDP), 1 (--use-distributed-optimizer), 2 (Megatron-FSDP optim_grads) "
@@ -136,7 +164,7 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"overlap_param_gather needs overlap_grad_reduce ({MLM}:601)",
                               valid=["overlap_grad_reduce=true"])
         if par.cp > 1:
-            check_cp_comm(model, par, rt.cp_comm_type, cluster)
+            check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
             raise ConfigError(f"fp8_recipe=mxfp8 runs on Blackwell only ({TC}:441); {cluster.gpu.name} is "
                               f"{cluster.gpu.generation}", valid=["delayed", "tensorwise", "blockwise"])
@@ -151,6 +179,13 @@ class MegatronProfile(TargetProfile):
         grad = k.get("grad_reduce_dtype", "fp32")
         fsdp = zero == 3
         mfsdp = zero == 2  # Megatron-FSDP optim_grads
+        cp_kind = k.get("cp_comm_type", "p2p")
+        a2a_size = k.get("cp_a2a_size")
+        if a2a_size is not None and cp_kind != "a2a+p2p":
+            raise ConfigError(f"cp_a2a_size={a2a_size} is the inner group of cp_comm_type=a2a+p2p (the type is "
+                              f"{cp_kind})", valid=["cp_comm_type=a2a+p2p", "cp_a2a_size unset"])
+        if cp_kind == "a2a+p2p" and a2a_size is None and par is not None:
+            a2a_size = default_a2a_size(par.cp, par.tp, cluster)
         env: tuple[tuple[str, str], ...] = ()
         if (par is None or par.tp > 1 or par.cp > 1) and zero < 2 and cluster.gpu.generation != "blackwell":
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)  # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687)
@@ -164,7 +199,8 @@ class MegatronProfile(TargetProfile):
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1)),
             fp8_recipe=k.get("fp8_recipe", "delayed") if job.precision == "fp8" else None,
             grad_reduce_dtype=grad,
-            cp_comm_type=k.get("cp_comm_type", "p2p"),
+            cp_comm_type=cp_kind,
+            cp_a2a_size=a2a_size,
             overlap_grad_reduce=k.get("overlap_grad_reduce", True),
             overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2)),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
@@ -182,14 +218,38 @@ class MegatronProfile(TargetProfile):
         )
 
 
-def check_cp_comm(model: ModelSpec, par: ParallelConfig, kind: str, cluster: ClusterSpec) -> None:
-    """Context-parallel communication types and what they need (TC:732-743, MLM:408)."""
+def hierarchical_sizes(cp: int) -> list[int]:
+    """Inner (all-to-all) group sizes of a2a+p2p on ``cp`` ranks: the proper divisors (1 is p2p, cp is a2a)."""
+    return [a for a in range(2, cp) if cp % a == 0]
+
+
+def default_a2a_size(cp: int, tp: int, cluster: ClusterSpec) -> int | None:
+    """The a2a group a user's a2a+p2p without a size gets: the largest that stays inside one NVLink domain (CP
+    ranks sit ``tp`` apart: Megatron's tp-cp-ep-dp-pp order; "A2A communications in low-level CP groups (e.g.,
+    via NVLink), and P2P communications in high-level CP groups", TC:743), else the smallest."""
+    sizes = hierarchical_sizes(cp)
+    inside = [a for a in sizes if tp * a <= cluster.nvlink_domain_size]
+    return (inside or sizes or [None])[-1 if inside else 0]
+
+
+def check_cp_comm(model: ModelSpec, par: ParallelConfig, kind: str, cluster: ClusterSpec,
+                  a2a_size: int | None = None) -> None:
+    """Context-parallel communication types and what they need (TC:732-743, MLM:403-408). Ulysses (a2a, and the
+    a2a level of a2a+p2p) splits the query and KV heads a rank holds after TP over its all-to-all group."""
+    heads = model.num_attention_heads // par.tp
+    kv = max(1, model.num_kv_heads // par.tp)
     if kind == "a2a+p2p":
-        raise ConfigError(f"cp_comm_type=a2a+p2p needs --hierarchical-context-parallel-sizes ({MLM}:408), which "
-                          "autoplan does not choose yet", valid=["p2p", "a2a", "allgather"])
+        sizes = hierarchical_sizes(par.cp)
+        if a2a_size is None or a2a_size not in sizes:
+            raise ConfigError(f"cp_comm_type=a2a+p2p with cp={par.cp}: --hierarchical-context-parallel-sizes "
+                              f"a2a p2p must multiply to cp ({MLM}:403-408) with both levels > 1 (cp_a2a_size="
+                              f"{a2a_size})", valid=sizes or ["p2p", "a2a", "allgather"])
+        if heads % a2a_size or kv % a2a_size:
+            legal = [a for a in sizes if heads % a == 0 and kv % a == 0]
+            raise ConfigError(f"cp_comm_type=a2a+p2p with cp_a2a_size={a2a_size}: its all-to-all splits heads over "
+                              f"{a2a_size} ranks, and after tp={par.tp} a rank has {heads} query / {kv} KV heads "
+                              f"({TE_CP})", valid=legal or ["p2p", "allgather"])
     if kind == "a2a":
-        heads = model.num_attention_heads // par.tp
-        kv = max(1, model.num_kv_heads // par.tp)
         if heads % par.cp or kv % par.cp:
             raise ConfigError(f"cp_comm_type=a2a with cp={par.cp}: Ulysses splits heads over CP, and after tp="
                               f"{par.tp} a rank has {heads} query / {kv} KV heads ({TE_CP})",

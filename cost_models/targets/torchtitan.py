@@ -21,6 +21,8 @@ Run-time semantics:
 
 from __future__ import annotations
 
+from typing import Any
+
 from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
@@ -67,6 +69,18 @@ class TorchtitanProfile(TargetProfile):
                                       f"{TT}config/configs.py:136 (fsdp_reshard_after_forward: default, always, "
                                       "never; no group size)"),
     }
+
+    searched_knobs = ("compile", "async_tp")
+
+    def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                     given: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """compile off (torchtitan's default) and on; async TP off and on where tp > 1 (on needs compile:
+        ``resolve`` refuses it without, so ``knob_candidates`` drops that pair)."""
+        if name == "compile":
+            return ({"compile": False}, {"compile": True})
+        if name == "async_tp" and par.tp > 1:
+            return ({"async_tp": False}, {"async_tp": True})
+        return ()
 
     def zero_reason(self, zero_stage: int) -> str:
         return ("torchtitan shards with FSDP2 (zero_stage=3, or 0 = replicate) and has no ZeRO-1/2 "
