@@ -8,6 +8,7 @@ import pytest
 from autoplan import api
 from autoplan.calibrate import MeasuredRun, resolve_run
 from autoplan.catalog.registry import framework_efficiency
+from autoplan.emit.plan import priced_software
 from autoplan.request import ClusterRequest
 from cost_models.targets import PROFILES
 
@@ -46,7 +47,8 @@ def test_search_and_estimate_agree_for_torchtitan() -> None:
            "job": {"global_batch_size": 64, "seq_len": 4096}, "target": "torchtitan", "top": 1}
     best = api.search(req).plans[0]
     est = api.estimate({**{k: v for k, v in req.items() if k != "top"},
-                        "parallel": best.parallel.model_dump(exclude_none=True)})
+                        "parallel": best.parallel.model_dump(exclude_none=True),
+                        "software": priced_software(best.prediction.software).given()})  # the knobs it chose
     assert est.prediction.step_time_s == pytest.approx(best.prediction.step_time_s, rel=1e-6)
 
 

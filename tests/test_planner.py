@@ -16,6 +16,7 @@ from autoplan.emit.plan import priced_software
 from cost_models.errors import InfeasibleError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ModelSpec
+from cost_models.targets import Software
 from cost_models.validate import check_parallel, stage_layers
 from search.exhaustive import exhaustive_search
 from search.planner import search
@@ -105,7 +106,8 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
         layers = tuple(stage_layers(model, par))
         fs = scorer.score(lay, layers)
-        pred = estimate(model, cluster, job, par, target=lay.target)  # any: every layout has the target that runs it
+        pred = estimate(model, cluster, job, par, target=lay.target,  # any: every layout has the target that runs it
+                        software=Software(**scorer.chosen_knobs(lay)))  # with the knobs the search chose for it
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
         assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
@@ -317,7 +319,7 @@ def test_sequence_parallel_pin_is_priced_like_estimate() -> None:
 
         layers = tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,))))
         fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers),
-                                                   target=lay.target)
+                                                   target=lay.target, software=Software(**scorer.chosen_knobs(lay)))
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
         assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
 

@@ -12,7 +12,7 @@ from autoplan import api
 from autoplan.catalog import build_cluster, load_model
 from autoplan.cli import cli
 from autoplan.emit import TARGETS, check_emittable
-from autoplan.emit.plan import plan_from_dict
+from autoplan.emit.plan import plan_from_dict, priced_software
 from autoplan.errors import ConfigError
 from cost_models.specs import JobSpec
 from cost_models.targets import PROFILES
@@ -36,7 +36,8 @@ def test_any_is_the_best_plan_of_the_targets_each_priced_as_it_runs() -> None:
         assert plan.target in TARGETS
         assert plan.prediction.software["target"] == plan.target
         est = api.estimate({**{k: v for k, v in REQ.items() if k != "top"}, "target": plan.target,
-                            "parallel": plan.parallel.model_dump(exclude_none=True)}).prediction
+                            "parallel": plan.parallel.model_dump(exclude_none=True),
+                            "software": priced_software(plan.prediction.software).given()}).prediction
         assert est.step_time_s == pytest.approx(plan.prediction.step_time_s, rel=1e-9)
         assert est.peak_memory_gib == pytest.approx(plan.prediction.peak_memory_gib, rel=1e-9)
         check_emittable(plan_from_dict(data, i + 1, target=plan.target), plan.target)

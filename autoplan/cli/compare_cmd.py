@@ -64,7 +64,8 @@ def _estimate_of(path: str, index: int) -> dict[str, Any]:
     return {"model": plan.model.model_dump(exclude_none=True), "target": target, "cluster": {
         "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
         "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size},
-        "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True)}
+        "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True),
+        "software": plan.software.given()}  # the knobs it was priced with (the search chose the unset ones)
 
 
 @cli.command("compare")
@@ -120,9 +121,12 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
                 searched = api.search({**context, "top": max(k_i, 3), "target": target, "failures": failures})
             if k_i > len(searched.plans):
                 raise UserInputError(f"plan {text!r}: the search found {len(searched.plans)} plan(s)")
-            par = searched.plans[k_i - 1].parallel.model_dump(exclude_none=True)
-            requests.append({**context, "parallel": par, "failures": failures,
-                             "target": searched.plans[k_i - 1].target})  # priced as the target that runs it
+            from autoplan.emit.plan import priced_software
+
+            found = searched.plans[k_i - 1]
+            requests.append({**context, "parallel": found.parallel.model_dump(exclude_none=True),
+                             "failures": failures, "target": found.target,  # priced as the target that runs it
+                             "software": priced_software(found.prediction.software).given()})  # its knobs
         else:
             requests.append({**context, "parallel": _degrees(text), "failures": failures,
                              **({"target": target} if target != "any" else {})})
