@@ -19,7 +19,7 @@ from cost_models.specs import ClusterSpec, ParallelConfig
 
 PART_NAMES = {
     "compute": "compute", "recompute": "recompute", "bubble": "pipeline bubble", "tp": "TP traffic",
-    "ep": "EP all-to-all", "cp": "CP ring", "pp": "PP sends", "dp": "exposed DP/FSDP traffic",
+    "ep": "EP all-to-all", "cp": "CP traffic", "pp": "PP sends", "dp": "exposed DP/FSDP traffic",
     "optimizer": "optimizer step",
 }
 
