@@ -11,9 +11,11 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   traffic hides behind the GEMMs only when the runtime overlaps; otherwise all of it is on the critical path.
   torchtitan's Float8 tensorwise TP all-gathers fp8 (``Runtime.tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
-  casts, by scaling granularity (``FP8_CAST_BYTES``); ``rowwise_with_gw_hp`` runs the weight-gradient GEMM in bf16;
-  the rowwise recipes' slow-accumulation backward GEMMs run cuBLAS's tensorwise kernel and rescale the output in a
-  separate pass (``fp8_rescale_bytes``).
+  casts, by scaling granularity: Transformer Engine's (``FP8_CAST_BYTES``) or torchao's Float8Linear, which also
+  casts its weight every micro-batch (``TORCHAO_*``, as torchao's roofline counts them); ``rowwise_with_gw_hp`` runs
+  the weight-gradient GEMM in bf16; the rowwise recipes' forward GEMM runs the CUTLASS row-wise kernel
+  (``ROWWISE_FWD_GEMM_EFFICIENCY``), their slow-accumulation backward GEMMs cuBLAS's tensorwise kernel with the
+  output rescaled in a separate pass (``fp8_rescale_bytes``).
 - **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
   attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
   re-split over CP before and after attention; nothing to hide behind), and Megatron's hierarchical a2a+p2p
@@ -27,25 +29,38 @@ from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
-# HBM bytes per element to cast one GEMM operand to fp8 and keep what the backward needs, by recipe (bf16 in: 2).
+# HBM bytes per element to cast one GEMM operand to fp8 and keep what the backward needs, by recipe (bf16 in: 2),
+# as Transformer Engine runs them (Megatron's recipes; torchao's Float8Linear: ``TORCHAO_*`` below).
 FP8_CAST_BYTES: dict[str | None, float] = {
     # Transformer Engine delayed scaling: one kernel reads bf16 (2) and writes the row- and column-wise fp8 copies
     # (1 + 1) with the previous steps' amax (transformer_engine/pytorch/tensor/float8_tensor.py).
     None: 4.0, "delayed": 4.0,
-    # Dynamic per-tensor scaling (torchao ``Float8LinearConfig`` tensorwise, TE Float8CurrentScaling): the amax
-    # must be known before the cast: an extra read (2) before the cast to the fp8 copy and its transpose (2 + 1 + 1);
-    # under torch.compile Inductor fuses the amax into the producer's kernel (``fp8_cast_bytes``): 4.
+    # Dynamic per-tensor scaling (TE Float8CurrentScaling): the amax must be known before the cast: an extra read
+    # (2) before the cast to the fp8 copy and its transpose (2 + 1 + 1).
     "tensorwise": 6.0,
-    # Per-row scales (torchao rowwise): the row-scaled copy in one pass (2 + 1); the copy scaled along the other
-    # axis (for the other GEMM of the backward) cannot be a transpose of it: its amax over tokens is another read
-    # (2), then its own cast (2 + 1). No producer can fuse a reduction over tokens.
-    "rowwise": 8.0,
-    # rowwise with the weight-gradient GEMM in bf16: only the row-scaled copy (2 + 1); that GEMM runs unquantised.
-    "rowwise_with_gw_hp": 3.0,
     # Block scales (TE Float8BlockScaling 1x128 / 128x128; MXFP8 32-element blocks): the amax is local to a block,
     # fused with the cast (2 + 1 + 1), plus one scale per block (4/128; 1/32 for MX's e8m0).
     "blockwise": 4.0 + 4.0 / 128, "mxfp8": 4.0 + 2.0 / 32,
 }
+
+# torchao Float8Linear (torchtitan's Float8), as torchao's own roofline counts its cast kernels
+# (pytorch/ao torchao/testing/float8/roofline_utils.py ``get_tensor_memory_traffic_ovhd_s`` at 8c81863, ao#1793, the
+# commit of its README's torchtitan recipe benchmark). Bytes per element of a GEMM's activation operand (its input
+# in the forward, its output gradient in the backward): (unfused, fused with the producing kernel: the amax pass or
+# the first read rides on the previous op under torch.compile).
+# - tensorwise: amax (read 2), then one cast writing the fp8 copy and its transpose (2 + 1 + 1): 6; fused 4.
+# - rowwise: the row-scaled fp8 copy and a bf16 transpose in one kernel (2 + 1 + 2), the transpose's own row-scaled
+#   cast (2 + 1): 8; fused 6 ("can't fuse 1 and 2: that would need the whole tensor in shared memory").
+# - rowwise_with_gw_hp: the row-scaled copy only (2 + 1; the weight-gradient GEMM takes bf16): 3; fused 1.
+TORCHAO_ACT_CAST_BYTES: dict[str, tuple[float, float]] = {
+    "tensorwise": (6.0, 4.0), "rowwise": (8.0, 6.0), "rowwise_with_gw_hp": (3.0, 1.0)}
+# ... and per weight element, every micro-batch (Float8Linear casts the gathered bf16 weight in each forward and
+# again for the backward's grad_input GEMM, which needs it scaled along the other axis): (forward, backward).
+# - tensorwise: amax (2) + cast (2 + 1) forward, a second cast (2 + 1) backward.
+# - rowwise: row-scaled cast (2 + 1) forward; backward a bf16 transpose (2 + 2) and its cast (2 + 1).
+# - rowwise_with_gw_hp: row-scaled cast (2 + 1) forward; backward a cast with the tensorwise scale (2 + 1).
+TORCHAO_WEIGHT_CAST_BYTES: dict[str, tuple[float, float]] = {
+    "tensorwise": (5.0, 3.0), "rowwise": (3.0, 7.0), "rowwise_with_gw_hp": (3.0, 3.0)}
 
 
 def eager_elementwise(eff: Efficiency, rt: Runtime | None) -> bool:
@@ -59,10 +74,19 @@ def tp_overlap(eff: Efficiency, rt: Runtime | None) -> float:
 
 
 def fp8_cast_bytes(rt: Runtime | None) -> float:
+    """Transformer Engine's cast bytes per activation element for the runtime's recipe (TE's delayed by default)."""
     recipe = rt.fp8_recipe if rt is not None else None
-    if recipe == "tensorwise" and rt is not None and rt.compile:
-        return FP8_CAST_BYTES[None]  # the global amax fused into the producer (torch.compile): cast + transpose
     return FP8_CAST_BYTES.get(recipe, FP8_CAST_BYTES[None])
+
+
+def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float] | None:
+    """(bytes per activation element, per weight element forward, backward) of torchao's Float8Linear casts for
+    the runtime's recipe (``TORCHAO_*``; fused with the producer under torch.compile), or None where the runtime's
+    fp8 is not torchao's (Transformer Engine: ``fp8_cast_bytes``; MXFP8 priced as TE's blocks)."""
+    if job.precision != "fp8" or rt is None or rt.fp8_impl != "torchao" or rt.fp8_recipe not in TORCHAO_ACT_CAST_BYTES:
+        return None
+    act = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][1 if rt.compile else 0]
+    return (act, *TORCHAO_WEIGHT_CAST_BYTES[rt.fp8_recipe])
 
 
 # torchao rowwise backward GEMMs (grad_input, grad_weight: ``use_fast_accum=False`` by default in
@@ -82,6 +106,24 @@ def fp8_rescale_bytes(rt: Runtime | None, job: JobSpec) -> tuple[float, float]:
         return 0.0, 0.0
     dgrad = 0.0 if rt.fused_elementwise else FP8_RESCALE_BYTES
     return dgrad, (FP8_RESCALE_BYTES if rt.fp8_recipe == "rowwise" else 0.0)
+
+
+# torchao rowwise forward GEMM (``use_fast_accum=True``): ``torch._scaled_mm`` with row-wise scales runs PyTorch's
+# CUTLASS kernel (aten/src/ATen/native/cuda/RowwiseScaledMM.cu), tensor-wise scales cuBLASLt. Throughput of the
+# former relative to the latter on H100, fast-accum, after the tile heuristics of pytorch#134781: "most shapes are
+# within 90-100% of tensor-wise efficiency, but there's a long tail going down to 50%" (pytorch/pytorch#147971,
+# 2025-02, the PyTorch of torchao's recipe benchmark). The middle of that band; the tail is not priced.
+ROWWISE_FWD_GEMM_EFFICIENCY = 0.95
+
+
+def fp8_forward_gemm_efficiency(rt: Runtime | None, job: JobSpec) -> float:
+    """Forward fp8 GEMM throughput relative to the generation's fp8 GEMM (cuBLAS tensor-wise scaling): torchao's
+    rowwise recipes run the CUTLASS row-wise kernel (``ROWWISE_FWD_GEMM_EFFICIENCY``); their slow-accum backward
+    GEMMs run cuBLAS plus a rescale pass (``fp8_rescale_bytes``)."""
+    if job.precision == "fp8" and rt is not None and rt.fp8_impl == "torchao" \
+            and rt.fp8_recipe in ("rowwise", "rowwise_with_gw_hp"):
+        return ROWWISE_FWD_GEMM_EFFICIENCY
+    return 1.0
 
 
 def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:

@@ -23,8 +23,8 @@ from typing import Literal
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_rescale_bytes, ring_steps,
-                                     tp_overlap, wgrad_in_bf16)
+from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
+                                     fp8_rescale_bytes, ring_steps, torchao_casts, tp_overlap, wgrad_in_bf16)
 from cost_models.opgraph import LayerGraph, Op, tp_divisor
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -123,10 +123,11 @@ class OpCompute:
     mem_b: float  # memory-bound kernels, backward
     wgrad_hp: float = 0.0  # extra backward time of weight-gradient GEMMs kept in bf16 (fp8 rowwise_with_gw_hp)
     op_sac_f: float | None = None  # forward work torchtitan's per-op SAC re-runs in the backward (None: not op-SAC)
+    gemm_fwd_extra: float = 0.0  # forward GEMMs slower than the model's fp8 GEMM (torchao rowwise: CUTLASS kernel)
 
     @property
     def forward_s(self) -> float:
-        return self.gemm_f + self.attn_f + self.mem_f
+        return self.gemm_f + self.gemm_fwd_extra + self.attn_f + self.mem_f
 
     @property
     def backward_s(self) -> float:
@@ -214,10 +215,18 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         k, n = _local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
         prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
-        cast = fp8_cast_bytes(rt)  # by the runtime's fp8 recipe (knob_effects.FP8_CAST_BYTES; TE's 4 by default)
-        if prod is None or prod.kind != "norm":
-            fwd += cast * k * scale
-        bwd += cast * n * scale
+        ao = torchao_casts(rt, job) if op.kind == "matmul" else None
+        if ao is not None:  # torchao Float8Linear: every linear casts its input (siblings' casts of one tensor
+            # are one kernel under torch.compile), its output gradient, and its weight each micro-batch
+            act, w_fwd, w_bwd = ao
+            first = next(o for o in graph.ops if o.kind == "matmul" and o.inputs[0] == op.inputs[0]) is op
+            fwd += act * k * (1.0 if first or not rt.compile else 0.0) + w_fwd * k * n / tokens
+            bwd += act * n + w_bwd * k * n / tokens
+        else:
+            cast = fp8_cast_bytes(rt)  # by the runtime's recipe (knob_effects.FP8_CAST_BYTES; TE's 4 by default)
+            if prod is None or prod.kind != "norm":  # TE's LayerNormLinear casts in the norm's kernel
+                fwd += cast * k * scale
+            bwd += cast * n * scale
         if op.kind == "matmul":  # torchao rowwise: the slow-accum backward GEMMs' separate rescale pass
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
@@ -249,12 +258,14 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     t = par.tp
     eff = cluster.efficiency
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = attn_f = attn_b = wgrad_hp = 0.0
+    gemm = attn_f = attn_b = wgrad_hp = fwd_extra = 0.0
     if op.kind in ("matmul", "router"):
         k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
         gemm = matmul_time_s(tokens, k, n, cluster, job.precision)
         if op.kind == "matmul" and wgrad_in_bf16(rt, job):
             wgrad_hp = matmul_time_s(tokens, k, n, cluster, "bf16") - gemm
+        if op.kind == "matmul":
+            fwd_extra = gemm * (1.0 / fp8_forward_gemm_efficiency(rt, job) - 1.0)
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep
         routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
@@ -274,7 +285,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
     extra = gemm * eff.memory_bound_fraction
     return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra,
-                     wgrad_hp)
+                     wgrad_hp, gemm_fwd_extra=fwd_extra)
 
 
 def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -282,7 +293,8 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
     parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
     total = OpCompute(*(sum(getattr(p, f) for p in parts)
-                        for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")))
+                        for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
+                      gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts))
     if rt is None or rt.selective != "op_sac" or graph.kind not in ("dense", "moe"):
         return total
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
@@ -292,8 +304,8 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     from cost_models.memory import op_sac_saved  # memory imports this module's callers
 
     kept = op_sac_saved(graph)
-    redo = sum(p.mem_f + (p.gemm_f if op.kind in ("matmul", "experts", "router") and (op.name, op.output) not in kept
-                          else 0.0) for op, p in zip(graph.ops, parts))
+    redo = sum(p.mem_f + (p.gemm_f + p.gemm_fwd_extra if op.kind in ("matmul", "experts", "router")
+                          and (op.name, op.output) not in kept else 0.0) for op, p in zip(graph.ops, parts))
     return replace(total, op_sac_f=redo)
 
 

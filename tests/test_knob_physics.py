@@ -88,3 +88,35 @@ def test_torchtitan_benchmark_gpus_are_hbm2e_at_2_4_tb_s() -> None:
     """torchtitan's benchmark GPUs: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth" (its Hardware section)."""
     assert build_cluster("h100-sxm-96g", 8).gpu.hbm_tbytes_per_s == pytest.approx(2.4)
     assert build_cluster("h100-sxm", 8).gpu.hbm_tbytes_per_s == pytest.approx(3.35)
+
+
+def test_torchao_float8_casts_and_rowwise_forward_gemm() -> None:
+    """torchao Float8Linear (torchtitan) casts as torchao's roofline counts them (roofline_utils.py at ao#1793):
+    tensorwise input 4 B per element fused under compile (6 eager), its weight 5 B per element each micro-batch in the
+    forward; a sibling linear reading the same input shares the compiled cast. Rowwise's forward GEMM runs the
+    CUTLASS row-wise kernel at ROWWISE_FWD_GEMM_EFFICIENCY of cuBLAS tensorwise; Megatron's TE recipes never do."""
+    from cost_models.gemm import hbm_time_s
+    from cost_models.knob_effects import ROWWISE_FWD_GEMM_EFFICIENCY
+    from cost_models.layer_cost import _local_widths, op_compute, op_traffic_bytes
+
+    model, cluster, job, par = _case()
+    job = job.model_copy(update={"precision": "fp8"})
+    graph = layer_graph(model, "dense", job.seq_len)
+    tokens = par.micro_batch_size * job.seq_len
+    gate, up = graph.op("gate_proj"), graph.op("up_proj")
+    k, n = _local_widths(gate, graph, 1)
+
+    def rt(recipe: str, compiled: bool = True, target: str = "torchtitan-2024-12"):  # type: ignore[no-untyped-def]
+        return runtime_for(target, job, cluster, par, Software(compile=compiled, fp8_recipe=recipe))
+
+    tw = rt("tensorwise")
+    assert op_traffic_bytes(gate, graph, model, job, par, tw)[0] == pytest.approx(4.0 * k * tokens + 5.0 * k * n)
+    assert op_traffic_bytes(up, graph, model, job, par, tw)[0] == pytest.approx(5.0 * k * n)
+    eager = rt("tensorwise", compiled=False)
+    assert op_traffic_bytes(up, graph, model, job, par, eager)[0] == pytest.approx(6.0 * k * tokens + 5.0 * k * n)
+    rw_gemm = (op_compute(gate, graph, model, cluster, job, par, rt("rowwise")).forward_s
+               - hbm_time_s(op_traffic_bytes(gate, graph, model, job, par, rt("rowwise"))[0], cluster))
+    gemm = op_compute(gate, graph, model, cluster, job, par, tw).gemm_f
+    assert rw_gemm == pytest.approx(gemm / ROWWISE_FWD_GEMM_EFFICIENCY)
+    te = runtime_for("megatron", job, cluster, par, Software(fp8_recipe="tensorwise"))
+    assert op_compute(gate, graph, model, cluster, job, par, te).gemm_fwd_extra == 0.0

@@ -223,7 +223,8 @@ def _tt(model: str, gpus: int, job: JobSpec, par: ParallelConfig, target: str = 
 
 def test_knob_effects_move_the_step_the_published_way() -> None:
     """Async TP faster at tp > 1 and nothing at tp 1; rowwise Float8
-    (more cast traffic) and rowwise_with_gw_hp (bf16 weight-gradient GEMM) slower than tensorwise."""
+    (more cast traffic, CUTLASS forward GEMM) and rowwise_with_gw_hp (bf16 weight-gradient GEMM) slower than
+    tensorwise."""
     job = JobSpec(global_batch_size=16, seq_len=8192)
     fsdp = ParallelConfig(tp=1, zero_stage=3, micro_batch_size=2)
     tp8 = ParallelConfig(tp=8, zero_stage=3, micro_batch_size=2)
@@ -234,8 +235,9 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
     fp8 = job.model_copy(update={"precision": "fp8"})
     # tensorwise: the 2024-12 torchtitan (reference profile; 0.3.0 refuses it), otherwise priced alike
     tensorwise = _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="tensorwise")
-    assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise") \
-        < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
+    # rowwise_with_gw_hp: its bf16 weight-gradient GEMM makes it slower than tensorwise (torchao README, MI300X)
+    assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
+    assert tensorwise < _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise_with_gw_hp")
     # the 2024-12 torchtitan compiled the blocks only (its loss eager, e8977b0); 0.3.0 compiles the loss too:
     # priced alike without compile, the 2024-12 one slower with it
     assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", fp8_recipe="rowwise") \
@@ -244,10 +246,11 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
         > _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
 
 
-def test_rowwise_backward_rescale_bytes_follow_torchao() -> None:
-    """torchao's rowwise slow-accum backward GEMMs rescale their bf16 output in a separate pass (ao#1325):
-    rowwise adds 4 B per grad_weight element of every linear (never fused) and, in eager mode only, 4 B per
-    grad_input element; rowwise_with_gw_hp (bf16 grad_weight) only the eager grad_input one; tensorwise none."""
+def test_rowwise_backward_bytes_follow_torchao() -> None:
+    """torchao Float8Linear's backward, as torchao's roofline counts its casts (roofline_utils.py at ao#1793) plus
+    the rowwise slow-accum rescale pass (ao#1325): per output-gradient element rowwise 6 B fused under compile,
+    rowwise_with_gw_hp 1 B fused / 3 B eager; per weight element rowwise 7 B (bf16 transpose + cast), gw_hp 3 B;
+    the rescale adds 4 B per grad_weight element (rowwise; never fused) and per grad_input element (eager only)."""
     from cost_models.layer_cost import _local_widths, op_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
@@ -256,19 +259,20 @@ def test_rowwise_backward_rescale_bytes_follow_torchao() -> None:
     job = JobSpec(global_batch_size=16, seq_len=8192, precision="fp8")
     par = ParallelConfig(tp=1, zero_stage=3, micro_batch_size=2)
     graph = layer_graph(model, "dense", job.seq_len)
+    tokens = par.micro_batch_size * job.seq_len
     linears = [op for op in graph.ops if op.kind == "matmul"]
     weights = sum(k * n for k, n in (_local_widths(op, graph, 1) for op in linears))
-    inputs = sum(_local_widths(op, graph, 1)[0] for op in linears) * par.micro_batch_size * job.seq_len
+    inputs = sum(_local_widths(op, graph, 1)[0] for op in linears) * tokens
+    grads = sum(_local_widths(op, graph, 1)[1] for op in linears) * tokens
 
     def bwd(recipe: str, compiled: bool) -> float:
         rt = runtime_for("torchtitan", job, cluster, par, Software(compile=compiled, fp8_recipe=recipe))
         return sum(op_traffic_bytes(op, graph, model, job, par, rt)[1] for op in linears)
 
     base = {c: bwd("rowwise_with_gw_hp", c) for c in (True, False)}
-    assert base[False] - base[True] == pytest.approx(4.0 * inputs)  # eager grad_input rescale
-    extra = bwd("rowwise", True) - base[True]  # grad_output cast 8 vs 3 B, plus 4 B per grad_weight element
-    assert extra - 4.0 * weights == pytest.approx(
-        (8.0 - 3.0) * sum(_local_widths(op, graph, 1)[1] for op in linears) * par.micro_batch_size * job.seq_len)
+    assert base[False] - base[True] == pytest.approx((3.0 - 1.0) * grads + 4.0 * inputs)  # unfused cast, rescale
+    extra = bwd("rowwise", True) - base[True]
+    assert extra == pytest.approx((6.0 - 1.0) * grads + (7.0 - 3.0) * weights + 4.0 * weights)
 
 
 def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:

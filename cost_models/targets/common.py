@@ -64,6 +64,7 @@ class Runtime:
     async_tp: bool = False
     tp_comm_overlap: bool = True
     fp8_recipe: str | None = None
+    fp8_impl: Literal["te", "torchao"] = "te"  # whose fp8 linear runs the recipe (knob_effects: cast bytes)
     grad_reduce_dtype: GradDtype = "fp32"
     cp_comm_type: CpCommType = "p2p"
     cp_a2a_size: int | None = None  # a2a+p2p: the inner all-to-all group (the ring runs over cp / it)

@@ -155,6 +155,7 @@ class TorchtitanProfile(TargetProfile):
             async_tp=bool(k.get("async_tp", False)) and tp > 1,
             tp_comm_overlap=False,
             fp8_recipe=recipe,
+            fp8_impl="torchao",  # Float8LinearConverter swaps nn.Linear for torchao's Float8Linear
             grad_reduce_dtype="fp32",
             cp_comm_type=k.get("cp_comm_type", "allgather"),
             overlap_grad_reduce=True,
