@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.collectives import RankStrides
+from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import LayerCost, kv_gather_cost, layer_cost, tp_boundary_costs
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
@@ -90,9 +91,10 @@ class Scorer:
         self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
-        self._knob_args: dict[tuple, tuple[ParallelConfig, Runtime | None, float]] = {}  # bound key, kind
         self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
-        self._knob_delta: dict[tuple, float] = {}  # (bound key, kind): layer_cost with the runtime's knobs − without
+        self._knob_delta: dict[tuple, float] = {}  # (bound key, knobs, kind): layer_cost with the knobs − without
+        self._pieces: dict[tuple, tuple[dict[str, float], float]] = {}  # (bound key, knobs, floor?): times, head
+        self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # runtime key: the knob floor
         self._chosen: dict[tuple, dict[str, Any]] = {}  # (bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
@@ -108,8 +110,8 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_knob_args", "_knob_delta", "_chosen", "_lc", "_ktime", "_cands", "_acts",
-                     "ilp", "_params", "_param_sums", "_inflight", "_zero3"):
+        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_ktime", "_acts", "ilp", "_params",
+                     "_param_sums", "_inflight", "_zero3"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
 
@@ -231,26 +233,28 @@ class Scorer:
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
         """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act):
-        decoder layers as the intra-op ILP solved them, the head as ``cost_models`` prices it."""
+        decoder layers as the intra-op ILP solved them, the head as ``cost_models`` prices it, with the knobs
+        the search chose for the layout (``chosen_knobs``)."""
         rc = recompute or lay.recompute
-        key = (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel, lay.target, lay.kv_replication)
+        chosen = self.chosen_knobs(lay)
+        key = (self.bound_key(lay, rc), tuple(sorted(chosen.items())))
         hit = self._layer.get(key)
         if hit is not None:
             return hit
         t_kind, a_kind = {}, {}
-        bounds, _, _ = self.bound_pieces(lay, rc)
+        acts, head_a = self.act_pieces(lay, rc)
         for kind in ("dense", "moe"):
             if kind in self.graphs:
                 sol = self.layer_solution(lay, kind, rc)
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
-                t_kind[kind] = sol.time_per_microbatch_s + self.knob_delta_s(key, kind)
+                t_kind[kind] = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
                 # A named target runs one pattern (the ILP's only point): its activations as the target's runtime
                 # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
-                a_kind[kind] = bounds[kind][1] if lay.target != "any" else sol.activation_bytes
+                a_kind[kind] = acts[kind] if lay.target != "any" else sol.activation_bytes
         per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
         time = np.concatenate([[0.0], np.cumsum(per)])
-        _, head_t, head_a = self.bound_pieces(lay, rc)
+        head_t = self.exact_pieces(lay, rc)[1]
         out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
         self._layer[key] = out
         return out
@@ -271,33 +275,71 @@ class Scorer:
         and ``activation_bytes_per_microbatch`` exactly. Otherwise (``any``): the all-SP pattern with each TP
         boundary's collectives at the cheaper of SP and non-SP. Every strategy shares the GEMMs, the attention
         core, the ring and the all-to-alls' floor (weights are sharded as the layout says); sequence-sharded
-        memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0."""
+        memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0.
+        Times under the knobs the search would choose: where several settings are legal, the profile's floor
+        over them (``TargetProfile.knob_floor``: the choice itself is priced only for the layouts the search
+        visits, ``exact_pieces``); else the chosen (or only) setting exactly."""
         rc = recompute or lay.recompute
-        key = self.bound_key(lay, rc)
+        floor = self._knob_floor(lay)
+        fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
+        key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
         hit = self._bounds.get(key)
         if hit is not None:
             return hit
-        par = self._bound_par(lay, rc)
+        acts, head_a = self.act_pieces(lay, rc)
+        if floor is None:
+            times, head_t = self.exact_pieces(lay, rc)
+        else:
+            times, head_t = self._pieces_with(lay, rc, fields, drop_cp)
+        out = ({kind: (t, acts[kind]) for kind, t in times.items()}, head_t, head_a)
+        self._bounds[key] = out
+        return out
+
+    def exact_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
+        """Per decoder layer kind, the uniform pattern's time (``bound_pieces``' formula) and the head's (+ MTP)
+        with the knobs the search chose for ``lay``: what the ILP's layers are adjusted by and the head priced with."""
+        return self._pieces_with(lay, recompute or lay.recompute, self.chosen_knobs(lay), False)
+
+    def _pieces_with(self, lay: Layout, rc: str, fields: dict[str, Any],
+                     drop_cp: bool) -> tuple[dict[str, float], float]:
+        bkey = self.bound_key(lay, rc)
+        key = (bkey, tuple(sorted(fields.items())), drop_cp)
+        hit = self._pieces.get(key)
+        if hit is not None:
+            return hit
+        par, rt = self._bound_par(lay, rc), self._runtime_with(lay, fields)
         # One point where the target's strategy set leaves a single pattern (the K/V holding is the layout's)
         single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
-        rt = self.runtime(lay)
-        acts, head_a = self.act_pieces(lay, rc)
-        kinds = {}
+        times = {}
         for kind in ("dense", "moe"):
             if kind not in self.graphs:
                 continue
-            g = self.graphs[kind]
-            lc = self._layer_cost(lay, key, kind, self.chosen_knobs(lay))
-            self._knob_args[(key, kind)] = (par, rt, lc.total_s)  # knob_delta_s prices the rest if the ILP runs
-            t = lc.total_s if single else lc.total_s - lc.tp_s + self._tp_floor_s(g, par, rt)
-            kinds[kind] = (t, acts[kind])
+            lc = self._layer_cost(lay, bkey, kind, fields)
+            t = lc.total_s - (lc.cp_exposed_s if drop_cp else 0.0)
+            times[kind] = t if single else t - lc.tp_s + self._tp_floor_s(self.graphs[kind], par, rt)
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
         if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
-            layer_t = kinds[mtp_layer_kind(self.model)][0]
-            head_t += mtp_time_s(self.model, layer_t, head_t, self.cluster, self.job, par)
-        out = (kinds, head_t, head_a)
-        self._bounds[key] = out
-        return out
+            head_t += mtp_time_s(self.model, times[mtp_layer_kind(self.model)], head_t, self.cluster, self.job, par)
+        hit = self._pieces[key] = (times, head_t)
+        return hit
+
+    def _knob_floor(self, lay: Layout) -> tuple[dict[str, Any], bool] | None:
+        """The profile's knob floor where the layout leaves several knob settings to choose from and the floor
+        sets none of the user's knobs; None: bound with the chosen setting itself. Once per runtime key."""
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        if key in self._floors:
+            return self._floors[key]
+        prof = PROFILES.get(lay.target)
+        floor = prof.knob_floor() if prof is not None and len(self.knob_candidates(lay)) > 1 else None
+        if floor is not None and set(floor[0]) & set(self.software.given()):
+            floor = None
+        if floor is not None:
+            try:
+                self._runtime_with(lay, floor[0])
+            except ConfigError:
+                floor = None
+        self._floors[key] = floor
+        return floor
 
     def act_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
         """Activations per micro-batch of each decoder layer kind and of the head (+ MTP), as the target's
@@ -323,14 +365,18 @@ class Scorer:
             hit = self._mtp[(tp, ep)] = mtp_stage_params(self.model, tp, ep)
         return hit
 
-    def knob_delta_s(self, key: tuple, kind: str) -> float:
-        """``layer_cost`` with the runtime's knobs − without them, for a ``bound_pieces`` key: priced only for
-        the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first)."""
-        hit = self._knob_delta.get((key, kind))
+    def knob_delta_s(self, lay: Layout, kind: str, recompute: str | None = None) -> float:
+        """``layer_cost`` with the runtime's knobs (the user's and those the search chose) − without them: priced
+        only for the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first)."""
+        rc = recompute or lay.recompute
+        chosen = self.chosen_knobs(lay)
+        bkey = self.bound_key(lay, rc)
+        key = (bkey, tuple(sorted(chosen.items())), kind)
+        hit = self._knob_delta.get(key)
         if hit is None:
-            par, _, with_knobs = self._knob_args[(key, kind)]
-            hit = with_knobs - layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1).total_s
-            self._knob_delta[(key, kind)] = hit
+            without = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, self._bound_par(lay, rc), 1)
+            hit = self._layer_cost(lay, bkey, kind, chosen).total_s - without.total_s
+            self._knob_delta[key] = hit
         return hit
 
     def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig, rt: Runtime | None = None) -> float:
@@ -433,7 +479,7 @@ class Scorer:
         """Non-additive bytes of a layer range: ZeRO-3's gathered units, or Megatron-FSDP's gradient bucket."""
         if lay.zero_stage == 3:
             return self._zero3_table(lay, largest, per_largest)
-        rt = self.runtime(lay)
+        rt = self.default_runtime(lay)  # memory: the user's knobs (the searched ones change layer time only)
         if lay.zero_stage == 2 and rt.grad_reduce_every_microbatch:
             return self._grad_bucket_table(lay, rt, largest)
         return None
@@ -474,7 +520,7 @@ class Scorer:
         return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float, float]:
-        rt = self.runtime(lay)
+        rt = self.default_runtime(lay)  # DP traffic: the user's knobs (the searched ones change layer time only)
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
                lay.kv_replication, rt, lay.vp if rt.grad_reduce_every_microbatch else 1)
         hit = self._dp.get(key)
@@ -494,7 +540,7 @@ class Scorer:
         fill = self.p2p_fill_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
-                                  self.runtime(lay).grad_reduce_every_microbatch)
+                                  self.default_runtime(lay).grad_reduce_every_microbatch)
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)

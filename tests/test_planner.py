@@ -298,7 +298,7 @@ def test_layer_costs_agree_with_the_intra_op_ilp_for_the_megatron_pattern(name: 
                      par.hsdp_shard_size, par.schedule, par.vp)
         # less what the knobs the search chose change (0 at the defaults: the ILP prices without a runtime)
         per_layer = (float(np.diff(scorer.layer_pieces(lay)[0])[0])
-                     - scorer.knob_delta_s(scorer.bound_key(lay), "dense"))
+                     - scorer.knob_delta_s(lay, "dense"))
         mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=par.tp, cp=par.cp, ep=par.ep)
         ilp = solve_layer(model, mesh, IntraOpRequest(kind="dense", seq_len=job.seq_len,
                                                       micro_batch_size=par.micro_batch_size,

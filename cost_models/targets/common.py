@@ -218,6 +218,13 @@ class TargetProfile:
         size); () or one: no choice."""
         return ()
 
+    def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
+        """Searched-knob settings under which ``layer_cost`` (and ``head_cost``) are at most what any legal setting
+        gives, and whether the layer's exposed CP traffic is to be left out of that floor (it need not be a legal
+        setting). The search bounds layouts with it and prices every setting only for the layouts it visits.
+        None: price every setting for every bound."""
+        return None
+
     def knob_candidates(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                         software: Software | None) -> list[dict[str, Any]]:
         """The legal settings of the searched knobs the user left unset on this layout (the user's knobs kept),

@@ -116,6 +116,11 @@ class MegatronProfile(TargetProfile):
                 out += [{"cp_comm_type": kind, "cp_a2a_size": a} for a in sizes]
         return tuple(out)
 
+    def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
+        """a2a without its traffic: the attention core in one kernel (no ring steps: no per-step kernel slowdown,
+        no merges; ``knob_effects.ring_steps``) and no CP traffic; every CP type runs at least that."""
+        return {"cp_comm_type": "a2a"}, True
+
     def zero_reason(self, zero_stage: int) -> str:
         return ("Megatron-LM runs ZeRO-0 (DDP), 1 (--use-distributed-optimizer), 2 (Megatron-FSDP optim_grads) "
                 "and 3 (--use-torch-fsdp2)")

@@ -82,6 +82,11 @@ class TorchtitanProfile(TargetProfile):
             return ({"async_tp": False}, {"async_tp": True})
         return ()
 
+    def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
+        """compile and async TP on: fused element-wise kernels move fewer bytes than eager ones and overlapped TP
+        traffic shows less than exposed (``knob_effects``); no knob setting is cheaper."""
+        return {"compile": True, "async_tp": True}, False
+
     def zero_reason(self, zero_stage: int) -> str:
         return ("torchtitan shards with FSDP2 (zero_stage=3, or 0 = replicate) and has no ZeRO-1/2 "
                 f"({TT}models/llama3/parallelize.py:68-88)")
