@@ -262,13 +262,13 @@ class Scorer:
     def lower_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
         """``layer_pieces`` with ``bound_pieces``' floors in place of the ILP's answers (no solve): every
         entry is ≤ its ``layer_pieces`` counterpart, so the stage DP on these tables bounds it from below."""
-        kinds, head_t, head_a = self.bound_pieces(lay)
+        kinds, head_t, head_a = self.bound_pieces(lay, exact_knobs=True)  # as tight as the chosen knobs allow
         t_moe, a_moe = kinds.get("moe", (0.0, 0.0))
         per = np.where(self.is_moe_layer, t_moe, kinds["dense"][0])
         return np.concatenate([[0.0], np.cumsum(per)]), head_t, kinds["dense"][1], a_moe, head_a
 
-    def bound_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, tuple[float, float]],
-                                                                                float, float]:
+    def bound_pieces(self, lay: Layout, recompute: str | None = None,
+                     exact_knobs: bool = False) -> tuple[dict[str, tuple[float, float]], float, float]:
         """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
         from ``cost_models``' uniform pattern without solving. Where the target expresses one pattern on this
         mesh (megatron, torchtitan, tp 1, SP pinned off) the ILP's only point *is* that pattern: ``layer_cost``
@@ -278,9 +278,9 @@ class Scorer:
         memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0.
         Times under the knobs the search would choose: where several settings are legal, the profile's floor
         over them (``TargetProfile.knob_floor``: the choice itself is priced only for the layouts the search
-        visits, ``exact_pieces``); else the chosen (or only) setting exactly."""
+        may visit, ``exact_pieces``); else, or with ``exact_knobs``, the chosen (or only) setting exactly."""
         rc = recompute or lay.recompute
-        floor = self._knob_floor(lay)
+        floor = None if exact_knobs else self._knob_floor(lay)
         fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
         key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
         hit = self._bounds.get(key)
