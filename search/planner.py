@@ -287,6 +287,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]
     layouts = _runs_with_knobs(layouts, model, job, scorers, tally)
+    # each setting of the knobs that change memory (FSDP2 reshard_after_forward) is a layout of its own
+    layouts = [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:
@@ -369,8 +371,8 @@ def _knob_note(scorer: Scorer, lay: Layout, par: ParallelConfig, pred: Predictio
                weights: CostWeights | None) -> str:
     """The knobs the search set on ``lay`` beyond the user's (``Scorer.chosen_knobs``) where they differ from the
     target's defaults, and the step time the defaults would give on the same layout (``search.explain``)."""
-    base = scorer.default_runtime(lay)
-    moved = {k: v for k, v in scorer.chosen_knobs(lay).items() if getattr(base, k) != v}
+    base = scorer.target_default_runtime(lay)
+    moved = {k: v for k, v in {**dict(lay.knobs), **scorer.chosen_knobs(lay)}.items() if getattr(base, k) != v}
     if not moved:
         return ""
     try:

@@ -19,7 +19,7 @@ full ``estimate``, which is what users see.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -127,18 +127,42 @@ class Scorer:
         return self._runtime_with(lay, self.chosen_knobs(lay))
 
     def default_runtime(self, lay: Layout) -> Runtime:
-        """``lay``'s runtime with the user's knobs alone (every other knob at the target's default)."""
+        """``lay``'s runtime with the user's knobs and the layout's own (``Layout.knobs``: those that change
+        memory), the layer-time knobs at the target's defaults: what memory and DP traffic are priced with."""
         return self._runtime_with(lay, {})
 
-    def _runtime_with(self, lay: Layout, chosen: dict[str, Any]) -> Runtime:
-        items = tuple(sorted(chosen.items()))
+    def target_default_runtime(self, lay: Layout) -> Runtime:
+        """``lay``'s runtime with the user's knobs alone (what the search's choices are explained against)."""
+        return self._runtime_with(lay, {}, own=False)
+
+    def memory_variants(self, lay: Layout) -> list[Layout]:
+        """``lay`` with each setting of the knobs that change memory its target offers and the user left unset
+        (``TargetProfile.memory_knob_options``; the default first), each legal (``check_runtime``)."""
+        prof = PROFILES.get(lay.target)
+        if prof is None:
+            return [lay]
+        par = ParallelConfig(**lay.parallel_kwargs())
+        out = []
+        for fields in prof.memory_knob_options(self.cluster, self.job, par, self.software.given()):
+            var = replace(lay, knobs=tuple(sorted(fields.items())))
+            if fields:
+                try:
+                    prof.check_runtime(self.model, self.cluster, self.job, par, self.default_runtime(var))
+                except ConfigError:
+                    continue
+            out.append(var)
+        return out or [lay]
+
+    def _runtime_with(self, lay: Layout, chosen: dict[str, Any], own: bool = True) -> Runtime:
+        fields = {**dict(lay.knobs), **chosen} if own else dict(chosen)
+        items = tuple(sorted(fields.items(), key=lambda kv: kv[0]))
         key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, items)
         hit = self._runtimes.get(key)
         if hit is None:
             par = ParallelConfig(tp=lay.tp, cp=lay.cp, pp=lay.pp, zero_stage=lay.zero_stage,
                                  sequence_parallel=lay.sequence_parallel)
             target = None if lay.target == "any" else lay.target
-            sw = Software(**self.software.given(), **chosen) if chosen else self.software
+            sw = Software(**self.software.given(), **fields) if fields else self.software
             hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, sw)
         return hit
 

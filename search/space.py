@@ -82,6 +82,9 @@ class Layout:
     sequence_parallel: bool = True  # searched layouts always use SP (it only saves memory); a pin may turn it off
     target: Target = "megatron"  # the framework that runs it: which per-op strategies the intra-op ILP may use
     kv_replication: str = "gather"  # tp > num_kv_heads: how K/V heads are replicated (kv_choices)
+    # knobs that change memory as well as time, set per layout by the search where the user left them unset
+    # (``TargetProfile.memory_knob_options``: FSDP2's reshard_after_forward); () = the target's defaults
+    knobs: tuple[tuple[str, Any], ...] = ()
 
     def parallel_kwargs(self) -> dict[str, Any]:
         kw = dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
@@ -97,7 +100,7 @@ class Layout:
         interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
         return (self.pp, self.tp, self.cp, self.ep, self.vp, -self.micro_batch_size,
                 RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule,
-                self.kv_replication, self.target)
+                self.kv_replication, self.target, tuple((k, repr(v)) for k, v in self.knobs))
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:

@@ -157,3 +157,34 @@ def test_a2a_p2p_rules_name_the_legal_sizes() -> None:
         prof.resolve(Software(cp_comm_type="p2p", cp_a2a_size=4), job, cluster, par)
     # default inner size: the largest inside one NVLink domain (8 GPUs, CP ranks tp = 2 apart): 4
     assert prof.resolve(Software(cp_comm_type="a2a+p2p"), job, cluster, par).cp_a2a_size == 4
+
+
+def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> None:
+    """reshard_after_forward changes memory as well as time: each setting is a layout (Scorer.memory_variants) and
+    the search keeps the cheapest that fits, priced by estimate; a user's setting is kept."""
+    from autoplan.catalog import build_cluster, load_model
+
+    req = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+           "job": {"global_batch_size": 1024, "seq_len": 8192},
+           "parallel": {"tp": 2, "pp": 1, "micro_batch_size": 2, "recompute": "none"}, "top": 1, "target": "fsdp2"}
+    found = Engine().search(req).plans[0]
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 64)
+    job, par = JobSpec(global_batch_size=1024, seq_len=8192), found.parallel
+    opts = PROFILES["fsdp2"].memory_knob_options(cluster, job, par, {})
+    assert opts[0] == {} and {"reshard_after_forward": False} in opts
+    # the integer form (a node-local group) where the shard group spans nodes
+    whole = PROFILES["fsdp2"].memory_knob_options(cluster, job, ParallelConfig(tp=2, pp=1, zero_stage=3), {})
+    assert whole == [{}, {"reshard_after_forward": False}, {"reshard_after_forward": 8}]
+    assert PROFILES["fsdp2"].memory_knob_options(cluster, job, ParallelConfig(tp=2, pp=2, zero_stage=3), {}) == [{}]
+    eng = Engine()  # estimate on the cluster as fsdp2 runs on it (its efficiency set), like the search
+    preds = [eng.estimate({"model": "llama3-8b", "cluster": req["cluster"], "job": req["job"], "target": "fsdp2",
+                           "parallel": par.model_dump(exclude_none=True), "software": o}).prediction for o in opts]
+    fit = [(p.composite_cost, i) for i, p in enumerate(preds) if p.fits]
+    best = opts[min(fit)[1]]
+    want = best.get("reshard_after_forward", True)
+    assert found.prediction.software["reshard_after_forward"] == want
+    assert found.prediction.step_time_s == pytest.approx(preds[min(fit)[1]].step_time_s, rel=1e-12)
+    assert want is not True  # on this layout the cost model prefers keeping (part of) the gathered parameters
+    assert len({p.peak_memory_gib for p in preds}) == len(opts)  # each setting holds different memory
+    kept = Engine().search({**req, "software": {"reshard_after_forward": True}}).plans[0]
+    assert kept.prediction.software["reshard_after_forward"] is True

@@ -218,6 +218,12 @@ class TargetProfile:
         size); () or one: no choice."""
         return ()
 
+    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                            given: dict[str, Any]) -> list[dict[str, Any]]:
+        """Settings of the knobs that change memory as well as time (FSDP2 ``reshard_after_forward``) the search
+        tries on this layout as layouts of their own, the target's default ({}) first; [{}]: none."""
+        return [{}]
+
     def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
         """Searched-knob settings under which ``layer_cost`` (and ``head_cost``) are at most what any legal setting
         gives, and whether the layer's exposed CP traffic is to be left out of that floor (it need not be a legal
@@ -333,6 +339,22 @@ class TargetProfile:
                 and dp_cp % s == 0]
 
 
+def reshard_options(cluster: ClusterSpec, par: ParallelConfig, given: dict[str, Any],
+                    int_groups: bool) -> list[dict[str, Any]]:
+    """FSDP2 ``reshard_after_forward`` settings worth searching on a ZeRO-3 layout without pipelining (with pp > 1
+    the stage stays gathered): the default (True: {}), False (no backward all-gather; the stage's gathered
+    parameters held), and with ``int_groups`` a node or NVLink domain (the backward all-gather inside it; 1/r of
+    them held)."""
+    if "reshard_after_forward" in given or par.zero_stage != 3 or par.pp != 1:
+        return [{}]
+    group = par.hsdp_shard_size or par.dp(cluster.num_gpus) * par.cp
+    out: list[dict[str, Any]] = [{}, {"reshard_after_forward": False}]
+    if int_groups:
+        out += [{"reshard_after_forward": r} for r in sorted({cluster.gpus_per_node, cluster.nvlink_domain_size})
+                if 1 < r < group and group % r == 0]
+    return out
+
+
 def fsdp2_gathered_unit_bytes(reduce_dtype: GradDtype) -> float:
     """torch FSDP2 (``fully_shard``), per parameter of the largest unit: the gathered bf16 unit (2) and the
     prefetched next one (2), and in the backward the unit's bf16 gradient (2) and, for an fp32 reduce-scatter, its
@@ -367,5 +389,5 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

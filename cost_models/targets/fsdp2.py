@@ -13,9 +13,12 @@ context or expert parallelism and no eager-fusion (elementwise ops run op by op)
 
 from __future__ import annotations
 
+from typing import Any
+
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
+from cost_models.targets.common import (Knob, Runtime, Software, TargetProfile, reshard_options,
+                                        torch_memory_facts)
 
 FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
 
@@ -43,6 +46,11 @@ class FSDP2Profile(TargetProfile):
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32", "bf16"), "fp32",
                                   "MixedPrecisionPolicy.reduce_dtype in the emitted apply_fsdp"),
     }
+
+    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                            given: dict[str, Any]) -> list[dict[str, Any]]:
+        """reshard_after_forward True (default), False, or a node / NVLink-domain group (``fully_shard``'s int)."""
+        return reshard_options(cluster, par, given, int_groups=True)
 
     def zero_reason(self, zero_stage: int) -> str:
         return ("the fsdp2 target always runs fully_shard (zero_stage=3); keep parameters gathered between "

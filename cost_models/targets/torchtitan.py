@@ -25,7 +25,8 @@ from typing import Any
 
 from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, torch_memory_facts
+from cost_models.targets.common import (Knob, Runtime, Software, TargetProfile, reshard_options,
+                                        torch_memory_facts)
 
 # Float8 tensorwise TP: torchtitan's apply_tp swaps in torchao's Float8ColwiseParallel / Float8RowwiseParallel when
 # the recipe is tensorwise ("float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
@@ -81,6 +82,11 @@ class TorchtitanProfile(TargetProfile):
         if name == "async_tp" and par.tp > 1:
             return ({"async_tp": False}, {"async_tp": True})
         return ()
+
+    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                            given: dict[str, Any]) -> list[dict[str, Any]]:
+        """fsdp_reshard_after_forward default (True without PP) or never (configs.py:136 has no group size)."""
+        return reshard_options(cluster, par, given, int_groups=False)
 
     def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
         """compile and async TP on: fused element-wise kernels move fewer bytes than eager ones and overlapped TP
