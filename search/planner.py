@@ -283,6 +283,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if pins["schedule"] not in offered:
             raise ConfigError(f"schedule {pins['schedule']}: {' or '.join(scorers)} has no such schedule (pipeline "
                               f"schedules: {', '.join(offered)})", valid=offered)
+    if "zero_stage" in pins:  # a ZeRO stage no searched target runs: the target's own reason, as estimate gives it
+        from cost_models.targets import PROFILES
+        stages = sorted({z for t in scorers for z in PROFILES[t].zero_stages})
+        if pins["zero_stage"] not in stages:
+            why = "; ".join(PROFILES[t].zero_reason(pins["zero_stage"]) for t in scorers)
+            raise ConfigError(f"zero_stage={pins['zero_stage']}: {why}", valid=stages)
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]

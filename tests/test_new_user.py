@@ -1,0 +1,25 @@
+"""A new user's pass over the face (CLI): each bug found by trying autoplan as documented, one regression each."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.cli import cli
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("target,valid", [("torchtitan", "valid: 0, 3"), ("fsdp2", "valid: 3")])
+def test_search_zero_pin_the_target_refuses_names_its_rule_like_estimate(target: str, valid: str) -> None:
+    """``search --zero 2 --target torchtitan`` said only "no parallel layout ... keeps the pins; relax the pins";
+    estimate names the framework rule and the stages it runs. Search now gives that line."""
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "8", "--zero", "2", "--target", target)
+    est = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "2",
+               "--target", target)
+    assert code == 2 and est[0] == 2
+    assert err.strip().splitlines()[-1] == est[2].strip().splitlines()[-1]
+    assert valid in err and "Traceback" not in err
