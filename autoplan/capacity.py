@@ -122,9 +122,10 @@ class ScaleResult(_Strict):
     wall_time_s: float
 
 
-def layout_label(p: Plan) -> str:
+def layout_label(p: Plan, with_target: bool = False) -> str:
+    """'tp4 pp4 cp1 zero1'; ``with_target`` (``--target any``): '[torchtitan] tp2 ...', the framework that runs it."""
     par = p.parallel
-    parts = [f"tp{par.tp}", f"pp{par.pp}", f"cp{par.cp}"]
+    parts = ([f"[{p.target}]"] if with_target and p.target else []) + [f"tp{par.tp}", f"pp{par.pp}", f"cp{par.cp}"]
     if par.ep > 1:
         parts.append(f"ep{par.ep}")
     if par.vp > 1:
@@ -172,7 +173,7 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
         plan = Plan.model_validate({**p.model_dump(), "goodput": g})
         pred = p.prediction
         ref = ref or pred.tokens_per_s_per_gpu
-        label = layout_label(plan)
+        label = layout_label(plan, with_target=req.target == "any")
         days = gpu_hours = cost = None
         if req.train_tokens is not None:
             hours = req.train_tokens / g.tokens_per_s / 3600.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -23,3 +25,13 @@ def test_search_zero_pin_the_target_refuses_names_its_rule_like_estimate(target:
     assert code == 2 and est[0] == 2
     assert err.strip().splitlines()[-1] == est[2].strip().splitlines()[-1]
     assert valid in err and "Traceback" not in err
+
+
+def test_scale_any_names_the_target_of_each_row() -> None:
+    """``scale --target any`` printed 'tp1 pp2 cp1 zero2' with no word of which framework runs it (search names it)."""
+    code, out, err = _cli("scale", "--model", "llama3-8b", "--gpus", "8,16", "--target", "any")
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.split()[:1] in (["8"], ["16"])]
+    assert len(rows) == 2 and all(re.search(r"\[(megatron|torchtitan|fsdp2)\] tp\d", r) for r in rows), out
+    code, out, _ = _cli("scale", "--model", "llama3-8b", "--gpus", "8", "--target", "megatron")
+    assert code == 0 and "[megatron]" not in out
