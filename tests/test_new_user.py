@@ -35,3 +35,16 @@ def test_scale_any_names_the_target_of_each_row() -> None:
     assert len(rows) == 2 and all(re.search(r"\[(megatron|torchtitan|fsdp2)\] tp\d", r) for r in rows), out
     code, out, _ = _cli("scale", "--model", "llama3-8b", "--gpus", "8", "--target", "megatron")
     assert code == 0 and "[megatron]" not in out
+
+
+def test_readme_error_examples_are_what_the_cli_prints() -> None:
+    """Every ``$ autoplan ...`` example in the README followed by an ``Error:`` line prints exactly that line."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    pairs = re.findall(r"^\$ autoplan (.+)\n(Error: .+)$", text, flags=re.M)
+    assert len(pairs) >= 2
+    for cmd, shown in pairs:
+        code, _, err = _cli(*shlex.split(cmd))
+        assert code == 2 and err.strip().splitlines()[-1] == shown, (cmd, err)
