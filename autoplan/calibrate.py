@@ -70,6 +70,9 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_imbalance": (1.0, 3.0),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
     "nvls_bus": (0.5, 1.5),
+    # Relative spread of identical GPUs' sustained speed (cost_models.gemm.straggler_pace): 0 to 5% (Sinha et al.
+    # SC'22 measured 8% average spread across whole clusters of identical GPUs, i.e. σ ≈ 1%).
+    "gpu_speed_sigma": (0.0, 0.05),
 }
 # Efficiency settings a run may state for itself (facts of its software stack, never fitted): the attention kernel,
 # whether element-wise kernels are fused (torch.compile / TE), and tp_overlap 0 where the stack has no TP overlap

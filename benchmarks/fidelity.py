@@ -114,7 +114,7 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
              "precision": job["precision"]},
         parallel=parallel, measured_step_time_s=case["measured"]["step_time_s"], source=case["source"],
         software=software, target=group.get("target", sw.get("framework", "megatron")),
-        knobs={**group.get("knobs", {}), **{k: sw[k] for k in RUN_KNOBS if k in sw}})
+        knobs={**group.get("knobs", {}), **per_case.get("knobs", {}), **{k: sw[k] for k in RUN_KNOBS if k in sw}})
 
 
 def skipped_cases(path: Path | None = None) -> list[tuple[str, str]]:
@@ -352,6 +352,23 @@ def memory_rows() -> list[tuple[str, float, float, dict[str, float]]]:
     return out
 
 
+def calibration_fits() -> list[tuple[str, float, float, bool]]:
+    """(id, predicted device GiB, limit GiB under the default headroom, fits) for every calibration run, priced
+    with the knobs its recipe states (issue #12: a configuration that really trained must fit)."""
+    out = []
+    for case, run in published_runs():
+        pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs,
+                        check=False)
+        out.append((case["id"], pred.peak_memory_gib, pred.memory_limit_gib, pred.fits))
+    return out
+
+
+def render_fits(rows: list[tuple[str, float, float, bool]]) -> str:
+    over = [f"{cid} ({gib:.1f} vs {lim:.1f} GiB)" for cid, gib, lim, ok in rows if not ok]
+    return (f"Calibration runs predicted to fit under the default headroom: {sum(ok for *_, ok in rows)}/{len(rows)}"
+            + (f"; over: {', '.join(over)}" if over else ""))
+
+
 def render_memory(rows: list[tuple[str, float, float, dict[str, float]]]) -> str:
     lines = ["| case (torchtitan, H100 96GB) | measured GiB (reserved) | predicted reserved | error | predicted "
              "allocated | activations | transients | device (fits?) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -547,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = evaluate(with_loo=not args.no_loo)
     table = render(rows) + "\n\n" + render_ranking(rows) + "\n\nPeak memory vs published figures (cost_models.memory, target torchtitan):\n\n"
     table += render_memory(memory_rows())
+    table += "\n\n" + render_fits(calibration_fits())
     table += "\n\n" + render_deepseek()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,31 @@ copy bandwidth is 0.85–0.9 of the datasheet figure on A100/H100).
 
 from __future__ import annotations
 
+from functools import lru_cache
+from statistics import NormalDist
+
 from cost_models.specs import FA2_VS_CUDNN, ClusterSpec, Precision
 
 ELEM_BYTES = {"bf16": 2.0, "fp8": 1.0}
+
+
+@lru_cache(maxsize=4096)
+def expected_max_normal(n: int) -> float:
+    """Expected maximum of ``n`` independent standard normal draws (Blom 1958: Φ⁻¹((n − 0.375)/(n + 0.25));
+    0 for one draw, 1.42 for 8, 2.33 for 64, 3.4 for 4096)."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+def straggler_pace(cluster: ClusterSpec) -> float:
+    """Kernel-time multiplier of a synchronous job on ``num_gpus`` GPUs: every step ends in collectives that
+    wait for the slowest rank, and identical GPUs do not run at one speed. Sinha et al. (SC'22, "Not All GPUs
+    Are Created Equal", arXiv 2208.11035) measured 8% average performance spread (outliers up to 1.5× slower)
+    across the identical GPUs of five production clusters of hundreds to tens of thousands of GPUs, from
+    manufacturing variability and power management; Llama 3 (arXiv 2407.21783 §3.3.4) reports a 1-2% diurnal
+    throughput swing from DVFS on 16k H100. With per-GPU speeds normal of relative spread ``σ =
+    gpu_speed_sigma``, the job runs at the expected slowest of ``N``: ``1 + σ · E[max of N standard normals]``."""
+    sigma = cluster.efficiency.gpu_speed_sigma
+    return 1.0 + sigma * expected_max_normal(cluster.num_gpus) if sigma > 0 else 1.0
 
 
 def gemm_efficiency(m: float, k: float, n: float, cluster: ClusterSpec) -> float:
@@ -36,16 +58,17 @@ def matmul_time_s(m: float, k: float, n: float, cluster: ClusterSpec, precision:
     speedup = min(eff.fp8_gemm_speedup, gpu.peak_fp8_tflops / gpu.peak_bf16_tflops) if precision == "fp8" else 1.0
     compute = flops / (gpu.peak_bf16_tflops * 1e12 * speedup * gemm_efficiency(m, k, n, cluster))
     memory = ELEM_BYTES[precision] * (m * k + k * n + m * n) / (gpu.hbm_tbytes_per_s * 1e12)
-    return max(compute, memory)
+    return max(compute, memory) * straggler_pace(cluster)
 
 
 def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
     """Flash-attention core (always bf16 here): FLOPs at the attention efficiency (cuDNN / TE fused attention;
     FlashAttention-2 at ``FA2_VS_CUDNN`` of it where the stack runs that kernel)."""
     eff = cluster.efficiency
-    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * (FA2_VS_CUDNN if eff.attention_fa2 else 1.0))
+    return (flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * (FA2_VS_CUDNN if eff.attention_fa2 else 1.0))
+            * straggler_pace(cluster))
 
 
 def hbm_time_s(nbytes: float, cluster: ClusterSpec) -> float:
     """A memory-bound kernel moving ``nbytes`` through HBM (read + write) at the achieved streaming bandwidth."""
-    return nbytes / (cluster.gpu.hbm_tbytes_per_s * 1e12 * cluster.efficiency.hbm_bus)
+    return nbytes / (cluster.gpu.hbm_tbytes_per_s * 1e12 * cluster.efficiency.hbm_bus) * straggler_pace(cluster)

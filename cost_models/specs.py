@@ -366,6 +366,9 @@ class Efficiency(_Frozen):
                                 "flash backend) rather than cuDNN / Transformer Engine fused attention: × FA2_VS_CUDNN")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
                                   "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
+    gpu_speed_sigma: float = Field(default=0.0, ge=0, le=0.2, description="relative standard deviation of the "
+                                   "sustained speed of identical GPUs (manufacturing and power-management spread): a "
+                                   "synchronous job runs at its slowest GPU's pace (cost_models.gemm.straggler_pace)")
 
 
 # Default memory headroom: 5% of HBM (4 GiB on an 80 GiB GPU). The memory model's error against published peaks

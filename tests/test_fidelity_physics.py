@@ -187,3 +187,31 @@ def test_inter_node_all_reduce_takes_the_tree_at_scale() -> None:
                                                        cluster.gpu.nic_latency_us * 1e-6))
     rs = group_collective_time_s("reduce_scatter", small * 8, 2048, 8, cluster)
     assert rs > 2047 * cluster.gpu.nic_latency_us * 1e-6  # ring only
+
+
+def test_straggler_pace_is_the_expected_slowest_gpu() -> None:
+    """``straggler_pace``: a synchronous job on N GPUs whose speeds spread normally (relative σ) runs at the expected
+    slowest one, 1 + σ·E[max of N standard normals]; Blom's approximation against the exact order-statistic
+    integral, and nothing changes at σ = 0 (the catalog's value: the published runs contradict σ = 1%)."""
+    import numpy as np
+    from statistics import NormalDist
+
+    from cost_models.gemm import expected_max_normal, matmul_time_s, straggler_pace
+
+    nd = NormalDist()
+    x = np.linspace(-8.0, 8.0, 16001)
+    pdf = np.exp(-x * x / 2) / np.sqrt(2 * np.pi)
+    cdf = np.array([nd.cdf(v) for v in x])
+    for n in (2, 8, 64, 1024):
+        exact = float(np.sum(x * n * cdf ** (n - 1) * pdf) * (x[1] - x[0]))
+        assert expected_max_normal(n) == pytest.approx(exact, abs=0.03), n  # Blom: within 0.03
+    assert expected_max_normal(1) == 0.0
+    base = build_cluster("h100-sxm", 1024)
+    assert straggler_pace(base) == 1.0  # catalog σ = 0
+    eff = base.efficiency.model_copy(update={"gpu_speed_sigma": 0.01})
+    big = base.model_copy(update={"efficiency": eff})
+    small = build_cluster("h100-sxm", 8).model_copy(update={"efficiency": eff})
+    assert straggler_pace(big) == pytest.approx(1 + 0.01 * expected_max_normal(1024))
+    assert 1.0 < straggler_pace(small) < straggler_pace(big)
+    t0, t1 = matmul_time_s(8192, 8192, 8192, base), matmul_time_s(8192, 8192, 8192, big)
+    assert t1 / t0 == pytest.approx(straggler_pace(big))
