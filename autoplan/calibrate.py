@@ -277,6 +277,93 @@ def fit(runs: Sequence[ResolvedRun], start: Efficiency | None = None, fields: It
                      [r.name for r in runs])
 
 
+@dataclass
+class JointFit:
+    """A generation's parameters and each framework's overrides, fitted together (``fit_joint``)."""
+
+    efficiency: Efficiency  # the generation's (the reference stack, Megatron-Core)
+    frameworks: dict[str, dict[str, float]]  # framework → its FRAMEWORK_FIT_FIELDS values
+    held: list[str]  # ("framework." +) names no run responds to, kept at their start
+    at_bound: list[str]
+    mape_before: float
+    mape_after: float
+
+
+def fit_joint(runs: Sequence[ResolvedRun], start: Efficiency, fields: Iterable[str] = DEFAULT_FIT_FIELDS,
+              fw_starts: dict[str, dict[str, Any]] | None = None, fw_fields: Iterable[str] = FRAMEWORK_FIT_FIELDS,
+              *, prior_weight: float = 0.0) -> JointFit:
+    """One least-squares fit of a generation's ``fields`` and, per framework other than Megatron-Core among the
+    runs, its ``fw_fields`` overrides — over every run of the generation at once. A framework's run still sees the
+    generation's other parameters (its attention kernel as a stated fraction of the generation's, its HBM and
+    links), so those are measured by every stack's runs, not only by the reference stack's."""
+    if not runs:
+        raise UserInputError("no runs to fit")
+    gens = {r.cluster.gpu.generation for r in runs}
+    if len(gens) > 1:
+        raise UserInputError(f"runs mix GPU generations {sorted(gens)}; fit one generation at a time")
+    fw_starts = fw_starts or {}
+    gen_names = list(dict.fromkeys(fields))
+    fw_names = list(dict.fromkeys(fw_fields))
+    fws = sorted({f for r in runs if (f := framework_of(r.target)) not in (None, "megatron")})
+    blocks = [("", gen_names)] + [(f, fw_names) for f in fws]
+    names = [(f, n) for f, ns in blocks for n in ns]
+    for _, n in names:
+        _bounds(n)
+
+    def effs(u: np.ndarray) -> dict[str, Efficiency]:
+        gen = _with(start, gen_names, u[:len(gen_names)])
+        out, i = {"megatron": gen}, len(gen_names)
+        for f in fws:
+            out[f] = _with(gen.model_copy(update=fw_starts.get(f, {})), fw_names, u[i:i + len(fw_names)])
+            i += len(fw_names)
+        return out
+
+    u0 = np.concatenate([_to_unit(start, gen_names)] + [_to_unit(start.model_copy(update=fw_starts.get(f, {})),
+                                                                   fw_names) for f in fws])
+    meas = np.log([r.measured_step_time_s for r in runs])
+
+    def log_pred(u: np.ndarray) -> np.ndarray:
+        e = effs(u)
+        return np.log([r.predict(e[framework_of(r.target) or "megatron"]) for r in runs])
+
+    base = log_pred(u0)
+    keep = []
+    for i in range(len(names)):
+        sens = 0.0
+        for step in (-0.1, 0.1):
+            u = u0.copy()
+            u[i] = min(1.0, max(0.0, u[i] + step))
+            if u[i] != u0[i]:
+                sens = max(sens, float(np.max(np.abs(log_pred(u) - base))) / abs(u[i] - u0[i]))
+        if sens > _SENSITIVITY_FLOOR:
+            keep.append(i)
+    sol_full = u0.copy()
+    at_bound: list[str] = []
+    if keep:
+        w = math.sqrt(len(runs)) * prior_weight
+        u_start = u0[keep]
+
+        def residuals(x: np.ndarray) -> np.ndarray:
+            u = u0.copy()
+            u[keep] = x
+            return np.concatenate([log_pred(u) - meas, w * (x - u_start)])
+
+        sols = [_least_squares(residuals, x0) for x0 in (u_start, np.full_like(u_start, 0.5))]
+        sol = min(sols, key=lambda x: float(np.sum(residuals(x) ** 2)))
+        sol_full[keep] = sol
+        at_bound = [_label(names[i]) for i, x in zip(keep, sol) if x <= 1e-3 or x >= 1 - 1e-3]
+    e = effs(sol_full)
+    held = [_label(names[i]) for i in range(len(names)) if i not in keep]
+    before = np.exp(base - meas) - 1.0
+    after = np.exp(log_pred(sol_full) - meas) - 1.0
+    return JointFit(e["megatron"], {f: {n: float(getattr(e[f], n)) for n in fw_names} for f in fws}, held, at_bound,
+                    float(np.mean(np.abs(before))), float(np.mean(np.abs(after))))
+
+
+def _label(name: tuple[str, str]) -> str:
+    return f"{name[0]}.{name[1]}" if name[0] else name[1]
+
+
 def _least_squares(residuals: Any, u0: np.ndarray) -> np.ndarray:
     from scipy.optimize import least_squares
 

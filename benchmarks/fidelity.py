@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
-                                fit, leave_one_out, resolve_run)
+                                fit, fit_joint, leave_one_out, resolve_run)
 from autoplan.catalog.registry import efficiency_catalog, framework_efficiency  # noqa: E402
 from cost_models.specs import Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
@@ -428,23 +428,26 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
                fw_starts: dict[str, dict[str, Any]] | None = None, quiet: bool = True,
                also_gpus: dict[str, Any] | None = None, unseen_to_prior: bool = False) -> Params:
     """One set of physical parameters per GPU generation and one per framework, as the catalog is made: each
-    generation's ``DEFAULT_FIT_FIELDS`` by pure bounded least squares on its Megatron-Core runs (the reference
-    stack), then each other framework's ``FRAMEWORK_FIT_FIELDS`` on that framework's runs with the generation
-    held. A generation without reference runs takes another generation's fit through ``transfer_efficiency``
-    (dimensionless efficiencies as they are, the GEMM saturation dim scaled by the ridge point); a framework
-    without runs takes no overrides (Megatron-Core's values): what leave-one-group-out predicts a group from.
-    ``unseen_to_prior`` (leave-one-group-out): a parameter no training run identifies falls back to its datasheet
-    value rather than staying at the catalog's fit, which saw the held-out group."""
+    generation's ``DEFAULT_FIT_FIELDS`` and each other framework's ``FRAMEWORK_FIT_FIELDS`` overrides by one pure
+    bounded least-squares fit over all of the generation's runs (``calibrate.fit_joint``): a torchtitan run measures
+    the generation's attention kernel too (FlashAttention-2 at a stated fraction of it), not only its own GEMM and
+    overlap efficiencies. A generation without Megatron-Core (reference) runs takes another generation's fit through
+    ``transfer_efficiency`` (dimensionless efficiencies as they are, the GEMM saturation dim scaled by the ridge
+    point); a framework without runs takes no overrides (Megatron-Core's values): what leave-one-group-out predicts
+    a group from. ``unseen_to_prior`` (leave-one-group-out): a parameter no training run identifies falls back to its
+    datasheet value rather than staying at the catalog's fit, which saw the held-out group."""
     starts = starts or efficiency_catalog()
     fw_starts = fw_starts if fw_starts is not None else {f: framework_efficiency(f) for f in ("torchtitan",)}
     gen_eff: dict[str, Efficiency] = {}
+    fw: dict[str, dict[str, Any]] = {}
     gpus = {**(also_gpus or {}), **{g: _gen_gpu(runs, g) for g in {r.cluster.gpu.generation for r in runs}}}
     gens = sorted(gpus, key=lambda g: (g != "hopper", g))
     for gen in gens:
-        ref = [r for r in runs if r.cluster.gpu.generation == gen and r.target == "megatron"]
-        if ref:
-            res = fit(ref, starts[gen], DEFAULT_FIT_FIELDS, prior_weight=0.0)
+        mine = [r for r in runs if r.cluster.gpu.generation == gen]
+        if any(r.target == "megatron" for r in mine):
+            res = fit_joint(mine, starts[gen], DEFAULT_FIT_FIELDS, fw_starts, FRAMEWORK_FIT_FIELDS)
             gen_eff[gen] = res.efficiency
+            fw.update(res.frameworks)
             if unseen_to_prior and "fp8_gemm_speedup" in res.held:
                 # no fp8 run left to see it: a GEMM micro-benchmark where there is one, else the datasheet's fp8/bf16
                 # peak ratio — not the catalog's own fit, which saw the held-out runs
@@ -452,23 +455,19 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
                 prior = min(FP8_GEMM_MICROBENCH.get(gen, math.inf), g.peak_fp8_tflops / g.peak_bf16_tflops)
                 gen_eff[gen] = gen_eff[gen].model_copy(update={"fp8_gemm_speedup": prior})
             if not quiet:
-                print(f"# {gen}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at bound "
-                      f"{res.at_bound}", file=sys.stderr)
+                print(f"# {gen} (+ {sorted(res.frameworks)}): MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; "
+                      f"held {res.held}; at bound {res.at_bound}", file=sys.stderr)
     for gen in gens:
         if gen not in gen_eff and gen_eff:  # no reference run of this generation: transfer another's physics
             src = next(iter(gen_eff))
             gen_eff[gen] = transfer_efficiency(gen_eff[src], gpus[src], gpus[gen], starts[gen])
         gen_eff.setdefault(gen, starts[gen])
-    fw: dict[str, dict[str, Any]] = {}
-    for f in sorted({framework_of(r.target) for r in runs} - {"megatron", None}):  # type: ignore[operator]
-        fr = [r for r in runs if framework_of(r.target) == f]
+    for f in sorted({framework_of(r.target) for r in runs} - {"megatron", None} - set(fw)):  # type: ignore[operator]
+        fr = [r for r in runs if framework_of(r.target) == f]  # only on generations without reference runs
         gen = fr[0].cluster.gpu.generation
         start = gen_eff[gen].model_copy(update=fw_starts.get(f, {}))
-        res = fit(fr, start, FRAMEWORK_FIT_FIELDS, prior_weight=0.0)
-        fw[f] = {n: getattr(res.efficiency, n) for n in FRAMEWORK_FIT_FIELDS}
-        if not quiet:
-            print(f"# framework {f}: MAPE {res.mape_before:.1%} -> {res.mape_after:.1%}; held {res.held}; at "
-                  f"bound {res.at_bound}", file=sys.stderr)
+        one = fit(fr, start, FRAMEWORK_FIT_FIELDS, prior_weight=0.0)
+        fw[f] = {n: getattr(one.efficiency, n) for n in FRAMEWORK_FIT_FIELDS}
     return gen_eff, fw
 
 

@@ -44,12 +44,10 @@ def test_all_published_cases_are_predicted(rows) -> None:  # type: ignore[no-unt
     assert {r.generation for r in rows} == {"ampere", "hopper"}
 
 
-# torchtitan's 8B cp2 at 64k: its measured step grows +53% from 32k (cp1) to 64k but +137% from 64k to 128k (cp4)
-# for the same doubling of attention work per GPU; a model that prices attention smoothly misses one of the two
-# (since the FA2 attention kernel became a stated fact rather than a torchtitan fit: +22%; +25.2% since torchtitan's
-# fp8 TP all-gathers lowered the torchtitan gemm_max refit 0.657 -> 0.646; +26.2% since Nemotron-340B is priced
-# with its recipe's bf16 gradient reduction and the catalog refit). Held to 27%, not 20%.
-IRREGULAR = {"torchtitan_8B_t2_cp2_64k": 0.27}
+# No exception any more: torchtitan's 8B cp2 at 64k (its measured step grows +53% from 32k to 64k but +137% from 64k
+# to 128k for the same doubling of attention work per GPU) was +26% while the generation was fitted on Megatron runs
+# alone; with the generation and framework parameters fitted jointly (calibrate.fit_joint) it is +19.9%.
+IRREGULAR: dict[str, float] = {}
 
 
 def test_mape_and_worst_case(rows) -> None:  # type: ignore[no-untyped-def]
@@ -149,16 +147,16 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met narrowly (9.8%), no run worse
-    than 25% NOT met (worst 29%: torchtitan's 405B held out); this guards the measured level against regressions.
+    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (8.3%), no run worse than 25%
+    NOT met (worst 26.6%: the README's 32B held out; torchtitan's 8B cp2 64k 25.7%); this guards the measured level.
     SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
     dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
     sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
     rows = fidelity.evaluate(with_loo=False, with_logo=True)
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
-    assert sum(logo) / len(logo) <= 0.105
-    assert max(logo) <= 0.30
+    assert sum(logo) / len(logo) <= 0.09
+    assert max(logo) <= 0.28
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
     sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]
