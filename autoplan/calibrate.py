@@ -44,7 +44,7 @@ from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Software
+from cost_models.targets import Software, framework_of
 
 # Physical range of each fitted parameter (lower, upper) and why. A fit that ends on a bound is reported.
 PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
