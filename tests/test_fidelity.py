@@ -46,7 +46,7 @@ def test_all_published_cases_are_predicted(rows) -> None:  # type: ignore[no-unt
 
 # No exception any more: torchtitan's 8B cp2 at 64k (its measured step grows +53% from 32k to 64k but +137% from 64k
 # to 128k for the same doubling of attention work per GPU) was +26% while the generation was fitted on Megatron runs
-# alone; with the generation and framework parameters fitted jointly (calibrate.fit_joint) it is +19.7%.
+# alone; with the generation and framework parameters fitted jointly (calibrate.fit_joint) it is +19.6%.
 IRREGULAR: dict[str, float] = {}
 
 
@@ -147,8 +147,8 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (7.6%), no run worse than 25%
-    NOT met (worst 28.5%: torchtitan's 8B cp2 64k; the README's 32B 27.4%); this guards the measured level.
+    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (7.5%), no run worse than 25%
+    NOT met (worst 26.8%: the README's 32B; torchtitan's 8B cp2 64k 25.5%); this guards the measured level.
     SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
     dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
     sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
@@ -156,7 +156,7 @@ def test_leave_one_group_out_error() -> None:
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
     assert sum(logo) / len(logo) <= 0.09
-    assert max(logo) <= 0.29
+    assert max(logo) <= 0.28
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
     sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]
