@@ -408,10 +408,12 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
                                f"{pins} and passes the hard constraints (target {target}; cut: {cut}); relax "
                                "the pins")
+        near = _nearest_legal_gpus(model, cluster, job, target)
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
             f"(target {target}, pins {pins or 'none'}; cut: {cut})",
-            hint="relax the pins or change the global batch size / GPU count")
+            hint=("nearest GPU counts with a layout: " + " and ".join(f"{n} GPUs" for n in near) if near else
+                  "change the global batch size or the GPU count"))
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
     peak, lay = min(((float(scorers[lay.target].stage_memory(
@@ -428,6 +430,18 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
         hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
                 "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
     return InfeasibleError(msg, hint=hint, closest=lay)
+
+
+def _nearest_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target) -> list[int]:
+    """The nearest GPU counts below and above ``cluster.num_gpus`` (whole nodes once past one) whose layouts pass
+    the hard constraints (divisibility of the batch, heads, layers): what an infeasible-by-shape job can use."""
+    n, step = cluster.num_gpus, cluster.gpus_per_node if cluster.num_gpus > cluster.gpus_per_node else 1
+    def legal(k: int) -> bool:
+        c = cluster.model_copy(update={"num_gpus": k})
+        return next(iter(enumerate_layouts(model, c, job, target, {}, Tally())), None) is not None
+    below = next((k for k in range(n - (n % step or step), 0, -step) if legal(k)), None)
+    above = next((k for k in range(n + step - n % step, 4 * n + 1, step) if legal(k)), None)
+    return [k for k in (below, above) if k is not None]
 
 
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any]) -> bool:

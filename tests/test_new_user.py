@@ -48,3 +48,15 @@ def test_readme_error_examples_are_what_the_cli_prints() -> None:
     for cmd, shown in pairs:
         code, _, err = _cli(*shlex.split(cmd))
         assert code == 2 and err.strip().splitlines()[-1] == shown, (cmd, err)
+
+
+def test_a_gpu_count_no_layout_divides_names_the_nearest_counts_that_do() -> None:
+    """``search --model llama3-8b --gpus 1000`` (no dp divides the batch of 1024 with tp·pp·cp absorbing 1000's
+    factor 125) said only "relax the pins or change the global batch size / GPU count"; it names the nearest
+    GPU counts that have a layout."""
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "1000")
+    assert code == 3 and "Traceback" not in err
+    near = [int(x) for x in re.findall(r"(\d+) GPUs", err.split("nearest GPU counts with a layout:")[1])]
+    assert len(near) == 2 and near[0] < 1000 < near[1]
+    for n in near:  # each one really has a plan
+        assert _cli("search", "--model", "llama3-8b", "--gpus", str(n), "--top", "1")[0] == 0
