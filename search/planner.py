@@ -405,9 +405,11 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
+            key, valid = _pin_choices(model, cluster, job, target, pins)
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
-                               f"{pins} and passes the hard constraints (target {target}; cut: {cut}); relax "
-                               "the pins")
+                               f"{pins} and passes the hard constraints (target {target}; cut: {cut}); "
+                               + (f"no layout keeps {key}={pins[key]}" if valid else "relax the pins"),
+                               valid=valid or None)
         near = _nearest_legal_gpus(model, cluster, job, target)
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
@@ -430,6 +432,19 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
         hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
                 "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
     return InfeasibleError(msg, hint=hint, closest=lay)
+
+
+def _pin_choices(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                 pins: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The first pin (in the user's order) whose value is what no layout keeps, with the values the layouts under
+    the other pins take (the legal neighbours of a pin); ("", []) when no single pin is the cause."""
+    for key in pins:
+        rest = {k: v for k, v in pins.items() if k != key}
+        values = {getattr(lay, key, None) for lay in enumerate_layouts(model, cluster, job, target, rest, Tally())}
+        values.discard(None)
+        if values:
+            return key, sorted(values, key=lambda v: (str(type(v)), v))
+    return "", []
 
 
 def _nearest_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target) -> list[int]:

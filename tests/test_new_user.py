@@ -60,3 +60,14 @@ def test_a_gpu_count_no_layout_divides_names_the_nearest_counts_that_do() -> Non
     assert len(near) == 2 and near[0] < 1000 < near[1]
     for n in near:  # each one really has a plan
         assert _cli("search", "--model", "llama3-8b", "--gpus", str(n), "--top", "1")[0] == 0
+
+
+def test_a_pin_no_layout_keeps_names_the_values_that_work() -> None:
+    """``search --mbs 8 --global-batch-size 4`` said "keeps the pins ...; relax the pins" with no valid value."""
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "4", "--mbs", "8")
+    assert code == 2 and "Traceback" not in err
+    valid = [int(x) for x in err.strip().splitlines()[-1].split("; valid: ")[1].split(", ")]
+    assert valid and 8 not in valid and all(4 % v == 0 for v in valid)
+    for v in valid[:1] + valid[-1:]:  # each value named really gives plans
+        assert _cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "4", "--mbs", str(v),
+                    "--top", "1")[0] == 0
