@@ -71,3 +71,21 @@ def test_a_pin_no_layout_keeps_names_the_values_that_work() -> None:
     for v in valid[:1] + valid[-1:]:  # each value named really gives plans
         assert _cli("search", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "4", "--mbs", str(v),
                     "--top", "1")[0] == 0
+
+
+def test_emit_and_validate_a_plan_file_write_for_the_target_the_plan_names(tmp_path) -> None:
+    """``search --target any/torchtitan --format json > plan.json`` then ``emit --plan plan.json``: the plan names
+    its target (plans[i].target), yet emit and validate demanded --target. They now default to it."""
+    code, out, _ = _cli("search", "--model", "llama3-8b", "--gpus", "16", "--target", "torchtitan", "--top", "1",
+                        "--format", "json")
+    assert code == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    code, out, err = _cli("emit", "--plan", str(plan), "-o", str(tmp_path / "e"))
+    assert code == 0, err
+    assert "files for torchtitan" in out and (tmp_path / "e" / "torchtitan_overrides.txt").exists()
+    code, out, err = _cli("validate", "--plan", str(plan))
+    assert code in (0, 1) and "validate --target torchtitan" in out, err
+    code, _, err = _cli("emit", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "-o",
+                        str(tmp_path / "f"))
+    assert code == 2 and "Missing option '--target'" in err and "megatron, torchtitan, fsdp2" in err

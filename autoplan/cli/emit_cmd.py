@@ -18,6 +18,7 @@ from autoplan.cli.options import FLOAT, INT  # noqa: F401
 from autoplan.cli.options import (cluster_flags, cluster_request, job_options, job_spec, pop_software, software_options,
                                   stack, user_errors)
 from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
+from autoplan.emit.plan import plan_target
 from autoplan.errors import InfeasibleError
 from autoplan.inputs import strict
 from cost_models.specs import ParallelConfig
@@ -35,7 +36,19 @@ plan_inputs = stack(
     software_options,
 )
 
-target_option = click.option("--target", type=click.Choice(TARGETS), required=True, help="framework to emit for")
+target_option = click.option("--target", type=click.Choice(TARGETS), default=None,
+                             help="framework to emit for [with --plan: the target the plan was found for]")
+
+
+def pick_target(target: str | None, kw: dict[str, Any]) -> str:
+    """``--target``, or with ``--plan`` the target its plan names (``search --target any`` plans name theirs)."""
+    if target is not None:
+        return target
+    if kw.get("plan_file") is not None:
+        found = plan_target(kw["plan_file"], kw.get("index"))
+        if found is not None:
+            return found
+    raise click.UsageError(f"Missing option '--target'. Choose from: {', '.join(TARGETS)}")
 
 
 def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
@@ -83,11 +96,12 @@ def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
 @click.option("--allow-over-memory", is_flag=True, default=False,
               help="write a layout the cost model says does not fit in GPU memory (marked in README.txt)")
 @user_errors
-def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> None:
+def emit_cmd(target: str | None, out_dir: str, allow_over_memory: bool, **kw: Any) -> None:
     """Write the launch configuration of a plan for Megatron-LM, torchtitan or FSDP2.
 
     The layout is priced first (as `autoplan estimate` would); one that does not fit in GPU memory is
     refused (exit 3) unless --allow-over-memory, which writes it with a warning in README.txt."""
+    target = pick_target(target, kw)
     plan = with_target_defaults(resolve_plan(kw, target), target)
     check_emittable(plan, target)  # type: ignore[arg-type]
     pred = price(plan, target)
@@ -117,8 +131,9 @@ def emit_cmd(target: str, out_dir: str, allow_over_memory: bool, **kw: Any) -> N
               help="also keep the emitted files here (default: a temporary folder)")
 @plan_inputs
 @user_errors
-def validate_cmd(target: str, out_dir: str | None, **kw: Any) -> None:
+def validate_cmd(target: str | None, out_dir: str | None, **kw: Any) -> None:
     """Emit a plan and check it with the framework's own code (needs the `validate` extra)."""
+    target = pick_target(target, kw)
     from autoplan.validate import EXTRA_HINT, missing_extra, run_checks
 
     plan = with_target_defaults(resolve_plan(kw, target), target)

@@ -127,6 +127,21 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
                     op_shardings=shardings)
 
 
+def plan_target(path: str | Path, index: int | None = None) -> str | None:
+    """The target a plan file's plan was priced for (``plans[i].target`` / ``prediction.software.target``), so that
+    ``emit``/``validate --plan`` without ``--target`` write for the framework the plan was found for."""
+    data = _read_json(path)
+    entry: Any = data
+    if isinstance(data.get("plans"), list) and data["plans"]:
+        i = 0 if index is None else index - 1
+        entry = data["plans"][i] if 0 <= i < len(data["plans"]) else {}
+    if not isinstance(entry, dict):
+        return None
+    soft = (entry.get("prediction") or {}).get("software") if isinstance(entry.get("prediction"), dict) else None
+    found = entry.get("target") or (soft.get("target") if isinstance(soft, dict) else None)
+    return found if found in TARGETS else None
+
+
 def priced_software(knobs: dict[str, Any]) -> Software:
     """The knobs a plan was priced with (``prediction.software``), as the user would set them: the priced target's
     own knobs only (another target's defaults are not requests)."""
