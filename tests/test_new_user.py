@@ -89,3 +89,11 @@ def test_emit_and_validate_a_plan_file_write_for_the_target_the_plan_names(tmp_p
     code, _, err = _cli("emit", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "-o",
                         str(tmp_path / "f"))
     assert code == 2 and "Missing option '--target'" in err and "megatron, torchtitan, fsdp2" in err
+
+
+def test_compare_headers_tell_the_rank_from_the_search_index() -> None:
+    """``compare '#1' '#2'`` headed its columns "#1 #1" and "#2 #2": rank and search index looked alike."""
+    code, out, err = _cli("compare", "#1", "#2", "--model", "llama3-8b", "--gpus", "16", "--target", "torchtitan")
+    assert code == 0, err
+    head = out.splitlines()[0]
+    assert "search #1" in head and "search #2" in head and "#1 #1" not in head

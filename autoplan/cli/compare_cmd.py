@@ -143,7 +143,9 @@ def render_compare(result: Any) -> str:
 
     order = result.ranking
     ests = [result.plans[i] for i in order]
-    headers = ["", *[f"#{n + 1} {result.labels[i]}" for n, i in enumerate(order)]]
+    # rank, then where the plan came from ("search #2": a bare "#2" next to the rank "#1" read as two ranks)
+    headers = ["", *[f"#{n + 1} " + ("search " if result.labels[i].startswith("#") else "") + result.labels[i]
+                     for n, i in enumerate(order)]]
     rows: list[list[object]] = []
 
     def row(name: str, values: list[object]) -> None:
