@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -84,8 +85,11 @@ def test_emit_and_validate_a_plan_file_write_for_the_target_the_plan_names(tmp_p
     code, out, err = _cli("emit", "--plan", str(plan), "-o", str(tmp_path / "e"))
     assert code == 0, err
     assert "files for torchtitan" in out and (tmp_path / "e" / "torchtitan_overrides.txt").exists()
+    if importlib.util.find_spec("torchtitan") is None:
+        pytest.skip("validate needs the validate extra (torchtitan)")
     code, out, err = _cli("validate", "--plan", str(plan))
     assert code in (0, 1) and "validate --target torchtitan" in out, err
+    assert "activation_checkpoint=none" in out and "NoneType" not in out  # AC off was printed as "NoneType"
     code, _, err = _cli("emit", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "-o",
                         str(tmp_path / "f"))
     assert code == 2 and "Missing option '--target'" in err and "megatron, torchtitan, fsdp2" in err

@@ -33,7 +33,12 @@ def _parse(out: Path) -> tuple[str, Any]:
     return (f"--module {args[1]} --config {args[3]}: dp_replicate={p.data_parallel_replicate_degree} "
             f"dp_shard={p.data_parallel_shard_degree} tp={p.tensor_parallel_degree} "
             f"pp={p.pipeline_parallel_degree} cp={p.context_parallel_degree} ep={p.expert_parallel_degree}, "
-            f"activation_checkpoint={type(cfg.activation_checkpoint).__qualname__.split('.')[0]}"), cfg
+            f"activation_checkpoint={_ac_name(cfg.activation_checkpoint)}"), cfg
+
+
+def _ac_name(ac: Any) -> str:
+    """The parsed activation-checkpoint config's class (``none`` when torchtitan parsed AC off to None)."""
+    return "none" if ac is None else type(ac).__qualname__.split(".")[0]
 
 
 def _dims(plan: EmitPlan, cfg: Any) -> tuple[str, Any]:
