@@ -167,13 +167,13 @@ class Engine:
         return self.resolve(probe)
 
     def scorer_family(self, model: Any, shape: Any, job: JobSpec, make: Callable[[], Any],
-                      target: str = "megatron") -> Any:
+                      target: str = "megatron", software: Any = None) -> Any:
         """The cached Scorer a sweep derives every size's from: one per (model, cluster shape, sequence length,
         precision), whatever the GPU count or the global batch."""
         if shape.profile is not None or (isinstance(model, str) and catalog_model(model) is None):
             return make()
         key = json.dumps(["family", model, shape.model_dump(mode="json"), job.seq_len, job.precision,
-                          _efficiency_key(target)],
+                          _efficiency_key(target), software.given() if software is not None else {}],
                          sort_keys=True, separators=(",", ":"))
         return self.scorers.get_or_compute(key, make)
 

@@ -21,6 +21,7 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_GPUS, MODEL_DESCRIPTION, Clus
                              ModelSource, ParallelPins, Plan, RankBy, Status, Target, _Strict, validate_request)
 from cost_models.goodput import FailureModel
 from cost_models.specs import JobSpec
+from cost_models.targets import PROFILES, Software
 
 if TYPE_CHECKING:
     from autoplan.api import Engine
@@ -57,6 +58,8 @@ class ScaleRequest(_Strict):
     gpu_hour_price: float | None = Field(default=None, ge=0, le=1e6, description="price of one GPU-hour")
     parallel: ParallelPins = Field(default_factory=ParallelPins, description="degrees to pin at every size")
     target: Target = "megatron"
+    software: Software = Field(default_factory=Software, description="the target's knobs at every size, as in "
+                               "search (omitted: its defaults; the search chooses the searched ones)")
     rank_by: RankBy = "step"
     failures: FailureModel = Field(default_factory=FailureModel)
 
@@ -150,12 +153,22 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
     first = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1], req.target)
     model, cluster0 = first.model, first.cluster
     family: dict[str, Scorer] = {}
+    first: ConfigError | None = None
     for t in search_targets(req.target):  # each target on the cluster as it runs on it (any: every target)
+        try:  # a knob the target lacks: error (any: that target is left out, as search leaves it)
+            PROFILES[t].resolve(req.software, jobs[0][1], cluster0)
+        except ConfigError as err:
+            first = first or err
+            continue
         own = engine.resolve_parts(req.model, req.cluster.at(jobs[0][0]), jobs[0][1], t).cluster
 
         def base(own: Any = own) -> Scorer:
-            return Scorer(model, own, jobs[0][1])
-        family[t] = engine.scorer_family(req.model, req.cluster, jobs[0][1], base, t)
+            return Scorer(model, own, jobs[0][1], software=req.software)
+        family[t] = engine.scorer_family(req.model, req.cluster, jobs[0][1], base, t, req.software)
+    if not family:
+        assert first is not None
+        raise first if req.target != "any" else ConfigError(f"no target runs the knobs {req.software.given()} "
+                                                             f"({first})")
     points = sweep(model, cluster0, jobs, target=req.target, pins=req.parallel.given(), top_k=1,
                    rank_by=req.rank_by, failures=req.failures, scorer=family, progress=progress,
                    processes=processes)

@@ -101,3 +101,22 @@ def test_compare_headers_tell_the_rank_from_the_search_index() -> None:
     assert code == 0, err
     head = out.splitlines()[0]
     assert "search #1" in head and "search #2" in head and "#1 #1" not in head
+
+
+def test_scale_takes_the_knob_flags_search_takes() -> None:
+    """``scale --target torchtitan --no-compile`` was "No such option '--compile'": scale could not plan a job with
+    the knobs its search takes. Each size's plan is now search's plan with those knobs."""
+    import json
+
+    code, out, err = _cli("scale", "--model", "llama3-8b", "--gpus", "8,16", "--target", "torchtitan", "--no-compile",
+                          "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    for row in rows:
+        assert row["plan"]["prediction"]["software"]["compile"] is False
+        code, s_out, _ = _cli("search", "--model", "llama3-8b", "--gpus", str(row["num_gpus"]), "--target",
+                              "torchtitan", "--no-compile", "--top", "1", "--format", "json")
+        assert code == 0
+        assert json.loads(s_out)["plans"][0]["prediction"]["step_time_s"] == row["step_time_s"]
+    code, _, err = _cli("scale", "--model", "llama3-8b", "--gpus", "8", "--target", "megatron", "--compile")
+    assert code == 2 and "megatron has no knob compile" in err

@@ -14,8 +14,8 @@ from autoplan.cli import cli
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.goodput_options import failure_model, failure_options
-from autoplan.cli.options import (cluster_flags, format_option, job_options, job_spec, model_option,
-                                  request_from_file, request_option, user_errors)
+from autoplan.cli.options import (cluster_flags, format_option, job_options, job_spec, model_option, pop_software,
+                                  request_from_file, request_option, software_options, user_errors)
 from autoplan.errors import UserInputError
 
 
@@ -47,6 +47,7 @@ def _tokens(text: str | None) -> float | None:
 @click.option("--train-tokens", default=None, help="tokens to train (e.g. 15T or 15e12): time and GPU-hours")
 @click.option("--gpu-hour-price", type=click.FloatRange(min=0), default=None, help="price of one GPU-hour")
 @parallel_options(required=False)
+@software_options
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
               show_default=True, help="framework the plans must run on (any: the best plan some target runs, "
                                       "priced as that target runs it)")
@@ -82,7 +83,8 @@ def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int |
         request = ScaleRequest(model=model, cluster=shape, gpus=parse_gpus(gpus), job=job_spec(kw).model_dump(),
                                scaling="weak" if weak else "strong", tokens_per_gpu=tokens_per_gpu,
                                train_tokens=_tokens(train_tokens), gpu_hour_price=gpu_hour_price,
-                               parallel=pop_parallel(kw), target=target, rank_by=rank_by, failures=failures)
+                               parallel=pop_parallel(kw), target=target, rank_by=rank_by, failures=failures,
+                               software=pop_software(kw))
     if processes is None:
         processes = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     result = api.scale(request, processes=processes)
