@@ -120,3 +120,21 @@ def test_scale_takes_the_knob_flags_search_takes() -> None:
         assert json.loads(s_out)["plans"][0]["prediction"]["step_time_s"] == row["step_time_s"]
     code, _, err = _cli("scale", "--model", "llama3-8b", "--gpus", "8", "--target", "megatron", "--compile")
     assert code == 2 and "megatron has no knob compile" in err
+
+
+def test_compare_takes_the_knob_flags_for_searched_and_degree_plans() -> None:
+    """``compare ... --target torchtitan --no-compile`` was "No such option": two layouts could not be compared under
+    the knobs the user runs. #K plans come from search with the knobs, degree plans are estimated with them."""
+    import json
+
+    args = ["--model", "llama3-8b", "--gpus", "16", "--target", "torchtitan", "--format", "json"]
+    code, out, err = _cli("compare", "#1", "tp=2,pp=1", *args, "--no-compile")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    assert all(p["prediction"]["software"]["compile"] is False for p in plans)
+    code, e_out, _ = _cli("estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--target",
+                          "torchtitan", "--no-compile", "--format", "json")
+    assert code == 0 and json.loads(e_out)["prediction"]["step_time_s"] == plans[1]["prediction"]["step_time_s"]
+    code, _, err = _cli("compare", "tp=2,pp=1", "tp=1,pp=1", "--model", "llama3-8b", "--gpus", "8", "--target",
+                        "fsdp2", "--async-tp")
+    assert code == 2 and "fsdp2 has no knob async_tp" in err

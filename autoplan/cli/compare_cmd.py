@@ -15,7 +15,7 @@ from cost_models.targets import PROFILES
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.goodput_options import failure_model, failure_options
 from autoplan.cli.options import (cluster_flags, cluster_request, format_option, job_options, job_spec,
-                                  user_errors)
+                                  pop_software, software_options, user_errors)
 from autoplan.errors import UserInputError
 
 # Degree-spec keys as the CLI flags spell them, to ParallelConfig fields.
@@ -77,6 +77,7 @@ def _estimate_of(path: str, index: int) -> dict[str, Any]:
               show_default=True, help="for #K plans: the search's target (each plan is priced for the target that "
                                       "runs it); for degree plans: the target (any: megatron)")
 @click.option("--rank-by", type=click.Choice(["step", "goodput"]), default="step", show_default=True)
+@software_options
 @failure_options
 @format_option
 @user_errors
@@ -94,6 +95,7 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
     if len(plans) < 2:
         raise UserInputError(f"compare needs two or more plans, got {len(plans)}")
     failures = failure_model(kw).model_dump()
+    knobs = pop_software(kw).given()  # for #K and degree plans, as search/estimate take them (files keep theirs)
     context: dict[str, Any] | None = None
     if model is not None:
         if kw.get("num_gpus") is None:
@@ -118,7 +120,8 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
             if k_i < 1 or k_i > 50:
                 raise UserInputError(f"plan {text!r}: K must be in 1..50")
             if searched is None or len(searched.plans) < k_i:
-                searched = api.search({**context, "top": max(k_i, 3), "target": target, "failures": failures})
+                searched = api.search({**context, "top": max(k_i, 3), "target": target, "failures": failures,
+                                       "software": knobs})
             if k_i > len(searched.plans):
                 raise UserInputError(f"plan {text!r}: the search found {len(searched.plans)} plan(s)")
             from autoplan.emit.plan import priced_software
@@ -128,7 +131,7 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
                              "failures": failures, "target": found.target,  # priced as the target that runs it
                              "software": priced_software(found.prediction.software).given()})  # its knobs
         else:
-            requests.append({**context, "parallel": _degrees(text), "failures": failures,
+            requests.append({**context, "parallel": _degrees(text), "failures": failures, "software": knobs,
                              **({"target": target} if target != "any" else {})})
     result = api.compare({"plans": requests, "rank_by": rank_by}, labels=list(plans))
     if fmt == "json":
