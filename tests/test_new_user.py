@@ -138,3 +138,11 @@ def test_compare_takes_the_knob_flags_for_searched_and_degree_plans() -> None:
     code, _, err = _cli("compare", "tp=2,pp=1", "tp=1,pp=1", "--model", "llama3-8b", "--gpus", "8", "--target",
                         "fsdp2", "--async-tp")
     assert code == 2 and "fsdp2 has no knob async_tp" in err
+
+
+def test_zero_help_says_what_each_stage_is_on_each_target() -> None:
+    """``--zero`` help read "0 DDP, 1 distributed optimizer, 2, 3 FSDP": stage 2 unexplained, and torchtitan/fsdp2
+    (which default to 3 and refuse 1/2) not mentioned."""
+    code, out, _ = _cli("estimate", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "2 Megatron-FSDP optim_grads" in text and "torchtitan 0 replicate, 3 FSDP2" in text

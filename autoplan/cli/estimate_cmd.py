@@ -36,7 +36,8 @@ def parallel_options(required: bool, searched: bool = False) -> Any:
         opt("--mbs", "micro_batch_size", type=INT, default=None,
             help=f"micro-batch size in sequences {default('1')}"),
         opt("--zero", "zero_stage", type=click.IntRange(0, 3), default=None,
-            help=f"0 DDP, 1 distributed optimizer, 2, 3 FSDP {default('1')}"),
+            help="as the target runs it: megatron 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP optim_grads, 3 "
+                 f"torch FSDP2; torchtitan 0 replicate, 3 FSDP2; fsdp2 3 {default('megatron 1, else 3')}"),
         opt("--hsdp", "hsdp_shard_size", type=INT, default=None,
             help=f"HSDP shard-group size {default('none')}"),
         opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help=default("none")),
