@@ -629,3 +629,13 @@ def test_fsdp2_strategy_set_is_what_the_module_emits(tp: int, kv_heads: int, sp:
     assert all(mode.endswith("_sp") or mode == "S" for fqn, mode in modes.items()
                if not fqn.endswith(("wk", "wv", "wq"))) == sp
     compile(emit(pl, "fsdp2").files["autoplan_parallelize.py"], "autoplan_parallelize", "exec")
+
+
+def test_extended_learned_position_table_is_told() -> None:
+    """gpt3-175b has 2048 learned positions: at 8192 tokens Megatron needs --max-position-embeddings 8192, which adds
+    untrained rows to the model the user asked for; the emission says so, and says nothing at the model's length."""
+    long = plan("gpt3-175b", 1024, 1536, seq=8192, tp=8, pp=8)
+    assert flags(megatron_args(long))["--max-position-embeddings"] == "8192"
+    assert any("2048 positions" in n and "8192" in n for n in emit(long, "megatron").notes)
+    short = plan("gpt3-175b", 1024, 1536, seq=2048, tp=8, pp=8)
+    assert not any("position" in n for n in emit(short, "megatron").notes)

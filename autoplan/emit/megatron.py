@@ -329,6 +329,11 @@ def notes(plan: EmitPlan) -> list[str]:
         out.append("the model states no load-balancing loss coefficient: emitted --moe-router-load-balancing-type none")
     if par.schedule == "zb-h1":
         out.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
+    n_pos, seq = m.learned_position_embeddings, plan.job.seq_len
+    if n_pos and seq > n_pos:
+        out.append(f"learned position table: the model has {n_pos} positions and the job runs {seq}-token "
+                   f"sequences; emitted --max-position-embeddings {seq}, so rows {n_pos}..{seq - 1} are new "
+                   "(untrained) parameters the prediction does not count")
     return out
 
 
