@@ -432,13 +432,21 @@ def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: P
     return seconds, nbytes
 
 
+def layer_compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                  rt: Runtime | None = None) -> OpCompute:
+    """``layer_cost``'s compute part (the sum of ``op_compute``). It reads neither ``par.recompute`` nor
+    ``par.schedule``: callers pricing one layer under several recompute settings compute it once and pass it."""
+    return _compute(graph, model, cluster, job, par, rt)
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-               par: ParallelConfig, dp: int, rt: Runtime | None = None) -> LayerCost:
+               par: ParallelConfig, dp: int, rt: Runtime | None = None, compute: OpCompute | None = None) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:
-    ``knob_effects``; None: the efficiency's own settings, as the intra-op ILP prices ops)."""
+    ``knob_effects``; None: the efficiency's own settings, as the intra-op ILP prices ops). ``compute``:
+    ``layer_compute`` of the same arguments, when the caller has it."""
     t, c, e = par.tp, par.cp, par.ep
     strides = RankStrides.megatron(t, c, dp)
-    cc = _compute(graph, model, cluster, job, par, rt)
+    cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
     forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0

@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import LayerCost, kv_gather_cost, layer_cost, tp_boundary_costs
+from cost_models.layer_cost import LayerCost, OpCompute, kv_gather_cost, layer_compute, layer_cost, tp_boundary_costs
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
@@ -46,6 +46,7 @@ from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
+from cost_models.targets.common import TargetProfile
 from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
@@ -97,6 +98,8 @@ class Scorer:
         self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # runtime key: the knob floor
         self._chosen: dict[tuple, dict[str, Any]] = {}  # (bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
+        self._compute: dict[tuple, OpCompute] = {}  # (kind, bound key but recompute, runtime): layer_compute
+        self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
@@ -110,7 +113,7 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_ktime", "_acts", "ilp", "_params",
+        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_ktime", "_acts", "ilp", "_params",
                      "_param_sums", "_inflight", "_zero3"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
@@ -141,6 +144,8 @@ class Scorer:
         prof = PROFILES.get(lay.target)
         if prof is None:
             return [lay]
+        if not lay.knobs and type(prof).memory_knob_options is TargetProfile.memory_knob_options:
+            return [lay]  # the profile offers no such knob ([{}]): the layout itself
         par = ParallelConfig(**lay.parallel_kwargs())
         out = []
         for fields in prof.memory_knob_options(self.cluster, self.job, par, self.software.given()):
@@ -213,8 +218,13 @@ class Scorer:
         key = (bkey, kind, tuple(sorted(chosen.items())))
         hit = self._lc.get(key)
         if hit is None:
-            hit = self._lc[key] = layer_cost(self.graphs[kind], self.model, self.cluster, self.job,
-                                             self._bound_par(lay, bkey[4]), 1, self._runtime_with(lay, chosen))
+            par, rt = self._bound_par(lay, bkey[4]), self._runtime_with(lay, chosen)
+            # the compute part reads every field of the mesh but recompute (``layer_compute``): once per the rest
+            ckey = (kind, bkey[:4], bkey[5:], rt)
+            cc = self._compute.get(ckey)
+            if cc is None:
+                cc = self._compute[ckey] = layer_compute(self.graphs[kind], self.model, self.cluster, self.job, par, rt)
+            hit = self._lc[key] = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1, rt, cc)
         return hit
 
     def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
@@ -463,15 +473,24 @@ class Scorer:
         its stage: ZeRO state as the runtime holds it (``Runtime.state_bytes``) and ZeRO-3's transients
         (``memory.zero3_transient_bytes``; the per-parameter ones with the allocator's reserve, as ``stage_memory``).
         Memory: the user's knobs alone (the knobs the search chooses change time only)."""
-        rt = self.default_runtime(lay)
         group = lay.hsdp_shard_size or lay.dp * lay.cp
+        edp = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
+        # what it reads: the default runtime (by its key: ``_runtime_with``), the shard groups, zero stage and pp
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.knobs, group, edp)
+        hit = self._state.get(key)
+        if hit is not None:
+            return hit
+        rt = self.default_runtime(lay)
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
-        ke = sum(rt.state_bytes(1.0, lay.zero_stage, expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)))
+        ke = sum(rt.state_bytes(1.0, lay.zero_stage, edp))
         if lay.zero_stage != 3:
-            return kd, ke, 0.0
-        per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
-        extra = per_param * (1.0 + FRAGMENTATION)
-        return kd + extra, ke + extra, per_largest
+            hit = (kd, ke, 0.0)
+        else:
+            per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
+            extra = per_param * (1.0 + FRAGMENTATION)
+            hit = (kd + extra, ke + extra, per_largest)
+        self._state[key] = hit
+        return hit
 
     # ---- what the stage DP reads -------------------------------------------------------------------
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
