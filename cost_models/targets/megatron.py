@@ -178,7 +178,8 @@ class MegatronProfile(TargetProfile):
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
         if "fp8_recipe" in k and job.precision != "fp8":
-            raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})")
+            raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})",
+                              valid=["precision fp8 (--precision fp8)", "fp8_recipe unset"])
         tp_sp = par is None or (par.tp > 1 and par.sequence_parallel)
         zero = par.zero_stage if par is not None else 1
         grad = k.get("grad_reduce_dtype", "fp32")

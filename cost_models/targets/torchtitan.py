@@ -157,7 +157,8 @@ class TorchtitanProfile(TargetProfile):
             raise ConfigError(f"async_tp needs compile ({TT}config/configs.py:304: 'Async TP requires "
                               "--compile.enable')", valid=["--compile --async-tp", "--no-async-tp"])
         if "fp8_recipe" in k and job.precision != "fp8":
-            raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})")
+            raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})",
+                              valid=["precision fp8 (--precision fp8)", "fp8_recipe unset"])
         tp = par.tp if par is not None else 2
         recipe = k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None
         return Runtime(
