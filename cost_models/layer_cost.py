@@ -439,6 +439,15 @@ def layer_compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job
     return _compute(graph, model, cluster, job, par, rt)
 
 
+def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
+    """All ``layer_compute`` reads of ``par`` and ``rt`` (``op_compute``, ``op_traffic_bytes``, the ``knob_effects``
+    helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
+    (callers cache on it; keep it in step with those functions)."""
+    knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
+                                     rt.selective, ring_steps(par, rt))
+    return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int, rt: Runtime | None = None, compute: OpCompute | None = None) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:

@@ -28,7 +28,8 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import LayerCost, OpCompute, kv_gather_cost, layer_compute, layer_cost, tp_boundary_costs
+from cost_models.layer_cost import (LayerCost, OpCompute, kv_gather_cost, layer_compute, layer_compute_key,
+                                    layer_cost, tp_boundary_costs)
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
@@ -98,7 +99,7 @@ class Scorer:
         self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # runtime key: the knob floor
         self._chosen: dict[tuple, dict[str, Any]] = {}  # (bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
-        self._compute: dict[tuple, OpCompute] = {}  # (kind, bound key but recompute, runtime): layer_compute
+        self._compute: dict[tuple, OpCompute] = {}  # (kind, layer_compute_key): layer_compute
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
@@ -219,8 +220,8 @@ class Scorer:
         hit = self._lc.get(key)
         if hit is None:
             par, rt = self._bound_par(lay, bkey[4]), self._runtime_with(lay, chosen)
-            # the compute part reads every field of the mesh but recompute (``layer_compute``): once per the rest
-            ckey = (kind, bkey[:4], bkey[5:], rt)
+            # the compute part, once per what it reads (``layer_compute_key``: not recompute, not the TP/DP knobs)
+            ckey = (kind, layer_compute_key(par, rt))
             cc = self._compute.get(ckey)
             if cc is None:
                 cc = self._compute[ckey] = layer_compute(self.graphs[kind], self.model, self.cluster, self.job, par, rt)
