@@ -1,0 +1,80 @@
+"""``layer_compute_key`` (cost_models/layer_cost.py) lists what ``layer_compute`` reads of the layout and the runtime;
+the search Scorer caches the compute part on it. If ``layer_compute`` starts reading another field, that cache would
+silently reuse a stale answer: this test changes every field the key leaves out, one at a time and all together,
+and holds the compute part (and the key) unchanged, so such a change fails here first."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.layer_cost import layer_compute, layer_compute_key
+from cost_models.opgraph import layer_graph
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import runtime_for
+from cost_models.targets.common import Runtime, Software
+
+# What the key leaves out: ParallelConfig fields other than tp, cp, ep, micro_batch_size, sequence_parallel,
+# kv_replication, and the Runtime fields other than the knobs it names (ring_steps reads cp_comm_type/cp_a2a_size:
+# they are varied only where they keep the ring steps, below).
+PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["none", "selective", "full"],
+           "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
+RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
+          "cp_a2a_size", "target", "notes", "env"}
+
+
+def _runtime_variants(rt: Runtime) -> list[Runtime]:
+    out = []
+    for f in fields(rt):
+        if f.name in RT_KEY:
+            continue
+        v = getattr(rt, f.name)
+        if isinstance(v, bool):
+            out.append(replace(rt, **{f.name: not v}))
+        elif isinstance(v, float):
+            out.append(replace(rt, **{f.name: v * 2 + 1}))
+        elif f.name == "grad_reduce_dtype":
+            out.append(replace(rt, grad_reduce_dtype="bf16" if v == "fp32" else "fp32"))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=st.sampled_from(["llama3-8b", "mixtral-8x7b"]), target=st.sampled_from(["megatron", "torchtitan"]),
+       tp=st.sampled_from([1, 2, 8]), cp=st.sampled_from([1, 2]), mbs=st.sampled_from([1, 2]),
+       compile_=st.booleans(), fp8=st.booleans())
+def test_fields_outside_the_key_do_not_change_the_compute_part(model: str, target: str, tp: int, cp: int, mbs: int,
+                                                               compile_: bool, fp8: bool) -> None:
+    m = load_model(model)
+    cluster = build_cluster("h100-sxm", 64)
+    job = JobSpec(global_batch_size=64, seq_len=4096, precision="fp8" if fp8 else "bf16")
+    ep = 2 if m.is_moe else 1
+    par = ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, zero_stage=1 if target == "megatron" else 3)
+    sw = Software(compile=compile_) if target == "torchtitan" else Software()
+    rt = runtime_for(target, job, cluster, par, sw)
+    kinds = ["moe"] if m.is_moe else ["dense"]
+    for kind in kinds:
+        graph = layer_graph(m, kind, job.seq_len)
+        base, key = layer_compute(graph, m, cluster, job, par, rt), layer_compute_key(par, rt)
+        pars = [par.model_copy(update={name: v}) for name, vals in PAR_OUT.items() for v in vals]
+        pars.append(par.model_copy(update={name: vals[-1] for name, vals in PAR_OUT.items()}))
+        for p in pars:
+            assert layer_compute_key(p, rt) == key
+            assert layer_compute(graph, m, cluster, job, p, rt) == base, p
+        for r in _runtime_variants(rt):
+            assert layer_compute_key(par, r) == key
+            assert layer_compute(graph, m, cluster, job, par, r) == base, r
+
+
+def test_the_key_changes_where_the_compute_part_does() -> None:
+    """The converse for a field the key holds: compile changes torchtitan's element-wise traffic and the key."""
+    m, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    job = JobSpec(global_batch_size=8, seq_len=4096, precision="bf16")
+    par = ParallelConfig(tp=1, zero_stage=3)
+    on = runtime_for("torchtitan", job, cluster, par, Software(compile=True))
+    off = runtime_for("torchtitan", job, cluster, par, Software(compile=False))
+    graph = layer_graph(m, "dense", job.seq_len)
+    assert layer_compute_key(par, on) != layer_compute_key(par, off)
+    assert layer_compute(graph, m, cluster, job, par, on).mem_f < layer_compute(graph, m, cluster, job, par, off).mem_f
