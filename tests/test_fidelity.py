@@ -6,9 +6,7 @@ what the documented fit produces (no hand-tuned numbers). Issue #12: memory agai
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -16,16 +14,11 @@ import pytest
 
 from autoplan.catalog.registry import efficiency_catalog
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmark_modules import load_benchmark
 
 
 def _load_fidelity():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "benchmarks" / "fidelity.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fidelity", "fidelity")
 
 
 fidelity = _load_fidelity()

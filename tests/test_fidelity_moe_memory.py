@@ -3,7 +3,6 @@ all-to-all overlap, DualPipe), checked against closed forms recomputed here and 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -20,16 +19,13 @@ from cost_models.targets import DEEPSEEK, runtime_for
 from cost_models.pipeline import bubble_fraction
 from cost_models.specs import JobSpec, ParallelConfig
 
+from benchmark_modules import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _fidelity():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("fidelity_moe", ROOT / "benchmarks" / "fidelity.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity_moe"] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fidelity", "fidelity_moe")
 
 
 # --- memory per target ---------------------------------------------------------------------------------------

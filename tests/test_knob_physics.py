@@ -4,10 +4,7 @@ HBM bandwidth of the GPUs those runs used."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -19,16 +16,11 @@ from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
 from cost_models.targets.common import Software
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmark_modules import load_benchmark
 
 
 def _eager_traffic():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("eager_traffic", ROOT / "benchmarks" / "eager_traffic.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["eager_traffic"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("eager_traffic", "eager_traffic")
 
 
 def test_eager_byte_tables_are_what_torch_dispatches() -> None:

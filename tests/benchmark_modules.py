@@ -1,0 +1,21 @@
+"""Load a script of ``benchmarks/`` (not a package) as a module, for the tests that check its tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_benchmark(script: str, name: str) -> ModuleType:
+    """``benchmarks/<script>.py`` as module ``name``, registered in ``sys.modules`` (dataclasses resolve their
+    annotations through it)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{script}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
