@@ -483,6 +483,10 @@ class ParallelConfig(_Frozen):
     def _check(self) -> "ParallelConfig":
         if self.schedule == "interleaved" and self.pp == 1:
             raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.schedule == "interleaved" and self.vp == 1:
+            # vp = 1 would be priced as 1F1B while the user asked for interleaving: refuse, never price it silently
+            raise ValueError("schedule 'interleaved' needs vp >= 2 virtual stages per pipeline rank (Megatron "
+                             "--num-virtual-stages-per-pipeline-rank); pass vp (e.g. --vp 2), or schedule '1f1b'")
         return self
 
     @property

@@ -87,6 +87,8 @@ def test_not_fitting_is_reported_not_an_error() -> None:
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80g", "--tp", "1", "--pp", "1",
       "--precision", "fp8", "--global-batch-size", "8"], "fp8 is impossible on a100-80g"),
     ([*BASE, "--gpus", "-8", "--tp", "8", "--pp", "8"], "num_gpus"),
+    # interleaved without virtual stages would be priced as 1F1B: refused, naming the missing vp
+    ([*BASE, "--tp", "8", "--pp", "8", "--schedule", "interleaved"], "needs vp >= 2"),
 ])
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     code, out, err = run(*args)
