@@ -72,20 +72,45 @@ def _pad_vocab(v: int, tp: int) -> int:
 
 # Knobs a published case's `software` names, passed to its target's runtime (cost_models.targets).
 RUN_KNOBS = ("compile", "async_tp", "fp8_recipe")
+# Layout fields a case's `parallel` may add to the published ones (ParallelConfig's names), e.g. an uneven
+# pipeline split a recipe states (Megatron --decoder-first/last-pipeline-num-layers).
+OPTIONAL_PARALLEL = ("schedule", "first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split", "hsdp_shard_size", "kv_replication")
+# The inline model fields every case states (published_runs.json's schema); any other ModelSpec field may follow.
+MODEL_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
+              "gated_mlp")
+
+
+def model_name(case: dict[str, Any]) -> str:
+    """The model a case trains: its inline ``name`` or its catalog name (``{"catalog": ...}``)."""
+    m = case["model"]
+    return str(m.get("name") or m["catalog"])
+
+
+def _case_model(case: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """The case's model as ModelSpec fields: an autoplan catalog entry (``{"catalog": "<name>"}``, MoE included) or
+    the inline published fields (plus any other ModelSpec field the case states, e.g. ``num_experts``), then the
+    group's documented resolutions (``model``, ``case_models``) over it."""
+    from autoplan.catalog import load_model
+    from cost_models.specs import ModelSpec
+
+    m = case["model"]
+    if "catalog" in m:
+        base = load_model(m["catalog"]).model_dump()
+    else:
+        if m.get("moe"):
+            raise NotImplementedError(f"{case['id']}: a 'moe' block is not read; state ModelSpec fields "
+                                      "(num_experts, moe_top_k, ...) or use {\"catalog\": name}")
+        extra = {k: v for k, v in m.items() if k in ModelSpec.model_fields and k != "name" and k not in MODEL_KEYS}
+        base = {**{k: m[k] for k in MODEL_KEYS}, **extra}
+    return {**base, "name": case["id"], **group.get("model", {}), **group.get("case_models", {}).get(case["id"], {})}
 
 
 def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
     """A published case as an ``autoplan calibrate`` run line, with the group's documented resolutions."""
     group = rules["groups"][case["group"]]
-    m, cl, job, par = case["model"], case["cluster"], case["job"], case["parallel"]
-    if m.get("moe"):
-        raise NotImplementedError(f"{case['id']}: MoE cases are not in this data set yet")
-    model: dict[str, Any] = {
-        "name": case["id"], "num_layers": m["num_layers"], "hidden_size": m["hidden_size"],
-        "ffn_hidden_size": m["ffn_hidden_size"], "num_attention_heads": m["num_attention_heads"],
-        "num_kv_heads": m["num_kv_heads"], "vocab_size": m["vocab_size"], "gated_mlp": m["gated_mlp"],
-        **group.get("model", {}), **group.get("case_models", {}).get(case["id"], {}),
-    }
+    cl, job, par = case["cluster"], case["job"], case["parallel"]
+    model = _case_model(case, group)
     if group.get("vocab_padding", True):
         model["vocab_size"] = _pad_vocab(model["vocab_size"], par["tp"])
     per_case = group.get("cases", {}).get(case["id"], {})
@@ -97,7 +122,7 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
         sp = bool(defaults.get("sequence_parallel_when_tp")) and par["tp"] > 1
     parallel = {"tp": par["tp"], "pp": par["pp"], "cp": par["cp"], "ep": par["ep"], "vp": vp,
                 "micro_batch_size": mbs, "sequence_parallel": sp, "zero_stage": par["zero_stage"],
-                "recompute": par["recompute"] or "none"}
+                "recompute": par["recompute"] or "none", **{k: par[k] for k in OPTIONAL_PARALLEL if k in par}}
     dp = cl["num_gpus"] // (par["tp"] * par["pp"] * par["cp"])
     assert dp == par["dp"], (case["id"], dp, par["dp"])
     sw = case.get("software") or {}
@@ -117,10 +142,17 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
         knobs={**group.get("knobs", {}), **per_case.get("knobs", {}), **{k: sw[k] for k in RUN_KNOBS if k in sw}})
 
 
+def load_cases(path: Path | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(cases, rules) of a runs file: ``published_runs.json`` (default) with ``resolutions.json``, or a file that
+    carries its own ``groups`` (the held-out ``more_runs*.json``: same group and case schema, see its ``about``)."""
+    data = json.loads((path or data_path()).read_text())
+    rules = {"groups": data["groups"]} if "groups" in data else json.loads((DATA / "resolutions.json").read_text())
+    return data["cases"], rules
+
+
 def skipped_cases(path: Path | None = None) -> list[tuple[str, str]]:
     """(id, why) of the published cases the model cannot express yet (resolutions.json ``skip``)."""
-    cases = json.loads((path or data_path()).read_text())["cases"]
-    rules = json.loads((DATA / "resolutions.json").read_text())
+    cases, rules = load_cases(path)
     out = []
     for c in cases:
         why = rules["groups"].get(c["group"], {}).get("cases", {}).get(c["id"], {}).get("skip")
@@ -130,8 +162,7 @@ def skipped_cases(path: Path | None = None) -> list[tuple[str, str]]:
 
 
 def published_runs(path: Path | None = None) -> list[tuple[dict[str, Any], ResolvedRun]]:
-    cases = json.loads((path or data_path()).read_text())["cases"]
-    rules = json.loads((DATA / "resolutions.json").read_text())
+    cases, rules = load_cases(path)
     skip = {cid for cid, _ in skipped_cases(path)}
     return [(c, resolve_run(to_run(c, rules))) for c in cases if c["id"] not in skip]
 
@@ -232,15 +263,17 @@ def render(rows: list[Row]) -> str:
 def job_key(case: dict[str, Any]) -> tuple[Any, ...]:
     """The job a run trains: model, GPU, GPU count, global batch, sequence length (its layout, precision and
     software knobs are the configuration)."""
-    return (case["model"]["name"], case["cluster"]["gpu"], case["cluster"]["num_gpus"],
+    return (model_name(case), case["cluster"]["gpu"], case["cluster"]["num_gpus"],
             case["job"]["global_batch_size"], case["job"]["seq_len"])
 
 
-def ranking(rows: list[Row], logo: bool = False) -> tuple[int, int, list[str]]:
+def ranking(rows: list[Row], logo: bool = False,
+            cases: list[dict[str, Any]] | None = None) -> tuple[int, int, list[str]]:
     """Pairs of differently configured runs of one job (``job_key``): (ordered right, pairs, the wrong ones).
     A pair is right when the predicted step times order the two runs as the measured ones do; ``logo`` ranks with
-    the leave-one-group-out predictions. A predicted tie (within 0.5%) on a measured difference counts wrong."""
-    keys = {c["id"]: job_key(c) for c in json.loads(data_path().read_text())["cases"]}
+    the leave-one-group-out predictions. A predicted tie (within 0.5%) on a measured difference counts wrong.
+    ``cases``: the runs file's cases (default: published_runs.json's)."""
+    keys = {c["id"]: job_key(c) for c in (cases if cases is not None else load_cases()[0])}
     by_job: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for r in rows:
         if not logo or r.logo_error is not None:
@@ -529,8 +562,7 @@ def fit_catalog() -> dict[str, dict[str, float]]:
 
 def export_runs(folder: Path) -> list[Path]:
     """The published runs in the ``autoplan calibrate`` line format, one file per GPU."""
-    cases = json.loads(data_path().read_text())["cases"]
-    rules = json.loads((DATA / "resolutions.json").read_text())
+    cases, rules = load_cases()
     by_gpu: dict[str, list[str]] = defaultdict(list)
     for c in cases:
         run = to_run(c, rules)

@@ -1,0 +1,152 @@
+"""The cost model on held-out public measured runs: priced with the catalog as it is, never fitted on them.
+
+Reads every ``benchmarks/data/more_runs*.json`` (format: the file's ``about``; groups carry their own documented
+resolutions, cases follow ``published_runs.json``'s schema, models inline or ``{"catalog": name}``) and prices each
+case exactly as ``fidelity.py`` prices its calibration runs (``fidelity.to_run`` → ``calibrate.resolve_run`` →
+``cost_models.estimate.estimate`` with the run's target and knobs). Prints per case predicted vs measured step time
+and the predicted peak memory (a run that really trained must be predicted to fit), MAPE / worst per source group,
+GPU generation, precision, dense vs MoE, context parallelism, FSDP, scale band and overall, and the ordering of
+differently configured runs of one job (``fidelity.ranking``). Cases the model cannot express are listed with why.
+
+    python benchmarks/heldout.py                 # table + out/heldout.md
+    python benchmarks/heldout.py --files benchmarks/data/more_runs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import fidelity  # noqa: E402
+from cost_models.estimate import estimate  # noqa: E402
+
+
+def default_files() -> list[Path]:
+    return sorted(fidelity.DATA.glob("more_runs*.json"))
+
+
+@dataclass
+class HeldRow:
+    id: str
+    group: str
+    file: str
+    generation: str
+    precision: str
+    moe: bool
+    cp: int
+    zero: int
+    num_gpus: int
+    measured_s: float
+    predicted_s: float
+    peak_gib: float
+    limit_gib: float
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def scale_band(n: int) -> str:
+    return "<=64 GPUs" if n <= 64 else "65-256 GPUs" if n <= 256 else "257-1024 GPUs" if n <= 1024 else ">1024 GPUs"
+
+
+def evaluate(files: list[Path] | None = None) -> tuple[list[HeldRow], list[tuple[str, str]], list[dict[str, Any]]]:
+    """(rows, skipped (id, why), every case) over the held-out files."""
+    rows: list[HeldRow] = []
+    skipped: list[tuple[str, str]] = []
+    cases: list[dict[str, Any]] = []
+    for path in files if files is not None else default_files():
+        cases += fidelity.load_cases(path)[0]
+        skipped += fidelity.skipped_cases(path)
+        for case, run in fidelity.published_runs(path):
+            pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
+                            software=run.knobs, check=False)
+            rows.append(HeldRow(case["id"], case["group"], path.name, run.cluster.gpu.generation, run.job.precision,
+                                run.model.num_experts > 0, run.parallel.cp, run.parallel.zero_stage,
+                                run.cluster.num_gpus, run.measured_step_time_s, pred.step_time_s,
+                                pred.peak_memory_gib, pred.memory_limit_gib, pred.fits))
+    return rows, skipped, cases
+
+
+KEYS: dict[str, Callable[[HeldRow], str]] = {
+    "group": lambda r: r.group,
+    "generation": lambda r: r.generation,
+    "precision": lambda r: r.precision,
+    "dense/MoE": lambda r: "MoE" if r.moe else "dense",
+    "context parallel": lambda r: "cp > 1" if r.cp > 1 else "cp = 1",
+    "FSDP": lambda r: "zero 3 (FSDP)" if r.zero == 3 else f"zero {r.zero}",
+    "scale": lambda r: scale_band(r.num_gpus),
+    "all": lambda r: "all",
+}
+
+
+def summarize(rows: list[HeldRow], key: str) -> list[tuple[str, int, float, float, float, str]]:
+    """(name, n, MAPE, mean signed error, worst |error|, worst id) per value of ``key`` (KEYS)."""
+    by: dict[str, list[HeldRow]] = defaultdict(list)
+    for r in rows:
+        by[KEYS[key](r)].append(r)
+    out = []
+    for name in sorted(by):
+        rs = by[name]
+        worst = max(rs, key=lambda r: abs(r.error))
+        out.append((name, len(rs), sum(abs(r.error) for r in rs) / len(rs), sum(r.error for r in rs) / len(rs),
+                    abs(worst.error), worst.id))
+    return out
+
+
+def ranking(rows: list[HeldRow], cases: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
+    """fidelity.ranking's definition (pairs of differently configured runs of one job) on the held-out rows."""
+    as_fid = [fidelity.Row(r.id, r.group, r.generation, r.measured_s, r.predicted_s, None, 0.0) for r in rows]
+    return fidelity.ranking(as_fid, cases=cases)
+
+
+def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
+    lines = ["| case | group | gen | prec | GPUs | measured s | predicted s | error | peak GiB / limit | fits |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.id} | {r.group} | {r.generation} | {r.precision} | {r.num_gpus} | {r.measured_s:.3f} | "
+                     f"{r.predicted_s:.3f} | {r.error:+.1%} | {r.peak_gib:.1f} / {r.limit_gib:.1f} | "
+                     f"{'yes' if r.fits else 'NO'} |")
+    lines += ["", "Catalog parameters as they are (nothing fitted on these runs). Mean signed error > 0: predicted "
+              "slow.", "", "| scope | n | MAPE | mean signed | worst abs error | worst case |",
+              "|---|---:|---:|---:|---:|---|"]
+    for key in KEYS:
+        for name, n, mape, mean, worst, wid in summarize(rows, key):
+            lines.append(f"| {key}: {name} | {n} | {mape:.1%} | {mean:+.1%} | {worst:.1%} | {wid} |")
+    if cases:
+        right, total, wrong = ranking(rows, cases)
+        lines += ["", f"Ranking: {right}/{total} pairs of differently configured runs of one job ordered right"
+                  + (f" ({right / total:.0%}; target >= 85%)" if total else "")
+                  + (f"; wrong: {', '.join(wrong)}" if wrong else "")]
+    over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits]
+    lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
+              f"{sum(r.fits for r in rows)}/{len(rows)}" + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
+    if skipped:
+        lines += ["", "Not priced (the model cannot express them yet):"] + [f"- {cid}: {why}" for cid, why in skipped]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=Path, nargs="*", help="held-out files (default: benchmarks/data/more_runs*.json)")
+    ap.add_argument("--out", type=Path, default=ROOT / "out", help="folder for heldout.md")
+    args = ap.parse_args(argv)
+    rows, skipped, cases = evaluate(args.files or None)
+    table = render(rows, skipped, cases)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "heldout.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Held-out public runs (benchmarks/data/more_runs*.json, priced by benchmarks/heldout.py).
+
+Every case loads and resolves like a calibration run (dp consistent with the GPU count, a source, a step time that
+is the published throughput's), and — a REGRESSION GUARD, not a fidelity target — the held-out MAPE / worst error
+stay within what was measured when the data landed (plus a small margin): a change to the cost model that makes
+the held-out runs worse shows up here. The issue's targets (MAPE <= 10%, worst <= 35%) are reported by the script.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmark_modules import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def heldout():  # type: ignore[no-untyped-def]
+    load_benchmark("fidelity", "fidelity")
+    return load_benchmark("heldout", "heldout")
+
+
+@pytest.fixture(scope="module")
+def evaluated(heldout):  # type: ignore[no-untyped-def]
+    return heldout.evaluate()
+
+
+def test_every_case_loads_and_resolves(heldout, evaluated) -> None:
+    rows, skipped, cases = evaluated
+    files = heldout.default_files()
+    assert files, "no benchmarks/data/more_runs*.json"
+    ids = [c["id"] for c in cases]
+    assert len(ids) == len(set(ids)), "case ids repeat across the held-out files"
+    assert {r.id for r in rows} | {cid for cid, _ in skipped} == set(ids)
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["about"] and data["groups"]
+        for g in data["groups"].values():
+            assert g.get("source"), g
+        for c in data["cases"]:
+            assert c["source"] and c["group"] in data["groups"], c["id"]
+            par, cl, job, meas = c["parallel"], c["cluster"], c["job"], c["measured"]
+            assert par["dp"] * par["tp"] * par["pp"] * par["cp"] == cl["num_gpus"], c["id"]
+            assert meas.get("basis"), c["id"]
+            tps = meas.get("tokens_per_s_per_gpu")
+            if tps:  # the step time is the published throughput's
+                step = job["global_batch_size"] * job["seq_len"] / (tps * cl["num_gpus"])
+                assert meas["step_time_s"] == pytest.approx(step, rel=1e-3), c["id"]
+
+
+def test_catalog_models_and_moe_load(heldout) -> None:
+    """A case may name a catalog model (MoE included); the group's resolutions and vocab padding still apply."""
+    fidelity = heldout.fidelity
+    rules = {"groups": {"g": {"source": "x", "case_models": {"c": {"tied_embeddings": False}}}}}
+    case = {"id": "c", "group": "g", "source": "x", "model": {"catalog": "mixtral-8x7b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64, "gpus_per_node": 8, "inter_node_gbps_per_gpu": 400.0},
+            "job": {"global_batch_size": 256, "seq_len": 4096, "micro_batch_size": 1, "precision": "bf16"},
+            "parallel": {"tp": 1, "pp": 4, "dp": 16, "cp": 1, "ep": 8, "vp": None, "sequence_parallel": False,
+                         "zero_stage": 1, "recompute": None},
+            "measured": {"step_time_s": 1.0}}
+    run = fidelity.resolve_run(fidelity.to_run(case, rules))
+    assert run.model.num_experts == 8 and run.model.moe_top_k == 2
+    assert run.model.vocab_size == 32000  # already a multiple of 128 (tp 1)
+    assert fidelity.model_name(case) == "mixtral-8x7b"
+
+
+# Measured when the data landed (python benchmarks/heldout.py): the bounds are those values plus a small margin.
+GUARD_MAPE, GUARD_WORST = 0.062 + 0.01, 0.135 + 0.02
+
+
+def test_heldout_error_regression_guard(heldout, evaluated) -> None:
+    """REGRESSION GUARD (not the issue's target): held-out MAPE and worst error no worse than when measured."""
+    rows, _, _ = evaluated
+    (_, n, mape, _, worst, wid), = heldout.summarize(rows, "all")
+    assert n == len(rows) > 0
+    assert mape <= GUARD_MAPE, f"held-out MAPE {mape:.1%} > guard {GUARD_MAPE:.1%}"
+    assert worst <= GUARD_WORST, f"held-out worst {worst:.1%} ({wid}) > guard {GUARD_WORST:.1%}"
+
+
+def test_script_prints_the_summaries(heldout, evaluated, tmp_path) -> None:
+    assert heldout.main(["--out", str(tmp_path)]) == 0
+    text = (tmp_path / "heldout.md").read_text()
+    for key in heldout.KEYS:
+        assert f"| {key}: " in text
+    assert "predicted to fit" in text
