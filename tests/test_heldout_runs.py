@@ -71,7 +71,9 @@ GUARD_MAPE, GUARD_WORST = 0.062 + 0.01, 0.135 + 0.02
 
 def test_heldout_error_regression_guard(heldout, evaluated) -> None:
     """REGRESSION GUARD (not the issue's target): held-out MAPE and worst error no worse than when measured."""
-    rows, _, _ = evaluated
+    # this file's guard covers more_runs.json; each held-out file guards its own rows (more_runs_papers.json:
+    # tests/test_heldout_papers.py), so adding a source does not move another's bounds
+    rows = [r for r in evaluated[0] if r.file == "more_runs.json"]
     (_, n, mape, _, worst, wid), = heldout.summarize(rows, "all")
     assert n == len(rows) > 0
     assert mape <= GUARD_MAPE, f"held-out MAPE {mape:.1%} > guard {GUARD_MAPE:.1%}"

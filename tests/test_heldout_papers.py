@@ -1,0 +1,80 @@
+"""Held-out measured runs from papers (benchmarks/data/more_runs_papers.json, priced by benchmarks/heldout.py).
+
+Every case resolves like a calibration run (dp consistent with the GPU count, a source that names its table or
+section, a FLOP accounting where the step time is derived), and — a REGRESSION GUARD, not a fidelity target — each
+source's per-case error stays within what was measured when the data landed (plus 2 points): a change to the cost
+model that makes these runs worse shows up here. The issue's targets (MAPE <= 10%, worst <= 35%) are NOT met by the
+Llama 3 405B rows; the script reports them (`python benchmarks/heldout.py --files benchmarks/data/more_runs_papers.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from benchmark_modules import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def heldout():  # type: ignore[no-untyped-def]
+    load_benchmark("fidelity", "fidelity")
+    return load_benchmark("heldout", "heldout")
+
+
+@pytest.fixture(scope="module")
+def path(heldout):  # type: ignore[no-untyped-def]
+    return heldout.fidelity.DATA / "more_runs_papers.json"
+
+
+@pytest.fixture(scope="module")
+def evaluated(heldout, path):  # type: ignore[no-untyped-def]
+    return heldout.evaluate([path])
+
+
+def test_every_paper_case_resolves(path, evaluated) -> None:
+    rows, skipped, cases = evaluated
+    data = json.loads(path.read_text())
+    assert not skipped and {r.id for r in rows} == {c["id"] for c in data["cases"]}
+    for g in data["groups"].values():
+        assert re.search(r"arXiv \d{4}\.\d{5}", g["source"]), g["source"]
+    for c in data["cases"]:
+        assert re.search(r"arXiv \d{4}\.\d{5}.*\b(Table|Section) \d", c["source"]), c["id"]
+        par, cl, meas = c["parallel"], c["cluster"], c["measured"]
+        assert par["dp"] * par["tp"] * par["pp"] * par["cp"] == cl["num_gpus"], c["id"]
+        assert meas["basis"] and meas["flop_accounting"], c["id"]
+
+
+def test_llama3_step_time_is_the_published_tflops(path) -> None:
+    """Table 4's TFLOPs/GPU back to a step time with the FLOP count the case states (6N + 12*L*h*s per token)."""
+    for c in json.loads(path.read_text())["cases"]:
+        if c["group"] != "llama3_405b_paper":
+            continue
+        job, meas, n = c["job"], c["measured"], c["cluster"]["num_gpus"]
+        per_token = 6 * 405.85e9 + 12 * 126 * 16384 * job["seq_len"]
+        tokens = job["global_batch_size"] * job["seq_len"]
+        assert tokens == pytest.approx(16e6, rel=0.05)  # Table 4: 16M tokens per batch
+        assert meas["step_time_s"] == pytest.approx(tokens * per_token / (meas["tflops_per_gpu"] * 1e12 * n), rel=1e-3)
+
+
+# REGRESSION GUARD: per-case relative error (predicted/measured - 1) when the data landed
+# (python benchmarks/heldout.py --files benchmarks/data/more_runs_papers.json); a case may not get worse by more
+# than 2 points. Llama 3 405B and MT-NLG are the issue's known misses (see /work/notes/issue-12.md), not targets.
+SEEN = {
+    "llama3_405b_t4_8192gpu_8k": 0.502, "llama3_405b_t4_16384gpu_8k": 0.463, "llama3_405b_t4_16384gpu_128k": 0.106,
+    "mtnlg_530b_280nodes": -0.163, "mtnlg_530b_350nodes": -0.173, "mtnlg_530b_420nodes": -0.196,
+    "korthikanti22_22B_full_recompute": 0.046, "korthikanti22_22B_selective_sp": 0.001,
+    "korthikanti22_175B_full_recompute": 0.062, "korthikanti22_175B_selective_sp": 0.030,
+    "korthikanti22_530B_full_recompute": 0.099, "korthikanti22_530B_selective_sp": 0.053,
+    "korthikanti22_1T_full_recompute": 0.131, "korthikanti22_1T_selective_sp": 0.117,
+}
+MARGIN = 0.02
+
+
+def test_paper_errors_regression_guard(evaluated) -> None:
+    """REGRESSION GUARD (not the issue's target): no paper case's |error| grows past what was measured + 2 points."""
+    rows, _, _ = evaluated
+    assert {r.id for r in rows} == set(SEEN)
+    worse = [f"{r.id} {r.error:+.1%} (was {SEEN[r.id]:+.1%})" for r in rows if abs(r.error) > abs(SEEN[r.id]) + MARGIN]
+    assert not worse, worse
