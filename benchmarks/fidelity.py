@@ -90,7 +90,7 @@ def model_name(case: dict[str, Any]) -> str:
 def _case_model(case: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
     """The case's model as ModelSpec fields: an autoplan catalog entry (``{"catalog": "<name>"}``, MoE included) or
     the inline published fields (plus any other ModelSpec field the case states, e.g. ``num_experts``), then the
-    group's documented resolutions (``model``, ``case_models``) over it."""
+    group's documented resolutions (``model``, ``case_models``) over it (nested ``arch`` / ``mla`` field by field)."""
     from autoplan.catalog import load_model
     from cost_models.specs import ModelSpec
 
@@ -103,7 +103,11 @@ def _case_model(case: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
                                       "(num_experts, moe_top_k, ...) or use {\"catalog\": name}")
         extra = {k: v for k, v in m.items() if k in ModelSpec.model_fields and k != "name" and k not in MODEL_KEYS}
         base = {**{k: m[k] for k in MODEL_KEYS}, **extra}
-    return {**base, "name": case["id"], **group.get("model", {}), **group.get("case_models", {}).get(case["id"], {})}
+    out = {**base, "name": case["id"]}
+    for over in (group.get("model", {}), group.get("case_models", {}).get(case["id"], {})):
+        for k, v in over.items():  # nested groups (arch, mla) are merged field by field, not replaced
+            out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:

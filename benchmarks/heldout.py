@@ -26,6 +26,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import fidelity  # noqa: E402
+from autoplan.calibrate import resolve_run  # noqa: E402
+from cost_models.errors import ConfigError  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 
 
@@ -60,14 +62,25 @@ def scale_band(n: int) -> str:
 
 
 def evaluate(files: list[Path] | None = None) -> tuple[list[HeldRow], list[tuple[str, str]], list[dict[str, Any]]]:
-    """(rows, skipped (id, why), every case) over the held-out files."""
+    """(rows, not priced (id, why), every case) over the held-out files. Not priced: the file's documented skips,
+    and any case the cost model rejects (its ConfigError, marked 'REJECTED': the data should say skip and why)."""
     rows: list[HeldRow] = []
     skipped: list[tuple[str, str]] = []
     cases: list[dict[str, Any]] = []
     for path in files if files is not None else default_files():
-        cases += fidelity.load_cases(path)[0]
+        mine, rules = fidelity.load_cases(path)
+        cases += mine
         skipped += fidelity.skipped_cases(path)
-        for case, run in fidelity.published_runs(path):
+        skip = {cid for cid, _ in skipped}
+        resolved = []
+        for case in mine:
+            if case["id"] in skip:
+                continue
+            try:
+                resolved.append((case, resolve_run(fidelity.to_run(case, rules))))
+            except ConfigError as e:
+                skipped.append((case["id"], f"REJECTED by the cost model: {e}"))
+        for case, run in resolved:
             pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
                             software=run.knobs, check=False)
             rows.append(HeldRow(case["id"], case["group"], path.name, run.cluster.gpu.generation, run.job.precision,

@@ -33,6 +33,8 @@ def test_every_case_loads_and_resolves(heldout, evaluated) -> None:
     ids = [c["id"] for c in cases]
     assert len(ids) == len(set(ids)), "case ids repeat across the held-out files"
     assert {r.id for r in rows} | {cid for cid, _ in skipped} == set(ids)
+    rejected = [f"{cid}: {why}" for cid, why in skipped if why.startswith("REJECTED")]
+    assert not rejected, "cases the cost model rejects must say skip and why in their group: " + "; ".join(rejected)
     for path in files:
         data = json.loads(path.read_text())
         assert data["about"] and data["groups"]
@@ -65,19 +67,22 @@ def test_catalog_models_and_moe_load(heldout) -> None:
     assert fidelity.model_name(case) == "mixtral-8x7b"
 
 
-# Measured when the data landed (python benchmarks/heldout.py): the bounds are those values plus a small margin.
-GUARD_MAPE, GUARD_WORST = 0.141 + 0.01, 0.532 + 0.02
+# Measured when the data landed (python benchmarks/heldout.py), per held-out file: MAPE and worst |error| of its
+# priced cases, plus a small margin. Another file (e.g. more_runs_papers.json) adds its own line here.
+GUARDS = {"more_runs.json": (0.208, 2.075)}
+MARGIN = 0.02
 
 
 def test_heldout_error_regression_guard(heldout, evaluated) -> None:
-    """REGRESSION GUARD (not the issue's target): held-out MAPE and worst error no worse than when measured."""
-    # this file's guard covers more_runs.json; each held-out file guards its own rows (more_runs_papers.json:
-    # tests/test_heldout_papers.py), so adding a source does not move another's bounds
-    rows = [r for r in evaluated[0] if r.file == "more_runs.json"]
-    (_, n, mape, _, worst, wid), = heldout.summarize(rows, "all")
-    assert n == len(rows) > 0
-    assert mape <= GUARD_MAPE, f"held-out MAPE {mape:.1%} > guard {GUARD_MAPE:.1%}"
-    assert worst <= GUARD_WORST, f"held-out worst {worst:.1%} ({wid}) > guard {GUARD_WORST:.1%}"
+    """REGRESSION GUARD (not the issue's target): each file's held-out MAPE and worst error no worse than when
+    they were measured (the cost model's physics changing for the worse shows here; for the better: lower them)."""
+    rows, _, _ = evaluated
+    for name, (mape_at, worst_at) in GUARDS.items():
+        mine = [r for r in rows if r.file == name]
+        assert mine, name
+        (_, n, mape, _, worst, wid), = heldout.summarize(mine, "all")
+        assert mape <= mape_at + MARGIN, f"{name}: held-out MAPE {mape:.1%} > {mape_at:.1%} + {MARGIN:.0%}"
+        assert worst <= worst_at + MARGIN, f"{name}: held-out worst {worst:.1%} ({wid}) > {worst_at:.1%} + {MARGIN:.0%}"
 
 
 def test_script_prints_the_summaries(heldout, evaluated, tmp_path) -> None:
