@@ -42,7 +42,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -271,13 +271,14 @@ def job_key(case: dict[str, Any]) -> tuple[Any, ...]:
             case["job"]["global_batch_size"], case["job"]["seq_len"])
 
 
-def ranking(rows: list[Row], logo: bool = False,
-            cases: list[dict[str, Any]] | None = None) -> tuple[int, int, list[str]]:
+def ranking(rows: list[Row], logo: bool = False, cases: list[dict[str, Any]] | None = None,
+            key: Callable[[dict[str, Any]], tuple[Any, ...]] | None = None) -> tuple[int, int, list[str]]:
     """Pairs of differently configured runs of one job (``job_key``): (ordered right, pairs, the wrong ones).
     A pair is right when the predicted step times order the two runs as the measured ones do; ``logo`` ranks with
     the leave-one-group-out predictions. A predicted tie (within 0.5%) on a measured difference counts wrong.
-    ``cases``: the runs file's cases (default: published_runs.json's)."""
-    keys = {c["id"]: job_key(c) for c in (cases if cases is not None else load_cases()[0])}
+    ``cases``: the runs file's cases (default: published_runs.json's); ``key``: what makes two runs one job
+    (default ``job_key``)."""
+    keys = {c["id"]: (key or job_key)(c) for c in (cases if cases is not None else load_cases()[0])}
     by_job: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for r in rows:
         if not logo or r.logo_error is not None:

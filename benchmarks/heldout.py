@@ -116,10 +116,17 @@ def summarize(rows: list[HeldRow], key: str) -> list[tuple[str, int, float, floa
     return out
 
 
+def same_job(case: dict[str, Any]) -> tuple[Any, ...]:
+    """``fidelity.job_key`` within one source group: runs of one job published by one source (one software
+    version). The same job in two container versions differs in software the cost model cannot see."""
+    return (case["group"], *fidelity.job_key(case))
+
+
 def ranking(rows: list[HeldRow], cases: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
-    """fidelity.ranking's definition (pairs of differently configured runs of one job) on the held-out rows."""
+    """fidelity.ranking's definition (pairs of differently configured runs of one job, ``same_job``) on the
+    held-out rows."""
     as_fid = [fidelity.Row(r.id, r.group, r.generation, r.measured_s, r.predicted_s, None, 0.0) for r in rows]
-    return fidelity.ranking(as_fid, cases=cases)
+    return fidelity.ranking(as_fid, cases=cases, key=same_job)
 
 
 def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
