@@ -192,7 +192,7 @@ def resolve(L: int, pp: int, vp: int, first: int | None = None, last: int | None
     if found is None:
         raise ConfigError(f"num_layers={L} cannot be split over pp*vp = {pp}*{vp} pipeline chunks in any way Megatron "
                           "accepts (even, embedding/loss accounting, or first/last-stage layers)",
-                          valid=[f"vp={v}" for v in range(1, L // pp + 1) if legal_vp(L, pp, v)][:8] or None)
+                          valid=[f"vp={v}" for v in legal_vps(L, pp)] or None)
     return found
 
 
@@ -246,9 +246,42 @@ def first_last_options(L: int, pp: int, vp: int) -> tuple[tuple[int | None, int 
 
 
 @lru_cache(maxsize=4096)
+def split_ok(L: int, pp: int, vp: int, first: int | None = None, last: int | None = None, embedding: bool = False,
+             loss: bool = False) -> bool:
+    """Whether autoplan accepts these split settings: the one legality rule that checks, the search and every
+    "valid: vp=..." list read. At most one chunk per slot (``L`` decoder layers, + 1 each for an accounted
+    embedding / loss: only then may a chunk hold no decoder layer, as the Llama 3 405B run's 126 layers on
+    pp 16 × vp 8 do), and ``resolve`` builds a split."""
+    if pp * vp > L + embedding + loss:
+        return False
+    if first is not None or last is not None or embedding or loss or pp == 1 or L % (pp * vp) == 0:
+        try:
+            megatron_chunks(L, pp, vp, first=first, last=last, embedding=embedding, loss=loss)
+        except ConfigError:
+            return False
+        return True
+    return _uneven(L, pp, vp) is not None
+
+
 def legal_vp(L: int, pp: int, vp: int) -> bool:
-    """Whether some Megatron split of ``L`` layers over ``pp`` ranks × ``vp`` chunks exists."""
-    return pp == 1 or L % (pp * vp) == 0 or _uneven(L, pp, vp) is not None
+    """Whether ``L`` layers go over ``pp`` ranks × ``vp`` chunks with no split flags (``resolve`` picks the split)."""
+    return split_ok(L, pp, vp)
+
+
+def legal_vps(L: int, pp: int, first: int | None = None, last: int | None = None, embedding: bool = False,
+              loss: bool = False) -> list[int]:
+    """Every ``vp`` that ``split_ok`` accepts with these split settings, ascending."""
+    return [v for v in range(1, (L + embedding + loss) // pp + 1) if split_ok(L, pp, v, first, last, embedding, loss)]
+
+
+def accounting_that_fits(L: int, pp: int, vp: int, embedding: bool = False,
+                         loss: bool = False) -> tuple[bool, bool] | None:
+    """The embedding/loss accounting (a superset of the given one, in ``resolve``'s order of preference) that makes
+    ``vp`` legal, or None."""
+    for e, lo in ((True, True), (True, False), (False, True)):
+        if (e or not embedding) and (lo or not loss) and split_ok(L, pp, vp, embedding=e, loss=lo):
+            return e, lo
+    return None
 
 
 @lru_cache(maxsize=1024)

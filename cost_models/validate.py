@@ -6,7 +6,7 @@ Every violation raises ``ConfigError`` naming the value, the constraint and the 
 from __future__ import annotations
 
 from cost_models.errors import ConfigError, divisors
-from cost_models.pipeline_split import PipelineSplit, resolve
+from cost_models.pipeline_split import PipelineSplit, accounting_that_fits, legal_vps, resolve, split_ok
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 
@@ -52,24 +52,27 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
         raise ConfigError("first_stage_layers / last_stage_layers need pp > 1 (with pp=1 there is one stage)")
     mp = t * p * c
     if n % mp:
+        split = (par.first_stage_layers, par.last_stage_layers, par.account_for_embedding_in_pipeline_split,
+                 par.account_for_loss_in_pipeline_split)
         raise ConfigError(f"tp*pp*cp = {t}*{p}*{c} = {mp} does not divide num_gpus={n}",
-                          valid=[f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0][:12]
+                          valid=[f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0
+                                 and (x > 1 or v == 1)  # interleaving needs pp > 1
+                                 and split_ok(model.num_layers, x, v, *split)][:12]
                           if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
     dp = n // mp
-    # With embedding/loss accounting they count as layers of the split: chunk 0 may hold the embedding alone
-    # (megatron-core transformer_config.py __post_init__; Llama 3 paper §3.3.2 runs 126 layers on pp 16 × vp 8).
-    layers = (model.num_layers + par.account_for_embedding_in_pipeline_split
-              + par.account_for_loss_in_pipeline_split)
-    if p * v > layers:
-        raise ConfigError(f"pp*vp = {p}*{v} = {p * v} pipeline chunks exceed num_layers={layers}",
-                          valid=[x for x in divisors(layers) if x * v <= layers and n % (t * x * c) == 0][:12])
+    split_chunks_error(model, par)
     pipeline_split(model, par)  # Megatron's split rules (ConfigError naming the rule)
+
+    def microbatches_ok(m: int) -> bool:  # the two micro-batch rules below
+        return not (par.schedule == "interleaved" and m % p) and not (p > 1 and m < p)
+
     if job.global_batch_size % (par.micro_batch_size * dp):
         per = job.global_batch_size // dp if job.global_batch_size >= dp else 0
         raise ConfigError(
             f"global_batch_size={job.global_batch_size} is not divisible by micro_batch_size*dp = "
             f"{par.micro_batch_size}*{dp} = {par.micro_batch_size * dp}",
-            valid=[f"mbs={x}" for x in divisors(per)] if per and job.global_batch_size % dp == 0 else None)
+            valid=[f"mbs={x}" for x in divisors(per) if microbatches_ok(per // x)] or None
+            if per and job.global_batch_size % dp == 0 else None)
     m = job.global_batch_size // (par.micro_batch_size * dp)
     if par.schedule == "interleaved" and m % p:
         raise ConfigError(f"interleaved schedule needs micro-batches m={m} divisible by pp={p} (Megatron)")
@@ -78,7 +81,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
                           f"{p * par.micro_batch_size * dp} or lower pp")
     if c > 1 and job.seq_len % (2 * c):
         raise ConfigError(f"cp={c} needs seq_len={job.seq_len} divisible by 2*cp = {2 * c} (load-balanced ring)",
-                          valid=[x for x in divisors(job.seq_len // 2) if x <= 64])
+                          valid=[x for x in divisors(job.seq_len // 2) if x <= 64 and n % (t * p * x) == 0])
     if model.is_moe:
         if model.num_experts % e:
             raise ConfigError(f"ep={e} does not divide num_experts={model.num_experts}",
@@ -96,6 +99,31 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
         raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)",
                           valid=["bf16"])
+
+
+def split_chunks_error(model: ModelSpec, par: ParallelConfig) -> None:
+    """``ConfigError`` when ``pp*vp`` chunks exceed the layer slots (``pipeline_split.split_ok``): with
+    embedding/loss accounting they count as layers of the split, so chunk 0 may hold the embedding alone
+    (megatron-core transformer_config.py __post_init__; Llama 3 paper §3.3.2 runs 126 layers on pp 16 × vp 8).
+    The valid list is every vp ``split_ok`` accepts with the same split settings; the hint names the accounting
+    flags when they make the requested vp legal."""
+    L, p, v = model.num_layers, par.pp, par.vp
+    e, lo = par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split
+    slots = L + e + lo
+    if p * v <= slots:
+        return
+    what = f"num_layers={L}" + (f" + embedding{' + loss' if lo else ''} = {slots}" if e else
+                                (f" + loss = {slots}" if lo else ""))
+    msg = f"pp*vp = {p}*{v} = {p * v} pipeline chunks exceed {what} (a chunk would hold no layer)"
+    fits = (accounting_that_fits(L, p, v, e, lo)
+            if par.first_stage_layers is None and par.last_stage_layers is None else None)
+    if fits is not None:
+        flags = [f for f, on in (("--account-for-embedding-in-pipeline-split", fits[0]),
+                                 ("--account-for-loss-in-pipeline-split", fits[1])) if on]
+        parts = " + ".join(x for x, on in (("embedding", fits[0]), ("loss", fits[1])) if on)
+        msg += f"; with {' '.join(flags)} vp={v} is legal ({p * v} slots = {L} layers + {parts})"
+    valid = legal_vps(L, p, par.first_stage_layers, par.last_stage_layers, e, lo)
+    raise ConfigError(msg, valid=[f"vp={x}" for x in valid] or None)
 
 
 def pipeline_split(model: ModelSpec, par: ParallelConfig) -> PipelineSplit:

@@ -234,3 +234,60 @@ def test_with_explicit_split_round_trips() -> None:
     par = with_explicit_split(m, ParallelConfig(tp=8, pp=8, vp=8))
     assert par.account_for_embedding_in_pipeline_split and par.account_for_loss_in_pipeline_split
     assert pipeline_split(m, par).chunks == pipeline_split(m, ParallelConfig(tp=8, pp=8, vp=8)).chunks
+
+
+def _estimate_error(model: str, gpus: int, batch: int, par: dict) -> str | None:  # type: ignore[type-arg]
+    """The ConfigError ``estimate`` (the API every face calls) raises for this layout, or None when it prices it."""
+    from autoplan import api
+
+    try:
+        api.estimate({"kind": "estimate", "model": model, "cluster": {"gpu": "h100-sxm", "num_gpus": gpus},
+                      "job": {"global_batch_size": batch, "seq_len": 8192}, "parallel": par})
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("model,gpus,batch,par", [
+    ("llama3-405b", 16384, 2048, dict(tp=8, pp=16, vp=8)),   # 128 chunks > 126 layers (the Llama 3 paper layout)
+    ("llama3-405b", 16384, 2048, dict(tp=8, pp=16, vp=5)),   # no split of 126 over 80 chunks
+    ("llama3-405b", 16384, 2048, dict(tp=8, pp=16, vp=8, account_for_embedding_in_pipeline_split=True)),
+    ("llama3-70b", 64, 96, dict(tp=8, pp=4, vp=3)),           # 80 layers: no split over 12 chunks
+])
+def test_valid_vp_list_is_what_estimate_accepts(model: str, gpus: int, batch: int, par: dict) -> None:  # type: ignore[type-arg]
+    """The "valid: vp=..." list of a refused vp is exactly the vps the same request is priced with (every vp up to
+    twice the layers per rank is tried), and it names the accounting flags where they make the vp legal."""
+    msg = _estimate_error(model, gpus, batch, par)
+    assert msg is not None
+    listed = [int(x) for x in msg.split("; valid: ")[1].replace("vp=", "").split(", ")] if "; valid: " in msg else []
+    L = load_model(model).num_layers
+    accepted = [v for v in range(1, 2 * L // par["pp"] + 2)
+                if _estimate_error(model, gpus, batch, {**par, "vp": v}) is None]
+    assert listed == accepted, msg
+    both = "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+    fixed = {**par, "account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    assert (both in msg) == (_estimate_error(model, gpus, batch, fixed) is None), msg
+
+
+def test_issue_command_names_the_accounting_flags() -> None:
+    code, out = run("estimate", "--model", "llama3-405b", "--gpus", "16384", "--tp", "8", "--pp", "16",
+                    "--global-batch-size", "2048", "--seq-len", "8192", "--vp", "8")
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "128 slots = 126 layers + embedding + loss" in out
+    assert out.strip().endswith("valid: vp=1, vp=2, vp=3, vp=4, vp=6, vp=7"), out
+
+
+@pytest.mark.parametrize("model,gpus,batch,par,key,candidates", [
+    ("llama3-405b", 16384, 2048, dict(tp=8, pp=12, vp=8), "pp", [1, 2, 4, 8, 16, 32, 64, 128]),
+    ("llama3-70b", 64, 96, dict(tp=8, pp=4, vp=2, micro_batch_size=5), "micro_batch_size",
+     [1, 2, 3, 4, 6, 8, 12, 16, 24, 48]),
+])
+def test_valid_pp_and_mbs_lists_are_what_estimate_accepts(model: str, gpus: int, batch: int, par: dict, key: str,  # type: ignore[type-arg]
+                                                         candidates: list[int]) -> None:
+    """The pp list of a pp that does not divide the GPUs, and the mbs list of a batch it does not divide, hold
+    exactly the candidates the same request is priced with (the split and micro-batch rules included)."""
+    msg = _estimate_error(model, gpus, batch, par)
+    assert msg is not None and "; valid: " in msg
+    listed = [int(x.split("=")[1]) for x in msg.split("; valid: ")[1].split(", ")]
+    accepted = [x for x in candidates if _estimate_error(model, gpus, batch, {**par, key: x}) is None]
+    assert listed == accepted, msg
