@@ -46,6 +46,8 @@ MAX_ID_CHARS = 256
 Status = Literal["ok", "infeasible", "invalid", "error"]
 Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 FrameworkTarget = Literal["megatron", "torchtitan", "fsdp2"]
+ESTIMATE_ANY = ("'any' is search's target (the best plans of every framework); estimate prices one framework's run "
+                "of the layout, with its rules, runtime and efficiency set; valid: megatron, torchtitan, fsdp2")
 RankBy = Literal["step", "goodput"]
 
 
@@ -123,6 +125,13 @@ class EstimateRequest(_RequestBase):
                                     "(cost_models.targets) refuse what it cannot run; it is priced as it runs")
     software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "
                                "knob the target lacks is an error naming the target's knobs)")
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _not_any(cls, v: Any) -> Any:
+        if v == "any":
+            raise ValueError(ESTIMATE_ANY)
+        return v
 
 
 class SearchRequest(_RequestBase):

@@ -113,3 +113,16 @@ def test_hf_config_path_is_a_model_source(tmp_path: Path) -> None:
                          "--global-batch-size", "8", "--seq-len", "1024", "--format", "json")
     assert code == 0, err
     assert json.loads(out)["model"]["spec"]["num_layers"] == 4
+
+
+def test_target_any_is_one_line_naming_the_frameworks(tmp_path: Path) -> None:
+    """``--target any`` (search's union of frameworks) on estimate: one line saying why and naming the targets
+    estimate takes, exit 2, from the flag and from a request file (the API schema) alike."""
+    code, out, err = run(*BASE, "--tp", "8", "--pp", "8", "--target", "any")
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"kind": "estimate", "model": "llama3-70b", "target": "any",
+                               "cluster": {"gpu": "h100-sxm", "num_gpus": 1024}, "parallel": {"tp": 8, "pp": 8}}))
+    code2, out2, err2 = run("estimate", "--request", str(req))
+    for c, o, e in ((code, out, err), (code2, out2, err2)):
+        assert c == 2 and not o and len(e.strip().splitlines()) == 1, e
+        assert "estimate prices one framework's run" in e and "valid: megatron, torchtitan, fsdp2" in e, e

@@ -16,7 +16,7 @@ from autoplan.cli.options import (cluster_options, cluster_request, format_optio
 from autoplan.cli.goodput_options import failure_model, failure_options, render_goodput
 from autoplan.inputs import strict
 from autoplan.report import describe_job, describe_parallel, describe_software, render_prediction
-from autoplan.schema import EstimateRequest, validate_request
+from autoplan.schema import ESTIMATE_ANY, EstimateRequest, validate_request
 from cost_models.specs import ParallelConfig
 
 
@@ -65,13 +65,22 @@ def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k in PARALLEL_KEYS if (v := kw.pop(k)) is not None}
 
 
+class FrameworkChoice(click.Choice):  # type: ignore[type-arg]
+    """A framework; ``any`` (search's) gets the reason estimate cannot take it, not click's generic list."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "any":
+            self.fail(ESTIMATE_ANY, param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @cli.command("estimate")
 @model_option
 @cluster_options
 @job_options
 @parallel_options(required=True)
 @failure_options
-@click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2"]), default="megatron",
+@click.option("--target", type=FrameworkChoice(["megatron", "torchtitan", "fsdp2"]), default="megatron",
               show_default=True, help="framework that runs the layout: its rules (cost_models.targets) refuse what it "
               "cannot run, and it is priced as it runs (memory, gradient dtype, knobs)")
 @software_options
