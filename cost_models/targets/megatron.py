@@ -41,6 +41,16 @@ Run-time semantics:
   (Megatron-FSDP also reads that flag, mcore_fsdp_adapter.py:203; autoplan does not price it: refused.)
 - TP communication overlaps GEMMs with ``--tp-comm-overlap`` (needs sequence parallelism, MLM:916); DP
   traffic overlaps backward with ``--overlap-grad-reduce`` and forward with ``--overlap-param-gather``.
+  With Megatron-FSDP (zero 2) the TP overlap still runs, so it is priced and emitted there too: validate_args only
+  warns that TP with Megatron-FSDP wants other ``CUDA_DEVICE_MAX_CONNECTIONS`` settings (MLM:925-938) and
+  disables nothing; ``initialize.py:171-173`` builds the userbuffer communicators whenever ``--tp-comm-overlap``
+  is set, and megatron-core passes ``ub_overlap_ag/rs`` to every TE linear but the experts'
+  (``megatron/core/extensions/transformer_engine.py:543-561``), with no Megatron-FSDP branch. Without
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (which Megatron-FSDP forbids, MLM:687) Transformer Engine orders the
+  communication kernel before the GEMM itself on Hopper ("Fast Dependent Launch when
+  CUDA_DEVICE_MAX_CONNECTIONS>1 ... needed only for Hopper, which uses persistent CTA execution":
+  TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
+  the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU, cross-entropy).
 """
 
