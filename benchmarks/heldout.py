@@ -10,6 +10,7 @@ differently configured runs of one job (``fidelity.ranking``). Cases the model c
 
     python benchmarks/heldout.py                 # table + out/heldout.md
     python benchmarks/heldout.py --files benchmarks/data/more_runs.json
+    python benchmarks/heldout.py --what-if blackwell.attention=0.42   # diagnostic: size one suspected bias
 """
 
 from __future__ import annotations
@@ -61,9 +62,39 @@ def scale_band(n: int) -> str:
     return "<=64 GPUs" if n <= 64 else "65-256 GPUs" if n <= 256 else "257-1024 GPUs" if n <= 1024 else ">1024 GPUs"
 
 
-def evaluate(files: list[Path] | None = None) -> tuple[list[HeldRow], list[tuple[str, str]], list[dict[str, Any]]]:
+def parse_what_if(items: list[str]) -> dict[tuple[str, str], Any]:
+    """``GEN.FIELD=VALUE`` (an Efficiency field of a GPU generation, e.g. ``blackwell.attention=0.42``) or
+    ``GPU.nvlink_domain_size=N`` (a cluster field of one catalog GPU) → {(scope, field): value}."""
+    from cost_models.specs import Efficiency
+
+    out: dict[tuple[str, str], Any] = {}
+    for item in items:
+        scope_field, _, value = item.partition("=")
+        scope, _, name = scope_field.partition(".")
+        if not value or not name or (name not in Efficiency.model_fields and name != "nvlink_domain_size"):
+            raise SystemExit(f"--what-if {item!r}: expected GEN.FIELD=VALUE (an Efficiency field) or "
+                             "GPU.nvlink_domain_size=N")
+        out[(scope, name)] = value if name == "moe_dispatcher" else (
+            value.lower() == "true" if value.lower() in ("true", "false") else float(value))
+    return out
+
+
+def _with_what_if(cluster: Any, what_if: dict[tuple[str, str], Any]) -> Any:
+    eff = {f: v for (scope, f), v in what_if.items() if scope == cluster.gpu.generation and f != "nvlink_domain_size"}
+    dom = what_if.get((cluster.gpu.name, "nvlink_domain_size"))
+    if eff:
+        cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=eff)})
+    if dom is not None:
+        cluster = cluster.model_copy(update={"nvlink_domain_size": int(dom)})
+    return cluster
+
+
+def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any] | None = None
+             ) -> tuple[list[HeldRow], list[tuple[str, str]], list[dict[str, Any]]]:
     """(rows, not priced (id, why), every case) over the held-out files. Not priced: the file's documented skips,
-    and any case the cost model rejects (its ConfigError, marked 'REJECTED': the data should say skip and why)."""
+    and any case the cost model rejects (its ConfigError, marked 'REJECTED': the data should say skip and why).
+    ``what_if`` (``parse_what_if``): a diagnostic override of catalog values, to size a suspected bias — never
+    a fit, and the default run has none."""
     rows: list[HeldRow] = []
     skipped: list[tuple[str, str]] = []
     cases: list[dict[str, Any]] = []
@@ -81,7 +112,8 @@ def evaluate(files: list[Path] | None = None) -> tuple[list[HeldRow], list[tuple
             except ConfigError as e:
                 skipped.append((case["id"], f"REJECTED by the cost model: {e}"))
         for case, run in resolved:
-            pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
+            pred = estimate(run.model, _with_what_if(run.cluster_with(), what_if or {}), run.job, run.parallel,
+                            target=run.target,
                             software=run.knobs, check=False)
             rows.append(HeldRow(case["id"], case["group"], path.name, run.cluster.gpu.generation, run.job.precision,
                                 run.model.num_experts > 0, run.parallel.cp, run.parallel.zero_stage,
@@ -159,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=Path, nargs="*", help="held-out files (default: benchmarks/data/more_runs*.json)")
     ap.add_argument("--out", type=Path, default=ROOT / "out", help="folder for heldout.md")
+    ap.add_argument("--what-if", action="append", default=[], metavar="GEN.FIELD=VALUE",
+                    help="diagnostic only: override a catalog value (e.g. blackwell.attention=0.42, "
+                         "gb200.nvlink_domain_size=64) to size a suspected bias; not a fit")
     args = ap.parse_args(argv)
-    rows, skipped, cases = evaluate(args.files or None)
+    what_if = parse_what_if(args.what_if)
+    rows, skipped, cases = evaluate(args.files or None, what_if)
     table = render(rows, skipped, cases)
+    if what_if:
+        table = (f"WHAT-IF (not the catalog): {', '.join(args.what_if)}\n\n") + table
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "heldout.md").write_text(table + "\n")

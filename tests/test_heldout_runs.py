@@ -91,3 +91,40 @@ def test_script_prints_the_summaries(heldout, evaluated, tmp_path) -> None:
     for key in heldout.KEYS:
         assert f"| {key}: " in text
     assert "predicted to fit" in text
+
+
+def test_what_if_is_diagnostic_only(heldout) -> None:
+    """--what-if parses GEN.FIELD=VALUE / GPU.nvlink_domain_size=N, refuses anything else by name, and changes
+    the price of the cases it names (the default run has no override)."""
+    assert heldout.parse_what_if(["blackwell.attention=0.42", "gb200.nvlink_domain_size=64"]) == {
+        ("blackwell", "attention"): 0.42, ("gb200", "nvlink_domain_size"): 64.0}
+    with pytest.raises(SystemExit, match="GEN.FIELD=VALUE"):
+        heldout.parse_what_if(["blackwell.no_such_field=1"])
+    path = heldout.fidelity.DATA / "more_runs.json"
+    base, _, _ = heldout.evaluate([path])
+    faster, _, _ = heldout.evaluate([path], heldout.parse_what_if(["blackwell.attention=0.5"]))
+    by_id = {r.id: r.predicted_s for r in faster}
+    assert all(by_id[r.id] < r.predicted_s for r in base if r.generation == "blackwell")
+    assert all(by_id[r.id] == r.predicted_s for r in base if r.generation == "hopper")
+
+
+def test_throughput_derived_from_tflops_is_nemos_count(heldout) -> None:
+    """Where only Model TFLOP/s is published (NeMo long-sequence tables), tokens/s = TFLOP/s / NeMo's FLOPs per token
+    (nemo/utils/flops_formulas.py llama2/llama3 before the causal discount: L h^2 (12 + 12 g/a + 18 f/h + 12 s/h
+    + 6 V/(L h)), V from NeMo's LLM_VOCAB_SIZE_MAP), recomputed here from the catalog model."""
+    from autoplan.catalog import load_model
+
+    vocab = {"llama2-7b": 32000, "llama3-8b": 128256}
+    checked = 0
+    for path in heldout.default_files():
+        for c in json.loads(path.read_text())["cases"]:
+            if c["measured"]["basis"] != "derived.tokens_per_s_from_model_tflops":
+                continue
+            m = load_model(c["model"]["catalog"])
+            L, h, f, a, g, s = (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads,
+                                m.num_kv_heads, c["job"]["seq_len"])
+            per_token = L * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * vocab[c["model"]["catalog"]] / (L * h))
+            assert c["measured"]["tokens_per_s_per_gpu"] == pytest.approx(
+                c["measured"]["tflops_per_gpu"] * 1e12 / per_token, rel=1e-4), c["id"]
+            checked += 1
+    assert checked >= 17
