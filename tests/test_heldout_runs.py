@@ -125,6 +125,6 @@ def test_throughput_derived_from_tflops_is_nemos_count(heldout) -> None:
                                 m.num_kv_heads, c["job"]["seq_len"])
             per_token = L * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * vocab[c["model"]["catalog"]] / (L * h))
             assert c["measured"]["tokens_per_s_per_gpu"] == pytest.approx(
-                c["measured"]["tflops_per_gpu"] * 1e12 / per_token, rel=1e-4), c["id"]
+                c["measured"]["tflops_per_gpu"] * 1e12 / per_token, abs=0.051), c["id"]  # stored to 0.1 tok/s
             checked += 1
     assert checked >= 17
