@@ -181,7 +181,8 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
                   + (f"; wrong: {', '.join(wrong)}" if wrong else "")]
     over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits]
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
-              f"{sum(r.fits for r in rows)}/{len(rows)}" + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
+              f"{sum(r.fits for r in rows)}/{len(rows)}"
+              + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
     if skipped:
         lines += ["", "Not priced (the model cannot express them yet):"] + [f"- {cid}: {why}" for cid, why in skipped]
     return "\n".join(lines)

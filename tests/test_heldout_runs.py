@@ -69,7 +69,7 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 
 # Measured when the data landed (python benchmarks/heldout.py), per held-out file: MAPE and worst |error| of its
 # priced cases, plus a small margin. Another file (e.g. more_runs_papers.json) adds its own line here.
-GUARDS = {"more_runs.json": (0.250, 2.375)}
+GUARDS = {"more_runs.json": (0.236, 2.375)}
 MARGIN = 0.02
 
 
@@ -104,7 +104,9 @@ def test_what_if_is_diagnostic_only(heldout) -> None:
     base, _, _ = heldout.evaluate([path])
     faster, _, _ = heldout.evaluate([path], heldout.parse_what_if(["blackwell.attention=0.5"]))
     by_id = {r.id: r.predicted_s for r in faster}
-    assert all(by_id[r.id] < r.predicted_s for r in base if r.generation == "blackwell")
+    bw = [r for r in base if r.generation == "blackwell"]
+    assert all(by_id[r.id] <= r.predicted_s for r in bw)  # a faster kernel can leave comm exposed: never slower
+    assert sum(by_id[r.id] < r.predicted_s * 0.99 for r in bw) > len(bw) // 2
     assert all(by_id[r.id] == r.predicted_s for r in base if r.generation == "hopper")
 
 
@@ -123,7 +125,8 @@ def test_throughput_derived_from_tflops_is_nemos_count(heldout) -> None:
             m = load_model(c["model"]["catalog"])
             L, h, f, a, g, s = (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads,
                                 m.num_kv_heads, c["job"]["seq_len"])
-            per_token = L * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * vocab[c["model"]["catalog"]] / (L * h))
+            v = vocab[c["model"]["catalog"]]
+            per_token = L * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * v / (L * h))
             assert c["measured"]["tokens_per_s_per_gpu"] == pytest.approx(
                 c["measured"]["tflops_per_gpu"] * 1e12 / per_token, abs=0.051), c["id"]  # stored to 0.1 tok/s
             checked += 1
