@@ -50,8 +50,9 @@ if str(ROOT) not in sys.path:
 
 from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
                                 fit, fit_joint, leave_one_out, resolve_run)
-from autoplan.catalog.registry import efficiency_catalog, framework_efficiency  # noqa: E402
-from cost_models.specs import Efficiency  # noqa: E402
+from autoplan.catalog.registry import efficiency_catalog, framework_efficiency, load_gpu  # noqa: E402
+from cost_models.layer_cost import ATTN_BWD_FACTOR  # noqa: E402
+from cost_models.specs import ATTENTION_KERNEL_BENCH, Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.targets import framework_of  # noqa: E402
 
@@ -514,18 +515,34 @@ def machine_balance(gpu: Any) -> float:
     return gpu.peak_bf16_tflops / gpu.hbm_tbytes_per_s
 
 
+def attention_kernel_share(generation: str) -> float | None:
+    """Fused-attention kernel throughput as a share of the bf16 peak, forward and backward together (backward =
+    ``ATTN_BWD_FACTOR`` × the forward FLOPs): the generation's cuDNN micro-benchmark (``ATTENTION_KERNEL_BENCH``,
+    sources there) over its GPU's datasheet peak; None where no benchmark is recorded."""
+    if generation not in ATTENTION_KERNEL_BENCH:
+        return None
+    gpu, fwd, bwd = ATTENTION_KERNEL_BENCH[generation]
+    per_flop_s = 1.0 / fwd + ATTN_BWD_FACTOR / bwd  # seconds per forward TFLOP, fwd + bwd
+    return (1.0 + ATTN_BWD_FACTOR) / per_flop_s / load_gpu(gpu).peak_bf16_tflops
+
+
 def transfer_efficiency(src: Efficiency, src_gpu: Any, dst_gpu: Any, dst_start: Efficiency) -> Efficiency:
     """A generation's fitted physics carried to a generation with no measured reference run.
 
-    The tensor-core pipeline's large-GEMM efficiency (``gemm_max``), the attention kernel's share of peak, the
-    fp8 ratio and the DP overlap are dimensionless and carry over. The GEMM saturation dim does not: a tile
-    keeps the tensor cores fed only once its operand reuse (arithmetic intensity, ∝ the GEMM's dims) reaches the
-    machine's ridge point, so ``gemm_half_dim`` scales with peak FLOP/s ÷ HBM bytes/s (roofline: Williams et al.
-    2009). ``tp_overlap`` is a fact of the run's software (``software``), not of the GPU: kept at the target's
-    start. The rest (link/NIC/NVLS bus efficiencies, HBM streaming share) are the target's own measurements."""
+    The tensor-core pipeline's large-GEMM efficiency (``gemm_max``), the fp8 ratio and the DP overlap are
+    dimensionless and carry over. The GEMM saturation dim does not: a tile keeps the tensor cores fed only once
+    its operand reuse (arithmetic intensity, ∝ the GEMM's dims) reaches the machine's ridge point, so
+    ``gemm_half_dim`` scales with peak FLOP/s ÷ HBM bytes/s (roofline: Williams et al. 2009). The attention
+    kernel's in-training share of peak scales by the ratio of the two generations' cuDNN micro-benchmark shares
+    (``attention_kernel_share``) where both are recorded, else carries over. ``tp_overlap`` is a fact of the run's
+    software (``software``), not of the GPU: kept at the target's start. The rest (link/NIC/NVLS bus efficiencies,
+    HBM streaming share) are the target's own measurements."""
     carry = {n: getattr(src, n) for n in ("gemm_max", "attention", "fp8_gemm_speedup", "dp_overlap")}
     if dst_gpu is not None and src_gpu is not None:
         carry["gemm_half_dim"] = src.gemm_half_dim * machine_balance(dst_gpu) / machine_balance(src_gpu)
+        kernel_src, kernel_dst = attention_kernel_share(src_gpu.generation), attention_kernel_share(dst_gpu.generation)
+        if kernel_src and kernel_dst:
+            carry["attention"] = src.attention * kernel_dst / kernel_src
     if dst_start.fp8_gemm_speedup <= 1.0:
         carry.pop("fp8_gemm_speedup")  # no fp8 tensor cores there
     return dst_start.model_copy(update=carry)

@@ -320,6 +320,23 @@ class GPUSpec(_Frozen):
 # 298/484, 319/518, 333/529, 335/539 TFLOP/s = 0.62 (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Fig. 5).
 FA2_VS_CUDNN = 0.62
 
+# cuDNN fused attention (SDPA) micro-benchmarks per GPU generation, one GPU each: bf16, causal, head dim 128,
+# 8192 tokens (4096 keys per query): (GPU, forward TFLOP/s, backward TFLOP/s), backward counted as 2.5x the forward
+# FLOPs as the model does (layer_cost.ATTN_BWD_FACTOR). Both from NVIDIA's own cudnn-frontend benchmark:
+# - hopper: H200 (the H100's GH100 SMs and 989 TFLOP/s peak), cuDNN 9.1.0, batch 2 x 16 heads:
+#   NVIDIA/cudnn-frontend benchmark/benchmark_results.csv @ b740542 (2024-05-07), row "2,16,8192,128,True".
+# - blackwell: B200, cuDNN 9.10.2 (NGC PyTorch 25.06), batch 1, 128 query / 8 KV heads (Llama 3.1 405B):
+#   NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv
+#   @ cb560b9 (2025-07-16), row "1,8192,8192,128,8,128,True,pyt_cudnn".
+# A generation without measured training runs takes a fitted generation's in-training attention efficiency scaled by
+# the ratio of the two kernels' fwd+bwd share of peak (benchmarks/fidelity.py transfer_efficiency): 0.444 on B200
+# against 0.496 on H200 — Blackwell's doubled tensor cores wait more on softmax (exp units) and shared memory
+# (Zadouri et al. 2026, FlashAttention-4, arXiv 2603.05451 §1), so its fused attention reaches a smaller share of peak.
+ATTENTION_KERNEL_BENCH: dict[str, tuple[str, float, float]] = {
+    "hopper": ("h200", 572.9, 463.5),
+    "blackwell": ("b200", 1171.3, 942.5),
+}
+
 
 class Efficiency(_Frozen):
     """Physical efficiency parameters of one cluster and its training software (one set per GPU generation

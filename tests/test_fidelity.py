@@ -188,6 +188,37 @@ def test_transfer_scales_the_saturation_dim_by_the_ridge_point() -> None:
     assert out.link_bus == cat["ampere"].link_bus
 
 
+def test_attention_kernel_share_recomputes_the_cited_cudnn_benchmarks() -> None:
+    """The cuDNN micro-benchmark shares behind Blackwell's attention: fwd + bwd time for a forward FLOP and 2.5 of
+    backward, over the datasheet peak of the GPU each was run on (H200 989, B200 2250 TFLOP/s)."""
+    from autoplan.catalog.registry import load_gpu
+    from cost_models.specs import ATTENTION_KERNEL_BENCH
+
+    for gen, (gpu, fwd, bwd) in ATTENTION_KERNEL_BENCH.items():
+        want = 3.5 / (1 / fwd + 2.5 / bwd) / load_gpu(gpu).peak_bf16_tflops
+        assert fidelity.attention_kernel_share(gen) == pytest.approx(want)
+    # B200's cuDNN kernel reaches a smaller share of its peak at 8k tokens than H200's (0.444 vs 0.496)
+    assert fidelity.attention_kernel_share("blackwell") == pytest.approx(0.4436, abs=5e-4)
+    assert fidelity.attention_kernel_share("hopper") == pytest.approx(0.4957, abs=5e-4)
+    assert fidelity.attention_kernel_share("ampere") is None
+
+
+def test_blackwell_catalog_is_hoppers_fit_transferred() -> None:
+    """No measured Blackwell run is in the data set: its catalog efficiencies are Hopper's fit carried over by
+    ``transfer_efficiency`` (GEMM saturation dim by the ridge point, attention by the cuDNN kernel ratio) — the
+    catalog entry cannot go stale when Hopper is refitted."""
+    from autoplan.catalog.registry import load_gpu
+
+    cat = efficiency_catalog()
+    h100, b200 = load_gpu("h100-sxm"), load_gpu("b200")
+    out = fidelity.transfer_efficiency(cat["hopper"], h100, b200, cat["blackwell"])
+    kernel = fidelity.attention_kernel_share("blackwell") / fidelity.attention_kernel_share("hopper")
+    assert out.attention == pytest.approx(cat["hopper"].attention * kernel)
+    for name in ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "dp_overlap", "tp_overlap"):
+        assert getattr(cat["blackwell"], name) == pytest.approx(getattr(out, name), abs=1e-4, rel=1e-4), name
+    assert cat["blackwell"].attention < cat["hopper"].attention  # a smaller share of a 2.3x larger peak
+
+
 def test_ranking_of_differently_configured_runs(rows) -> None:  # type: ignore[no-untyped-def]
     """Issue #12: where one job (model, GPU count, batch, sequence) was measured under several configurations,
     the model orders them right in >= 85% of the pairs (in-sample; the leave-one-group-out ranking is reported by
