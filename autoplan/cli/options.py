@@ -125,6 +125,9 @@ software_options = stack(
                       "rowwise|rowwise_with_gw_hp|mxfp8 (0.3.0 has no tensorwise; mxfp8: Blackwell only)"),
     click.option("--grad-reduce-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="main gradients and the DP reduction (Megatron default fp32; bf16 = --grad-reduce-in-bf16)"),
+    click.option("--adam-moments-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
+                 help="Adam m and v (megatron default fp32; bf16 = --use-precision-aware-optimizer --exp-avg-dtype "
+                      "bf16 --exp-avg-sq-dtype bf16, with the distributed optimizer)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
                  help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p "
                       "[searched per layout by `search`; megatron default p2p]"),
@@ -135,7 +138,7 @@ software_options = stack(
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
-                 "cp_a2a_size", "reshard_after_forward")
+                 "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -78,6 +78,10 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--overlap-param-gather")
     if rt.grad_reduce_dtype == "bf16":
         add("--grad-reduce-in-bf16")
+    if rt.adam_moments_dtype != "fp32":  # precision-aware optimizer (cost_models.targets.megatron cites the code)
+        add("--use-precision-aware-optimizer")
+        add("--exp-avg-dtype", rt.adam_moments_dtype)
+        add("--exp-avg-sq-dtype", rt.adam_moments_dtype)
     if rt.tp_comm_overlap:
         add("--tp-comm-overlap")
     # ---- batch -----------------------------------------------------------------------------------
@@ -276,6 +280,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
+    for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
+        p.add_argument(flag, choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
     for flag in ints:
         p.add_argument(flag, type=int, default=None)
     for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -285,7 +291,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",
                  "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-                 "--grad-reduce-in-bf16", "--tp-comm-overlap"]:
+                 "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),

@@ -39,6 +39,12 @@ Run-time semantics:
   implementation, so a plan says by its stage what runs.
 - HSDP exists only for the distributed optimizer (``--num-distributed-optimizer-instances``), not for FSDP2.
   (Megatron-FSDP also reads that flag, mcore_fsdp_adapter.py:203; autoplan does not price it: refused.)
+- Adam moments in bf16 (knob ``adam_moments_dtype``) run Megatron's precision-aware optimizer
+  (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, MLM:2840-2856; it needs the
+  distributed optimizer, ``OC`` = megatron/core/optimizer/optimizer_config.py:375-380): Transformer Engine's FusedAdam
+  holds m, v in bf16 (2 + 2 B) and the fp32 master weights as the 16 bits the bf16 weight lacks
+  (``store_param_remainders``, default True from TE 2.1, OC:192-195, optimizer/__init__.py:365-387): 6 B sharded.
+  Under an fp8 recipe other than delayed scaling the master stays Megatron's fp32 copy (OC:355-361, 4 B): 8 B.
 - TP communication overlaps GEMMs with ``--tp-comm-overlap`` (needs sequence parallelism, MLM:916); DP
   traffic overlaps backward with ``--overlap-grad-reduce`` and forward with ``--overlap-param-gather``.
   With Megatron-FSDP (zero 2) the TP overlap still runs, so it is priced and emitted there too: validate_args only
@@ -60,7 +66,8 @@ from typing import Any
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software, TargetProfile, fsdp2_gathered_unit_bytes
+from cost_models.targets.common import (DTYPE_BYTES, Knob, Runtime, Software, TargetProfile,
+                                        fsdp2_gathered_unit_bytes)
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
@@ -70,6 +77,11 @@ TRAINING = f"Megatron-LM megatron/training/training.py@{COMMIT}"
 # and MegatronFSDP queues reduce-scatters of up to max(1e9, bucket_size) elements (MF:374-399) before it waits.
 MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK, MFSDP_RS_QUEUE = 40e6, 1e6, 1e9
 TC = f"Megatron-LM megatron/core/transformer/transformer_config.py@{COMMIT}"
+OC = f"Megatron-LM megatron/core/optimizer/optimizer_config.py@{COMMIT}"
+# Precision-aware optimizer (bf16 Adam moments): master bytes per parameter. Transformer Engine's FusedAdam keeps
+# the fp32 master as the int16 remainder beside the bf16 weight (store_param_remainders, OC:192-195) when it owns
+# the master, i.e. without fp8 or under delayed scaling (OC:355-361); otherwise Megatron's fp32 main copy.
+PRECISION_AWARE_MASTER_BYTES = {"remainder": 2.0, "fp32": 4.0}
 TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py (a2a: heads % cp)"
 
 
@@ -101,6 +113,9 @@ class MegatronProfile(TargetProfile):
         "overlap_grad_reduce": Knob("overlap_grad_reduce", (True, False), True, f"{MLM}:2243"),
         "overlap_param_gather": Knob("overlap_param_gather", (True, False), True,
                                      f"{MLM}:598-601 (distributed optimizer + overlap_grad_reduce)"),
+        "adam_moments_dtype": Knob("adam_moments_dtype", ("fp32", "bf16"), "fp32",
+                                   f"{MLM}:2840-2856 (--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype)"
+                                   f"; {OC}:375-380 (distributed optimizer only)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -178,6 +193,10 @@ class MegatronProfile(TargetProfile):
         if rt.overlap_param_gather and not rt.overlap_grad_reduce:
             raise ConfigError(f"overlap_param_gather needs overlap_grad_reduce ({MLM}:601)",
                               valid=["overlap_grad_reduce=true"])
+        if rt.adam_moments_dtype != "fp32" and par.zero_stage != 1:
+            raise ConfigError(f"adam_moments_dtype={rt.adam_moments_dtype} with zero_stage={par.zero_stage}: "
+                              f"--use-precision-aware-optimizer runs with the distributed optimizer only ({OC}:375-380)",
+                              valid=["zero_stage=1", "adam_moments_dtype=fp32"])
         if par.cp > 1:
             check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
@@ -194,6 +213,8 @@ class MegatronProfile(TargetProfile):
         zero = par.zero_stage if par is not None else 1
         grad = k.get("grad_reduce_dtype", "fp32")
         fsdp = zero == 3
+        moments = k.get("adam_moments_dtype", "fp32")
+        fp8_recipe = k.get("fp8_recipe", "delayed") if job.precision == "fp8" else None
         mfsdp = zero == 2  # Megatron-FSDP optim_grads
         cp_kind = k.get("cp_comm_type", "p2p")
         a2a_size = k.get("cp_a2a_size")
@@ -213,7 +234,8 @@ class MegatronProfile(TargetProfile):
         return Runtime(
             target="megatron",
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1)),
-            fp8_recipe=k.get("fp8_recipe", "delayed") if job.precision == "fp8" else None,
+            fp8_recipe=fp8_recipe,
+            adam_moments_dtype=moments,
             grad_reduce_dtype=grad,
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
@@ -222,7 +244,7 @@ class MegatronProfile(TargetProfile):
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
             weight_bytes=4.0 if fsdp else 2.0,
             grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
-            optimizer_bytes=8.0 if fsdp else 12.0,
+            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, fp8_recipe),
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
@@ -232,6 +254,15 @@ class MegatronProfile(TargetProfile):
             notes=("zero_stage=2 runs as Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy "
                    "optim_grads): gradients reduce-scattered in every micro-batch",) if mfsdp else (),
         )
+
+
+def optimizer_bytes(moments: str, fp8_recipe: str | None) -> float:
+    """Optimizer state per parameter, before distributed-optimizer sharding: fp32 master + Adam m, v (12 B), or
+    under the precision-aware optimizer (bf16 moments) the master TE or Megatron holds (module docstring) + 2 + 2."""
+    if moments == "fp32":
+        return 12.0
+    master = "remainder" if fp8_recipe in (None, "delayed") else "fp32"
+    return PRECISION_AWARE_MASTER_BYTES[master] + 2 * DTYPE_BYTES[moments]
 
 
 def hierarchical_sizes(cp: int) -> list[int]:
