@@ -29,11 +29,19 @@ def describe_parallel(par: ParallelConfig, dp: int) -> str:
     return " ".join(parts)
 
 
+def _of_rack(cluster: ClusterSpec) -> str:
+    """Where the job uses part of a multi-node NVLink rack (catalog.cluster.job_nvlink_domain), say so."""
+    rack = cluster.gpu.nvlink_domain_size
+    if rack > cluster.gpu.gpus_per_node and cluster.nvlink_domain_size < rack:
+        return f" of each {rack}-GPU rack"
+    return ""
+
+
 def describe_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, efficiency_basis: str = "fitted") -> str:
     caution = (f"\ncaution: {cluster.gpu.name} efficiencies are priors (no measured run of this GPU): the times "
                "are estimates until `autoplan calibrate` fits them to your runs" if efficiency_basis == "prior" else "")
     return (f"{model.name} ({model.num_params / 1e9:.1f}B params) on {cluster.num_gpus} x {cluster.gpu.name} "
-            f"({cluster.gpus_per_node}/node, NVLink domain {cluster.nvlink_domain_size}, "
+            f"({cluster.gpus_per_node}/node, NVLink domain {cluster.nvlink_domain_size}{_of_rack(cluster)}, "
             f"{cluster.inter_node_gbps:g} Gb/s per GPU); global batch {job.global_batch_size} x "
             f"{job.seq_len} tokens, {job.precision}{caution}")
 

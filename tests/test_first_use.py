@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import pytest
 from click.testing import CliRunner
 
 from autoplan.cli import cli
@@ -64,7 +65,20 @@ def test_gpus_per_node_shrinks_a_node_scoped_nvlink_domain() -> None:
     assert code == 2 and "tp=8 must divide the NVLink domain of 4" in err
     code, stdout, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--gpu", "gb200", "--gpus-per-node",
                              "2", "--tp", "1", "--pp", "1")
-    assert code == 0 and "NVLink domain 72" in stdout  # a rack-scale domain is not a node's
+    # a rack-scale domain is not a node's: the 64-GPU job sits in one 72-GPU rack (catalog.cluster.job_nvlink_domain)
+    assert code == 0 and "NVLink domain 64 of each 72-GPU rack" in stdout
+
+
+@pytest.mark.parametrize("num_gpus, domain", [
+    (8, 8), (64, 64), (72, 72),  # within one rack: all of the job's GPUs share it
+    (256, 64),   # 64 nodes: Slurm --segment 16 (largest divisor of 64 that fits 18 nodes)
+    (288, 72),   # 72 nodes: segment 18, whole racks
+    (320, 64),   # 80 nodes: segment 16
+    (1152, 72),  # 288 nodes: segment 18
+])
+def test_job_nvlink_domain_follows_nemo_segment_rule(num_gpus: int, domain: int) -> None:
+    from autoplan.catalog.cluster import build_cluster
+    assert build_cluster("gb200", num_gpus).nvlink_domain_size == domain
 
 
 def test_search_pins_exit_2_like_estimate() -> None:

@@ -66,6 +66,18 @@ def target_efficiency(target: str | None) -> dict[str, Any]:
     return framework_efficiency(name) if name else {}
 
 
+def job_nvlink_domain(rack: int, node: int, num_gpus: int) -> int:
+    """The GPUs of one multi-node NVLink domain (NVL72-class rack of ``rack`` GPUs) a job gets, as NVIDIA launches
+    jobs on such racks: a job within one rack gets all its GPUs there; a larger job is placed with Slurm
+    ``--segment`` = the largest divisor of its node count that fits a rack (NeMo scripts/performance/executors.py,
+    "add --segment flag to sbatch if job uses GB200 and goes beyond one rack"), so 64 nodes of 4 GB200 run as 4
+    segments of 16 nodes: 64-GPU NVLink domains, and 32- or 64-rank groups stay inside one."""
+    nodes, per_rack = max(1, num_gpus // node), max(1, rack // node)
+    if nodes <= per_rack:
+        return max(node, nodes * node)
+    return node * max(s for s in range(per_rack, 0, -1) if nodes % s == 0)
+
+
 def build_cluster(
     gpu: str,
     num_gpus: int,
@@ -105,7 +117,7 @@ def build_cluster(
     # Where NVLink spans exactly one node (HGX, MI300X: catalog domain = node), a smaller node has a smaller
     # domain: NVLink does not cross the node boundary. NVL72-class racks keep their domain.
     domain_default = (min(spec.nvlink_domain_size, int(node)) if spec.nvlink_domain_size == spec.gpus_per_node
-                      else spec.nvlink_domain_size)
+                      else job_nvlink_domain(spec.nvlink_domain_size, int(node), num_gpus))
     fields = {
         "gpu": spec,
         "num_gpus": num_gpus,
