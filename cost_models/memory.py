@@ -327,6 +327,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     per_mb = 0.0
     for i in ids:
+        if i < runtime.cpu_offload_layers:
+            continue  # in host memory at the peak (TE cpu_offload; pp 1, the profile cites the schedule)
         per_mb += activation_bytes_per_microbatch(graphs["moe" if model.is_moe_layer(i) else "dense"], model, job,
                                                   par, runtime)
     if dual:  # a chunk runs on either of the rank's two stages: their mean

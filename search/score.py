@@ -501,7 +501,10 @@ class Scorer:
         kd, ke, per_largest = self.state_coefficients(lay)
         frag = 1.0 + FRAGMENTATION
         static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
-        act = np.concatenate([[0.0], np.cumsum(frag * np.where(self.is_moe_layer, a_moe, a_dense))])
+        per_layer = np.where(self.is_moe_layer, a_moe, a_dense)
+        # layers whose activations the runtime keeps in host memory (cpu_offload_layers: pp 1, the first N layers)
+        per_layer = np.where(np.arange(self.L) < self.default_runtime(lay).cpu_offload_layers, 0.0, per_layer)
+        act = np.concatenate([[0.0], np.cumsum(frag * per_layer)])
         m = self.model
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and lay.pp > 1:

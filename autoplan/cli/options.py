@@ -128,6 +128,9 @@ software_options = stack(
     click.option("--adam-moments-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="Adam m and v (megatron default fp32; bf16 = --use-precision-aware-optimizer --exp-avg-dtype "
                       "bf16 --exp-avg-sq-dtype bf16, with the distributed optimizer)"),
+    click.option("--cpu-offload-layers", "cpu_offload_layers", type=click.IntRange(min=0), default=None,
+                 help="megatron --cpu-offloading-num-layers: activations of the first N layers kept in host memory "
+                      "(pp 1, no recompute)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
                  help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p "
                       "[searched per layout by `search`; megatron default p2p]"),
@@ -138,7 +141,8 @@ software_options = stack(
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
-                 "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype")
+                 "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
+                 "cpu_offload_layers")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

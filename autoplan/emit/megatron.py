@@ -78,6 +78,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--overlap-param-gather")
     if rt.grad_reduce_dtype == "bf16":
         add("--grad-reduce-in-bf16")
+    if rt.cpu_offload_layers:  # TE activation offload (cost_models.targets.megatron cites the code)
+        add("--cpu-offloading-num-layers", rt.cpu_offload_layers)
     if rt.adam_moments_dtype != "fp32":  # precision-aware optimizer (cost_models.targets.megatron cites the code)
         add("--use-precision-aware-optimizer")
         add("--exp-avg-dtype", rt.adam_moments_dtype)
@@ -271,7 +273,7 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
             "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
             "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
-            "--mtp-num-layers"]
+            "--mtp-num-layers", "--cpu-offloading-num-layers"]
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"], default="torch_dist")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])

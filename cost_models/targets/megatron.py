@@ -45,6 +45,12 @@ Run-time semantics:
   holds m, v in bf16 (2 + 2 B) and the fp32 master weights as the 16 bits the bf16 weight lacks
   (``store_param_remainders``, default True from TE 2.1, OC:192-195, optimizer/__init__.py:365-387): 6 B sharded.
   Under an fp8 recipe other than delayed scaling the master stays Megatron's fp32 copy (OC:355-361, 4 B): 8 B.
+- Activation offload (knob ``cpu_offload_layers``, ``--cpu-offloading-num-layers N``, MLM:1236-1237): Transformer
+  Engine's cpu_offload context around every decoder layer (megatron/core/transformer/transformer_block.py:303-312)
+  moves the saved activations of layers 0..N-1 to host memory and back before their backward; TE's schedule
+  (``transformer_engine/pytorch/cpu_offload.py`` ``OffloadSynchronizer._default_offload_sync_init``: layer i's offload
+  finishes before layer L-N+i's forward) peaks at the activations of L-N layers. Megatron-Core refuses it with
+  pipelining, with recompute and for N >= L (transformer_config.py:1137-1152). The host-link time is not priced.
 - TP communication overlaps GEMMs with ``--tp-comm-overlap`` (needs sequence parallelism, MLM:916); DP
   traffic overlaps backward with ``--overlap-grad-reduce`` and forward with ``--overlap-param-gather``.
   With Megatron-FSDP (zero 2) the TP overlap still runs, so it is priced and emitted there too: validate_args only
@@ -77,6 +83,7 @@ TRAINING = f"Megatron-LM megatron/training/training.py@{COMMIT}"
 # and MegatronFSDP queues reduce-scatters of up to max(1e9, bucket_size) elements (MF:374-399) before it waits.
 MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK, MFSDP_RS_QUEUE = 40e6, 1e6, 1e9
 TC = f"Megatron-LM megatron/core/transformer/transformer_config.py@{COMMIT}"
+TCFG = "megatron-core 0.16.1 megatron/core/transformer/transformer_config.py"
 OC = f"Megatron-LM megatron/core/optimizer/optimizer_config.py@{COMMIT}"
 # Precision-aware optimizer (bf16 Adam moments): master bytes per parameter. Transformer Engine's FusedAdam keeps
 # the fp32 master as the int16 remainder beside the bf16 weight (store_param_remainders, OC:192-195) when it owns
@@ -113,6 +120,9 @@ class MegatronProfile(TargetProfile):
         "overlap_grad_reduce": Knob("overlap_grad_reduce", (True, False), True, f"{MLM}:2243"),
         "overlap_param_gather": Knob("overlap_param_gather", (True, False), True,
                                      f"{MLM}:598-601 (distributed optimizer + overlap_grad_reduce)"),
+        "cpu_offload_layers": Knob("cpu_offload_layers", (), 0,
+                                   f"{MLM}:1236-1237 (--cpu-offloading-num-layers); {TCFG}:1137-1152",
+                                   int_values=True),
         "adam_moments_dtype": Knob("adam_moments_dtype", ("fp32", "bf16"), "fp32",
                                    f"{MLM}:2840-2856 (--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype)"
                                    f"; {OC}:375-380 (distributed optimizer only)"),
@@ -197,6 +207,18 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"adam_moments_dtype={rt.adam_moments_dtype} with zero_stage={par.zero_stage}: "
                               f"--use-precision-aware-optimizer runs with the distributed optimizer only ({OC}:375-380)",
                               valid=["zero_stage=1", "adam_moments_dtype=fp32"])
+        if rt.cpu_offload_layers:
+            k = rt.cpu_offload_layers
+            if k >= model.num_layers:
+                raise ConfigError(f"cpu_offload_layers={k}: Megatron-Core offloads fewer layers than the model has "
+                                  f"({model.num_layers}; {TCFG}:1137-1142)", valid=[f"0..{model.num_layers - 1}"])
+            if par.pp > 1:
+                raise ConfigError(f"cpu_offload_layers={k} with pp={par.pp}: no CPU offloading with pipeline "
+                                  f"parallelism ({TCFG}:1144-1147)", valid=["pp=1", "cpu_offload_layers=0"])
+            if par.recompute != "none":
+                raise ConfigError(f"cpu_offload_layers={k} with recompute={par.recompute}: CPU offloading does not "
+                                  f"work with activation recomputation ({TCFG}:1149-1152)",
+                                  valid=["recompute=none", "cpu_offload_layers=0"])
         if par.cp > 1:
             check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
@@ -236,6 +258,7 @@ class MegatronProfile(TargetProfile):
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1)),
             fp8_recipe=fp8_recipe,
             adam_moments_dtype=moments,
+            cpu_offload_layers=k.get("cpu_offload_layers", 0),
             grad_reduce_dtype=grad,
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
@@ -251,8 +274,11 @@ class MegatronProfile(TargetProfile):
             grad_reduce_every_microbatch=mfsdp,
             grad_bucket_cap=cap,
             env=env,
-            notes=("zero_stage=2 runs as Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy "
-                   "optim_grads): gradients reduce-scattered in every micro-batch",) if mfsdp else (),
+            notes=(("zero_stage=2 runs as Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy "
+                    "optim_grads): gradients reduce-scattered in every micro-batch",) if mfsdp else ())
+            + ((f"cpu_offload_layers={k['cpu_offload_layers']}: those layers' activations go to host memory and "
+                "back each micro-batch; the memory is priced, the host-link time is not (taken as hidden)",)
+               if k.get("cpu_offload_layers") else ()),
         )
 
 

@@ -1,0 +1,103 @@
+"""Megatron activation offload (knob ``cpu_offload_layers``, ``--cpu-offloading-num-layers``): the activation peak is
+recomputed from Transformer Engine's offload schedule, the search prices it as estimate does, Megatron-Core's refusals
+are one-line errors, and the emitted flag parses."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.errors import ConfigError
+from cost_models.estimate import estimate
+from cost_models.memory import activation_bytes_per_microbatch, graphs_for, stage_memory
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import MEGATRON, Software
+
+H100 = build_cluster("h100-sxm", 8)
+
+
+def te_peak_layers_held(num_layers: int, offloaded: int) -> int:
+    """Most decoder layers whose saved activations sit on the GPU at once under TE's default offload schedule
+    (transformer_engine/pytorch/cpu_offload.py ``OffloadSynchronizer._default_offload_sync_init``): layer i < N is
+    offloaded, its offload finishes before the forward of layer L-N+i and its reload starts at the backward of layer
+    L-1-N+i; a layer's activations are freed after its backward."""
+    L, N = num_layers, offloaded
+    finish_offload = {L - N + i: i for i in range(N)}  # forward step -> layer whose offload is done by then
+    start_reload = {L - 1 - N + i: i for i in range(N)}  # backward step -> layer whose reload starts then
+    held: set[int] = set()
+    peak = 0
+    for j in range(L):  # forward of layer j saves its activations
+        if j in finish_offload:
+            held.discard(finish_offload[j])
+        held.add(j)
+        peak = max(peak, len(held))
+    for j in reversed(range(L)):  # backward of layer j
+        if j in start_reload:
+            held.add(start_reload[j])
+        peak = max(peak, len(held))
+        held.discard(j)
+    return peak
+
+
+@pytest.mark.parametrize("L,N", [(4, 1), (32, 8), (80, 40), (80, 79), (16, 0)])
+def test_te_schedule_holds_the_layers_not_offloaded(L: int, N: int) -> None:
+    assert te_peak_layers_held(L, N) == L - N
+
+
+@pytest.mark.parametrize("offload", [0, 8, 31])
+def test_activation_peak_is_the_layers_not_offloaded(offload: int) -> None:
+    model = load_model("llama3-8b")
+    job = JobSpec(global_batch_size=8, seq_len=4096)
+    par = ParallelConfig(tp=1, pp=1, zero_stage=1, micro_batch_size=1)
+    rt = MEGATRON.resolve(Software(cpu_offload_layers=offload), job, H100, par)
+    graphs = graphs_for(model, job.seq_len)
+    L = model.num_layers
+    mem = stage_memory(model, job, par, 8, 0, [L], 1, graphs, rt)
+    layer = activation_bytes_per_microbatch(graphs["dense"], model, job, par, rt)
+    head = activation_bytes_per_microbatch(graphs["head"], model, job, par, rt)
+    assert mem.activations == pytest.approx(layer * te_peak_layers_held(L, offload) + head, rel=1e-12)
+
+
+def test_search_prices_offload_as_estimate_does() -> None:
+    from search.planner import search
+    from search.score import Scorer
+
+    model, cluster, job = load_model("llama3-8b"), H100, JobSpec(global_batch_size=64, seq_len=8192)
+    sw = Software(cpu_offload_layers=16)
+    res = search(model, cluster, job, target="megatron", top_k=3, scorer=Scorer(model, cluster, job, software=sw))
+    assert res.plans
+    for p in res.plans:
+        assert p.parallel.pp == 1 and p.parallel.recompute == "none"  # Megatron-Core's rules with offload
+        pred = estimate(model, cluster, job, p.parallel, target="megatron",
+                        software=Software(cpu_offload_layers=16, **{k: v for k, v in p.prediction.software.items()
+                                                                    if k in ("cp_comm_type", "cp_a2a_size")}))
+        assert p.prediction.peak_memory_gib == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+        assert p.prediction.software["cpu_offload_layers"] == 16
+
+
+@pytest.mark.parametrize("par,k,match", [
+    (ParallelConfig(tp=1, pp=2, zero_stage=1), 4, "pipeline parallelism"),
+    (ParallelConfig(tp=1, pp=1, zero_stage=1, recompute="selective"), 4, "recomputation"),
+    (ParallelConfig(tp=1, pp=1, zero_stage=1), 32, "fewer layers"),
+])
+def test_megatron_core_refusals(par: ParallelConfig, k: int, match: str) -> None:
+    model = load_model("llama3-8b")
+    rt = MEGATRON.resolve(Software(cpu_offload_layers=k), JobSpec(), H100, par)
+    with pytest.raises(ConfigError, match=match):
+        MEGATRON.check_runtime(model, H100, JobSpec(), par, rt)
+
+
+def test_cli_flag_emits_and_refuses_in_one_line(tmp_path) -> None:  # noqa: ANN001
+    from autoplan.cli import cli
+    from autoplan.emit.megatron import parse_megatron_args
+
+    base = ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--target", "megatron"]
+    out = tmp_path / "emit"
+    res = CliRunner().invoke(cli, ["emit", *base, "--cpu-offload-layers", "24", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    ns = parse_megatron_args((out / "megatron_args.txt").read_text().split())
+    assert ns.cpu_offloading_num_layers == 24
+    bad = CliRunner().invoke(cli, ["estimate", *base[:-4], "--pp", "2", "--target", "megatron",
+                                   "--cpu-offload-layers", "8"])
+    assert bad.exit_code == 2 and "pipeline parallelism" in bad.output and bad.output.strip().count("\n") == 0
