@@ -2,9 +2,9 @@
 
 For each job (the issue's candidates: GQA, MoE routers and shared experts, small vocabularies and heads, long
 context), every stage mesh the search could use (tp × cp × ep, micro-batch 1 or 2, each recompute mode) and
-every layer kind (decoder layers and the head), the ILP for ``--target any`` (sequence-parallel regions, loss
-parallel or replicated, chosen per op; with tp > num_kv_heads the K/V projections either gathered as Megatron does
-or replicated on every TP rank, whichever is cheaper) is compared with the best *uniform* Megatron pattern (SP on
+every layer kind (decoder layers and the head), the ILP with ``UNION`` (the targets' strategy sets together, with
+sequence-parallel regions chosen per op: loss parallel or replicated; with tp > num_kv_heads the K/V projections
+either gathered as Megatron does or replicated on every TP rank, whichever is cheaper) is compared with the best *uniform* Megatron pattern (SP on
 or off for the whole layer, Megatron's QKV gather when tp > num_kv_heads) on the same problem — same strategies,
 same ``cost_models`` prices, same resharding edges.
 Prints every case where the ILP is faster and a per-job count of where it is not; never asserts.
@@ -27,6 +27,11 @@ from cost_models.specs import ModelSpec  # noqa: E402
 from cost_models.errors import ConfigError, InfeasibleError  # noqa: E402
 from search.intra_op import IntraOpRequest, build_layer_problem, solve_layer, uniform_choice  # noqa: E402
 from search.mesh import LogicalMesh  # noqa: E402
+from search.strategies import StrategySet  # noqa: E402
+
+# The ILP's full freedom, which no framework launches (the search prices each target's own set): every target's
+# loss and K/V holdings, and sequence parallelism per op rather than one flag per layer. Research only.
+UNION = StrategySet("per_op", ("F", "R"), ("shard", "gather", "replicate"))
 
 # (why it might win, model, gpu, seq_len)
 JOBS = [
@@ -81,7 +86,7 @@ def main() -> None:
             if seq // cp < 1024 or (cp > 1 and seq <= 8192 and cp > 2):
                 continue
             mesh = LogicalMesh.per_rank(cluster, tp=tp, cp=cp, ep=ep)
-            req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc, target="any")  # type: ignore[arg-type]
+            req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc, strategies=UNION)  # type: ignore[arg-type]
             kvs = ("gather", "replicate") if model.mla is None and tp > model.num_kv_heads else ("gather",)
             try:  # the search tries both K/V holdings where tp > num_kv_heads: the ILP's answer is the better one
                 ilp = min((solve_layer(model, mesh, replace(req, kv_replication=kv)) for kv in kvs),  # type: ignore[arg-type]

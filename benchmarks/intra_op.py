@@ -6,7 +6,9 @@ tokens; per configuration the planner asks for every layer of every stage (embed
 layers, head) with the per-layer memory budget of its stage. Identical layers hit the cache.
 Prints tables; never asserts on time.
 
-    python benchmarks/intra_op.py [--model llama3-70b] [--target megatron|torchtitan|any] [--quick]
+    python benchmarks/intra_op.py [--model llama3-70b] [--target megatron|torchtitan|fsdp2|union] [--quick]
+
+``union``: the research strategy set of ``ilp_gain.py`` (SP per op, every loss and K/V holding), no target's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from cost_models.errors import ConfigError, InfeasibleError
 from cost_models.opgraph import layer_kinds
 from search.intra_op import IntraOpCache, IntraOpRequest, solve_layer
 from search.mesh import LogicalMesh
+
+from ilp_gain import UNION  # benchmarks/ (this script's directory)
 
 GIB = 2**30
 RESERVE_GIB = 6.0  # CUDA context, NCCL buffers, logits and fragmentation kept out of the layers' budget
@@ -54,7 +58,9 @@ def sweep(model_name: str, target: str, quick: bool) -> None:
                     for recompute in ("none", "full"):
                         kinds = ["embedding", *kinds_of, "head"]
                         for kind in kinds:
-                            r = IntraOpRequest(kind, seq, micro_batch_size=mbs, recompute=recompute, target=target,
+                            r = IntraOpRequest(kind, seq, micro_batch_size=mbs, recompute=recompute,
+                                               target="megatron" if target == "union" else target,  # type: ignore[arg-type]
+                                               strategies=UNION if target == "union" else None,
                                                num_microbatches=m, activation_copies=min(pp, m),
                                                memory_limit_bytes=budget)
                             misses = cache.misses
@@ -91,7 +97,7 @@ def sweep(model_name: str, target: str, quick: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="megatron", choices=["megatron", "torchtitan", "any"])
+    ap.add_argument("--target", default="megatron", choices=["megatron", "torchtitan", "fsdp2", "union"])
     ap.add_argument("--model", default="llama3-70b", help="catalog name (MoE models add moe layers)")
     ap.add_argument("--quick", action="store_true", help="pp in (4, 8) only")
     args = ap.parse_args()

@@ -55,6 +55,7 @@ from search.strategies import (
     LayerContext,
     Node,
     Strategy,
+    StrategySet,
     Target,
     build_nodes,
     node_strategies,
@@ -404,7 +405,7 @@ class IntraOpRequest:
     micro_batch_size: int = 1
     recompute: Recompute = "none"
     precision: Precision = "bf16"
-    target: Target = "any"
+    target: Target = "megatron"
     num_microbatches: int = 1  # gradient-accumulation steps: per-step traffic is amortized over them
     activation_copies: int = 1  # micro-batches whose activations are alive at once
     memory_limit_bytes: float | None = None  # per device for this layer; None = unconstrained
@@ -412,6 +413,7 @@ class IntraOpRequest:
     comm_weight: float = 1.0  # w2; memory is a hard constraint (5) here, not the w3 penalty
     sequence_parallel: bool | None = None  # None: chosen per op (tied per layer for megatron); True/False: forced
     kv_replication: Literal["gather", "replicate"] = "gather"  # tp > num_kv_heads: the layout's (ParallelConfig)
+    strategies: StrategySet | None = None  # None: the target's; a set no target runs (benchmarks/ilp_gain.py)
     time_limit_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -562,7 +564,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
     recompute = req.recompute if req.kind in ("dense", "moe") else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
-                       req.activation_copies, req.sequence_parallel, req.kv_replication)
+                       req.activation_copies, req.sequence_parallel, req.kv_replication, req.strategies)
     nodes = build_nodes(graph)
     strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)
     m = req.num_microbatches

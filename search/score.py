@@ -28,10 +28,8 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import (LayerCost, OpCompute, kv_gather_cost, layer_compute, layer_compute_key,
-                                    layer_cost, tp_boundary_costs)
+from cost_models.layer_cost import LayerCost, OpCompute, layer_compute, layer_compute_key, layer_cost
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
-from cost_models.opgraph import LayerGraph
 from cost_models.memory import (
     FRAGMENTATION,
     GIB,
@@ -126,8 +124,8 @@ class Scorer:
                 and (software is None or software == self.software))
 
     def runtime(self, lay: Layout) -> Runtime:
-        """The resolved runtime ``estimate`` prices ``lay`` with (``cost_models.targets.runtime_for``; ``any``:
-        Megatron's): the user's knobs and those the search chose for the layout (``chosen_knobs``)."""
+        """The resolved runtime ``estimate`` prices ``lay`` with (``cost_models.targets.runtime_for`` of its
+        target): the user's knobs and those the search chose for the layout (``chosen_knobs``)."""
         return self._runtime_with(lay, self.chosen_knobs(lay))
 
     def default_runtime(self, lay: Layout) -> Runtime:
@@ -142,9 +140,7 @@ class Scorer:
     def memory_variants(self, lay: Layout) -> list[Layout]:
         """``lay`` with each setting of the knobs that change memory its target offers and the user left unset
         (``TargetProfile.memory_knob_options``; the default first), each legal (``check_runtime``)."""
-        prof = PROFILES.get(lay.target)
-        if prof is None:
-            return [lay]
+        prof = PROFILES[lay.target]
         if not lay.knobs and type(prof).memory_knob_options is TargetProfile.memory_knob_options:
             return [lay]  # the profile offers no such knob ([{}]): the layout itself
         par = ParallelConfig(**lay.parallel_kwargs())
@@ -167,9 +163,8 @@ class Scorer:
         if hit is None:
             par = ParallelConfig(tp=lay.tp, cp=lay.cp, pp=lay.pp, zero_stage=lay.zero_stage,
                                  sequence_parallel=lay.sequence_parallel)
-            target = None if lay.target == "any" else lay.target
             sw = Software(**self.software.given(), **fields) if fields else self.software
-            hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, sw)
+            hit = self._runtimes[key] = runtime_for(lay.target, self.job, self.cluster, par, sw)
         return hit
 
     def chosen_knobs(self, lay: Layout) -> dict[str, Any]:
@@ -177,7 +172,7 @@ class Scorer:
         settings of the knobs the user left unset (``TargetProfile.knob_candidates``), the one whose layers cost
         least per micro-batch (``layer_cost`` of each decoder layer × its count + ``head_cost``, the functions
         ``estimate`` prices with; every stage time, hence the pipeline, is monotone in them); ties: the earlier
-        candidate (the target's default first). Empty: nothing to choose (``any``: no profile). The searched
+        candidate (the target's default first). Empty: nothing to choose. The searched
         knobs change time only (``TargetProfile.searched_knobs``), so memory is priced alike with any of them."""
         bkey = self.bound_key(lay)
         key = (bkey, lay.zero_stage, lay.pp)
@@ -201,10 +196,8 @@ class Scorer:
         key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
         hit = self._cands.get(key)
         if hit is None:
-            prof = PROFILES.get(lay.target)
-            hit = [] if prof is None else prof.knob_candidates(self.model, self.cluster, self.job,
-                                                                ParallelConfig(**lay.parallel_kwargs()),
-                                                                self.software)
+            hit = PROFILES[lay.target].knob_candidates(self.model, self.cluster, self.job,
+                                                       ParallelConfig(**lay.parallel_kwargs()), self.software)
             self._cands[key] = hit
         return hit
 
@@ -258,8 +251,6 @@ class Scorer:
         Per-rank costs do not depend on dp (every strategy keeps the batch on it): ``LogicalMesh.per_rank``."""
         mesh = LogicalMesh.per_rank(self.cluster, tp=lay.tp, cp=lay.cp, ep=lay.ep)
         sp: bool | None = lay.sequence_parallel if lay.tp > 1 else None
-        if lay.target == "any" and sp:
-            sp = None  # any: sequence-parallel regions are chosen per op
         req = IntraOpRequest(kind=kind, seq_len=self.job.seq_len, micro_batch_size=lay.micro_batch_size,  # type: ignore[arg-type]
                              recompute=recompute or lay.recompute, precision=self.job.precision,  # type: ignore[arg-type]
                              target=lay.target, sequence_parallel=sp,  # type: ignore[arg-type]
@@ -284,9 +275,9 @@ class Scorer:
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
                 t_kind[kind] = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
-                # A named target runs one pattern (the ILP's only point): its activations as the target's runtime
+                # A target runs one pattern (the ILP's only point): its activations as the target's runtime
                 # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
-                a_kind[kind] = acts[kind] if lay.target != "any" else sol.activation_bytes
+                a_kind[kind] = acts[kind]
         per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
@@ -305,12 +296,9 @@ class Scorer:
     def bound_pieces(self, lay: Layout, recompute: str | None = None,
                      exact_knobs: bool = False) -> tuple[dict[str, tuple[float, float]], float, float]:
         """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
-        from ``cost_models``' uniform pattern without solving. Where the target expresses one pattern on this
-        mesh (megatron, torchtitan, tp 1, SP pinned off) the ILP's only point *is* that pattern: ``layer_cost``
-        and ``activation_bytes_per_microbatch`` exactly. Otherwise (``any``): the all-SP pattern with each TP
-        boundary's collectives at the cheaper of SP and non-SP. Every strategy shares the GEMMs, the attention
-        core, the ring and the all-to-alls' floor (weights are sharded as the layout says); sequence-sharded
-        memory-bound kernels and activations are the least any op can hold; resharding edges cost ≥ 0.
+        from ``cost_models``' uniform pattern without solving. Every target expresses one pattern on a layout's
+        mesh (its SP setting is the layout's), so the ILP's only point *is* that pattern: ``layer_cost`` and
+        ``activation_bytes_per_microbatch`` exactly.
         Times under the knobs the search would choose: where several settings are legal, the profile's floor
         over them (``TargetProfile.knob_floor``: the choice itself is priced only for the layouts the search
         may visit, ``exact_pieces``); else, or with ``exact_knobs``, the chosen (or only) setting exactly."""
@@ -343,15 +331,12 @@ class Scorer:
         if hit is not None:
             return hit
         par, rt = self._bound_par(lay, rc), self._runtime_with(lay, fields)
-        # One point where the target's strategy set leaves a single pattern (the K/V holding is the layout's)
-        single = lay.target != "any" or lay.tp == 1 or not lay.sequence_parallel
         times = {}
         for kind in ("dense", "moe"):
             if kind not in self.graphs:
                 continue
             lc = self._layer_cost(lay, bkey, kind, fields)
-            t = lc.total_s - (lc.cp_exposed_s if drop_cp else 0.0)
-            times[kind] = t if single else t - lc.tp_s + self._tp_floor_s(self.graphs[kind], par, rt)
+            times[kind] = lc.total_s - (lc.cp_exposed_s if drop_cp else 0.0)
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
         if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
             head_t += mtp_time_s(self.model, times[mtp_layer_kind(self.model)], head_t, self.cluster, self.job, par)
@@ -364,8 +349,7 @@ class Scorer:
         key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
         if key in self._floors:
             return self._floors[key]
-        prof = PROFILES.get(lay.target)
-        floor = prof.knob_floor() if prof is not None and len(self.knob_candidates(lay)) > 1 else None
+        floor = PROFILES[lay.target].knob_floor() if len(self.knob_candidates(lay)) > 1 else None
         if floor is not None and set(floor[0]) & set(self.software.given()):
             floor = None
         if floor is not None:
@@ -413,14 +397,6 @@ class Scorer:
             hit = self._layer_cost(lay, bkey, kind, chosen).total_s - without.total_s
             self._knob_delta[key] = hit
         return hit
-
-    def _tp_floor_s(self, graph: LayerGraph, par: ParallelConfig, rt: Runtime | None = None) -> float:
-        """Σ over the layer's TP boundaries of the cheaper of SP and non-SP (``layer_cost.tp_boundary_costs``)."""
-        if par.tp == 1:
-            return 0.0
-        on, off = (tp_boundary_costs(graph, self.cluster, self.job, par, 1, sp, rt) for sp in (True, False))
-        kv_s, _ = kv_gather_cost(graph, self.cluster, self.job, par, 1)  # the layout's K/V replication, any SP
-        return sum(min(a[0], b[0]) for a, b in zip(on, off)) + kv_s
 
     def param_pieces(self, tp: int, ep: int, kv: str = "gather") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-layer (dense, expert, largest) parameters one rank holds (``memory.stage_params``)."""

@@ -29,12 +29,13 @@ collectives of ``cost_models.collectives`` (on the mesh's Megatron rank strides)
 uniform Megatron pattern therefore sums to ``layer_cost``/``activation_bytes_per_microbatch`` exactly
 (tests/test_one_cost_model.py holds them to 1e-9).
 
-Targets (``TARGETS``) restrict the modes to what the framework can express, read from its profile
-(``cost_models.targets``: ``sequence_parallel``, ``loss_modes``, ``kv_modes``; ``strategy_set``): ``megatron``
-(uniform TP, one ``--sequence-parallel`` flag, vocab-parallel loss, K/V heads split or gathered), ``torchtitan``
-(its Llama/DeepSeek TP plan: SP on whenever tp > 1, loss parallel or replicated), ``fsdp2`` (the emitted module:
-one SP flag, loss on gathered logits, K/V split or replicated), ``any`` (every mode per op: SP per region,
-replicated loss, either K/V holding). With tp > num_kv_heads the layout says how KV heads are replicated
+Targets restrict the modes to what the framework can express, read from its profile (``cost_models.targets``:
+``sequence_parallel``, ``loss_modes``, ``kv_modes``; ``strategy_set``): ``megatron`` (uniform TP, one
+``--sequence-parallel`` flag, vocab-parallel loss, K/V heads split or gathered), ``torchtitan`` (its
+Llama/DeepSeek TP plan: SP on whenever tp > 1, loss parallel or replicated), ``fsdp2`` (the emitted module: one SP
+flag, loss on gathered logits, K/V split or replicated). A caller may hand the ILP a set no target launches
+(``LayerContext.strategies``: SP chosen per op, "per_op"); only the research benchmark ``benchmarks/ilp_gain.py``
+does. With tp > num_kv_heads the layout says how KV heads are replicated
 (``ParallelConfig.kv_replication``): Megatron's QKV gather (``col``/``col_sp`` plus ``layer_cost.kv_gather_cost``)
 or K/V weights on every rank (``col_kvrep``/``col_sp_kvrep``). What torchtitan calls the modes:
 ``TORCHTITAN_STYLE``/``TORCHTITAN_MODULE`` at the end.
@@ -65,12 +66,12 @@ from cost_models.layer_cost import (
 from cost_models.memory import op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
-from cost_models.targets import get_profile
+from cost_models.targets import PROFILES
+from cost_models.targets.common import TargetName
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import BF16_BYTES, Placement
 
-Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
-TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2", "any")
+Target = TargetName
 Phase = Literal["fwd", "bwd"]
 Role = Literal["column", "row", "none"]
 
@@ -90,21 +91,16 @@ _TP_LAYOUT = {"R": ("R", "R"), "S": ("S", "S"), "seq": ("S", "S"), "col": ("R", 
 @dataclass(frozen=True)
 class StrategySet:
     """What a target lets the ILP choose (its profile's ``sequence_parallel``, ``loss_modes``, ``kv_modes``,
-    ``cost_models.targets``); ``any`` is their union with sequence parallelism per op."""
+    ``cost_models.targets``). "per_op" (sequence parallelism chosen per op) no target has: research sets only."""
 
     sequence_parallel: Literal["flag", "forced", "per_op"]
     loss_modes: tuple[str, ...]
     kv_modes: tuple[str, ...]
 
 
-ANY_STRATEGIES = StrategySet("per_op", ("F", "R"), ("shard", "gather", "replicate"))
-
-
 @lru_cache(maxsize=8)
 def strategy_set(target: str) -> StrategySet:
-    prof = get_profile(target)
-    if prof is None:
-        return ANY_STRATEGIES
+    prof = PROFILES[target]  # a framework: search's "any" labels each layout with the target that runs it
     return StrategySet(prof.sequence_parallel, prof.loss_modes, prof.kv_modes)
 
 
@@ -122,6 +118,12 @@ class LayerContext:
     activation_copies: int  # micro-batches whose activations are alive at once (1F1B: p − stage)
     sequence_parallel: bool | None = None  # None: the solver chooses; True/False: force SP on/off
     kv_replication: str = "gather"  # tp > num_kv_heads: Megatron's QKV gather or replicated K/V weights
+    strategies: StrategySet | None = None  # None: the target's (``strategy_set``); else a research set
+
+    @property
+    def allowed(self) -> StrategySet:
+        """The strategy set the ILP chooses from."""
+        return self.strategies or strategy_set(self.target)
 
     @property
     def tokens(self) -> int:
@@ -245,7 +247,7 @@ def _is_qkv(node: Node, graph: LayerGraph) -> bool:
 def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
     """Modes on the tp axis that ``ctx.target`` can launch for ``node`` (empty list: none)."""
     t = ctx.mesh.size(MeshAxis.TP)
-    strategies = strategy_set(ctx.target)
+    strategies = ctx.allowed
     if t == 1:
         return ["R"]
     k = node.kind
@@ -415,7 +417,7 @@ class _Eval:
 
 def _ties(node: Node, ctx: LayerContext, tp: str) -> tuple[tuple[str, Hashable], ...]:
     """Choices a launch target makes once per model (constraint 6 of ``intra_op``)."""
-    if strategy_set(ctx.target).sequence_parallel == "flag" and ctx.mesh.size(MeshAxis.TP) > 1 and \
+    if ctx.allowed.sequence_parallel == "flag" and ctx.mesh.size(MeshAxis.TP) > 1 and \
             tp in _TP_LAYOUT and node.kind not in ("attention", "experts", "loss"):
         return (("sp", tp in SP_MODES),)  # --sequence-parallel (the emitted module's flag) is one switch
     return ()
@@ -427,7 +429,7 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
     if ctx.mesh.crosses_domain(MeshAxis.TP):
         raise ConfigError(f"tp={t} spans NVLink domains of {ctx.mesh.cluster.nvlink_domain_size} GPUs; "
                           "tensor parallelism stays inside one domain", valid=[d for d in range(1, t) if t % d == 0])
-    kv_rep = strategy_set(ctx.target).kv_modes != ("shard",)
+    kv_rep = ctx.allowed.kv_modes != ("shard",)
     if t > 1 and not heads_divide(ctx.model, t, kv_rep):
         m = ctx.model
         raise ConfigError(f"tp={t} does not divide the heads ({m.num_attention_heads}), KV heads ({m.num_kv_heads}) "

@@ -23,6 +23,10 @@ from search.intra_op import (
 )
 from search.mesh import LogicalMesh, MeshAxis
 from search.strategies import SP_MODES
+from benchmark_modules import load_benchmark
+
+# The research strategy set no target launches (SP per op, every loss and K/V holding): benchmarks/ilp_gain.py's
+UNION = load_benchmark("ilp_gain", "ilp_gain_bench").UNION
 
 GiB = 2**30
 MEGATRON_COLUMN = ("q_proj", "gate_proj", "up_proj", "k_proj", "v_proj")
@@ -40,6 +44,9 @@ def mesh_dp16_tp8():
 
 
 def req(**kw) -> IntraOpRequest:
+    """``target="union"``: the research set (``UNION``) on the megatron target."""
+    if kw.get("target") == "union":
+        kw = {**kw, "target": "megatron", "strategies": UNION}
     return IntraOpRequest(**{"kind": "dense", "seq_len": 8192, "num_microbatches": 8, **kw})
 
 
@@ -48,7 +55,7 @@ def tp_counts(r: IntraOpResult, phase: str) -> Counter:
 
 
 # ---- sanity: llama3-70b on dp16 × tp8 is Megatron's pattern ------------------------------------------
-@pytest.mark.parametrize("target", ["megatron", "torchtitan", "any"])
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "union"])
 def test_llama70b_megatron_pattern(llama70b, mesh_dp16_tp8, target) -> None:
     r = solve_layer(llama70b, mesh_dp16_tp8, req(target=target))
     assert r.status == "optimal"
@@ -93,7 +100,7 @@ def test_solver_chooses_sp_for_megatron_when_free_to(llama70b, mesh_dp16_tp8) ->
 # ---- tensor parallelism the model or the cluster cannot take ----------------------------------------
 def test_tp16_across_hgx_domains_rejected(llama70b) -> None:
     mesh = LogicalMesh.from_degrees(build_cluster("h100-sxm", 1024), dp=8, tp=16)
-    for target in ("megatron", "torchtitan", "any"):
+    for target in ("megatron", "torchtitan", "union"):
         with pytest.raises(ConfigError, match="spans NVLink domains"):
             solve_layer(llama70b, mesh, req(target=target))
 
@@ -106,9 +113,9 @@ def test_tp16_head_sharding_not_allowed_on_torchtitan(llama70b) -> None:
         solve_layer(llama70b, mesh, req(target="torchtitan"))
 
 
-def test_tp16_kv_replication_megatron_gathers_any_chooses(llama70b) -> None:
+def test_tp16_kv_replication_megatron_gathers_union_chooses(llama70b) -> None:
     """tp 16 > 8 KV heads: Megatron splits QKV evenly and all-gathers its output (layer_cost.kv_gather_width);
-    fsdp2 can only replicate the K/V weights; ``any`` runs what the layout says (the search tries both)."""
+    fsdp2 can only replicate the K/V weights; the union set runs what the layout says (the search tries both)."""
     from cost_models.layer_cost import kv_gather_width
 
     mesh = LogicalMesh.from_degrees(build_cluster("gb200", 128, nvlink_domain_size=64), dp=8, tp=16)
@@ -125,20 +132,20 @@ def test_tp16_kv_replication_megatron_gathers_any_chooses(llama70b) -> None:
     with pytest.raises(ConfigError, match="no megatron strategy"):
         solve_layer(llama70b, mesh, req(target="megatron", kv_replication="replicate"))
     for kv in ("gather", "replicate"):
-        any_ = solve_layer(llama70b, mesh, req(target="any", kv_replication=kv))
-        assert any_.strategy("k_proj").tp.endswith("_kvrep") == (kv == "replicate")
+        union = solve_layer(llama70b, mesh, req(target="union", kv_replication=kv))
+        assert union.strategy("k_proj").tp.endswith("_kvrep") == (kv == "replicate")
 
 
 # ---- memory pressure: sequence-parallel regions ----------------------------------------------------------
-def test_memory_pressure_moves_any_to_sequence_parallel(llama70b, mesh_dp16_tp8) -> None:
-    free = solve_layer(llama70b, mesh_dp16_tp8, req(target="any", sequence_parallel=False))
+def test_memory_pressure_moves_union_to_sequence_parallel(llama70b, mesh_dp16_tp8) -> None:
+    free = solve_layer(llama70b, mesh_dp16_tp8, req(target="union", sequence_parallel=False))
     sp = solve_layer(llama70b, mesh_dp16_tp8, req(target="megatron", sequence_parallel=True))
     assert sp.activation_bytes < free.activation_bytes
     limit = 0.5 * (sp.activation_bytes + free.activation_bytes)
-    tight = solve_layer(llama70b, mesh_dp16_tp8, req(target="any", memory_limit_bytes=limit))
+    tight = solve_layer(llama70b, mesh_dp16_tp8, req(target="union", memory_limit_bytes=limit))
     assert tight.memory_bytes <= limit * (1 + 1e-9)
     with pytest.raises(InfeasibleError, match="does not fit"):
-        solve_layer(llama70b, mesh_dp16_tp8, req(target="any", memory_limit_bytes=0.5 * sp.activation_bytes))
+        solve_layer(llama70b, mesh_dp16_tp8, req(target="union", memory_limit_bytes=0.5 * sp.activation_bytes))
 
 
 # ---- targets never get strategies they cannot launch -------------------------------------------------
@@ -168,7 +175,7 @@ def test_target_rules(target, model, kind, degrees) -> None:
 
 # ---- layer-level exactness and the fallback ----------------------------------------------------------
 def test_layer_ilp_matches_brute_force(llama70b, mesh_dp16_tp8) -> None:
-    for target in ("megatron", "any"):
+    for target in ("megatron", "union"):
         lp = build_layer_problem(llama70b, mesh_dp16_tp8, req(target=target))
         p = lp.problem
         best = min(p.evaluate(c)[0] for c in itertools.product(*(range(c.size) for c in p.node_cost))
@@ -179,9 +186,9 @@ def test_layer_ilp_matches_brute_force(llama70b, mesh_dp16_tp8) -> None:
 
 
 def test_timeout_falls_back_to_uniform_megatron(llama70b, mesh_dp16_tp8, monkeypatch) -> None:
-    optimal = solve_layer(llama70b, mesh_dp16_tp8, req(target="any"))
+    optimal = solve_layer(llama70b, mesh_dp16_tp8, req(target="union"))
     monkeypatch.setattr(intra_op, "solve_ilp", lambda p, **kw: IlpSolution("timeout", None, None, None, 1.0, 0))
-    r = solve_layer(llama70b, mesh_dp16_tp8, req(target="any"))
+    r = solve_layer(llama70b, mesh_dp16_tp8, req(target="union"))
     assert r.status == "fallback"
     assert r.strategy("q_proj").tp == "col_sp" and r.strategy("down_proj").tp == "row_sp"
     assert r.objective_s >= optimal.objective_s * (1 - 1e-9)
@@ -250,3 +257,16 @@ def test_composite_weights(llama70b, mesh_dp16_tp8) -> None:
 def test_bad_request_values_name_themselves() -> None:
     with pytest.raises(ValueError, match=r"num_microbatches \(0\) must be >= 1"):
         IntraOpRequest("dense", 8192, num_microbatches=0)
+
+
+def test_every_target_runs_one_pattern_per_layout() -> None:
+    """The Scorer's bounds and activations take the ILP's answer to be the layout's uniform pattern (no per-op
+    sequence parallelism, one K/V holding: the layout's); that holds only while no target's strategy set chooses
+    SP per op. A target that did would need the removed SP-floor bound back (search/score.py)."""
+    from cost_models.targets import PROFILES
+    from search.strategies import strategy_set
+
+    for name in PROFILES:
+        assert strategy_set(name).sequence_parallel in ("flag", "forced"), name
+    with pytest.raises(KeyError):
+        strategy_set("any")  # search's "any" labels each layout with its own target; the ILP never sees it

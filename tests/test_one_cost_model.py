@@ -19,6 +19,9 @@ from cost_models.specs import JobSpec, ParallelConfig
 from search.intra_op import IntraOpRequest, build_layer_problem, uniform_choice
 from search.mesh import LogicalMesh, MeshAxis
 
+from benchmark_modules import load_benchmark
+
+UNION = load_benchmark("ilp_gain", "ilp_gain_bench").UNION  # the ILP's research set (no target launches it)
 # qwen3-235b-a22b: 4 KV heads, so tp 8 replicates them (Megatron's QKV gather, layer_cost.kv_gather_cost)
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3",
                                               "qwen3-235b-a22b")}
@@ -34,8 +37,8 @@ def layouts(draw: st.DrawFn) -> tuple:
     ep = draw(st.sampled_from([1, 2, 4, 8])) if model.is_moe else 1
     dp = ep * draw(st.sampled_from([1, 2, 4]))
     sp = True if model.is_moe else draw(st.booleans())
-    target = draw(st.sampled_from(["megatron", "any"]))
-    kv = draw(st.sampled_from(["gather", "replicate"])) if target == "any" and tp > g else "gather"
+    target = draw(st.sampled_from(["megatron", "union"]))  # union: the research set of benchmarks/ilp_gain.py
+    kv = draw(st.sampled_from(["gather", "replicate"])) if target == "union" and tp > g else "gather"
     return (name, tp, cp, ep, dp, draw(st.sampled_from([1, 2])), draw(st.sampled_from(["none", "selective", "full"])),
             sp, target, draw(st.sampled_from(["h100-sxm", "a100-80g"])), draw(st.sampled_from([4096, 8192])), kv)
 
@@ -51,7 +54,8 @@ def test_uniform_strategies_sum_to_layer_cost(case: tuple) -> None:
                          kv_replication=kv)
     job = JobSpec(seq_len=seq)
     for kind in ("dense", "moe") if model.is_moe else ("dense",):
-        req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc, target=target,  # type: ignore[arg-type]
+        req = IntraOpRequest(kind=kind, seq_len=seq, micro_batch_size=mbs, recompute=rc,
+                             strategies=UNION if target == "union" else None,
                              sequence_parallel=sp if tp > 1 else None, kv_replication=kv)
         lp = build_layer_problem(model, mesh, req)
         choice = uniform_choice(lp, sp)
