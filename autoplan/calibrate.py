@@ -396,7 +396,7 @@ def profile_mapping(gpu: str, eff: Efficiency, fitted: Iterable[str], cluster: C
     """The cluster-profile mapping ``autoplan.catalog.build_cluster(profile=...)`` reads."""
     def value(n: str) -> Any:
         v = getattr(eff, n)
-        return v if isinstance(v, (bool, str)) else round(float(v), 6)
+        return v if v is None or isinstance(v, (bool, str)) else round(float(v), 6)
 
     out: dict[str, Any] = {"gpu": gpu, "efficiency": {n: value(n) for n in fitted}}
     if cluster is not None:

@@ -52,7 +52,7 @@ from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, Measur
                                 fit, fit_joint, leave_one_out, resolve_run)
 from autoplan.catalog.registry import efficiency_catalog, framework_efficiency, load_gpu  # noqa: E402
 from cost_models.layer_cost import ATTN_BWD_FACTOR  # noqa: E402
-from cost_models.specs import ATTENTION_KERNEL_BENCH, Efficiency  # noqa: E402
+from cost_models.specs import ATTENTION_KERNEL_BENCH, ATTENTION_REF_KEYS, B200_ATTENTION_SWEEP, Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.targets import framework_of  # noqa: E402
 
@@ -522,8 +522,26 @@ def attention_kernel_share(generation: str) -> float | None:
     if generation not in ATTENTION_KERNEL_BENCH:
         return None
     gpu, fwd, bwd = ATTENTION_KERNEL_BENCH[generation]
-    per_flop_s = 1.0 / fwd + ATTN_BWD_FACTOR / bwd  # seconds per forward TFLOP, fwd + bwd
-    return (1.0 + ATTN_BWD_FACTOR) / per_flop_s / load_gpu(gpu).peak_bf16_tflops
+    return kernel_share(fwd, bwd, load_gpu(gpu).peak_bf16_tflops)
+
+
+def kernel_share(fwd: float, bwd: float, peak: float) -> float:
+    """A fused-attention kernel's fwd+bwd share of peak: a forward FLOP and ``ATTN_BWD_FACTOR`` of backward."""
+    return (1.0 + ATTN_BWD_FACTOR) / (1.0 / fwd + ATTN_BWD_FACTOR / bwd) / peak
+
+
+def attention_half_keys_fit(sweep: dict[int, tuple[float, float]], peak: float) -> tuple[float, float]:
+    """(share at long sequences, half-saturation keys per query) of ``a·x/(x + h)`` fitted in relative least squares
+    to a causal kernel sweep (tokens -> (fwd, bwd) TFLOP/s; keys per query x = tokens/2): how
+    ``Efficiency.attention_half_keys`` is made from ``B200_ATTENTION_SWEEP``."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    x = np.array([t / 2 for t in sorted(sweep)], dtype=float)
+    y = np.array([kernel_share(*sweep[t], peak) for t in sorted(sweep)])
+    res = least_squares(lambda u: u[0] * x / (x + u[1]) / y - 1.0, [float(y.max()), ATTENTION_REF_KEYS / 4],
+                        bounds=([0.0, 0.0], [1.0, 1e6]))
+    return float(res.x[0]), float(res.x[1])
 
 
 def transfer_efficiency(src: Efficiency, src_gpu: Any, dst_gpu: Any, dst_start: Efficiency) -> Efficiency:

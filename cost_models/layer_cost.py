@@ -25,8 +25,8 @@ from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_rescale_bytes, ring_steps, torchao_casts, tp_overlap, wgrad_in_bf16)
-from cost_models.opgraph import LayerGraph, Op, tp_divisor
-from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
+from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 ATTN_BWD_FACTOR = 2.5
@@ -274,7 +274,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     elif op.kind == "attention":
         if eff.flash_attention:
             steps = ring_steps(par, rt)
-            slow = cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
+            slow = attention_kernel_factor(model, job, par, cluster, steps)
             attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
@@ -543,6 +543,23 @@ def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec, 
         return x / (x + half)
 
     return sat(job.seq_len / 2) / sat(job.seq_len / (2 * n))
+
+
+def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
+                            steps: int) -> float:
+    """Time factor of the fused attention kernel against the one the generation's ``attention`` share describes.
+
+    With ``attention_half_keys`` set, the kernel's throughput follows its generation's measured saturation in the
+    keys each query sees, ``x/(x + attention_half_keys)``, and ``attention`` is its share at
+    ``ATTENTION_REF_KEYS`` (an 8192-token causal sequence, where ``ATTENTION_KERNEL_BENCH`` is measured): a kernel
+    over ``x = keys_per_query / n`` keys (``n`` ring-CP steps, each on one K/V chunk) runs
+    ``sat(ATTENTION_REF_KEYS) / sat(x)`` times as long. Without it (the generation's fitted share holds at every
+    length), only ring CP's shorter per-step kernels are slower: ``cp_kernel_slowdown``."""
+    half = cluster.efficiency.attention_half_keys
+    if half is None:
+        return cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
+    keys = keys_per_query(job.seq_len, model.arch.sliding_window, True) / max(steps, 1)
+    return (ATTENTION_REF_KEYS / (ATTENTION_REF_KEYS + half)) / (keys / (keys + half))
 
 
 def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig,

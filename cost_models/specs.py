@@ -336,6 +336,16 @@ ATTENTION_KERNEL_BENCH: dict[str, tuple[str, float, float]] = {
     "hopper": ("h200", 572.9, 463.5),
     "blackwell": ("b200", 1171.3, 942.5),
 }
+# Keys per query of that benchmark (8192 tokens, causal): where a generation's ``attention`` share is stated when its
+# kernel's saturation in sequence length is modelled (``Efficiency.attention_half_keys``, layer_cost.attention_kernel_factor).
+ATTENTION_REF_KEYS = 4096.0
+# The same cuDNN benchmark's B200 sweep, 4k-128k tokens (batch 1, 128/8 heads, causal, d 128; the CSV above):
+# tokens -> (forward, backward) TFLOP/s. Its fwd+bwd share of peak rises from 0.33 at 4k to 0.53 at 32k (H200's
+# sweep, same file @ b740542: 0.47 -> 0.53): Blackwell's kernel needs ~4x the keys per query to fill its tensor cores.
+B200_ATTENTION_SWEEP: dict[int, tuple[float, float]] = {
+    4096: (855.678, 701.265), 8192: (1171.278, 942.509), 16384: (1332.415, 1074.776),
+    32768: (1419.000, 1108.688), 65536: (1382.330, 1073.059), 131072: (1355.418, 1047.843),
+}
 
 
 class Efficiency(_Frozen):
@@ -383,6 +393,11 @@ class Efficiency(_Frozen):
                                 "flash backend) rather than cuDNN / Transformer Engine fused attention: × FA2_VS_CUDNN")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
                                   "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
+    attention_half_keys: float | None = Field(default=None, gt=0, description="keys per query at which the fused "
+                                              "attention kernel reaches half its long-sequence throughput; set: "
+                                              "`attention` is the share at ATTENTION_REF_KEYS and the kernel follows "
+                                              "x/(x + half) in the keys it sees (layer_cost.attention_kernel_factor); "
+                                              "unset: `attention` holds at every length (ring CP steps aside)")
     gpu_speed_sigma: float = Field(default=0.0, ge=0, le=0.2, description="relative standard deviation of the "
                                    "sustained speed of identical GPUs (manufacturing and power-management spread): a "
                                    "synchronous job runs at its slowest GPU's pace (cost_models.gemm.straggler_pace)")

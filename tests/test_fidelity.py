@@ -203,6 +203,21 @@ def test_attention_kernel_share_recomputes_the_cited_cudnn_benchmarks() -> None:
     assert fidelity.attention_kernel_share("ampere") is None
 
 
+def test_blackwell_attention_half_keys_is_the_cudnn_sweeps_fit() -> None:
+    """``attention_half_keys`` for Blackwell is a·x/(x + h) fitted to NVIDIA's cuDNN B200 sweep (4k-128k tokens,
+    fwd+bwd share of the 2250 TFLOP/s peak), refitted here; the curve stays within 7% of every point."""
+    from autoplan.catalog.registry import load_gpu
+    from cost_models.specs import B200_ATTENTION_SWEEP
+
+    peak = load_gpu("b200").peak_bf16_tflops
+    a, h = fidelity.attention_half_keys_fit(B200_ATTENTION_SWEEP, peak)
+    assert efficiency_catalog()["blackwell"].attention_half_keys == pytest.approx(h, abs=1.0)
+    for tokens, (fwd, bwd) in B200_ATTENTION_SWEEP.items():
+        share = fidelity.kernel_share(fwd, bwd, peak)
+        assert a * (tokens / 2) / (tokens / 2 + h) == pytest.approx(share, rel=0.07), tokens
+    assert B200_ATTENTION_SWEEP[8192] == pytest.approx(fidelity.ATTENTION_KERNEL_BENCH["blackwell"][1:], rel=1e-3)
+
+
 def test_blackwell_catalog_is_hoppers_fit_transferred() -> None:
     """No measured Blackwell run is in the data set: its catalog efficiencies are Hopper's fit carried over by
     ``transfer_efficiency`` (GEMM saturation dim by the ridge point, attention by the cuDNN kernel ratio) — the

@@ -140,6 +140,40 @@ def test_ring_cp_prices_short_kernels_and_per_step_merges(c: int) -> None:
     assert split.mem_f - one.mem_f / c == pytest.approx(hbm_time_s(per * h, cluster))
 
 
+@pytest.mark.parametrize("seq,c", [(8192, 1), (32768, 1), (32768, 2), (131072, 4), (4096, 1)])
+def test_blackwell_attention_follows_its_kernels_saturation_in_keys(seq: int, c: int) -> None:
+    """B200's fused attention saturates later than H100's (cuDNN sweep: half throughput at ~1162 keys per query, not
+    ~180): with ``attention_half_keys`` set, the kernel over x keys per query (s/2 unsplit, s/(2c) per ring-CP step)
+    takes sat(4096)/sat(x) of the time the 8k-token share says, per FLOP; Hopper (unset) keeps its share at every
+    length and only CP's shorter steps slow down."""
+    from cost_models.layer_cost import attention_kernel_factor, cp_kernel_slowdown, op_compute
+    from cost_models.specs import ATTENTION_REF_KEYS
+
+    b200, h100 = build_cluster("b200", 64), build_cluster("h100-sxm", 64)
+    half = b200.efficiency.attention_half_keys
+    assert half is not None and h100.efficiency.attention_half_keys is None
+    par = ParallelConfig(tp=1, cp=c)
+    job, ref = JobSpec(global_batch_size=64, seq_len=seq), JobSpec(global_batch_size=64, seq_len=8192)
+    x = seq / 2 / c
+
+    def sat(k: float) -> float:
+        return k / (k + half)
+
+    want = sat(ATTENTION_REF_KEYS) / sat(x)
+    assert attention_kernel_factor(GPT, job, par, b200, c) == pytest.approx(want)
+    assert attention_kernel_factor(GPT, ref, ParallelConfig(), b200, 1) == pytest.approx(1.0)
+    assert attention_kernel_factor(GPT, job, par, h100, c) == pytest.approx(
+        cp_kernel_slowdown(job, par, h100, c) if c > 1 else 1.0)
+    # the op's time per attention FLOP, against the 8k-token unsplit kernel's
+    per_flop = []
+    for j, p in ((job, par), (ref, ParallelConfig())):
+        graph = layer_graph(GPT, "dense", j.seq_len)
+        core = next(op for op in graph.ops if op.kind == "attention")
+        per_flop.append(op_compute(core, graph, GPT, b200, j, p).attn_f / (core.flops_per_token * j.seq_len / p.cp))
+    assert per_flop[0] / per_flop[1] == pytest.approx(want)
+    assert (want < 1.0) == (x > ATTENTION_REF_KEYS)  # longer kernels run faster on Blackwell, shorter slower
+
+
 def test_search_keeps_cp_off_at_short_sequences() -> None:
     """GPT-3 175B at 2,048 tokens on 1,024 A100 (benchmarks/vs_heuristic.py): no published recipe splits such short
     sequences, and with ring CP priced per step (short kernels, merges) the search does not either."""
