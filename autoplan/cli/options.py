@@ -131,6 +131,9 @@ software_options = stack(
     click.option("--cpu-offload-layers", "cpu_offload_layers", type=click.IntRange(min=0), default=None,
                  help="megatron --cpu-offloading-num-layers: activations of the first N layers kept in host memory "
                       "(pp 1, no recompute)"),
+    click.option("--fp8-param-gather/--no-fp8-param-gather", "fp8_param_gather", default=None,
+                 help="megatron --fp8-param-gather: weights kept and all-gathered in fp8 (precision fp8, delayed or "
+                      "tensorwise, zero 1)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
                  help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p "
                       "[searched per layout by `search`; megatron default p2p]"),
@@ -142,7 +145,7 @@ software_options = stack(
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
-                 "cpu_offload_layers")
+                 "cpu_offload_layers", "fp8_param_gather")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

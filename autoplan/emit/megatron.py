@@ -78,6 +78,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--overlap-param-gather")
     if rt.grad_reduce_dtype == "bf16":
         add("--grad-reduce-in-bf16")
+    if rt.fp8_param_gather:  # fp8 primary weights (cost_models.targets.megatron cites the code)
+        add("--fp8-param-gather")
     if rt.cpu_offload_layers:  # TE activation offload (cost_models.targets.megatron cites the code)
         add("--cpu-offloading-num-layers", rt.cpu_offload_layers)
     if rt.adam_moments_dtype != "fp32":  # precision-aware optimizer (cost_models.targets.megatron cites the code)
@@ -293,7 +295,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--moe-grouped-gemm", "--bf16", "--qk-layernorm", "--use-rope-scaling",
                  "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-                 "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer"]:
+                 "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
+                 "--fp8-param-gather"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),

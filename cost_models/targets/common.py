@@ -43,6 +43,9 @@ class Software(BaseModel):
     cpu_offload_layers: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Megatron --cpu-offloading-num-layers: activations of the first N decoder layers "
         "kept in host memory between forward and backward (Transformer Engine cpu_offload; pp 1, no recompute)")
+    fp8_param_gather: bool | None = Field(
+        default=None, description="Megatron --fp8-param-gather: weights kept in fp8 (no bf16 copy) and all-gathered "
+        "in fp8 (precision fp8, delayed or tensorwise scaling, distributed optimizer)")
     adam_moments_dtype: GradDtype | None = Field(
         default=None, description="dtype of Adam's m and v (Megatron bf16 = --use-precision-aware-optimizer "
         "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)")
@@ -56,7 +59,7 @@ class Software(BaseModel):
 
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
-              "adam_moments_dtype", "cpu_offload_layers")
+              "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Runtime:
     # Decoder layers whose saved activations live in host memory between forward and backward (the first N: TE
     # cpu_offload; ``memory.stage_memory`` drops them from the activation peak).
     cpu_offload_layers: int = 0
+    fp8_param_gather: bool = False  # fp8 primary weights (weight_bytes / gather_bytes say what they cost)
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v

@@ -45,6 +45,12 @@ Run-time semantics:
   holds m, v in bf16 (2 + 2 B) and the fp32 master weights as the 16 bits the bf16 weight lacks
   (``store_param_remainders``, default True from TE 2.1, OC:192-195, optimizer/__init__.py:365-387): 6 B sharded.
   Under an fp8 recipe other than delayed scaling the master stays Megatron's fp32 copy (OC:355-361, 4 B): 8 B.
+- fp8 primary weights (knob ``fp8_param_gather``, ``--fp8-param-gather``, MLM:1398; distributed optimizer,
+  MLM:655-657): the model's weights are Transformer Engine Float8Tensors in the fp8 parameter buffer (1 B, no bf16
+  copy) and the distributed optimizer's weight all-gather moves fp8 (1 B). Under tensor scaling (delayed,
+  tensorwise) a Float8Tensor used for the backward also keeps its transpose (1 B) unless the GPU runs FP8 GEMMs in
+  non-TN layouts, SM 10.x Blackwell (TE ``Float8Tensor.update_usage`` with ``is_non_tn_fp8_gemm_supported``): 2 B on
+  Hopper, 1 B on Blackwell. The fp32 master weights stay in full (TE's int16 remainder needs bf16 weights).
 - Activation offload (knob ``cpu_offload_layers``, ``--cpu-offloading-num-layers N``, MLM:1236-1237): Transformer
   Engine's cpu_offload context around every decoder layer (megatron/core/transformer/transformer_block.py:303-312)
   moves the saved activations of layers 0..N-1 to host memory and back before their backward; TE's schedule
@@ -123,6 +129,8 @@ class MegatronProfile(TargetProfile):
         "cpu_offload_layers": Knob("cpu_offload_layers", (), 0,
                                    f"{MLM}:1236-1237 (--cpu-offloading-num-layers); {TCFG}:1137-1152",
                                    int_values=True),
+        "fp8_param_gather": Knob("fp8_param_gather", (True, False), False,
+                                 f"{MLM}:1398 (--fp8-param-gather), :655-657 (distributed optimizer)"),
         "adam_moments_dtype": Knob("adam_moments_dtype", ("fp32", "bf16"), "fp32",
                                    f"{MLM}:2840-2856 (--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype)"
                                    f"; {OC}:375-380 (distributed optimizer only)"),
@@ -207,6 +215,11 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"adam_moments_dtype={rt.adam_moments_dtype} with zero_stage={par.zero_stage}: "
                               f"--use-precision-aware-optimizer runs with the distributed optimizer only ({OC}:375-380)",
                               valid=["zero_stage=1", "adam_moments_dtype=fp32"])
+        if rt.fp8_param_gather and par.zero_stage != 1:
+            raise ConfigError(f"fp8_param_gather with zero_stage={par.zero_stage}: autoplan prices fp8 weights with the "
+                              f"distributed optimizer only (torch FSDP2 turns it off with TE 2: {MLM}:625-630; "
+                              "Megatron-FSDP's fp8 weights are not priced)",
+                              valid=["zero_stage=1", "fp8_param_gather=false"])
         if rt.cpu_offload_layers:
             k = rt.cpu_offload_layers
             if k >= model.num_layers:
@@ -237,6 +250,14 @@ class MegatronProfile(TargetProfile):
         fsdp = zero == 3
         moments = k.get("adam_moments_dtype", "fp32")
         fp8_recipe = k.get("fp8_recipe", "delayed") if job.precision == "fp8" else None
+        fp8_params = bool(k.get("fp8_param_gather", False))
+        if fp8_params and fp8_recipe not in ("delayed", "tensorwise"):
+            raise ConfigError(f"fp8_param_gather with {'precision ' + job.precision if fp8_recipe is None else 'fp8_recipe=' + fp8_recipe}: "
+                              "autoplan prices fp8 weights under tensor scaling only (precision fp8, delayed or "
+                              "tensorwise)", valid=["fp8_recipe=delayed", "fp8_recipe=tensorwise",
+                                                    "fp8_param_gather=false"])
+        # fp8 weights: the fp8 data, plus its transpose where FP8 GEMMs run TN only (before Blackwell; module doc)
+        weight = (1.0 if cluster.gpu.generation == "blackwell" else 2.0) if fp8_params else 2.0
         mfsdp = zero == 2  # Megatron-FSDP optim_grads
         cp_kind = k.get("cp_comm_type", "p2p")
         a2a_size = k.get("cp_a2a_size")
@@ -259,15 +280,17 @@ class MegatronProfile(TargetProfile):
             fp8_recipe=fp8_recipe,
             adam_moments_dtype=moments,
             cpu_offload_layers=k.get("cpu_offload_layers", 0),
+            fp8_param_gather=fp8_params,
             grad_reduce_dtype=grad,
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
             overlap_grad_reduce=k.get("overlap_grad_reduce", True),
             overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2)),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
-            weight_bytes=4.0 if fsdp else 2.0,
+            weight_bytes=4.0 if fsdp else weight,
+            gather_bytes=1.0 if fp8_params else 2.0,
             grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
-            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, fp8_recipe),
+            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, fp8_recipe, fp8_params),
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
@@ -282,12 +305,13 @@ class MegatronProfile(TargetProfile):
         )
 
 
-def optimizer_bytes(moments: str, fp8_recipe: str | None) -> float:
+def optimizer_bytes(moments: str, fp8_recipe: str | None, fp8_params: bool = False) -> float:
     """Optimizer state per parameter, before distributed-optimizer sharding: fp32 master + Adam m, v (12 B), or
-    under the precision-aware optimizer (bf16 moments) the master TE or Megatron holds (module docstring) + 2 + 2."""
+    under the precision-aware optimizer (bf16 moments) the master TE or Megatron holds (module docstring) + 2 + 2:
+    TE's int16 remainder only beside bf16 weights that TE's FusedAdam updates (no fp8 weights, no other recipe)."""
     if moments == "fp32":
         return 12.0
-    master = "remainder" if fp8_recipe in (None, "delayed") else "fp32"
+    master = "remainder" if fp8_recipe in (None, "delayed") and not fp8_params else "fp32"
     return PRECISION_AWARE_MASTER_BYTES[master] + 2 * DTYPE_BYTES[moments]
 
 
