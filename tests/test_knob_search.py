@@ -188,3 +188,29 @@ def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> Non
     assert len({p.peak_memory_gib for p in preds}) == len(opts)  # each setting holds different memory
     kept = Engine().search({**req, "software": {"reshard_after_forward": True}}).plans[0]
     assert kept.prediction.software["reshard_after_forward"] is True
+
+
+@pytest.mark.parametrize("software", [dict(cp_comm_type="a2a+p2p", cp_a2a_size=3),
+                                      dict(cp_comm_type="a2a+p2p", cp_a2a_size=8), dict(cp_comm_type="a2a")])
+def test_cp_comm_valid_lists_are_what_estimate_accepts(software: dict[str, Any]) -> None:
+    """llama3-8b tp 2 cp 16 (16 query / 4 KV heads per rank): every refused CP setting lists exactly the a2a+p2p
+    inner sizes ``estimate`` accepts on the layout (the size rule and the head rule together)."""
+    from autoplan import api
+    from cost_models.errors import ConfigError
+
+    def error(sw: dict[str, Any]) -> str | None:
+        try:
+            api.estimate({"kind": "estimate", "model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
+                          "job": {"global_batch_size": 64, "seq_len": 131072}, "parallel": {"tp": 2, "cp": 16},
+                          "software": sw})
+        except ConfigError as err:
+            return str(err)
+        return None
+
+    msg = error(software)
+    assert msg is not None and "; valid: " in msg
+    listed = msg.split("; valid: ")[1].split(", ")
+    sizes = [int(x.removeprefix("a2a+p2p (cp_a2a_size=").rstrip(")")) for x in listed
+             if x.isdigit() or x.startswith("a2a+p2p (")]
+    accepted = [a for a in range(2, 16) if error(dict(cp_comm_type="a2a+p2p", cp_a2a_size=a)) is None]
+    assert sizes == accepted == [2, 4], msg

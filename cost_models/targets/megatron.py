@@ -335,22 +335,23 @@ def check_cp_comm(model: ModelSpec, par: ParallelConfig, kind: str, cluster: Clu
     a2a level of a2a+p2p) splits the query and KV heads a rank holds after TP over its all-to-all group."""
     heads = model.num_attention_heads // par.tp
     kv = max(1, model.num_kv_heads // par.tp)
+    # What the valid lists hold: the settings both rules below accept on this layout
+    legal = [a for a in hierarchical_sizes(par.cp) if heads % a == 0 and kv % a == 0]  # a2a+p2p inner sizes
+    flat = ["p2p", "allgather"] + (["a2a"] if heads % par.cp == 0 and kv % par.cp == 0 else [])
     if kind == "a2a+p2p":
-        sizes = hierarchical_sizes(par.cp)
-        if a2a_size is None or a2a_size not in sizes:
+        if a2a_size is None or a2a_size not in hierarchical_sizes(par.cp):
             raise ConfigError(f"cp_comm_type=a2a+p2p with cp={par.cp}: --hierarchical-context-parallel-sizes "
                               f"a2a p2p must multiply to cp ({MLM}:403-408) with both levels > 1 (cp_a2a_size="
-                              f"{a2a_size})", valid=sizes or ["p2p", "a2a", "allgather"])
+                              f"{a2a_size})", valid=legal or [f"cp_comm_type={k}" for k in flat])
         if heads % a2a_size or kv % a2a_size:
-            legal = [a for a in sizes if heads % a == 0 and kv % a == 0]
             raise ConfigError(f"cp_comm_type=a2a+p2p with cp_a2a_size={a2a_size}: its all-to-all splits heads over "
                               f"{a2a_size} ranks, and after tp={par.tp} a rank has {heads} query / {kv} KV heads "
-                              f"({TE_CP})", valid=legal or ["p2p", "allgather"])
+                              f"({TE_CP})", valid=legal or [f"cp_comm_type={k}" for k in flat])
     if kind == "a2a":
         if heads % par.cp or kv % par.cp:
             raise ConfigError(f"cp_comm_type=a2a with cp={par.cp}: Ulysses splits heads over CP, and after tp="
                               f"{par.tp} a rank has {heads} query / {kv} KV heads ({TE_CP})",
-                              valid=["p2p", "allgather"])
+                              valid=flat + [f"a2a+p2p (cp_a2a_size={a})" for a in legal])
 
 
 PROFILE = MegatronProfile()
