@@ -52,7 +52,7 @@ from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, Measur
                                 fit, fit_joint, leave_one_out, resolve_run)
 from autoplan.catalog.registry import efficiency_catalog, framework_efficiency, load_gpu  # noqa: E402
 from cost_models.layer_cost import ATTN_BWD_FACTOR  # noqa: E402
-from cost_models.specs import ATTENTION_KERNEL_BENCH, ATTENTION_REF_KEYS, B200_ATTENTION_SWEEP, Efficiency  # noqa: E402
+from cost_models.specs import ATTENTION_KERNEL_BENCH, ATTENTION_REF_KEYS, Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.targets import framework_of  # noqa: E402
 
@@ -533,7 +533,7 @@ def kernel_share(fwd: float, bwd: float, peak: float) -> float:
 def attention_half_keys_fit(sweep: dict[int, tuple[float, float]], peak: float) -> tuple[float, float]:
     """(share at long sequences, half-saturation keys per query) of ``a·x/(x + h)`` fitted in relative least squares
     to a causal kernel sweep (tokens -> (fwd, bwd) TFLOP/s; keys per query x = tokens/2): how
-    ``Efficiency.attention_half_keys`` is made from ``B200_ATTENTION_SWEEP``."""
+    ``Efficiency.attention_half_keys`` is made from ``BLACKWELL_ATTENTION_SWEEP``."""
     import numpy as np
     from scipy.optimize import least_squares
 

@@ -322,30 +322,32 @@ FA2_VS_CUDNN = 0.62
 
 # cuDNN fused attention (SDPA) micro-benchmarks per GPU generation, one GPU each: bf16, causal, head dim 128,
 # 8192 tokens (4096 keys per query): (GPU, forward TFLOP/s, backward TFLOP/s), backward counted as 2.5x the forward
-# FLOPs as the model does (layer_cost.ATTN_BWD_FACTOR). Both from NVIDIA's own cudnn-frontend benchmark:
+# FLOPs as the model does (layer_cost.ATTN_BWD_FACTOR). Both from NVIDIA's own cudnn-frontend benchmarks:
 # - hopper: H200 (the H100's GH100 SMs and 989 TFLOP/s peak), cuDNN 9.1.0, batch 2 x 16 heads:
-#   NVIDIA/cudnn-frontend benchmark/benchmark_results.csv @ b740542 (2024-05-07), row "2,16,8192,128,True".
-# - blackwell: B200, cuDNN 9.10.2 (NGC PyTorch 25.06), batch 1, 128 query / 8 KV heads (Llama 3.1 405B):
-#   NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv
-#   @ cb560b9 (2025-07-16), row "1,8192,8192,128,8,128,True,pyt_cudnn".
+#   NVIDIA/cudnn-frontend benchmark/benchmark_results.csv @ b740542 (2024-05-07), row "2,16,8192,128,True" —
+#   the software era of the runs Hopper is fitted on (2024).
+# - blackwell: GB200, cuDNN 9.17.0 (NGC PyTorch 25.11), batch 1, 128 query / 8 KV heads (Llama 3.1 405B shape):
+#   NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv
+#   @ d48a60e (2025-12-19), row "1,8192,8192,128,8,128,True,cudnn_fe" — the newest published Blackwell sweep, the
+#   kernel a plan made now runs. The same benchmark on B200 with cuDNN 9.10.2 (@ cb560b9, 2025-07-16: 8k fwd 1171 /
+#   bwd 943 of 2250 = 0.444; 4k 0.33) shows how much Blackwell attention gained in software within 2025 (+17% at 8k).
 # A generation without measured training runs takes a fitted generation's in-training attention efficiency scaled by
-# the ratio of the two kernels' fwd+bwd share of peak (benchmarks/fidelity.py transfer_efficiency): 0.444 on B200
-# against 0.496 on H200 — Blackwell's doubled tensor cores wait more on softmax (exp units) and shared memory
-# (Zadouri et al. 2026, FlashAttention-4, arXiv 2603.05451 §1), so its fused attention reaches a smaller share of peak.
+# the ratio of the two kernels' fwd+bwd share of peak (benchmarks/fidelity.py transfer_efficiency): 0.519 on GB200
+# against 0.496 on H200.
 ATTENTION_KERNEL_BENCH: dict[str, tuple[str, float, float]] = {
     "hopper": ("h200", 572.9, 463.5),
-    "blackwell": ("b200", 1171.3, 942.5),
+    "blackwell": ("gb200", 1584.0, 1211.0),
 }
 # Keys per query of that benchmark (8192 tokens, causal): where a generation's ``attention`` share is stated when its
 # kernel's saturation in sequence length is modelled (``Efficiency.attention_half_keys``, layer_cost.attention_kernel_factor).
 ATTENTION_REF_KEYS = 4096.0
-# The same cuDNN benchmark's B200 sweep, 4k-128k tokens (batch 1, 128/8 heads, causal, d 128; the CSV above):
-# tokens -> (forward, backward) TFLOP/s. Its fwd+bwd share of peak rises from 0.33 at 4k to 0.53 at 32k (H200's
-# sweep, same file @ b740542: 0.47 -> 0.53): Blackwell's kernel needs ~4x the keys per query to fill its tensor cores.
-B200_ATTENTION_SWEEP: dict[int, tuple[float, float]] = {
-    4096: (855.678, 701.265), 8192: (1171.278, 942.509), 16384: (1332.415, 1074.776),
-    32768: (1419.000, 1108.688), 65536: (1382.330, 1073.059), 131072: (1355.418, 1047.843),
-}
+# The Blackwell benchmark's sweep, 4k-128k tokens (GB200, the CSV above): tokens -> (forward, backward) TFLOP/s. Its
+# fwd+bwd share of peak rises 0.45 (4k) -> 0.52 (8k) -> 0.57 (32k), then falls to 0.50 at 128k (H200's, same file @
+# b740542: 0.47 -> 0.50 -> 0.53, flat on): a x/(x + h) fit in keys per query sets ``attention_half_keys``.
+BLACKWELL_ATTENTION_SWEEP: tuple[str, dict[int, tuple[float, float]]] = ("gb200", {
+    4096: (1386.0, 1054.0), 8192: (1584.0, 1211.0), 16384: (1668.0, 1304.0),
+    32768: (1681.0, 1348.0), 65536: (1573.0, 1229.0), 131072: (1467.0, 1188.0),
+})
 
 
 class Efficiency(_Frozen):

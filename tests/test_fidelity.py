@@ -197,25 +197,27 @@ def test_attention_kernel_share_recomputes_the_cited_cudnn_benchmarks() -> None:
     for gen, (gpu, fwd, bwd) in ATTENTION_KERNEL_BENCH.items():
         want = 3.5 / (1 / fwd + 2.5 / bwd) / load_gpu(gpu).peak_bf16_tflops
         assert fidelity.attention_kernel_share(gen) == pytest.approx(want)
-    # B200's cuDNN kernel reaches a smaller share of its peak at 8k tokens than H200's (0.444 vs 0.496)
-    assert fidelity.attention_kernel_share("blackwell") == pytest.approx(0.4436, abs=5e-4)
+    # GB200's cuDNN 9.17 kernel at 8k tokens: 0.519 of its 2500 TFLOP/s; H200's cuDNN 9.1: 0.496 of 989
+    assert fidelity.attention_kernel_share("blackwell") == pytest.approx(0.5195, abs=5e-4)
     assert fidelity.attention_kernel_share("hopper") == pytest.approx(0.4957, abs=5e-4)
     assert fidelity.attention_kernel_share("ampere") is None
 
 
 def test_blackwell_attention_half_keys_is_the_cudnn_sweeps_fit() -> None:
-    """``attention_half_keys`` for Blackwell is a·x/(x + h) fitted to NVIDIA's cuDNN B200 sweep (4k-128k tokens,
-    fwd+bwd share of the 2250 TFLOP/s peak), refitted here; the curve stays within 7% of every point."""
+    """``attention_half_keys`` for Blackwell is a·x/(x + h) fitted to NVIDIA's cuDNN GB200 sweep (4k-128k tokens,
+    fwd+bwd share of the GPU's datasheet peak), refitted here; the curve stays within 10% of every point."""
     from autoplan.catalog.registry import load_gpu
-    from cost_models.specs import B200_ATTENTION_SWEEP
+    from cost_models.specs import BLACKWELL_ATTENTION_SWEEP
 
-    peak = load_gpu("b200").peak_bf16_tflops
-    a, h = fidelity.attention_half_keys_fit(B200_ATTENTION_SWEEP, peak)
+    gpu, sweep = BLACKWELL_ATTENTION_SWEEP
+    peak = load_gpu(gpu).peak_bf16_tflops
+    a, h = fidelity.attention_half_keys_fit(sweep, peak)
     assert efficiency_catalog()["blackwell"].attention_half_keys == pytest.approx(h, abs=1.0)
-    for tokens, (fwd, bwd) in B200_ATTENTION_SWEEP.items():
+    for tokens, (fwd, bwd) in sweep.items():
         share = fidelity.kernel_share(fwd, bwd, peak)
-        assert a * (tokens / 2) / (tokens / 2 + h) == pytest.approx(share, rel=0.07), tokens
-    assert B200_ATTENTION_SWEEP[8192] == pytest.approx(fidelity.ATTENTION_KERNEL_BENCH["blackwell"][1:], rel=1e-3)
+        assert a * (tokens / 2) / (tokens / 2 + h) == pytest.approx(share, rel=0.10), tokens
+    # the 8k point is the benchmark the attention share is transferred with
+    assert (gpu, *sweep[8192]) == fidelity.ATTENTION_KERNEL_BENCH["blackwell"]
 
 
 def test_blackwell_catalog_is_hoppers_fit_transferred() -> None:
@@ -231,7 +233,6 @@ def test_blackwell_catalog_is_hoppers_fit_transferred() -> None:
     assert out.attention == pytest.approx(cat["hopper"].attention * kernel)
     for name in ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "dp_overlap", "tp_overlap"):
         assert getattr(cat["blackwell"], name) == pytest.approx(getattr(out, name), abs=1e-4, rel=1e-4), name
-    assert cat["blackwell"].attention < cat["hopper"].attention  # a smaller share of a 2.3x larger peak
 
 
 def test_ranking_of_differently_configured_runs(rows) -> None:  # type: ignore[no-untyped-def]
