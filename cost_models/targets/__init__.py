@@ -26,9 +26,11 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
 ``Runtime`` fields the cost model reads (memory, DP traffic, knob effects; the search Scorer the same):
 
 - ``weight_bytes``, ``grad_bytes``, ``optimizer_bytes``: bytes per parameter before ZeRO sharding
-  (Megatron bf16: 2 + 4 (fp32 main grads) + 12, or 2 + 2 + 12 with ``grad_reduce_dtype=bf16``;
+  (Megatron bf16: 2 + 4 (fp32 main grads) + 12, or 2 + 2 + 12 with ``grad_reduce_dtype=bf16``; optimizer 6 with
+  ``adam_moments_dtype=bf16`` (precision-aware optimizer), weights 1-2 with ``fp8_param_gather``;
   torch FSDP2 / torchtitan: 4 + 4 + 8, fp32 sharded parameters are the master copy);
-- ``reduce_bytes`` (gradient dtype on the DP wire) and ``gather_bytes`` (bf16 parameter all-gathers);
+- ``reduce_bytes`` (gradient dtype on the DP wire) and ``gather_bytes`` (bf16 parameter all-gathers; fp8: 1);
+- ``cpu_offload_layers`` (Megatron: activations of the first N layers in host memory, off the peak);
 - ``tp_overlapped`` (Megatron ``--tp-comm-overlap`` or torchtitan async TP), ``overlap_grad_reduce``,
   ``overlap_param_gather``, ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
   ``fused_elementwise`` (TE / Inductor fused norms, SwiGLU, loss vs eager op by op), ``compile``,
