@@ -639,3 +639,17 @@ def test_extended_learned_position_table_is_told() -> None:
     assert any("2048 positions" in n and "8192" in n for n in emit(long, "megatron").notes)
     short = plan("gpt3-175b", 1024, 1536, seq=2048, tp=8, pp=8)
     assert not any("position" in n for n in emit(short, "megatron").notes)
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "fsdp2"])
+def test_dualpipe_error_lists_the_schedules_the_target_emits(target: str) -> None:
+    """A dualpipe plan (estimate only) names the target's own schedules, and each of them emits (zb-h1, which no
+    target runs, is not offered)."""
+    base = {**L70_PP8, "zero_stage": 1 if target == "megatron" else 3}
+    with pytest.raises(ConfigError, match="dualpipe") as err:
+        emit(plan(**{**base, "schedule": "dualpipe"}), target)
+    listed = str(err.value).split("; valid: ")[1].split(";")[0].split(", ")
+    assert listed and "zb-h1" not in listed, str(err.value)
+    for sched in listed:
+        extra = {"vp": 2} if sched == "interleaved" else {}
+        emit(plan(**{**base, "schedule": sched, **extra}), target)  # no ConfigError

@@ -194,10 +194,10 @@ def _check(plan: EmitPlan, target: Target) -> None:
     if target not in TARGETS:
         raise ConfigError(f"unknown target '{target}'", valid=TARGETS)
     par = plan.parallel
+    prof = PROFILES[target]  # the framework's rules, each citing its source (cost_models.targets)
     if par.schedule == "dualpipe":
         raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
-                          f"no {target} schedule runs it", valid=["1f1b", "interleaved", "zb-h1"])
-    prof = PROFILES[target]  # the framework's rules, each citing its source (cost_models.targets)
+                          f"no {target} schedule runs it", valid=list(prof.schedules))
     prof.check(plan.model, plan.cluster, plan.job, plan.parallel, plan.runtime(target))
     if target == "torchtitan":
         from autoplan.emit.torchtitan import titan_model
