@@ -172,6 +172,41 @@ def published_runs(path: Path | None = None) -> list[tuple[dict[str, Any], Resol
     return [(c, resolve_run(to_run(c, rules))) for c in cases if c["id"] not in skip]
 
 
+def more_runs_files() -> list[Path]:
+    """The held-out files (``benchmarks/heldout.py``): same case and group schema, each file with its groups."""
+    return sorted(DATA.glob("more_runs*.json"))
+
+
+def calibration_groups(path: Path) -> set[str]:
+    """Groups of a ``more_runs*.json`` file that joined the calibration set (``"calibration": true``, with a
+    ``calibration_basis``): fitted with published_runs.json, so no longer held out."""
+    return {g for g, rule in load_cases(path)[1]["groups"].items() if rule.get("calibration")}
+
+
+def calibration_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(case, rules) of every calibration run: published_runs.json's, then the calibration groups of the
+    ``more_runs*.json`` files. A case's ``logo_group`` is its source for leave-one-group-out (a group's
+    ``logo_group``: a later transcription of one table is held out with that table)."""
+    cases, rules = load_cases()
+    out = [({**c, "logo_group": c["group"]}, rules) for c in cases]
+    for path in more_runs_files():
+        mine, more = load_cases(path)
+        keep = calibration_groups(path)
+        out += [({**c, "logo_group": more["groups"][c["group"]].get("logo_group", c["group"])}, more)
+                for c in mine if c["group"] in keep]
+    return out
+
+
+def calibration_runs() -> list[tuple[dict[str, Any], ResolvedRun]]:
+    """The runs the catalog is fitted on (``calibration_cases``), resolved; documented skips left out."""
+    out = []
+    for c, rules in calibration_cases():
+        if rules["groups"].get(c["group"], {}).get("cases", {}).get(c["id"], {}).get("skip"):
+            continue
+        out.append((c, resolve_run(to_run(c, rules))))
+    return out
+
+
 @dataclass
 class Row:
     id: str
@@ -198,7 +233,7 @@ def _measured_mfu(case: dict[str, Any], pred_mfu: float, pred_s: float) -> float
 def evaluate(with_loo: bool = True, with_logo: bool | None = None) -> list[Row]:
     """In-sample rows; ``with_loo``: leave-one-out within each generation's Megatron-Core runs;
     ``with_logo`` (default: as ``with_loo``): leave-one-group-out over every run (``leave_one_group_out``)."""
-    runs = published_runs()
+    runs = calibration_runs()
     rows = []
     for case, run in runs:
         pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs)
@@ -277,9 +312,9 @@ def ranking(rows: list[Row], logo: bool = False, cases: list[dict[str, Any]] | N
     """Pairs of differently configured runs of one job (``job_key``): (ordered right, pairs, the wrong ones).
     A pair is right when the predicted step times order the two runs as the measured ones do; ``logo`` ranks with
     the leave-one-group-out predictions. A predicted tie (within 0.5%) on a measured difference counts wrong.
-    ``cases``: the runs file's cases (default: published_runs.json's); ``key``: what makes two runs one job
+    ``cases``: the runs file's cases (default: the calibration set's); ``key``: what makes two runs one job
     (default ``job_key``)."""
-    keys = {c["id"]: (key or job_key)(c) for c in (cases if cases is not None else load_cases()[0])}
+    keys = {c["id"]: (key or job_key)(c) for c in (cases if cases is not None else [c for c, _ in calibration_cases()])}
     by_job: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
     for r in rows:
         if not logo or r.logo_error is not None:
@@ -373,7 +408,7 @@ def memory_rows() -> list[tuple[str, float, float, dict[str, float]]]:
     from cost_models.specs import JobSpec, ParallelConfig
 
     out = []
-    for case, run in published_runs():
+    for case, run in calibration_runs():
         meas = case["measured"].get("peak_memory_gib")
         if meas:
             pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs)
@@ -395,7 +430,7 @@ def calibration_fits() -> list[tuple[str, float, float, bool]]:
     """(id, predicted device GiB, limit GiB under the default headroom, fits) for every calibration run, priced
     with the knobs its recipe states (issue #12: a configuration that really trained must fit)."""
     out = []
-    for case, run in published_runs():
+    for case, run in calibration_runs():
         pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target, software=run.knobs,
                         check=False)
         out.append((case["id"], pred.peak_memory_gib, pred.memory_limit_gib, pred.fits))
@@ -580,21 +615,24 @@ def predict_with(run: ResolvedRun, params: Params) -> float:
 def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[str, float]:
     """Case id → signed error when its whole group (source) is left out of the fit (``fit_params``)."""
     out: dict[str, float] = {}
-    for g in sorted({c["group"] for c, _ in runs}):
-        train = [r for c, r in runs if c["group"] != g]
+    def source(c: dict[str, Any]) -> str:
+        return str(c.get("logo_group", c["group"]))
+
+    for g in sorted({source(c) for c, _ in runs}):
+        train = [r for c, r in runs if source(c) != g]
         # no start from the catalog's own fit of the held-out framework
         params = fit_params(train, fw_starts={}, unseen_to_prior=True, also_gpus={r.cluster.gpu.generation: _gen_gpu([x for _, x in runs],
                                                                                         r.cluster.gpu.generation)
                                                              for _, r in runs})
         for c, r in runs:
-            if c["group"] == g:
+            if source(c) == g:
                 out[c["id"]] = predict_with(r, params) / r.measured_step_time_s - 1.0
     return out
 
 
 def fit_catalog() -> dict[str, dict[str, float]]:
     """Refit the catalog (how its [fit] values were made): ``fit_params`` on every published run."""
-    gen_eff, fw = fit_params([r for _, r in published_runs()], quiet=False)
+    gen_eff, fw = fit_params([r for _, r in calibration_runs()], quiet=False)
     out = {g: {n: round(getattr(e, n), 4) for n in DEFAULT_FIT_FIELDS} for g, e in gen_eff.items()}
     out.update({f"framework {f}": {n: round(float(v), 4) for n, v in vals.items()} for f, vals in fw.items()})
     return out
@@ -602,9 +640,8 @@ def fit_catalog() -> dict[str, dict[str, float]]:
 
 def export_runs(folder: Path) -> list[Path]:
     """The published runs in the ``autoplan calibrate`` line format, one file per GPU."""
-    cases, rules = load_cases()
     by_gpu: dict[str, list[str]] = defaultdict(list)
-    for c in cases:
+    for c, rules in calibration_cases():
         run = to_run(c, rules)
         by_gpu[run.cluster.gpu].append(run.model_dump_json(exclude_defaults=True))
     folder.mkdir(parents=True, exist_ok=True)

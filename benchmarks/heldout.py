@@ -100,6 +100,8 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
     cases: list[dict[str, Any]] = []
     for path in files if files is not None else default_files():
         mine, rules = fidelity.load_cases(path)
+        fitted = fidelity.calibration_groups(path)  # joined the calibration set: no longer held out
+        mine = [c for c in mine if c["group"] not in fitted]
         cases += mine
         skipped += fidelity.skipped_cases(path)
         skip = {cid for cid, _ in skipped}
@@ -183,6 +185,9 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
               f"{sum(r.fits for r in rows)}/{len(rows)}"
               + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
+    fitted = sorted(g for path in default_files() for g in fidelity.calibration_groups(path))
+    if fitted:
+        lines += ["", f"Not held out (joined the calibration set; scored by benchmarks/fidelity.py): {', '.join(fitted)}"]
     if skipped:
         lines += ["", "Not priced (the model cannot express them yet):"] + [f"- {cid}: {why}" for cid, why in skipped]
     return "\n".join(lines)
