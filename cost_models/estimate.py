@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
-from cost_models.knob_effects import eager_elementwise
+from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
@@ -236,7 +236,7 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
     eager = not rt.fused_loss if rt is not None else eager_elementwise(cluster.efficiency, None)
-    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt, eager)
+    mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt, eager, non_tn_fp8_gemm(cluster))
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 

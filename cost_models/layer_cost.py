@@ -24,7 +24,8 @@ from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
-                                     fp8_rescale_bytes, ring_steps, torchao_casts, tp_overlap, wgrad_in_bf16)
+                                     fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
+                                     torchao_casts, tp_overlap, wgrad_in_bf16)
 from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -106,10 +107,8 @@ EAGER_GATED_ACT_EXTRA = (4.0, 8.0)
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
 TORCH_LOSS_BYTES = (14.0, 22.0)
-# fp8 (Transformer Engine): each GEMM input is cast to fp8 row- and column-wise copies (read 2, write 1 + 1) unless a
-# norm produced it (LayerNormLinear fuses the cast); backward casts the output gradient the same way. Other recipes:
-# knob_effects.FP8_CAST_BYTES.
-FP8_CAST_BYTES = 4.0
+# fp8 (Transformer Engine): each GEMM input and output gradient is cast by the recipe's quantizer; what it costs, and
+# what the norm of a LayerNormLinear fuses, per recipe and GPU: knob_effects.te_cast_bytes.
 
 
 @dataclass(frozen=True)
@@ -148,22 +147,23 @@ def _local_widths(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
 
 def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                          par: ParallelConfig, rt: Runtime | None = None,
-                         eager: bool = False) -> tuple[float, float]:
+                         eager: bool = False, non_tn_gemm: bool = False) -> tuple[float, float]:
     """HBM bytes of the layer's memory-bound kernels (forward, backward) for one micro-batch on one rank:
     the sum of ``op_traffic_bytes`` over its ops."""
     fwd = bwd = 0.0
     for op in graph.ops:
-        f, b = op_traffic_bytes(op, graph, model, job, par, rt, eager)
+        f, b = op_traffic_bytes(op, graph, model, job, par, rt, eager, non_tn_gemm)
         fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
 
 
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                      par: ParallelConfig, rt: Runtime | None = None,
-                     eager: bool = False) -> tuple[float, float]:
+                     eager: bool = False, non_tn_gemm: bool = False) -> tuple[float, float]:
     """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank. ``eager``:
     norms, rotary and the gated activation run op by op (``EAGER_*``); the loss is torch's op-by-op cross-entropy
-    (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``).
+    (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``). ``non_tn_gemm``: the GPU's
+    fp8 GEMM takes any layout (``knob_effects.non_tn_fp8_gemm``: no fp8 transposes).
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
     the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
@@ -222,11 +222,13 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             first = next(o for o in graph.ops if o.kind == "matmul" and o.inputs[0] == op.inputs[0]) is op
             fwd += act * k * (1.0 if first or not rt.compile else 0.0) + w_fwd * k * n / tokens
             bwd += act * n + w_bwd * k * n / tokens
-        else:
-            cast = fp8_cast_bytes(rt)  # by the runtime's recipe (knob_effects.FP8_CAST_BYTES; TE's 4 by default)
-            if prod is None or prod.kind != "norm":  # TE's LayerNormLinear casts in the norm's kernel
-                fwd += cast * k * scale
-            bwd += cast * n * scale
+        else:  # Transformer Engine: one module per input (fused q/k/v, gate/up) casts it once; LayerNormLinear's
+            # norm takes part in the cast as the recipe allows (knob_effects.te_cast_bytes)
+            cast = fp8_cast_bytes(rt, non_tn_gemm)
+            first = next(o for o in graph.ops if o.kind == op.kind and o.inputs[0] == op.inputs[0]) is op
+            if first:
+                fwd += (cast.norm_input if prod is not None and prod.kind == "norm" else cast.input) * k * scale
+            bwd += cast.grad_output * n * scale
         if op.kind == "matmul":  # torchao rowwise: the slow-accum backward GEMMs' separate rescale pass
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
@@ -262,6 +264,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     if op.kind in ("matmul", "router"):
         k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
         gemm = matmul_time_s(tokens, k, n, cluster, job.precision)
+        if op.kind == "matmul":
+            gemm *= fp8_gemm_time_ratio(rt, job)  # block-scaled MXFP8 kernel vs per-tensor fp8
         if op.kind == "matmul" and wgrad_in_bf16(rt, job):
             wgrad_hp = matmul_time_s(tokens, k, n, cluster, "bf16") - gemm
         if op.kind == "matmul":
@@ -270,7 +274,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         local_experts = model.num_experts // par.ep
         routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
         per_expert = routed / model.num_experts * eff.moe_imbalance
-        gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision)
+        gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
+            * fp8_gemm_time_ratio(rt, job)
     elif op.kind == "attention":
         if eff.flash_attention:
             steps = ring_steps(par, rt)
@@ -279,7 +284,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
-    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt))
+    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
+                                    non_tn_fp8_gemm(cluster))
     if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
