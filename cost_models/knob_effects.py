@@ -9,7 +9,8 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
 - **TP communication overlap** (Megatron ``--tp-comm-overlap``, TE userbuffers; torchtitan async TP, micro-pipelined
   all-gather/reduce-scatter matmuls, ``torch/distributed/_symmetric_memory``): ``Efficiency.tp_overlap`` of the TP
   traffic hides behind the GEMMs only when the runtime overlaps; otherwise all of it is on the critical path.
-  torchtitan's Float8 tensorwise TP all-gathers fp8 (``Runtime.tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
+  torchtitan's Float8 tensorwise TP and Transformer Engine's fp8 sequence-parallel linears all-gather fp8
+  (``Runtime.tp_gather_bytes`` / ``tp_grad_gather_bytes``, ``te_tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
   casts, by scaling granularity: Transformer Engine's (``te_cast_bytes``: amax pass, copies written, what the norm
   kernel fuses, transposes only where the fp8 GEMM is TN-only) or torchao's Float8Linear, which also casts its
@@ -26,91 +27,17 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cost_models.collectives import group_collective_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ParallelConfig
 from cost_models.targets.common import Runtime
-
-# Transformer Engine's fp8 quantization (Megatron-Core's fp8 path), per recipe: HBM bytes per element of a GEMM
-# operand beyond the bf16 tensor its producer writes anyway (bf16 = 2, fp8 = 1), read from TE's code at v2.9 (the
-# NeMo 25.11 container's TE: Megatron-Bridge v0.2.2 pyproject ``release_v2.9``). ``csrc`` =
-# transformer_engine/pytorch/csrc, ``common`` = transformer_engine/common, ``normalization.cpp`` =
-# csrc/extensions/normalization.cpp ``rmsnorm_fwd`` (``layernorm_fwd`` :107-131 chooses alike).
-# - Per-tensor recipes keep one fp8 copy, plus its transpose for the backward GEMMs only where the fp8 GEMM takes
-#   the TN layout alone: Hopper; Blackwell's (sm_100) fp8 GEMM takes any layout (``common/transformer_engine.cpp``
-#   :719-727 ``nvte_is_non_tn_fp8_gemm_supported``; ``csrc/quantizer.cpp``:137, :340 allocate the transpose only
-#   without it). One kernel reads the bf16 tensor and writes every copy (``nvte_quantize_v2``).
-# - delayed (``Float8Quantizer``): the cast uses the previous steps' amax (no amax pass). A norm feeding the GEMM
-#   (``LayerNormLinear``, ``module/layernorm_linear.py``:198-215 hands it the quantizer) writes fp8 itself
-#   (normalization.cpp:332-333 FULLY_FUSED: 1 byte written where bf16 wrote 2), then ``nvte_transpose`` (read 1,
-#   write 1) where a transpose is needed (``common/normalization/rmsnorm/rmsnorm_api.cpp``:96-103).
-# - tensorwise (``Float8CurrentScalingQuantizer``, per-tensor current scaling): ``nvte_compute_amax`` reads the
-#   tensor once more before the cast (``csrc/quantizer.cpp``:515-535). A norm computes the amax while writing its
-#   bf16 output (normalization.cpp:340-344 FUSED_NORM_AMAX_FP8, TE's own norm kernel) and the cast skips the amax
-#   pass (``quantize_with_amax``, quantizer.cpp:543-549); the norm still writes bf16, so the cast is extra.
-# - mxfp8 (``MXFP8Quantizer``): 1x32 blocks with an E8M0 (1-byte) scale each, along the GEMM's K; fprop and dgrad
-#   contract over features, wgrad over tokens, so a rowwise AND a columnwise copy, each with its scales, both
-#   written by one kernel from one read (``common/util/cast_kernels.cuh``:1586-1587, :1687 BIDIMENSIONAL
-#   ``cast_mxfp8_2D_kernel``; the quantizer allocates both, ``csrc/quantizer.cpp``:905-945; ``module/linear.py``
-#   :183, :569 ask for both usages). A norm fuses it only on cuDNN's norm with NVTE_NORM_FWD_USE_CUDNN
-#   (normalization.cpp:334-339; TE's default is its own kernel): the norm writes bf16 and the quantizer casts it
-#   (UNFUSED, :331, :406-409).
-# - blockwise (``Float8BlockQuantizer`` 1x128, Hopper): rowwise and columnwise copies, an fp32 scale per 128
-#   elements each, one kernel; a norm writes bf16 and is cast (UNFUSED, normalization.cpp:331).
-# The backward casts each GEMM's output gradient with the same quantizer, both usages (``module/linear.py``
-# :567-569, ``module/base.py`` ``grad_output_preprocess``): the non-norm cost.
-BF16_BYTES, FP8_BYTES = 2.0, 1.0
-MX_BLOCK, E8M0_BYTES = 32, 1.0  # OCP MX v1.0: 32-element blocks, one 8-bit power-of-two scale
-BLOCKWISE_BLOCK, FP32_SCALE_BYTES = 128, 4.0  # TE Float8BlockScaling: 1x128 tiles, fp32 scales
-TE_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-
-
-@dataclass(frozen=True)
-class TeCast:
-    """Transformer Engine's fp8 cast bytes per element: a GEMM input a norm writes (``LayerNormLinear``), any other
-    GEMM input, and an output gradient in the backward."""
-
-    norm_input: float
-    input: float
-    grad_output: float
-
-
-def te_cast_bytes(recipe: str | None, non_tn_gemm: bool) -> TeCast:
-    """TE's cast bytes for ``recipe`` (None: TE's default, delayed); ``non_tn_gemm``: the fp8 GEMM takes any layout
-    (Blackwell), so per-tensor recipes keep no transpose. The kernel sequences are those the comment above cites."""
-    copies = 1 if non_tn_gemm else 2
-    cast = BF16_BYTES + copies * FP8_BYTES  # one read of the bf16 tensor, each fp8 copy written
-    if recipe in (None, "delayed"):
-        norm = (FP8_BYTES - BF16_BYTES) + (0.0 if non_tn_gemm else 2 * FP8_BYTES)  # fp8 norm output + transpose
-        return TeCast(norm, cast, cast)
-    if recipe == "tensorwise":
-        return TeCast(cast, BF16_BYTES + cast, BF16_BYTES + cast)  # norm fuses the amax; others read it first
-    if recipe == "mxfp8":
-        mx = BF16_BYTES + 2 * (FP8_BYTES + E8M0_BYTES / MX_BLOCK)
-        return TeCast(mx, mx, mx)
-    if recipe == "blockwise":
-        block = BF16_BYTES + 2 * (FP8_BYTES + FP32_SCALE_BYTES / BLOCKWISE_BLOCK)
-        return TeCast(block, block, block)
-    raise ValueError(f"no Transformer Engine cast for fp8 recipe {recipe!r}")
+from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO, TE_RECIPES, TeCast, te_cast_bytes
 
 
 def non_tn_fp8_gemm(cluster: ClusterSpec) -> bool:
     """Whether the GPU's fp8 GEMM takes non-TN layouts (TE ``nvte_is_non_tn_fp8_gemm_supported``: sm_100-119 and
     sm_130+, i.e. Blackwell; Hopper's fp8 tensor cores take TN only)."""
     return cluster.gpu.generation == "blackwell"
-
-
-# Block-scaled MXFP8 GEMMs run slower than per-tensor-scaled fp8 GEMMs of the same shape on Blackwell: the
-# tensor cores also load each operand's E8M0 scales (swizzled into tcgen05's layout) and apply them per 32-element
-# K block. Transformer Engine's GEMM profiling guide measures both kernels with pre-quantized inputs (no casts
-# timed) on B300, the 12 GEMMs of a transformer layer (hidden 4096, FFN 16384, 15,872 tokens): per-layer ms
-# (fprop, dgrad, wgrad) FP8 CurrentScaling (2.158, 2.329, 2.325), MXFP8 (2.365, 2.397, 2.400)
-# (NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized", at
-# 1609c890e, TE#2863). The ratio of the sums is the time of an MXFP8 GEMM over the model's fp8 GEMM.
-TE_PREQUANT_GEMM_MS_B300 = {"fp8_tensorwise": (2.158, 2.329, 2.325), "mxfp8": (2.365, 2.397, 2.400)}
-MXFP8_GEMM_TIME_RATIO = sum(TE_PREQUANT_GEMM_MS_B300["mxfp8"]) / sum(TE_PREQUANT_GEMM_MS_B300["fp8_tensorwise"])
 
 
 def fp8_gemm_time_ratio(rt: Runtime | None, job: JobSpec) -> float:

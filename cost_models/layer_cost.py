@@ -108,7 +108,7 @@ EAGER_GATED_ACT_EXTRA = (4.0, 8.0)
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
 TORCH_LOSS_BYTES = (14.0, 22.0)
 # fp8 (Transformer Engine): each GEMM input and output gradient is cast by the recipe's quantizer; what it costs, and
-# what the norm of a LayerNormLinear fuses, per recipe and GPU: knob_effects.te_cast_bytes.
+# what the norm of a LayerNormLinear fuses, per recipe and GPU: te_fp8.te_cast_bytes.
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd += act * k * (1.0 if first or not rt.compile else 0.0) + w_fwd * k * n / tokens
             bwd += act * n + w_bwd * k * n / tokens
         else:  # Transformer Engine: one module per input (fused q/k/v, gate/up) casts it once; LayerNormLinear's
-            # norm takes part in the cast as the recipe allows (knob_effects.te_cast_bytes)
+            # norm takes part in the cast as the recipe allows (te_fp8.te_cast_bytes)
             cast = fp8_cast_bytes(rt, non_tn_gemm)
             first = next(o for o in graph.ops if o.kind == op.kind and o.inputs[0] == op.inputs[0]) is op
             if first:
@@ -364,18 +364,20 @@ def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par
                       sequence_parallel: bool, rt: Runtime | None = None) -> list[tuple[float, float]]:
     """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
     without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor (all-gathers at
-    ``rt.tp_gather_bytes``: fp8 under torchtitan's Float8 tensorwise TP), × the share TP-comm overlap leaves
-    exposed."""
+    ``rt.tp_gather_bytes``, the backward's output-gradient ones at ``rt.tp_grad_gather_bytes``: fp8 under
+    torchtitan's Float8 tensorwise TP and TE's fp8 linears), × the share TP-comm overlap leaves exposed."""
     t = par.tp
     fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
     tokens = par.micro_batch_size * job.seq_len / par.cp
     out = []
-    gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers under torchtitan's Float8 TP
+    gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers: torchtitan's Float8 TP, TE's fp8
+    grad_gather = gather if rt is None or rt.tp_grad_gather_bytes is None else rt.tp_grad_gather_bytes
     for tensor, role in tp_boundaries(graph):
         elems = tokens * graph.tensors[tensor].width
         seconds = nbytes = 0.0
         for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
-            payload = (gather if kind == "all_gather" else 2.0) * elems
+            ag = grad_gather if role == "row" else gather  # a row boundary all-gathers in the backward
+            payload = (ag if kind == "all_gather" else 2.0) * elems
             seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * fraction
             nbytes += calls * bytes_sent_per_rank(kind, payload, t)
         out.append((seconds, nbytes))

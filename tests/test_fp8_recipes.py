@@ -1,8 +1,9 @@
 """Transformer Engine's fp8 recipes (Megatron-Core's fp8 path) as the cost model prices them
-(``cost_models.knob_effects``: ``te_cast_bytes``, ``MXFP8_GEMM_TIME_RATIO``).
+(``cost_models.te_fp8``: ``te_cast_bytes``, ``te_tp_gather_bytes``, ``MXFP8_GEMM_TIME_RATIO``; priced by
+``cost_models.knob_effects``).
 
 - Cast bytes are recounted here from TE's kernel sequence per recipe (which kernels run, what each reads and writes:
-  TE v2.9, cited in knob_effects), not from the formula the model uses.
+  TE v2.9, cited in te_fp8), not from the formula the model uses.
 - The MXFP8 GEMM ratio is recomputed from TE's GEMM profiling guide's pre-quantized B300 table, and the cast bytes
   are checked against the same guide's autocast table: the quantization time TE measured (autocast minus
   pre-quantized) over the bytes counted must give one achieved bandwidth for both recipes.
@@ -16,7 +17,7 @@ import pytest
 from autoplan.catalog import build_cluster, load_model
 from benchmark_modules import load_benchmark
 from cost_models.gemm import hbm_time_s
-from cost_models.knob_effects import MXFP8_GEMM_TIME_RATIO, te_cast_bytes
+from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO, te_cast_bytes
 from cost_models.layer_cost import _local_widths, op_compute
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
@@ -151,3 +152,49 @@ def test_heldout_recipe_pairs_on_one_layout_are_ordered_as_measured(heldout) -> 
     for g in pairs:
         (m_tw, p_tw), (m_mx, p_mx) = pred[g["tensorwise"]], pred[g["mxfp8"]]
         assert (m_mx > m_tw) == (p_mx > p_tw) and abs(p_mx / p_tw - 1) > 0.005, g
+
+
+def test_every_heldout_pair_of_recipes_is_ordered_as_measured(heldout) -> None:  # type: ignore[no-untyped-def]
+    """All held-out pairs of one job whose runs state per-tensor current scaling and MXFP8 (same layout, or the 26.x
+    tables' recipe-specific layouts: 405B GB300 FP8 tp4 vs MXFP8 tp2 cp2, GB200 vp 4 vs 8), by heldout.py's own
+    ranking (pairs within one source)."""
+    rows, _, cases = heldout.evaluate()
+    by_id = {c["id"]: c for c in cases}
+
+    def recipe(cid: str) -> str | None:
+        return by_id[cid].get("software", {}).get("fp8_recipe")
+
+    jobs: dict[tuple, list[str]] = {}
+    for r in rows:
+        jobs.setdefault(heldout.same_job(by_id[r.id]), []).append(r.id)
+    pairs = {f"{a} vs {b}" for ids in jobs.values() for i, a in enumerate(ids) for b in ids[i + 1:]
+             if {recipe(a), recipe(b)} == {"tensorwise", "mxfp8"}}
+    _, _, wrong = heldout.ranking(rows, cases)
+    assert len(pairs) >= 10  # 8B x3, 405B B200, 405B GB300 x3, 405B GB200 x3
+    assert not pairs & set(wrong)
+
+
+def test_te_sequence_parallel_gathers_move_the_quantized_copies() -> None:
+    """TE's SP all-gathers under fp8 (Llama3 70B, GB200, tp 4 + SP): per-tensor recipes gather one fp8 copy (1 B) at
+    every boundary; MXFP8 gathers its row-wise copy with E8M0 scales forward (column boundaries) and both copies of
+    the output gradient backward (row boundaries); bf16 gathers 2 B. Reduce-scatters stay bf16."""
+    from cost_models.collectives import bytes_sent_per_rank
+    from cost_models.layer_cost import tp_boundaries, tp_boundary_costs
+
+    model, cluster = load_model("llama3-70b"), build_cluster("gb200", 64)
+    par = ParallelConfig(tp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
+    graph = layer_graph(model, "dense", 8192)
+    tokens = 8192
+
+    def sent(precision: str, recipe: str | None) -> list[float]:
+        job = JobSpec(global_batch_size=64, seq_len=8192, precision=precision)  # type: ignore[arg-type]
+        rt = runtime_for("megatron", job, cluster, par, Software(fp8_recipe=recipe) if recipe else Software())
+        return [b for _, b in tp_boundary_costs(graph, cluster, job, par, 1, True, rt)]
+
+    bf16, tw, mx = sent("bf16", None), sent("fp8", "tensorwise"), sent("fp8", "mxfp8")
+    scale = FP8 + E8M0 / MX
+    for (tensor, role), b, t, m in zip(tp_boundaries(graph), bf16, tw, mx):
+        elems = tokens * graph.tensors[tensor].width
+        ag = (lambda byte: bytes_sent_per_rank("all_gather", byte * elems, par.tp))  # noqa: E731
+        assert b - t == pytest.approx(ag(BF16 - FP8)), tensor
+        assert m - t == pytest.approx(ag(scale - FP8) if role == "column" else ag(2 * scale - FP8)), tensor

@@ -91,6 +91,7 @@ class Runtime:
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
     gather_bytes: float = 2.0  # parameter all-gather payload per param (bf16 compute copy)
     tp_gather_bytes: float = 2.0  # bytes per element of the sequence-parallel TP all-gathers (fp8: 1; knob_effects)
+    tp_grad_gather_bytes: float | None = None  # ... of the backward's output-gradient all-gathers (None: as above)
     fused_elementwise: bool = True  # the blocks' norms / rotary / activations fused (TE, Inductor) vs eager op by op
     # The head's final norm and loss fused (TE / Megatron's cross-entropy; torch.compile of the loss) vs torch's
     # cross_entropy on fp32 logits op by op (layer_cost.TORCH_LOSS_BYTES) and an eager final norm.

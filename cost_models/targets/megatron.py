@@ -77,6 +77,7 @@ from __future__ import annotations
 from typing import Any
 
 from cost_models.errors import ConfigError
+from cost_models.te_fp8 import te_tp_gather_bytes
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, Knob, Runtime, Software, TargetProfile,
                                         fsdp2_gathered_unit_bytes)
@@ -281,6 +282,9 @@ class MegatronProfile(TargetProfile):
             adam_moments_dtype=moments,
             cpu_offload_layers=k.get("cpu_offload_layers", 0),
             fp8_param_gather=fp8_params,
+            # TE's fp8 linears all-gather quantized tensors under sequence parallelism (te_fp8.te_tp_gather_bytes)
+            tp_gather_bytes=te_tp_gather_bytes(fp8_recipe)[0] if fp8_recipe else 2.0,
+            tp_grad_gather_bytes=te_tp_gather_bytes(fp8_recipe)[1] if fp8_recipe else 2.0,
             grad_reduce_dtype=grad,
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
