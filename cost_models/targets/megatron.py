@@ -70,6 +70,9 @@ Run-time semantics:
   TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
   the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU, cross-entropy).
+- fp8 (knob ``fp8_recipe``) runs TE's quantizers (``cost_models.te_fp8``): cast bytes per recipe and GPU (what a
+  norm fuses, transposes only on TN-only fp8 GEMMs), sequence-parallel all-gathers of the quantized tensor (MXFP8:
+  both copies of an output gradient), block-scaled MXFP8 GEMMs at TE's measured kernel time ratio.
 """
 
 from __future__ import annotations
