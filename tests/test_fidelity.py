@@ -140,10 +140,11 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (7.5%), no run worse than 25%
-    NOT met (worst 28.3%: the README's 32B, 26.9% before session 4 priced the NeMo Llama rows' bf16 gradient
-    reduction as they ran, which leaves even less DP traffic to identify dp_overlap without the README; torchtitan's 8B
-    cp2 64k 27.8%); this guards the measured level.
+    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (7.8%), no run worse than 25%
+    NOT met (worst 29.5%: the README's 32B, 26.9% before session 4 priced the NeMo Llama rows' bf16 gradient
+    reduction as they ran and 27.8% before Transformer Engine's fp8 sequence-parallel all-gathers were priced at the
+    fp8 bytes they move: both leave the NeMo fp8 runs less communication to identify dp_overlap without the README;
+    torchtitan's 8B cp2 64k 25.3%); this guards the measured level.
     SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
     dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
     sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
@@ -151,7 +152,7 @@ def test_leave_one_group_out_error() -> None:
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
     assert sum(logo) / len(logo) <= 0.09
-    assert max(logo) <= 0.285
+    assert max(logo) <= 0.30
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
     sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]
