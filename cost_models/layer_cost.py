@@ -29,6 +29,7 @@ from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes
 from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
+from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
 
 ATTN_BWD_FACTOR = 2.5
 _COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}
@@ -225,10 +226,16 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         else:  # Transformer Engine: one module per input (fused q/k/v, gate/up) casts it once; LayerNormLinear's
             # norm takes part in the cast as the recipe allows (te_fp8.te_cast_bytes)
             cast = fp8_cast_bytes(rt, non_tn_gemm)
+            recipe = rt.fp8_recipe if rt is not None and rt.fp8_recipe in TE_RECIPES else None
             first = next(o for o in graph.ops if o.kind == op.kind and o.inputs[0] == op.inputs[0]) is op
-            if first:
-                fwd += (cast.norm_input if prod is not None and prod.kind == "norm" else cast.input) * k * scale
-            bwd += cast.grad_output * n * scale
+            norm_fed = prod is not None and prod.kind == "norm"
+            column = op.kind == "matmul" and graph.tensors[op.output].dim_kind in _COLUMN_KINDS
+            row = op.kind == "matmul" and graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS
+            if first:  # SP: a column-parallel input is cast on the local shard, then gathered
+                fwd += (te_gathered_cast_bytes(recipe, non_tn_gemm, t, norm_fed) if sp and column
+                        else cast.norm_input if norm_fed else cast.input) * k * scale
+            # SP: a row-parallel output gradient is cast on the local shard, then gathered
+            bwd += (te_gathered_cast_bytes(recipe, non_tn_gemm, t) if sp and row else cast.grad_output) * n * scale
         if op.kind == "matmul":  # torchao rowwise: the slow-accum backward GEMMs' separate rescale pass
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens

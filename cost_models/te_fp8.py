@@ -90,6 +90,22 @@ def te_tp_gather_bytes(recipe: str | None) -> tuple[float, float]:
     return BF16_BYTES, BF16_BYTES
 
 
+def te_gathered_cast_bytes(recipe: str | None, non_tn_gemm: bool, tp: int, norm_fed: bool = False) -> float:
+    """TE's cast of a tensor sequence parallelism all-gathers (a column-parallel linear's input, forward; a
+    row-parallel linear's output gradient, backward), bytes per GATHERED element: the quantizer runs on the local
+    1/tp shard before the gather (``module/layernorm_linear.py``:246-265, ``distributed.py`` ``_all_gather_fp8`` /
+    ``_all_gather_mxfp8``). Per-tensor recipes cast that shard row-wise only (the gather cannot carry a transpose:
+    ``_all_gather_fp8`` drops the column-wise usage; TE's norm writes no transpose without it, rmsnorm_api.cpp:96) and
+    a TN-only GPU builds the transpose on the gathered tensor (``_create_transpose``: read 1, write 1); MXFP8 and
+    blockwise quantize the shard with every usage."""
+    if recipe in ("mxfp8", "blockwise"):
+        local = te_cast_bytes(recipe, non_tn_gemm)
+        return (local.norm_input if norm_fed else local.input) / tp
+    rowwise = te_cast_bytes(recipe, non_tn_gemm=True)  # one fp8 copy, no transpose
+    local = rowwise.norm_input if norm_fed else rowwise.grad_output
+    return local / tp + (0.0 if non_tn_gemm else 2 * FP8_BYTES)
+
+
 # Block-scaled MXFP8 GEMMs run slower than per-tensor-scaled fp8 GEMMs of the same shape on Blackwell: the
 # tensor cores also load each operand's E8M0 scales (swizzled into tcgen05's layout) and apply them per 32-element
 # K block. Transformer Engine's GEMM profiling guide measures both kernels with pre-quantized inputs (no casts

@@ -198,3 +198,39 @@ def test_te_sequence_parallel_gathers_move_the_quantized_copies() -> None:
         ag = (lambda byte: bytes_sent_per_rank("all_gather", byte * elems, par.tp))  # noqa: E731
         assert b - t == pytest.approx(ag(BF16 - FP8)), tensor
         assert m - t == pytest.approx(ag(scale - FP8) if role == "column" else ag(2 * scale - FP8)), tensor
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "gb200"])
+def test_sequence_parallel_casts_run_on_the_local_shard(gpu: str) -> None:
+    """Under SP (tp 4) TE quantizes a column-parallel input (the norm's output) and a row-parallel output gradient on
+    the local quarter, then gathers; per-tensor recipes cast row-wise only and, on a TN-only GPU (Hopper), transpose
+    the gathered tensor (read 1, write 1). Bytes per gathered element, recounted from those kernels."""
+    from cost_models.layer_cost import op_traffic_bytes
+
+    model, cluster = load_model("llama3-70b"), build_cluster(gpu, 64)
+    par = ParallelConfig(tp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
+    graph = layer_graph(model, "dense", 8192)
+    tokens, t, hopper = 8192, 4, gpu == "h100-sxm"
+    q, o = graph.op("q_proj"), graph.op("o_proj")
+    h = model.hidden_size
+    transpose = 0 if not hopper else _bytes([(FP8, FP8)])
+    expect = {  # (q_proj forward: norm-fed input of the fused qkv; o_proj backward: its output gradient)
+        "delayed": ((FP8 - BF16) / t + transpose, _bytes([(BF16, FP8)]) / t + transpose),
+        "tensorwise": (_bytes([(BF16, FP8)]) / t + transpose, _bytes([(BF16, 0), (BF16, FP8)]) / t + transpose),
+        "mxfp8": (_bytes([(BF16, 2 * (FP8 + E8M0 / MX))]) / t,) * 2,
+    }
+    base = JobSpec(global_batch_size=64, seq_len=8192, precision="bf16")
+    bf16 = runtime_for("megatron", base, cluster, par, Software())
+    for recipe, (q_in, o_grad) in expect.items():
+        if recipe == "mxfp8" and hopper:
+            continue
+        job = base.model_copy(update={"precision": "fp8"})
+        rt = runtime_for("megatron", job, cluster, par, Software(fp8_recipe=recipe))
+        blackwell = not hopper
+
+        def extra(op, i):  # type: ignore[no-untyped-def]
+            return (op_traffic_bytes(op, graph, model, job, par, rt, non_tn_gemm=blackwell)[i]
+                    - op_traffic_bytes(op, graph, model, base, par, bf16, non_tn_gemm=blackwell)[i])
+
+        assert extra(q, 0) == pytest.approx(q_in * h * tokens), recipe
+        assert extra(o, 1) == pytest.approx(o_grad * h * tokens), recipe
