@@ -32,7 +32,9 @@ def rows():  # type: ignore[no-untyped-def]
 def test_all_published_cases_are_predicted(rows) -> None:  # type: ignore[no-untyped-def]
     cases = json.loads(fidelity.data_path().read_text())["cases"]
     skipped = fidelity.skipped_cases()
-    assert len(rows) + len(skipped) == len(cases) == 39
+    assert len(cases) == 39
+    # plus the more_runs.json groups that joined the calibration set (NeMo 24.07 rows, NeMo 24.03 long sequence)
+    assert len(rows) + len(skipped) == len(fidelity.calibration_cases()) == 39 + 15
     assert len(skipped) <= 1 and all(why for _, why in skipped)
     assert {r.generation for r in rows} == {"ampere", "hopper"}
 
@@ -109,7 +111,7 @@ def test_export_runs_round_trip(tmp_path: Path) -> None:
 
     paths = fidelity.export_runs(tmp_path)
     assert sorted(p.name for p in paths) == ["a100-80g.jsonl", "h100-sxm-96g.jsonl", "h100-sxm.jsonl"]
-    assert sum(len(load_runs(p)) for p in paths) == 39
+    assert sum(len(load_runs(p)) for p in paths) == 39 + 15
 
 
 @pytest.mark.slow
@@ -133,26 +135,26 @@ def test_catalog_is_the_fit_of_the_published_runs() -> None:
 def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
     rows = fidelity.evaluate(with_loo=True, with_logo=False)
     loo = [abs(r.loo_error) for r in rows if r.loo_error is not None]
-    assert len(loo) == 25  # the Megatron-Core runs
+    assert len(loo) == 25 + 15  # the Megatron-Core runs
     assert sum(loo) / len(loo) <= 0.08
     assert max(loo) <= 0.20
 
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% met (7.8%), no run worse than 25%
-    NOT met (worst 29.5%: the README's 32B, 26.9% before session 4 priced the NeMo Llama rows' bf16 gradient
-    reduction as they ran and 27.8% before Transformer Engine's fp8 sequence-parallel all-gathers were priced at the
-    fp8 bytes they move: both leave the NeMo fp8 runs less communication to identify dp_overlap without the README;
-    torchtitan's 8B cp2 64k 25.3%); this guards the measured level.
+    """Fit without a whole source, predict it. Issue #12's targets, both met on the 53 calibration runs: MAPE ≤ 10%
+    (5.9%) and no run worse than 25% (worst 23.1%: the README's 32B; torchtitan's 8B cp2 64k 19.4%). On the 38
+    runs of sessions 1-3 the README 32B was 26.9-29.9%: nothing but the README had Megatron runs with large data-parallel
+    groups, so dp_overlap was unidentified without it; the NeMo 24.07 rows (dp up to 64) that joined the calibration
+    set identify it.
     SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
     dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
     sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
     rows = fidelity.evaluate(with_loo=False, with_logo=True)
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
-    assert sum(logo) / len(logo) <= 0.09
-    assert max(logo) <= 0.30
+    assert sum(logo) / len(logo) <= 0.07
+    assert max(logo) <= 0.25
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
     sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]
@@ -252,7 +254,7 @@ def test_calibration_runs_fit_under_the_default_headroom() -> None:
     """Issue #12: a configuration that really trained is predicted to fit (priced with the knobs its recipe states:
     Nemotron-4 340B with the bf16 gradients and bf16 Adam moments of NeMo 24.07's recipe, resolutions.json)."""
     rows = fidelity.calibration_fits()
-    assert len(rows) == 38
+    assert len(rows) == 38 + 15
     over = [(cid, round(gib, 2), limit) for cid, gib, limit, fits in rows if not fits]
     assert not over, over
     assert "predicted to fit" in fidelity.render_fits(rows)
