@@ -19,3 +19,9 @@ def load_benchmark(script: str, name: str) -> ModuleType:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_heldout() -> ModuleType:
+    """``benchmarks/heldout.py``, after the ``fidelity`` script it imports by that name."""
+    load_benchmark("fidelity", "fidelity")
+    return load_benchmark("heldout", "heldout")

@@ -14,6 +14,8 @@ from cost_models.memory import activation_bytes_per_microbatch, graphs_for, stag
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
 
+from cli_emit import emitted_megatron_args
+
 H100 = build_cluster("h100-sxm", 8)
 
 
@@ -90,13 +92,9 @@ def test_megatron_core_refusals(par: ParallelConfig, k: int, match: str) -> None
 
 def test_cli_flag_emits_and_refuses_in_one_line(tmp_path) -> None:  # noqa: ANN001
     from autoplan.cli import cli
-    from autoplan.emit.megatron import parse_megatron_args
 
     base = ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--target", "megatron"]
-    out = tmp_path / "emit"
-    res = CliRunner().invoke(cli, ["emit", *base, "--cpu-offload-layers", "24", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    ns = parse_megatron_args((out / "megatron_args.txt").read_text().split())
+    ns = emitted_megatron_args([*base, "--cpu-offload-layers", "24"], tmp_path)
     assert ns.cpu_offloading_num_layers == 24
     bad = CliRunner().invoke(cli, ["estimate", *base[:-4], "--pp", "2", "--target", "megatron",
                                    "--cpu-offload-layers", "8"])

@@ -6,13 +6,14 @@ what autoplan does not price is refused in one line."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
+
+from cli_emit import emitted_megatron_args
 
 # Compute capability of the catalog GPUs used here (NVIDIA CUDA GPU list: H100 9.0, B200 / GB200 10.0).
 CAPABILITY = {"h100-sxm": (9, 0), "b200": (10, 0), "gb200": (10, 0)}
@@ -81,13 +82,6 @@ def test_refusals(gpu: str, zero: int, precision: str, recipe: str | None, match
 
 
 def test_emitted_flag_parses(tmp_path) -> None:  # noqa: ANN001
-    from autoplan.cli import cli
-    from autoplan.emit.megatron import parse_megatron_args
-
-    out = tmp_path / "emit"
-    res = CliRunner().invoke(cli, ["emit", "--model", "llama3-8b", "--gpu", "gb200", "--gpus", "8", "--tp", "1",
-                                   "--pp", "1", "--precision", "fp8", "--target", "megatron", "--fp8-param-gather",
-                                   "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    ns = parse_megatron_args((out / "megatron_args.txt").read_text().split())
+    ns = emitted_megatron_args(["--model", "llama3-8b", "--gpu", "gb200", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                "--precision", "fp8", "--target", "megatron", "--fp8-param-gather"], tmp_path)
     assert ns.fp8_param_gather and ns.use_distributed_optimizer

@@ -12,13 +12,12 @@ import json
 
 import pytest
 
-from benchmark_modules import load_benchmark
+from benchmark_modules import load_heldout
 
 
 @pytest.fixture(scope="module")
 def heldout():  # type: ignore[no-untyped-def]
-    load_benchmark("fidelity", "fidelity")
-    return load_benchmark("heldout", "heldout")
+    return load_heldout()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ from cost_models.errors import ConfigError
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
 
+from cli_emit import emitted_megatron_args
+
 # megatron-core (the validate extra) is the truth these tests read; imported before any test puts a TE stand-in in
 # sys.modules, so the stand-in never leaks into megatron-core's import-time checks.
 oc = pytest.importorskip("megatron.core.optimizer.optimizer_config")
@@ -97,13 +99,9 @@ def test_needs_the_distributed_optimizer(zero: int) -> None:
 
 def test_emitted_flags_parse_and_cli_refuses_fsdp2(tmp_path) -> None:  # noqa: ANN001
     from autoplan.cli import cli
-    from autoplan.emit.megatron import parse_megatron_args
 
     base = ["--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--target", "megatron"]
-    out = tmp_path / "emit"
-    res = CliRunner().invoke(cli, ["emit", *base, "--adam-moments-dtype", "bf16", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    ns = parse_megatron_args((out / "megatron_args.txt").read_text().split())
+    ns = emitted_megatron_args([*base, "--adam-moments-dtype", "bf16"], tmp_path)
     assert ns.use_distributed_optimizer and ns.use_precision_aware_optimizer
     assert ns.exp_avg_dtype == ns.exp_avg_sq_dtype == "bf16"
     bad = CliRunner().invoke(cli, ["estimate", *base, "--zero", "3", "--adam-moments-dtype", "bf16"])
