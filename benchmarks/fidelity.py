@@ -155,21 +155,20 @@ def load_cases(path: Path | None = None) -> tuple[list[dict[str, Any]], dict[str
     return data["cases"], rules
 
 
+def skip_reason(case: dict[str, Any], rules: dict[str, Any]) -> str | None:
+    """Why the model cannot express ``case`` yet (its group's ``cases.<id>.skip``), or None."""
+    return rules["groups"].get(case["group"], {}).get("cases", {}).get(case["id"], {}).get("skip")
+
+
 def skipped_cases(path: Path | None = None) -> list[tuple[str, str]]:
     """(id, why) of the published cases the model cannot express yet (resolutions.json ``skip``)."""
     cases, rules = load_cases(path)
-    out = []
-    for c in cases:
-        why = rules["groups"].get(c["group"], {}).get("cases", {}).get(c["id"], {}).get("skip")
-        if why:
-            out.append((c["id"], why))
-    return out
+    return [(c["id"], why) for c in cases if (why := skip_reason(c, rules))]
 
 
 def published_runs(path: Path | None = None) -> list[tuple[dict[str, Any], ResolvedRun]]:
     cases, rules = load_cases(path)
-    skip = {cid for cid, _ in skipped_cases(path)}
-    return [(c, resolve_run(to_run(c, rules))) for c in cases if c["id"] not in skip]
+    return [(c, resolve_run(to_run(c, rules))) for c in cases if not skip_reason(c, rules)]
 
 
 def more_runs_files() -> list[Path]:
@@ -177,10 +176,10 @@ def more_runs_files() -> list[Path]:
     return sorted(DATA.glob("more_runs*.json"))
 
 
-def calibration_groups(path: Path) -> set[str]:
-    """Groups of a ``more_runs*.json`` file that joined the calibration set (``"calibration": true``, with a
-    ``calibration_basis``): fitted with published_runs.json, so no longer held out."""
-    return {g for g, rule in load_cases(path)[1]["groups"].items() if rule.get("calibration")}
+def calibration_groups(rules: dict[str, Any]) -> set[str]:
+    """Groups of a ``more_runs*.json`` file's rules (``load_cases``) that joined the calibration set
+    (``"calibration": true``, with a ``calibration_basis``): fitted with published_runs.json, so no longer held out."""
+    return {g for g, rule in rules["groups"].items() if rule.get("calibration")}
 
 
 def calibration_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -191,7 +190,7 @@ def calibration_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     out = [({**c, "logo_group": c["group"]}, rules) for c in cases]
     for path in more_runs_files():
         mine, more = load_cases(path)
-        keep = calibration_groups(path)
+        keep = calibration_groups(more)
         out += [({**c, "logo_group": more["groups"][c["group"]].get("logo_group", c["group"])}, more)
                 for c in mine if c["group"] in keep]
     return out
@@ -199,12 +198,7 @@ def calibration_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 def calibration_runs() -> list[tuple[dict[str, Any], ResolvedRun]]:
     """The runs the catalog is fitted on (``calibration_cases``), resolved; documented skips left out."""
-    out = []
-    for c, rules in calibration_cases():
-        if rules["groups"].get(c["group"], {}).get("cases", {}).get(c["id"], {}).get("skip"):
-            continue
-        out.append((c, resolve_run(to_run(c, rules))))
-    return out
+    return [(c, resolve_run(to_run(c, rules))) for c, rules in calibration_cases() if not skip_reason(c, rules)]
 
 
 @dataclass

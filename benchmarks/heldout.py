@@ -33,7 +33,7 @@ from cost_models.estimate import estimate  # noqa: E402
 
 
 def default_files() -> list[Path]:
-    return sorted(fidelity.DATA.glob("more_runs*.json"))
+    return fidelity.more_runs_files()
 
 
 @dataclass
@@ -101,7 +101,7 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
     cases: list[dict[str, Any]] = []
     for path in files if files is not None else default_files():
         mine, rules = fidelity.load_cases(path)
-        fitted = fidelity.calibration_groups(path)  # joined the calibration set: no longer held out
+        fitted = fidelity.calibration_groups(rules)  # joined the calibration set: no longer held out
         mine = [c for c in mine if c["group"] not in fitted]
         cases += mine
         skipped += fidelity.skipped_cases(path)
@@ -188,7 +188,7 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
               f"{sum(r.fits for r in rows)}/{len(rows)}"
               + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
-    fitted = sorted(g for path in default_files() for g in fidelity.calibration_groups(path))
+    fitted = sorted(g for path in default_files() for g in fidelity.calibration_groups(fidelity.load_cases(path)[1]))
     if fitted:
         lines += ["", f"Not held out (joined the calibration set; scored by benchmarks/fidelity.py): {', '.join(fitted)}"]
     if skipped:
