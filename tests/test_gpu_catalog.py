@@ -9,7 +9,7 @@ import yaml
 from importlib import resources
 
 from autoplan.catalog.cluster import build_cluster
-from autoplan.catalog.registry import efficiency_for, gpu_names, hbm_gib_from_datasheet, load_gpu
+from autoplan.catalog.registry import efficiency_for_gpu, gpu_names, hbm_gib_from_datasheet, load_gpu
 
 NEW = ["v100-16g", "v100-32g", "b300", "gb300", "mi325x", "mi355x", "h20"]
 
@@ -46,7 +46,7 @@ def test_hbm_rule_matches_what_the_driver_reports(gpu: str, smi_mib: int) -> Non
 def test_new_gpus_build_clusters_and_have_prior_efficiencies(name: str) -> None:
     gpu = load_gpu(name)
     c = build_cluster(name, 144 if gpu.gpus_per_node == 4 else 64)
-    assert c.efficiency == efficiency_for(gpu.generation)
+    assert c.efficiency == efficiency_for_gpu(name)  # the generation's, with the GPU's own facts (gpu_efficiency)
     assert gpu.peak_fp8_tflops >= gpu.peak_bf16_tflops and gpu.hbm_gib >= 16
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoplan.catalog.registry import efficiency_for, framework_efficiency, load_gpu
+from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu
 from autoplan.catalog.spec_file import read_mapping, validate
 from autoplan.errors import UserInputError
 from autoplan.inputs import read_bytes, user_path
@@ -90,7 +90,8 @@ def build_cluster(
     target: str | None = None,
 ) -> ClusterSpec:
     """A homogeneous cluster of ``num_gpus`` catalog GPUs, as ``target`` runs on it. Fewer GPUs than one node is
-    allowed (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's, then the efficiency set
+    allowed (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's with the GPU's own facts
+    over it (``efficiency_for_gpu``: gpus.yaml ``gpu_efficiency``), then the efficiency set
     the target's profile names (``target_efficiency``), then a cluster profile's own fields.
 
     The one way every path (estimate, search, ``any``'s per-target candidates, emit, validate, scale, compare,
@@ -98,7 +99,7 @@ def build_cluster(
     spec = load_gpu(gpu)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
-    efficiency = efficiency_for(spec.generation)
+    efficiency = efficiency_for_gpu(spec.name)
     overrides = target_efficiency(target)
     if overrides:
         efficiency = efficiency.model_copy(update=overrides)

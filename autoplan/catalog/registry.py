@@ -112,6 +112,14 @@ def framework_efficiency(framework: str | None) -> dict[str, Any]:
     return dict(table.get(framework or "megatron") or {})
 
 
+def gpu_efficiency(gpu: str) -> dict[str, Any]:
+    """``gpus.yaml``'s ``gpu_efficiency`` section: the Efficiency fields one GPU sets over its generation's, facts
+    of that GPU measured against a sibling of its generation (e.g. Blackwell Ultra's sustained tensor throughput and
+    attention kernel against GB200's); none for most GPUs."""
+    table = _read("gpus.yaml").get("gpu_efficiency") or {}
+    return dict(table.get(gpu.strip().lower()) or {})
+
+
 def unknown_name_error(kind: str, name: str, catalog: Catalog[Any], see: str) -> UserInputError:
     """``unknown model 'x'; did you mean: a, b? (see 'autoplan models')``; ``.valid`` lists every name."""
     close = catalog.suggestions(name)
@@ -144,6 +152,16 @@ def efficiency_for(generation: str) -> Efficiency:
         return table[generation.strip().lower()]
     except KeyError:
         raise UserInputError(f"no efficiency parameters for GPU generation '{generation}'", valid=sorted(table)) from None
+
+
+@lru_cache(maxsize=64)
+def efficiency_for_gpu(gpu: str) -> Efficiency:
+    """A catalog GPU's efficiency parameters: its generation's (``efficiency_for``) with the GPU's own facts
+    (``gpu_efficiency``) over them."""
+    spec = load_gpu(gpu)
+    base = efficiency_for(spec.generation)
+    own = gpu_efficiency(spec.name)
+    return validate(Efficiency, {**base.model_dump(), **own}, f"catalog gpu_efficiency '{spec.name}'") if own else base
 
 
 def efficiency_is_prior(gpu: GPUSpec) -> bool:

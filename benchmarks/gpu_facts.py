@@ -1,0 +1,111 @@
+"""Per-GPU efficiency facts (gpus.yaml ``gpu_efficiency``): public micro-benchmarks that measure one GPU against a
+sibling of its generation under the same benchmark, and how the catalog's values are made from them.
+
+Blackwell Ultra (GB300, B300) has the same datasheet dense BF16/FP8 peaks as Blackwell (GB200: 2.5 / 5 PFLOP/s;
+B300 = B200: 2.25 / 4.5), but a 1400 W TGP against GB200's 1200 W (B300 1100 W vs B200 1000 W) and twice the SFU
+exponent throughput (MUFU.EX2: 10.7 vs 5 TeraExponentials/s; NVIDIA, "Inside NVIDIA Blackwell Ultra: The Chip
+Powering the AI Factory Era", https://developer.nvidia.com/blog/inside-nvidia-blackwell-ultra-the-chip-powering-the-ai-factory-era/
+and "Making Softmax More Efficient with NVIDIA Blackwell Ultra",
+https://developer.nvidia.com/blog/making-softmax-more-efficient-with-nvidia-blackwell-ultra/). Both show up in
+measurements at equal peaks:
+
+- sustained GEMM throughput (the power budget sets the tensor clock a long GEMM loop runs at): Azure's AI
+  benchmarking guide runs the same cuBLASLt FP8 GEMM benchmark (random init, 10,000 warm-up iterations) on
+  ND GB200 v6 and ND GB300 v6 — ``SUSTAINED_FP8_GEMM``;
+- the fused attention kernel (softmax exponentials on the SFU): NVIDIA's cudnn-frontend SDPA training benchmark,
+  GB200 and GB300 in one commit (same cuDNN 9.17, same shape) — ``GB300_ATTENTION_SWEEP`` next to
+  ``cost_models.specs.BLACKWELL_ATTENTION_SWEEP``.
+
+``blackwell_ultra_efficiency`` turns them into the GPU overrides over the ``blackwell`` generation's values;
+``tests/test_gpu_facts.py`` recomputes the catalog from it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cost_models.specs import ATTENTION_REF_KEYS, BLACKWELL_ATTENTION_SWEEP, Efficiency  # noqa: E402
+
+# cuBLASLt FP8 GEMM, TFLOP/s, (m, n, k) -> (ND GB200 v6, ND GB300 v6). Azure/AI-benchmarking-guide
+# Azure_Results/ND_GB200_v6_results.md @ 2a370be (CUDA 12.8, driver 570.133.20) and egmsft/AI-benchmarking-guide
+# Azure_Results/ND_GB300_v6_results.md @ 18e80a2 (CUDA 13.0, driver 580.82.07), "GEMM CuBLASLt (FP8)" tables
+# (Benchmarks/GEMMCublasLt.py): random initialization, 10,000 warm-up iterations.
+SUSTAINED_FP8_GEMM: dict[tuple[int, int, int], tuple[float, float]] = {
+    (1024, 1024, 1024): (489.2, 553.5),
+    (2048, 2048, 2048): (2243.6, 2288.9),
+    (4096, 4096, 4096): (2834.6, 3257.0),
+    (8192, 8192, 8192): (2876.6, 3286.3),
+    (16384, 16384, 16384): (2906.9, 3308.5),
+    (32768, 32768, 32768): (2825.6, 3271.3),
+    (1024, 2145, 1024): (1022.2, 1115.1),
+    (6144, 12288, 12288): (2895.6, 3279.5),
+    (802816, 192, 768): (1459.5, 1717.1),
+}
+# Shapes whose every dim is >= this run on the plateau on both GPUs (the training GEMMs' regime): the sustained
+# ratio is their mean. Smaller / skinny shapes measure launch and tile quantization, not the power budget.
+PLATEAU_DIM = 4096
+
+# cuDNN SDPA, bf16, causal, batch 1, 128 query / 8 KV heads, head dim 128 (Llama 3.1 405B's shape), cuDNN 9.17
+# (cudnn-frontend 1.17): tokens -> (forward, backward) TFLOP/s on GB300. NVIDIA/cudnn-frontend
+# benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv @ d48a60e (2025-12-19),
+# rows "1,N,N,128,8,128,True,cudnn_fe" — the same commit, shape and cuDNN as BLACKWELL_ATTENTION_SWEEP's GB200 file.
+GB300_ATTENTION_SWEEP: tuple[str, dict[int, tuple[float, float]]] = ("gb300", {
+    4096: (1682.0, 1110.0), 8192: (1899.0, 1292.0), 16384: (1978.0, 1399.0),
+    32768: (2007.0, 1438.0), 65536: (1951.0, 1399.0), 131072: (1821.0, 1360.0),
+})
+
+
+def sustained_gemm_ratio() -> float:
+    """GB300 / GB200 sustained FP8 GEMM throughput on the plateau shapes (mean of the per-shape ratios)."""
+    ratios = [b / a for (m, n, k), (a, b) in SUSTAINED_FP8_GEMM.items() if min(m, n, k) >= PLATEAU_DIM]
+    return sum(ratios) / len(ratios)
+
+
+def attention_share_ratio() -> float:
+    """GB300 / GB200 fused-attention kernel share of peak (fwd + 2.5x bwd FLOPs) at the reference length (8k
+    tokens = ATTENTION_REF_KEYS keys per query), same benchmark commit; both GPUs' datasheet peaks are 2500."""
+    from benchmarks.fidelity import kernel_share
+    from autoplan.catalog.registry import load_gpu
+
+    tokens = int(2 * ATTENTION_REF_KEYS)
+    (g0, s0), (g1, s1) = BLACKWELL_ATTENTION_SWEEP, GB300_ATTENTION_SWEEP
+    return (kernel_share(*s1[tokens], load_gpu(g1).peak_bf16_tflops)
+            / kernel_share(*s0[tokens], load_gpu(g0).peak_bf16_tflops))
+
+
+def blackwell_ultra_efficiency(blackwell: Efficiency) -> dict[str, dict[str, Any]]:
+    """gpus.yaml ``gpu_efficiency`` for GB300 and B300 from the ``blackwell`` generation's values (whose GEMM and
+    attention figures stand for GB200/B200):
+
+    - gb300 ``gemm_max`` × ``sustained_gemm_ratio`` (every GEMM: the sustained tensor clock is the power budget's,
+      bf16 as fp8; the GEMM benchmark is FP8, the only precision Azure ran on both);
+    - gb300 ``attention`` × ``attention_share_ratio`` and its own ``attention_half_keys`` (the same x/(x + h) fit
+      to its own sweep that made Blackwell's from GB200's);
+    - b300: the attention facts only — the same Blackwell Ultra SM (2x SFU), measured on GB300; no B300-vs-B200
+      GEMM benchmark is public, so its GEMMs stay the generation's (a prior, as B200's)."""
+    from benchmarks.fidelity import attention_half_keys_fit
+    from autoplan.catalog.registry import load_gpu
+
+    gpu, sweep = GB300_ATTENTION_SWEEP
+    _, half = attention_half_keys_fit(sweep, load_gpu(gpu).peak_bf16_tflops)
+    attention = {"attention": round(blackwell.attention * attention_share_ratio(), 4),
+                 "attention_half_keys": round(half)}
+    return {
+        "gb300": {"gemm_max": round(blackwell.gemm_max * sustained_gemm_ratio(), 4), **attention},
+        "b300": dict(attention),
+    }
+
+
+if __name__ == "__main__":
+    from autoplan.catalog.registry import efficiency_catalog
+
+    print(f"sustained FP8 GEMM GB300/GB200: {sustained_gemm_ratio():.4f}; "
+          f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
+    for name, fields in blackwell_ultra_efficiency(efficiency_catalog()["blackwell"]).items():
+        print(f"  {name}: {fields}")

@@ -1,0 +1,98 @@
+"""Per-GPU efficiency facts (gpus.yaml ``gpu_efficiency``; benchmarks/gpu_facts.py): each value is recomputed from
+the public benchmark numbers it cites, reaches the cluster every path builds, and changes a prediction."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.catalog.registry import efficiency_catalog, efficiency_for, efficiency_for_gpu, gpu_efficiency
+from cost_models.estimate import estimate
+from cost_models.gemm import attention_time_s, matmul_time_s
+from cost_models.specs import JobSpec, ParallelConfig
+from benchmark_modules import load_benchmark
+
+facts = load_benchmark("gpu_facts", "gpu_facts")
+
+
+def test_catalog_gpu_efficiency_is_recomputed_from_the_benchmarks() -> None:
+    """gb300 / b300 overrides == the derivation from the cited numbers over the current ``blackwell`` entry: a refit
+    or re-transfer of the generation cannot leave them stale."""
+    want = facts.blackwell_ultra_efficiency(efficiency_catalog()["blackwell"])
+    assert set(want) == {"gb300", "b300"}
+    for gpu, fields in want.items():
+        have = gpu_efficiency(gpu)
+        assert set(have) == set(fields), gpu
+        for name, value in fields.items():
+            assert have[name] == pytest.approx(value, abs=1e-4), (gpu, name)
+
+
+def test_the_ratios_come_from_the_cited_tables() -> None:
+    """Sustained FP8 GEMM GB300/GB200 (Azure cuBLASLt, 8192^3: 3286.3 vs 2876.6 TFLOP/s) and the cuDNN 9.17 SDPA
+    share at 8k (GB300 fwd 1899 / bwd 1292; GB200 1584 / 1211 TFLOP/s; backward counted as 2.5x the forward)."""
+    assert facts.SUSTAINED_FP8_GEMM[(8192, 8192, 8192)] == (2876.6, 3286.3)
+    plateau = [(4096,) * 3, (8192,) * 3, (16384,) * 3, (32768,) * 3, (6144, 12288, 12288)]
+    mean = sum(facts.SUSTAINED_FP8_GEMM[s][1] / facts.SUSTAINED_FP8_GEMM[s][0] for s in plateau) / len(plateau)
+    assert facts.sustained_gemm_ratio() == pytest.approx(mean)
+    assert 1.13 < facts.sustained_gemm_ratio() < 1.16  # every plateau shape: 1.133-1.158
+    share = lambda f, b: 3.5 / (1 / f + 2.5 / b) / 2500  # noqa: E731
+    assert facts.attention_share_ratio() == pytest.approx(share(1899, 1292) / share(1584, 1211))
+    assert facts.GB300_ATTENTION_SWEEP[1][8192] == (1899.0, 1292.0)
+
+
+def test_gb300_attention_half_keys_is_its_own_sweeps_fit() -> None:
+    fidelity = load_benchmark("fidelity", "fidelity")
+    gpu, sweep = facts.GB300_ATTENTION_SWEEP
+    a, h = fidelity.attention_half_keys_fit(sweep, 2500.0)
+    assert gpu_efficiency("gb300")["attention_half_keys"] == pytest.approx(h, abs=1.0)
+    for tokens, (fwd, bwd) in sweep.items():
+        assert a * (tokens / 2) / (tokens / 2 + h) == pytest.approx(fidelity.kernel_share(fwd, bwd, 2500.0), rel=0.10)
+
+
+def test_every_path_gets_the_gpu_facts_and_framework_and_profile_still_go_over(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    gb300 = build_cluster("gb300", 72).efficiency
+    assert gb300 == efficiency_for_gpu("gb300") != efficiency_for("blackwell")
+    assert gb300.gemm_max == gpu_efficiency("gb300")["gemm_max"]
+    assert build_cluster("gb200", 72).efficiency == efficiency_for("blackwell")  # no facts of its own
+    assert build_cluster("gb300-nvl72", 72).efficiency == gb300  # an alias takes its entry's facts
+    prof = tmp_path / "p.yaml"
+    prof.write_text("gpu: gb300\nefficiency: {gemm_max: 0.5}\n")
+    assert build_cluster("gb300", 72, profile=str(prof)).efficiency.gemm_max == 0.5
+    assert build_cluster("gb300", 72, profile=str(prof)).efficiency.attention == gb300.attention
+
+
+def _cluster_without(gpu: str, field: str, n: int = 64):  # type: ignore[no-untyped-def]
+    c = build_cluster(gpu, n)
+    return c.model_copy(update={"efficiency": c.efficiency.model_copy(
+        update={field: getattr(efficiency_for(c.gpu.generation), field)})})
+
+
+def test_each_fact_changes_the_prediction() -> None:
+    """Remove one fact and the kernel it describes (and the step) slows by its measured ratio."""
+    gb300 = build_cluster("gb300", 64)
+    assert (matmul_time_s(8192, 8192, 8192, _cluster_without("gb300", "gemm_max"), "fp8")
+            / matmul_time_s(8192, 8192, 8192, gb300, "fp8")) == pytest.approx(facts.sustained_gemm_ratio(), rel=1e-3)
+    for gpu in ("gb300", "b300"):
+        assert (attention_time_s(1e15, _cluster_without(gpu, "attention"))
+                / attention_time_s(1e15, build_cluster(gpu, 64))) == pytest.approx(facts.attention_share_ratio(),
+                                                                                 rel=1e-3)
+    model = load_model("llama3-8b")
+    par = ParallelConfig(tp=1, pp=1, cp=4)
+    job = JobSpec(global_batch_size=64, seq_len=131072, precision="fp8")
+    base = estimate(model, gb300, job, par, check=False).step_time_s
+    for field in ("gemm_max", "attention", "attention_half_keys"):
+        assert estimate(model, _cluster_without("gb300", field), job, par, check=False).step_time_s > base * 1.01, field
+    b300 = estimate(model, build_cluster("b300", 64), job, par, check=False).step_time_s
+    for field in ("attention", "attention_half_keys"):
+        assert estimate(model, _cluster_without("b300", field), job, par, check=False).step_time_s > b300 * 1.01, field
+
+
+def test_gb300_is_predicted_faster_than_gb200_on_the_same_job() -> None:
+    """Equal datasheet peaks, HBM and NVLink: what separates the two is the measured facts (GEMMs 1.14x, attention
+    1.10x at 8k), so an fp8 70B step on GB300 is faster, by less than the GEMM ratio (communication is unchanged)."""
+    model = load_model("llama3-70b")
+    job = JobSpec(global_batch_size=128, seq_len=8192, precision="fp8")
+    par = ParallelConfig(tp=4, pp=2)
+    t200 = estimate(model, build_cluster("gb200", 64), job, par, check=False).step_time_s
+    t300 = estimate(model, build_cluster("gb300", 64), job, par, check=False).step_time_s
+    assert 1.05 < t200 / t300 < facts.sustained_gemm_ratio() * 1.001
