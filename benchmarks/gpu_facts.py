@@ -16,6 +16,9 @@ measurements at equal peaks:
   GB200 and GB300 in one commit (same cuDNN 9.17, same shape) — ``GB300_ATTENTION_SWEEP`` next to
   ``cost_models.specs.BLACKWELL_ATTENTION_SWEEP``.
 
+It also holds the NVLink 5 collective measurements behind the ``blackwell`` generation's ``link_bus`` / ``nvls_bus``
+(``NCCL_ALLREDUCE_BUSBW``: one report measuring H100 and B300 the same way).
+
 ``blackwell_ultra_efficiency`` turns them into the GPU overrides over the ``blackwell`` generation's values;
 ``tests/test_gpu_facts.py`` recomputes the catalog from it.
 """
@@ -59,6 +62,26 @@ GB300_ATTENTION_SWEEP: tuple[str, dict[int, tuple[float, float]]] = ("gb300", {
     4096: (1682.0, 1110.0), 8192: (1899.0, 1292.0), 16384: (1978.0, 1399.0),
     32768: (2007.0, 1438.0), 65536: (1951.0, 1399.0), 131072: (1821.0, 1360.0),
 })
+
+# nccl-tests all_reduce_perf bus bandwidth, GB/s, one 8-GPU NVSwitch node: GPU -> (NVLS off = ring, NVLS on).
+# NVIDIA/nccl#2140 (2026-04-28, NCCL 2.30.4+cuda13.1), one reporter, both systems: 8x H100 370 -> 480 (hopper's
+# catalog link_bus / nvls_bus, measured earlier, are exactly these), 8x B300 695 -> 845. Blackwell's NVLink 5 (18
+# links x 50 GB/s per direction) and NVLink-SHARP switch are the same on B200/GB200/B300/GB300: one generation value.
+NCCL_ALLREDUCE_BUSBW: dict[str, tuple[float, float]] = {"h100-sxm": (370.0, 480.0), "b300": (695.0, 845.0)}
+# Cross-checks of the Blackwell pair (not used to make the values): Azure AI-benchmarking-guide ND GB200 v6 / ND GB300
+# v6 "NCCL AllReduce (Ring algorithm)", 4 GPUs of one compute tray over the NVLink switch, 8 GB in place: 679.61 /
+# 680.45 GB/s (NCCL 2.25.1); NVIDIA/nccl#1807: 8x B200, NCCL 2.27.1, default algorithm, "830+".
+NCCL_RING_ALLREDUCE_CROSSCHECK: dict[str, float] = {"gb200": 679.61, "gb300": 680.45}
+
+
+def nvlink_bus_efficiency(gpu: str) -> tuple[float, float]:
+    """(link_bus, nvls_bus) of ``gpu``'s generation: ring and NVLS all-reduce busbw over the nominal per-direction
+    NVLink bandwidth (``NCCL_ALLREDUCE_BUSBW``)."""
+    from autoplan.catalog.registry import load_gpu
+
+    ring, nvls = NCCL_ALLREDUCE_BUSBW[gpu]
+    link = load_gpu(gpu).link_gbytes_per_s
+    return ring / link, nvls / link
 
 
 def sustained_gemm_ratio() -> float:

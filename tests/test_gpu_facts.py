@@ -96,3 +96,36 @@ def test_gb300_is_predicted_faster_than_gb200_on_the_same_job() -> None:
     t200 = estimate(model, build_cluster("gb200", 64), job, par, check=False).step_time_s
     t300 = estimate(model, build_cluster("gb300", 64), job, par, check=False).step_time_s
     assert 1.05 < t200 / t300 < facts.sustained_gemm_ratio() * 1.001
+
+
+def test_nvlink5_bus_efficiencies_are_the_cited_nccl_tests() -> None:
+    """Blackwell's ring / NVLS all-reduce busbw over NVLink 5's 900 GB/s: 8x B300, NVLS off 695, on 845 GB/s
+    (nccl#2140). The same report's 8x H100 pair (370 / 480) is hopper's catalog values: one yardstick for both."""
+    cat = efficiency_catalog()
+    link, nvls = facts.nvlink_bus_efficiency("b300")
+    assert (link, nvls) == pytest.approx((695 / 900, 845 / 900))
+    assert cat["blackwell"].link_bus == pytest.approx(link, abs=1e-4)
+    assert cat["blackwell"].nvls_bus == pytest.approx(nvls, abs=1e-4)
+    assert (cat["hopper"].link_bus, cat["hopper"].nvls_bus) == pytest.approx(facts.nvlink_bus_efficiency("h100-sxm"),
+                                                                             abs=3e-3)  # 0.82 rounds 370/450
+    # Azure's ring all-reduce on 4 GPUs of one GB200 / GB300 tray agrees within 3%
+    for busbw in facts.NCCL_RING_ALLREDUCE_CROSSCHECK.values():
+        assert busbw / 900 == pytest.approx(link, rel=0.03)
+
+
+def test_nvlink5_bus_efficiencies_change_the_prediction() -> None:
+    """A TP all-reduce (no sequence parallelism) inside one NVLink domain prices NVLS; an SP all-gather the ring."""
+    from cost_models.collectives import group_collective_time_s
+
+    c = build_cluster("b200", 8)
+    for kind, field in (("all_reduce", "nvls_bus"), ("all_gather", "link_bus")):
+        now = group_collective_time_s(kind, 2**30, 8, 1, c)
+        prior = c.model_copy(update={"efficiency": c.efficiency.model_copy(
+            update={"nvls_bus": 0.0, "link_bus": 0.82})})  # the generation's values before (hopper's ring, no NVLS)
+        assert group_collective_time_s(kind, 2**30, 8, 1, prior) != pytest.approx(now, rel=0.02), (kind, field)
+    model = load_model("llama3-70b")
+    job = JobSpec(global_batch_size=64, seq_len=8192, precision="fp8")
+    par = ParallelConfig(tp=8, pp=1, sequence_parallel=False)
+    base = estimate(model, c.model_copy(update={"num_gpus": 64}), job, par, check=False).step_time_s
+    no_nvls = c.model_copy(update={"num_gpus": 64, "efficiency": c.efficiency.model_copy(update={"nvls_bus": 0.0})})
+    assert estimate(model, no_nvls, job, par, check=False).step_time_s > base * 1.005
