@@ -73,6 +73,31 @@ NCCL_ALLREDUCE_BUSBW: dict[str, tuple[float, float]] = {"h100-sxm": (370.0, 480.
 # 680.45 GB/s (NCCL 2.25.1); NVIDIA/nccl#1807: 8x B200, NCCL 2.27.1, default algorithm, "830+".
 NCCL_RING_ALLREDUCE_CROSSCHECK: dict[str, float] = {"gb200": 679.61, "gb300": 680.45}
 
+# BF16 GEMM on B300, autocast mode (BF16 has no quantization), Fprop rows of TE's GEMM profiling guide, M = 31 x 512
+# tokens: NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst @ 1609c890e (TE#2863), "GEMM
+# Benchmark (Model Config Mode) on NVIDIA B300 SXM6 AC": (m, k, n) -> ms. A cross-check of the generation's GEMM curve
+# (``gemm_crosscheck``), not used to make a value.
+B300_TE_BF16_GEMM_MS: dict[tuple[int, int, int], float] = {
+    (15872, 4096, 12288): 1.071, (15872, 4096, 4096): 0.307, (15872, 4096, 16384): 1.393, (15872, 16384, 4096): 1.426,
+}
+
+
+def gemm_crosscheck() -> list[tuple[str, str, float, float]]:
+    """(GPU, shape, measured, model) TFLOP/s: the catalog's GEMM curve (cost_models.gemm.matmul_time_s, the GPU's
+    efficiencies as build_cluster gives them) against the sustained micro-benchmarks above."""
+    from autoplan.catalog import build_cluster
+    from cost_models.gemm import matmul_time_s
+
+    rows = []
+    for i, gpu in enumerate(("gb200", "gb300")):
+        c = build_cluster(gpu, 8)
+        for (m, n, k), tflops in SUSTAINED_FP8_GEMM.items():
+            rows.append((gpu, f"fp8 {m}x{n}x{k}", tflops[i], 2 * m * n * k / matmul_time_s(m, k, n, c, "fp8") / 1e12))
+    c = build_cluster("b300", 8)
+    for (m, k, n), ms in B300_TE_BF16_GEMM_MS.items():
+        rows.append(("b300", f"bf16 {m}x{k}x{n}", 2 * m * k * n / ms / 1e9, 2 * m * k * n / matmul_time_s(m, k, n, c) / 1e12))
+    return rows
+
 
 def nvlink_bus_efficiency(gpu: str) -> tuple[float, float]:
     """(link_bus, nvls_bus) of ``gpu``'s generation: ring and NVLS all-reduce busbw over the nominal per-direction
@@ -132,3 +157,6 @@ if __name__ == "__main__":
           f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
     for name, fields in blackwell_ultra_efficiency(efficiency_catalog()["blackwell"]).items():
         print(f"  {name}: {fields}")
+    print("\n| GPU | GEMM | measured TFLOP/s | model | model / measured |\n|---|---|---:|---:|---:|")
+    for gpu, shape, measured, model in gemm_crosscheck():
+        print(f"| {gpu} | {shape} | {measured:.0f} | {model:.0f} | {model / measured:.3f} |")
