@@ -87,7 +87,7 @@ class ParallelPins(_Strict):
     tp: int | None = Field(default=None, gt=0, description="tensor-parallel degree")
     pp: int | None = Field(default=None, gt=0, description="pipeline stages")
     cp: int | None = Field(default=None, gt=0, description="context-parallel degree")
-    ep: int | None = Field(default=None, gt=0, description="expert-parallel degree, inside dp*cp")
+    ep: int | None = Field(default=None, gt=0, description="expert-parallel degree; divides tp*cp*dp (expert-TP 1)")
     vp: int | None = Field(default=None, gt=0, description="virtual stages per pipeline rank")
     micro_batch_size: int | None = Field(default=None, gt=0, description="sequences per micro-batch")
     sequence_parallel: bool | None = None

@@ -97,7 +97,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         # tp > num_kv_heads is priced (opgraph.tp_divisor, layer_cost.kv_gather_cost); a target profile says
         # whether its framework runs it (Megatron does; no target named = Megatron's rules).
         check_parallel(model, cluster, job, par,
-                       allow_kv_replication=prof.allow_kv_replication if prof is not None else True)
+                       allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
     weights = weights or CostWeights()
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)

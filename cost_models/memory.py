@@ -122,7 +122,7 @@ class StageParams:
     """Parameters one rank of a pipeline stage holds, split by how ZeRO shards them."""
 
     dense: float  # sharded over dp·cp (or the HSDP group)
-    expert: float  # sharded over dp·cp/ep
+    expert: float  # sharded over the expert-data-parallel group tp·cp·dp/ep
     largest_layer: float  # for ZeRO-3's gathered + prefetched units
 
 

@@ -6,7 +6,8 @@ naming every value involved (the Megatron convention: "num_attention_heads (64) 
 multiple of tensor_model_parallel_size (3)").
 
 Vocabulary: *axis* is a mesh axis, *dim* a tensor dimension. Degrees follow Megatron:
-``dp = gpus / (tp * pp * cp)``; EP folds inside ``dp * cp`` (expert-data-parallel = dp*cp/ep).
+``dp = gpus / (tp * pp * cp)``; routed experts run with expert-TP 1 and the expert layers re-cut the ``tp * cp * dp``
+ranks of a stage as ``ep × edp`` (Megatron-Core MoE parallel folding: ``ep`` may span TP ranks; edp = tp*cp*dp/ep).
 """
 
 from __future__ import annotations
@@ -480,7 +481,7 @@ class ParallelConfig(_Frozen):
     tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
     pp: int = Field(default=1, gt=0, description="pipeline stages")
     cp: int = Field(default=1, gt=0, description="context-parallel degree (ring attention)")
-    ep: int = Field(default=1, gt=0, description="expert-parallel degree, folded inside dp*cp")
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree; divides tp*cp*dp (expert-TP 1)")
     vp: int = Field(default=1, gt=0, description="virtual (interleaved) stages per pipeline rank")
     micro_batch_size: int = Field(default=1, gt=0, description="sequences per micro-batch")
     sequence_parallel: bool = Field(default=True, description="Megatron SP (only meaningful with tp > 1)")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from cost_models.errors import ConfigError, divisors
 from cost_models.pipeline_split import PipelineSplit, accounting_that_fits, legal_vps, resolve, split_ok
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import TargetProfile
+from cost_models.targets.megatron import PROFILE as MEGATRON
 
 
 def _valid(candidates: list[int], ok) -> list[int]:  # type: ignore[no-untyped-def]
@@ -30,11 +32,12 @@ def nvlink_tp_refusal(t: int, cluster: ClusterSpec) -> str:
 
 
 def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, *,
-                   allow_kv_replication: bool = False) -> None:
+                   allow_kv_replication: bool = False, profile: TargetProfile | None = None) -> None:
     """Raise ``ConfigError`` for the first broken hard constraint.
 
     ``allow_kv_replication``: Megatron also accepts tp a multiple of num_kv_heads (KV heads replicated,
-    a memory/compute cost); torchtitan does not."""
+    a memory/compute cost); torchtitan does not. ``profile``: the target whose expert-parallel rule applies
+    (``TargetProfile.expert_layout_error``; None: Megatron's, MoE parallel folding: ep | tp*cp*dp)."""
     a, g, f = model.num_attention_heads, model.num_kv_heads, model.ffn_hidden_size
     t, p, c, e, v = par.tp, par.pp, par.cp, par.ep, par.vp
     n, domain = cluster.num_gpus, cluster.nvlink_domain_size
@@ -82,17 +85,12 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if c > 1 and job.seq_len % (2 * c):
         raise ConfigError(f"cp={c} needs seq_len={job.seq_len} divisible by 2*cp = {2 * c} (load-balanced ring)",
                           valid=[x for x in divisors(job.seq_len // 2) if x <= 64 and n % (t * p * x) == 0])
-    if model.is_moe:
-        if model.num_experts % e:
-            raise ConfigError(f"ep={e} does not divide num_experts={model.num_experts}",
-                              valid=[x for x in divisors(model.num_experts) if (dp * c) % x == 0])
-        if (dp * c) % e:
-            raise ConfigError(f"ep={e} must divide dp*cp = {dp}*{c} = {dp * c} (EP folds inside dp*cp)",
-                              valid=[x for x in divisors(model.num_experts) if (dp * c) % x == 0])
-        if t > 1 and not par.sequence_parallel:
-            raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
-    elif e != 1:
-        raise ConfigError(f"ep={e} needs a MoE model; {model.name} is dense", valid=[1])
+    err = (profile or MEGATRON).expert_layout_error(model, tp=t, cp=c, dp_cp=dp * c, ep=e, zero=par.zero_stage,
+                                                    hsdp=par.hsdp_shard_size)
+    if err is not None:
+        raise err
+    if model.is_moe and t > 1 and not par.sequence_parallel:
+        raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
                           valid=divisors(dp * c))

@@ -6,8 +6,10 @@ device mesh; a *dim* is a dimension of a tensor. A strategy maps tensor dims ont
 Axes (``MeshAxis``), outermost first:
 
 - ``dp``  data parallel: each rank holds different sequences (batch dim).
-- ``ep``  expert parallel, carved out of data parallelism (ARCHITECTURE.md: EP folds inside dp·cp).
-          Dense ops treat it as a data axis; expert ops may shard experts over it.
+- ``ep``  expert parallel. Dense ops treat it as a data axis; expert ops may shard experts over it. Megatron's
+          MoE parallel folding (expert-TP 1) re-cuts the ``tp·cp·dp`` ranks of a stage as ``ep × edp``, so the
+          EP group may span TP and CP ranks (``ep | tp·cp·dp``: ``TargetProfile.expert_ranks``); a rank's costs
+          see ``ep`` peers holding their own ``1/(tp·cp)`` of a micro-batch's tokens either way (``per_rank``).
 - ``cp``  context parallel: each rank holds a slice of every sequence (sequence dim); attention rings K/V.
 - ``tp``  tensor (model) parallel: weights split by heads / FFN columns / vocab, or activations by sequence (SP).
 
@@ -106,13 +108,16 @@ class LogicalMesh:
 
     @classmethod
     def from_degrees(cls, cluster: ClusterSpec, *, dp: int, tp: int = 1, cp: int = 1, ep: int = 1) -> "LogicalMesh":
-        """Mesh with Megatron degrees: ``dp`` counts all data-parallel ranks, ``ep`` folds inside it
-        (the ``dp`` axis then has ``dp / ep`` ranks). Raises ``ConfigError`` for impossible degrees."""
+        """Whole-cluster product mesh with Megatron degrees: ``dp`` counts all data-parallel ranks and ``ep`` is cut
+        from it (the ``dp`` axis then has ``dp / ep`` ranks). Raises ``ConfigError`` for impossible degrees. An EP
+        that spans TP/CP ranks (``ep ∤ dp``, MoE parallel folding) is no product of these axes; the search prices
+        it on ``per_rank`` (a rank's costs are the same)."""
         for name, v in (("dp", dp), ("tp", tp), ("cp", cp), ("ep", ep)):
             if v < 1:
                 raise ConfigError(f"{name}={v} must be >= 1")
         if dp % ep:
-            raise ConfigError(f"ep={ep} must divide dp={dp} (EP folds inside data parallelism)",
+            raise ConfigError(f"ep={ep} must divide dp={dp} for a product mesh dp/ep × ep × cp × tp (an EP spanning "
+                              "the TP/CP ranks is priced per rank: LogicalMesh.per_rank)",
                               valid=[d for d in range(1, dp + 1) if dp % d == 0])
         total = dp * tp * cp
         if total > cluster.num_gpus:
@@ -124,7 +129,9 @@ class LogicalMesh:
     @classmethod
     def per_rank(cls, cluster: ClusterSpec, *, tp: int = 1, cp: int = 1, ep: int = 1) -> "LogicalMesh":
         """The smallest mesh with these degrees (no data axis beyond EP): what one rank's layer costs depend on.
-        Strategies keep the batch sharded over ``dp``, so its size changes no per-rank cost."""
+        Strategies keep the batch sharded over ``dp``, so its size changes no per-rank cost. Any ``ep`` the target
+        accepts, also one spanning the TP/CP ranks: each EP peer holds ``1/(tp·cp)`` of a micro-batch's tokens and
+        the group's strides are Megatron's (EP consecutive ranks), as ``layer_cost`` prices it."""
         degree = {MeshAxis.DP: 1, MeshAxis.EP: ep, MeshAxis.CP: cp, MeshAxis.TP: tp}
         axes = tuple(a for a in AXIS_ORDER if degree[a] > 1) or (MeshAxis.DP,)
         return cls(cluster, axes, tuple(degree[a] for a in axes))

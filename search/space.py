@@ -14,7 +14,8 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
 - ``pp_layers``: more stages than layers;
 - ``batch_divisibility``: ``global_batch % (mbs·dp)``;
 - ``microbatches_lt_pp``: 1F1B needs ``m ≥ pp``;
-- ``ep_divisibility``: ``ep`` must divide both ``num_experts`` and ``dp·cp``;
+- ``ep_divisibility``: ``ep`` must divide ``num_experts`` and the target's expert ranks (MoE parallel folding:
+  Megatron re-cuts the ``tp·cp·dp`` ranks of a stage as ep × edp, so EP may span the TP ranks);
 - ``interleave_divisibility``: interleaving needs ``m % pp == 0`` (Megatron); only ``vp`` with a split Megatron
   builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``) are listed;
 - ``pin``: a value the user pinned excludes it;
@@ -175,15 +176,23 @@ def pp_choices(model: ModelSpec, n_left: int, pins: dict[str, Any], tally: Tally
     return _pinned(pins, "pp", out, tally)
 
 
-def ep_choices(model: ModelSpec, dp_cp: int, pins: dict[str, Any], tally: Tally) -> list[int]:
+def ep_choices(model: ModelSpec, target: Target, tp: int, cp: int, dp: int, pins: dict[str, Any],
+               tally: Tally) -> list[int]:
+    """Divisors of ``num_experts`` that divide the expert ranks (``TargetProfile.expert_ranks``: Megatron
+    tp·cp·dp, torchtitan dp_shard·cp·tp) under at least one of the target's ZeRO stages (``any``: of any target);
+    ``zero_choices`` then keeps the (zero, HSDP) pairs whose own rule holds (``expert_layout_error``)."""
     if not model.is_moe:
         return _pinned(pins, "ep", [1], tally)
+    prof = get_profile(target)
+    profs = [prof] if prof is not None else [PROFILES[t] for t in ANY_TARGETS]
+    ranks = {cut[0] for p in profs for z in p.zero_stages
+             if (cut := p.expert_ranks(tp=tp, cp=cp, dp_cp=dp * cp, zero=z, hsdp=None)) is not None}
     out = []
     for e in divisors(model.num_experts):
-        if dp_cp % e:
-            tally.cut("ep_divisibility")
-        else:
+        if e == 1 or any(r % e == 0 for r in ranks):
             out.append(e)
+        else:
+            tally.cut("ep_divisibility")
     return _pinned(pins, "ep", out, tally)
 
 
@@ -305,7 +314,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
         for cp in cp_choices(job, N // tp, pins, tally):
             for pp in pp_choices(model, N // (tp * cp), pins, tally):
                 dp = N // (tp * cp * pp)
-                for ep in ep_choices(model, dp * cp, pins, tally):
+                for ep in ep_choices(model, target, tp, cp, dp, pins, tally):
                     for mbs, m in mbs_choices(job, dp, pp, pins, tally):
                         for rc in recompute_choices(pins, tally):
                             for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally, model, tp,

@@ -178,8 +178,10 @@ def _ep_rule(target: str, par: Any, dp: int, experts: int) -> str | None:
     ep, tp, cp = par.ep, par.tp, par.cp
     if not experts:
         return None if ep == 1 else f"dense model with ep={ep}"
-    if experts % ep or (dp * cp) % ep:
-        return f"ep={ep} must divide {experts} experts and dp*cp={dp * cp}"
+    # Megatron-Core's expert RankGenerator re-cuts the world as etp-ep-edp-pp and raises unless world % (etp*ep*pp)
+    # == 0 (megatron/core/parallel_state.py:786-795); with expert-TP 1: ep | tp*cp*dp, EP may span the TP ranks
+    if experts % ep or (tp * cp * dp) % ep:
+        return f"ep={ep} must divide {experts} experts and tp*cp*dp={tp * cp * dp}"
     if target == "torchtitan":
         # efsdp = dp_shard*cp*tp // ep (torchtitan/distributed/parallel_dims.py build_mesh); zero_stage=0 is
         # dp_replicate = dp, dp_shard = 1; HSDP shards over hsdp_shard_size / cp

@@ -31,7 +31,7 @@ def parallel_options(required: bool, searched: bool = False) -> Any:
         opt("--tp", type=INT, required=required, help="tensor-parallel degree"),
         opt("--pp", type=INT, required=required, help="pipeline-parallel degree"),
         opt("--cp", type=INT, default=None, help=f"context-parallel degree {default('1')}"),
-        opt("--ep", type=INT, default=None, help=f"expert-parallel degree, inside dp*cp {default('1')}"),
+        opt("--ep", type=INT, default=None, help=f"expert-parallel degree; divides tp*cp*dp (expert-TP 1) {default('1')}"),
         opt("--vp", type=INT, default=None, help=f"virtual stages per pipeline rank (interleaved) {default('1')}"),
         opt("--mbs", "micro_batch_size", type=INT, default=None,
             help=f"micro-batch size in sequences {default('1')}"),

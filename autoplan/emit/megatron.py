@@ -17,16 +17,20 @@ from typing import Any
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
+from cost_models.targets import MEGATRON
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
 
 
 def _expert_tp(plan: EmitPlan) -> int:
-    """Routed experts run with expert-TP 1, as the cost model prices them (tokens, not expert weights, split
-    across the TP ranks); Megatron's MoE parallel folding re-cuts the tp*cp*dp ranks as ep x edp."""
+    """Expert-TP as the megatron target profile prices it (``MegatronProfile.expert_tensor_parallel``: 1, tokens,
+    not expert weights, split across the TP ranks); Megatron's MoE parallel folding then re-cuts the tp*cp*dp ranks
+    of a stage as ep x edp, so ep may span the TP ranks (``MegatronProfile.expert_ranks``)."""
     del plan
-    return 1
+    etp = MEGATRON.expert_tensor_parallel
+    assert etp is not None
+    return etp
 
 
 def megatron_args(plan: EmitPlan) -> list[str]:

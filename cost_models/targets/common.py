@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.errors import ConfigError
+from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 TargetName = Literal["megatron", "torchtitan", "fsdp2"]
@@ -277,7 +277,7 @@ class TargetProfile:
         """Raise ``ConfigError`` naming the framework rule (file:line) a layout breaks, and a legal neighbour."""
         from cost_models.validate import check_parallel
 
-        check_parallel(model, cluster, job, par, allow_kv_replication=self.allow_kv_replication)
+        check_parallel(model, cluster, job, par, allow_kv_replication=self.allow_kv_replication, profile=self)
         if model.mla is None and par.tp > model.num_kv_heads and par.kv_replication not in self.kv_modes:
             held = [m for m in self.kv_modes if m != "shard"]
             raise ConfigError(f"kv_replication={par.kv_replication} with tp={par.tp} > num_kv_heads="
@@ -307,7 +307,44 @@ class TargetProfile:
             err = self.hsdp_error(zero, hsdp, cp, dp_cp)
             if err is not None:
                 return err  # (a target that takes this HSDP group still applies its other rules below)
-        return self.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
+        return (self.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
+                or self.expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp))
+
+    # ---- expert parallelism (MoE parallel folding) ----------------------------------------------------------
+    # Routed experts run with expert-TP ``expert_tensor_parallel`` (1: tokens, not expert weights, split over the
+    # TP ranks; ``layer_cost.op_compute``), and the expert layers re-cut some ranks of one pipeline stage as
+    # ep × edp, an EP group being ``ep`` consecutive ranks (``collectives.RankStrides``). Which ranks, and the
+    # source of the rule, are the target's (``expert_ranks``); None: the target runs no expert parallelism.
+    expert_tensor_parallel: int | None = None
+    expert_rule: str = ""  # where the framework cuts the expert ranks (file:line)
+    expert_count_rule: str = ""  # where it needs num_experts % ep == 0
+
+    def expert_ranks(self, *, tp: int, cp: int, dp_cp: int, zero: int, hsdp: int | None) -> tuple[int, str] | None:
+        """(ranks of one pipeline stage the expert layers cut into ep × edp, their product as a formula with the
+        values); None: no expert parallelism on this target."""
+        return None
+
+    def expert_layout_error(self, model: ModelSpec, *, tp: int, cp: int, dp_cp: int, ep: int, zero: int,
+                            hsdp: int | None) -> ConfigError | None:
+        """The first expert-parallel rule ``ep`` breaks: a dense model, no EP on this target, ``num_experts % ep``,
+        or ``ep`` not dividing the target's expert ranks (``expert_ranks``); the valid list is the ep degrees that
+        pass both, nearest first."""
+        if ep == 1:
+            return None
+        if not model.is_moe:
+            return ConfigError(f"ep={ep} needs a MoE model; {model.name} is dense", valid=[1])
+        cut = self.expert_ranks(tp=tp, cp=cp, dp_cp=dp_cp, zero=zero, hsdp=hsdp)
+        if cut is None:
+            return ConfigError(f"ep={ep}: the {self.name} target has no expert parallelism", valid=[1])
+        ranks, formula = cut
+        valid = nearest(ep, [e for e in divisors(model.num_experts) if ranks % e == 0])
+        if model.num_experts % ep:
+            return ConfigError(f"ep={ep} does not divide num_experts={model.num_experts} ({self.expert_count_rule})",
+                               valid=valid)
+        if ranks % ep:
+            return ConfigError(f"ep={ep} must divide {formula} = {ranks}: {self.name} cuts the expert layers' "
+                               f"ep x edp from those ranks of a pipeline stage ({self.expert_rule})", valid=valid)
+        return None
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:

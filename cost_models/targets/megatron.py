@@ -99,6 +99,7 @@ OC = f"Megatron-LM megatron/core/optimizer/optimizer_config.py@{COMMIT}"
 # the fp32 master as the int16 remainder beside the bf16 weight (store_param_remainders, OC:192-195) when it owns
 # the master, i.e. without fp8 or under delayed scaling (OC:355-361); otherwise Megatron's fp32 main copy.
 PRECISION_AWARE_MASTER_BYTES = {"remainder": 2.0, "fp32": 4.0}
+PS = f"Megatron-LM megatron/core/parallel_state.py@{COMMIT}"
 TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py (a2a: heads % cp)"
 
 
@@ -141,6 +142,17 @@ class MegatronProfile(TargetProfile):
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
+
+    # MoE parallel folding: autoplan emits --expert-tensor-parallel-size 1 and prices routed experts so. The expert
+    # RankGenerator (PS:786-806) re-cuts the world as etp-ep-edp-pp with edp = world // (etp*ep*pp), raising unless
+    # world % (etp*ep*pp) == 0 (PS:791-795): with etp 1 that is ep | tp*cp*dp, so EP may span the TP (and CP) ranks.
+    expert_tensor_parallel = 1
+    expert_rule = (f"{PS}:786-806: the expert RankGenerator needs world_size % (expert_tensor_parallel_size*ep*pp) "
+                   "== 0, with expert_tensor_parallel_size 1")
+    expert_count_rule = f"{MLM}:1025-1028"
+
+    def expert_ranks(self, *, tp: int, cp: int, dp_cp: int, zero: int, hsdp: int | None) -> tuple[int, str] | None:
+        return tp * dp_cp, f"tp*cp*dp = {tp}*{cp}*{dp_cp // cp}"
 
     def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                      given: dict[str, Any]) -> tuple[dict[str, Any], ...]:

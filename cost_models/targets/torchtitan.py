@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cost_models.errors import ConfigError, divisors
+from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (Knob, Runtime, Software, TargetProfile, reshard_options,
                                         torch_memory_facts)
@@ -107,23 +107,16 @@ class TorchtitanProfile(TargetProfile):
                                valid=[s for s in range(cp, dp_cp, cp) if dp_cp % s == 0][:8])
         return None
 
-    def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
-                     dp_cp: int, schedule: str) -> ConfigError | None:
-        err = super().layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, hsdp=hsdp, dp_cp=dp_cp,
-                                   schedule=schedule)
-        if err is not None or ep == 1:
-            return err
-        # Experts are cut from the FSDP ranks: efsdp = dp_shard*cp*tp // ep (the sparse mesh pp x dp_replicate x
-        # efsdp x ep must cover the world), where dp_shard*cp is the FSDP group: dp*cp (ZeRO-3), the HSDP shard
-        # group, or cp alone when ZeRO-0 replicates over dp
+    # Experts are cut from the FSDP ranks: the sparse mesh pp x dp_replicate x efsdp x ep (ep innermost: consecutive
+    # ranks) must cover the world, with efsdp = dp_shard*cp*tp // ep (parallel_dims.py:277-279, 336-339). dp_shard*cp
+    # is the FSDP group: dp*cp (ZeRO-3), the HSDP shard group, or cp alone when ZeRO-0 replicates over dp.
+    expert_tensor_parallel = 1
+    expert_rule = f"{TT}distributed/parallel_dims.py:277-279, 336-339: efsdp = dp_shard*cp*tp // ep"
+    expert_count_rule = f"{TT}models/common/token_dispatcher.py:857: num_local_experts = num_experts // ep"
+
+    def expert_ranks(self, *, tp: int, cp: int, dp_cp: int, zero: int, hsdp: int | None) -> tuple[int, str] | None:
         fsdp = (hsdp or dp_cp) if zero == 3 else cp
-        if (fsdp * tp) % ep:
-            return ConfigError(f"ep={ep} must divide dp_shard*cp*tp = {fsdp}*{tp}: torchtitan builds the expert mesh "
-                               f"from the FSDP ranks ({TT}distributed/parallel_dims.py build_mesh: efsdp = "
-                               "dp_shard*cp*tp // ep)",
-                               valid=[e for e in divisors(fsdp * tp) if dp_cp % e == 0
-                                      and model.num_experts % max(e, 1) == 0])
-        return None
+        return fsdp * tp, f"dp_shard*cp*tp = {fsdp}*{tp}"
 
     def runs_as(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
         if par.zero_stage == 0 and par.cp > 1:
