@@ -318,6 +318,7 @@ class TargetProfile:
     expert_tensor_parallel: int | None = None
     expert_rule: str = ""  # where the framework cuts the expert ranks (file:line)
     expert_count_rule: str = ""  # where it needs num_experts % ep == 0
+    expert_refusal: str = ""  # why a target without expert parallelism has none (and where to go instead)
 
     def expert_ranks(self, *, tp: int, cp: int, dp_cp: int, zero: int, hsdp: int | None) -> tuple[int, str] | None:
         """(ranks of one pipeline stage the expert layers cut into ep × edp, their product as a formula with the
@@ -335,7 +336,8 @@ class TargetProfile:
             return ConfigError(f"ep={ep} needs a MoE model; {model.name} is dense", valid=[1])
         cut = self.expert_ranks(tp=tp, cp=cp, dp_cp=dp_cp, zero=zero, hsdp=hsdp)
         if cut is None:
-            return ConfigError(f"ep={ep}: the {self.name} target has no expert parallelism", valid=[1])
+            return ConfigError(f"ep={ep}: {self.expert_refusal or f'the {self.name} target has no expert parallelism'}",
+                               valid=[1])
         ranks, formula = cut
         valid = nearest(ep, [e for e in divisors(model.num_experts) if ranks % e == 0])
         if model.num_experts % ep:

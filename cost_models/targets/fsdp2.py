@@ -59,14 +59,13 @@ class FSDP2Profile(TargetProfile):
     def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
         return None  # dp_replicate x dp_shard mesh, written by the emitter
 
+    expert_refusal = "the fsdp2 target does not emit expert parallelism; use --target megatron"
+
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
         if cp > 1:
             return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; use --target "
                                "megatron or --target torchtitan", valid=["cp=1"])
-        if ep > 1:
-            return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; use --target megatron",
-                               valid=["ep=1"])
         return None
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
