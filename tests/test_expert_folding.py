@@ -149,8 +149,9 @@ def test_dispatch_volume_is_the_sequence_parallel_share() -> None:
 
 
 def test_search_can_choose_ep_spanning_tp() -> None:
-    """The search space offers ep up to tp·cp·dp on Megatron (ep 32 with tp 2, dp 16), and every such layout
-    passes the estimate's check."""
+    """The search space offers ep up to tp·cp·dp on Megatron (ep 32 with tp 2, dp 16); the plan it returns for
+    such a layout is what estimate predicts for it (one cost model: the Scorer's EP and expert-DP groups are the
+    estimate's)."""
     from search.space import Tally, ep_choices
 
     assert 32 in ep_choices(QWEN, "megatron", 2, 1, 16, {}, Tally())
@@ -158,10 +159,17 @@ def test_search_can_choose_ep_spanning_tp() -> None:
     assert ep_choices(QWEN, "fsdp2", 2, 1, 16, {}, Tally()) == [1]
     from search.planner import search
 
+    from cost_models.targets import Software
+
     cluster = build_cluster("h100-sxm", 256)
-    res = search(QWEN, cluster, JobSpec(global_batch_size=2048, seq_len=4096, precision="fp8"), target="megatron",
-                 pins={"tp": 2, "pp": 8, "ep": 32, "vp": 4}, top_k=1)
+    job = JobSpec(global_batch_size=2048, seq_len=4096, precision="fp8")
+    res = search(QWEN, cluster, job, target="megatron", pins={"tp": 2, "pp": 8, "ep": 32, "vp": 4}, top_k=1)
     assert res.plans and res.plans[0].parallel.ep == 32
+    plan = res.plans[0]
+    knobs = {k: v for k, v in plan.prediction.software.items() if k in Software.model_fields}
+    pred = estimate(QWEN, cluster, job, plan.parallel, target="megatron", software=Software(**knobs))
+    assert plan.prediction.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert plan.prediction.peak_memory_gib == pytest.approx(pred.peak_memory_gib, rel=1e-9)
 
 
 def _cli():  # type: ignore[no-untyped-def]
