@@ -26,6 +26,7 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap, wgrad_in_bf16)
+from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_load_imbalance
 from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -280,7 +281,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep
         routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
-        per_expert = routed / model.num_experts * eff.moe_imbalance
+        per_expert = routed / model.num_experts * moe_load_imbalance(model, job, par, cluster, rt)
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
             * fp8_gemm_time_ratio(rt, job)
     elif op.kind == "attention":
@@ -459,7 +460,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
-                                     rt.selective, ring_steps(par, rt))
+                                     rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor)
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 
 
@@ -482,15 +483,16 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
     if graph.kind == "moe" and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
-        ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep)
-        if par.schedule == "dualpipe" or cluster.efficiency.moe_a2a_overlap:
+        dispatcher = moe_dispatcher(cluster, rt)
+        ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep,
+                                        rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+        if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
             # backward chunk; Megatron-Core's 1F1B A2A overlap merges them): only what the layer's compute cannot
-            # cover stays exposed. DeepEP's kernels run on SMs taken from compute: 20 of 132 on H800 (DeepSeek-V3
-            # report §3.2.2), the compute of the layer slows by that share.
-            if cluster.efficiency.moe_dispatcher == "deepep":
-                slow = 1.0 / (1.0 - DEEPEP_SM_FRACTION)
-                forward, backward = forward * slow, backward * slow
+            # cover stays exposed. DeepEP's / HybridEP's kernels run on SMs taken from compute (20 of 132 on H800,
+            # DeepSeek-V3 report §3.2.2; cost_models.moe.dispatcher_sm_fraction): the layer's compute slows by that share.
+            slow = 1.0 / (1.0 - dispatcher_sm_fraction(dispatcher, cluster))
+            forward, backward = forward * slow, backward * slow
             ep_s = max(0.0, ep_s - (forward + backward))
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
@@ -503,13 +505,15 @@ EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forwa
 
 
 def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
-                  stride: int) -> tuple[float, float]:
+                  stride: int, rt: Runtime | None = None) -> tuple[float, float]:
     """(seconds, bf16 payload bytes) of one dispatch or combine all-to-all over the ``par.ep`` ranks at
     ``stride``: the mean of ``moe_all_to_all``'s four (tokens split over TP with SP), × imbalance ρ (§4)."""
     tokens = par.micro_batch_size * job.seq_len / par.cp
     local_tokens = tokens / (par.tp if par.sequence_parallel else 1)
-    payload = local_tokens * model.moe_top_k * model.hidden_size * 2.0 * cluster.efficiency.moe_imbalance
-    total_s, _ = moe_all_to_all(model, cluster, job, local_tokens, par.ep, stride)
+    rho = moe_load_imbalance(model, job, par, cluster, rt)
+    payload = local_tokens * model.moe_top_k * model.hidden_size * 2.0 * rho
+    total_s, _ = moe_all_to_all(model, cluster, job, local_tokens, par.ep, stride, rho=rho,
+                                dispatcher=moe_dispatcher(cluster, rt))
     return total_s / EP_ALL_TO_ALLS, payload
 
 
@@ -597,12 +601,11 @@ def ring_exposed_s(ring_s: float, attention_s: float) -> float:
     return max(0.0, ring_s - attention_s)
 
 
-DEEPEP_SM_FRACTION = 20 / 132  # SMs DeepSeek-V3 gives dispatch/combine on H800 (report §3.2.2)
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128  # fp8 element + one fp32 scale per 128-element tile (report §3.3.2)
 
 
 def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_tokens: float, ep: int,
-                   stride: int = 1) -> tuple[float, float]:
+                   stride: int = 1, *, rho: float | None = None, dispatcher: str | None = None) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of one MoE layer's four all-to-alls (dispatch and combine, forward and
     backward) for ``local_tokens`` tokens on one rank, over an EP group of ``ep`` ranks at ``stride``.
 
@@ -612,9 +615,11 @@ def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_t
     ``D·(1 − C(G − G/D, M)/C(G, M))`` (DeepSeek-V3: ≤ 4 nodes). A fraction ``(D − 1)/D`` of them is remote.
     Megatron's ``alltoall`` dispatcher sends each remote copy over the NIC (``k·(D−1)/D`` per token) and local
     copies over NVLink; DeepEP sends one copy per remote domain over the NIC and forwards copies to their GPUs
-    over NVLink (``k·(1 − 1/n)``), the two links in parallel: the slower one sets the time. fp8 training with
-    DeepEP dispatches in fp8 (forward dispatch and the backward of combine; combine stays bf16: report
-    §3.3.3). The busiest rank carries ``moe_imbalance`` × the mean."""
+    over NVLink (``k·(1 − 1/n)``), the two links in parallel: the slower one sets the time; HybridEP (Megatron-Core's
+    other flex backend, the one for multi-node NVLink) routes the same way. fp8 training with DeepEP dispatches in
+    fp8 (forward dispatch and the backward of combine; combine stays bf16: report §3.3.3); HybridEP is priced in
+    bf16. The busiest rank carries ``rho`` × the mean (default the catalog's ``moe_imbalance``;
+    ``moe.moe_load_imbalance``); ``dispatcher`` defaults to the catalog's."""
     eff = cluster.efficiency
     k, h = model.moe_top_k, model.hidden_size
     place = place_group(ep, stride, cluster)
@@ -625,10 +630,11 @@ def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_t
         per = g // d
         domains = min(domains, d * (1 - math.comb(g - per, mg) / math.comb(g, mg)))
     remote = domains * (d - 1) / d
-    deepep = eff.moe_dispatcher == "deepep"
-    fp8 = job.precision == "fp8" and deepep
+    dispatcher = dispatcher or eff.moe_dispatcher
+    deepep = dispatcher in ("deepep", "hybridep")  # one copy per remote domain, forwarded over NVLink
+    fp8 = job.precision == "fp8" and dispatcher == "deepep"
     elem = [FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0, FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0]
-    tok = local_tokens * h * eff.moe_imbalance
+    tok = local_tokens * h * (eff.moe_imbalance if rho is None else rho)
     bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * eff.link_bus
     bw_out = cluster.inter_node_gbps / 8 * 1e9 * eff.nic_bus
     lat = (n - 1) * cluster.gpu.link_latency_us * 1e-6 + (d - 1) * cluster.gpu.nic_latency_us * 1e-6

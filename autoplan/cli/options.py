@@ -140,12 +140,24 @@ software_options = stack(
     click.option("--cp-a2a-size", "cp_a2a_size", type=click.IntRange(min=2), default=None,
                  help="a2a+p2p: ranks of the inner all-to-all group (Megatron --hierarchical-context-parallel-sizes "
                       "A CP/A) [searched]"),
+    click.option("--moe-dispatcher", type=click.Choice(["alltoall", "deepep", "hybridep"]), default=None,
+                 help="megatron MoE token dispatcher: alltoall, or the flex dispatcher's deepep / hybridep backend "
+                      "[default: the catalog's, alltoall]"),
+    click.option("--moe-a2a-overlap/--no-moe-a2a-overlap", "moe_a2a_overlap", default=None,
+                 help="megatron --overlap-moe-expert-parallel-comm: EP all-to-all under another micro-batch's compute "
+                      "(ep > 1; interleaved schedule when pp > 1)"),
+    click.option("--moe-force-balance/--no-moe-force-balance", "moe_force_balance", default=None,
+                 help="megatron --moe-router-force-load-balancing: random router logits, as benchmarks run"),
+    click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True),
+                 default=None, help="megatron token drop: --moe-expert-capacity-factor C "
+                                    "--moe-pad-expert-input-to-capacity"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
-                 "cpu_offload_layers", "fp8_param_gather")
+                 "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
+                 "moe_capacity_factor")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -92,6 +92,19 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--exp-avg-sq-dtype", rt.adam_moments_dtype)
     if rt.tp_comm_overlap:
         add("--tp-comm-overlap")
+    if m.is_moe:  # MoE run-time knobs (cost_models.targets.megatron cites transformer_config.py)
+        if rt.moe_dispatcher in ("deepep", "hybridep"):
+            add("--moe-token-dispatcher-type", "flex")
+            add("--moe-flex-dispatcher-backend", rt.moe_dispatcher)
+        else:
+            add("--moe-token-dispatcher-type", "alltoall")
+        if rt.moe_a2a_overlap:
+            add("--overlap-moe-expert-parallel-comm")
+        if rt.moe_force_balance:
+            add("--moe-router-force-load-balancing")
+        if rt.moe_capacity_factor is not None:
+            add("--moe-expert-capacity-factor", rt.moe_capacity_factor)
+            add("--moe-pad-expert-input-to-capacity")
     # ---- batch -----------------------------------------------------------------------------------
     add("--micro-batch-size", par.micro_batch_size)
     add("--global-batch-size", job.global_batch_size)
@@ -239,7 +252,6 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--moe-router-load-balancing-type", r.aux_loss if r.aux_loss_coeff or r.aux_loss == "none" else "none")
         if r.aux_loss != "none" and r.aux_loss_coeff:
             add("--moe-aux-loss-coeff", r.aux_loss_coeff)
-        add("--moe-token-dispatcher-type", "alltoall")
         add("--moe-grouped-gemm")
     if arch.mtp_layers:
         add("--mtp-num-layers", arch.mtp_layers)
@@ -300,7 +312,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
-                 "--fp8-param-gather"]:
+                 "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
+                 "--moe-pad-expert-input-to-capacity"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
@@ -318,6 +331,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                    default="learned_absolute")
     p.add_argument("--moe-layer-freq", type=str, default="1")
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"], default="allgather")
+    p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"], default="deepep")
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None, dest="fp8")
     return p
 

@@ -70,7 +70,12 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   moe_router_num_groups=ns.moe_router_num_groups, moe_router_group_topk=ns.moe_router_group_topk,
                   moe_router_topk_scaling_factor=ns.moe_router_topk_scaling_factor,
                   moe_router_load_balancing_type=ns.moe_router_load_balancing_type[0],
-                  moe_aux_loss_coeff=ns.moe_aux_loss_coeff[0])
+                  moe_aux_loss_coeff=ns.moe_aux_loss_coeff[0],
+                  moe_flex_dispatcher_backend=ns.moe_flex_dispatcher_backend,
+                  overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
+                  moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
+                  moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
+                  moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity)
     if ns.multi_latent_attention:
         kw.update(multi_latent_attention=True, q_lora_rank=ns.q_lora_rank, kv_lora_rank=ns.kv_lora_rank,
                   qk_head_dim=ns.qk_head_dim, qk_pos_emb_head_dim=ns.qk_pos_emb_head_dim, v_head_dim=ns.v_head_dim,

@@ -18,6 +18,7 @@ TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
 GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
+MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
@@ -52,6 +53,18 @@ class Software(BaseModel):
     reshard_after_forward: bool | Annotated[int, Field(ge=2)] | None = Field(
         default=None, description="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to "
         "(an int keeps the backward all-gather inside that group)")
+    moe_dispatcher: MoeDispatcher | None = Field(
+        default=None, description="MoE token dispatcher: alltoall (--moe-token-dispatcher-type alltoall), deepep or "
+        "hybridep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ...)")
+    moe_a2a_overlap: bool | None = Field(
+        default=None, description="Megatron --overlap-moe-expert-parallel-comm: EP all-to-all under another "
+        "micro-batch's compute (ep > 1; vp with pp > 1)")
+    moe_force_balance: bool | None = Field(
+        default=None, description="Megatron --moe-router-force-load-balancing: random router logits (benchmarks): "
+        "tokens spread uniformly over the experts")
+    moe_capacity_factor: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
+        "token drop, every expert padded to C x its mean load")
 
     def given(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
@@ -59,7 +72,8 @@ class Software(BaseModel):
 
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
-              "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather")
+              "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
+              "moe_force_balance", "moe_capacity_factor")
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,11 @@ class Runtime:
     # cpu_offload; ``memory.stage_memory`` drops them from the activation peak).
     cpu_offload_layers: int = 0
     fp8_param_gather: bool = False  # fp8 primary weights (weight_bytes / gather_bytes say what they cost)
+    # MoE (cost_models.moe): None = the catalog efficiency's dispatcher / all-to-all overlap
+    moe_dispatcher: str | None = None
+    moe_a2a_overlap: bool | None = None
+    moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
+    moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
@@ -153,7 +172,9 @@ class Runtime:
 
         prof = PROFILES.get(self.target)
         names = [n for n in KNOB_NAMES if (prof is None or n in prof.knobs)
-                 and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")]  # a parameter of a2a+p2p only
+                 and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")  # a parameter of a2a+p2p only
+                 # MoE knobs once set (unset: the catalog's dispatcher and overlap, dropless learned routing)
+                 and (not n.startswith("moe_") or getattr(self, n) not in (None, False))]
         return {"target": self.target, **{n: getattr(self, n) for n in names}}
 
 

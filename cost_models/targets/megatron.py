@@ -70,6 +70,15 @@ Run-time semantics:
   TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
   the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU, cross-entropy).
+- MoE (``cost_models.moe``; TC = transformer_config.py): ``moe_dispatcher`` alltoall = ``--moe-token-dispatcher-type
+  alltoall``; deepep / hybridep = ``flex`` with ``--moe-flex-dispatcher-backend`` (TC:679-685; their kernels hold
+  ``moe_deepep_num_sms`` 20 / ``moe_hybridep_num_sms`` 16 SMs, TC:722-726), which send a token once per remote NVLink
+  domain; ``moe_a2a_overlap`` = ``--overlap-moe-expert-parallel-comm`` (TC:1852-1905: ep > 1, alltoall or flex, a
+  virtual pipeline when pp > 1, no full recompute), the all-to-all hidden under another micro-batch's compute;
+  ``moe_force_balance`` = ``--moe-router-force-load-balancing`` (random router logits, router.py:655-657);
+  ``moe_capacity_factor`` = ``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity`` (token drop: each
+  expert padded to its capacity, token_dispatcher.py ``preprocess``). Unset: the catalog's dispatcher and overlap
+  (``Efficiency``), dropless routing with the catalog's load imbalance.
 - fp8 (knob ``fp8_recipe``) runs TE's quantizers (``cost_models.te_fp8``): cast bytes per recipe and GPU (what a
   norm fuses, transposes only on TN-only fp8 GEMMs), sequence-parallel all-gathers of the quantized tensor (MXFP8:
   both copies of an output gradient), block-scaled MXFP8 GEMMs at TE's measured kernel time ratio.
@@ -139,6 +148,14 @@ class MegatronProfile(TargetProfile):
         "adam_moments_dtype": Knob("adam_moments_dtype", ("fp32", "bf16"), "fp32",
                                    f"{MLM}:2840-2856 (--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype)"
                                    f"; {OC}:375-380 (distributed optimizer only)"),
+        "moe_dispatcher": Knob("moe_dispatcher", ("alltoall", "deepep", "hybridep"), "alltoall",
+                               f"{TC}:675-685 (--moe-token-dispatcher-type, --moe-flex-dispatcher-backend)"),
+        "moe_a2a_overlap": Knob("moe_a2a_overlap", (True, False), False,
+                                f"{TC}:1852-1905 (--overlap-moe-expert-parallel-comm)"),
+        "moe_force_balance": Knob("moe_force_balance", (True, False), False,
+                                  f"{TC}:645-647 (--moe-router-force-load-balancing)"),
+        "moe_capacity_factor": Knob("moe_capacity_factor", (), None,
+                                    f"{TC}:690-698 (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -248,6 +265,29 @@ class MegatronProfile(TargetProfile):
                 raise ConfigError(f"cpu_offload_layers={k} with recompute={par.recompute}: CPU offloading does not "
                                   f"work with activation recomputation ({TCFG}:1149-1152)",
                                   valid=["recompute=none", "cpu_offload_layers=0"])
+        moe_knobs = [n for n, v in (("moe_dispatcher", rt.moe_dispatcher not in (None, "alltoall")),
+                                    ("moe_a2a_overlap", bool(rt.moe_a2a_overlap)),
+                                    ("moe_force_balance", rt.moe_force_balance),
+                                    ("moe_capacity_factor", rt.moe_capacity_factor is not None)) if v]
+        if moe_knobs and not model.is_moe:
+            raise ConfigError(f"{', '.join(moe_knobs)}: MoE settings on {model.name}, a dense model",
+                              valid=[f"{n} unset" for n in moe_knobs])
+        if rt.moe_a2a_overlap:
+            if par.ep <= 1:
+                raise ConfigError(f"moe_a2a_overlap with ep={par.ep}: --overlap-moe-expert-parallel-comm needs expert "
+                                  f"parallelism ({TC}:1862-1864)", valid=["ep > 1", "moe_a2a_overlap=false"])
+            if par.pp > 1 and par.schedule != "interleaved":
+                raise ConfigError(f"moe_a2a_overlap with pp={par.pp} and schedule {par.schedule}: "
+                                  f"--overlap-moe-expert-parallel-comm needs a virtual pipeline when pp > 1 "
+                                  f"({TC}:1857-1861)", valid=["schedule interleaved (vp > 1)", "moe_a2a_overlap=false"])
+            if par.recompute == "full":
+                raise ConfigError(f"moe_a2a_overlap with recompute=full: --overlap-moe-expert-parallel-comm refuses "
+                                  f"full recomputation ({TC}:1870-1878)", valid=["recompute=selective",
+                                                                                 "moe_a2a_overlap=false"])
+        if rt.moe_capacity_factor is not None and rt.moe_dispatcher == "deepep":
+            raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
+                              f"does not pad experts to capacity ({TC}:1074-1081)",
+                              valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
         if par.cp > 1:
             check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
@@ -283,8 +323,11 @@ class MegatronProfile(TargetProfile):
         if cp_kind == "a2a+p2p" and a2a_size is None and par is not None:
             a2a_size = default_a2a_size(par.cp, par.tp, cluster)
         env: tuple[tuple[str, str], ...] = ()
-        if (par is None or par.tp > 1 or par.cp > 1) and zero < 2 and cluster.gpu.generation != "blackwell":
-            env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)  # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687)
+        if ((par is None or par.tp > 1 or par.cp > 1) and zero < 2 and cluster.gpu.generation != "blackwell"
+                and not k.get("moe_a2a_overlap")):
+            # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687; the EP all-to-all overlap wants more
+            # connections: only a warning there, MLM:940-948)
+            env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
         cap = 0.0
         if mfsdp:
             dp_cp = par.dp(cluster.num_gpus) * par.cp if par is not None else cluster.num_gpus
@@ -297,6 +340,11 @@ class MegatronProfile(TargetProfile):
             adam_moments_dtype=moments,
             cpu_offload_layers=k.get("cpu_offload_layers", 0),
             fp8_param_gather=fp8_params,
+            # unset: the catalog's (cost_models.moe reads the efficiency then)
+            moe_dispatcher=k.get("moe_dispatcher"),
+            moe_a2a_overlap=k.get("moe_a2a_overlap"),
+            moe_force_balance=bool(k.get("moe_force_balance", False)),
+            moe_capacity_factor=k.get("moe_capacity_factor"),
             # TE's fp8 linears all-gather quantized tensors under sequence parallelism (te_fp8.te_tp_gather_bytes)
             tp_gather_bytes=te_tp_gather_bytes(fp8_recipe)[0] if fp8_recipe else 2.0,
             tp_grad_gather_bytes=te_tp_gather_bytes(fp8_recipe)[1] if fp8_recipe else 2.0,

@@ -1,0 +1,74 @@
+"""MoE run-time facts the cost model prices per run: which dispatcher moves the tokens, whether the EP all-to-all
+runs under another micro-batch's compute, and how unevenly the routed tokens land on the EP ranks.
+
+The catalog's ``Efficiency`` carries a default for each (``moe_dispatcher``, ``moe_a2a_overlap``, ``moe_imbalance``:
+a learned router's measured spread); a run's target knobs (``Runtime``) override them where the run says what it ran
+(Megatron-Core ``TransformerConfig`` fields, cited in ``cost_models.targets.megatron``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from cost_models.gemm import expected_max_normal
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
+
+# SMs a dispatcher's kernels occupy while compute runs beside them (under the all-to-all overlap): DeepSeek-V3 gives
+# DeepEP 20 of the H800's 132 (report arXiv 2412.19437 §3.2.2); Megatron-Core's defaults are the same 20 for DeepEP
+# and 16 for HybridEP ("In pure NVL scenarios, 16 SMs can generally achieve good bandwidth": transformer_config.py
+# ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms`` @ core_v0.16.1, lines 722-726).
+DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
+# Streaming multiprocessors per GPU (CUDA ``multiProcessorCount``): H100/H800/H200 SXM 132 (NVIDIA H100 Tensor Core
+# GPU Architecture whitepaper, "132 SMs" for SXM5), H20 78, B200/GB200 148 and Blackwell Ultra B300/GB300 160 (NVIDIA
+# developer blog "Inside NVIDIA Blackwell Ultra", 2025-08: 160 SMs vs B200's 148). Other GPUs: the H800's 132.
+GPU_SMS = {"h100-sxm": 132, "h100-sxm-96g": 132, "h800": 132, "h200": 132, "h20": 78, "b200": 148, "gb200": 148,
+           "b300": 160, "gb300": 160}
+DEFAULT_SMS = 132
+
+
+def moe_dispatcher(cluster: ClusterSpec, rt: Runtime | None = None) -> str:
+    """``alltoall`` (every routed copy sent to its GPU), ``deepep`` or ``hybridep`` (one copy per remote NVLink
+    domain, forwarded inside it; ``layer_cost.moe_all_to_all``): the run's knob, else the catalog's."""
+    return rt.moe_dispatcher if rt is not None and rt.moe_dispatcher is not None else cluster.efficiency.moe_dispatcher
+
+
+def moe_a2a_overlapped(cluster: ClusterSpec, rt: Runtime | None = None) -> bool:
+    """EP all-to-all under another micro-batch's compute (Megatron-Core ``overlap_moe_expert_parallel_comm``): the
+    run's knob, else the catalog's."""
+    return rt.moe_a2a_overlap if rt is not None and rt.moe_a2a_overlap is not None \
+        else cluster.efficiency.moe_a2a_overlap
+
+
+def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
+    """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
+    not counted against compute here, as before)."""
+    sms = DISPATCHER_SMS.get(dispatcher)
+    return sms / GPU_SMS.get(cluster.gpu.name, DEFAULT_SMS) if sms else 0.0
+
+
+def moe_load_imbalance(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
+                       rt: Runtime | None = None) -> float:
+    """ρ = routed token copies on the busiest EP rank / the mean (expert GEMMs and all-to-all bytes scale with it).
+
+    - Capacity with padding (``moe_capacity_factor`` c: Megatron-Core ``moe_expert_capacity_factor`` with
+      ``moe_pad_expert_input_to_capacity``): every expert gets exactly ``ceil(T·k/E·c)`` slots from each source
+      rank (token_dispatcher.py ``preprocess``, ``get_capacity`` @ core_v0.16.1): ρ = c on every rank.
+    - Forced balance (``moe_force_balance``: ``moe_router_force_load_balancing``, router.py:655-657): the router's
+      logits are replaced by i.i.d. normals (moe_utils.py ``RandomSTE``), so each token's k experts are k distinct
+      experts drawn uniformly from E. A rank holds E/ep of them: a token puts a hypergeometric number of copies there
+      (mean k/ep, variance k·(1/ep)(1 − 1/ep)(E − k)/(E − 1)); over the T·ep tokens of the EP group the rank's load has
+      mean T·k and relative spread σ = sqrt((1 − 1/ep)(E − k)/(E − 1)/(T·k)); the busiest of ep ranks carries
+      1 + E[max of ep standard normals]·σ (Blom, ``gemm.expected_max_normal``; normal approximation).
+    - Otherwise a learned router: the catalog's measured ``moe_imbalance``.
+    ``T`` = tokens one rank routes per micro-batch (split over TP under sequence parallelism)."""
+    if rt is not None and rt.moe_capacity_factor is not None:
+        return rt.moe_capacity_factor
+    if rt is None or not rt.moe_force_balance:
+        return cluster.efficiency.moe_imbalance
+    e, k, ep = model.num_experts, model.moe_top_k, par.ep
+    if ep <= 1 or e <= k:
+        return 1.0  # every expert on the rank: its load is all T·k copies
+    tokens = par.micro_batch_size * job.seq_len / par.cp / (par.tp if par.sequence_parallel else 1)
+    sigma = math.sqrt((1 - 1 / ep) * (e - k) / (e - 1) / (tokens * k))
+    return 1.0 + expected_max_normal(ep) * sigma

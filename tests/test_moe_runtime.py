@@ -1,0 +1,164 @@
+"""MoE run-time knobs of the megatron target (``cost_models.moe``): the dispatcher (alltoall / DeepEP / HybridEP), the EP
+all-to-all overlap, forced balance and token drop. Each term is recomputed from its formula, and each test fails if
+the term is dropped from the pricing."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.errors import ConfigError
+from cost_models.estimate import estimate
+from cost_models.gemm import expected_max_normal
+from cost_models.layer_cost import layer_cost, moe_all_to_all
+from cost_models.memory import graphs_for
+from cost_models.moe import DISPATCHER_SMS, GPU_SMS, moe_load_imbalance
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import MEGATRON, Software
+
+from cli_emit import emitted_megatron_args
+
+QWEN = "qwen3-235b-a22b"  # 128 experts, top-8, hidden 4096, expert FFN 1536
+JOB = JobSpec(global_batch_size=1024, seq_len=4096, precision="bf16")
+
+
+def _rt(sw: Software, cluster, par: ParallelConfig, job: JobSpec = JOB):  # noqa: ANN001, ANN202
+    rt = MEGATRON.resolve(sw, job, cluster, par)
+    MEGATRON.check_runtime(load_model(QWEN), cluster, job, par, rt)
+    return rt
+
+
+def _moe_layer(sw: Software, cluster, par: ParallelConfig, job: JobSpec = JOB):  # noqa: ANN001, ANN202
+    model = load_model(QWEN)
+    graph = graphs_for(model, job.seq_len)["moe"]
+    return layer_cost(graph, model, cluster, job, par, par.dp(cluster.num_gpus), _rt(sw, cluster, par, job))
+
+
+def test_forced_balance_spread_matches_a_simulated_router() -> None:
+    """``moe_router_force_load_balancing`` routes each token to k distinct experts drawn uniformly (random normal
+    logits, top-k): simulate it and compare the busiest EP rank's load with the closed form."""
+    e, k, ep, tokens = 64, 8, 8, 512
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(200):
+        logits = rng.standard_normal((tokens * ep, e))  # every rank's tokens reach every EP rank
+        chosen = np.argpartition(logits, -k, axis=1)[:, -k:]
+        per_rank = np.bincount((chosen // (e // ep)).ravel(), minlength=ep)
+        ratios.append(per_rank.max() / per_rank.mean())
+    simulated = float(np.mean(ratios))
+    closed = 1 + expected_max_normal(ep) * math.sqrt((1 - 1 / ep) * (e - k) / (e - 1) / (tokens * k))
+    assert simulated == pytest.approx(closed, rel=0.004)
+    model = load_model(QWEN).model_copy(update={"num_experts": e, "moe_top_k": k})
+    cluster = build_cluster("h100-sxm", 64)
+    par = ParallelConfig(tp=1, pp=1, ep=ep, micro_batch_size=1)
+    rt = MEGATRON.resolve(Software(moe_force_balance=True), JobSpec(seq_len=tokens), cluster, par)
+    assert moe_load_imbalance(model, JobSpec(seq_len=tokens), par, cluster, rt) == pytest.approx(closed)
+    assert closed < cluster.efficiency.moe_imbalance  # a learned router's spread is the catalog's, larger
+
+
+def test_imbalance_scales_expert_compute_and_all_to_all_bytes() -> None:
+    """ρ multiplies the busiest rank's expert tokens and its all-to-all bytes: forced balance and a capacity factor
+    of 1.0 (token drop with padding: ρ = the factor) price them below the catalog's learned-router ρ."""
+    cluster = build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1)
+    base = _moe_layer(Software(), cluster, par)
+    for sw in (Software(moe_force_balance=True), Software(moe_capacity_factor=1.0)):
+        rho = moe_load_imbalance(load_model(QWEN), JOB, par, cluster, _rt(sw, cluster, par))
+        cost = _moe_layer(sw, cluster, par)
+        assert cost.ep_bytes / base.ep_bytes == pytest.approx(rho / cluster.efficiency.moe_imbalance)
+        assert cost.forward_s < base.forward_s
+    assert moe_load_imbalance(load_model(QWEN), JOB, par, cluster,
+                              _rt(Software(moe_capacity_factor=1.25), cluster, par)) == 1.25
+
+
+def test_a2a_overlap_hides_ep_behind_compute_and_hybridep_takes_its_sms() -> None:
+    """``--overlap-moe-expert-parallel-comm``: the layer's EP time shows only past its compute; HybridEP's kernels
+    hold 16 of the GPU's SMs (TC ``moe_hybridep_num_sms``), slowing that compute by 1/(1 − 16/148) on GB200."""
+    cluster = build_cluster("gb200", 256)
+    par = ParallelConfig(tp=1, pp=8, vp=3, ep=32, micro_batch_size=1, schedule="interleaved")
+    plain = _moe_layer(Software(moe_dispatcher="hybridep"), cluster, par)
+    over = _moe_layer(Software(moe_dispatcher="hybridep", moe_a2a_overlap=True), cluster, par)
+    slow = 1 / (1 - DISPATCHER_SMS["hybridep"] / GPU_SMS["gb200"])
+    assert over.forward_s == pytest.approx(plain.forward_s * slow)
+    assert over.ep_s == pytest.approx(max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow))
+    assert over.ep_s < plain.ep_s
+
+
+def test_hybridep_sends_one_copy_per_remote_domain() -> None:
+    """Across NVLink domains HybridEP (like DeepEP) sends a token once per remote domain over the NIC; NCCL's
+    alltoall sends every remote copy. Inside one domain the two move the same bytes."""
+    model = load_model(QWEN)
+    cross = build_cluster("h100-sxm", 256)  # ep 16 spans two 8-GPU nodes
+    a2a_s, a2a_b = moe_all_to_all(model, cross, JOB, 4096, 16, dispatcher="alltoall")
+    hyb_s, hyb_b = moe_all_to_all(model, cross, JOB, 4096, 16, dispatcher="hybridep")
+    dee_s, dee_b = moe_all_to_all(model, cross, JOB, 4096, 16, dispatcher="deepep")
+    assert hyb_s < a2a_s and (hyb_s, hyb_b) == (dee_s, dee_b)  # bf16 job: DeepEP's fp8 dispatch does not apply
+    nvl72 = build_cluster("gb200", 256)
+    assert moe_all_to_all(model, nvl72, JOB, 4096, 32, dispatcher="hybridep") == \
+        moe_all_to_all(model, nvl72, JOB, 4096, 32, dispatcher="alltoall")
+
+
+@pytest.mark.parametrize("sw, par, match", [
+    (Software(moe_a2a_overlap=True), ParallelConfig(tp=1, pp=8, ep=8), "virtual pipeline"),
+    (Software(moe_a2a_overlap=True), ParallelConfig(tp=1, pp=1, ep=1), "expert parallelism"),
+    (Software(moe_a2a_overlap=True), ParallelConfig(tp=1, pp=1, ep=8, recompute="full"), "full recomputation"),
+    (Software(moe_dispatcher="deepep", moe_capacity_factor=1.0), ParallelConfig(tp=1, pp=1, ep=8), "capacity"),
+])
+def test_refusals(sw: Software, par: ParallelConfig, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _rt(sw, build_cluster("h100-sxm", 64), par)
+
+
+def test_moe_knob_on_a_dense_model_is_refused() -> None:
+    cluster, par = build_cluster("h100-sxm", 8), ParallelConfig(tp=1, pp=1)
+    rt = MEGATRON.resolve(Software(moe_force_balance=True), JOB, cluster, par)
+    with pytest.raises(ConfigError, match="dense model"):
+        MEGATRON.check_runtime(load_model("llama3-8b"), cluster, JOB, par, rt)
+
+
+def test_estimate_with_knobs_and_catalog_default_unchanged() -> None:
+    """Unset knobs price as before (the catalog's dispatcher, no overlap, its ρ); the knobs move the step."""
+    model, cluster = load_model(QWEN), build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, pp=8, vp=2, ep=8, micro_batch_size=1, schedule="interleaved")
+    base = estimate(model, cluster, JOB, par, target="megatron")
+    same = estimate(model, cluster, JOB, par, target="megatron", software=Software(moe_dispatcher="alltoall"))
+    assert same.step_time_s == base.step_time_s
+    over = estimate(model, cluster, JOB, par, target="megatron",
+                    software=Software(moe_a2a_overlap=True, moe_force_balance=True))
+    assert over.step_time_s < base.step_time_s
+    assert over.time.exposed_comm_s.get("ep", 0.0) < base.time.exposed_comm_s["ep"]
+
+
+def test_emitted_flags_reach_megatron_core(tmp_path) -> None:  # noqa: ANN001
+    """The knobs are emitted as Megatron-LM flags and megatron-core's TransformerConfig accepts them."""
+    TransformerConfig = pytest.importorskip("megatron.core.transformer").TransformerConfig
+
+    from autoplan.validate.megatron_checks import transformer_config_kwargs
+
+    ns = emitted_megatron_args(["--model", QWEN, "--gpu", "gb200", "--gpus", "256", "--tp", "1", "--pp", "8",
+                                "--vp", "3", "--ep", "32", "--mbs", "1", "--global-batch-size", "8192",
+                                "--seq-len", "4096", "--schedule", "interleaved",
+                                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                                "--moe-dispatcher", "hybridep", "--moe-a2a-overlap", "--moe-force-balance",
+                                "--target", "megatron"], tmp_path)
+    assert ns.moe_token_dispatcher_type == "flex" and ns.moe_flex_dispatcher_backend == "hybridep"
+    assert ns.overlap_moe_expert_parallel_comm and ns.moe_router_force_load_balancing
+    _, kw = transformer_config_kwargs(ns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = TransformerConfig(**kw)
+    assert cfg.overlap_moe_expert_parallel_comm and cfg.moe_flex_dispatcher_backend == "hybridep"
+    drop = emitted_megatron_args(["--model", QWEN, "--gpu", "b200", "--gpus", "64", "--tp", "1", "--pp", "8",
+                                  "--ep", "8", "--mbs", "1", "--global-batch-size", "1024", "--seq-len", "4096",
+                                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                                  "--moe-capacity-factor", "1.0", "--target", "megatron"], tmp_path / "drop")
+    assert drop.moe_token_dispatcher_type == "alltoall" and drop.moe_expert_capacity_factor == 1.0
+    assert drop.moe_pad_expert_input_to_capacity
+    _, kw = transformer_config_kwargs(drop)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert TransformerConfig(**kw).moe_pad_expert_input_to_capacity
