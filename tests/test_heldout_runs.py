@@ -70,8 +70,8 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # small margin. At landing (session 4) 27.3% / 336%; after the NVL72 segment placement, Blackwell attention, fp8
 # recipe and memory-knob fixes and the calibration refit: 14.2% / 63.2% on its 108 still-held-out runs. Session 5
 # (s5-moe): the Qwen3 and Mixtral rows carry their recipes' MoE knobs (dispatcher, A2A overlap, forced balance, token
-# drop): 13.5% / 65.3% (the worst, Qwen3-30B B200 mbs 1, is host-bound: -63.2% -> -65.3% with its forced balance).
-GUARDS = {"more_runs.json": (0.135, 0.653)}
+# drop): 12.4% / 64.9% on 113 runs (with EP-spanning-TP rows; the worst, Qwen3-30B B200 mbs 1, is host-bound).
+GUARDS = {"more_runs.json": (0.124, 0.649)}
 MARGIN = 0.02
 
 
