@@ -146,3 +146,18 @@ def test_blackwell_gemm_curve_agrees_with_the_sustained_micro_benchmarks() -> No
     for shape in ("15872x4096x12288", "15872x4096x16384", "15872x16384x4096"):
         meas, model = rows[("b300", f"bf16 {shape}")]
         assert model == pytest.approx(meas, rel=0.05), shape
+
+
+def test_gpu_efficiency_entries_name_catalog_gpus_and_valid_fields() -> None:
+    """A typo in a GPU name would silently drop its facts: every entry names a catalog GPU (not an alias) and
+    validates as Efficiency fields over its generation's."""
+    import yaml
+    from importlib import resources
+
+    from autoplan.catalog.registry import gpu_names
+
+    raw = yaml.safe_load(resources.files("autoplan.catalog").joinpath("gpus.yaml").read_text(encoding="utf-8"))
+    assert set(raw["gpu_efficiency"]) <= set(gpu_names())
+    for gpu, fields in raw["gpu_efficiency"].items():
+        eff = efficiency_for_gpu(gpu)
+        assert {f: getattr(eff, f) for f in fields} == fields
