@@ -488,12 +488,18 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                                         rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
         if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
-            # backward chunk; Megatron-Core's 1F1B A2A overlap merges them): only what the layer's compute cannot
-            # cover stays exposed. DeepEP's / HybridEP's kernels run on SMs taken from compute (20 of 132 on H800,
-            # DeepSeek-V3 report §3.2.2; cost_models.moe.dispatcher_sm_fraction): the layer's compute slows by that share.
+            # backward chunk; Megatron-Core's 1F1B A2A overlap merges them). DeepEP's / HybridEP's kernels run on
+            # SMs taken from compute (20 of 132 on H800, DeepSeek-V3 report §3.2.2; moe.dispatcher_sm_fraction): the
+            # layer's compute slows by that share.
             slow = 1.0 / (1.0 - dispatcher_sm_fraction(dispatcher, cluster))
             forward, backward = forward * slow, backward * slow
-            ep_s = max(0.0, ep_s - (forward + backward))
+            if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
+                ep_s = max(0.0, ep_s - (forward + backward))
+            else:
+                parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
+                                             rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+                attn, mlp = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
+                ep_s = a2a_overlap_exposed_s([p[0] for p in parts], *(x * slow for x in (*attn, *mlp)))
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
@@ -604,6 +610,38 @@ def ring_exposed_s(ring_s: float, attention_s: float) -> float:
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128  # fp8 element + one fp32 scale per 128-element tile (report §3.3.2)
 
 
+def a2a_overlap_compute_split(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                              par: ParallelConfig, rt: Runtime | None) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((attn forward, attn backward), (mlp forward, mlp backward)) seconds of one MoE layer for the A2A-overlap
+    schedule: the "mlp" node is the experts (routed and shared: ops named ``expert_*`` / ``shared_*``), the "attn" node
+    everything else of the layer (attention block, norms, router, permutation)."""
+    attn = [0.0, 0.0]
+    mlp = [0.0, 0.0]
+    for op in graph.ops:
+        oc = op_compute(op, graph, model, cluster, job, par, rt)
+        side = mlp if op.kind == "experts" or op.name.startswith(("expert_", "shared_")) else attn
+        side[0] += oc.forward_s
+        side[1] += oc.backward_s
+    return (attn[0], attn[1]), (mlp[0], mlp[1])
+
+
+def a2a_overlap_exposed_s(a2a: list[float], attn_f: float, attn_b: float, mlp_f: float, mlp_b: float) -> float:
+    """Exposed EP time of one layer under Megatron-Core's A2A overlap (``--overlap-moe-expert-parallel-comm``): the
+    forward of micro-batch i and the backward of micro-batch j run layer by layer in three phases, each a
+    communication on one stream beside a computation on the other (megatron/core/models/common/
+    model_chunk_schedule_plan.py:197-199 @ core_v0.16.1)::
+
+        comm_stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+        comp_stream: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd
+
+    A phase lasts as long as its longer side: what a phase's communication has beyond its computation shows.
+    ``a2a`` = the four all-to-alls as ``moe_all_to_all_parts`` orders them: forward dispatch, forward combine,
+    combine's backward, dispatch's backward."""
+    disp_f, comb_f, comb_b, disp_b = a2a
+    return (max(0.0, comb_b - attn_f) + max(0.0, disp_f + disp_b - (mlp_b + mlp_f))
+            + max(0.0, comb_f - attn_b))
+
+
 def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_tokens: float, ep: int,
                    stride: int = 1, *, rho: float | None = None, dispatcher: str | None = None) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of one MoE layer's four all-to-alls (dispatch and combine, forward and
@@ -620,6 +658,15 @@ def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_t
     fp8 (forward dispatch and the backward of combine; combine stays bf16: report §3.3.3); HybridEP is priced in
     bf16. The busiest rank carries ``rho`` × the mean (default the catalog's ``moe_imbalance``;
     ``moe.moe_load_imbalance``); ``dispatcher`` defaults to the catalog's."""
+    parts = moe_all_to_all_parts(model, cluster, job, local_tokens, ep, stride, rho=rho, dispatcher=dispatcher)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def moe_all_to_all_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_tokens: float, ep: int,
+                         stride: int = 1, *, rho: float | None = None,
+                         dispatcher: str | None = None) -> list[tuple[float, float]]:
+    """``moe_all_to_all``'s four all-to-alls, (seconds, bytes) each: forward dispatch, forward combine, combine's
+    backward (dispatch-shaped), dispatch's backward (combine-shaped)."""
     eff = cluster.efficiency
     k, h = model.moe_top_k, model.hidden_size
     place = place_group(ep, stride, cluster)
@@ -638,7 +685,7 @@ def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_t
     bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * eff.link_bus
     bw_out = cluster.inter_node_gbps / 8 * 1e9 * eff.nic_bus
     lat = (n - 1) * cluster.gpu.link_latency_us * 1e-6 + (d - 1) * cluster.gpu.nic_latency_us * 1e-6
-    total_s = total_b = 0.0
+    parts = []
     for b in elem:
         if d == 1:
             nic, nvl = 0.0, tok * k * (ep - 1) / ep * b
@@ -646,9 +693,8 @@ def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_t
             nic, nvl = tok * remote * b, tok * k * (1 - 1 / n) * b
         else:
             nic, nvl = tok * k * (d - 1) / d * b, tok * k * (n - 1) / ep * b
-        total_s += lat + max(nic / bw_out, nvl / bw_in)
-        total_b += nic + nvl
-    return total_s, total_b
+        parts.append((lat + max(nic / bw_out, nvl / bw_in), nic + nvl))
+    return parts
 
 
 def model_flops_per_token(graph: LayerGraph) -> float:

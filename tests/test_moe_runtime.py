@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from autoplan.catalog import build_cluster, load_model
+from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.gemm import expected_max_normal
-from cost_models.layer_cost import layer_cost, moe_all_to_all
+from cost_models.layer_cost import (a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost, moe_all_to_all,
+                                    moe_all_to_all_parts)
 from cost_models.memory import graphs_for
 from cost_models.moe import DISPATCHER_SMS, GPU_SMS, moe_load_imbalance
 from cost_models.specs import JobSpec, ParallelConfig
@@ -84,8 +86,29 @@ def test_a2a_overlap_hides_ep_behind_compute_and_hybridep_takes_its_sms() -> Non
     over = _moe_layer(Software(moe_dispatcher="hybridep", moe_a2a_overlap=True), cluster, par)
     slow = 1 / (1 - DISPATCHER_SMS["hybridep"] / GPU_SMS["gb200"])
     assert over.forward_s == pytest.approx(plain.forward_s * slow)
-    assert over.ep_s == pytest.approx(max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow))
     assert over.ep_s < plain.ep_s
+    assert over.ep_s >= max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow)
+
+
+def test_a2a_overlap_is_priced_phase_by_phase() -> None:
+    """Megatron-Core's A2A overlap runs three phases (model_chunk_schedule_plan.py:197-199): combine_bwd beside
+    attn_fwd, dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd, combine_fwd beside attn_bwd. A short attention
+    forward cannot hide a long combine even when the layer's total compute exceeds the total traffic."""
+    assert a2a_overlap_exposed_s([1.0, 1.0, 1.0, 1.0], 0.1, 3.0, 0.5, 1.0) == pytest.approx(0.9 + 0.5 + 0.0)
+    assert max(0.0, 4.0 - (0.1 + 3.0 + 0.5 + 1.0)) == 0.0  # what a whole-layer overlap would have said
+    # In layer_cost: H100 nodes (ep 32 over four nodes) with its parts and compute split, recomputed
+    cluster = build_cluster("h100-sxm", 256)
+    par = ParallelConfig(tp=2, pp=8, vp=4, ep=32, micro_batch_size=1, schedule="interleaved")
+    sw = Software(moe_a2a_overlap=True)
+    model, rt = load_model(QWEN), _rt(sw, cluster, par)
+    graph = graphs_for(model, JOB.seq_len)["moe"]
+    stride = RankStrides.megatron(par.tp, par.cp, par.dp(cluster.num_gpus)).ep
+    parts = moe_all_to_all_parts(model, cluster, JOB, 4096 / 2, 32, stride, rho=cluster.efficiency.moe_imbalance)
+    (af, ab), (mf, mb) = a2a_overlap_compute_split(graph, model, cluster, JOB, par, rt)
+    cost = _moe_layer(sw, cluster, par)
+    assert cost.forward_s == pytest.approx(af + mf)
+    assert cost.ep_s == pytest.approx(a2a_overlap_exposed_s([p[0] for p in parts], af, ab, mf, mb))
+    assert cost.ep_s > 0.0
 
 
 def test_hybridep_sends_one_copy_per_remote_domain() -> None:
