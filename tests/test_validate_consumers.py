@@ -27,6 +27,8 @@ CASES = {
                                              dict(tp=8, pp=16, cp=16, recompute="full")),
     "mixtral-8x22b@256 tp8 pp4 ep8": ("mixtral-8x22b", 256, 256, 4096, dict(tp=8, pp=4, ep=8)),
     "qwen3-235b-a22b@512 tp4 pp4 ep32": ("qwen3-235b-a22b", 512, 1024, 4096, dict(tp=4, pp=4, ep=32)),
+    # ep 32 > dp*cp 16: EP spans the TP ranks (Megatron MoE parallel folding; torchtitan's efsdp = dp_shard*cp*tp/ep)
+    "qwen3-235b-a22b@256 tp2 pp8 ep32 (EP spanning TP)": ("qwen3-235b-a22b", 256, 2048, 4096, dict(tp=2, pp=8, ep=32)),
 }
 
 

@@ -76,8 +76,20 @@ def _mesh(plan: EmitPlan, pd: Any) -> str:
     tp_ranks = [] if tp_mesh is None else tp_mesh.mesh.flatten().tolist()
     if tp_ranks and tp_ranks != list(range(len(tp_ranks))):
         raise AssertionError(f"rank 0's TP group {tp_ranks} is not consecutive ranks")
+    # The cost model prices the EP all-to-all on Megatron's expert strides (collectives.RankStrides: ep consecutive
+    # ranks, TP peers included when ep spans them); torchtitan's sparse mesh pp x dp_replicate x efsdp x ep must agree.
+    ep_mesh = pd.get_optional_mesh("ep") if plan.parallel.ep > 1 else None
+    ep_ranks = [] if ep_mesh is None else ep_mesh.mesh.flatten().tolist()
+    if ep_ranks:
+        from cost_models.collectives import RankStrides
+
+        p = plan.parallel
+        stride = RankStrides.megatron(p.tp, p.cp, plan.dp, p.ep).ep
+        if ep_ranks != [i * stride for i in range(p.ep)]:
+            raise AssertionError(f"rank 0's EP group {ep_ranks[:8]}... is not the priced one (stride {stride})")
     return (f"world mesh {pd.world_mesh.size()} ranks; axis sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
-            + (f"; rank 0's TP group {tp_ranks}" if tp_ranks else ""))
+            + (f"; rank 0's TP group {tp_ranks}" if tp_ranks else "")
+            + (f"; EP group ranks {ep_ranks[0]}..{ep_ranks[-1]} (as priced)" if ep_ranks else ""))
 
 
 def _architecture(plan: EmitPlan, cfg: Any) -> str:
