@@ -68,6 +68,9 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "memory_bound_fraction": (0.0, 0.5),
     "hbm_bus": (0.30, 0.95),
     "moe_imbalance": (1.0, 3.0),
+    # Host time per local expert per MoE layer-micro-batch (layer_cost.host_bound_s): 0 (CUDA-graphed / device-bound)
+    # to 2 ms (tens of Python-issued kernels per expert at ~10-20 µs each).
+    "moe_host_s_per_expert": (0.0, 2e-3),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
     "nvls_bus": (0.5, 1.5),
     # Relative spread of identical GPUs' sustained speed (cost_models.gemm.straggler_pace): 0 to 5% (Sinha et al.

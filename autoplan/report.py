@@ -63,7 +63,8 @@ def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
         f"  MFU              {pred.mfu * 100:.1f}%{' of the bf16 peak' if precision == 'fp8' else ''}  "
         f"({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"  time breakdown   compute {t.compute_s:.3f} s, recompute {t.recompute_s:.3f} s, "
-        f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s",
+        f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s"
+        + (f", host-bound {t.host_bound_s:.3f} s" if t.host_bound_s > 0 else ""),
         f"  exposed comm     {comm} (s)",
         f"  peak memory      {pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.1f} GiB on stage "
         f"{pred.binding_stage} ({fit}; allocated {pred.peak_allocated_gib:.1f}, reserved "

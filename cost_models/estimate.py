@@ -46,6 +46,8 @@ class TimeBreakdown(BaseModel):
     bubble_s: float = Field(description="pipeline fill/drain (compute idle), incl. PP sends in the fill")
     exposed_comm_s: dict[str, float] = Field(description="critical-path communication per dimension")
     optimizer_s: float
+    host_bound_s: float = Field(default=0.0, description="the binding stage's MoE layers waiting on their host beyond "
+                                "the device's work (Efficiency.moe_host_s_per_expert; 0 unless calibrated)")
 
 
 class Prediction(BaseModel):
@@ -113,7 +115,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     stage_t: list[float] = []
     stage_parts: list[dict[str, float]] = []
     for s in range(p):
-        parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0}
+        parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
         for i in ids[s]:
             lc: LayerCost = costs["moe" if model.is_moe_layer(i) else "dense"]
             parts["compute"] += lc.forward_s + lc.backward_s
@@ -121,6 +123,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
             parts["tp"] += lc.tp_s
             parts["ep"] += lc.ep_s
             parts["cp"] += lc.cp_exposed_s
+            parts["host"] += lc.host_s
         if s == p - 1:
             parts["compute"] += head
             if model.arch.mtp_layers:  # cost_models.mtp: n × (a decoder layer + a head) + the projections
@@ -131,6 +134,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
                 parts["tp"] += n * lc.tp_s + proj_tp
                 parts["ep"] += n * lc.ep_s
                 parts["cp"] += n * lc.cp_exposed_s
+                parts["host"] += n * lc.host_s
         stage_parts.append(parts)
         stage_t.append(sum(parts.values()))
     slowest = max(range(p), key=lambda i: stage_t[i])
@@ -190,7 +194,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         binding_stage=binding,
         slowest_stage=slowest,
         time=TimeBreakdown(compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble, exposed_comm_s=exposed,
-                           optimizer_s=opt_s),
+                           optimizer_s=opt_s, host_bound_s=sp_parts["host"] * m),
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
         software=runtime.knobs(),

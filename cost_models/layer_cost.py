@@ -52,6 +52,7 @@ class LayerCost:
     cp_bytes: float
     cp_window: float = 1.0  # share of the attention core CP traffic can hide behind (knob_effects.cp_comm)
     cp_unhidden_s: float = 0.0  # part of cp_s nothing hides (a2a+p2p's all-to-alls; knob_effects.cp_comm)
+    host_s: float = 0.0  # host-bound wait beyond the device's work (host_bound_s)
 
     @property
     def cp_exposed_s(self) -> float:
@@ -62,7 +63,8 @@ class LayerCost:
 
     @property
     def total_s(self) -> float:
-        return self.forward_s + self.backward_s + self.recompute_s + self.tp_s + self.ep_s + self.cp_exposed_s
+        return (self.forward_s + self.backward_s + self.recompute_s + self.tp_s + self.ep_s + self.cp_exposed_s
+                + self.host_s)
 
 
 def _matmul_split(op: Op, graph: LayerGraph, t: int) -> tuple[int, int]:
@@ -503,8 +505,21 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
-    return LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
-                     ep_bytes, cp_bytes, window, unhidden)
+    out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
+                    ep_bytes, cp_bytes, window, unhidden)
+    if graph.kind == "moe" and cluster.efficiency.moe_host_s_per_expert > 0:
+        out = replace(out, host_s=host_bound_s(out.total_s, model, cluster, par))
+    return out
+
+
+def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
+    """Wait of one MoE layer (one micro-batch, forward + backward) on its host: the device finishes ``device_s`` of
+    work, the host needs ``moe_host_s_per_expert`` × local experts to issue it (TE's GroupedLinear loops over the
+    rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py; the dropless dispatcher's host
+    sync each layer, megatron/core/transformer/moe/token_dispatcher.py ``_maybe_update_cuda_sync_point``, keeps the
+    host from running ahead across layers): the layer takes max(device, host), i.e. device + this."""
+    host = cluster.efficiency.moe_host_s_per_expert * (model.num_experts // par.ep)
+    return max(0.0, host - device_s)
 
 
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)

@@ -383,6 +383,12 @@ class Efficiency(_Frozen):
     moe_imbalance: float = Field(
         default=1.15, ge=1, description="MoE load imbalance ρ: busiest / average expert-rank tokens (COST_MODEL §4)"
     )
+    moe_host_s_per_expert: float = Field(
+        default=0.0, ge=0, description="host (CPU) seconds to issue one local routed expert's work in one MoE layer, "
+        "forward + backward, per micro-batch: Transformer Engine's GroupedLinear loops over its experts on the host "
+        "(grouped_linear.py) and Megatron-Core's dropless dispatcher syncs host and device in every MoE layer "
+        "(token_dispatcher.py preprocess), so the layer runs at max(device time, host time) (layer_cost.host_bound_s). "
+        "0 = not priced: no sourced value (`autoplan calibrate` fits it on one's own runs)")
     hbm_bus: float = Field(default=0.85, gt=0, le=1, description="achieved fraction of HBM bandwidth by streaming "
                            "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
     tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "

@@ -185,3 +185,27 @@ def test_emitted_flags_reach_megatron_core(tmp_path) -> None:  # noqa: ANN001
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert TransformerConfig(**kw).moe_pad_expert_input_to_capacity
+
+
+def test_host_bound_layer_waits_for_its_host() -> None:
+    """``moe_host_s_per_expert`` (catalog 0: unsourced, calibratable): an MoE layer takes max(device, host) with the
+    host's time proportional to the rank's experts; the estimate reports the wait and a step carries it."""
+    model = load_model(QWEN)
+    base_cluster = build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1, account_for_embedding_in_pipeline_split=True,
+                         account_for_loss_in_pipeline_split=True)
+    device = _moe_layer(Software(), base_cluster, par)
+    assert device.host_s == 0.0
+    per = 1.5 * device.total_s / (model.num_experts // par.ep)  # host needs 1.5x the device's time
+    cluster = base_cluster.model_copy(update={"efficiency": base_cluster.efficiency.model_copy(
+        update={"moe_host_s_per_expert": per})})
+    bound = _moe_layer(Software(), cluster, par)
+    assert bound.host_s == pytest.approx(0.5 * device.total_s)
+    assert bound.total_s == pytest.approx(1.5 * device.total_s)
+    fast = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(
+        update={"moe_host_s_per_expert": 0.5 * device.total_s / (model.num_experts // par.ep)})})
+    assert _moe_layer(Software(), fast, par).host_s == 0.0  # device-bound: nothing shows
+    a = estimate(model, base_cluster, JOB, par, target="megatron")
+    b = estimate(model, cluster, JOB, par, target="megatron")
+    assert a.time.host_bound_s == 0.0 and b.time.host_bound_s > 0.0
+    assert b.step_time_s > a.step_time_s + 0.9 * b.time.host_bound_s
