@@ -28,6 +28,7 @@ from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes
                                      torchao_casts, tp_overlap, wgrad_in_bf16)
 from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_load_imbalance
 from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
+from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
@@ -127,6 +128,9 @@ class OpCompute:
     wgrad_hp: float = 0.0  # extra backward time of weight-gradient GEMMs kept in bf16 (fp8 rowwise_with_gw_hp)
     op_sac_f: float | None = None  # forward work torchtitan's per-op SAC re-runs in the backward (None: not op-SAC)
     gemm_fwd_extra: float = 0.0  # forward GEMMs slower than the model's fp8 GEMM (torchao rowwise: CUTLASS kernel)
+    # per op of the graph: the forward time a selective-recompute module re-running it adds (``cost_models.recompute``;
+    # the attention core: its kernel, ``attn_f``, as plain ``selective`` has always priced it)
+    op_rerun_f: tuple[float, ...] = ()
 
     @property
     def forward_s(self) -> float:
@@ -137,11 +141,17 @@ class OpCompute:
         """GEMMs 2× forward (dgrad + wgrad); the attention core and memory-bound kernels as priced."""
         return 2 * self.gemm_f + self.attn_b + self.mem_b + self.wgrad_hp
 
-    def recompute_s(self, recompute: str) -> float:
+    def recompute_s(self, recompute: str, graph: LayerGraph | None = None,
+                    modules: frozenset[str] | None = None) -> float:
         """Selective recompute repeats the attention core's forward (Megatron), or under torchtitan's per-op SAC
-        what it did not save (``op_sac_f``); full recompute the whole forward."""
+        what it did not save (``op_sac_f``), or with Megatron's ``modules`` (``cost_models.recompute``) the forward
+        of every op they re-run; full recompute the whole forward."""
         if recompute == "selective" and self.op_sac_f is not None:
             return self.op_sac_f
+        if recompute == "selective" and modules is not None and graph is not None and self.op_rerun_f:
+            from cost_models.recompute import reruns
+
+            return sum(f for op, f in zip(graph.ops, self.op_rerun_f) if reruns(op, graph, modules))
         return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
 
 
@@ -310,7 +320,9 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
     total = OpCompute(*(sum(getattr(p, f) for p in parts)
                         for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
-                      gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts))
+                      gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
+                      op_rerun_f=tuple(p.attn_f if op.kind == "attention" else p.forward_s
+                                       for op, p in zip(graph.ops, parts)))
     if rt is None or rt.selective != "op_sac" or graph.kind not in ("dense", "moe"):
         return total
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
@@ -474,7 +486,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     t, c, e = par.tp, par.cp, par.ep
     strides = RankStrides.megatron(t, c, dp)
     cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
-    forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute)
+    modules = modules_in_effect(par, rt)
+    forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute, graph, modules)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in ("dense", "moe")
@@ -488,6 +501,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         dispatcher = moe_dispatcher(cluster, rt)
         ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep,
                                         rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+        again = ep_forward_repeats(graph, modules)  # the ``moe`` recompute module re-runs dispatch and combine
+        ep_s, ep_bytes = ep_s * (1 + again), ep_bytes * (1 + again)
         if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
             # backward chunk; Megatron-Core's 1F1B A2A overlap merges them). DeepEP's / HybridEP's kernels run on

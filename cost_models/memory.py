@@ -40,6 +40,7 @@ import numpy as np
 
 from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
 from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
+from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -195,7 +196,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
             split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)
             total += ten.width * 2.0 * op.tokens_factor * tokens / (tp_divisor(t, ten.heads) if split_tp else 1)
         return total
-    return sum(op_activation_bytes(op, job, par, runtime) for op in graph.ops)
+    return sum(op_activation_bytes(op, job, par, runtime, graph) for op in graph.ops)
 
 
 def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
@@ -204,7 +205,8 @@ def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -
     return 2.0 * model.hidden_size * par.micro_batch_size * job.seq_len / par.cp / (par.tp if sp else 1)
 
 
-def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runtime = DEFAULT_RUNTIME) -> float:
+def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runtime = DEFAULT_RUNTIME,
+                        graph: LayerGraph | None = None) -> float:
     """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
     recompute: that keeps only the layer input, ``recompute_input_bytes``). The loss holds the runtime's
     bytes per logit (the graph's saved logits are Megatron's 2 + 4); under fp8 a GEMM's saved input takes the
@@ -215,8 +217,13 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
     fp8 = job.precision == "fp8"
     total = 0.0
     cheap = par.recompute == "selective" and runtime.selective == "cheap"
+    modules = modules_in_effect(par, runtime)  # Megatron's selective modules (cost_models.recompute)
+    graph_kind = graph.kind if graph is not None else "dense"
+    mla = graph is not None and is_mla(graph)
     for s in op.saved:
-        if par.recompute == "selective" and op.kind == "attention" and s.tensor not in op.inputs:
+        if modules is not None and drops(op, s.tensor, graph_kind, modules, mla):
+            continue
+        if cheap and op.kind == "attention" and s.tensor not in op.inputs:
             continue
         if cheap and (s.tensor in _NORM_OUTPUTS or op.kind == "attention"):
             continue  # recomputed: norm outputs; q, k, v from MLA's saved latents (the up-projections)

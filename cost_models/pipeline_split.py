@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import ConfigError
+from cost_models.pipeline_layout import PLL, PipelineLayout, layout_from_text, validate_layout
 
 Chunks = tuple[tuple[int, ...], ...]  # chunks[r][v]: decoder layers of pipeline rank r, virtual stage v
 
@@ -48,12 +49,17 @@ class PipelineSplit:
     account_for_embedding: bool = False
     account_for_loss: bool = False
     auto: bool = False  # chosen by ``resolve`` because num_layers does not divide pp·vp
+    layout: PipelineLayout | None = None  # an explicit Megatron layout (``layout_split``)
 
-    def fields(self) -> dict[str, int | bool | None]:
+    def fields(self) -> dict[str, int | bool | str | None]:
         """The ``ParallelConfig`` fields that say this split."""
-        return {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers,
-                "account_for_embedding_in_pipeline_split": self.account_for_embedding,
-                "account_for_loss_in_pipeline_split": self.account_for_loss}
+        out: dict[str, int | bool | str | None] = {
+            "first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers,
+            "account_for_embedding_in_pipeline_split": self.account_for_embedding,
+            "account_for_loss_in_pipeline_split": self.account_for_loss}
+        if self.layout is not None:
+            out["pipeline_layout"] = self.layout.text
+        return out
 
     @property
     def rank_layers(self) -> list[int]:
@@ -78,9 +84,11 @@ class PipelineSplit:
             ids[r].extend(range(start, start + n))
         return tuple(tuple(x) for x in ids)
 
-    def megatron_flags(self) -> list[tuple[str, int | None]]:
+    def megatron_flags(self) -> list[tuple[str, int | str | None]]:
         """The pipeline-split flags of Megatron-LM's ``pretrain_gpt.py`` that build exactly this split."""
-        flags: list[tuple[str, int | None]] = []
+        if self.layout is not None:  # vp comes from the layout (arguments.py:516-527): no virtual-stage flag
+            return [("--pipeline-model-parallel-layout", self.layout.text)]
+        flags: list[tuple[str, int | str | None]] = []
         if self.first_stage_layers is not None:
             flags.append(("--decoder-first-pipeline-num-layers", self.first_stage_layers))
         if self.last_stage_layers is not None:
@@ -93,6 +101,8 @@ class PipelineSplit:
 
     @property
     def rule(self) -> str:
+        if self.layout is not None:
+            return f"explicit layout {self.layout.describe()}"
         if self.account_for_embedding or self.account_for_loss:
             what = " and ".join(k for k, on in (("embedding", self.account_for_embedding),
                                                  ("loss", self.account_for_loss)) if on)
@@ -109,7 +119,9 @@ class PipelineSplit:
             text += f" ({self.vp} virtual stages each)"
         text += f"; {self.rule}"
         flags = " ".join(f if v is None else f"{f} {v}" for f, v in self.megatron_flags())
-        if flags:
+        if flags and self.layout is not None:
+            text += f" (Megatron --pipeline-model-parallel-layout '{self.layout.text}')"
+        elif flags:
             text += f" (Megatron {flags})"
         if self.auto:
             text += f"; applied by autoplan: num_layers={self.num_layers} does not divide pp*vp = {self.pp * self.vp}"
@@ -126,6 +138,22 @@ def _runs(xs: list[int]) -> str:
         out.append(f"{xs[i]} x {j - i + 1}" if j > i else str(xs[i]))
         i = j + 1
     return "[" + ", ".join(out) + "]"
+
+
+@lru_cache(maxsize=1024)
+def layout_split(text: str, L: int, mtp_layers: int, pp: int) -> PipelineSplit:
+    """The split an explicit Megatron layout builds (``cost_models.pipeline_layout``), checked against the model
+    (``validate_layout``: Megatron's rules). The embedding is always on rank 0 and the loss on rank pp−1 (first
+    and last items of the flat order); autoplan prices the MTP layers on the loss's rank only (a rank of their own,
+    Megatron's ``mtp_standalone`` (PLL:136-145), is refused), as without a layout."""
+    layout = layout_from_text(text, pp)
+    validate_layout(layout, L, mtp_layers)
+    mtp_ranks = layout.ranks_with("m")
+    if mtp_ranks and mtp_ranks != [pp - 1]:
+        raise ConfigError(f"pipeline_layout {text!r} places the MTP layers on pipeline rank {mtp_ranks[0]}, the loss "
+                          f"on rank {pp - 1}: Megatron runs that as a standalone MTP stage ({PLL}:136-145), which "
+                          "autoplan does not price", valid=["MTP layers in the last stage, before L"])
+    return PipelineSplit(L, pp, layout.vp, layout.decoder_counts(), layout=layout)
 
 
 def megatron_chunks(L: int, pp: int, vp: int, *, first: int | None = None, last: int | None = None,

@@ -19,6 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's selective-recompute modules, in its order (megatron/core/transformer/transformer_config.py:1198-1206;
+# what each one recomputes and stops saving: cost_models.recompute).
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                      "shared_experts")
 Schedule = Literal["1f1b", "interleaved", "zb-h1", "dualpipe"]
 Generation = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
 
@@ -481,6 +486,21 @@ def zero_stage_is_not_a_bool(v: object) -> object:
     return v
 
 
+def _vp_from_layout(data: dict) -> dict:
+    """``vp`` a layout implies when none is given (Megatron-LM derives it the same way: arguments.py:516-527); a
+    layout whose stages ``pp`` does not divide is left for ``_check`` to refuse."""
+    if data.get("vp") is not None:
+        return data
+    from cost_models.errors import ConfigError
+    from cost_models.pipeline_layout import layout_vp
+
+    pp = data.get("pp", 1)
+    try:
+        return {**data, "vp": layout_vp(data["pipeline_layout"], pp)} if isinstance(pp, int) and pp > 0 else data
+    except ConfigError:
+        return data
+
+
 class ParallelConfig(_Frozen):
     """One parallel layout. Checks that need the model or cluster live in ``cost_models.validate``."""
 
@@ -509,6 +529,13 @@ class ParallelConfig(_Frozen):
         default=False, description="the embedding counts as one layer of the split (Megatron flag of that name)")
     account_for_loss_in_pipeline_split: bool = Field(
         default=False, description="the output layer + loss count as one layer of the split (Megatron flag)")
+    pipeline_layout: str | None = Field(
+        default=None, max_length=2000, description="Megatron --pipeline-model-parallel-layout: what each pipeline "
+        "stage builds, E embedding, t decoder layer, m MTP layer, L loss, '|' between the pp*vp stages, repeats "
+        "as (tt|)*30 or t*4 (e.g. 'Et|(tt|)*30mL'); sets vp to stages/pp (cost_models.pipeline_layout)")
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        default=None, description="Megatron --recompute-modules under selective recompute (None: Megatron's "
+        "default core_attn); giving them implies recompute 'selective' (cost_models.recompute)")
 
     _zero_stage_is_not_a_bool = field_validator("zero_stage", mode="before")(zero_stage_is_not_a_bool)
 
@@ -516,14 +543,48 @@ class ParallelConfig(_Frozen):
     @classmethod
     def _interleave_when_vp(cls, data: object) -> object:
         """``vp > 1`` implies the interleaved schedule (the only one that uses virtual stages)."""
+        if isinstance(data, dict) and isinstance(data.get("pipeline_layout"), str):
+            data = _vp_from_layout(data)
+        if isinstance(data, dict) and data.get("recompute_modules") is not None and data.get("recompute") is None:
+            data = {**data, "recompute": "selective"}  # the modules are Megatron's selective recompute
         if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1 and data.get("schedule", "1f1b") == "1f1b":
             data = {**data, "schedule": "interleaved"}
         return data
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _modules_list(cls, v: object) -> object:
+        """A JSON list is the tuple (strict mode takes no list for a tuple)."""
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("recompute_modules", mode="after")
+    @classmethod
+    def _canonical_modules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """Megatron's order, each once (the set is what Megatron reads): equal plans compare equal."""
+        return None if v is None else tuple(m for m in RECOMPUTE_MODULES if m in v)
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
         if self.schedule == "interleaved" and self.pp == 1:
             raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError(f"recompute_modules with recompute '{self.recompute}': Megatron recomputes modules only "
+                             "under --recompute-granularity selective (transformer_config.py:1196); use recompute "
+                             "'selective' or drop recompute_modules")
+        if self.pipeline_layout is not None:
+            from cost_models.pipeline_layout import layout_vp
+
+            vp = layout_vp(self.pipeline_layout, self.pp)  # ConfigError (a ValueError) naming Megatron's rule
+            if vp != self.vp:
+                raise ValueError(f"vp={self.vp} conflicts with pipeline_layout, which lists {vp * self.pp} stages "
+                                 f"= pp {self.pp} x vp {vp} (megatron-core transformer_config.py:1340-1352); "
+                                 f"omit vp or pass vp={vp}")
+            fixed = [k for k in ("first_stage_layers", "last_stage_layers") if getattr(self, k) is not None] + [
+                k for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                if getattr(self, k)]
+            if fixed:
+                raise ValueError(f"pipeline_layout cannot be set with {', '.join(fixed)}: the layout places every "
+                                 "layer itself (megatron-core transformer_config.py:1307-1324)")
         if self.schedule == "interleaved" and self.vp == 1:
             # vp = 1 would be priced as 1F1B while the user asked for interleaving: refuse, never price it silently
             raise ValueError("schedule 'interleaved' needs vp >= 2 virtual stages per pipeline rank (Megatron "

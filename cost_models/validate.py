@@ -6,7 +6,8 @@ Every violation raises ``ConfigError`` naming the value, the constraint and the 
 from __future__ import annotations
 
 from cost_models.errors import ConfigError, divisors
-from cost_models.pipeline_split import PipelineSplit, accounting_that_fits, legal_vps, resolve, split_ok
+from cost_models.pipeline_split import (PipelineSplit, accounting_that_fits, layout_split, legal_vps, resolve,
+                                       split_ok)
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import TargetProfile
 from cost_models.targets.megatron import PROFILE as MEGATRON
@@ -63,7 +64,8 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
                                  and split_ok(model.num_layers, x, v, *split)][:12]
                           if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
     dp = n // mp
-    split_chunks_error(model, par)
+    if par.pipeline_layout is None:
+        split_chunks_error(model, par)
     pipeline_split(model, par)  # Megatron's split rules (ConfigError naming the rule)
 
     def microbatches_ok(m: int) -> bool:  # the two micro-batch rules below
@@ -127,7 +129,9 @@ def split_chunks_error(model: ModelSpec, par: ParallelConfig) -> None:
 def pipeline_split(model: ModelSpec, par: ParallelConfig) -> PipelineSplit:
     """Megatron's split of the decoder layers over (pipeline rank, virtual stage) for ``par``
     (``cost_models.pipeline_split``): the explicit first/last counts or embedding/loss accounting when given,
-    else even, else the uneven form ``resolve`` applies by itself."""
+    else even, else the uneven form ``resolve`` applies by itself; an explicit ``pipeline_layout`` as it says."""
+    if par.pipeline_layout is not None:
+        return layout_split(par.pipeline_layout, model.num_layers, model.arch.mtp_layers, par.pp)
     return resolve(model.num_layers, par.pp, par.vp, par.first_stage_layers, par.last_stage_layers,
                    par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split)
 

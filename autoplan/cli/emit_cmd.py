@@ -32,7 +32,7 @@ plan_inputs = stack(
                  help="catalog name, HF config.json path or spec file (instead of --plan)"),
     cluster_flags(gpus_required=False),
     job_options,
-    parallel_options(required=False),
+    parallel_options(required=False, layout=True),
     software_options,
 )
 

@@ -20,9 +20,10 @@ from autoplan.schema import ESTIMATE_ANY, EstimateRequest, validate_request
 from cost_models.specs import ParallelConfig
 
 
-def parallel_options(required: bool, searched: bool = False) -> Any:
+def parallel_options(required: bool, searched: bool = False, layout: bool = False) -> Any:
     """Degree flags; ``required`` for estimate, optional pins for search (``searched``: an omitted flag is
-    searched, so the help shows no default) and emit (omitted: ParallelConfig's default)."""
+    searched, so the help shows no default) and emit (omitted: ParallelConfig's default). ``layout``: also
+    Megatron's explicit pipeline layout and recompute modules (estimate and emit: they are priced, not searched)."""
     opt = click.option
 
     def default(text: str) -> str:
@@ -52,17 +53,32 @@ def parallel_options(required: bool, searched: bool = False) -> Any:
             default=None, help="the embedding counts as a layer of the pipeline split (Megatron)"),
         opt("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split", is_flag=True,
             default=None, help="the output layer and loss count as a layer of the pipeline split (Megatron)"),
+        *([] if not layout else [
+            opt("--pipeline-layout", "pipeline_layout", type=str, default=None, metavar="LAYOUT",
+                help="Megatron --pipeline-model-parallel-layout: E embedding, t decoder layer, m MTP, L loss, '|' "
+                     "between the pp*vp stages, e.g. 'Et|(tt|)*30mL' (sets vp) [even split]"),
+            opt("--recompute-modules", "recompute_modules", type=str, default=None, callback=_modules,
+                metavar="M1,M2", help="Megatron --recompute-modules (implies --recompute selective): "
+                "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; '' for none [core_attn]")]),
     )
+
+
+def _modules(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    """A comma- or space-separated module list; ParallelConfig names a wrong one with Megatron's choices."""
+    if value is None:
+        return None
+    return tuple(x for x in value.replace(",", " ").split() if x)
 
 
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "hsdp_shard_size", "recompute",
                  "sequence_parallel", "schedule", "first_stage_layers", "last_stage_layers",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "pipeline_layout",
+                 "recompute_modules")
 
 
 def pop_parallel(kw: dict[str, Any]) -> dict[str, Any]:
     """The degree flags the user gave (None = not given)."""
-    return {k: v for k in PARALLEL_KEYS if (v := kw.pop(k)) is not None}
+    return {k: v for k in PARALLEL_KEYS if (v := kw.pop(k, None)) is not None}
 
 
 class FrameworkChoice(click.Choice):  # type: ignore[type-arg]
@@ -78,7 +94,7 @@ class FrameworkChoice(click.Choice):  # type: ignore[type-arg]
 @model_option
 @cluster_options
 @job_options
-@parallel_options(required=True)
+@parallel_options(required=True, layout=True)
 @failure_options
 @click.option("--target", type=FrameworkChoice(["megatron", "torchtitan", "fsdp2"]), default="megatron",
               show_default=True, help="framework that runs the layout: its rules (cost_models.targets) refuse what it "

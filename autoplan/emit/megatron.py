@@ -47,7 +47,7 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     # ---- parallelism -----------------------------------------------------------------------------
     add("--tensor-model-parallel-size", par.tp)
     add("--pipeline-model-parallel-size", par.pp)
-    if par.vp > 1:
+    if par.vp > 1 and par.pipeline_layout is None:  # a layout sets vp itself (arguments.py:503-527)
         add("--num-virtual-stages-per-pipeline-rank", par.vp)
     add("--context-parallel-size", par.cp)
     if m.is_moe:
@@ -111,8 +111,11 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     add("--seq-length", job.seq_len)
     add("--max-position-embeddings", max(job.seq_len, m.learned_position_embeddings))
     # ---- recompute -------------------------------------------------------------------------------
-    if par.recompute == "selective":
+    if par.recompute == "selective" and par.recompute_modules != ():  # () recomputes nothing: no flag says that
         add("--recompute-granularity", "selective")
+        if par.recompute_modules is not None:  # Megatron's default is core_attn (transformer_config.py:1193-1194)
+            a.append("--recompute-modules")
+            a.extend(par.recompute_modules)
     elif par.recompute == "full":
         add("--recompute-granularity", "full")
         add("--recompute-method", "uniform")
@@ -325,6 +328,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"])
     p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=[0.0])
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    p.add_argument("--recompute-modules", nargs="+", default=None)  # TransformerConfig list field: nargs '+'
+    p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"],

@@ -47,7 +47,8 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         "account_for_embedding_in_pipeline_split": ns.account_for_embedding_in_pipeline_split,
         "account_for_loss_in_pipeline_split": ns.account_for_loss_in_pipeline_split,
         "recompute_granularity": ns.recompute_granularity, "recompute_method": ns.recompute_method,
-        "recompute_num_layers": ns.recompute_num_layers,
+        "recompute_num_layers": ns.recompute_num_layers, "recompute_modules": ns.recompute_modules,
+        "pipeline_model_parallel_layout": ns.pipeline_model_parallel_layout,
         "add_bias_linear": not ns.disable_bias_linear, "add_qkv_bias": ns.add_qkv_bias,
         "normalization": ns.normalization, "bf16": ns.bf16, "params_dtype": dtype, "pipeline_dtype": dtype,
         "fp8": ns.fp8,
@@ -135,9 +136,39 @@ def megatron_layers_built(ns: argparse.Namespace) -> list[list[tuple[int, int]]]
         warnings.simplefilter("ignore")
         cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
     vp = cfg.virtual_pipeline_model_parallel_size
-    return [[(get_transformer_layer_offset(cfg, vp_stage=v if vp else None, pp_rank=r),
-              get_num_layers_to_build(cfg, vp_stage=v if vp else None, pp_rank=r)) for v in range(vp or 1)]
-            for r in range(cfg.pipeline_model_parallel_size)]
+    from megatron.core import parallel_state as ps
+
+    # A layout's own counts read the virtual world size from parallel_state (PLL get_num_layers_to_build/
+    # get_layer_offset take vp_stage 0 when it is unset): set it as initialize_model_parallel would, then restore.
+    saved = ps.get_virtual_pipeline_model_parallel_world_size()
+    ps.set_virtual_pipeline_model_parallel_world_size(vp)
+    layout = cfg.pipeline_model_parallel_layout
+    try:
+        if layout is not None:  # transformer_layer.py:50-53 asks the layout without the rank: ask it with one
+            return [[(layout.get_layer_offset(vp_stage=v, pp_rank=r), layout.get_num_layers_to_build(vp_stage=v,
+                                                                                                   pp_rank=r))
+                     for v in range(vp or 1)] for r in range(cfg.pipeline_model_parallel_size)]
+        return [[(get_transformer_layer_offset(cfg, vp_stage=v if vp else None, pp_rank=r),
+                  get_num_layers_to_build(cfg, vp_stage=v if vp else None, pp_rank=r)) for v in range(vp or 1)]
+                for r in range(cfg.pipeline_model_parallel_size)]
+    finally:
+        ps.set_virtual_pipeline_model_parallel_world_size(saved)
+
+
+def megatron_layout_items(ns: argparse.Namespace) -> list[list[str]] | None:
+    """What megatron-core's ``PipelineParallelLayerLayout`` (built and validated by ``TransformerConfig``) places on
+    every (pp rank, virtual stage), as E/t/m/L strings; None without ``--pipeline-model-parallel-layout``."""
+    if ns.pipeline_model_parallel_layout is None:
+        return None
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.core.transformer.enums import LayerType
+
+    mla, kw = transformer_config_kwargs(ns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
+    sym = {LayerType.embedding: "E", LayerType.decoder: "t", LayerType.mtp: "m", LayerType.loss: "L"}
+    return [["".join(sym[x] for x in chunk) for chunk in row] for row in cfg.pipeline_model_parallel_layout.layout]
 
 
 def _check_layers(plan: EmitPlan, ns: argparse.Namespace) -> str:
@@ -149,7 +180,15 @@ def _check_layers(plan: EmitPlan, ns: argparse.Namespace) -> str:
     if built != ours:
         raise AssertionError(f"megatron-core builds (offset, layers) per rank and virtual stage {built}, "
                              f"autoplan priced {ours}")
-    return f"layers per rank {split.rank_layers} ({split.vp} virtual stages each): identical"
+    text = f"layers per rank {split.rank_layers} ({split.vp} virtual stages each): identical"
+    placed = megatron_layout_items(ns)
+    if split.layout is not None:
+        priced = [list(row) for row in split.layout.chunks]
+        if placed != priced:
+            raise AssertionError(f"megatron-core's PipelineParallelLayerLayout places {placed}, autoplan priced "
+                                 f"{priced}")
+        text += "; embedding, MTP and loss on the same stages as priced"
+    return text
 
 
 def _degrees(plan: EmitPlan, ns: argparse.Namespace) -> dict[str, int]:

@@ -308,8 +308,16 @@ class TargetProfile:
         if rt is not None:
             self.check_runtime(model, cluster, job, par, rt)
 
+    # Megatron's layout fields this target runs (``ParallelConfig.pipeline_layout`` / ``recompute_modules``)
+    megatron_fields: tuple[str, ...] = ()
+
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """Target rules on the layout alone (what the search space filters on: ``layout_error``)."""
+        for field, flag in (("pipeline_layout", "--pipeline-model-parallel-layout"),
+                            ("recompute_modules", "--recompute-modules")):
+            if getattr(par, field) is not None and field not in self.megatron_fields:
+                raise ConfigError(f"{field}: {self.name} has no such setting (it is Megatron-LM's {flag})",
+                                  valid=["target megatron", f"{field} unset"])
         err = self.layout_error(model, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, zero=par.zero_stage,
                                 hsdp=par.hsdp_shard_size, dp_cp=par.dp(cluster.num_gpus) * par.cp,
                                 schedule=par.schedule)

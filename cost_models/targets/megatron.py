@@ -90,7 +90,8 @@ from typing import Any
 
 from cost_models.errors import ConfigError
 from cost_models.te_fp8 import te_tp_gather_bytes
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.recompute import module_errors
+from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, Knob, Runtime, Software, TargetProfile,
                                         fsdp2_gathered_unit_bytes)
 
@@ -123,6 +124,7 @@ class MegatronProfile(TargetProfile):
     # (transformer_config.py:939-946); with fewer groups than tp ranks linear_qkv is split evenly, its output
     # all-gathered and each rank keeps one group (attention.py:289-300, 1398-1416): "gather".
     kv_modes = ("shard", "gather")
+    megatron_fields = ("pipeline_layout", "recompute_modules")  # cost_models.pipeline_layout / recompute
     kv_source = f"{TC}:939-946; megatron/core/transformer/attention.py:289-300, 1398-1416 @{COMMIT}"
     loss_modes = ("F",)  # vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
     knobs = {
@@ -288,6 +290,10 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
                               f"does not pad experts to capacity ({TC}:1074-1081)",
                               valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
+        bad = module_errors(model, par, rt.fp8_recipe)  # --recompute-modules (cost_models.recompute cites the code)
+        if bad is not None:
+            raise ConfigError(bad, valid=[m for m in RECOMPUTE_MODULES if module_errors(
+                model, par.model_copy(update={"recompute_modules": (m,)}), rt.fp8_recipe) is None])
         if par.cp > 1:
             check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":

@@ -1,0 +1,126 @@
+"""Megatron-Core's selective recompute per module (``--recompute-modules``) on autoplan's operator graph.
+
+Each module names a part of the layer whose forward Megatron re-runs in the backward, and the tensors it stops
+keeping between forward and backward; the op names are ``cost_models.opgraph``'s. Megatron-Core 0.16.1
+(``TL`` = megatron/core/transformer/transformer_layer.py, ``MLA`` = .../multi_latent_attention.py, ``EXP`` =
+.../moe/experts.py, ``MOE`` = .../moe/moe_layer.py, ``SH`` = .../moe/shared_experts.py):
+
+- ``core_attn`` (attention.py:328-331, ``_checkpointed_attention_forward``): ``tensor_parallel.checkpoint`` of the
+  attention core: keeps its inputs q, k, v; drops what the kernel saves beyond them (the unfused path's softmax
+  and dropout tensors); re-runs the core's forward. Megatron's default module list (transformer_config.py:1193-1194)
+  and what autoplan's plain ``selective`` has always priced (the core's kernel time, ``attn_f``).
+- ``layernorm`` (TL:383-444): ``input_layernorm`` and ``pre_mlp_layernorm`` under ``CheckpointWithoutOutput``: their
+  outputs (``attn_in``, ``mlp_in``) are discarded after use and recomputed; the norms' forward re-runs.
+- ``mla_up_proj`` (MLA:119-122, 838-847, 344-347): the q/kv up-projections and RoPE under ``CheckpointWithoutOutput``,
+  their outputs discarded once the attention core has run: the core's saved q, k, v are dropped, the latents
+  (checkpoint inputs) stay; the up-projection GEMMs and the rotary kernel re-run.
+- ``mlp`` (TL:445-447, 719-735; dense layers only): ``tensor_parallel.checkpoint`` (``te_checkpoint`` under fp8) of the
+  whole MLP: keeps its input ``mlp_in``, drops every tensor saved inside it; re-runs all its GEMMs.
+- ``moe`` (MOE:153-157, 432-446): the whole MoE layer (router, dispatch, experts, combine, shared experts) under
+  ``tensor_parallel.checkpoint``: keeps ``mlp_in``, drops everything inside; re-runs its forward, the token
+  dispatch and combine all-to-alls included.
+- ``moe_act`` (EXP:584-592, TEGroupedMLP): the experts' activation under ``CheckpointWithoutOutput``: the activation
+  output (fc2's saved input) is discarded and recomputed from the saved fc1 output.
+- ``shared_experts`` (MOE:158-161, SH:70-80): the shared-expert MLP checkpointed: keeps ``mlp_in``, drops its inside,
+  re-runs its GEMMs.
+
+Not priced: re-run TP collectives inside a checkpointed ``mlp`` / ``moe`` / ``shared_experts`` under tp > 1 (every
+Megatron-Bridge DeepSeek-V3 Blackwell recipe runs tp 1), the fp8 re-quantization of a recomputed norm output
+(TE ``set_save_original_input``), and the transient of one recomputed module at the peak.
+"""
+
+from __future__ import annotations
+
+from cost_models.opgraph import LayerGraph, Op
+from cost_models.specs import ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
+
+_NORMS = ("attn_norm", "mlp_norm")
+_NORM_OUTPUTS = ("attn_in", "mlp_in")
+_MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-projections from the latents + RoPE
+_DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
+
+
+def modules_in_effect(par: ParallelConfig, rt: Runtime | None) -> frozenset[str] | None:
+    """The modules Megatron recomputes for ``par``: its ``recompute_modules``, Megatron's default ``core_attn`` when
+    none are given; None without selective recompute or under a runtime whose ``selective`` means something else
+    (torchtitan's per-op SAC, DeepSeek's "cheap" set: ``cost_models.targets``)."""
+    if par.recompute != "selective" or (rt is not None and rt.selective != "attention"):
+        return None
+    return frozenset(par.recompute_modules if par.recompute_modules is not None else ("core_attn",))
+
+
+def _in_moe(op: Op) -> bool:
+    return (op.kind in ("router", "dispatch", "experts", "combine") or op.name.startswith(("expert_", "shared_")))
+
+
+def _in_shared(op: Op) -> bool:
+    return op.name.startswith("shared_") and op.name != "shared_add"
+
+
+def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
+    """Whether the backward re-runs ``op``'s forward under ``modules``."""
+    if op.kind == "attention":
+        return "core_attn" in modules
+    if "layernorm" in modules and op.name in _NORMS:
+        return True
+    if "mla_up_proj" in modules and is_mla(graph) and op.name in _MLA_UP:
+        return True
+    if "mlp" in modules and graph.kind == "dense" and op.name in _DENSE_MLP:
+        return True
+    if graph.kind == "moe" and (("moe" in modules and _in_moe(op)) or ("shared_experts" in modules and _in_shared(op))
+                                or ("moe_act" in modules and op.name == "expert_act")):
+        return True
+    return False
+
+
+def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bool) -> bool:
+    """Whether ``op``'s saved ``tensor`` is not kept for the backward under ``modules`` (it is recomputed)."""
+    if op.kind == "attention":
+        if "core_attn" in modules and tensor not in op.inputs:
+            return True
+        if "mla_up_proj" in modules and mla and tensor in op.inputs:
+            return True
+    if "layernorm" in modules and tensor in _NORM_OUTPUTS:
+        return True
+    if tensor == "mlp_in":
+        return False  # the checkpointed mlp / moe / shared experts keep their input
+    if "mlp" in modules and graph_kind == "dense" and op.name in _DENSE_MLP:
+        return True
+    if graph_kind == "moe":
+        if "moe" in modules and _in_moe(op):
+            return True
+        if "shared_experts" in modules and _in_shared(op):
+            return True
+        if "moe_act" in modules and op.name == "expert_down_proj" and tensor == "expert_act":
+            return True
+    return False
+
+
+def is_mla(graph: LayerGraph) -> bool:
+    return any(op.name == "kv_down" for op in graph.ops)
+
+
+def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None) -> float:
+    """Share of a MoE layer's four all-to-alls (dispatch and combine, forward and backward) run again: the ``moe``
+    module re-runs the forward pair (MOE:432-446)."""
+    return 0.5 if modules is not None and graph.kind == "moe" and "moe" in modules else 0.0
+
+
+def module_errors(model: ModelSpec, par: ParallelConfig, fp8_recipe: str | None) -> str | None:
+    """The Megatron rule ``par.recompute_modules`` breaks for ``model`` (transformer_config.py), or None."""
+    mods = par.recompute_modules or ()
+    tc = "megatron/core/transformer/transformer_config.py"
+    if "mla_up_proj" in mods and model.mla is None:
+        return f"recompute_modules mla_up_proj needs multi-latent attention; {model.name} has none ({tc}:1218-1222)"
+    if "moe_act" in mods and not model.is_moe:
+        return f"recompute_modules moe_act recomputes the experts' activation; {model.name} has no experts ({tc}:1213-1216)"
+    for name in ("moe", "shared_experts"):
+        if name in mods and not model.is_moe:
+            return f"recompute_modules {name}: {model.name} has no MoE layers (moe_layer.py:153-161)"
+    if "shared_experts" in mods and not model.num_shared_experts:
+        return f"recompute_modules shared_experts: {model.name} has no shared experts (moe_layer.py:158-161)"
+    if fp8_recipe == "delayed" and ("moe_act" in mods or "layernorm" in mods):
+        return (f"recompute_modules moe_act / layernorm with fp8_recipe delayed: 'Delayed scaling does not support "
+                f"moe_act and layernorm recompute for fp8' ({tc}:1241-1247)")
+    return None
