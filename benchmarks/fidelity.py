@@ -76,7 +76,8 @@ RUN_KNOBS = ("compile", "async_tp", "fp8_recipe")
 # Layout fields a case's `parallel` may add to the published ones (ParallelConfig's names), e.g. an uneven
 # pipeline split a recipe states (Megatron --decoder-first/last-pipeline-num-layers).
 OPTIONAL_PARALLEL = ("schedule", "first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split", "hsdp_shard_size", "kv_replication")
+                     "account_for_loss_in_pipeline_split", "hsdp_shard_size", "kv_replication", "pipeline_layout",
+                     "recompute_modules")
 # The inline model fields every case states (published_runs.json's schema); any other ModelSpec field may follow.
 MODEL_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
               "gated_mlp")

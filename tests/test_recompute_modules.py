@@ -1,0 +1,129 @@
+"""Megatron's selective recompute by module (``--recompute-modules``, cost_models.recompute): each module's time is
+the forward of the ops it re-runs and its memory saving the tensors it stops keeping, recounted here from the
+operator graph; Megatron's default (core_attn) is what plain ``selective`` prices; refusals name Megatron's rule."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.cli import cli
+from cost_models.estimate import estimate
+from cost_models.layer_cost import layer_cost, op_compute
+from cost_models.memory import activation_bytes_per_microbatch, graphs_for
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import runtime_for
+from tests.cli_emit import emitted_megatron_args
+
+JOB = JobSpec(global_batch_size=2048, seq_len=4096)
+
+
+def _setup(name: str = "deepseek-v3", gpu: str = "b200", gpus: int = 256):
+    model, cluster = load_model(name), build_cluster(gpu, gpus)
+    return model, cluster, graphs_for(model, JOB.seq_len)
+
+
+def _par(**kw) -> ParallelConfig:
+    return ParallelConfig(tp=1, pp=16, ep=8, **kw)
+
+
+@pytest.mark.parametrize("name,gpus,kw", [("llama3-8b", 64, dict(tp=2, pp=2)),
+                                          ("deepseek-v3", 256, dict(tp=1, pp=16, ep=8))])
+def test_default_module_is_plain_selective(name: str, gpus: int, kw: dict) -> None:
+    model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
+    a = estimate(model, cluster, JOB, ParallelConfig(recompute="selective", **kw))
+    b = estimate(model, cluster, JOB, ParallelConfig(recompute_modules=("core_attn",), **kw))
+    assert b.model_dump() == a.model_dump()
+
+
+def _rerun_s(graph, model, cluster, par, rt, names: tuple[str, ...]) -> float:
+    return sum(op_compute(op, graph, model, cluster, JOB, par, rt).forward_s for op in graph.ops if op.name in names)
+
+
+def _saved(graph, model, par, rt, pairs: set[tuple[str, str]]) -> float:
+    """Bytes the (op, tensor) pairs save for one micro-batch on one rank (tp 1, bf16: 2 bytes per element)."""
+    tokens = par.micro_batch_size * JOB.seq_len
+    return sum(s.bytes_per_token * tokens for op in graph.ops for s in op.saved if (op.name, s.tensor) in pairs)
+
+
+@pytest.mark.parametrize("module,kind,ops,saved", [
+    ("mla_up_proj", "moe", ("q_proj", "k_proj", "v_proj", "rotary"),
+     {("attn_core", "q_rot"), ("attn_core", "k"), ("attn_core", "v")}),
+    ("moe_act", "moe", ("expert_act",), {("expert_down_proj", "expert_act")}),
+    ("layernorm", "dense", ("attn_norm", "mlp_norm"), {("q_down", "attn_in"), ("gate_proj", "mlp_in")}),
+    ("mlp", "dense", ("gate_proj", "up_proj", "act", "down_proj"), {("act", "gate"), ("act", "up"),
+                                                                   ("down_proj", "act")}),
+    ("shared_experts", "moe", ("shared_gate_proj", "shared_up_proj", "shared_act", "shared_down_proj"),
+     {("shared_act", "shared_gate"), ("shared_act", "shared_up"), ("shared_down_proj", "shared_act")}),
+])
+def test_module_reruns_its_ops_and_drops_their_tensors(module: str, kind: str, ops: tuple[str, ...],
+                                                      saved: set[tuple[str, str]]) -> None:
+    model, cluster, graphs = _setup()
+    g = graphs[kind]
+    none, par = _par(), _par(recompute_modules=(module,))
+    rt = runtime_for("megatron", JOB, cluster, par)
+    assert {(op.name, s.tensor) for op in g.ops for s in op.saved} >= saved  # the graph names these tensors
+    lc = layer_cost(g, model, cluster, JOB, par, 16, rt)
+    assert lc.recompute_s == pytest.approx(_rerun_s(g, model, cluster, par, rt, ops), rel=1e-12)
+    assert lc.recompute_s > 0
+    drop = (activation_bytes_per_microbatch(g, model, JOB, none, rt)
+            - activation_bytes_per_microbatch(g, model, JOB, par, rt))
+    assert drop == pytest.approx(_saved(g, model, par, rt, saved), rel=1e-12)
+
+
+def test_mlp_module_leaves_moe_layers_alone() -> None:
+    """Megatron recomputes ``mlp`` in dense layers only (transformer_layer.py:445-447)."""
+    model, cluster, graphs = _setup()
+    par = _par(recompute_modules=("mlp",))
+    rt = runtime_for("megatron", JOB, cluster, par)
+    assert layer_cost(graphs["moe"], model, cluster, JOB, par, 16, rt).recompute_s == 0.0
+    assert activation_bytes_per_microbatch(graphs["moe"], model, JOB, par, rt) == pytest.approx(
+        activation_bytes_per_microbatch(graphs["moe"], model, JOB, _par(), rt), rel=1e-12)
+
+
+def test_moe_module_keeps_only_the_input_and_reruns_the_all_to_alls() -> None:
+    model, cluster, graphs = _setup()
+    g, none, par = graphs["moe"], _par(), _par(recompute_modules=("moe",))
+    rt = runtime_for("megatron", JOB, cluster, par)
+    a, b = layer_cost(g, model, cluster, JOB, none, 16, rt), layer_cost(g, model, cluster, JOB, par, 16, rt)
+    assert b.ep_bytes == pytest.approx(1.5 * a.ep_bytes)  # dispatch + combine forward again: 6 all-to-alls, not 4
+    moe_ops = {op.name for op in g.ops if op.kind in ("router", "dispatch", "experts", "combine")
+               or op.name.startswith(("expert_", "shared_"))}
+    kept = {(op.name, s.tensor) for op in g.ops for s in op.saved if op.name in moe_ops and s.tensor == "mlp_in"}
+    dropped = {(op.name, s.tensor) for op in g.ops for s in op.saved if op.name in moe_ops} - kept
+    drop = activation_bytes_per_microbatch(g, model, JOB, none, rt) - activation_bytes_per_microbatch(g, model, JOB,
+                                                                                                     par, rt)
+    assert drop == pytest.approx(_saved(g, model, par, rt, dropped), rel=1e-12)
+
+
+def test_empty_module_list_recomputes_nothing(tmp_path) -> None:  # noqa: ANN001
+    """Megatron-Bridge's ``recompute_modules=[]`` with selective granularity (GB300 DeepSeek-V3 perf config): nothing
+    recomputed, priced as recompute none and emitted without recompute flags (Megatron-LM's --recompute-modules takes
+    one or more)."""
+    model, cluster, _ = _setup()
+    a = estimate(model, cluster, JOB, _par())
+    b = estimate(model, cluster, JOB, _par(recompute_modules=()))
+    assert (b.step_time_s, b.peak_memory_gib) == (a.step_time_s, a.peak_memory_gib)
+    ns = emitted_megatron_args(["--target", "megatron", "--model", "llama3-8b", "--gpus", "8", "--tp", "1",
+                                "--recompute-modules", "", "--allow-over-memory"], tmp_path)
+    assert ns.recompute_granularity is None and ns.recompute_modules is None
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--model", "llama3-8b", "--recompute-modules", "mla_up_proj"], r"mla_up_proj needs multi-latent attention; "
+     r"llama3-8b has none \(megatron/core/transformer/transformer_config.py:1218-1222\); valid: core_attn, layernorm"),
+    (["--model", "deepseek-v3", "--ep", "8", "--pp", "16", "--precision", "fp8", "--gpu", "b200",
+      "--recompute-modules", "moe_act", "--fp8-recipe", "delayed"], r"Delayed scaling does not support moe_act"),
+    (["--model", "llama3-8b", "--recompute", "full", "--recompute-modules", "mlp"], r"only under "
+     r"--recompute-granularity selective"),
+    (["--model", "llama3-8b", "--recompute-modules", "attention"], r"recompute_modules"),
+    (["--model", "llama3-8b", "--recompute-modules", "moe"], r"no MoE layers"),
+])
+def test_refusals(args: list[str], match: str) -> None:
+    res = CliRunner().invoke(cli, ["estimate", "--gpus", "256", "--tp", "1", "--pp", "1", "--global-batch-size",
+                                   "2048", "--seq-len", "4096", *args])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    import re
+    assert re.search(match, res.output), res.output
