@@ -60,7 +60,7 @@ def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
         f"layers per stage {_stages(pred.layers_per_stage)})",
         *([f"  pipeline split   {pred.pipeline_split}"] if pred.pipeline_split else []),
         f"  throughput       {pred.tokens_per_s:,.0f} tokens/s  ({pred.tokens_per_s_per_gpu:,.0f} per GPU)",
-        f"  MFU              {pred.mfu * 100:.1f}%{' of the bf16 peak' if precision == 'fp8' else ''}  "
+        f"  MFU              {pred.mfu * 100:.1f}%{' of the bf16 peak' if precision != 'bf16' else ''}  "
         f"({pred.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"  time breakdown   compute {t.compute_s:.3f} s, recompute {t.recompute_s:.3f} s, "
         f"bubble {t.bubble_s:.3f} s, optimizer {t.optimizer_s:.3f} s"

@@ -122,7 +122,8 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 run.model.num_experts > 0, run.parallel.cp, run.parallel.zero_stage,
                                 run.cluster.num_gpus, run.measured_step_time_s, pred.step_time_s,
                                 pred.peak_memory_gib, pred.memory_limit_gib, pred.fits,
-                                (run.knobs.fp8_recipe or "default") if run.job.precision == "fp8" else ""))
+                                (run.knobs.fp8_recipe or "default") if run.job.precision == "fp8"
+                                else "nvfp4" if run.job.precision == "nvfp4" else ""))
     return rows, skipped, cases
 
 
@@ -130,7 +131,7 @@ KEYS: dict[str, Callable[[HeldRow], str]] = {
     "group": lambda r: r.group,
     "generation": lambda r: r.generation,
     "precision": lambda r: r.precision,
-    "fp8 recipe": lambda r: r.recipe or "bf16",
+    "fp8 recipe": lambda r: r.recipe or "bf16",  # nvfp4: its own row
     "dense/MoE": lambda r: "MoE" if r.moe else "dense",
     "context parallel": lambda r: "cp > 1" if r.cp > 1 else "cp = 1",
     "FSDP": lambda r: "zero 3 (FSDP)" if r.zero == 3 else f"zero {r.zero}",

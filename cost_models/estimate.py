@@ -27,6 +27,7 @@ from cost_models.opgraph import LayerGraph
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Runtime, Software, runtime_for
+from cost_models.te_nvfp4 import gemm_precision
 from cost_models.validate import check_parallel, pipeline_split
 
 
@@ -238,7 +239,8 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster, job.precision)
+    gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster,
+                         gemm_precision(op.kind, op.name, job.precision))  # nvfp4: Megatron's head is bf16
     eager = not rt.fused_loss if rt is not None else eager_elementwise(cluster.efficiency, None)
     mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt, eager, non_tn_fp8_gemm(cluster))
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)

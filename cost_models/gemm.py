@@ -6,6 +6,8 @@ a saturation curve: tiles are under-filled and wave quantization bites as any di
 which one factor reaches 1/2 (larger on newer GPUs with bigger tiles). It is bounded below by the memory
 roofline: the operands and result must cross HBM once (Williams et al. 2009, "Roofline").
 FP8 speeds GEMMs only (``fp8_gemm_speedup`` ≤ peak ratio); attention, norms and element-wise ops stay bf16.
+NVFP4 GEMMs run ``1 / NVFP4_GEMM_TIME_RATIO`` times the fp8 speed (TE's measured kernel ratio, ``te_nvfp4``),
+capped by the FP4/FP8 peak ratio; operands cross HBM at 0.5 B + one E4M3 scale per 16 elements.
 Memory-bound kernels (norms, element-wise ops, softmax, the loss, fp8 casts) take their HBM traffic over the
 achieved streaming bandwidth ``hbm_tbytes_per_s · hbm_bus`` (the roofline's memory side; BabelStream-style
 copy bandwidth is 0.85–0.9 of the datasheet figure on A100/H100).
@@ -17,8 +19,9 @@ from functools import lru_cache
 from statistics import NormalDist
 
 from cost_models.specs import FA2_VS_CUDNN, ClusterSpec, Precision
+from cost_models.te_nvfp4 import NVFP4_COPY_BYTES, NVFP4_GEMM_TIME_RATIO
 
-ELEM_BYTES = {"bf16": 2.0, "fp8": 1.0}
+ELEM_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_COPY_BYTES}
 
 
 @lru_cache(maxsize=4096)
@@ -55,10 +58,21 @@ def matmul_time_s(m: float, k: float, n: float, cluster: ClusterSpec, precision:
         return 0.0
     gpu, eff = cluster.gpu, cluster.efficiency
     flops = 2.0 * m * k * n
-    speedup = min(eff.fp8_gemm_speedup, gpu.peak_fp8_tflops / gpu.peak_bf16_tflops) if precision == "fp8" else 1.0
+    speedup = min(eff.fp8_gemm_speedup, gpu.peak_fp8_tflops / gpu.peak_bf16_tflops) if precision != "bf16" else 1.0
+    if precision == "nvfp4":
+        speedup *= min(1.0 / NVFP4_GEMM_TIME_RATIO, fp4_peak_tflops(cluster) / gpu.peak_fp8_tflops)
     compute = flops / (gpu.peak_bf16_tflops * 1e12 * speedup * gemm_efficiency(m, k, n, cluster))
     memory = ELEM_BYTES[precision] * (m * k + k * n + m * n) / (gpu.hbm_tbytes_per_s * 1e12)
     return max(compute, memory) * straggler_pace(cluster)
+
+
+def fp4_peak_tflops(cluster: ClusterSpec) -> float:
+    """The GPU's dense FP4 peak; a ``ValueError`` where it has no FP4 tensor cores (validation refuses such jobs
+    first: ``cost_models.validate``)."""
+    peak = cluster.gpu.peak_fp4_tflops
+    if peak is None:
+        raise ValueError(f"{cluster.gpu.name} has no FP4 tensor cores")
+    return peak
 
 
 def attention_time_s(flops: float, cluster: ClusterSpec) -> float:

@@ -43,6 +43,7 @@ from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
+from cost_models.te_nvfp4 import gemm_precision
 
 GIB = 2**30
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0  # ZeRO paper accounting (bf16 weights and grads)
@@ -214,6 +215,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
+    quantized = gemm_precision(op.kind, op.name, job.precision) in ("fp8", "nvfp4")  # TE saves its cast
     fp8 = job.precision == "fp8"
     total = 0.0
     cheap = par.recompute == "selective" and runtime.selective == "cheap"
@@ -235,7 +237,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
         b = s.bytes_per_token
         if op.kind == "loss":
             b *= runtime.loss_bytes_per_logit / GRAPH_LOSS_BYTES_PER_LOGIT
-        elif fp8 and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
+        elif quantized and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
             b *= runtime.fp8_saved_bytes / 2.0
         elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
             b *= runtime.fp8_saved_bytes / 2.0  # SwiGLU input cached in fp8

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Precision = Literal["bf16", "fp8"]
+Precision = Literal["bf16", "fp8", "nvfp4"]
 Recompute = Literal["none", "selective", "full"]
 # Megatron-Core's selective-recompute modules, in its order (megatron/core/transformer/transformer_config.py:1198-1206;
 # what each one recomputes and stops saving: cost_models.recompute).
@@ -311,6 +311,8 @@ class GPUSpec(_Frozen):
     generation: Generation
     peak_bf16_tflops: float = Field(gt=0, description="dense bf16 tensor-core peak, TFLOP/s")
     peak_fp8_tflops: float = Field(gt=0, description="dense fp8 peak, TFLOP/s (= bf16 where unsupported)")
+    peak_fp4_tflops: float | None = Field(default=None, gt=0, description="dense FP4 (NVFP4) tensor-core peak, "
+                                          "TFLOP/s; None: no FP4 tensor cores (before Blackwell)")
     hbm_gib: float = Field(gt=0)
     hbm_tbytes_per_s: float = Field(gt=0)
     link_gbytes_per_s: float = Field(gt=0, description="scale-up (NVLink/xGMI) bandwidth per direction, GB/s")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.te_nvfp4 import NVFP4_CAST_BYTES, NVFP4_TP_GATHER_BYTES
+
 # Transformer Engine's fp8 quantization (Megatron-Core's fp8 path), per recipe: HBM bytes per element of a GEMM
 # operand beyond the bf16 tensor its producer writes anyway (bf16 = 2, fp8 = 1), read from TE's code at v2.9 (the
 # NeMo 25.11 container's TE: Megatron-Bridge v0.2.2 pyproject ``release_v2.9``). ``csrc`` =
@@ -39,7 +41,9 @@ from dataclasses import dataclass
 BF16_BYTES, FP8_BYTES = 2.0, 1.0
 MX_BLOCK, E8M0_BYTES = 32, 1.0  # OCP MX v1.0: 32-element blocks, one 8-bit power-of-two scale
 BLOCKWISE_BLOCK, FP32_SCALE_BYTES = 128, 4.0  # TE Float8BlockScaling: 1x128 tiles, fp32 scales
-TE_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+# "nvfp4": TE's NVFP4BlockScaling, which TE runs through the same fp8_autocast (Megatron-Core fp4_utils.py:146-149);
+# its facts live in ``cost_models.te_nvfp4``.
+TE_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ def te_cast_bytes(recipe: str | None, non_tn_gemm: bool) -> TeCast:
     if recipe == "blockwise":
         block = BF16_BYTES + 2 * (FP8_BYTES + FP32_SCALE_BYTES / BLOCKWISE_BLOCK)
         return TeCast(block, block, block)
+    if recipe == "nvfp4":  # the norm does not fuse (te_nvfp4): every operand takes the whole quantization
+        return TeCast(NVFP4_CAST_BYTES, NVFP4_CAST_BYTES, NVFP4_CAST_BYTES)
     raise ValueError(f"no Transformer Engine cast for fp8 recipe {recipe!r}")
 
 
@@ -87,6 +93,8 @@ def te_tp_gather_bytes(recipe: str | None) -> tuple[float, float]:
     if recipe == "mxfp8":
         copy = FP8_BYTES + E8M0_BYTES / MX_BLOCK
         return copy, 2 * copy
+    if recipe == "nvfp4":
+        return NVFP4_TP_GATHER_BYTES
     return BF16_BYTES, BF16_BYTES
 
 
@@ -96,9 +104,9 @@ def te_gathered_cast_bytes(recipe: str | None, non_tn_gemm: bool, tp: int, norm_
     1/tp shard before the gather (``module/layernorm_linear.py``:246-265, ``distributed.py`` ``_all_gather_fp8`` /
     ``_all_gather_mxfp8``). Per-tensor recipes cast that shard row-wise only (the gather cannot carry a transpose:
     ``_all_gather_fp8`` drops the column-wise usage; TE's norm writes no transpose without it, rmsnorm_api.cpp:96) and
-    a TN-only GPU builds the transpose on the gathered tensor (``_create_transpose``: read 1, write 1); MXFP8 and
-    blockwise quantize the shard with every usage."""
-    if recipe in ("mxfp8", "blockwise"):
+    a TN-only GPU builds the transpose on the gathered tensor (``_create_transpose``: read 1, write 1); MXFP8,
+    blockwise and NVFP4 quantize the shard with every usage."""
+    if recipe in ("mxfp8", "blockwise", "nvfp4"):
         local = te_cast_bytes(recipe, non_tn_gemm)
         return (local.norm_input if norm_fed else local.input) / tp
     rowwise = te_cast_bytes(recipe, non_tn_gemm=True)  # one fp8 copy, no transpose

@@ -96,9 +96,24 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
                           valid=divisors(dp * c))
-    if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
-        raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)",
-                          valid=["bf16"])
+    check_precision(job, cluster)
+
+
+def precisions(cluster: ClusterSpec) -> list[str]:
+    """The GEMM precisions ``cluster``'s tensor cores run: bf16, fp8 where its fp8 peak exceeds bf16, nvfp4 where
+    it has FP4 tensor cores (``GPUSpec.peak_fp4_tflops``: Blackwell)."""
+    gpu = cluster.gpu
+    return (["bf16"] + (["fp8"] if gpu.peak_fp8_tflops > gpu.peak_bf16_tflops else [])
+            + (["nvfp4"] if gpu.peak_fp4_tflops else []))
+
+
+def check_precision(job: JobSpec, cluster: ClusterSpec) -> None:
+    """``ConfigError`` when the GPU has no tensor cores for the job's precision."""
+    valid = precisions(cluster)
+    if job.precision not in valid:
+        cores = {"fp8": "fp8 tensor cores", "nvfp4": "FP4 tensor cores (NVFP4: Blackwell)"}[job.precision]
+        raise ConfigError(f"precision {job.precision} is impossible on {cluster.gpu.name}: it needs {cores}",
+                          valid=valid)
 
 
 def split_chunks_error(model: ModelSpec, par: ParallelConfig) -> None:

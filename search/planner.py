@@ -35,7 +35,7 @@ from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
-from cost_models.validate import nvlink_tp_refusal, stage_layers, with_explicit_split
+from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split
 from search.score import Scorer, schedule_alpha, split_fields
@@ -265,8 +265,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     t0 = time.perf_counter()
     pins = dict(pins or {})
     tally = Tally()
-    if job.precision == "fp8" and cluster.gpu.peak_fp8_tflops <= cluster.gpu.peak_bf16_tflops:
-        raise ConfigError(f"precision fp8 is impossible on {cluster.gpu.name} (no fp8 tensor cores)", valid=["bf16"])
+    check_precision(job, cluster)
     if "tp" in pins:
         valid = tp_choices(model, cluster, target, {}, Tally())
         if pins["tp"] not in valid:

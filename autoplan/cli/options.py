@@ -99,7 +99,9 @@ job_options = stack(
                  show_default=True, help="sequences per optimizer step"),
     click.option("--seq-len", type=INT, default=JobSpec.model_fields["seq_len"].default, show_default=True,
                  help="tokens per sequence"),
-    click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+    click.option("--precision", type=click.Choice(["bf16", "fp8", "nvfp4"]), default="bf16", show_default=True,
+                 help="GEMM precision: bf16, fp8 (--fp8-recipe), nvfp4 (Transformer Engine NVFP4BlockScaling, 4-bit; "
+                 "Blackwell, megatron target)"),
 )
 
 def _reshard(ctx: click.Context, param: click.Parameter, value: str | None) -> bool | int | None:

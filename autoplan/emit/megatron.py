@@ -127,6 +127,9 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     if job.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", rt.fp8_recipe)
+    elif job.precision == "nvfp4":  # TransformerConfig.fp4 / fp4_recipe (cost_models.targets.megatron doc)
+        add("--fp4-format", "e2m1")
+        add("--fp4-recipe", "nvfp4")
     return a
 
 
@@ -339,6 +342,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"], default="deepep")
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None, dest="fp8")
+    p.add_argument("--fp4-format", choices=["e2m1"], default=None, dest="fp4")
+    p.add_argument("--fp4-recipe", choices=["nvfp4", "custom"], default="nvfp4")
     return p
 
 

@@ -51,7 +51,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         "pipeline_model_parallel_layout": ns.pipeline_model_parallel_layout,
         "add_bias_linear": not ns.disable_bias_linear, "add_qkv_bias": ns.add_qkv_bias,
         "normalization": ns.normalization, "bf16": ns.bf16, "params_dtype": dtype, "pipeline_dtype": dtype,
-        "fp8": ns.fp8,
+        "fp8": ns.fp8, "fp4": ns.fp4, "fp4_recipe": ns.fp4_recipe,
     }
     if ns.kv_channels is not None:
         kw["kv_channels"] = ns.kv_channels
@@ -286,6 +286,10 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
     if not res["ok"]:
         raise AssertionError(f"{res['stage']}: {res['error']}")
     f = res["facts"]
+    fp4 = ("e2m1", "nvfp4") if plan.job.precision == "nvfp4" else (None, None)
+    if (f["fp4"], f["fp4_recipe"]) != fp4:
+        raise AssertionError(f"Megatron-LM settled fp4={f['fp4']} fp4_recipe={f['fp4_recipe']}; autoplan priced "
+                             f"precision {plan.job.precision}")
     if f["num_microbatches"] != plan.num_microbatches or f["padded_vocab_size"] != plan.model.vocab_size:
         raise AssertionError(f"Megatron-LM settled {f['num_microbatches']} micro-batches and a {f['padded_vocab_size']}"
                              f"-token vocabulary; autoplan priced {plan.num_microbatches} and {plan.model.vocab_size}")

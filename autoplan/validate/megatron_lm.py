@@ -18,8 +18,10 @@ installed megatron-core): ``python -m autoplan.validate.megatron_lm < cases.json
   the model config's architecture fields) and, on failure, the stage that raised.
 Megatron reads the world size and ``CUDA_DEVICE_MAX_CONNECTIONS`` from the environment, so each case sets them as
 the emitted launch script would. CPU stand-ins (no GPU, no Transformer Engine here; the plan's cluster has both):
-the device answers with the plan GPU's compute capability, and TE's fused RoPE kernel, which
-``TransformerConfig.__post_init__`` only looks up (transformer_config.py:1530-1552), is a placeholder.
+the device answers with the plan GPU's compute capability, TE's fused RoPE kernel, which
+``TransformerConfig.__post_init__`` only looks up (transformer_config.py:1530-1552), is a placeholder, and
+``is_te_min_version`` (megatron/core/utils.py:312-349, which ``validate_args`` asks e.g. for ``--fp4-format``,
+MLM:668) answers with ``TE_VERSION``, the Transformer Engine core_v0.16.1's ``uv.lock`` pins (2.12.0+5671fd36).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ ENV_VAR = "MEGATRON_LM_PATH"
 # What pretrain_gpt.py needs beside the plan (data and schedule are the user's: DATA_ARGS in the launch script).
 HARNESS_ARGS = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
 ENTRY = "pretrain_gpt.py"
+TE_VERSION = "2.12.0+5671fd36"  # transformer-engine in Megatron-LM core_v0.16.1's uv.lock (git rev 5671fd36)
 
 
 def checkout() -> Path | None:
@@ -129,7 +132,8 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "moe_aux_loss_coeff": cfg.moe_aux_loss_coeff, "moe_router_enable_expert_bias":
                 cfg.moe_router_enable_expert_bias, "mtp_num_layers": cfg.mtp_num_layers,
             "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
-            "cp_comm_type": cfg.cp_comm_type,
+            "cp_comm_type": cfg.cp_comm_type, "fp8": cfg.fp8, "fp4": cfg.fp4,
+            "fp4_recipe": None if cfg.fp4 is None else str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)),
             "hierarchical_context_parallel_sizes": cfg.hierarchical_context_parallel_sizes}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
@@ -147,6 +151,7 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     import torch
 
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
+    import megatron.core.utils as mcore_utils
     import megatron.training.arguments as mlm_args
     from megatron.training.arguments import parse_args, validate_args
 
@@ -157,6 +162,10 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     torch.cuda.get_device_capability = lambda *a, **k: (arch["major"], 0)
     if rope_utils.fused_apply_rotary_pos_emb is None:  # TE's kernel: only looked up by the config, never called here
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    if mcore_utils.get_te_version() is None:  # no TE here: the version the cluster's Megatron-LM runs with
+        from packaging.version import Version
+
+        mcore_utils._te_version = Version(TE_VERSION)
 
     for line in sys.stdin:
         if not line.strip():

@@ -106,6 +106,9 @@ class Runtime:
     moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
+    # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
+    # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``); held and sharded as the weights are.
+    weight_cache_bytes: float = 0.0
     grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
     gather_bytes: float = 2.0  # parameter all-gather payload per param (bf16 compute copy)
@@ -145,7 +148,7 @@ class Runtime:
         from cost_models.memory import zero_state_bytes
 
         return zero_state_bytes(params, zero_stage, shard_group,
-                                (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
+                                (self.weight_bytes + self.weight_cache_bytes, self.grad_bytes, self.optimizer_bytes))
 
     @property
     def adam_bytes_per_param(self) -> float:
@@ -175,7 +178,10 @@ class Runtime:
                  and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")  # a parameter of a2a+p2p only
                  # MoE knobs once set (unset: the catalog's dispatcher and overlap, dropless learned routing)
                  and (not n.startswith("moe_") or getattr(self, n) not in (None, False))]
-        return {"target": self.target, **{n: getattr(self, n) for n in names}}
+        knobs = {n: getattr(self, n) for n in names}
+        if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
+            knobs["fp8_recipe"] = None
+        return {"target": self.target, **knobs}
 
 
 @dataclass(frozen=True)

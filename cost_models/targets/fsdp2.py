@@ -84,6 +84,9 @@ class FSDP2Profile(TargetProfile):
         if job.precision == "fp8":
             raise ConfigError("precision fp8: the fsdp2 target's module has no fp8 linears; use --target "
                               "torchtitan or megatron", valid=["bf16"])
+        if job.precision == "nvfp4":
+            raise ConfigError("precision nvfp4: the fsdp2 target's module has no fp4 linears; use --target megatron",
+                              valid=["bf16"])
         default_reshard = par is None or par.pp == 1
         grad = k.get("grad_reduce_dtype", "fp32")
         return Runtime(

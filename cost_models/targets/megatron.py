@@ -82,6 +82,19 @@ Run-time semantics:
 - fp8 (knob ``fp8_recipe``) runs TE's quantizers (``cost_models.te_fp8``): cast bytes per recipe and GPU (what a
   norm fuses, transposes only on TN-only fp8 GEMMs), sequence-parallel all-gathers of the quantized tensor (MXFP8:
   both copies of an output gradient), block-scaled MXFP8 GEMMs at TE's measured kernel time ratio.
+- precision nvfp4 is ``--fp4-format e2m1 --fp4-recipe nvfp4`` (``TC``:508-529; exclusive with fp8, MLM:659-669):
+  Megatron-Core wraps each decoder layer in TE's autocast with ``NVFP4BlockScaling`` (``megatron/core/fp4_utils.py``
+  ``get_fp4_context``:120-161; TE runs it as an "fp8" recipe, so the runtime carries ``fp8_recipe="nvfp4"``), priced
+  from ``cost_models.te_nvfp4``: all three GEMMs of every TE linear in FP4, the RHT quantization bytes, NVFP4
+  sequence-parallel gathers, the column-wise copy saved for wgrad, TE's cached quantized weights. The output layer
+  is Megatron's own ``ColumnParallelLinear`` outside the layers' autocast (``megatron/core/models/gpt/
+  gpt_model.py``:241): bf16 (``layer_cost``). ``--first-last-layers-bf16`` (``TC``:486-495) is not a knob: every
+  decoder layer runs NVFP4, as Megatron-Bridge's ``bf16_with_nvfp4_mixed`` sets it (``num_layers_at_start/end_in_bf16``
+  0, mixed_precision.py@v0.3.0). TP communication overlap is refused: Megatron registers TE's userbuffers for fp8 or
+  bf16 only (``megatron/training/initialize.py``:277-281, ``args.fp8`` is None under fp4) and TE's modules under the
+  NVFP4 autocast ask for the fp8 ones (TE ``pytorch/module/base.py`` ``get_ub``:448-456 asserts "UB ... with
+  use_fp8=True is not registered"); Megatron-Bridge's NVFP4 recipes turn it off (scripts/performance/configs/llama/
+  llama3_llm_pretrain.py:79 @ v0.3.0).
 """
 
 from __future__ import annotations
@@ -91,6 +104,7 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.te_fp8 import te_tp_gather_bytes
 from cost_models.recompute import module_errors
+from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, Knob, Runtime, Software, TargetProfile,
                                         fsdp2_gathered_unit_bytes)
@@ -234,6 +248,10 @@ class MegatronProfile(TargetProfile):
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
+        if rt.tp_comm_overlap and job.precision == "nvfp4":
+            raise ConfigError("tp_comm_overlap with precision nvfp4: Megatron registers TE's userbuffers for fp8 or "
+                              "bf16 only (megatron/training/initialize.py:277-281) and TE's NVFP4 modules ask for the "
+                              "fp8 ones (TE pytorch/module/base.py get_ub:448-456)", valid=["tp_comm_overlap=false"])
         if rt.tp_comm_overlap and not (par.tp > 1 and par.sequence_parallel):
             raise ConfigError(f"tp_comm_overlap needs tp > 1 with sequence parallelism ({MLM}:916)",
                               valid=["tp_comm_overlap=false"])
@@ -311,10 +329,12 @@ class MegatronProfile(TargetProfile):
         grad = k.get("grad_reduce_dtype", "fp32")
         fsdp = zero == 3
         moments = k.get("adam_moments_dtype", "fp32")
-        fp8_recipe = k.get("fp8_recipe", "delayed") if job.precision == "fp8" else None
+        fp4 = job.precision == "nvfp4"
+        # TE runs NVFP4 as an autocast recipe: the runtime carries it where the fp8 recipe goes (module doc)
+        fp8_recipe = k.get("fp8_recipe", "delayed") if job.precision == "fp8" else "nvfp4" if fp4 else None
         fp8_params = bool(k.get("fp8_param_gather", False))
         if fp8_params and fp8_recipe not in ("delayed", "tensorwise"):
-            raise ConfigError(f"fp8_param_gather with {'precision ' + job.precision if fp8_recipe is None else 'fp8_recipe=' + fp8_recipe}: "
+            raise ConfigError(f"fp8_param_gather with {'fp8_recipe=' + fp8_recipe if job.precision == 'fp8' else 'precision ' + job.precision}: "
                               "autoplan prices fp8 weights under tensor scaling only (precision fp8, delayed or "
                               "tensorwise)", valid=["fp8_recipe=delayed", "fp8_recipe=tensorwise",
                                                     "fp8_param_gather=false"])
@@ -341,7 +361,7 @@ class MegatronProfile(TargetProfile):
             cap = max(MFSDP_RS_QUEUE, bucket) + bucket  # queued reduce-scatters + the bucket being filled
         return Runtime(
             target="megatron",
-            tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1)),
+            tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1) and not fp4),
             fp8_recipe=fp8_recipe,
             adam_moments_dtype=moments,
             cpu_offload_layers=k.get("cpu_offload_layers", 0),
@@ -363,7 +383,9 @@ class MegatronProfile(TargetProfile):
             weight_bytes=4.0 if fsdp else weight,
             gather_bytes=1.0 if fp8_params else 2.0,
             grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
-            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, fp8_recipe, fp8_params),
+            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, None if fp4 else fp8_recipe, fp8_params),
+            fp8_saved_bytes=NVFP4_SAVED_BYTES if fp4 else 1.0,
+            weight_cache_bytes=NVFP4_WEIGHT_CACHE_BYTES if fp4 else 0.0,
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,

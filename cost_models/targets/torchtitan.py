@@ -149,6 +149,12 @@ class TorchtitanProfile(TargetProfile):
         if k.get("async_tp") and not compile_on:
             raise ConfigError(f"async_tp needs compile ({TT}config/configs.py:304: 'Async TP requires "
                               "--compile.enable')", valid=["--compile --async-tp", "--no-async-tp"])
+        if job.precision == "nvfp4":
+            raise ConfigError(f"precision nvfp4 with the torchtitan target: torchtitan runs NVFP4 through torchao's "
+                              f"prototype nvfp4_training Triton kernels ({TT}components/quantization/nvfp4.py "
+                              "NVFP4LinearConverter), which autoplan does not price (no public measurement of them); "
+                              "Transformer Engine's NVFP4 is priced with --target megatron",
+                              valid=["bf16", "fp8", "--target megatron"])
         if "fp8_recipe" in k and job.precision != "fp8":
             raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})",
                               valid=["precision fp8 (--precision fp8)", "fp8_recipe unset"])
