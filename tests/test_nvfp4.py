@@ -228,3 +228,26 @@ def test_heldout_nvfp4_rows_are_priced_and_ordered_against_fp8(heldout) -> None:
              if "nvfp4" in (prec[a], prec[b]) and prec[a] != prec[b]}
     _, _, wrong = heldout.ranking(rows, cases)
     assert len(pairs) >= 20 and not pairs & set(wrong)
+
+
+def test_search_fast_path_prices_nvfp4_as_estimate() -> None:
+    """The stage DP's Scorer (prefix sums of cost_models' layer costs) and ``estimate`` agree on NVFP4 layouts, and
+    the searched plan is what estimate prices (one cost model)."""
+    from search.planner import search, to_parallel
+    from search.score import Scorer
+    from search.space import Tally, enumerate_layouts
+    from cost_models.validate import stage_layers
+
+    model, cluster = load_model("llama3-8b"), build_cluster("gb200", 16)
+    job = JobSpec(global_batch_size=64, seq_len=8192, precision="nvfp4")
+    layouts = list(enumerate_layouts(model, cluster, job, "megatron", {}, Tally()))
+    scorer = Scorer(model, cluster, job)
+    assert layouts
+    for lay in layouts[:: max(1, len(layouts) // 12)]:
+        par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
+        fs = scorer.score(lay, tuple(stage_layers(model, par)))
+        pred = estimate(model, cluster, job, par, target="megatron", software=Software(**scorer.chosen_knobs(lay)))
+        assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+        assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+    best = search(model, cluster, job, target="megatron", top_k=1, find_smallest_cluster=False).plans[0]
+    assert best.prediction.software["fp8_recipe"] is None and not best.prediction.software["tp_comm_overlap"]
