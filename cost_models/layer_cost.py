@@ -500,8 +500,9 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     if graph.kind == "moe" and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         dispatcher = moe_dispatcher(cluster, rt)
-        ep_s, ep_bytes = moe_all_to_all(model, cluster, job, local_tokens, e, strides.ep,
-                                        rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+        parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
+                                     rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+        ep_s, ep_bytes = sum(p[0] for p in parts), sum(p[1] for p in parts)
         again = ep_forward_repeats(graph, modules)  # the ``moe`` recompute module re-runs dispatch and combine
         ep_s, ep_bytes = ep_s * (1 + again), ep_bytes * (1 + again)
         if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
@@ -514,8 +515,6 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
             if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
                 ep_s = max(0.0, ep_s - (forward + backward))
             else:
-                parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
-                                             rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
                 attn, mlp = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
                 ep_s = a2a_overlap_exposed_s([p[0] for p in parts], *(x * slow for x in (*attn, *mlp)))
     window, unhidden = 1.0, 0.0

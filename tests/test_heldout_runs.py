@@ -133,3 +133,17 @@ def test_throughput_derived_from_tflops_is_nemos_count(heldout) -> None:
                 c["measured"]["tflops_per_gpu"] * 1e12 / per_token, abs=0.051), c["id"]  # stored to 0.1 tok/s
             checked += 1
     assert checked >= 17
+
+
+def test_moe_residuals_spread_the_error_over_layer_micro_batches(heldout, evaluated) -> None:
+    """``--moe-residuals``: each MoE run's (measured − predicted) over the binding stage's layer-micro-batches, with
+    the routed experts per rank and the knobs it ran; dense runs are not listed."""
+    rows, _, _ = evaluated
+    moe = [r for r in rows if r.moe]
+    assert moe and all(r.local_experts >= 1 and r.microbatches >= 1 and r.stage_layers >= 1 for r in moe)
+    table = heldout.moe_residuals(rows)
+    r = next(r for r in moe if r.id == "mb2602_Qwen3_30B_a3B_b200_8gpu_MXFP8")
+    assert (r.mbs, r.local_experts, r.microbatches, r.stage_layers) == (1, 128 // 8, 512 // 8, 48)
+    excess = (r.measured_s - r.predicted_s) / (r.microbatches * r.stage_layers) * 1e3
+    assert f"| {r.id} | 1 | 16 | {r.error:+.1%} | {excess:+.2f} | moe_force_balance=True |" in table
+    assert not any(f"| {d.id} |" in table for d in rows if not d.moe)
