@@ -156,7 +156,9 @@ class Engine:
 
         def compute() -> Resolved:
             from autoplan.catalog import load_model
-            return Resolved(_bounded(load_model(req.model)), req.cluster.resolve(req.target), req.job.spec())
+            from autoplan.request import with_mtp_layers
+            model = with_mtp_layers(load_model(req.model), getattr(req, "mtp_layers", None))
+            return Resolved(_bounded(model), req.cluster.resolve(req.target), req.job.spec())
         if _reads_files(req):
             return compute()
         return self.resolved.get_or_compute(_job_key(req), compute)
@@ -312,7 +314,7 @@ def _job_key(req: SearchRequest | EstimateRequest) -> str:
     """What fixes the resolved specs: the model, cluster and job fields of a request, and the efficiency
     parameters its target sets over the GPU generation's (targets without any share one key)."""
     return json.dumps([req.model, req.cluster.model_dump(mode="json"), req.job.model_dump(mode="json"),
-                       _efficiency_key(req.target)],
+                       _efficiency_key(req.target), getattr(req, "mtp_layers", None)],
                       sort_keys=True, separators=(",", ":"))
 
 

@@ -52,6 +52,14 @@ def cluster_record(cluster: ClusterSpec) -> dict[str, Any]:
             "inter_node_gbps": cluster.inter_node_gbps, "nvlink_domain_size": cluster.nvlink_domain_size}
 
 
+def with_mtp_layers(model: ModelSpec, mtp_layers: int | None) -> ModelSpec:
+    """``model`` trained with ``mtp_layers`` multi-token-prediction modules instead of its own (Megatron
+    ``--mtp-num-layers``; 0 trains without MTP, as Megatron-Bridge's "(w/o MTP)" DeepSeek-V3 runs); None: as is."""
+    if mtp_layers is None or mtp_layers == model.arch.mtp_layers:
+        return model
+    return model.model_copy(update={"arch": model.arch.model_copy(update={"mtp_layers": mtp_layers})})
+
+
 def resolve(model: str | dict[str, Any], cluster: ClusterRequest, job: JobSpec,
             target: str | None = None) -> tuple[ModelSpec, ClusterSpec, JobSpec]:
     """The specs a request names, the cluster as ``target`` runs on it."""

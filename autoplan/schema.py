@@ -125,6 +125,8 @@ class EstimateRequest(_RequestBase):
                                     "(cost_models.targets) refuse what it cannot run; it is priced as it runs")
     software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "
                                "knob the target lacks is an error naming the target's knobs)")
+    mtp_layers: int | None = Field(default=None, ge=0, le=16, description="multi-token-prediction modules trained "
+                                   "(Megatron --mtp-num-layers), overriding the model's; 0 trains without MTP")
 
     @field_validator("target", mode="before")
     @classmethod

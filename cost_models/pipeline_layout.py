@@ -156,7 +156,7 @@ def validate_layout(layout: PipelineLayout, num_layers: int, mtp_layers: int) ->
     n_m = items.count("m")
     if n_m != mtp_layers:
         raise ConfigError(f"{where} places {n_m} MTP layers (m); the model has mtp_num_layers={mtp_layers} "
-                          f"({PLL}:111-113)")
+                          f"({PLL}:111-113); to train with {n_m}, pass --mtp-layers {n_m} (Megatron --mtp-num-layers)")
     if n_m and "t" in items[items.index("m"):]:
         raise ConfigError(f"{where}: decoder layers must be placed before the MTP layers ({PLL}:114-119)")
     for r in range(layout.pp):

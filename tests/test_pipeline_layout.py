@@ -211,3 +211,30 @@ def test_validate_runs_megatrons_own_checks_on_a_layout_plan(tmp_path: Path) -> 
     res = CliRunner().invoke(cli, ["validate", *args])
     assert res.exit_code == 0, res.output
     assert "embedding, MTP and loss on the same stages as priced" in res.output
+
+
+def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
+    """The 25.11 GB200 BF16 DeepSeek-V3 row (w/o MTP) written as `autoplan estimate` flags — layout, recompute modules,
+    --mtp-layers 0, the recipe's knobs — gets the step time benchmarks/heldout.py prices the data row with."""
+    import json
+
+    from benchmarks import fidelity
+    from autoplan.calibrate import resolve_run
+
+    cases, rules = fidelity.load_cases(fidelity.DATA / "more_runs.json")
+    case = next(c for c in cases if c["id"] == "mb2511_DeepSeekV3_gb200_256gpu_BF16")
+    r = resolve_run(fidelity.to_run(case, rules))
+    want = estimate(r.model, r.cluster, r.job, r.parallel, target=r.target, software=r.knobs).step_time_s
+    res = CliRunner().invoke(cli, [
+        "estimate", "--model", "deepseek-v3", "--mtp-layers", "0", "--gpus", "256", "--gpu", "gb200", "--tp", "1",
+        "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",
+        "--pipeline-layout", "Et*3|(t*4|)*14ttL", "--recompute-modules", "mla_up_proj", "--moe-dispatcher", "hybridep",
+        "--moe-force-balance", "--grad-reduce-dtype", "bf16", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["prediction"]["step_time_s"] == pytest.approx(want, rel=1e-9)
+    assert out["parallel"]["pipeline_layout"] == "Et*3|(t*4|)*14ttL" and out["parallel"]["vp"] == 4
+    res = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "gb200", "--tp",
+                                   "1", "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",
+                                   "--pipeline-layout", "Et*3|(t*4|)*14ttL"])
+    assert res.exit_code == 2 and "pass --mtp-layers 0" in res.output

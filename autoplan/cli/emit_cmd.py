@@ -55,11 +55,12 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
     """An ``EmitPlan`` from --plan, or from --model/--gpus and the degree flags, on the cluster as ``target`` runs
     on it (``ClusterRequest.resolve``, the one function estimate and search resolve it with)."""
     plan_file, index, model = kw.pop("plan_file"), kw.pop("index"), kw.pop("model")
+    mtp_layers = kw.pop("mtp_layers", None)
     degrees = pop_parallel(kw)
     software = pop_software(kw)
     if plan_file is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("num_gpus",) if kw.get(k) is not None]
-        if model is not None or degrees or given:
+        if model is not None or degrees or given or mtp_layers is not None:
             raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both")
         plan = load_plan(plan_file, index, target)  # with the knobs it was priced with; flags given here override them
         if software.given():
@@ -71,11 +72,12 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
         raise click.UsageError("--index needs --plan")
     if model is None or kw.get("num_gpus") is None:
         raise click.UsageError("give --plan FILE, or --model and --gpus with the degree flags (--tp, --pp, ...)")
-    from autoplan.request import resolve
+    from autoplan.request import resolve, with_mtp_layers
 
     cluster_req, job = cluster_request(kw), job_spec(kw)
     par = strict(ParallelConfig, degrees, "parallel")
     model_spec, cluster, job = resolve(model, cluster_req, job, target)
+    model_spec = with_mtp_layers(model_spec, mtp_layers)
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par, software=software)
 
 

@@ -54,6 +54,9 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
         opt("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split", is_flag=True,
             default=None, help="the output layer and loss count as a layer of the pipeline split (Megatron)"),
         *([] if not layout else [
+            opt("--mtp-layers", "mtp_layers", type=click.IntRange(0, 16), default=None,
+                help="MTP modules trained (Megatron --mtp-num-layers), overriding the model's; 0: without MTP "
+                     "[the model's]"),
             opt("--pipeline-layout", "pipeline_layout", type=str, default=None, metavar="LAYOUT",
                 help="Megatron --pipeline-model-parallel-layout: E embedding, t decoder layer, m MTP, L loss, '|' "
                      "between the pp*vp stages, e.g. 'Et|(tt|)*30mL' (sets vp) [even split]"),
@@ -108,10 +111,11 @@ def estimate_cmd(model: str, fmt: str, target: str, **kw: Any) -> None:
     after failures, checkpoints and restarts."""
     failures = failure_model(kw)
     data = request_from_file("estimate")
+    mtp_layers = kw.pop("mtp_layers", None)
     if data is not None:
         request = validate_request(EstimateRequest, data)
     else:
-        request = EstimateRequest(model=model, cluster=cluster_request(kw).model_dump(),
+        request = EstimateRequest(model=model, mtp_layers=mtp_layers, cluster=cluster_request(kw).model_dump(),
                                   job=job_spec(kw).model_dump(), parallel=strict(ParallelConfig, pop_parallel(kw), "parallel"),
                                   failures=failures, target=target, software=pop_software(kw))
     result = api.estimate(request)
