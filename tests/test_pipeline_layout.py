@@ -215,7 +215,7 @@ def test_validate_runs_megatrons_own_checks_on_a_layout_plan(tmp_path: Path) -> 
 
 def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
     """The 25.11 GB200 BF16 DeepSeek-V3 row (w/o MTP) written as `autoplan estimate` flags — layout, recompute modules,
-    --mtp-layers 0, the recipe's knobs — gets the step time benchmarks/heldout.py prices the data row with."""
+    --mtp-layers 0, the recipe's knobs (incl. its precision-aware optimizer) — gets the step time benchmarks/heldout.py prices the data row with."""
     import json
 
     from benchmarks import fidelity
@@ -229,7 +229,7 @@ def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
         "estimate", "--model", "deepseek-v3", "--mtp-layers", "0", "--gpus", "256", "--gpu", "gb200", "--tp", "1",
         "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",
         "--pipeline-layout", "Et*3|(t*4|)*14ttL", "--recompute-modules", "mla_up_proj", "--moe-dispatcher", "hybridep",
-        "--moe-force-balance", "--grad-reduce-dtype", "bf16", "--format", "json"])
+        "--moe-force-balance", "--grad-reduce-dtype", "bf16", "--adam-moments-dtype", "bf16", "--format", "json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["prediction"]["step_time_s"] == pytest.approx(want, rel=1e-9)
