@@ -24,7 +24,7 @@ from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_da
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.opgraph import LayerGraph
-from cost_models.pipeline import pipeline_time_s
+from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Runtime, Software, runtime_for
 from cost_models.te_nvfp4 import gemm_precision
@@ -113,7 +113,6 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     head = head_cost(graphs["head"], cluster, job, par, runtime)
     strides = RankStrides.megatron(t, c, dp, par.ep)
 
-    stage_t: list[float] = []
     stage_parts: list[dict[str, float]] = []
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
@@ -137,7 +136,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
                 parts["cp"] += n * lc.cp_exposed_s
                 parts["host"] += n * lc.host_s
         stage_parts.append(parts)
-        stage_t.append(sum(parts.values()))
+    if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
+        stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}
+                       for a, b in (dualpipe_rank_share(s, p) for s in range(p))]
+    stage_t = [sum(parts.values()) for parts in stage_parts]
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
@@ -240,7 +242,7 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster,
-                         gemm_precision(op.kind, op.name, job.precision))  # nvfp4: Megatron's head is bf16
+                         gemm_precision(op, job.precision))  # the output head runs bf16 (Op.quantized)
     eager = not rt.fused_loss if rt is not None else eager_elementwise(cluster.efficiency, None)
     mem_f, mem_b = memory_traffic_bytes(graph, None, job, par, rt, eager, non_tn_fp8_gemm(cluster))
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)

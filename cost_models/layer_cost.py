@@ -226,7 +226,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd, bwd = TORCH_LOSS_BYTES[0] * w, TORCH_LOSS_BYTES[1] * w
         else:
             fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
-    if gemm_precision(op.kind, op.name, job.precision) in ("fp8", "nvfp4") and op.kind in ("matmul", "experts"):
+    if gemm_precision(op, job.precision) in ("fp8", "nvfp4") and op.kind in ("matmul", "experts"):
         k, n = _local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
         prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
@@ -284,12 +284,12 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     gemm = attn_f = attn_b = wgrad_hp = fwd_extra = 0.0
     if op.kind in ("matmul", "router"):
         k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
-        gemm = matmul_time_s(tokens, k, n, cluster, gemm_precision(op.kind, op.name, job.precision))
-        if op.kind == "matmul":
+        gemm = matmul_time_s(tokens, k, n, cluster, gemm_precision(op, job.precision))
+        if op.kind == "matmul" and op.quantized:
             gemm *= fp8_gemm_time_ratio(rt, job)  # block-scaled MXFP8 kernel vs per-tensor fp8
-        if op.kind == "matmul" and wgrad_in_bf16(rt, job):
+        if op.kind == "matmul" and op.quantized and wgrad_in_bf16(rt, job):
             wgrad_hp = matmul_time_s(tokens, k, n, cluster, "bf16") - gemm
-        if op.kind == "matmul":
+        if op.kind == "matmul" and op.quantized:
             fwd_extra = gemm * (1.0 / fp8_forward_gemm_efficiency(rt, job) - 1.0)
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep

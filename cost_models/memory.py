@@ -215,7 +215,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    quantized = gemm_precision(op.kind, op.name, job.precision) in ("fp8", "nvfp4")  # TE saves its cast
+    quantized = gemm_precision(op, job.precision) in ("fp8", "nvfp4")  # TE saves its cast
     fp8 = job.precision == "fp8"
     total = 0.0
     cheap = par.recompute == "selective" and runtime.selective == "cheap"

@@ -63,6 +63,12 @@ class Op:
     flops_per_token: float = 0.0  # forward
     saved: tuple[Saved, ...] = ()
     tokens_factor: float = 1.0  # experts process each token top_k times
+    # Runs in the job's fp8 recipe when the job is fp8 (False: a bf16 GEMM with no casts even then). The output
+    # head (and the MoE router gate) stays bf16 in every target: Megatron's ``output_layer`` is a plain ``tensor_parallel.ColumnParallelLinear``
+    # outside Transformer Engine's per-layer fp8 context (megatron-core 0.16.1 models/gpt/gpt_model.py:241,
+    # transformer/transformer_block.py get_fp8_context); torchtitan as emitted filters ``lm_head`` out of
+    # ``Float8LinearConverter`` (autoplan/emit/torchtitan.py); DeepSeek-V3 report §3.3.1 keeps the output head BF16.
+    quantized: bool = True
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,9 @@ def _moe(b: _Builder, x: str) -> str:
     h, e, k = m.hidden_size, m.num_experts, m.moe_top_k
     xn = b.norm("mlp_norm", x, "mlp_in")
     logits = b.tensor("router_logits", e, "router")
+    # Megatron's TopKRouter gate is a plain torch linear (moe/router.py), outside TE's fp8 recipe: not quantized.
     b.add(Op("router", "router", (xn,), logits, weight_in=h, weight_out=e, params=h * e,
-             flops_per_token=2.0 * h * e, saved=(Saved("router_probs", 4 * e, "seq"),)))
+             flops_per_token=2.0 * h * e, saved=(Saved("router_probs", 4 * e, "seq"),), quantized=False))
     disp = b.tensor("dispatched", h, "hidden")
     # Dispatch permutes top-k copies of each token to their experts (all-to-all under EP).
     b.add(Op("dispatch", "dispatch", (xn, logits), disp, tokens_factor=k))
@@ -276,8 +283,7 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
         x = b.tensor("final_hidden", h, "hidden")
         xn = b.norm("final_norm", x, "head_in")
         logits = b.linear("lm_head", xn, "logits", vocab, "vocab", "seq", False)
-        if model.tied_embeddings:
-            b.ops[-1] = replace(b.ops[-1], params=0)
+        b.ops[-1] = replace(b.ops[-1], quantized=False, params=0 if model.tied_embeddings else b.ops[-1].params)
         # The loss keeps the bf16 logits and an fp32 copy for the softmax backward (COST_MODEL.md §3),
         # vocab-parallel: sharded by TP.
         b.tensor("loss", 1, "hidden")

@@ -35,6 +35,14 @@ def pipeline_time_s(stage_times: Sequence[float], m: int, schedule: Schedule = "
     return m * t_max + fill
 
 
+def dualpipe_rank_share(stage: int, pp: int) -> tuple[int, int]:
+    """The two stages whose work rank ``stage`` runs under DualPipe: its own and the mirror ``pp − 1 − stage``.
+    DeepSeek-V3 report §3.2.1: micro-batches are fed from both ends of the pipeline, each rank holds two copies
+    of the parameters (stage ``i`` of one direction, stage ``pp − 1 − i`` of the other), and half of the
+    micro-batches run each way; so a rank's time per micro-batch is the mean of the two stages' times."""
+    return stage, pp - 1 - stage
+
+
 def bubble_fraction(p: int, m: int, schedule: Schedule = "1f1b", vp: int = 1) -> float:
     """Bubble as a fraction of the total step for balanced stages."""
     total = pipeline_time_s([1.0] * p, m, schedule, vp)

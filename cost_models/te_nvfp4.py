@@ -39,6 +39,11 @@ core_v0.16.1's uv.lock pins the same). ``recipe`` = ``transformer_engine/common/
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cost_models.opgraph import Op
+
 BF16_BYTES = 2.0
 FP4_BYTES, NVFP4_BLOCK, E4M3_SCALE_BYTES = 0.5, 16, 1.0
 NVFP4_COPY_BYTES = FP4_BYTES + E4M3_SCALE_BYTES / NVFP4_BLOCK  # one usage of one element, with its block scale
@@ -66,12 +71,10 @@ NVFP4_GEMM_TIME_RATIO = (sum(TE_PREQUANT_GEMM_MS_B300_NVFP4["nvfp4"])
                          / sum(TE_PREQUANT_GEMM_MS_B300_NVFP4["fp8_tensorwise"]))
 
 
-def gemm_precision(kind: str, name: str, precision: str) -> str:
-    """The precision one GEMM of the graph runs in. Under NVFP4 only TE's linears quantize: Megatron-Core's output
-    layer (op ``lm_head``: ``tensor_parallel.ColumnParallelLinear``, megatron/core/models/gpt/gpt_model.py:241,
-    outside the decoder layers' autocast) and the MoE router (``TopKRouter.gating``, a torch linear,
-    megatron/core/transformer/moe/router.py) stay bf16. Under fp8 every GEMM keeps the job's precision, as priced
-    since session 4 (issue-12 notes: the fp8 output layer is a known approximation)."""
-    if precision == "nvfp4" and (kind == "router" or name == "lm_head"):
-        return "bf16"
-    return precision
+def gemm_precision(op: Op, precision: str) -> str:
+    """The precision one GEMM of the graph runs in: the job's, except for the ops no target quantizes
+    (``Op.quantized`` False: Megatron-Core's output layer, ``tensor_parallel.ColumnParallelLinear``,
+    megatron/core/models/gpt/gpt_model.py:241, outside the decoder layers' autocast, and the MoE router,
+    ``TopKRouter.gating``, a torch linear, megatron/core/transformer/moe/router.py), which run bf16 under fp8 and
+    NVFP4 alike."""
+    return precision if op.quantized else "bf16"
