@@ -129,6 +129,9 @@ def test_nvfp4_runtime_holds_the_cached_weights_and_no_tp_overlap() -> None:
     rt = runtime_for("megatron", job, cluster, par)
     assert not rt.tp_comm_overlap and rt.fp8_saved_bytes == pytest.approx(COPY)
     assert rt.state_bytes(1.0, 1, 4)[0] == pytest.approx(BF16 + 2 * COPY)  # bf16 weight + TE's two NVFP4 copies
+    fsdp = runtime_for("megatron", job, cluster, par.model_copy(update={"zero_stage": 3, "tp": 1,
+                                                                        "sequence_parallel": False}))
+    assert fsdp.state_bytes(1.0, 3, 4)[0] == pytest.approx(4.0 / 4 + 2 * COPY)  # the cache is of the gathered weight
     assert rt.knobs()["fp8_recipe"] is None  # the recipe is the precision, not the fp8 knob
     assert (rt.tp_gather_bytes, rt.tp_grad_gather_bytes) == pytest.approx((COPY, 2 * COPY))
 

@@ -107,7 +107,8 @@ class Runtime:
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
-    # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``); held and sharded as the weights are.
+    # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
+    # sharded (under ZeRO-3 the cached copy is of the gathered weight).
     weight_cache_bytes: float = 0.0
     grad_bytes: float = 4.0  # main gradients (fp32 unless reduced in bf16)
     optimizer_bytes: float = 12.0  # fp32 master (if any) + Adam m, v
@@ -147,8 +148,9 @@ class Runtime:
         """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``."""
         from cost_models.memory import zero_state_bytes
 
-        return zero_state_bytes(params, zero_stage, shard_group,
-                                (self.weight_bytes + self.weight_cache_bytes, self.grad_bytes, self.optimizer_bytes))
+        w, g, o = zero_state_bytes(params, zero_stage, shard_group,
+                                   (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
+        return w + self.weight_cache_bytes * params, g, o  # TE caches the weight it used: the gathered one
 
     @property
     def adam_bytes_per_param(self) -> float:
