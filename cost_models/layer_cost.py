@@ -89,6 +89,10 @@ PERMUTE_BYTES = (4.0, 4.0)  # MoE dispatch/combine: gather/scatter of each route
 # cast (read 2, write 4), max, subtract, exp, sum, divide (≈ 28 more), backward softmax − one-hot and the bf16
 # gradient (≈ 14): bytes per vocabulary entry per token.
 LOSS_BYTES = (34.0, 14.0)
+# Transformer Engine's fused cross-entropy (``Runtime.cross_entropy_fusion == "te"``; TE v2.9
+# pytorch/triton/cross_entropy.py): one kernel reads the bf16 logits twice (online max / sum, then the softmax) and
+# writes the gradient over them (2 + 2 + 2); the backward scales that gradient in place (read 2, write 2).
+TE_LOSS_BYTES = (6.0, 4.0)
 # Vocab-parallel cross-entropy all-reduces three fp32 numbers per token across TP: the max logit, the sum of
 # exponentials and the target logit (megatron/core/tensor_parallel/cross_entropy.py).
 LOSS_PARALLEL_BYTES_PER_TOKEN = 3 * 4.0
@@ -224,6 +228,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         w = per_rank(op.inputs[0])
         if rt is not None and not rt.fused_loss:  # torch's cross_entropy on fp32 logits, op by op
             fwd, bwd = TORCH_LOSS_BYTES[0] * w, TORCH_LOSS_BYTES[1] * w
+        elif rt is not None and rt.cross_entropy_fusion == "te":
+            fwd, bwd = TE_LOSS_BYTES[0] * w, TE_LOSS_BYTES[1] * w
         else:
             fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
     if gemm_precision(op, job.precision) in ("fp8", "nvfp4") and op.kind in ("matmul", "experts"):

@@ -136,6 +136,9 @@ software_options = stack(
     click.option("--fp8-param-gather/--no-fp8-param-gather", "fp8_param_gather", default=None,
                  help="megatron --fp8-param-gather: weights kept and all-gathered in fp8 (precision fp8, delayed or "
                       "tensorwise, zero 1)"),
+    click.option("--cross-entropy-fusion", "cross_entropy_fusion", type=click.Choice(["none", "te"]), default=None,
+                 help="megatron loss: none (fp32 vocab_parallel_cross_entropy, the default) or te "
+                      "(--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: in-place bf16 gradient)"),
     click.option("--cp-comm-type", type=click.Choice(list(CpCommType.__args__)), default=None,  # type: ignore[attr-defined]
                  help="context-parallel attention communication: p2p ring, a2a (Ulysses), allgather, a2a+p2p "
                       "[searched per layout by `search`; megatron default p2p]"),
@@ -159,7 +162,7 @@ software_options = stack(
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
-                 "moe_capacity_factor")
+                 "moe_capacity_factor", "cross_entropy_fusion")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -84,6 +84,9 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--grad-reduce-in-bf16")
     if rt.fp8_param_gather:  # fp8 primary weights (cost_models.targets.megatron cites the code)
         add("--fp8-param-gather")
+    if rt.cross_entropy_fusion == "te":  # TE's fused loss (cost_models.targets.megatron cites the code)
+        add("--cross-entropy-loss-fusion")
+        add("--cross-entropy-fusion-impl", "te")
     if rt.cpu_offload_layers:  # TE activation offload (cost_models.targets.megatron cites the code)
         add("--cpu-offloading-num-layers", rt.cpu_offload_layers)
     if rt.adam_moments_dtype != "fp32":  # precision-aware optimizer (cost_models.targets.megatron cites the code)
@@ -304,6 +307,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
+    p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native")
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
     for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
@@ -311,6 +315,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for flag in ints:
         p.add_argument(flag, type=int, default=None)
     for flag in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+                 "--cross-entropy-loss-fusion",
                  "--overlap-grad-reduce",
                  "--overlap-param-gather", "--group-query-attention", "--swiglu", "--disable-bias-linear",
                  "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--multi-latent-attention",

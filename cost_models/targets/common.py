@@ -17,6 +17,7 @@ Selective = Literal["attention", "op_sac", "cheap"]
 TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
 GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+CrossEntropyFusion = Literal["none", "te"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
 MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
@@ -50,6 +51,10 @@ class Software(BaseModel):
     adam_moments_dtype: GradDtype | None = Field(
         default=None, description="dtype of Adam's m and v (Megatron bf16 = --use-precision-aware-optimizer "
         "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)")
+    cross_entropy_fusion: CrossEntropyFusion | None = Field(
+        default=None, description="Megatron cross-entropy: none (vocab_parallel_cross_entropy in fp32, Megatron-LM's "
+        "default) or te (--cross-entropy-loss-fusion --cross-entropy-fusion-impl te: Transformer Engine's kernel, "
+        "gradient written in place into the bf16 logits)")
     reshard_after_forward: bool | Annotated[int, Field(ge=2)] | None = Field(
         default=None, description="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to "
         "(an int keeps the backward all-gather inside that group)")
@@ -73,7 +78,7 @@ class Software(BaseModel):
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
-              "moe_force_balance", "moe_capacity_factor")
+              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion")
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
+    # Whose cross-entropy kernel runs the loss: "none" (the framework's own: Megatron's fp32 vocab-parallel loss),
+    # "te" (Transformer Engine's fused kernel; its bytes: layer_cost.TE_LOSS_BYTES, loss_bytes_per_logit below).
+    cross_entropy_fusion: str = "none"
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never

@@ -69,7 +69,16 @@ Run-time semantics:
   CUDA_DEVICE_MAX_CONNECTIONS>1 ... needed only for Hopper, which uses persistent CTA execution":
   TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
   the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
-- Elementwise kernels are TE's fused kernels (fused norms, SwiGLU, cross-entropy).
+- Elementwise kernels are TE's fused kernels (fused norms, SwiGLU).
+- The loss (knob ``cross_entropy_fusion``): Megatron-LM's default (``cross_entropy_loss_fusion=False``,
+  megatron/core/model_parallel_config.py:241-249) is ``tensor_parallel.vocab_parallel_cross_entropy``
+  (language_module.py:166): an fp32 copy of the bf16 logits, the fp32 softmax saved for backward, a bf16 gradient
+  (6 B per logit at the peak). ``te`` (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``,
+  language_module.py:140-160, what Megatron-Bridge's and NeMo 2's performance scripts run) is Transformer Engine's
+  ``parallel_cross_entropy``: one Triton kernel computes the loss and writes the gradient *in place* into the bf16
+  logits, which are what it saves (TE v2.9 ``pytorch/cross_entropy.py`` ``CrossEntropyFunction.forward``
+  ``ctx.save_for_backward(_input.detach())``, ``triton/cross_entropy.py`` ``tl.store(X_ptr + X_offsets, ...)``; its
+  backward scales them in place, ``element_mul_kernel``): 2 B per logit, no fp32 copy.
 - MoE (``cost_models.moe``; TC = transformer_config.py): ``moe_dispatcher`` alltoall = ``--moe-token-dispatcher-type
   alltoall``; deepep / hybridep = ``flex`` with ``--moe-flex-dispatcher-backend`` (TC:679-685; their kernels hold
   ``moe_deepep_num_sms`` 20 / ``moe_hybridep_num_sms`` 16 SMs, TC:722-726), which send a token once per remote NVLink
@@ -124,6 +133,10 @@ OC = f"Megatron-LM megatron/core/optimizer/optimizer_config.py@{COMMIT}"
 # the master, i.e. without fp8 or under delayed scaling (OC:355-361); otherwise Megatron's fp32 main copy.
 PRECISION_AWARE_MASTER_BYTES = {"remainder": 2.0, "fp32": 4.0}
 PS = f"Megatron-LM megatron/core/parallel_state.py@{COMMIT}"
+# Bytes per logit the loss holds at the peak (module docstring): Megatron's fp32 vocab-parallel loss 4 + 2; TE's
+# in-place kernel the bf16 logits alone.
+LOSS_BYTES_PER_LOGIT = {"none": 6.0, "te": 2.0}
+LMM = f"Megatron-LM megatron/core/models/common/language_module/language_module.py@{COMMIT}"
 TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py (a2a: heads % cp)"
 
 
@@ -161,6 +174,9 @@ class MegatronProfile(TargetProfile):
                                    int_values=True),
         "fp8_param_gather": Knob("fp8_param_gather", (True, False), False,
                                  f"{MLM}:1398 (--fp8-param-gather), :655-657 (distributed optimizer)"),
+        "cross_entropy_fusion": Knob("cross_entropy_fusion", ("none", "te"), "none",
+                                     f"megatron/core/model_parallel_config.py:241-249 (--cross-entropy-loss-fusion "
+                                     f"--cross-entropy-fusion-impl te); {LMM}:140-166"),
         "adam_moments_dtype": Knob("adam_moments_dtype", ("fp32", "bf16"), "fp32",
                                    f"{MLM}:2840-2856 (--use-precision-aware-optimizer --exp-avg-dtype/--exp-avg-sq-dtype)"
                                    f"; {OC}:375-380 (distributed optimizer only)"),
@@ -359,8 +375,11 @@ class MegatronProfile(TargetProfile):
             dp_cp = par.dp(cluster.num_gpus) * par.cp if par is not None else cluster.num_gpus
             bucket = max(MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK * dp_cp)
             cap = max(MFSDP_RS_QUEUE, bucket) + bucket  # queued reduce-scatters + the bucket being filled
+        ce = k.get("cross_entropy_fusion", "none")
         return Runtime(
             target="megatron",
+            cross_entropy_fusion=ce,
+            loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT[ce],
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1) and not fp4),
             fp8_recipe=fp8_recipe,
             adam_moments_dtype=moments,
