@@ -67,6 +67,12 @@ DEFAULT_RUNTIME = Runtime(target="megatron")
 GRAPH_LOSS_BYTES_PER_LOGIT = 6.0
 # Outputs of the layer's norms (opgraph names): recomputed, not kept, under the "cheap" policy.
 _NORM_OUTPUTS = frozenset({"attn_in", "mlp_in", "q_c", "kv_c", "head_in"})
+# The attention core's output (opgraph name), input of the output projection. Flash-style kernels save it for their
+# backward (Transformer Engine FusedAttnFunc.forward saves ``out`` beside q, k, v: its backward needs rowsum(dO*O)),
+# so it is the same storage as the projection's saved bf16 input; under Transformer Engine fp8 the projection saves
+# its own fp8 cast instead (``runtime.fp8_saved_bytes``) and the bf16 output stays saved by the core as well
+# (unless the core is recomputed: Megatron's selective ``core_attn``).
+_ATTN_OUTPUTS = frozenset({"ctx"})
 
 
 def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
@@ -238,7 +244,9 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
         if op.kind == "loss":
             b *= runtime.loss_bytes_per_logit / GRAPH_LOSS_BYTES_PER_LOGIT
         elif quantized and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
-            b *= runtime.fp8_saved_bytes / 2.0
+            core_saves = par.recompute == "none" or (modules is not None and "core_attn" not in modules)
+            kept_by_core = s.tensor in _ATTN_OUTPUTS and runtime.fp8_saved_bytes < 2.0 and core_saves
+            b *= (runtime.fp8_saved_bytes + (2.0 if kept_by_core else 0.0)) / 2.0
         elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
             b *= runtime.fp8_saved_bytes / 2.0  # SwiGLU input cached in fp8
         total += b * tokens / div
