@@ -125,7 +125,25 @@ class PipelineSplit:
             text += f" (Megatron {flags})"
         if self.auto:
             text += f"; applied by autoplan: num_layers={self.num_layers} does not divide pp*vp = {self.pp * self.vp}"
+            text += unbalanced_note(self)
         return text
+
+
+def unbalanced_note(split: PipelineSplit) -> str:
+    """'' or a warning that an auto-applied split is lopsided (its heaviest rank over 1.5x the mean, which sets the
+    step time: ``pipeline.pipeline_time_s``), naming the vps whose splits stay within one layer per chunk of even."""
+    L, pp = split.num_layers, split.pp
+    heaviest, mean = max(split.rank_layers), L / pp
+    if heaviest <= 1.5 * mean:
+        return ""
+    def balanced(v: int) -> bool:
+        try:
+            return max(resolve(L, pp, v).rank_layers) <= -(-L // pp) + v
+        except ConfigError:
+            return False
+    better = [v for v in range(1, L // pp + 1) if balanced(v)]
+    hint = f"; vp={', '.join(map(str, better[:8]))} split within one layer per chunk of even" if better else ""
+    return f"; UNBALANCED: the heaviest rank holds {heaviest} layers, {heaviest / mean:.1f}x the mean {mean:.1f}{hint}"
 
 
 def _runs(xs: list[int]) -> str:

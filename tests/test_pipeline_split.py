@@ -291,3 +291,18 @@ def test_valid_pp_and_mbs_lists_are_what_estimate_accepts(model: str, gpus: int,
     listed = [int(x.split("=")[1]) for x in msg.split("; valid: ")[1].split(", ")]
     accepted = [x for x in candidates if _estimate_error(model, gpus, batch, {**par, key: x}) is None]
     assert listed == accepted, msg
+
+
+def test_auto_split_that_is_lopsided_says_so_and_names_balanced_vps() -> None:
+    """126 layers on pp 16 × vp 3: Megatron's only legal auto form puts 21 layers on the first and last ranks
+    (2.7x the mean); the description warns and names vps whose splits stay near even, each checked here."""
+    from cost_models.pipeline_split import resolve
+
+    split = resolve(126, 16, 3)
+    text = split.describe()
+    assert max(split.rank_layers) == 21 and "UNBALANCED" in text
+    named = [int(v) for v in text.split("; vp=")[1].split(" split")[0].split(", ")]
+    assert named and 3 not in named
+    for v in named:
+        assert max(resolve(126, 16, v).rank_layers) <= -(-126 // 16) + v
+    assert "UNBALANCED" not in resolve(126, 16, 1).describe()
