@@ -69,7 +69,8 @@ def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> Non
     assert job.global_batch_size % (par.micro_batch_size * dp) == 0
     assert pred.fits and pred.peak_memory_gib <= pred.memory_limit_gib
     if model.is_moe:
-        assert model.num_experts % par.ep == 0 and (dp * par.cp) % par.ep == 0
+        # expert-TP 1: the tp·cp·dp ranks of a stage re-cut as ep × edp (Megatron's MoE parallel folding)
+        assert model.num_experts % par.ep == 0 and (par.tp * dp * par.cp) % par.ep == 0
     # what users see is estimate's, exactly, as the plan's target runs it
     assert pred == estimate(model, cluster, job, par, target=pred.software["target"],
                             software=priced_software(pred.software))  # with the knobs the search chose
