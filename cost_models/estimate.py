@@ -124,7 +124,17 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
             parts["ep"] += lc.ep_s
             parts["cp"] += lc.cp_exposed_s
             parts["host"] += lc.host_s
-        if s == p - 1:
+        if s == p - 1 and model.arch.mtp_layers and split.mtp_rank != p - 1:
+            parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses
+        if s == split.mtp_rank != p - 1 and model.arch.mtp_layers:  # a layout's standalone MTP stage: the blocks
+            n, lc = model.arch.mtp_layers, costs[mtp_layer_kind(model)]
+            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)
+            parts["compute"] += n * (lc.forward_s + lc.backward_s) + proj_gemm
+            parts["recompute"] += n * lc.recompute_s
+            parts["tp"] += n * lc.tp_s + proj_tp
+            parts["ep"] += n * lc.ep_s
+            parts["cp"] += n * lc.cp_exposed_s
+        if s == p - 1 and split.mtp_rank == p - 1:
             parts["compute"] += head
             if model.arch.mtp_layers:  # cost_models.mtp: n × (a decoder layer + a head) + the projections
                 n, lc = model.arch.mtp_layers, costs[mtp_layer_kind(model)]
@@ -143,12 +153,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
     pp_fill = pp_fill_s(model, cluster, job, par, dp)
-    dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime)
+    dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime,
+                                                         mtp_rank=split.mtp_rank)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
                               runtime.grad_reduce_every_microbatch)
     step = pipe + pp_fill + dp_exposed + opt_s
 
-    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s]) for s in range(p)]
+    mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s], split.mtp_rank) for s in range(p)]
     binding = max(range(p), key=lambda i: mems[i].total)
     peak: MemoryBreakdown = mems[binding]
     peak_gib = peak.total / GIB
@@ -250,7 +261,7 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
 
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
                        strides: RankStrides, m: int = 1, layer_ids: Sequence[Sequence[int]] | None = None,
-                       rt: Runtime = DEFAULT_RUNTIME) -> tuple[float, float, float, float]:
+                       rt: Runtime = DEFAULT_RUNTIME, mtp_rank: int | None = None) -> tuple[float, float, float, float]:
     """(DP time s, bytes sent, optimizer s, blocking s) of the heaviest stage. ZeRO-0 all-reduces gradients;
     ZeRO-1/2 reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the
     forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does
@@ -269,7 +280,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
     bounds = [sum(layers[:s]) for s in range(len(layers) + 1)]
     for s in range(len(layers)):
         ids = range(bounds[s], bounds[s + 1]) if layer_ids is None else layer_ids[s]
-        sp = stage_params(model, par, ids, first=s == 0, last=s == par.pp - 1)
+        sp = stage_params(model, par, ids, first=s == 0, last=s == par.pp - 1,
+                          mtp=None if mtp_rank is None else s == mtp_rank)
         total_s = total_b = blocking = 0.0
         # The dp·cp group is contiguous at stride tp; the expert-data-parallel group at stride ep.
         for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):

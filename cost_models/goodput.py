@@ -113,7 +113,7 @@ def checkpoint_bytes_per_rank(model: ModelSpec, par: ParallelConfig, num_gpus: i
     out, start = [], 0
     for s, n in enumerate(layers):
         held = ids[s] if ids is not None else range(start, start + n)
-        sp = stage_params(model, par, held, first=s == 0, last=s == par.pp - 1)
+        sp = stage_params(model, par, held, first=s == 0, last=s == par.pp - 1, mtp=s == split.mtp_rank)
         start += n
         out.append(CHECKPOINT_BYTES_PER_PARAM * (sp.dense / (dp * par.cp) + sp.expert / edp))
     return out

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params
+from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
+                             mtp_projection_saved_bytes, mtp_stage_params)
 from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
@@ -135,8 +136,9 @@ class StageParams:
 
 
 def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
-                 last: bool) -> StageParams:
-    """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``) holds."""
+                 last: bool, mtp: bool | None = None) -> StageParams:
+    """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``, the
+    MTP modules if ``mtp``: default ``last``; an explicit pipeline layout may put them on another stage) holds."""
     t, e = par.tp, par.ep
     dense = expert = largest = 0.0
     # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
@@ -154,8 +156,11 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         dense += model.head_params / t  # output projection (0 when tied) + final norm
         if model.tied_embeddings and par.pp > 1:  # the last stage keeps its own copy of the tied weight
             dense += model.vocab_size * model.hidden_size / t
-        mtp_dense, mtp_expert, mtp_unit = mtp_stage_params(model, t, e)  # MTP modules run on the last stage
+    if last if mtp is None else mtp:  # the MTP modules (cost_models.mtp), and the embedding copy they need there
+        mtp_dense, mtp_expert, mtp_unit = mtp_stage_params(model, t, e)
         dense, expert, largest = dense + mtp_dense, expert + mtp_expert, max(largest, mtp_unit)
+        if not first:
+            dense += mtp_embedding_copy_params(model, t, par.pp, par.schedule, on_last=last)
     return StageParams(dense, expert, largest)
 
 
@@ -324,14 +329,18 @@ def runtime_overhead_bytes() -> float:
 
 def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, stage: int, layers: list[int],
                  m: int, graphs: dict[str, LayerGraph], runtime: Runtime = DEFAULT_RUNTIME,
-                 layer_ids: Sequence[int] | None = None) -> MemoryBreakdown:
+                 layer_ids: Sequence[int] | None = None, mtp_stage: int | None = None) -> MemoryBreakdown:
     """Peak memory of one rank of pipeline stage ``stage``; ``layers`` = decoder layers per stage, ``layer_ids``
-    the ones this stage holds (default: contiguous; interleaved stages hold every ``pp``-th chunk)."""
+    the ones this stage holds (default: contiguous; interleaved stages hold every ``pp``-th chunk); ``mtp_stage``
+    the stage running the MTP modules (default the last; a layout's standalone MTP stage: their heads and losses
+    stay on the last stage, gpt_model.py:592-640)."""
     n = layers[stage]
     ids = range(sum(layers[:stage]), sum(layers[:stage]) + n) if layer_ids is None else layer_ids
     first, last = stage == 0, stage == par.pp - 1
     dual = par.schedule == "dualpipe"
-    sp = stage_params(model, par, ids, first=first, last=last)
+    mtp_at = par.pp - 1 if mtp_stage is None else mtp_stage
+    standalone = bool(model.arch.mtp_layers) and mtp_at != par.pp - 1
+    sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at)
     if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
         mirror = par.pp - 1 - stage
         start = sum(layers[:mirror])
@@ -350,6 +359,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
                                                   par, runtime)
     if dual:  # a chunk runs on either of the rank's two stages: their mean
         per_mb = per_mb * (layers[stage] + layers[par.pp - 1 - stage]) / (2.0 * max(1, n))
+    if standalone and stage == mtp_at:  # the MTP blocks and projections, in flight like the stage's layers
+        mtp_layer = activation_bytes_per_microbatch(graphs[mtp_layer_kind(model)], model, job, par, runtime)
+        per_mb += model.arch.mtp_layers * mtp_layer + mtp_projection_saved_bytes(model, job, par)
     transient = 0.0
     if par.recompute == "full" and n:
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
@@ -358,7 +370,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     head = 0.0
     if last or (dual and first):
         head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime)
-        if model.arch.mtp_layers:
+        if standalone and not dual:
+            head += model.arch.mtp_layers * head  # the MTP heads + losses (their blocks: the MTP stage)
+        elif model.arch.mtp_layers:
             mtp_layer = activation_bytes_per_microbatch(graphs[mtp_layer_kind(model)], model, job, par, runtime)
             head += mtp_activation_bytes(model, mtp_layer, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head

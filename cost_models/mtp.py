@@ -39,6 +39,18 @@ def mtp_stage_params(model: ModelSpec, tp: int, ep: int) -> tuple[float, float, 
     return n * dense, n * ex / ep, dense + ex / ep
 
 
+def mtp_embedding_copy_params(model: ModelSpec, tp: int, pp: int, schedule: str, on_last: bool = True) -> float:
+    """Vocabulary-embedding parameters one rank of the MTP stage holds beside the first stage's: Megatron builds an
+    embedding wherever MTP runs (``if self.pre_process or self.mtp_process``, megatron/core/models/gpt/gpt_model.py:
+    149-157) and ties it to the first stage's (l. 828-845): V·h/tp more parameters with their gradients and optimizer
+    state, unless MTP runs on the first stage itself (pp 1; DualPipe puts the MTP modules with the embedding on rank 0,
+    DeepSeek-V3 report §3.2.1) or, with tied weights, on the last stage, whose tied output-layer copy it then is
+    (l. 726-734)."""
+    if not model.arch.mtp_layers or pp == 1 or schedule == "dualpipe" or (model.tied_embeddings and on_last):
+        return 0.0
+    return model.vocab_size * model.hidden_size / tp
+
+
 def mtp_projection_time_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                           par: ParallelConfig) -> tuple[float, float]:
     """(GEMM s, exposed TP s), forward + backward, of every module's ``eh_proj`` for one micro-batch on one rank:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import ConfigError
-from cost_models.pipeline_layout import PLL, PipelineLayout, layout_from_text, validate_layout
+from cost_models.pipeline_layout import PipelineLayout, layout_from_text, validate_layout
 
 Chunks = tuple[tuple[int, ...], ...]  # chunks[r][v]: decoder layers of pipeline rank r, virtual stage v
 
@@ -60,6 +60,12 @@ class PipelineSplit:
         if self.layout is not None:
             out["pipeline_layout"] = self.layout.text
         return out
+
+    @property
+    def mtp_rank(self) -> int:
+        """The pipeline rank running the MTP modules: the last, unless a layout places them elsewhere."""
+        ranks = self.layout.ranks_with("m") if self.layout is not None else []
+        return ranks[0] if ranks else self.pp - 1
 
     @property
     def rank_layers(self) -> list[int]:
@@ -162,15 +168,10 @@ def _runs(xs: list[int]) -> str:
 def layout_split(text: str, L: int, mtp_layers: int, pp: int) -> PipelineSplit:
     """The split an explicit Megatron layout builds (``cost_models.pipeline_layout``), checked against the model
     (``validate_layout``: Megatron's rules). The embedding is always on rank 0 and the loss on rank pp−1 (first
-    and last items of the flat order); autoplan prices the MTP layers on the loss's rank only (a rank of their own,
-    Megatron's ``mtp_standalone`` (PLL:136-145), is refused), as without a layout."""
+    and last items of the flat order); MTP on another rank is Megatron's standalone MTP stage (PLL:136-145): its
+    blocks run there, their heads and losses on the loss's rank (``PipelineSplit.mtp_rank``)."""
     layout = layout_from_text(text, pp)
     validate_layout(layout, L, mtp_layers)
-    mtp_ranks = layout.ranks_with("m")
-    if mtp_ranks and mtp_ranks != [pp - 1]:
-        raise ConfigError(f"pipeline_layout {text!r} places the MTP layers on pipeline rank {mtp_ranks[0]}, the loss "
-                          f"on rank {pp - 1}: Megatron runs that as a standalone MTP stage ({PLL}:136-145), which "
-                          "autoplan does not price", valid=["MTP layers in the last stage, before L"])
     return PipelineSplit(L, pp, layout.vp, layout.decoder_counts(), layout=layout)
 
 

@@ -29,7 +29,8 @@ from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import LayerCost, OpCompute, layer_compute, layer_compute_key, layer_cost
-from cost_models.mtp import mtp_activation_bytes, mtp_layer_kind, mtp_stage_params, mtp_time_s
+from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
+                             mtp_time_s)
 from cost_models.memory import (
     FRAGMENTATION,
     GIB,
@@ -485,6 +486,7 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and lay.pp > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
+        last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         peak = 0.0
         if lay.recompute == "full":
@@ -619,6 +621,7 @@ class Scorer:
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
+        last_dense += mtp_embedding_copy_params(m, lay.tp, p, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         acts = frag * (a_moe * n_moe + a_dense * (L - n_moe))
         infl = self.inflight(lay)
