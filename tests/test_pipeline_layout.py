@@ -28,7 +28,9 @@ needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core (validate
 # Megatron-Bridge's DeepSeek-V3 layouts (recipes/deepseek/deepseek_v3.py:235-243 @ v0.2.2 as strings, the perf
 # scripts' 'Et|(tt|)*30mL' and 'Et*3|(t*4|)*14ttL') and the docstring example of megatron-core's parser
 BRIDGE = [("Et*4|(t*4|)*14tmL", 16), ("Et|(tt|)*30mL", 8), ("Et*3|(t*4|)*14ttL", 4), ("Et*7|(t*8|)*6t*6L", 2),
-          ("Et|(tt|)*30L", 8), ("Ettt|(tt|)*29,m|L", 8), ("E|t*8|(t*8|)*6t*5|mL", 3)]
+          ("Et|(tt|)*30L", 8), ("Ettt|(tt|)*29,m|L", 8), ("E|t*8|(t*8|)*6t*5|mL", 3),
+          # standalone MTP stage: skills/nemo-mbridge-perf-moe-hardware-configs/card.yaml:46 (DeepSeek-V3, 1024 H100)
+          ("Et*3|(tt|)*29m|L", 8)]
 ODD = ["(ab|cd|ef)*2", "Et*3,(tt)*2|L", "(|tt)*2,tL", "t*0E|L", "E(t)*3|tL*1", "E|||L", "Ett*12*2|L"]
 
 
@@ -157,7 +159,6 @@ def test_mtp_priced_where_the_layout_puts_it() -> None:
     (["--pp", "8", "--vp", "4", "--pipeline-layout", "Et*4|(t*4|)*14tmL"], r"vp=4 conflicts with pipeline_layout, "
      r"which lists 16 stages = pp 8 x vp 2"),
     (["--pp", "16", "--pipeline-layout", "Et*4|(t*4|)*14t|mL"], r"17 stages, not divisible by pp=16"),
-    (["--pp", "16", "--pipeline-layout", "Et*4|(t*4|)*13t*5m|L"], r"standalone MTP stage"),
     (["--pp", "16", "--pipeline-layout", "Et*4|(t*4|)*14tLm"], r"the last layer must be the loss L"),
     (["--pp", "16", "--pipeline-layout", "Et*4|(t*4|)*14tmL", "--first-stage-layers", "4"],
      "pipeline_layout cannot be set with first_stage_layers"),
@@ -225,11 +226,15 @@ def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
     case = next(c for c in cases if c["id"] == "mb2511_DeepSeekV3_gb200_256gpu_BF16")
     r = resolve_run(fidelity.to_run(case, rules))
     want = estimate(r.model, r.cluster, r.job, r.parallel, target=r.target, software=r.knobs).step_time_s
+    given = r.knobs.given() if hasattr(r.knobs, "given") else dict(r.knobs)
+    knobs = [x for k, v in sorted(given.items())  # the row's knobs as the CLI flags of the same name
+             for x in ([f"--{k.replace('_', '-')}"] if v is True else [f"--no-{k.replace('_', '-')}"] if v is False
+                       else [f"--{k.replace('_', '-')}", str(v)])]
+    assert {"moe_dispatcher", "moe_force_balance", "adam_moments_dtype", "grad_reduce_dtype"} <= set(given)
     res = CliRunner().invoke(cli, [
         "estimate", "--model", "deepseek-v3", "--mtp-layers", "0", "--gpus", "256", "--gpu", "gb200", "--tp", "1",
         "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",
-        "--pipeline-layout", "Et*3|(t*4|)*14ttL", "--recompute-modules", "mla_up_proj", "--moe-dispatcher", "hybridep",
-        "--moe-force-balance", "--grad-reduce-dtype", "bf16", "--adam-moments-dtype", "bf16", "--format", "json"])
+        "--pipeline-layout", "Et*3|(t*4|)*14ttL", "--recompute-modules", "mla_up_proj", *knobs, "--format", "json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["prediction"]["step_time_s"] == pytest.approx(want, rel=1e-9)
@@ -238,3 +243,25 @@ def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
                                    "1", "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",
                                    "--pipeline-layout", "Et*3|(t*4|)*14ttL"])
     assert res.exit_code == 2 and "pass --mtp-layers 0" in res.output
+
+
+def test_standalone_mtp_stage() -> None:
+    """'Et*3|(tt|)*29m|L' on pp 8 (Megatron-Bridge's measured H100 DeepSeek-V3 seed): the MTP block runs on rank 6
+    (chunk 30), the loss on rank 7; rank 6 holds the MTP parameters and the embedding copy Megatron builds there
+    (gpt_model.py:149-157), rank 7 the head for the main and the MTP loss."""
+    from cost_models.memory import stage_params
+    from cost_models.mtp import mtp_stage_params
+
+    model = load_model("deepseek-v3")
+    par = ParallelConfig(tp=2, pp=8, ep=64, pipeline_layout="Et*3|(tt|)*29m|L")
+    sp = pipeline_split(model, par)
+    assert (sp.mtp_rank, sp.vp, sp.rank_layers) == (6, 4, [9, 8, 8, 8, 8, 8, 6, 6])
+    mtp_rank = stage_params(model, par, [], first=False, last=False, mtp=True)
+    assert mtp_rank.dense == pytest.approx(mtp_stage_params(model, 2, 64)[0] + model.vocab_size * model.hidden_size / 2)
+    last = stage_params(model, par, [], first=False, last=True, mtp=False)
+    assert last.dense == pytest.approx(model.head_params / 2)
+    job, cluster = JobSpec(global_batch_size=8192, seq_len=4096), build_cluster("h100-sxm", 1024)
+    pred = estimate(model, cluster, job, par)
+    same = estimate(model, cluster, job, par.model_copy(update={"pipeline_layout": "Et*3|(tt|)*29|mL"}))
+    assert pred.layers_per_stage == same.layers_per_stage  # the decoder layers sit where they did
+    assert pred.step_time_s != same.step_time_s  # the MTP block moved from rank 7 to rank 6

@@ -53,7 +53,8 @@ def test_window_shortens_the_priced_attention() -> None:
 
 def test_mtp_parameters_on_the_last_stage() -> None:
     """Each MTP module: one layer like the last (MoE), eh_proj 2h→h column-parallel, three norms (Megatron's
-    MultiTokenPredictionLayer); all of them on the last pipeline stage."""
+    MultiTokenPredictionLayer); all of them on the last pipeline stage, with the vocabulary embedding Megatron builds
+    there for them (gpt_model.py:149-157; DeepSeek-V3 does not tie it to the output layer)."""
     m = load_model("deepseek-v3")
     n, h, last = m.arch.mtp_layers, m.hidden_size, m.num_layers - 1
     assert n == 1
@@ -64,7 +65,7 @@ def test_mtp_parameters_on_the_last_stage() -> None:
     with_mtp = stage_params(m, par, [last], first=False, last=True)
     without = stage_params(_no_mtp(m), par, [last], first=False, last=True)
     assert with_mtp.dense - without.dense == pytest.approx((m.layer_params(last) - ex - norms) / tp + norms
-                                                           + 2 * h * h / tp + 3 * h)
+                                                           + 2 * h * h / tp + 3 * h + m.vocab_size * h / tp)
     assert with_mtp.expert - without.expert == pytest.approx(ex / ep)
     middle = stage_params(m, par, [last], first=False, last=False)
     assert middle == stage_params(_no_mtp(m), par, [last], first=False, last=False)
