@@ -117,34 +117,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
         for i in ids[s]:
-            lc: LayerCost = costs["moe" if model.is_moe_layer(i) else "dense"]
-            parts["compute"] += lc.forward_s + lc.backward_s
-            parts["recompute"] += lc.recompute_s
-            parts["tp"] += lc.tp_s
-            parts["ep"] += lc.ep_s
-            parts["cp"] += lc.cp_exposed_s
-            parts["host"] += lc.host_s
-        if s == p - 1 and model.arch.mtp_layers and split.mtp_rank != p - 1:
-            parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses
-        if s == split.mtp_rank != p - 1 and model.arch.mtp_layers:  # a layout's standalone MTP stage: the blocks
-            n, lc = model.arch.mtp_layers, costs[mtp_layer_kind(model)]
-            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)
-            parts["compute"] += n * (lc.forward_s + lc.backward_s) + proj_gemm
-            parts["recompute"] += n * lc.recompute_s
-            parts["tp"] += n * lc.tp_s + proj_tp
-            parts["ep"] += n * lc.ep_s
-            parts["cp"] += n * lc.cp_exposed_s
-        if s == p - 1 and split.mtp_rank == p - 1:
-            parts["compute"] += head
-            if model.arch.mtp_layers:  # cost_models.mtp: n × (a decoder layer + a head) + the projections
-                n, lc = model.arch.mtp_layers, costs[mtp_layer_kind(model)]
-                proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)
-                parts["compute"] += n * (lc.forward_s + lc.backward_s + head) + proj_gemm
-                parts["recompute"] += n * lc.recompute_s
-                parts["tp"] += n * lc.tp_s + proj_tp
-                parts["ep"] += n * lc.ep_s
-                parts["cp"] += n * lc.cp_exposed_s
-                parts["host"] += n * lc.host_s
+            add_layers(parts, costs["moe" if model.is_moe_layer(i) else "dense"])
+        if s == p - 1:
+            parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
+        if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
+            add_layers(parts, costs[mtp_layer_kind(model)], model.arch.mtp_layers,  # last rank or a layout's
+                       *mtp_projection_time_s(model, cluster, job, par))               # standalone MTP stage
         stage_parts.append(parts)
     if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
         stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}
@@ -244,6 +222,17 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     rest = dp_s - blocking_s
     window = microbatch_s * (m if zero_stage == 3 or every_microbatch else 1)
     return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
+
+
+def add_layers(parts: dict[str, float], lc: LayerCost, n: int = 1, proj_gemm: float = 0.0, proj_tp: float = 0.0) -> None:
+    """Add ``n`` layers of cost ``lc`` to a stage's parts (MTP blocks: a decoder layer each, cost_models.mtp,
+    plus their projections' GEMM and TP time)."""
+    parts["compute"] += n * (lc.forward_s + lc.backward_s) + proj_gemm
+    parts["recompute"] += n * lc.recompute_s
+    parts["tp"] += n * lc.tp_s + proj_tp
+    parts["ep"] += n * lc.ep_s
+    parts["cp"] += n * lc.cp_exposed_s
+    parts["host"] += n * lc.host_s
 
 
 def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

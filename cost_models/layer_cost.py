@@ -522,7 +522,9 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                 ep_s = max(0.0, ep_s - (forward + backward))
             else:
                 attn, mlp = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
-                ep_s = a2a_overlap_exposed_s([p[0] for p in parts], *(x * slow for x in (*attn, *mlp)))
+                # the ``moe`` module's re-run dispatch/combine sit in the backward's recompute, outside the phases
+                ep_s = (a2a_overlap_exposed_s([p[0] for p in parts], *(x * slow for x in (*attn, *mlp)))
+                        + again * sum(p[0] for p in parts))
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)

@@ -24,6 +24,7 @@ Recompute = Literal["none", "selective", "full"]
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                                       "shared_experts")
+MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]  # cost_models.moe prices each
 Schedule = Literal["1f1b", "interleaved", "zb-h1", "dualpipe"]
 Generation = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
 
@@ -381,10 +382,11 @@ class Efficiency(_Frozen):
         "cost by their HBM traffic (0 in the catalog: norms, element-wise ops, softmax, loss and fp8 casts are "
         "costed by bytes / (HBM bandwidth × hbm_bus))"
     )
-    moe_dispatcher: Literal["alltoall", "deepep"] = Field(
+    moe_dispatcher: MoeDispatcher = Field(
         default="alltoall", description="MoE token dispatch: 'alltoall' sends every routed copy (Megatron's "
         "alltoall dispatcher); 'deepep' sends a token once per remote node and forwards it over NVLink, in fp8 "
-        "under fp8 training (DeepEP, DeepSeek-V3 report §3.2.2, §3.3.3), on SMs taken from compute")
+        "under fp8 training (DeepEP, DeepSeek-V3 report §3.2.2, §3.3.3), on SMs taken from compute; 'hybridep' "
+        "likewise per remote NVLink domain, bf16 (cost_models.moe)")
     moe_a2a_overlap: bool = Field(default=False, description="EP all-to-all overlapped with another micro-batch's "
                                   "compute (Megatron-Core --overlap-moe-expert-parallel-comm; always with DualPipe)")
     moe_imbalance: float = Field(

@@ -95,7 +95,6 @@ def test_a2a_overlap_is_priced_phase_by_phase() -> None:
     attn_fwd, dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd, combine_fwd beside attn_bwd. A short attention
     forward cannot hide a long combine even when the layer's total compute exceeds the total traffic."""
     assert a2a_overlap_exposed_s([1.0, 1.0, 1.0, 1.0], 0.1, 3.0, 0.5, 1.0) == pytest.approx(0.9 + 0.5 + 0.0)
-    assert max(0.0, 4.0 - (0.1 + 3.0 + 0.5 + 1.0)) == 0.0  # what a whole-layer overlap would have said
     # In layer_cost: H100 nodes (ep 32 over four nodes) with its parts and compute split, recomputed
     cluster = build_cluster("h100-sxm", 256)
     par = ParallelConfig(tp=2, pp=8, vp=4, ep=32, micro_batch_size=1, schedule="interleaved")
@@ -109,6 +108,13 @@ def test_a2a_overlap_is_priced_phase_by_phase() -> None:
     assert cost.forward_s == pytest.approx(af + mf)
     assert cost.ep_s == pytest.approx(a2a_overlap_exposed_s([p[0] for p in parts], af, ab, mf, mb))
     assert cost.ep_s > 0.0
+    # The ``moe`` recompute module re-runs dispatch and combine inside the backward's recompute, outside the
+    # overlap's phases: those four all-to-alls stay exposed on top of the overlapped ones.
+    moe_rc = par.model_copy(update={"recompute": "selective", "recompute_modules": ("moe",)})
+    rerun = _moe_layer(sw, cluster, moe_rc)
+    again = rerun.ep_bytes / cost.ep_bytes - 1  # the share of the four all-to-alls re-sent (forward dispatch+combine)
+    assert again > 0
+    assert rerun.ep_s == pytest.approx(cost.ep_s + again * sum(p[0] for p in parts))
 
 
 def test_hybridep_sends_one_copy_per_remote_domain() -> None:
@@ -209,3 +215,37 @@ def test_host_bound_layer_waits_for_its_host() -> None:
     b = estimate(model, cluster, JOB, par, target="megatron")
     assert a.time.host_bound_s == 0.0 and b.time.host_bound_s > 0.0
     assert b.step_time_s > a.step_time_s + 0.9 * b.time.host_bound_s
+
+
+def test_cluster_profile_moe_settings_are_resolved_checked_and_emitted() -> None:
+    """A cluster profile's (or the catalog's) dispatcher and A2A overlap are what the runtime carries: the checks
+    see them (the overlap on pp 4 without vp is Megatron's refusal) and the knob line reports them."""
+    base = build_cluster("h100-sxm", 64)
+    eff = base.efficiency.model_copy(update={"moe_dispatcher": "deepep", "moe_a2a_overlap": True})
+    cluster = base.model_copy(update={"efficiency": eff})
+    ok = ParallelConfig(tp=2, pp=4, vp=2, ep=8, micro_batch_size=1, schedule="interleaved")
+    rt = _rt(Software(), cluster, ok)
+    assert (rt.moe_dispatcher, rt.moe_a2a_overlap) == ("deepep", True)
+    assert (_rt(Software(), base, ok).moe_dispatcher, _rt(Software(), base, ok).moe_a2a_overlap) == \
+        (base.efficiency.moe_dispatcher, base.efficiency.moe_a2a_overlap)
+    with pytest.raises(ConfigError, match="1857-1861"):
+        _rt(Software(), cluster, ParallelConfig(tp=2, pp=4, ep=8, micro_batch_size=1))
+
+
+def test_a2a_overlap_mtp_refusals() -> None:
+    """Megatron refuses the overlap with more than one MTP layer, and with MTP on pp 1 (TC:1889-1897)."""
+    cluster = build_cluster("h100-sxm", 256)
+    job = JobSpec(global_batch_size=512, seq_len=4096)
+    v3 = load_model("deepseek-v3")
+    two = v3.model_copy(update={"arch": v3.arch.model_copy(update={"mtp_layers": 2})})
+    sw = Software(moe_a2a_overlap=True)
+    for model, par, match in ((two, ParallelConfig(pp=8, vp=2, ep=32, schedule="interleaved"), "1889-1891"),
+                              (v3, ParallelConfig(pp=1, ep=32), "1892-1897")):
+        rt = MEGATRON.resolve(sw, job, cluster, par)
+        with pytest.raises(ConfigError, match=match):
+            MEGATRON.check_runtime(model, cluster, job, par, rt)
+
+
+def test_capacity_factor_must_be_finite() -> None:
+    with pytest.raises(ValueError):
+        Software(moe_capacity_factor=math.inf)

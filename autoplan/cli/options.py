@@ -153,7 +153,7 @@ software_options = stack(
                       "(ep > 1; interleaved schedule when pp > 1)"),
     click.option("--moe-force-balance/--no-moe-force-balance", "moe_force_balance", default=None,
                  help="megatron --moe-router-force-load-balancing: random router logits, as benchmarks run"),
-    click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True),
+    click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True, max=1e3),
                  default=None, help="megatron token drop: --moe-expert-capacity-factor C "
                                     "--moe-pad-expert-input-to-capacity"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,

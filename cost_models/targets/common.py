@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.errors import ConfigError, divisors
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, MoeDispatcher, ParallelConfig
 
 TargetName = Literal["megatron", "torchtitan", "fsdp2"]
 Selective = Literal["attention", "op_sac", "cheap"]
@@ -19,7 +19,6 @@ GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 CrossEntropyFusion = Literal["none", "te"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
-MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
@@ -67,7 +66,7 @@ class Software(BaseModel):
     moe_force_balance: bool | None = Field(
         default=None, description="Megatron --moe-router-force-load-balancing: random router logits (benchmarks): "
         "tokens spread uniformly over the experts")
-    moe_capacity_factor: Annotated[float, Field(gt=0)] | None = Field(
+    moe_capacity_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
         "token drop, every expert padded to C x its mean load")
 
@@ -186,8 +185,9 @@ class Runtime:
         prof = PROFILES.get(self.target)
         names = [n for n in KNOB_NAMES if (prof is None or n in prof.knobs)
                  and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")  # a parameter of a2a+p2p only
-                 # MoE knobs once set (unset: the catalog's dispatcher and overlap, dropless learned routing)
-                 and (not n.startswith("moe_") or getattr(self, n) not in (None, False))]
+                 # MoE knobs off their defaults (alltoall, no overlap, dropless learned routing), set by a knob or
+                 # by a cluster profile's efficiency
+                 and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None

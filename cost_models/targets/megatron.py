@@ -320,6 +320,13 @@ class MegatronProfile(TargetProfile):
                 raise ConfigError(f"moe_a2a_overlap with recompute=full: --overlap-moe-expert-parallel-comm refuses "
                                   f"full recomputation ({TC}:1870-1878)", valid=["recompute=selective",
                                                                                  "moe_a2a_overlap=false"])
+            mtp = model.arch.mtp_layers
+            if mtp > 1:
+                raise ConfigError(f"moe_a2a_overlap with mtp_layers={mtp}: --overlap-moe-expert-parallel-comm supports "
+                                  f"one MTP layer ({TC}:1889-1891)", valid=["mtp_layers=1", "moe_a2a_overlap=false"])
+            if mtp and par.pp == 1:
+                raise ConfigError(f"moe_a2a_overlap with an MTP layer and pp=1: --overlap-moe-expert-parallel-comm "
+                                  f"needs pp > 1 with MTP ({TC}:1892-1897)", valid=["pp > 1", "moe_a2a_overlap=false"])
         if rt.moe_capacity_factor is not None and rt.moe_dispatcher == "deepep":
             raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
                               f"does not pad experts to capacity ({TC}:1074-1081)",
@@ -366,7 +373,7 @@ class MegatronProfile(TargetProfile):
             a2a_size = default_a2a_size(par.cp, par.tp, cluster)
         env: tuple[tuple[str, str], ...] = ()
         if ((par is None or par.tp > 1 or par.cp > 1) and zero < 2 and cluster.gpu.generation != "blackwell"
-                and not k.get("moe_a2a_overlap")):
+                and not k.get("moe_a2a_overlap", cluster.efficiency.moe_a2a_overlap)):
             # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687; the EP all-to-all overlap wants more
             # connections: only a warning there, MLM:940-948)
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
@@ -385,9 +392,10 @@ class MegatronProfile(TargetProfile):
             adam_moments_dtype=moments,
             cpu_offload_layers=k.get("cpu_offload_layers", 0),
             fp8_param_gather=fp8_params,
-            # unset: the catalog's (cost_models.moe reads the efficiency then)
-            moe_dispatcher=k.get("moe_dispatcher"),
-            moe_a2a_overlap=k.get("moe_a2a_overlap"),
+            # unset: the catalog's / cluster profile's, resolved here so that the checks, the emitter and the
+            # report see what is priced (cost_models.moe reads the runtime first)
+            moe_dispatcher=k.get("moe_dispatcher", cluster.efficiency.moe_dispatcher),
+            moe_a2a_overlap=k.get("moe_a2a_overlap", cluster.efficiency.moe_a2a_overlap),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
             moe_capacity_factor=k.get("moe_capacity_factor"),
             # TE's fp8 linears all-gather quantized tensors under sequence parallelism (te_fp8.te_tp_gather_bytes)
