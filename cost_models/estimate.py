@@ -23,11 +23,10 @@ from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, 
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
-from cost_models.opgraph import LayerGraph
+from cost_models.opgraph import LayerGraph, gemm_precision
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Runtime, Software, runtime_for
-from cost_models.te_nvfp4 import gemm_precision
 from cost_models.validate import check_parallel, pipeline_split
 
 

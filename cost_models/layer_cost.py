@@ -27,12 +27,11 @@ from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap, wgrad_in_bf16)
 from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_load_imbalance
-from cost_models.opgraph import LayerGraph, Op, keys_per_query, tp_divisor
+from cost_models.opgraph import LayerGraph, Op, gemm_precision, keys_per_query, tp_divisor
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
-from cost_models.te_nvfp4 import gemm_precision
 
 ATTN_BWD_FACTOR = 2.5
 _COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}

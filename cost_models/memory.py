@@ -40,11 +40,10 @@ import numpy as np
 
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
                              mtp_projection_saved_bytes, mtp_stage_params)
-from cost_models.opgraph import LayerGraph, Op, layer_graph, tp_divisor
+from cost_models.opgraph import LayerGraph, Op, gemm_precision, layer_graph, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
-from cost_models.te_nvfp4 import gemm_precision
 
 GIB = 2**30
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0  # ZeRO paper accounting (bf16 weights and grads)

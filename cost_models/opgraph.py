@@ -71,6 +71,15 @@ class Op:
     quantized: bool = True
 
 
+def gemm_precision(op: Op, precision: str) -> str:
+    """The precision one GEMM of the graph runs in: the job's, except for the ops no target quantizes
+    (``Op.quantized`` False: Megatron-Core's output layer, ``tensor_parallel.ColumnParallelLinear``,
+    megatron/core/models/gpt/gpt_model.py:241, outside the decoder layers' autocast, and the MoE router,
+    ``TopKRouter.gating``, a torch linear, megatron/core/transformer/moe/router.py), which run bf16 under fp8 and
+    NVFP4 alike."""
+    return precision if op.quantized else "bf16"
+
+
 @dataclass(frozen=True)
 class LayerGraph:
     kind: LayerKind

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.te_gemm import te_gemm_time_ratio
 from cost_models.te_nvfp4 import NVFP4_CAST_BYTES, NVFP4_TP_GATHER_BYTES
 
 # Transformer Engine's fp8 quantization (Megatron-Core's fp8 path), per recipe: HBM bytes per element of a GEMM
@@ -116,10 +117,6 @@ def te_gathered_cast_bytes(recipe: str | None, non_tn_gemm: bool, tp: int, norm_
 
 # Block-scaled MXFP8 GEMMs run slower than per-tensor-scaled fp8 GEMMs of the same shape on Blackwell: the
 # tensor cores also load each operand's E8M0 scales (swizzled into tcgen05's layout) and apply them per 32-element
-# K block. Transformer Engine's GEMM profiling guide measures both kernels with pre-quantized inputs (no casts
-# timed) on B300, the 12 GEMMs of a transformer layer (hidden 4096, FFN 16384, 15,872 tokens): per-layer ms
-# (fprop, dgrad, wgrad) FP8 CurrentScaling (2.158, 2.329, 2.325), MXFP8 (2.365, 2.397, 2.400)
-# (NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized", at
-# 1609c890e, TE#2863). The ratio of the sums is the time of an MXFP8 GEMM over the model's fp8 GEMM.
-TE_PREQUANT_GEMM_MS_B300 = {"fp8_tensorwise": (2.158, 2.329, 2.325), "mxfp8": (2.365, 2.397, 2.400)}
-MXFP8_GEMM_TIME_RATIO = sum(TE_PREQUANT_GEMM_MS_B300["mxfp8"]) / sum(TE_PREQUANT_GEMM_MS_B300["fp8_tensorwise"])
+# K block. Measured by Transformer Engine's GEMM profiling guide on B300 (te_gemm.TE_PREQUANT_GEMM_MS_B300): the
+# time of an MXFP8 GEMM over the model's fp8 GEMM.
+MXFP8_GEMM_TIME_RATIO = te_gemm_time_ratio("mxfp8")

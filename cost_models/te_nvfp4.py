@@ -39,10 +39,7 @@ core_v0.16.1's uv.lock pins the same). ``recipe`` = ``transformer_engine/common/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from cost_models.opgraph import Op
+from cost_models.te_gemm import te_gemm_time_ratio
 
 BF16_BYTES = 2.0
 FP4_BYTES, NVFP4_BLOCK, E4M3_SCALE_BYTES = 0.5, 16, 1.0
@@ -58,23 +55,10 @@ NVFP4_SAVED_BYTES = NVFP4_COPY_BYTES
 # TE's cached quantized weight (row-wise for fprop, column-wise for dgrad), per weight element of a TE linear.
 NVFP4_WEIGHT_CACHE_BYTES = 2 * NVFP4_COPY_BYTES
 
-# NVFP4 GEMM kernel time over the per-tensor fp8 GEMM of the same shape. Transformer Engine's GEMM profiling guide
-# measures both with pre-quantized inputs (no quantization timed) on B300, the 12 GEMMs of a transformer layer
-# (hidden 4096, FFN 16384, 15,872 tokens), per-layer ms (fprop, dgrad, wgrad): FP8 CurrentScaling (2.158, 2.329,
-# 2.325), NVFP4 (1.254, 1.305, 1.205) (NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst,
-# "Autocast vs Pre-quantized", at 1609c890e, TE#2863; the table MXFP8_GEMM_TIME_RATIO reads too). Achieved 1.81x
+# NVFP4 GEMM kernel time over the per-tensor fp8 GEMM of the same shape, from Transformer Engine's GEMM profiling
+# guide on B300 (te_gemm.TE_PREQUANT_GEMM_MS_B300: FP8 CurrentScaling (2.158, 2.329, 2.325) vs NVFP4 (1.254, 1.305,
+# 1.205) ms per layer, fprop/dgrad/wgrad). Achieved 1.81x
 # against a 13,125 / 4,500 = 2.9x peak ratio: the kernel, not the tensor-core peak, sets the gain, so the ratio is
 # applied as measured on every FP4 GPU and capped by its peak ratio (``cost_models.gemm.matmul_time_s``), as the
 # fp8 speed-up is.
-TE_PREQUANT_GEMM_MS_B300_NVFP4 = {"fp8_tensorwise": (2.158, 2.329, 2.325), "nvfp4": (1.254, 1.305, 1.205)}
-NVFP4_GEMM_TIME_RATIO = (sum(TE_PREQUANT_GEMM_MS_B300_NVFP4["nvfp4"])
-                         / sum(TE_PREQUANT_GEMM_MS_B300_NVFP4["fp8_tensorwise"]))
-
-
-def gemm_precision(op: Op, precision: str) -> str:
-    """The precision one GEMM of the graph runs in: the job's, except for the ops no target quantizes
-    (``Op.quantized`` False: Megatron-Core's output layer, ``tensor_parallel.ColumnParallelLinear``,
-    megatron/core/models/gpt/gpt_model.py:241, outside the decoder layers' autocast, and the MoE router,
-    ``TopKRouter.gating``, a torch linear, megatron/core/transformer/moe/router.py), which run bf16 under fp8 and
-    NVFP4 alike."""
-    return precision if op.quantized else "bf16"
+NVFP4_GEMM_TIME_RATIO = te_gemm_time_ratio("nvfp4")

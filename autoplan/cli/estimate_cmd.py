@@ -32,7 +32,7 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
         opt("--tp", type=INT, required=required, help="tensor-parallel degree"),
         opt("--pp", type=INT, required=required, help="pipeline-parallel degree"),
         opt("--cp", type=INT, default=None, help=f"context-parallel degree {default('1')}"),
-        opt("--ep", type=INT, default=None, help=f"expert-parallel degree; divides tp*cp*dp (expert-TP 1) {default('1')}"),
+        opt("--ep", type=INT, default=None, help=f"expert-parallel degree; divides the target's expert ranks (megatron: tp*cp*dp with expert-TP 1; torchtitan: dp_shard*cp*tp) {default('1')}"),
         opt("--vp", type=INT, default=None, help=f"virtual stages per pipeline rank (interleaved) {default('1')}"),
         opt("--mbs", "micro_batch_size", type=INT, default=None,
             help=f"micro-batch size in sequences {default('1')}"),

@@ -147,7 +147,7 @@ software_options = stack(
                       "A CP/A) [searched]"),
     click.option("--moe-dispatcher", type=click.Choice(["alltoall", "deepep", "hybridep"]), default=None,
                  help="megatron MoE token dispatcher: alltoall, or the flex dispatcher's deepep / hybridep backend "
-                      "[default: the catalog's, alltoall]"),
+                      "[default: the cluster profile's or the catalog's, alltoall]"),
     click.option("--moe-a2a-overlap/--no-moe-a2a-overlap", "moe_a2a_overlap", default=None,
                  help="megatron --overlap-moe-expert-parallel-comm: EP all-to-all under another micro-batch's compute "
                       "(ep > 1; interleaved schedule when pp > 1)"),
