@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from cost_models.gemm import expected_max_normal
+from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -19,12 +20,6 @@ from cost_models.targets.common import Runtime
 # and 16 for HybridEP ("In pure NVL scenarios, 16 SMs can generally achieve good bandwidth": transformer_config.py
 # ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms`` @ core_v0.16.1, lines 722-726).
 DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
-# Streaming multiprocessors per GPU (CUDA ``multiProcessorCount``): H100/H800/H200 SXM 132 (NVIDIA H100 Tensor Core
-# GPU Architecture whitepaper, "132 SMs" for SXM5), H20 78, B200/GB200 148 and Blackwell Ultra B300/GB300 160 (NVIDIA
-# developer blog "Inside NVIDIA Blackwell Ultra", 2025-08: 160 SMs vs B200's 148). Other GPUs: the H800's 132.
-GPU_SMS = {"h100-sxm": 132, "h100-sxm-96g": 132, "h800": 132, "h200": 132, "h20": 78, "b200": 148, "gb200": 148,
-           "b300": 160, "gb300": 160}
-DEFAULT_SMS = 132
 
 
 def moe_dispatcher(cluster: ClusterSpec, rt: Runtime | None = None) -> str:
@@ -44,7 +39,13 @@ def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
     not counted against compute here, as before)."""
     sms = DISPATCHER_SMS.get(dispatcher)
-    return sms / GPU_SMS.get(cluster.gpu.name, DEFAULT_SMS) if sms else 0.0
+    if not sms:
+        return 0.0
+    if cluster.gpu.sm_count is None:
+        raise ConfigError(f"moe_dispatcher={dispatcher} takes {sms} SMs from compute, but {cluster.gpu.name} has no "
+                          "sm_count in the GPU catalog (DeepEP / HybridEP run on NVIDIA GPUs)",
+                          valid=["moe_dispatcher=alltoall"])
+    return sms / cluster.gpu.sm_count
 
 
 def moe_load_imbalance(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,

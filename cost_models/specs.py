@@ -314,6 +314,8 @@ class GPUSpec(_Frozen):
     peak_fp8_tflops: float = Field(gt=0, description="dense fp8 peak, TFLOP/s (= bf16 where unsupported)")
     peak_fp4_tflops: float | None = Field(default=None, gt=0, description="dense FP4 (NVFP4) tensor-core peak, "
                                           "TFLOP/s; None: no FP4 tensor cores (before Blackwell)")
+    sm_count: int | None = Field(default=None, gt=0, description="streaming multiprocessors (CUDA multiProcessorCount): "
+                                 "DeepEP / HybridEP kernels take a share of them from compute; None: unknown")
     hbm_gib: float = Field(gt=0)
     hbm_tbytes_per_s: float = Field(gt=0)
     link_gbytes_per_s: float = Field(gt=0, description="scale-up (NVLink/xGMI) bandwidth per direction, GB/s")

@@ -18,7 +18,7 @@ from cost_models.gemm import expected_max_normal
 from cost_models.layer_cost import (a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost, moe_all_to_all,
                                     moe_all_to_all_parts)
 from cost_models.memory import graphs_for
-from cost_models.moe import DISPATCHER_SMS, GPU_SMS, moe_load_imbalance
+from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, moe_load_imbalance
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
 
@@ -84,7 +84,7 @@ def test_a2a_overlap_hides_ep_behind_compute_and_hybridep_takes_its_sms() -> Non
     par = ParallelConfig(tp=1, pp=8, vp=3, ep=32, micro_batch_size=1, schedule="interleaved")
     plain = _moe_layer(Software(moe_dispatcher="hybridep"), cluster, par)
     over = _moe_layer(Software(moe_dispatcher="hybridep", moe_a2a_overlap=True), cluster, par)
-    slow = 1 / (1 - DISPATCHER_SMS["hybridep"] / GPU_SMS["gb200"])
+    slow = 1 / (1 - DISPATCHER_SMS["hybridep"] / 148)  # Blackwell: 148 SMs (NVIDIA, "Inside Blackwell Ultra")
     assert over.forward_s == pytest.approx(plain.forward_s * slow)
     assert over.ep_s < plain.ep_s
     assert over.ep_s >= max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow)
@@ -249,3 +249,12 @@ def test_a2a_overlap_mtp_refusals() -> None:
 def test_capacity_factor_must_be_finite() -> None:
     with pytest.raises(ValueError):
         Software(moe_capacity_factor=math.inf)
+
+
+def test_sm_based_dispatcher_needs_the_gpus_sm_count() -> None:
+    """DeepEP / HybridEP take SMs from compute: the share comes from the catalog's sm_count (H800: 20 of 132, the
+    DeepSeek-V3 report §3.2.2); a GPU without one (AMD) is refused rather than priced with another GPU's count."""
+    assert dispatcher_sm_fraction("deepep", build_cluster("h800", 8)) == pytest.approx(20 / 132)
+    assert dispatcher_sm_fraction("alltoall", build_cluster("mi300x", 8)) == 0.0
+    with pytest.raises(ConfigError, match="sm_count"):
+        dispatcher_sm_fraction("deepep", build_cluster("mi300x", 8))
