@@ -6,6 +6,7 @@ and holds the compute part (and the key) unchanged, so such a change fails here 
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,13 +27,28 @@ RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss"
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor"}
 
 
+def _other_literal(annotation: Any, v: Any) -> Any:
+    """Another value of a Literal (or Optional Literal) field's type than ``v``, or None when it has none."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return next((a for a in args if a != v), None)
+    for a in args:  # Optional[Literal[...]] / Literal | None
+        if get_origin(a) is Literal:
+            return _other_literal(a, v)
+    return None
+
+
 def _runtime_variants(rt: Runtime) -> list[Runtime]:
     out = []
+    hints = get_type_hints(Runtime)
     for f in fields(rt):
         if f.name in RT_KEY:
             continue
         v = getattr(rt, f.name)
-        if isinstance(v, bool):
+        other = _other_literal(hints[f.name], v)
+        if other is not None:  # string knobs (dispatcher, loss fusion, dtypes, ...): another allowed value
+            out.append(replace(rt, **{f.name: other}))
+        elif isinstance(v, bool):
             out.append(replace(rt, **{f.name: not v}))
         elif isinstance(v, float):
             out.append(replace(rt, **{f.name: v * 2 + 1}))

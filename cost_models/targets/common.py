@@ -105,13 +105,13 @@ class Runtime:
     cpu_offload_layers: int = 0
     fp8_param_gather: bool = False  # fp8 primary weights (weight_bytes / gather_bytes say what they cost)
     # MoE (cost_models.moe): None = the catalog efficiency's dispatcher / all-to-all overlap
-    moe_dispatcher: str | None = None
+    moe_dispatcher: MoeDispatcher | None = None
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
     # Whose cross-entropy kernel runs the loss: "none" (the framework's own: Megatron's fp32 vocab-parallel loss),
     # "te" (Transformer Engine's fused kernel; its bytes: layer_cost.TE_LOSS_BYTES, loss_bytes_per_logit below).
-    cross_entropy_fusion: str = "none"
+    cross_entropy_fusion: CrossEntropyFusion = "none"
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
