@@ -61,7 +61,9 @@ def test_llama3_step_time_is_the_published_tflops(path) -> None:
 # (python benchmarks/heldout.py --files benchmarks/data/more_runs_papers.json); a case may not get worse by more
 # than 2 points. Llama 3 405B, MT-NLG and Nemotron-4 are misses (see /work/notes/issue-12.md), not targets.
 SEEN = {
-    "llama3_405b_t4_8192gpu_8k": 0.502, "llama3_405b_t4_16384gpu_8k": 0.463, "llama3_405b_t4_16384gpu_128k": 0.106,
+    # Llama 3: session 6 prices Meta's FSDP as the paper describes it (fp32 accumulation over micro-batches, one
+    # reduce-scatter per step: zero 1); it was Megatron-FSDP's per-micro-batch, per-chunk-waited one (+50/+46/+11%)
+    "llama3_405b_t4_8192gpu_8k": -0.115, "llama3_405b_t4_16384gpu_8k": -0.109, "llama3_405b_t4_16384gpu_128k": -0.147,
     "nemotron4_340b_t2_1536gpu": -0.147, "nemotron4_340b_t2_3072gpu": -0.146, "nemotron4_340b_t2_6144gpu": -0.160,
     "mtnlg_530b_280nodes": -0.163, "mtnlg_530b_350nodes": -0.173, "mtnlg_530b_420nodes": -0.196,
     "korthikanti22_22B_full_recompute": 0.046, "korthikanti22_22B_selective_sp": 0.001,
@@ -70,6 +72,20 @@ SEEN = {
     "korthikanti22_1T_full_recompute": 0.131, "korthikanti22_1T_selective_sp": 0.117,
 }
 MARGIN = 0.02
+
+
+def test_llama3_scaling_drop_is_the_bubble(evaluated) -> None:
+    """Llama 3 §3.3.2: 'The slight drop in MFU to 41% on 16K GPUs with DP=128 compared to 43% on 8K GPUs with DP=64
+    is due to the lower batch size per DP group' — at a fixed batch, half the micro-batches per pipeline, so a
+    bigger bubble (PP-1)/(V*M). The resolution (one-layer chunks: V = 8, micro-batch 1) must reproduce that drop:
+    GPU-seconds per step 16k / 8k, predicted vs measured (1.075), within 1.5 points. V = 4 gives 1.122, V = 2 1.200."""
+    rows, _, _ = evaluated
+    by = {r.id: r for r in rows}
+    a, b = by["llama3_405b_t4_8192gpu_8k"], by["llama3_405b_t4_16384gpu_8k"]
+    measured = b.measured_s * b.num_gpus / (a.measured_s * a.num_gpus)
+    predicted = b.predicted_s * b.num_gpus / (a.predicted_s * a.num_gpus)
+    assert measured == pytest.approx(430 / 400, rel=1e-3)  # Table 4: 430 vs 400 TFLOP/s per GPU, same work
+    assert predicted == pytest.approx(measured, abs=0.015)
 
 
 def test_paper_errors_regression_guard(evaluated) -> None:

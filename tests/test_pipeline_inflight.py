@@ -66,8 +66,9 @@ def test_llama3_405b_paper_layout() -> None:
     # m = pp: ranks 0-7 run every forward before their first backward and hold all 16 micro-batches; the old
     # stage-0 factor (1 + 15/128) counted 17.9 and the middle ranks 1F1B's 16 − rank.
     assert inflight_microbatches(0, par, 16) == 16 and inflight_microbatches(1, par, 16) == 16
-    # Held as the paper's FSDP holds it (optimizer state and gradients sharded, weights not re-sharded after
-    # forward = ZeRO-2 memory), the layout fits in the H100's HBM; was 108.6 GiB with the old in-flight count.
+    # With sharded gradients (ZeRO-2 memory: optimizer state and gradients sharded, weights not re-sharded after
+    # forward) the layout fits in the H100's HBM; was 108.6 GiB with the old in-flight count. (The paper's fp32
+    # accumulation over micro-batches holds the gradients whole until the step's reduce-scatter: held-out data.)
     fsdp = estimate(model, cluster, job, par.model_copy(update={"zero_stage": 2}), check=False)
     assert fsdp.peak_memory_gib < cluster.gpu.hbm_gib
     assert fsdp.peak_allocated_gib < pred.peak_allocated_gib - 10  # fp32 grads sharded over dp 128
