@@ -19,7 +19,7 @@ measurements at equal peaks:
 It also holds the NVLink 5 collective measurements behind the ``blackwell`` generation's ``link_bus`` / ``nvls_bus``
 (``NCCL_ALLREDUCE_BUSBW``: one report measuring H100 and B300 the same way).
 
-``blackwell_ultra_efficiency`` turns them into the GPU overrides over the ``blackwell`` generation's values;
+``blackwell_ultra_efficiency`` turns them into the GPU's ratios to the ``blackwell`` generation's values;
 ``tests/test_gpu_facts.py`` recomputes the catalog from it.
 """
 
@@ -127,9 +127,9 @@ def attention_share_ratio() -> float:
             / kernel_share(*s0[tokens], load_gpu(g0).peak_bf16_tflops))
 
 
-def blackwell_ultra_efficiency(blackwell: Efficiency) -> dict[str, dict[str, Any]]:
-    """gpus.yaml ``gpu_efficiency`` for GB300 and B300 from the ``blackwell`` generation's values (whose GEMM and
-    attention figures stand for GB200/B200):
+def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
+    """gpus.yaml ``gpu_efficiency`` for GB300 and B300 over the ``blackwell`` generation (whose GEMM and attention
+    figures stand for GB200/B200), ratios under ``scale``:
 
     - gb300 ``gemm_max`` × ``sustained_gemm_ratio`` (every GEMM: the sustained tensor clock is the power budget's,
       bf16 as fp8; the GEMM benchmark is FP8, the only precision Azure ran on both);
@@ -142,20 +142,18 @@ def blackwell_ultra_efficiency(blackwell: Efficiency) -> dict[str, dict[str, Any
 
     gpu, sweep = GB300_ATTENTION_SWEEP
     _, half = attention_half_keys_fit(sweep, load_gpu(gpu).peak_bf16_tflops)
-    attention = {"attention": round(blackwell.attention * attention_share_ratio(), 4),
-                 "attention_half_keys": round(half)}
+    attention = round(attention_share_ratio(), 4)
     return {
-        "gb300": {"gemm_max": round(blackwell.gemm_max * sustained_gemm_ratio(), 4), **attention},
-        "b300": dict(attention),
+        "gb300": {"scale": {"gemm_max": round(sustained_gemm_ratio(), 4), "attention": attention},
+                  "attention_half_keys": round(half)},
+        "b300": {"scale": {"attention": attention}, "attention_half_keys": round(half)},
     }
 
 
 if __name__ == "__main__":
-    from autoplan.catalog.registry import efficiency_catalog
-
     print(f"sustained FP8 GEMM GB300/GB200: {sustained_gemm_ratio():.4f}; "
           f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
-    for name, fields in blackwell_ultra_efficiency(efficiency_catalog()["blackwell"]).items():
+    for name, fields in blackwell_ultra_efficiency().items():
         print(f"  {name}: {fields}")
     print("\n| GPU | GEMM | measured TFLOP/s | model | model / measured |\n|---|---|---:|---:|---:|")
     for gpu, shape, measured, model in gemm_crosscheck():

@@ -16,15 +16,18 @@ facts = load_benchmark("gpu_facts", "gpu_facts")
 
 
 def test_catalog_gpu_efficiency_is_recomputed_from_the_benchmarks() -> None:
-    """gb300 / b300 overrides == the derivation from the cited numbers over the current ``blackwell`` entry: a refit
-    or re-transfer of the generation cannot leave them stale."""
-    want = facts.blackwell_ultra_efficiency(efficiency_catalog()["blackwell"])
+    """gb300 / b300 entries == the derivation from the cited numbers: ratios to the generation's values, so a refit
+    or re-transfer of ``blackwell`` carries them (resolved: generation value × ratio)."""
+    want = facts.blackwell_ultra_efficiency()
     assert set(want) == {"gb300", "b300"}
     for gpu, fields in want.items():
         have = gpu_efficiency(gpu)
         assert set(have) == set(fields), gpu
-        for name, value in fields.items():
-            assert have[name] == pytest.approx(value, abs=1e-4), (gpu, name)
+        assert have["scale"] == pytest.approx(fields["scale"], abs=1e-4), gpu
+        assert have["attention_half_keys"] == fields["attention_half_keys"], gpu
+        blackwell, resolved = efficiency_catalog()["blackwell"], efficiency_for_gpu(gpu)
+        for name, ratio in have["scale"].items():
+            assert getattr(resolved, name) == pytest.approx(getattr(blackwell, name) * ratio), (gpu, name)
 
 
 def test_the_ratios_come_from_the_cited_tables() -> None:
@@ -52,7 +55,7 @@ def test_gb300_attention_half_keys_is_its_own_sweeps_fit() -> None:
 def test_every_path_gets_the_gpu_facts_and_framework_and_profile_still_go_over(tmp_path) -> None:  # type: ignore[no-untyped-def]
     gb300 = build_cluster("gb300", 72).efficiency
     assert gb300 == efficiency_for_gpu("gb300") != efficiency_for("blackwell")
-    assert gb300.gemm_max == gpu_efficiency("gb300")["gemm_max"]
+    assert gb300.gemm_max == efficiency_for("blackwell").gemm_max * gpu_efficiency("gb300")["scale"]["gemm_max"]
     assert build_cluster("gb200", 72).efficiency == efficiency_for("blackwell")  # no facts of its own
     assert build_cluster("gb300-nvl72", 72).efficiency == gb300  # an alias takes its entry's facts
     prof = tmp_path / "p.yaml"
@@ -154,10 +157,13 @@ def test_gpu_efficiency_entries_name_catalog_gpus_and_valid_fields() -> None:
     import yaml
     from importlib import resources
 
-    from autoplan.catalog.registry import gpu_names
+    from autoplan.catalog.registry import gpu_names, load_gpu
 
     raw = yaml.safe_load(resources.files("autoplan.catalog").joinpath("gpus.yaml").read_text(encoding="utf-8"))
     assert set(raw["gpu_efficiency"]) <= set(gpu_names())
     for gpu, fields in raw["gpu_efficiency"].items():
-        eff = efficiency_for_gpu(gpu)
+        eff, base = efficiency_for_gpu(gpu), efficiency_for(load_gpu(gpu).generation)
+        scale = fields.pop("scale", {})
+        assert set(scale) <= set(type(eff).model_fields), gpu
+        assert {f: getattr(eff, f) for f in scale} == {f: getattr(base, f) * r for f, r in scale.items()}
         assert {f: getattr(eff, f) for f in fields} == fields

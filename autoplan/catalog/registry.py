@@ -113,11 +113,19 @@ def framework_efficiency(framework: str | None) -> dict[str, Any]:
 
 
 def gpu_efficiency(gpu: str) -> dict[str, Any]:
-    """``gpus.yaml``'s ``gpu_efficiency`` section: the Efficiency fields one GPU sets over its generation's, facts
-    of that GPU measured against a sibling of its generation (e.g. Blackwell Ultra's sustained tensor throughput and
-    attention kernel against GB200's); none for most GPUs."""
+    """``gpus.yaml``'s ``gpu_efficiency`` entry of one GPU, as written: the Efficiency fields it sets over its
+    generation's — absolute values, and under ``scale`` ratios to the generation's value — facts of that GPU measured
+    against a sibling of its generation (e.g. Blackwell Ultra's sustained tensor throughput and attention kernel
+    against GB200's); empty for most GPUs. ``efficiency_for_gpu`` resolves them."""
     table = _read("gpus.yaml").get("gpu_efficiency") or {}
     return dict(table.get(gpu.strip().lower()) or {})
+
+
+def resolve_gpu_efficiency(base: Efficiency, own: dict[str, Any]) -> dict[str, Any]:
+    """The Efficiency fields a ``gpu_efficiency`` entry sets over ``base`` (its generation's): its ``scale`` ratios
+    times the generation's values, then its absolute values."""
+    scaled = {name: getattr(base, name) * float(ratio) for name, ratio in (own.get("scale") or {}).items()}
+    return {**scaled, **{k: v for k, v in own.items() if k != "scale"}}
 
 
 def unknown_name_error(kind: str, name: str, catalog: Catalog[Any], see: str) -> UserInputError:
@@ -161,7 +169,10 @@ def efficiency_for_gpu(gpu: str) -> Efficiency:
     spec = load_gpu(gpu)
     base = efficiency_for(spec.generation)
     own = gpu_efficiency(spec.name)
-    return validate(Efficiency, {**base.model_dump(), **own}, f"catalog gpu_efficiency '{spec.name}'") if own else base
+    if not own:
+        return base
+    return validate(Efficiency, {**base.model_dump(), **resolve_gpu_efficiency(base, own)},
+                    f"catalog gpu_efficiency '{spec.name}'")
 
 
 def efficiency_is_prior(gpu: GPUSpec) -> bool:

@@ -1,0 +1,113 @@
+"""Refit gpus.yaml's [fit] values in place: how the catalog is made from the published runs.
+
+1. ``fidelity.fit_catalog()`` (``fit_params`` on every calibration run): each generation's CATALOG_FIT_FIELDS
+   (``efficiency:`` section) and each framework's fields (``frameworks:`` section);
+2. the ``blackwell`` generation, which has no Megatron-Core reference run of its own, re-made from the refitted
+   ``hopper`` by ``fidelity.transfer_efficiency`` (h100-sxm → b200).
+
+Only the numbers change; comments and layout stay. ``gpu_efficiency`` entries are ratios to their generation and
+need nothing. ``tests/test_fidelity.py::test_catalog_is_the_fit_of_the_published_runs`` checks the result.
+
+    python benchmarks/refit_catalog.py            # refit and write; prints old → new
+    python benchmarks/refit_catalog.py --dry-run  # print only
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fidelity  # noqa: E402
+from autoplan.catalog import registry  # noqa: E402
+
+CATALOG = ROOT / "autoplan" / "catalog" / "gpus.yaml"
+TRANSFERRED = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "dp_overlap")
+_VALUE = re.compile(r"^(\s*[A-Za-z_0-9]+:\s*)(-?[0-9.]+(?:e-?[0-9]+)?)(\s*)(#.*)?$")
+
+
+def set_value(text: str, section: str, block: str, name: str, value: float) -> str:
+    """``text`` with ``section: / block: / name:``'s number replaced (its comment kept, aligned as before)."""
+    head = re.search(rf"^{re.escape(section)}:", text, re.M)
+    if head is None:
+        raise KeyError(f"gpus.yaml has no section {section}")
+    start = head.start()
+    nxt = re.compile(r"^[A-Za-z_]+:", re.M).search(text, head.end())  # the next top-level key
+    end = nxt.start() if nxt else len(text)
+    body = text[start:end]
+    b = re.search(rf"^  {re.escape(block)}:", body, re.M)
+    if b is None:
+        raise KeyError(f"gpus.yaml has no {section}.{block}")
+    n = re.search(rf"^    {re.escape(name)}:.*$", body[b.end():], re.M)
+    if n is None:
+        raise KeyError(f"gpus.yaml has no {section}.{block}.{name}")
+    j, k = b.end() + n.start(), b.end() + n.end()
+    m = _VALUE.match(body[j:k])
+    if m is None:
+        raise ValueError(f"gpus.yaml {section}.{block}.{name} is not a plain number: {body[j:k]!r}")
+    head, old, pad, comment = m.group(1), m.group(2), m.group(3), m.group(4) or ""
+    new = f"{value:.4f}".rstrip("0").rstrip(".")
+    line = (head + new + " " * max(1, len(old) + len(pad) - len(new)) + comment).rstrip()
+    return text[:start] + body[:j] + line + body[k:] + text[end:]
+
+
+def clear_caches() -> None:
+    for fn in vars(registry).values():
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+
+
+def refit(write: bool) -> list[tuple[str, str, float, float]]:
+    """(block, field, old, new) of every value that moves; written to gpus.yaml when ``write``."""
+    changes: list[tuple[str, str, float, float]] = []
+    text = CATALOG.read_text()
+    catalog = registry.efficiency_catalog()
+    for key, values in fidelity.fit_catalog().items():
+        framework = key.startswith("framework ")
+        block = key.split()[1] if framework else key
+        have = registry.framework_efficiency(block) if framework else catalog[block].model_dump()
+        for name, value in values.items():
+            if abs(float(have[name]) - value) > 1e-9:
+                changes.append((key, name, float(have[name]), value))
+                text = set_value(text, "frameworks" if framework else "efficiency", block, name, value)
+    if write:
+        CATALOG.write_text(text)
+        clear_caches()
+    catalog = registry.efficiency_catalog() if write else {**catalog}
+    if not write:  # the transfer from the refitted hopper, without writing it
+        fitted = fidelity.fit_catalog()["hopper"] if changes else {}
+        catalog["hopper"] = catalog["hopper"].model_copy(update=fitted)
+    blackwell = fidelity.transfer_efficiency(catalog["hopper"], registry.load_gpu("h100-sxm"),
+                                             registry.load_gpu("b200"), catalog["blackwell"])
+    for name in TRANSFERRED:
+        old, new = getattr(catalog["blackwell"], name), round(float(getattr(blackwell, name)), 4)
+        if abs(old - new) > 1e-4 * max(1.0, abs(new)):
+            changes.append(("blackwell (transfer)", name, old, new))
+            text = set_value(text, "efficiency", "blackwell", name, new)
+    if write:
+        CATALOG.write_text(text)
+        clear_caches()
+    return changes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="print what would move; write nothing")
+    args = ap.parse_args(argv)
+    changes = refit(write=not args.dry_run)
+    print("| block | field | catalog | refit |\n|---|---|---:|---:|")
+    for block, name, old, new in changes:
+        print(f"| {block} | {name} | {old:.4f} | {new:.4f} |")
+    if not changes:
+        print("| (none) | the catalog is at the fit | | |")
+    print("written to autoplan/catalog/gpus.yaml" if changes and not args.dry_run else "nothing written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

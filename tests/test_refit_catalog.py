@@ -1,0 +1,37 @@
+"""benchmarks/refit_catalog.py writes fitted numbers into gpus.yaml without touching anything else."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark_modules import load_benchmark
+
+refit = load_benchmark("refit_catalog", "refit_catalog")
+
+YAML = """\
+efficiency:
+  hopper:
+    dp_overlap: 0.6366    # [fit] comment kept
+    tp_overlap: 0.9589
+  blackwell:
+    dp_overlap: 0.6366    # [transfer]
+frameworks:
+  torchtitan:
+    dp_overlap: 0.4691    # [fit] FSDP2 prefetch
+"""
+
+
+def test_set_value_changes_only_that_number() -> None:
+    out = refit.set_value(YAML, "efficiency", "blackwell", "dp_overlap", 0.61234)
+    assert out.splitlines()[5] == "    dp_overlap: 0.6123    # [transfer]"
+    assert [a for a, b in zip(YAML.splitlines(), out.splitlines()) if a != b] == [YAML.splitlines()[5]]
+    out = refit.set_value(YAML, "frameworks", "torchtitan", "dp_overlap", 0.5)
+    assert out.splitlines()[-1] == "    dp_overlap: 0.5       # [fit] FSDP2 prefetch"
+    assert out.splitlines()[2] == YAML.splitlines()[2]  # the same field of another section is left alone
+
+
+def test_set_value_names_what_is_missing() -> None:
+    with pytest.raises(KeyError, match="efficiency.ampere"):
+        refit.set_value(YAML, "efficiency", "ampere", "dp_overlap", 0.5)
+    with pytest.raises(KeyError, match="frameworks.torchtitan.gemm_max"):
+        refit.set_value(YAML, "frameworks", "torchtitan", "gemm_max", 0.5)
