@@ -551,6 +551,11 @@ class ParallelConfig(_Frozen):
         """``vp > 1`` implies the interleaved schedule (the only one that uses virtual stages)."""
         if isinstance(data, dict) and isinstance(data.get("pipeline_layout"), str):
             data = _vp_from_layout(data)
+        if (isinstance(data, dict) and data.get("recompute_modules") is not None and len(data["recompute_modules"]) == 0
+                and data.get("recompute") in (None, "selective")):
+            # selective with no module recomputes nothing (Megatron checks each module's name in the list,
+            # transformer_layer.py / mlp.py): the plan is recompute 'none' and says so
+            data = {**data, "recompute": "none", "recompute_modules": None}
         if isinstance(data, dict) and data.get("recompute_modules") is not None and data.get("recompute") is None:
             data = {**data, "recompute": "selective"}  # the modules are Megatron's selective recompute
         if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1 and data.get("schedule", "1f1b") == "1f1b":

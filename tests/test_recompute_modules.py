@@ -105,6 +105,10 @@ def test_empty_module_list_recomputes_nothing(tmp_path) -> None:  # noqa: ANN001
     a = estimate(model, cluster, JOB, _par())
     b = estimate(model, cluster, JOB, _par(recompute_modules=()))
     assert (b.step_time_s, b.peak_memory_gib) == (a.step_time_s, a.peak_memory_gib)
+    assert (_par(recompute_modules=()).recompute, _par(recompute_modules=()).recompute_modules) == ("none", None)
+    res = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "1",
+                                   "--recompute-modules", ""])
+    assert res.exit_code == 0 and "recompute=none" in res.output  # reported as what runs, not 'selective'
     ns = emitted_megatron_args(["--target", "megatron", "--model", "llama3-8b", "--gpus", "8", "--tp", "1",
                                 "--recompute-modules", "", "--allow-over-memory"], tmp_path)
     assert ns.recompute_granularity is None and ns.recompute_modules is None
