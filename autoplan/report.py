@@ -46,13 +46,19 @@ def describe_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, efficienc
             f"{job.seq_len} tokens, {job.precision}{caution}")
 
 
+def _cached(pred: Prediction) -> str:
+    """What of the reserve the allocator gives back before an out-of-memory (expandable segments: not in the peak)."""
+    cached = pred.memory_gib.get("allocator_cached", 0.0)
+    return f" of which {cached:.1f} given back under pressure (expandable segments)" if cached > 0 else ""
+
+
 def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
     """The table view of a prediction; with fp8 the MFU line says its basis (the bf16 peak, as Megatron
     and the PaLM/MFU convention count it)."""
     t = pred.time
     comm = ", ".join(f"{k} {v:.3f}" for k, v in t.exposed_comm_s.items() if v > 0) or "none"
     mem = ", ".join(f"{k} {v:.1f}" for k, v in pred.memory_gib.items()
-                    if k not in ("total", "allocated", "reserved", "overhead") and v > 0)
+                    if k not in ("total", "allocated", "reserved", "overhead", "allocator_cached") and v > 0)
     vol = ", ".join(f"{k} {v:.2f}" for k, v in pred.comm_volume_gib.items() if v > 0) or "none"
     fit = "fits" if pred.fits else f"DOES NOT FIT: {pred.over_memory_gib:.1f} GiB over"
     return "\n".join([
@@ -68,7 +74,7 @@ def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
         f"  exposed comm     {comm} (s)",
         f"  peak memory      {pred.peak_memory_gib:.1f} / {pred.memory_limit_gib:.1f} GiB on stage "
         f"{pred.binding_stage} ({fit}; allocated {pred.peak_allocated_gib:.1f}, reserved "
-        f"{pred.peak_reserved_gib:.1f}; limit = HBM less {pred.memory_headroom_gib:.1f} GiB headroom)",
+        f"{pred.peak_reserved_gib:.1f}{_cached(pred)}; limit = HBM less {pred.memory_headroom_gib:.1f} GiB headroom)",
         f"  memory (GiB)     {mem}",
         f"  traffic per GPU  {vol} (GiB/step)",
     ])

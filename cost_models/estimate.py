@@ -59,7 +59,8 @@ class Prediction(BaseModel):
     tokens_per_s_per_gpu: float
     mfu: float = Field(description="model FLOPs (no recompute, non-causal attention) / bf16 peak")
     tflops_per_gpu: float = Field(description="model TFLOP/s per GPU")
-    peak_memory_gib: float = Field(description="device memory at the peak (reserved + CUDA context + NCCL buffers)")
+    peak_memory_gib: float = Field(description="device memory at the peak: allocated + the allocator reserve it cannot "
+                                   "give back (all of it unless expandable segments) + CUDA context + NCCL buffers")
     peak_allocated_gib: float = Field(description="tensors alive at the peak (torch.cuda.max_memory_allocated)")
     peak_reserved_gib: float = Field(description="caching-allocator reserve at the peak (max_memory_reserved)")
     memory_limit_gib: float = Field(description="HBM less the memory headroom: what fits compares the peak with")

@@ -7,9 +7,18 @@ Three numbers, as the tools report them:
   recomputed, ZeRO-3/FSDP's gathered units, the loss);
 * **reserved** — what PyTorch's caching allocator holds (``max_memory_reserved``, what torchtitan prints):
   allocated plus the allocator's fragmentation, ``ALLOCATOR_RESERVE`` of the activation and transient
-  bytes (blocks freed by one micro-batch that the next one's differently sized requests cannot reuse);
-* **device** — what ``nvidia-smi`` sees and what must fit in HBM: reserved plus the CUDA context and
-  NCCL's own buffers (neither goes through the caching allocator).
+  bytes (blocks freed by one micro-batch that the next one's differently sized requests cannot reuse; weights,
+  gradients and optimizer states are allocated once and do not churn);
+* **device** — what must fit in HBM: allocated, the part of the reserve the allocator cannot give back, the
+  CUDA context and NCCL's own buffers (neither goes through the caching allocator). Before raising an
+  out-of-memory error the allocator frees its cached blocks and retries (PyTorch c10/cuda/CUDACachingAllocator.cpp
+  ``DeviceCachingAllocator::malloc``; ``release_blocks``). With the default allocator only whole cached segments
+  go back (``!block->prev && !block->next``): free blocks split off a segment that still holds a live tensor stay
+  ("The only remaining 'cached' memory is split from a larger block that is partially in-use", its OOM path), so
+  the whole reserve is priced as held. With ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+  (``Runtime.expandable_segments``) every free block's pages are unmapped (``unmap_block``), so the reserve is a
+  cache the allocator returns under pressure (``allocator_cached``): reported in ``reserved``, not in the device
+  peak. What it cannot unmap (a free block's partial pages) is not priced: the memory headroom covers it.
 
 Resident state per parameter a rank holds (the resolved ``cost_models.targets.Runtime`` of the target: the
 profile is the one place these facts live):
@@ -54,10 +63,16 @@ CUDA_CONTEXT_GIB = 1.0
 # ep): ~0.5 GiB; allocated by NCCL, outside PyTorch's allocator.
 COMM_BUFFER_GIB = 0.5
 # Caching-allocator fragmentation as a fraction of activation and transient bytes (what max_memory_reserved
-# adds to max_memory_allocated). Fitted once, on the published torchtitan peaks (the only reserved-memory
-# figures in benchmarks/data): `python benchmarks/fidelity.py` prints the fit.
+# adds to max_memory_allocated). From the published torchtitan peaks (the only reserved-memory figures in
+# benchmarks/data; torchtitan's launcher runs expandable segments): `python benchmarks/fidelity.py` prints the
+# memory MAPE and the MAPE-optimal value of this fraction on them (``fidelity.reserve_fit``).
 ALLOCATOR_RESERVE = 0.10
-FRAGMENTATION = ALLOCATOR_RESERVE  # the name the search scorer imports
+
+
+def held_reserve_fraction(runtime: Runtime) -> float:
+    """The part of the allocator reserve (a fraction of the activation and transient bytes) that counts against
+    HBM: all of it with PyTorch's default allocator, none with expandable segments (module docstring)."""
+    return 0.0 if runtime.expandable_segments else ALLOCATOR_RESERVE
 
 
 # What memory is priced with when no runtime is given: Megatron-Core's defaults (fp32 main grads, distributed
@@ -293,8 +308,9 @@ class MemoryBreakdown:
     activations: float
     zero3_buffers: float  # ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the recompute peak,
     # Megatron-FSDP's unsharded gradient bucket
-    allocator: float  # caching-allocator reserve (reserved − allocated)
+    allocator: float  # caching-allocator reserve the allocator cannot give back (counts against HBM)
     runtime: float  # CUDA context + NCCL buffers (outside the allocator)
+    allocator_cached: float = 0.0  # reserve it returns before an out-of-memory (expandable segments)
 
     @property
     def allocated(self) -> float:
@@ -302,12 +318,13 @@ class MemoryBreakdown:
 
     @property
     def reserved(self) -> float:
-        return self.allocated + self.allocator
+        """``max_memory_reserved``: allocated + the whole reserve (held and cached)."""
+        return self.allocated + self.allocator + self.allocator_cached
 
     @property
     def total(self) -> float:
-        """Device memory: what must fit in HBM."""
-        return self.reserved + self.runtime
+        """Device memory: what must fit in HBM (allocated, the held reserve, CUDA context and NCCL)."""
+        return self.allocated + self.allocator + self.runtime
 
     @property
     def overhead(self) -> float:
@@ -315,8 +332,8 @@ class MemoryBreakdown:
 
     def gib(self) -> dict[str, float]:
         out = {k: getattr(self, k) / GIB for k in ("weights", "grads", "optimizer", "activations",
-                                                    "zero3_buffers", "allocator", "runtime", "allocated",
-                                                    "reserved", "total")}
+                                                    "zero3_buffers", "allocator", "runtime", "allocator_cached",
+                                                    "allocated", "reserved", "total")}
         out["overhead"] = self.overhead / GIB
         return out
 
@@ -381,8 +398,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)
-    allocator = ALLOCATOR_RESERVE * (acts + transient)
-    return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, transient, allocator, runtime_overhead_bytes())
+    held = held_reserve_fraction(runtime)
+    return MemoryBreakdown(w1 + w2, g1 + g2, o1 + o2, acts, transient, held * (acts + transient),
+                           runtime_overhead_bytes(), (ALLOCATOR_RESERVE - held) * (acts + transient))
 
 
 @lru_cache(maxsize=256)

@@ -32,11 +32,11 @@ from cost_models.layer_cost import LayerCost, OpCompute, layer_compute, layer_co
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
                              mtp_time_s)
 from cost_models.memory import (
-    FRAGMENTATION,
     GIB,
     activation_bytes_per_microbatch,
     expert_data_parallel_size,
     graphs_for,
+    held_reserve_fraction,
     inflight_microbatches,
     runtime_overhead_bytes,
     sharded_grad_transient_bytes,
@@ -133,6 +133,11 @@ class Scorer:
         """``lay``'s runtime with the user's knobs and the layout's own (``Layout.knobs``: those that change
         memory), the layer-time knobs at the target's defaults: what memory and DP traffic are priced with."""
         return self._runtime_with(lay, {})
+
+    def reserve_factor(self, lay: Layout) -> float:
+        """1 + the allocator reserve that counts against HBM, per byte of activations and transients
+        (``memory.held_reserve_fraction`` of the runtime memory is priced with)."""
+        return 1.0 + held_reserve_fraction(self.default_runtime(lay))
 
     def target_default_runtime(self, lay: Layout) -> Runtime:
         """``lay``'s runtime with the user's knobs alone (what the search's choices are explained against)."""
@@ -421,28 +426,30 @@ class Scorer:
     def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
         """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it), at
         ``per_largest`` bytes per parameter of it (``memory.zero3_transient_bytes``)."""
-        key = (lay.tp, lay.ep, per_largest, lay.kv_replication)
+        frag = self.reserve_factor(lay)
+        key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag)
         hit = self._zero3.get(key)
         if hit is None:
             L = self.L
             hit = np.zeros((L + 1, L + 1))
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
-            hit *= per_largest * (1.0 + FRAGMENTATION)
+            hit *= per_largest * frag
             self._zero3[key] = hit
         return hit
 
     def _grad_bucket_table(self, lay: Layout, rt: Runtime, params: np.ndarray) -> np.ndarray:
         """(L+1, L+1): the unsharded gradient bucket of range [i, j) when sharded gradients are reduced in every
         micro-batch (``memory.sharded_grad_transient_bytes``: Megatron-FSDP optim_grads), with the reserve."""
-        key = ("grad", lay.tp, lay.ep, lay.kv_replication, lay.vp, rt.grad_bytes, rt.grad_bucket_cap)
+        frag = self.reserve_factor(lay)
+        key = ("grad", lay.tp, lay.ep, lay.kv_replication, lay.vp, rt.grad_bytes, rt.grad_bucket_cap, frag)
         hit = self._zero3.get(key)
         if hit is None:
             cum = np.concatenate([[0.0], np.cumsum(params)])
             span = np.arange(self.L + 1)
             n = span[None, :] - span[:, None]  # layers in [i, j); ranges with j <= i hold none
             hit = sharded_grad_transient_bytes(rt, cum[None, :] - cum[:, None], np.maximum(n, 0), lay.vp)
-            hit = hit * (1.0 + FRAGMENTATION)
+            hit = hit * frag
             self._zero3[key] = hit
         return hit
 
@@ -465,7 +472,7 @@ class Scorer:
             hit = (kd, ke, 0.0)
         else:
             per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
-            extra = per_param * (1.0 + FRAGMENTATION)
+            extra = per_param * (1.0 + held_reserve_fraction(rt))
             hit = (kd + extra, ke + extra, per_largest)
         self._state[key] = hit
         return hit
@@ -476,7 +483,7 @@ class Scorer:
         time, head_t, a_dense, a_moe, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         kd, ke, per_largest = self.state_coefficients(lay)
-        frag = 1.0 + FRAGMENTATION
+        frag = self.reserve_factor(lay)
         static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
         per_layer = np.where(self.is_moe_layer, a_moe, a_dense)
         # layers whose activations the runtime keeps in host memory (cpu_offload_layers: pp 1, the first N layers)
@@ -614,7 +621,7 @@ class Scorer:
         self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
         kd, ke, _ = self.state_coefficients(lay)
-        frag = 1.0 + FRAGMENTATION
+        frag = self.reserve_factor(lay)
         m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
         peak = self.act_pieces(lay, "none")[0]["dense"] if lay.recompute == "full" else 0.0
         stage_static = runtime_overhead_bytes() + frag * peak

@@ -174,7 +174,11 @@ def test_memory_against_published_peaks() -> None:
     assert sum(errors) / len(errors) <= 0.10
     for _, measured, predicted, parts in rows:
         assert parts["reserved"] == pytest.approx(predicted)
-        assert parts["allocated"] < parts["reserved"] < parts["total"]
+        assert parts["allocated"] < parts["reserved"] and parts["allocated"] < parts["total"]
+        # torchtitan's launcher runs expandable segments: the reserve is reported, not held (cost_models.memory)
+        assert parts["allocator"] == 0.0 and parts["reserved"] == pytest.approx(
+            parts["allocated"] + parts["allocator_cached"])
+        assert parts["total"] == pytest.approx(parts["allocated"] + parts["runtime"])
         assert parts["total"] <= 96 * (1 - 0.05)  # h100-sxm-96g less the default 5% headroom
     assert "memory MAPE" in fidelity.render_memory(rows)
 

@@ -161,7 +161,7 @@ def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
         assert res.exit_code == 2, res.output
         assert res.output.strip().count("\n") == 0
         assert ("megatron has no knob compile (its knobs: adam_moments_dtype, cp_a2a_size, cp_comm_type, "
-                "cpu_offload_layers, cross_entropy_fusion, fp8_param_gather, fp8_recipe, grad_reduce_dtype") in res.output
+                "cpu_offload_layers, cross_entropy_fusion, expandable_segments, fp8_param_gather, fp8_recipe, grad_reduce_dtype") in res.output
 
 
 def test_predictions_report_every_knob_and_the_emitter_writes_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -178,7 +178,7 @@ def test_predictions_report_every_knob_and_the_emitter_writes_them(tmp_path) -> 
     assert knobs == {"target": "megatron", "tp_comm_overlap": True, "fp8_recipe": None, "grad_reduce_dtype": "bf16",
                      "cp_comm_type": "p2p", "overlap_grad_reduce": True, "overlap_param_gather": True,
                      "adam_moments_dtype": "fp32", "cpu_offload_layers": 0,
-                     "fp8_param_gather": False, "cross_entropy_fusion": "none"}
+                     "fp8_param_gather": False, "cross_entropy_fusion": "none", "expandable_segments": False}
     text = CliRunner().invoke(cli, ["estimate", *base])
     assert "software: target=megatron tp_comm_overlap=True grad_reduce_dtype=fp32" in text.output
     plan = tmp_path / "plan.json"

@@ -158,11 +158,14 @@ software_options = stack(
                                     "--moe-pad-expert-input-to-capacity"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
+    click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
+                 help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch scripts: the allocator's "
+                      "reserve is given back before an OOM, so it need not fit [megatron default off, torchtitan on]"),
 )
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
-                 "moe_capacity_factor", "cross_entropy_fusion")
+                 "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -472,7 +472,7 @@ def torchtitan_files(plan: EmitPlan) -> dict[str, str]:
         "Put --hf_assets_path / --dataloader.* flags for your setup in EXTRA_ARGS.",
     ])
     body = bash_array("TITAN_ARGS", args)
-    env = {}
+    env = dict(plan.runtime("torchtitan").env)  # the allocator setting torchtitan's launcher sets (the profile)
     files = {"torchtitan_overrides.txt": "\n".join(args) + "\n", "torchtitan_v02.toml": toml_v02(plan)}
     if needs_config_module(plan):
         files[f"{CONFIG_MODULE}.py"] = config_module(plan)

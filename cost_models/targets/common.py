@@ -69,6 +69,9 @@ class Software(BaseModel):
     moe_capacity_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
         "token drop, every expert padded to C x its mean load")
+    expandable_segments: bool | None = Field(
+        default=None, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment: the "
+        "caching allocator returns its free pages before an out-of-memory (the reserve need not fit in HBM)")
 
     def given(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
@@ -77,7 +80,15 @@ class Software(BaseModel):
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
-              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion")
+              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments")
+
+# PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
+# ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
+# variable Megatron-Core checks (``'expandable_segments:True' in os.getenv('PYTORCH_CUDA_ALLOC_CONF', '').split(',')``,
+# megatron/core/distributed/distributed_data_parallel_config.py:156-161 @ core_v0.16.1) and torchtitan's launcher
+# sets (run_llama_train.sh:22 @ 9dec370).
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS_ENV = (ALLOC_CONF_VAR, "expandable_segments:True")
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,11 @@ class Runtime:
     # bucket, and the compute stream waits for its reduce-scatter at the end of its backward: exposed.
     grad_reduce_every_microbatch: bool = False
     grad_bucket_cap: float = 0.0
+
+    @property
+    def expandable_segments(self) -> bool:
+        """The launch environment sets the caching allocator's expandable segments (as Megatron-Core reads it)."""
+        return "expandable_segments:True" in dict(self.env).get(ALLOC_CONF_VAR, "").split(",")
 
     def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
         """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``."""
@@ -489,5 +505,5 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

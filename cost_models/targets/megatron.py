@@ -70,6 +70,14 @@ Run-time semantics:
   TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
   the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU).
+- The caching allocator (knob ``expandable_segments``): Megatron-LM sets no ``PYTORCH_CUDA_ALLOC_CONF`` (none in
+  megatron/ or examples/ at core_v0.16.1), so PyTorch's default allocator runs unless the launcher sets it:
+  Megatron-Bridge's performance scripts set ``expandable_segments:True`` per model (v0.2.0 perf_plugins.py:250-252:
+  Llama 3.1 405B fp8 on GB200; v0.4.1 :262-277 also DeepSeek-V3 on H100/GB200) and, from v0.5.0, for every run
+  (utils/executors.py:48) but those with NCCL user buffers or Llama on Megatron-FSDP (perf_plugins.py:313-319):
+  Megatron-Core refuses it with ``nccl_ub`` (distributed_data_parallel_config.py:156-161), which autoplan does not
+  emit. On, the emitted launch scripts export it (``Runtime.env``) and ``cost_models.memory`` prices its reserve
+  as releasable.
 - The loss (knob ``cross_entropy_fusion``): Megatron-LM's default (``cross_entropy_loss_fusion=False``,
   megatron/core/model_parallel_config.py:241-249) is ``tensor_parallel.vocab_parallel_cross_entropy``
   (language_module.py:166): an fp32 copy of the bf16 logits, the fp32 softmax saved for backward, a bf16 gradient
@@ -115,8 +123,8 @@ from cost_models.te_fp8 import te_tp_gather_bytes
 from cost_models.recompute import module_errors
 from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import (DTYPE_BYTES, Knob, Runtime, Software, TargetProfile,
-                                        fsdp2_gathered_unit_bytes)
+from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software,
+                                        TargetProfile, fsdp2_gathered_unit_bytes)
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
@@ -188,6 +196,10 @@ class MegatronProfile(TargetProfile):
                                   f"{TC}:645-647 (--moe-router-force-load-balancing)"),
         "moe_capacity_factor": Knob("moe_capacity_factor", (), None,
                                     f"{TC}:690-698 (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity)"),
+        "expandable_segments": Knob("expandable_segments", (True, False), False,
+                                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment "
+                                    "(Megatron-LM sets none; megatron/core/distributed/distributed_data_parallel_config"
+                                    ".py:156-161 refuses it with nccl_ub)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -377,6 +389,8 @@ class MegatronProfile(TargetProfile):
             # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687; the EP all-to-all overlap wants more
             # connections: only a warning there, MLM:940-948)
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
+        if k.get("expandable_segments", False):
+            env += (EXPANDABLE_SEGMENTS_ENV,)
         cap = 0.0
         if mfsdp:
             dp_cp = par.dp(cluster.num_gpus) * par.cp if par is not None else cluster.num_gpus

@@ -13,6 +13,10 @@ Run-time semantics:
 - Eager PyTorch runs norms, SwiGLU and the loss op by op; ``compile`` (Inductor) fuses them
   (TT/config/configs.py:291-309). Async TP (``compile.enable_async_tensor_parallel``) overlaps TP collectives
   with the GEMMs and needs compile (configs.py:304).
+- The launcher sets ``PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"`` (run_llama_train.sh:22 at 9dec370, the
+  commit of the published 2024-12 runs; run_train.sh:43 ``PYTORCH_ALLOC_CONF`` today): knob ``expandable_segments``,
+  on by default, exported by the emitted launch scripts (``Runtime.env``); ``cost_models.memory`` prices its
+  allocator reserve as releasable.
 - Float8 (torchao): ``rowwise`` / ``rowwise_with_gw_hp`` only (TT/components/quantization/float8.py:58,
   ``Float8LinearConverter.Config.recipe_name: Literal["rowwise", "rowwise_with_gw_hp"]``: 0.3.0 has no
   ``tensorwise``; the published 2024-12 runs' torchtitan did: ``reference.TORCHTITAN_2024_12``); MXFP8
@@ -25,8 +29,8 @@ from typing import Any
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import (Knob, Runtime, Software, TargetProfile, reshard_options,
-                                        torch_memory_facts)
+from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
+                                        reshard_options, torch_memory_facts)
 
 # Float8 tensorwise TP: torchtitan's apply_tp swaps in torchao's Float8ColwiseParallel / Float8RowwiseParallel when
 # the recipe is tensorwise ("float8 all-gather with TP is only supported for tensorwise float8 scaling recipes. For
@@ -69,6 +73,9 @@ class TorchtitanProfile(TargetProfile):
         "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
                                       f"{TT}config/configs.py:136 (fsdp_reshard_after_forward: default, always, "
                                       "never; no group size)"),
+        "expandable_segments": Knob("expandable_segments", (True, False), True,
+                                    "torchtitan run_llama_train.sh:22 @ 9dec370 / run_train.sh:43 "
+                                    "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"),
     }
 
     searched_knobs = ("compile", "async_tp")
@@ -179,6 +186,7 @@ class TorchtitanProfile(TargetProfile):
             # compile.components defaults to ["model", "loss"] (TT/config/configs.py:298): the loss compiled with
             # the model (TT/components/loss.py ``_maybe_compile``)
             fused_loss=compile_on,
+            env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", True) else (),
             **torch_memory_facts("fp32"),
         )
 
