@@ -71,7 +71,9 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # recipe and memory-knob fixes and the calibration refit: 14.2% / 63.2% on its 108 still-held-out runs. Session 5
 # (s5-moe): the Qwen3 and Mixtral rows carry their recipes' MoE knobs (dispatcher, A2A overlap, forced balance, token
 # drop): 12.4% / 64.9% on 113 runs (with EP-spanning-TP rows; the worst, Qwen3-30B B200 mbs 1, is host-bound).
-GUARDS = {"more_runs.json": (0.124, 0.649)}
+# more_runs_bridge2.json (session 6, s6-rows: Bridge 26.02.01 / 26.04 / 26.06.01 / 26.08, Kimi-K2, 26.06 DeepSeek-V3):
+# 9.6% / 53.5% on its 72 priced runs when it landed (the worst: Qwen3-235B B300 26.02.01, an alltoall vp-4 layout).
+GUARDS = {"more_runs.json": (0.124, 0.649), "more_runs_bridge2.json": (0.096, 0.535)}
 MARGIN = 0.02
 
 
