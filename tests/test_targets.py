@@ -247,6 +247,14 @@ def test_knob_effects_move_the_step_the_published_way() -> None:
         == _tt("llama3-8b", 8, fp8, fsdp, fp8_recipe="rowwise")
     assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", compile=True, fp8_recipe="rowwise") \
         > _tt("llama3-8b", 8, fp8, fsdp, compile=True, fp8_recipe="rowwise")
+    # torchtitan 2025 (bbb1b616e .. tensorwise's removal): 0.3.0's compiled loss, 2024-12's tensorwise recipe
+    for recipe in ("rowwise", "rowwise_with_gw_hp"):
+        for compiled in (False, True):
+            assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2025", compile=compiled, fp8_recipe=recipe) \
+                == _tt("llama3-8b", 8, fp8, fsdp, compile=compiled, fp8_recipe=recipe)
+    assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2025", fp8_recipe="tensorwise") \
+        == _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2024-12", fp8_recipe="tensorwise")
+    assert _tt("llama3-8b", 8, fp8, fsdp, "torchtitan-2025", compile=True, fp8_recipe="tensorwise") < tensorwise
 
 
 def test_rowwise_backward_bytes_follow_torchao() -> None:
@@ -384,10 +392,11 @@ def test_torchtitan_fp8_recipes_are_what_torchtitan_accepts() -> None:
         accepted.add("mxfp8")
     assert set(TORCHTITAN.knobs["fp8_recipe"].values) == accepted
     assert TORCHTITAN.knobs["fp8_recipe"].default == field.default
-    ref = REFERENCE_PROFILES["torchtitan-2024-12"]
-    assert set(ref.knobs["fp8_recipe"].values) == accepted | {"tensorwise"}
-    assert {k: v for k, v in ref.knobs.items() if k != "fp8_recipe"} == \
-        {k: v for k, v in TORCHTITAN.knobs.items() if k != "fp8_recipe"}
+    for name in ("torchtitan-2024-12", "torchtitan-2025"):
+        ref = REFERENCE_PROFILES[name]
+        assert set(ref.knobs["fp8_recipe"].values) == accepted | {"tensorwise"}
+        assert {k: v for k, v in ref.knobs.items() if k != "fp8_recipe"} == \
+            {k: v for k, v in TORCHTITAN.knobs.items() if k != "fp8_recipe"}
 
 
 def test_torchtitan_tensorwise_is_a_one_line_error() -> None:

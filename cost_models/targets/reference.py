@@ -5,9 +5,17 @@ to price the published 2048-H800 layout (``benchmarks/fidelity.py``).
 
 ``TORCHTITAN_2024_12`` (target ``torchtitan-2024-12``): the torchtitan that ran the published 2024-12 H100 runs
 (``benchmarks/data/published_runs.json``, group ``torchtitan_h100_2024_12``). It differs from the torchtitan 0.3.0
-profile only in accepting the Float8 ``tensorwise`` recipe, which those runs used (with Float8 TP: the input and
-output-gradient all-gathers in fp8, ``torchtitan.TP_FP8_GATHER_BYTES``); 0.3.0 refuses it (float8.py:58). Same
-framework efficiency set (``efficiency_set``, gpus.yaml ``frameworks: torchtitan``).
+profile in accepting the Float8 ``tensorwise`` recipe, which those runs used (with Float8 TP: the input and
+output-gradient all-gathers in fp8, ``torchtitan.TP_FP8_GATHER_BYTES``); 0.3.0 refuses it (float8.py:58), and in
+running the loss eagerly under compile (below). Same framework efficiency set (``efficiency_set``, gpus.yaml
+``frameworks: torchtitan``).
+
+``TORCHTITAN_2025`` (target ``torchtitan-2025``): torchtitan from bbb1b616e (2025-04-02, "refactor train_spec.loss_fn
+to build_loss_fn", which compiles the loss with ``--training.compile``: components/loss.py ``build_cross_entropy_loss``)
+until ``tensorwise`` left the recipe Literal: 0.3.0's rules plus ``tensorwise`` (config_manager.py:489 at 820504e,
+2025-06-13: ``recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] | None``, None = tensorwise; the same
+at 6fc499f6, 2025-08-14, config/job_config.py:561). What the held-out torchtitan runs of 2025 ran
+(``benchmarks/data/more_runs_torchtitan.json``).
 """
 
 from __future__ import annotations
@@ -33,28 +41,45 @@ DEEPSEEK = Runtime(
 REFERENCE_RUNTIMES: dict[str, Runtime] = {"deepseek": DEEPSEEK}
 
 
-class Torchtitan2024Profile(TorchtitanProfile):
-    """torchtitan as of the published 2024-12 H100 runs: 0.3.0's rules plus the ``tensorwise`` Float8 recipe
-    (torchao dynamic tensorwise scaling, the only Float8 scaling torchtitan ran then: the runs' ``fp8_recipe``)."""
+class Torchtitan2025Profile(TorchtitanProfile):
+    """torchtitan of 2025-04 .. 2025-08: 0.3.0's rules plus the ``tensorwise`` Float8 recipe (torchao dynamic
+    tensorwise scaling, the recipe torchtitan applies when ``--float8.recipe_name`` is unset), the loss compiled with
+    the model as in 0.3.0."""
 
-    version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
+    version = "torchtitan 2025-04..08 (held-out runs of 2025; reference profile, not an emit target)"
     knobs = {**TorchtitanProfile.knobs,
              "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",
+                                "torchtitan 820504e config_manager.py:489 / 6fc499f6 config/job_config.py:561 "
+                                "(tensorwise, rowwise, rowwise_with_gw_hp); 0.3.0: components/quantization/float8.py:58, "
+                                "mx.py:70")}
+
+
+class Torchtitan2024Profile(Torchtitan2025Profile):
+    """torchtitan as of the published 2024-12 H100 runs: 0.3.0's rules plus the ``tensorwise`` Float8 recipe
+    (torchao dynamic tensorwise scaling, the only Float8 scaling torchtitan ran then: the runs' ``fp8_recipe``), the
+    loss run eagerly."""
+
+    version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
+    knobs = {**Torchtitan2025Profile.knobs,
+             "fp8_recipe": Knob("fp8_recipe", Torchtitan2025Profile.knobs["fp8_recipe"].values, "rowwise",
                                 "torchtitan 2024-12 torchtitan/float8.py: torchao tensorwise dynamic scaling; "
                                 "0.3.0: components/quantization/float8.py:58, mx.py:70")}
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         # compile wraps each TransformerBlock only (parallelize_llama.py ``apply_compile``); the loss was not
-        # compiled (train.py, e8977b0 "turning off compile on loss function", 2024-12-18, before the runs' 9dec370):
-        # the final norm and cross_entropy on fp32 logits run eagerly with or without compile.
+        # compiled (train.py, e8977b0 "turning off compile on loss function", 2024-12-18, before the runs' 9dec370;
+        # back on from bbb1b616e, 2025-04-02): the final norm and cross_entropy on fp32 logits run eagerly with or
+        # without compile.
         return replace(super().resolve(software, job, cluster, par), fused_loss=False)
 
 
 TORCHTITAN_2024_12 = Torchtitan2024Profile()
+TORCHTITAN_2025 = Torchtitan2025Profile()
 # Reference profiles autoplan prices (and checks) but never emits for; their efficiency set is their profile's
 # (``efficiency_set``, inherited: torchtitan's).
-REFERENCE_PROFILES: dict[str, TorchtitanProfile] = {"torchtitan-2024-12": TORCHTITAN_2024_12}
+REFERENCE_PROFILES: dict[str, TorchtitanProfile] = {"torchtitan-2024-12": TORCHTITAN_2024_12,
+                                                    "torchtitan-2025": TORCHTITAN_2025}
 
-__all__ = ["DEEPSEEK", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12",
-           "Torchtitan2024Profile"]
+__all__ = ["DEEPSEEK", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12", "TORCHTITAN_2025",
+           "Torchtitan2024Profile", "Torchtitan2025Profile"]
