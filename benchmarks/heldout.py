@@ -71,27 +71,40 @@ def scale_band(n: int) -> str:
 
 
 def parse_what_if(items: list[str]) -> dict[tuple[str, str], Any]:
-    """``GEN.FIELD=VALUE`` (an Efficiency field of a GPU generation, e.g. ``blackwell.attention=0.42``) or
-    ``GPU.nvlink_domain_size=N`` (a cluster field of one catalog GPU) → {(scope, field): value}."""
-    from cost_models.specs import Efficiency
+    """``GEN.FIELD=VALUE`` (an Efficiency field of a GPU generation, e.g. ``blackwell.attention=0.42``),
+    ``GPU.nvlink_domain_size=N`` (a cluster field of one catalog GPU) or ``GPU.FIELD=VALUE`` (a numeric GPUSpec
+    field of one catalog GPU, e.g. ``h100-sxm.nic_latency_us=30``) → {(scope, field): value}."""
+    from cost_models.specs import Efficiency, GPUSpec
 
     out: dict[tuple[str, str], Any] = {}
     for item in items:
         scope_field, _, value = item.partition("=")
         scope, _, name = scope_field.partition(".")
-        if not value or not name or (name not in Efficiency.model_fields and name != "nvlink_domain_size"):
-            raise SystemExit(f"--what-if {item!r}: expected GEN.FIELD=VALUE (an Efficiency field) or "
-                             "GPU.nvlink_domain_size=N")
+        if not value or not name or name not in {*Efficiency.model_fields, *_gpu_fields(GPUSpec), "nvlink_domain_size"}:
+            raise SystemExit(f"--what-if {item!r}: expected GEN.FIELD=VALUE (an Efficiency field), "
+                             "GPU.nvlink_domain_size=N or GPU.FIELD=VALUE (a numeric GPUSpec field)")
         out[(scope, name)] = value if name == "moe_dispatcher" else (
             value.lower() == "true" if value.lower() in ("true", "false") else float(value))
     return out
 
 
+def _gpu_fields(spec: Any) -> set[str]:
+    """Numeric GPUSpec fields a what-if may set (latencies, bandwidths, peaks)."""
+    return {f for f, info in spec.model_fields.items() if info.annotation in (int, float)}
+
+
 def _with_what_if(cluster: Any, what_if: dict[tuple[str, str], Any]) -> Any:
-    eff = {f: v for (scope, f), v in what_if.items() if scope == cluster.gpu.generation and f != "nvlink_domain_size"}
+    from cost_models.specs import GPUSpec
+
+    gpu_fields = _gpu_fields(GPUSpec) - {"nvlink_domain_size"}
+    eff = {f: v for (scope, f), v in what_if.items() if scope == cluster.gpu.generation and f != "nvlink_domain_size"
+           and f not in gpu_fields}
+    gpu = {f: v for (scope, f), v in what_if.items() if scope == cluster.gpu.name and f in gpu_fields}
     dom = what_if.get((cluster.gpu.name, "nvlink_domain_size"))
     if eff:
         cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update=eff)})
+    if gpu:
+        cluster = cluster.model_copy(update={"gpu": cluster.gpu.model_copy(update=gpu)})
     if dom is not None:
         cluster = cluster.model_copy(update={"nvlink_domain_size": int(dom)})
     return cluster
