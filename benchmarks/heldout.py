@@ -6,7 +6,8 @@ case exactly as ``fidelity.py`` prices its calibration runs (``fidelity.to_run``
 ``cost_models.estimate.estimate`` with the run's target and knobs). Prints per case predicted vs measured step time
 and the predicted peak memory (a run that really trained must be predicted to fit), MAPE / worst per source group,
 GPU generation, precision, dense vs MoE, context parallelism, FSDP, scale band and overall, and the ordering of
-differently configured runs of one job (``fidelity.ranking``). Cases the model cannot express are listed with why.
+differently configured runs of one job (``fidelity.ranking``), and within a source how GPU-seconds per sample change
+with the GPU count, measured vs predicted (``scaling``: the level error cancels). Cases the model cannot express are listed with why.
 
     python benchmarks/heldout.py                 # table + out/heldout.md
     python benchmarks/heldout.py --files benchmarks/data/more_runs.json
@@ -191,6 +192,36 @@ def ranking(rows: list[HeldRow], cases: list[dict[str, Any]]) -> tuple[int, int,
     return fidelity.ranking(as_fid, cases=cases, key=same_job)
 
 
+def scaling(rows: list[HeldRow], cases: list[dict[str, Any]]) -> list[tuple[str, str, float, float]]:
+    """What grows with GPU count, apart from the level: within one source, runs of one model, GPU, sequence length,
+    precision and tp / pp / cp on different GPU counts (dp and batch vary). Each run's GPU-seconds per sample over
+    those of the source's smallest such run, measured and predicted: (run, reference run, measured ratio, predicted
+    ratio). A term that grows with GPU count (collectives over more nodes, stragglers) or with fewer micro-batches
+    per pipeline (the bubble) shows here, whatever the per-source level error."""
+    by_id = {c["id"]: c for c in cases}
+    families: dict[tuple[Any, ...], list[HeldRow]] = defaultdict(list)
+    for r in rows:
+        c = by_id[r.id]
+        p = c["parallel"]
+        families[(r.group, fidelity.model_name(c), c["cluster"]["gpu"], c["job"]["seq_len"], r.precision,
+                  p.get("tp"), p.get("pp"), p.get("cp"))].append(r)
+    out = []
+    for fam in families.values():
+        if len({r.num_gpus for r in fam}) < 2:
+            continue
+        fam.sort(key=lambda r: (r.num_gpus, r.id))
+        base = fam[0]
+
+        def per_sample(r: HeldRow, t: float) -> float:
+            return t * r.num_gpus / by_id[r.id]["job"]["global_batch_size"]
+        for r in fam[1:]:
+            if r.num_gpus == base.num_gpus:
+                continue
+            out.append((r.id, base.id, per_sample(r, r.measured_s) / per_sample(base, base.measured_s),
+                        per_sample(r, r.predicted_s) / per_sample(base, base.predicted_s)))
+    return out
+
+
 def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
     lines = ["| case | group | gen | prec | GPUs | measured s | predicted s | error | peak GiB / limit | fits |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
@@ -209,6 +240,12 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
         lines += ["", f"Ranking: {right}/{total} pairs of differently configured runs of one job ordered right"
                   + (f" ({right / total:.0%}; target >= 85%)" if total else "")
                   + (f"; wrong: {', '.join(wrong)}" if wrong else "")]
+        pairs = scaling(rows, cases)
+        if pairs:
+            lines += ["", "Scaling within a source (GPU-seconds per sample vs the source's smallest run of the same model, "
+                      "GPU, sequence, precision and tp/pp/cp; the level error cancels):", "",
+                      "| run | vs | measured | predicted | difference |", "|---|---|---:|---:|---:|"]
+            lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in pairs]
     over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits]
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
               f"{sum(r.fits for r in rows)}/{len(rows)}"
