@@ -5,9 +5,10 @@ resolutions, cases follow ``published_runs.json``'s schema, models inline or ``{
 case exactly as ``fidelity.py`` prices its calibration runs (``fidelity.to_run`` → ``calibrate.resolve_run`` →
 ``cost_models.estimate.estimate`` with the run's target and knobs). Prints per case predicted vs measured step time
 and the predicted peak memory (a run that really trained must be predicted to fit), MAPE / worst per source group,
-GPU generation, precision, dense vs MoE, context parallelism, FSDP, scale band and overall, and the ordering of
-differently configured runs of one job (``fidelity.ranking``), and within a source how GPU-seconds per sample change
-with the GPU count, measured vs predicted (``scaling``: the level error cancels). Cases the model cannot express are listed with why.
+framework (the target's efficiency set), GPU generation, precision, dense vs MoE, context parallelism, FSDP, scale
+band and overall, the ordering of differently configured runs of one job (``fidelity.ranking``), and within a source
+how GPU-seconds per sample change with the GPU count, measured vs predicted (``scaling``: the level error cancels).
+Cases the model cannot express are listed with why.
 
     python benchmarks/heldout.py                 # table + out/heldout.md
     python benchmarks/heldout.py --files benchmarks/data/more_runs.json
@@ -31,6 +32,7 @@ from benchmarks import fidelity  # noqa: E402
 from autoplan.calibrate import resolve_run  # noqa: E402
 from cost_models.errors import ConfigError  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
+from cost_models.targets import framework_of  # noqa: E402
 
 
 def default_files() -> list[Path]:
@@ -61,6 +63,7 @@ class HeldRow:
     local_experts: int = 0
     mbs: int = 0
     moe_knobs: str = ""
+    framework: str = ""  # the efficiency set the run is priced with (``framework_of`` its target; megatron's default)
 
     @property
     def error(self) -> float:
@@ -148,12 +151,14 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 else "nvfp4" if run.job.precision == "nvfp4" else "",
                                 pred.num_microbatches, max(pred.layers_per_stage),
                                 run.model.num_experts // par.ep if run.model.num_experts else 0, par.micro_batch_size,
-                                " ".join(f"{k}={v}" for k, v in run.knobs.given().items() if k.startswith("moe_"))))
+                                " ".join(f"{k}={v}" for k, v in run.knobs.given().items() if k.startswith("moe_")),
+                                framework_of(run.target) or run.target or "megatron"))
     return rows, skipped, cases
 
 
 KEYS: dict[str, Callable[[HeldRow], str]] = {
     "group": lambda r: r.group,
+    "framework": lambda r: r.framework,
     "generation": lambda r: r.generation,
     "precision": lambda r: r.precision,
     "fp8 recipe": lambda r: r.recipe or "bf16",  # nvfp4: its own row
