@@ -152,3 +152,22 @@ def test_moe_residuals_spread_the_error_over_layer_micro_batches(heldout, evalua
     excess = (r.measured_s - r.predicted_s) / (r.microbatches * r.stage_layers) * 1e3
     assert f"| {r.id} | 1 | 16 | {r.error:+.1%} | {excess:+.2f} | moe_force_balance=True |" in table
     assert not any(f"| {d.id} |" in table for d in rows if not d.moe)
+
+
+def test_kimi_k2_rows_are_the_published_model(heldout) -> None:
+    """The Kimi-K2 rows (more_runs_bridge2.json, inline from Megatron-Bridge's KimiK2Provider) resolve to one spec whose
+    size is the published one — '32 billion activated parameters and 1 trillion total parameters' (Kimi K2 report,
+    arXiv 2507.20534) — counted the way that gives the catalog's DeepSeek-V3 its paper's 671B total / 37B active."""
+    fidelity = heldout.fidelity
+    from autoplan.calibrate import resolve_run
+    from autoplan.catalog.registry import catalog_model
+
+    ds = catalog_model("deepseek-v3")
+    assert ds.num_params == pytest.approx(671e9, rel=0.01) and 37e9 <= ds.num_active_params <= 38e9
+    cases, rules = fidelity.load_cases(fidelity.DATA / "more_runs_bridge2.json")
+    kimi = [resolve_run(fidelity.to_run(c, rules)).model for c in cases if c["id"].split("_")[1] == "Kimi"]
+    assert len(kimi) == 4 and all(m.model_dump(exclude={"name"}) == kimi[0].model_dump(exclude={"name"}) for m in kimi)
+    k = kimi[0]
+    assert k.num_experts == 384 and k.moe_top_k == 8 and k.num_shared_experts == 1 and k.first_dense_layers == 1
+    assert 1.0e12 <= k.num_params <= 1.05e12
+    assert 32e9 <= k.num_active_params <= 33.5e9
