@@ -73,10 +73,10 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # drop): 12.4% / 64.9% on 113 runs (with EP-spanning-TP rows; the worst, Qwen3-30B B200 mbs 1, is host-bound).
 # more_runs_bridge2.json (session 6, s6-rows: Bridge 26.02.01 / 26.04 / 26.06.01 / 26.08, Kimi-K2, 26.06 DeepSeek-V3):
 # 9.6% / 53.5% on its 72 priced runs when it landed (the worst: Qwen3-235B B300 26.02.01, an alltoall vp-4 layout).
-# more_runs_torchtitan.json (session 6, s6-tt): 30 torchtitan/torchao runs (H100, H200, B200, MI300X) at landing:
-# 22.8% / 55.0% (the B200 and MI300X rows predicted ~2x fast: see issue-12.md).
+# more_runs_torchtitan.json (session 6, s6-tt): 33 torchtitan/torchao runs (H100, H200, B200, MI300X) at landing:
+# 21.3% / 55.0% (the B200 and MI300X rows predicted ~2x fast: see issue-12.md).
 GUARDS = {"more_runs.json": (0.124, 0.649), "more_runs_bridge2.json": (0.096, 0.535),
-          "more_runs_torchtitan.json": (0.228, 0.550)}
+          "more_runs_torchtitan.json": (0.213, 0.550)}
 MARGIN = 0.02
 
 
