@@ -26,7 +26,8 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap, wgrad_in_bf16)
-from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_load_imbalance
+from cost_models.moe import (dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
+                             moe_load_imbalance)
 from cost_models.opgraph import LayerGraph, Op, gemm_precision, keys_per_query, tp_divisor
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
@@ -529,7 +530,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                     ep_bytes, cp_bytes, window, unhidden)
-    if graph.kind == "moe" and cluster.efficiency.moe_host_s_per_expert > 0:
+    if graph.kind == "moe" and cluster.efficiency.moe_host_s_per_expert > 0 and moe_layer_host_issued(rt):
         out = replace(out, host_s=host_bound_s(out.total_s, model, cluster, par))
     return out
 

@@ -35,6 +35,37 @@ def moe_a2a_overlapped(cluster: ClusterSpec, rt: Runtime | None = None) -> bool:
         else cluster.efficiency.moe_a2a_overlap
 
 
+def moe_layer_host_issued(rt: Runtime | None) -> bool:
+    """Whether an MoE layer's dispatch and expert work is issued by the host op by op in every micro-batch (so
+    ``layer_cost.host_bound_s`` applies), i.e. no CUDA graph covers it. Megatron-Core 0.16.1 graphs the experts
+    only under ``cuda_graph_scope`` ``moe`` (drop-and-pad only, transformer_config.py:1764-1770), a whole-layer
+    scope (empty; transformer_layer.py:946-967, 1258-1259) or ``full_iteration`` (local impl); ``attn`` /
+    ``moe_router`` / ``moe_preprocess`` graph the attention, the router and the dispatcher's preprocess and leave
+    the dispatch, the experts and the combine eager (transformer_layer.py:950-967: "leaving the expert computation
+    to execute eagerly", 1251-1253). ``check_runtime`` refuses a graph over a dropless dispatcher, whose host sync
+    cannot be captured (``DISPATCHER_HOST_SYNC``)."""
+    if rt is None or rt.cuda_graph_impl == "none":
+        return True
+    scope = rt.cuda_graph_scope
+    return bool(scope) and "moe" not in scope and "full_iteration" not in scope
+
+
+# Where Megatron-Core 0.16.1's dispatchers block the host on the device once per MoE layer (forward), dropless:
+# the host needs the routed-token counts to size the next buffers, so it cannot queue the layer's later work
+# before the device has finished the router. With token drop and padding to capacity (moe_capacity_factor) every
+# size is known on the host and none of them syncs.
+# (megatron/core/transformer/moe/ @ core_v0.16.1)
+DISPATCHER_HOST_SYNC = {
+    # sync point before_ep_alltoall (before_finish without EP: 571-573), d2h_event.synchronize(); drop-and-pad
+    # takes every size from the capacity (495-508)
+    "alltoall": "token_dispatcher.py:562-564, 897-899 d2h_event.synchronize()",
+    "deepep": "token_dispatcher.py:1302 tokens_per_expert.sum().item()",
+    # num_permuted_tokens unknown: a blocking dispatch ("causes a D2H synchronization", 477-479); drop-and-pad
+    # passes it from the capacity (token_dispatcher.py:1007-1020)
+    "hybridep": "fused_a2a.py:365-367 non_blocking=False",
+}
+
+
 def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
     not counted against compute here, as before)."""

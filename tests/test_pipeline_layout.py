@@ -229,8 +229,9 @@ def test_cli_prices_a_heldout_row_as_the_benchmark_does() -> None:
     given = r.knobs.given() if hasattr(r.knobs, "given") else dict(r.knobs)
     knobs = [x for k, v in sorted(given.items())  # the row's knobs as the CLI flags of the same name
              for x in ([f"--{k.replace('_', '-')}"] if v is True else [f"--no-{k.replace('_', '-')}"] if v is False
-                       else [f"--{k.replace('_', '-')}", str(v)])]
-    assert {"moe_dispatcher", "moe_force_balance", "adam_moments_dtype", "grad_reduce_dtype"} <= set(given)
+                       else [f"--{k.replace('_', '-')}", ",".join(v) if isinstance(v, tuple) else str(v)])]
+    assert {"moe_dispatcher", "moe_force_balance", "adam_moments_dtype", "grad_reduce_dtype", "cuda_graph_scope"} <= \
+        set(given)
     res = CliRunner().invoke(cli, [
         "estimate", "--model", "deepseek-v3", "--mtp-layers", "0", "--gpus", "256", "--gpu", "gb200", "--tp", "1",
         "--pp", "4", "--ep", "64", "--global-batch-size", "4096", "--seq-len", "4096",

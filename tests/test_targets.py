@@ -161,7 +161,8 @@ def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
         assert res.exit_code == 2, res.output
         assert res.output.strip().count("\n") == 0
         assert ("megatron has no knob compile (its knobs: adam_moments_dtype, cp_a2a_size, cp_comm_type, "
-                "cpu_offload_layers, cross_entropy_fusion, expandable_segments, fp8_param_gather, fp8_recipe, grad_reduce_dtype") in res.output
+                "cpu_offload_layers, cross_entropy_fusion, cuda_graph_impl, cuda_graph_scope, expandable_segments, "
+                "fp8_param_gather, fp8_recipe, grad_reduce_dtype") in res.output
 
 
 def test_predictions_report_every_knob_and_the_emitter_writes_them(tmp_path) -> None:  # type: ignore[no-untyped-def]

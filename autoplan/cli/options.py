@@ -16,7 +16,7 @@ from autoplan.errors import ConfigError, InfeasibleError
 from autoplan.request import ClusterRequest
 from cost_models.specs import JobSpec
 from cost_models.targets import Software
-from cost_models.targets.common import CpCommType, Fp8Recipe
+from cost_models.targets.common import CpCommType, CudaGraphImpl, CudaGraphScope, Fp8Recipe
 
 F = Callable[..., Any]
 
@@ -115,6 +115,17 @@ def _reshard(ctx: click.Context, param: click.Parameter, value: str | None) -> b
     raise click.BadParameter(f"{value!r} is not true, false or a group size > 1")
 
 
+def _graph_scope(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    valid = CudaGraphScope.__args__  # type: ignore[attr-defined]
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})")
+    return names
+
+
 software_options = stack(
     click.option("--compile/--no-compile", "compile", default=None,
                  help="torch.compile the model and loss (torchtitan) [searched by `search`; default off]"),
@@ -156,6 +167,12 @@ software_options = stack(
     click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True, max=1e3),
                  default=None, help="megatron token drop: --moe-expert-capacity-factor C "
                                     "--moe-pad-expert-input-to-capacity"),
+    click.option("--cuda-graph-impl", "cuda_graph_impl", type=click.Choice(list(CudaGraphImpl.__args__)),  # type: ignore[attr-defined]
+                 default=None, help="megatron --cuda-graph-impl: none (default), local (full_iteration or whole "
+                                    "layers) or transformer_engine (per-module scopes)"),
+    click.option("--cuda-graph-scope", "cuda_graph_scope", default=None, callback=_graph_scope,
+                 help="megatron --cuda-graph-scope, comma-separated: attn, mlp, moe, moe_router, moe_preprocess, "
+                      "full_iteration ('' = each whole layer, Megatron's default)"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
@@ -165,7 +182,8 @@ software_options = stack(
 SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
-                 "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments")
+                 "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",
+                 "cuda_graph_scope")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

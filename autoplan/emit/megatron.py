@@ -108,6 +108,15 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         if rt.moe_capacity_factor is not None:
             add("--moe-expert-capacity-factor", rt.moe_capacity_factor)
             add("--moe-pad-expert-input-to-capacity")
+    if rt.cuda_graph_impl != "none":  # CUDA graphs (cost_models.targets.megatron.check_cuda_graphs cites the rules)
+        add("--cuda-graph-impl", rt.cuda_graph_impl)
+        if rt.cuda_graph_scope:  # none given: each whole layer (Megatron's default)
+            a.append("--cuda-graph-scope")
+            a.extend(rt.cuda_graph_scope)
+        if "full_iteration" in rt.cuda_graph_scope:  # arguments.py:725-728
+            add("--no-check-for-nan-in-loss-and-grad")
+        if rt.cuda_graph_impl == "local" and par.ep > 1:  # arguments.py:1158-1160 asks it of every local graph
+            add("--moe-pad-experts-for-cuda-graph-inference")
     # ---- batch -----------------------------------------------------------------------------------
     add("--micro-batch-size", par.micro_batch_size)
     add("--global-batch-size", job.global_batch_size)
@@ -308,6 +317,10 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native")
+    p.add_argument("--cuda-graph-impl", choices=["none", "local", "transformer_engine"], default="none")
+    p.add_argument("--cuda-graph-scope", nargs="+", default=[],
+                   choices=["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration"])
+    p.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad")
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
     for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
@@ -324,7 +337,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
-                 "--moe-pad-expert-input-to-capacity"]:
+                 "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),

@@ -52,6 +52,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         "add_bias_linear": not ns.disable_bias_linear, "add_qkv_bias": ns.add_qkv_bias,
         "normalization": ns.normalization, "bf16": ns.bf16, "params_dtype": dtype, "pipeline_dtype": dtype,
         "fp8": ns.fp8, "fp4": ns.fp4, "fp4_recipe": ns.fp4_recipe,
+        "cuda_graph_impl": ns.cuda_graph_impl, "cuda_graph_scope": list(ns.cuda_graph_scope),
     }
     if ns.kv_channels is not None:
         kw["kv_channels"] = ns.kv_channels

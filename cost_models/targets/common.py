@@ -18,6 +18,10 @@ TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
 GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 CrossEntropyFusion = Literal["none", "te"]
+# Megatron-Core 0.16.1 CUDA graphs (transformer_config.py ``cuda_graph_impl`` / ``cuda_graph_scope``; enums.py
+# ``CudaGraphScope``): the capture backend, and what it captures (empty = each whole transformer layer)
+CudaGraphImpl = Literal["none", "local", "transformer_engine"]
+CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
@@ -72,6 +76,12 @@ class Software(BaseModel):
     expandable_segments: bool | None = Field(
         default=None, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment: the "
         "caching allocator returns its free pages before an out-of-memory (the reserve need not fit in HBM)")
+    cuda_graph_impl: CudaGraphImpl | None = Field(
+        default=None, description="Megatron --cuda-graph-impl: none, local (Megatron-Core's CudaGraphManager; "
+        "scope full_iteration = the whole forward-backward) or transformer_engine (TE make_graphed_callables per layer)")
+    cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
+        default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
+        "moe_preprocess, full_iteration); empty = each whole transformer layer")
 
     def given(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
@@ -80,7 +90,8 @@ class Software(BaseModel):
 KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
-              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments")
+              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
+              "cuda_graph_impl", "cuda_graph_scope")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -120,6 +131,10 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
+    # CUDA graphs (Megatron --cuda-graph-impl / --cuda-graph-scope): an MoE layer whose experts run inside a graph
+    # is not issued op by op by the host (cost_models.moe.moe_layer_host_issued)
+    cuda_graph_impl: CudaGraphImpl = "none"
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
     # Whose cross-entropy kernel runs the loss: "none" (the framework's own: Megatron's fp32 vocab-parallel loss),
     # "te" (Transformer Engine's fused kernel; its bytes: layer_cost.TE_LOSS_BYTES, loss_bytes_per_logit below).
     cross_entropy_fusion: CrossEntropyFusion = "none"
@@ -203,7 +218,8 @@ class Runtime:
                  and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")  # a parameter of a2a+p2p only
                  # MoE knobs off their defaults (alltoall, no overlap, dropless learned routing), set by a knob or
                  # by a cluster profile's efficiency
-                 and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))]
+                 and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))
+                 and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None

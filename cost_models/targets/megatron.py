@@ -96,6 +96,13 @@ Run-time semantics:
   ``moe_capacity_factor`` = ``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity`` (token drop: each
   expert padded to its capacity, token_dispatcher.py ``preprocess``). Unset: the catalog's dispatcher and overlap
   (``Efficiency``), dropless routing with the catalog's load imbalance.
+- CUDA graphs (knobs ``cuda_graph_impl`` none / local / transformer_engine = ``--cuda-graph-impl``, TC:776-782;
+  ``cuda_graph_scope`` = ``--cuda-graph-scope``, TC:784-791, empty = each whole layer; rules in
+  ``check_cuda_graphs``): what a graph holds is replayed without the host issuing it op by op. Priced on MoE layers
+  only (``moe.moe_layer_host_issued``): their dispatch and experts run eagerly unless the ``moe`` scope (token drop
+  with padding), a whole-layer graph or ``full_iteration`` holds them; the dropless dispatchers sync host and device
+  in every MoE layer (``moe.DISPATCHER_HOST_SYNC``), so they cannot be graphed in 0.16.1. Graphs' memory pool and
+  the dense layers' launch overhead are not priced.
 - fp8 (knob ``fp8_recipe``) runs TE's quantizers (``cost_models.te_fp8``): cast bytes per recipe and GPU (what a
   norm fuses, transposes only on TN-only fp8 GEMMs), sequence-parallel all-gathers of the quantized tensor (MXFP8:
   both copies of an output gradient), block-scaled MXFP8 GEMMs at TE's measured kernel time ratio.
@@ -200,6 +207,11 @@ class MegatronProfile(TargetProfile):
                                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment "
                                     "(Megatron-LM sets none; megatron/core/distributed/distributed_data_parallel_config"
                                     ".py:156-161 refuses it with nccl_ub)"),
+        "cuda_graph_impl": Knob("cuda_graph_impl", ("none", "local", "transformer_engine"), "none",
+                                f"{TC}:776-782, 1716-1720 (--cuda-graph-impl)"),
+        "cuda_graph_scope": Knob("cuda_graph_scope", (), (),
+                                 f"{TC}:784-791, 1688-1714 (--cuda-graph-scope; empty = each whole layer); "
+                                 "megatron/core/transformer/enums.py:70-79 (CudaGraphScope)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -343,6 +355,7 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
                               f"does not pad experts to capacity ({TC}:1074-1081)",
                               valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
+        check_cuda_graphs(model, par, rt)
         bad = module_errors(model, par, rt.fp8_recipe)  # --recompute-modules (cost_models.recompute cites the code)
         if bad is not None:
             raise ConfigError(bad, valid=[m for m in RECOMPUTE_MODULES if module_errors(
@@ -391,6 +404,8 @@ class MegatronProfile(TargetProfile):
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
         if k.get("expandable_segments", False):
             env += (EXPANDABLE_SEGMENTS_ENV,)
+            if k.get("cuda_graph_impl") == "transformer_engine":  # MLM:1247-1253 (illegal memory access otherwise)
+                env += (("NCCL_GRAPH_REGISTER", "0"),)
         cap = 0.0
         if mfsdp:
             dp_cp = par.dp(cluster.num_gpus) * par.cp if par is not None else cluster.num_gpus
@@ -412,6 +427,8 @@ class MegatronProfile(TargetProfile):
             moe_a2a_overlap=k.get("moe_a2a_overlap", cluster.efficiency.moe_a2a_overlap),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
             moe_capacity_factor=k.get("moe_capacity_factor"),
+            cuda_graph_impl=k.get("cuda_graph_impl", "none"),
+            cuda_graph_scope=tuple(k.get("cuda_graph_scope", ())),
             # TE's fp8 linears all-gather quantized tensors under sequence parallelism (te_fp8.te_tp_gather_bytes)
             tp_gather_bytes=te_tp_gather_bytes(fp8_recipe)[0] if fp8_recipe else 2.0,
             tp_grad_gather_bytes=te_tp_gather_bytes(fp8_recipe)[1] if fp8_recipe else 2.0,
@@ -439,6 +456,78 @@ class MegatronProfile(TargetProfile):
                 "back each micro-batch; the memory is priced, the host-link time is not (taken as hidden)",)
                if k.get("cpu_offload_layers") else ()),
         )
+
+
+def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> None:
+    """Megatron-Core 0.16.1's CUDA-graph rules (TransformerConfig.__post_init__, TC:1716-1830 and 1898-1906;
+    Megatron-LM's --cuda-graph-scope help, MLM:1430-1444), plus one it leaves to capture time: a graph over a
+    dropless MoE layer would capture its dispatcher's host sync (``moe.DISPATCHER_HOST_SYNC``), which CUDA graph
+    capture forbids; Megatron states it for the ``moe`` scope ("moe cuda graph is only supported with
+    drop-padding MoE", TC:1764-1770) and the whole layer / whole iteration hold the same MoE layer."""
+    impl, scope = rt.cuda_graph_impl, rt.cuda_graph_scope
+    names = ", ".join(scope) or "(whole layer)"
+    if impl == "none":
+        if scope:
+            raise ConfigError(f"cuda_graph_scope={names} with cuda_graph_impl=none: nothing is captured without an "
+                              f"implementation ({TC}:1716)", valid=["cuda_graph_impl=transformer_engine",
+                                                                     "cuda_graph_scope unset"])
+        return
+    if rt.cpu_offload_layers:
+        raise ConfigError(f"cuda_graph_impl={impl} with cpu_offload_layers={rt.cpu_offload_layers}: CUDA graphs are "
+                          f"not supported with CPU offloading ({TC}:1722-1723)", valid=["cuda_graph_impl=none",
+                                                                                       "cpu_offload_layers=0"])
+    if "full_iteration" in scope:
+        if impl != "local":
+            raise ConfigError(f"cuda_graph_scope full_iteration with cuda_graph_impl={impl}: the whole-iteration "
+                              f"graph is the local implementation's ({TC}:1738-1742)", valid=["cuda_graph_impl=local"])
+        if scope != ("full_iteration",):
+            raise ConfigError(f"cuda_graph_scope={names}: full_iteration captures everything and takes no other "
+                              f"scope ({MLM}:1430-1444)", valid=["cuda_graph_scope=full_iteration"])
+    elif impl == "local" and scope:
+        raise ConfigError(f"cuda_graph_scope={names} with cuda_graph_impl=local: per-module scopes are the "
+                          f"transformer_engine implementation's, local takes full_iteration or the whole layer "
+                          f"({MLM}:1430-1444)", valid=["cuda_graph_impl=transformer_engine",
+                                                       "cuda_graph_scope=full_iteration"])
+    if "moe" in scope and "moe_router" in scope:
+        raise ConfigError(f"cuda_graph_scope={names}: not both moe and moe_router ({TC}:1743-1746)",
+                          valid=["moe", "moe_router"])
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError(f"cuda_graph_scope={names}: moe_preprocess needs moe_router ({TC}:1747-1750)",
+                          valid=["moe_router,moe_preprocess"])
+    if not model.is_moe and ("moe" in scope or "moe_router" in scope):
+        raise ConfigError(f"cuda_graph_scope={names} on {model.name}, a dense model: the moe scopes need experts "
+                          f"({TC}:1751-1755)", valid=["attn", "mlp", "(whole layer)"])
+    if model.is_moe:
+        if "mlp" in scope and model.first_dense_layers == 0 and model.moe_layer_freq == 1:
+            raise ConfigError(f"cuda_graph_scope={names}: mlp graphs dense layers and every layer of {model.name} "
+                              f"is an MoE layer ({TC}:1757-1763)", valid=["moe_router", "attn"])
+        dropless = rt.moe_capacity_factor is None
+        if "moe" in scope and dropless:
+            raise ConfigError(f"cuda_graph_scope={names}: the moe graph needs token drop with padding "
+                              f"(moe_capacity_factor; {TC}:1764-1770)", valid=["moe_capacity_factor=1.0",
+                                                                               "moe_router,moe_preprocess"])
+        if dropless and (not scope or "full_iteration" in scope):
+            from cost_models.moe import DISPATCHER_HOST_SYNC
+
+            what = "whole-iteration" if scope else "whole-layer"
+            raise ConfigError(f"cuda_graph_impl={impl} with a {what} graph on dropless MoE layers: the dispatcher "
+                              f"syncs host and device in every MoE layer "
+                              f"({DISPATCHER_HOST_SYNC[rt.moe_dispatcher or 'alltoall']}), which a CUDA graph cannot "
+                              f"capture; Megatron states it for the moe scope ({TC}:1764-1770)",
+                              valid=["moe_capacity_factor=1.0", "cuda_graph_scope=attn,moe_router,moe_preprocess"])
+    if par.recompute == "full" and scope != ("full_iteration",):
+        raise ConfigError(f"cuda_graph_impl={impl} with recompute=full: full recompute runs only under the "
+                          f"full_iteration graph ({TC}:1780-1784)", valid=["recompute=selective",
+                                                                           "cuda_graph_scope=full_iteration"])
+    if (par.recompute == "selective" and impl == "transformer_engine" and "moe_router" in scope
+            and "moe" in (par.recompute_modules or ())):
+        raise ConfigError(f"cuda_graph_scope={names} with recompute module moe: not with the moe_router graph under "
+                          f"transformer_engine ({TC}:1788-1795)", valid=["cuda_graph_scope=attn",
+                                                                         "recompute_modules without moe"])
+    if rt.moe_a2a_overlap and (impl != "transformer_engine" or "moe" in scope or "mlp" in scope):
+        raise ConfigError(f"moe_a2a_overlap with cuda_graph_impl={impl} scope {names}: the EP overlap takes "
+                          f"transformer_engine graphs without the moe or mlp scope ({TC}:1898-1906)",
+                          valid=["cuda_graph_scope=attn,moe_router,moe_preprocess", "moe_a2a_overlap=false"])
 
 
 def optimizer_bytes(moments: str, fp8_recipe: str | None, fp8_params: bool = False) -> float:
