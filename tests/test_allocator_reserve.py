@@ -66,6 +66,7 @@ def test_megatron_core_reads_the_exported_setting(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("target,flags,exported", [
     ("megatron", [], False), ("megatron", ["--expandable-segments"], True),
     ("torchtitan", ["--zero", "3"], True), ("torchtitan", ["--zero", "3", "--no-expandable-segments"], False),
+    ("fsdp2", ["--zero", "3"], False), ("fsdp2", ["--zero", "3", "--expandable-segments"], True),
 ])
 def test_emitted_launch_scripts_export_what_is_priced(tmp_path, target: str, flags: list[str],  # type: ignore[no-untyped-def]
                                                       exported: bool) -> None:

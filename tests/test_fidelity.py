@@ -183,6 +183,26 @@ def test_memory_against_published_peaks() -> None:
     assert "memory MAPE" in fidelity.render_memory(rows)
 
 
+def test_reserve_fit_brackets_the_catalog_reserve() -> None:
+    """``fidelity.reserve_fit``: its optimum minimises the memory MAPE (neighbours are no better), and the catalog's
+    ``ALLOCATOR_RESERVE`` stays under the held reserve every calibration run that trained allows."""
+    from cost_models.memory import ALLOCATOR_RESERVE
+
+    rows = fidelity.memory_rows()
+    fit = fidelity.reserve_fit(rows)
+
+    def mape(c: float) -> float:
+        return sum(abs(p["allocated"] + c * (p["activations"] + p["zero3_buffers"]) - m) / m
+                   for _, m, _, p in rows) / len(rows)
+
+    best = float(fit["best"])  # type: ignore[arg-type]
+    assert fit["best_mape"] == pytest.approx(mape(best))
+    assert mape(best) <= min(mape(best - 0.001), mape(best + 0.001))
+    assert fit["catalog_mape"] == pytest.approx(sum(abs(p / m - 1) for _, m, p, _ in rows) / len(rows))
+    bound, _ = fidelity.held_reserve_bound()
+    assert ALLOCATOR_RESERVE <= bound
+
+
 def test_transfer_scales_the_saturation_dim_by_the_ridge_point() -> None:
     """A generation without reference runs: dimensionless efficiencies carry over, ``gemm_half_dim`` scales with
     peak FLOP/s ÷ HBM bytes/s, and a GPU without fp8 tensor cores keeps its fp8 ratio of 1."""

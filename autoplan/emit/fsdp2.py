@@ -350,5 +350,6 @@ def fsdp2_files(plan: EmitPlan) -> dict[str, str]:
     program = ['"${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your training script}"', "${EXTRA_ARGS:-}"]
     return {
         f"{MODULE_NAME}.py": fsdp2_module(plan),
-        "train_fsdp2_torchrun.sh": torchrun_script(header, body, program, plan.num_nodes, plan.procs_per_node, {}),
+        "train_fsdp2_torchrun.sh": torchrun_script(header, body, program, plan.num_nodes, plan.procs_per_node,
+                                                   dict(plan.runtime("fsdp2").env)),  # the priced allocator
     }

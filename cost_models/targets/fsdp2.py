@@ -17,8 +17,8 @@ from typing import Any
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import (Knob, Runtime, Software, TargetProfile, reshard_options,
-                                        torch_memory_facts)
+from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
+                                        reshard_options, torch_memory_facts)
 
 FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
 
@@ -45,6 +45,9 @@ class FSDP2Profile(TargetProfile):
         "compile": Knob("compile", (False,), False, "the emitted module does not call torch.compile"),
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32", "bf16"), "fp32",
                                   "MixedPrecisionPolicy.reduce_dtype in the emitted apply_fsdp"),
+        "expandable_segments": Knob("expandable_segments", (True, False), False,
+                                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True exported by the emitted "
+                                    "launch script (PyTorch's default allocator otherwise)"),
     }
 
     def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -94,6 +97,7 @@ class FSDP2Profile(TargetProfile):
             reshard_after_forward=k.get("reshard_after_forward", default_reshard),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0, fused_elementwise=False,
             fused_loss=False,
+            env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", False) else (),
             **torch_memory_facts(grad),
         )
 
