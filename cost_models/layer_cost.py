@@ -540,7 +540,14 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     work, the host needs ``moe_host_s_per_expert`` × local experts to issue it (TE's GroupedLinear loops over the
     rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py; the dropless dispatcher's host
     sync each layer, megatron/core/transformer/moe/token_dispatcher.py ``_maybe_update_cuda_sync_point``, keeps the
-    host from running ahead across layers): the layer takes max(device, host), i.e. device + this."""
+    host from running ahead across layers, ``moe.DISPATCHER_HOST_SYNC``): the layer takes max(device, host), i.e.
+    device + this. Priced only where the host issues the experts (``moe.moe_layer_host_issued``: no CUDA graph holds
+    them). Per local expert, forward + backward of fc1 and fc2, the host issues TE 2.12's per-expert quantize, fprop,
+    grad quantize, dgrad and wgrad (10 kernels: split_quantize and the multi-stream grouped GEMM loop over experts
+    in C++, the scale swizzles are one multi-tensor call, pytorch/csrc/extensions/gemm.cpp:502-565) and its Python
+    per-expert work (weight workspace, quantizer usage, main_grad / dummy wgrad, grouped_linear.py:106-500 at
+    5671fd36) plus Megatron's per-parameter grad hook; the per-layer part (router, permute, dispatch, combine) is
+    not counted here."""
     host = cluster.efficiency.moe_host_s_per_expert * (model.num_experts // par.ep)
     return max(0.0, host - device_s)
 

@@ -166,3 +166,30 @@ def test_host_floor_only_where_the_host_issues_the_experts() -> None:
     for sw in graphed:
         assert not moe_layer_host_issued(_check(sw))
         assert _moe_layer(sw, big).host_s == 0.0
+
+
+def test_dispatcher_host_syncs_are_where_the_code_says() -> None:
+    """``moe.DISPATCHER_HOST_SYNC`` cites megatron-core 0.16.1's lines where each dropless dispatcher blocks the host
+    on the device once per MoE layer; read them from the installed megatron-core and check they say so."""
+    import importlib.util
+    from pathlib import Path
+
+    from cost_models.moe import DISPATCHER_HOST_SYNC
+
+    spec = importlib.util.find_spec("megatron.core.transformer.moe")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("megatron-core not installed")
+    moe_dir = Path(list(spec.submodule_search_locations)[0])
+
+    def lines(name: str, first: int, last: int) -> str:
+        return "\n".join((moe_dir / name).read_text().splitlines()[first - 1:last])
+
+    assert set(DISPATCHER_HOST_SYNC) == {"alltoall", "deepep", "hybridep"}
+    assert "before_ep_alltoall" in lines("token_dispatcher.py", 562, 564)
+    assert "d2h_event.synchronize()" in lines("token_dispatcher.py", 897, 899)
+    assert "capacity" in lines("token_dispatcher.py", 495, 508)  # drop-and-pad: sizes from the capacity, no sync
+    assert ".item()" in lines("token_dispatcher.py", 1302, 1302)
+    assert "non_blocking = num_permuted_tokens is not None" in lines("fused_a2a.py", 365, 367)
+    assert "num_permuted_tokens = self.capacity" in lines("token_dispatcher.py", 1007, 1020)
+    for name, cite in DISPATCHER_HOST_SYNC.items():  # each cites the file it is read from above
+        assert cite.split(":")[0] in ("token_dispatcher.py", "fused_a2a.py"), name
