@@ -64,6 +64,10 @@ class HeldRow:
     mbs: int = 0
     moe_knobs: str = ""
     framework: str = ""  # the efficiency set the run is priced with (``framework_of`` its target; megatron's default)
+    # a published peak (torchtitan logs: max_memory_reserved) and the prediction's reserved / allocated peaks, GiB
+    measured_peak_gib: float = 0.0
+    reserved_gib: float = 0.0
+    allocated_gib: float = 0.0
 
     @property
     def error(self) -> float:
@@ -152,8 +156,25 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 pred.num_microbatches, max(pred.layers_per_stage),
                                 run.model.num_experts // par.ep if run.model.num_experts else 0, par.micro_batch_size,
                                 " ".join(f"{k}={v}" for k, v in run.knobs.given().items() if k.startswith("moe_")),
-                                framework_of(run.target) or run.target or "megatron"))
+                                framework_of(run.target) or run.target or "megatron",
+                                case["measured"].get("peak_memory_gib") or 0.0, pred.peak_reserved_gib,
+                                pred.peak_allocated_gib))
     return rows, skipped, cases
+
+
+def memory_summary(rows: list[HeldRow]) -> str:
+    """The held-out runs with a published peak (torchtitan logs ``max_memory_reserved``) against the predicted
+    reserved peak: n, MAPE, mean signed error, worst, and how many are over-predicted by the allocated peak alone
+    (there the allocator reserve cannot be judged). Fitted on nothing."""
+    peaks = [r for r in rows if r.measured_peak_gib > 0]
+    if not peaks:
+        return ""
+    err = [r.reserved_gib / r.measured_peak_gib - 1 for r in peaks]
+    worst = max(range(len(peaks)), key=lambda i: abs(err[i]))
+    over = sum(r.allocated_gib > r.measured_peak_gib for r in peaks)
+    return (f"Peak memory vs {len(peaks)} held-out published peaks (reserved): MAPE {sum(map(abs, err)) / len(err):.1%}, "
+            f"mean signed {sum(err) / len(err):+.1%}, worst {err[worst]:+.1%} ({peaks[worst].id}); {over} over-predicted "
+            "by the allocated peak alone")
 
 
 KEYS: dict[str, Callable[[HeldRow], str]] = {
@@ -255,6 +276,9 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
               f"{sum(r.fits for r in rows)}/{len(rows)}"
               + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
+    mem = memory_summary(rows)
+    if mem:
+        lines += ["", mem]
     fitted = sorted(g for path in default_files() for g in fidelity.calibration_groups(fidelity.load_cases(path)[1]))
     if fitted:
         lines += ["", f"Not held out (joined the calibration set; scored by benchmarks/fidelity.py): {', '.join(fitted)}"]

@@ -171,3 +171,14 @@ def test_kimi_k2_rows_are_the_published_model(heldout) -> None:
     assert k.num_experts == 384 and k.moe_top_k == 8 and k.num_shared_experts == 1 and k.first_dense_layers == 1
     assert 1.0e12 <= k.num_params <= 1.05e12
     assert 32e9 <= k.num_active_params <= 33.5e9
+
+
+def test_memory_summary_scores_the_published_peaks_against_reserved(heldout, evaluated) -> None:
+    """The held-out runs that publish a peak (torchtitan logs: max_memory_reserved) are scored against the
+    predicted reserved peak; the line's MAPE recomputes from the rows."""
+    rows = evaluated[0]
+    peaks = [r for r in rows if r.measured_peak_gib > 0]
+    assert peaks and all(r.allocated_gib < r.reserved_gib for r in peaks)
+    mape = sum(abs(r.reserved_gib / r.measured_peak_gib - 1) for r in peaks) / len(peaks)
+    line = heldout.memory_summary(rows)
+    assert f"{len(peaks)} held-out published peaks" in line and f"MAPE {mape:.1%}" in line
