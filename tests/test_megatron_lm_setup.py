@@ -32,8 +32,12 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          ("qwen3-235b-a22b", 1024, dict(tp=4, pp=8, ep=8)), ("deepseek-v3", 2048, dict(tp=2, pp=16, ep=64)),
          ("mistral-7b config.json", 16, dict(tp=4)),
          # context-parallel communication types (issue 10): Ulysses, and hierarchical a2a+p2p with its group sizes
-         ("llama3-8b", 64, dict(tp=1, cp=8)), ("llama3-8b", 64, dict(tp=2, cp=8))]
-SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4)}
+         ("llama3-8b", 64, dict(tp=1, cp=8)), ("llama3-8b", 64, dict(tp=2, cp=8)),
+         # CUDA graphs: TE-scoped graphs beside a dropless dispatcher; a token-drop whole-iteration graph with EP
+         ("mixtral-8x7b", 64, dict(tp=2, ep=8)), ("mixtral-8x7b", 64, dict(tp=2, ep=8))]
+SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
+            9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
+            10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
 TRAIN_ITERS = 250
 
 
@@ -89,6 +93,8 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
             want.update(moe_router_topk=m.moe_top_k, moe_router_score_function=r.score_function,
                         moe_aux_loss_coeff=r.aux_loss_coeff, moe_router_enable_expert_bias=r.expert_bias)
         assert {k: got[k] for k in want} == want, name
+    assert [(r["facts"]["cuda_graph_impl"], r["facts"]["cuda_graph_scope"]) for r in results[9:11]] == \
+        [("transformer_engine", ["attn", "moe_router", "moe_preprocess"]), ("local", ["full_iteration"])]
 
 
 def test_megatron_fsdp_zero2_passes_validate_args_and_the_framework_refuses_its_misuse(tmp_path: Path) -> None:

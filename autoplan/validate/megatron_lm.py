@@ -134,7 +134,8 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
             "cp_comm_type": cfg.cp_comm_type, "fp8": cfg.fp8, "fp4": cfg.fp4,
             "fp4_recipe": None if cfg.fp4 is None else str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)),
-            "hierarchical_context_parallel_sizes": cfg.hierarchical_context_parallel_sizes}}
+            "hierarchical_context_parallel_sizes": cfg.hierarchical_context_parallel_sizes,
+            "cuda_graph_impl": cfg.cuda_graph_impl, "cuda_graph_scope": [s.name for s in cfg.cuda_graph_scope]}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:
