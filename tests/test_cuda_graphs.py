@@ -193,3 +193,13 @@ def test_dispatcher_host_syncs_are_where_the_code_says() -> None:
     assert "num_permuted_tokens = self.capacity" in lines("token_dispatcher.py", 1007, 1020)
     for name, cite in DISPATCHER_HOST_SYNC.items():  # each cites the file it is read from above
         assert cite.split(":")[0] in ("token_dispatcher.py", "fused_a2a.py"), name
+
+
+def test_te_graphs_with_expandable_segments_export_nccl_graph_register_off() -> None:
+    """Megatron-LM's validate_args asserts NCCL_GRAPH_REGISTER=0 for TE graphs under expandable_segments
+    (arguments.py:1247-1253): the runtime's launch environment carries it, and only then."""
+    te = Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=ROUTER)
+    both = _check(te.model_copy(update={"expandable_segments": True}))
+    assert ("NCCL_GRAPH_REGISTER", "0") in both.env
+    assert ("NCCL_GRAPH_REGISTER", "0") not in _check(te).env
+    assert ("NCCL_GRAPH_REGISTER", "0") not in _check(Software(expandable_segments=True)).env
