@@ -14,8 +14,8 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
   casts, by scaling granularity: Transformer Engine's (``te_cast_bytes``: amax pass, copies written, what the norm
   kernel fuses, transposes only where the fp8 GEMM is TN-only) or torchao's Float8Linear, which also casts its
-  weight every micro-batch (``TORCHAO_*``, as torchao's roofline counts them); ``rowwise_with_gw_hp`` runs the
-  weight-gradient GEMM in bf16; the rowwise recipes' forward GEMM runs the CUTLASS row-wise kernel
+  weight every micro-batch (``TORCHAO_*``, as torchao's roofline counts them, MXFP8 too); ``rowwise_with_gw_hp``
+  runs the weight-gradient GEMM in bf16; the rowwise recipes' forward GEMM runs the CUTLASS row-wise kernel
   (``ROWWISE_FWD_GEMM_EFFICIENCY``), their slow-accumulation backward GEMMs cuBLAS's tensorwise kernel with the
   output rescaled in a separate pass (``fp8_rescale_bytes``); block-scaled MXFP8 GEMMs run at the kernel time ratio
   TE measured against per-tensor fp8 (``MXFP8_GEMM_TIME_RATIO``).
@@ -58,15 +58,21 @@ def fp8_gemm_time_ratio(rt: Runtime | None, job: JobSpec) -> float:
 # - rowwise: the row-scaled fp8 copy and a bf16 transpose in one kernel (2 + 1 + 2), the transpose's own row-scaled
 #   cast (2 + 1): 8; fused 6 ("can't fuse 1 and 2: that would need the whole tensor in shared memory").
 # - rowwise_with_gw_hp: the row-scaled copy only (2 + 1; the weight-gradient GEMM takes bf16): 3; fused 1.
+# - mxfp8 (torchao MXLinear, torchtitan's MXFP8LinearConverter: recipes mxfp8_cublas / mxfp8_cublas_rceil /
+#   mxfp8_emulated, one roofline branch at ao d8bb51f63 l.188-203, the commit of its B200 torchtitan table): a dim0 and
+#   a dim1 1x32-block cast, each reading the bf16 tensor (2 + 1 each; "assume that we can't profitably fuse kernel 1
+#   and kernel 2"; the E8M0 scales, 1/32 B per element, not counted): 6; fused 4 (kernel 1 reads with the producer).
 TORCHAO_ACT_CAST_BYTES: dict[str, tuple[float, float]] = {
-    "tensorwise": (6.0, 4.0), "rowwise": (8.0, 6.0), "rowwise_with_gw_hp": (3.0, 1.0)}
+    "tensorwise": (6.0, 4.0), "rowwise": (8.0, 6.0), "rowwise_with_gw_hp": (3.0, 1.0), "mxfp8": (6.0, 4.0)}
 # ... and per weight element, every micro-batch (Float8Linear casts the gathered bf16 weight in each forward and
 # again for the backward's grad_input GEMM, which needs it scaled along the other axis): (forward, backward).
 # - tensorwise: amax (2) + cast (2 + 1) forward, a second cast (2 + 1) backward.
 # - rowwise: row-scaled cast (2 + 1) forward; backward a bf16 transpose (2 + 2) and its cast (2 + 1).
 # - rowwise_with_gw_hp: row-scaled cast (2 + 1) forward; backward a cast with the tensorwise scale (2 + 1).
+# - mxfp8: the same two block casts of the weight (same roofline branch): dim0 for the forward (2 + 1), dim1 for the
+#   backward's input-gradient GEMM (2 + 1).
 TORCHAO_WEIGHT_CAST_BYTES: dict[str, tuple[float, float]] = {
-    "tensorwise": (5.0, 3.0), "rowwise": (3.0, 7.0), "rowwise_with_gw_hp": (3.0, 3.0)}
+    "tensorwise": (5.0, 3.0), "rowwise": (3.0, 7.0), "rowwise_with_gw_hp": (3.0, 3.0), "mxfp8": (3.0, 3.0)}
 
 
 def eager_elementwise(eff: Efficiency, rt: Runtime | None) -> bool:
@@ -90,7 +96,7 @@ def fp8_cast_bytes(rt: Runtime | None, non_tn_gemm: bool = False) -> TeCast:
 def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float] | None:
     """(bytes per activation element, per weight element forward, backward) of torchao's Float8Linear casts for
     the runtime's recipe (``TORCHAO_*``; fused with the producer under torch.compile), or None where the runtime's
-    fp8 is not torchao's (Transformer Engine: ``fp8_cast_bytes``; MXFP8 priced as TE's blocks)."""
+    fp8 is not torchao's (Transformer Engine: ``fp8_cast_bytes``)."""
     if job.precision != "fp8" or rt is None or rt.fp8_impl != "torchao" or rt.fp8_recipe not in TORCHAO_ACT_CAST_BYTES:
         return None
     act = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][1 if rt.compile else 0]

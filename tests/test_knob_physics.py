@@ -112,3 +112,41 @@ def test_torchao_float8_casts_and_rowwise_forward_gemm() -> None:
     assert rw_gemm == pytest.approx(gemm / ROWWISE_FWD_GEMM_EFFICIENCY)
     te = runtime_for("megatron", job, cluster, par, Software(fp8_recipe="tensorwise"))
     assert op_compute(gate, graph, model, cluster, job, par, te).gemm_fwd_extra == 0.0
+
+
+def test_torchao_mxfp8_casts_follow_torchaos_roofline() -> None:
+    """torchtitan's MXFP8 linears (torchao MXLinear) cast as torchao's roofline counts them (roofline_utils.py at ao
+    d8bb51f63, the mxfp8_cublas branch): a dim0 and a dim1 block cast of each operand, 3 B per element each (the
+    first fused with the producer under compile: 4 B, 6 eager), the weight 3 B forward and 3 B backward every
+    micro-batch — not Transformer Engine's cast (Megatron's mxfp8 keeps TE's, with no per-micro-batch weight cast).
+    The GEMM runs at TE's measured MXFP8/per-tensor time ratio either way."""
+    from cost_models.knob_effects import fp8_gemm_time_ratio
+    from cost_models.layer_cost import _local_widths, op_traffic_bytes
+    from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO
+
+    model, _, job, par = _case()
+    cluster = build_cluster("b200", 8)
+    job = job.model_copy(update={"precision": "fp8"})
+    graph = layer_graph(model, "dense", job.seq_len)
+    tokens = par.micro_batch_size * job.seq_len
+    gate, up, down = graph.op("gate_proj"), graph.op("up_proj"), graph.op("down_proj")
+    k, n = _local_widths(gate, graph, 1)
+
+    def rt(compiled: bool = True, target: str = "torchtitan"):  # type: ignore[no-untyped-def]
+        return runtime_for(target, job, cluster, par, Software(compile=compiled, fp8_recipe="mxfp8"))
+
+    mx = rt()
+    assert op_traffic_bytes(gate, graph, model, job, par, mx)[0] == pytest.approx(4.0 * k * tokens + 3.0 * k * n)
+    assert op_traffic_bytes(up, graph, model, job, par, mx)[0] == pytest.approx(3.0 * k * n)  # shares gate's cast
+    assert op_traffic_bytes(up, graph, model, job, par, rt(compiled=False))[0] == \
+        pytest.approx(6.0 * k * tokens + 3.0 * k * n)
+    kd, nd = _local_widths(down, graph, 1)
+    bf16 = job.model_copy(update={"precision": "bf16"})
+    bwd_bf16 = op_traffic_bytes(down, graph, model, bf16, par, runtime_for("torchtitan", bf16, cluster, par,
+                                                                           Software(compile=True)))[1]
+    assert op_traffic_bytes(down, graph, model, job, par, mx)[1] - bwd_bf16 == \
+        pytest.approx(4.0 * nd * tokens + 3.0 * kd * nd)
+    assert fp8_gemm_time_ratio(mx, job) == MXFP8_GEMM_TIME_RATIO
+    te = runtime_for("megatron", job, cluster, par, Software(fp8_recipe="mxfp8"))
+    te_fwd = op_traffic_bytes(up, graph, model, job, par, te)[0]
+    assert te_fwd < 3.0 * k * n  # TE: no per-micro-batch weight cast on the activation path
