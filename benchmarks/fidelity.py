@@ -25,7 +25,8 @@ What the model needs to get these right (all in ``cost_models``, each parameter 
 - Attention: fused (``attention`` of peak on causal FLOPs), or — for the 2021 SC'21 runs, a documented software
   fact of those runs — Megatron's unfused path, whose s×s score traffic dominates small-``h`` layers.
 - Collectives: ring α-β at nccl-tests bus bandwidth (``link_bus``, ``nic_bus``), NVLS all-reduce (``nvls_bus``),
-  hierarchical across nodes; TP traffic partly hidden (``tp_overlap``, at least 1/(2t) exposed), DP traffic hidden
+  hierarchical across nodes; Megatron's TP traffic hidden per collective behind its own GEMM (TE userbuffers:
+  ``cost_models/te_userbuffers.py``), torchtitan async TP's by a share (``tp_overlap``), DP traffic hidden
   under backward but for its tail (``dp_overlap``); pipeline bubbles per schedule with uneven stages.
 
 The catalog's [fit] values are ``--fit``'s output: pure bounded least squares on log step time over all runs of

@@ -7,8 +7,10 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   sequences: ``specs.EAGER_TRAFFIC``) and applies only where the runtime does not fuse (torchtitan without
   ``compile``, the fsdp2 module).
 - **TP communication overlap** (Megatron ``--tp-comm-overlap``, TE userbuffers; torchtitan async TP, micro-pipelined
-  all-gather/reduce-scatter matmuls, ``torch/distributed/_symmetric_memory``): ``Efficiency.tp_overlap`` of the TP
-  traffic hides behind the GEMMs only when the runtime overlaps; otherwise all of it is on the critical path.
+  all-gather/reduce-scatter matmuls, ``torch/distributed/_symmetric_memory``): only when the runtime overlaps;
+  otherwise all of it is on the critical path. Megatron's userbuffers hide each collective behind its own GEMM
+  (``te_userbuffers``: what its GEMM does not cover stays exposed); torchtitan's async TP hides the share
+  ``Efficiency.tp_overlap``. ``tp_overlap`` 0 states a stack without TP overlap.
   torchtitan's Float8 tensorwise TP and Transformer Engine's fp8 sequence-parallel linears all-gather fp8
   (``Runtime.tp_gather_bytes`` / ``tp_grad_gather_bytes``, ``te_tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on

@@ -33,6 +33,7 @@ from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
+from cost_models.te_userbuffers import UbMethod, ub_exposed_s
 
 ATTN_BWD_FACTOR = 2.5
 _COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}
@@ -345,10 +346,11 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
 
 
 def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:
-    """Share of TP traffic left on the critical path. Megatron-Core ``--tp-comm-overlap`` (TE userbuffers) or
-    torchtitan's async TP hides ``tp_overlap`` of it behind the GEMMs it feeds, pipelined over t chunks (one per
-    peer): the reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays
-    exposed. A runtime without either overlap (``knob_effects.tp_overlap``) exposes all of it."""
+    """Share of TP traffic left on the critical path where no per-collective model prices it (torchtitan's async TP;
+    the intra-op search's per-op pricing and the MTP projections, which see no runtime): ``tp_overlap`` of it hides
+    behind the GEMMs it feeds, pipelined over t chunks (one per peer): the reduce-scatter of the last chunk has
+    nothing left to hide behind, so at least 1/(2t) stays exposed. A runtime without overlap
+    (``knob_effects.tp_overlap``) exposes all of it. Megatron's userbuffers: ``_userbuffers_boundary``."""
     return max(1.0 - tp_overlap(eff, rt), 1.0 / (2 * t)) if t > 1 else 0.0
 
 
@@ -389,20 +391,56 @@ def tp_collectives(role: TpRole, sequence_parallel: bool,
     return (("all_reduce", "fwd", fwd),)
 
 
+def _userbuffers_boundary(role: TpRole, elems: float, gemm_s: float, gather: float, grad_gather: float, t: int,
+                          stride: int, cluster: ClusterSpec, fwd_calls: int) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) of one TP boundary under TE userbuffers (``te_userbuffers``), its
+    GEMM's forward time ``gemm_s`` (dgrad and wgrad take as long). Column: all-gather of the input (ring exchange
+    under the forward GEMM), and in the backward the input's all-gather for the weight gradient (bulk, under dgrad)
+    and the input gradient's reduce-scatter (bulk, under wgrad). Row: the output's reduce-scatter (pipelined over
+    the forward GEMM), the output gradient's all-gather (ring exchange under dgrad)."""
+    if role == "column":
+        plan: tuple[tuple[CollectiveKind, float, UbMethod, int], ...] = (
+            ("all_gather", gather, "ring_exchange", fwd_calls), ("all_gather", gather, "bulk", 1),
+            ("reduce_scatter", 2.0, "bulk", 1))
+    else:
+        plan = (("reduce_scatter", 2.0, "pipeline", fwd_calls), ("all_gather", grad_gather, "ring_exchange", 1))
+    seconds = nbytes = 0.0
+    for kind, width_bytes, method, calls in plan:
+        payload = width_bytes * elems
+        comm = group_collective_time_s(kind, payload, t, stride, cluster)
+        seconds += calls * ub_exposed_s(method, comm, gemm_s, t)
+        nbytes += calls * bytes_sent_per_rank(kind, payload, t)
+    return seconds, nbytes
+
+
 def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-                      sequence_parallel: bool, rt: Runtime | None = None) -> list[tuple[float, float]]:
+                      sequence_parallel: bool, rt: Runtime | None = None,
+                      model: ModelSpec | None = None) -> list[tuple[float, float]]:
     """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
     without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor (all-gathers at
     ``rt.tp_gather_bytes``, the backward's output-gradient ones at ``rt.tp_grad_gather_bytes``: fp8 under
-    torchtitan's Float8 tensorwise TP and TE's fp8 linears), × the share TP-comm overlap leaves exposed."""
+    torchtitan's Float8 tensorwise TP and TE's fp8 linears), × the share TP-comm overlap leaves exposed
+    (``tp_exposed_fraction``); under Megatron's userbuffers (``model`` given) each collective against its own GEMM."""
     t = par.tp
     fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
     tokens = par.micro_batch_size * job.seq_len / par.cp
     out = []
     gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers: torchtitan's Float8 TP, TE's fp8
     grad_gather = gather if rt is None or rt.tp_grad_gather_bytes is None else rt.tp_grad_gather_bytes
+    # Megatron --tp-comm-overlap: each collective against its own GEMM (te_userbuffers), unless the run's stack or
+    # generation states no TP overlap (tp_overlap 0: calibrate.SOFTWARE_SETTINGS; gpus.yaml's unmeasured priors)
+    userbuffers = (model is not None and rt is not None and rt.tp_comm_overlap and sequence_parallel and t > 1
+                   and tp_overlap(cluster.efficiency, rt) > 0)
     for tensor, role in tp_boundaries(graph):
         elems = tokens * graph.tensors[tensor].width
+        if userbuffers:
+            ops = [op for op in graph.ops if op.kind == "matmul"
+                   and (op.inputs[0] == tensor if role == "column" else op.output == tensor)]
+            gemm = sum(p.gemm_f + p.gemm_fwd_extra for p in (op_compute(op, graph, model, cluster, job, par, rt)
+                                                            for op in ops))
+            out.append(_userbuffers_boundary(role, elems, gemm, gather, grad_gather, t, stride, cluster,
+                                             2 if par.recompute == "full" else 1))
+            continue
         seconds = nbytes = 0.0
         for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
             ag = grad_gather if role == "row" else gather  # a row boundary all-gathers in the backward
@@ -499,7 +537,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in ("dense", "moe")
     if t > 1 and is_block:
-        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt):
+        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt,
+                                                 model):
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes

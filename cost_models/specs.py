@@ -404,7 +404,9 @@ class Efficiency(_Frozen):
     hbm_bus: float = Field(default=0.85, gt=0, le=1, description="achieved fraction of HBM bandwidth by streaming "
                            "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
     tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "
-                              "GEMMs (Megatron-Core --tp-comm-overlap, TE userbuffers); 0 = all on the critical path")
+                              "GEMMs where no per-collective model prices it (torchtitan async TP; the intra-op search's "
+                              "per-op TP pricing; Megatron's userbuffers are priced per collective: te_userbuffers); "
+                              "0 = no TP overlap in this stack: all on the critical path")
     nvls_bus: float = Field(default=0.0, ge=0, le=1.5, description="NVLink SHARP (NVLS) all-reduce bus bandwidth "
                             "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
     compiled: bool = Field(default=True, description="element-wise kernels fused (TE / torch.compile); false = "

@@ -1,0 +1,99 @@
+"""TE userbuffers (Megatron --tp-comm-overlap) priced per collective against its own GEMM (cost_models.te_userbuffers),
+recomputed here from the collectives' and GEMMs' own times."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.collectives import group_collective_time_s
+from cost_models.gemm import matmul_time_s
+from cost_models.layer_cost import layer_cost, tp_boundaries
+from cost_models.opgraph import layer_graph
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import Software, runtime_for
+from cost_models.te_userbuffers import UB_PIPELINE_SPLITS, ub_exposed_s
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_each_method_hides_what_its_gemm_covers(t: int) -> None:
+    g = 1.0
+    # ring exchange: t chunks, the first one local: t-1 transfers under t-1 GEMM chunks
+    assert ub_exposed_s("ring_exchange", g * (t - 1) / t, g, t) == 0.0
+    assert ub_exposed_s("ring_exchange", 2 * g, g, t) == pytest.approx(2 * g - g * (t - 1) / t)
+    # bulk: one collective under one whole GEMM
+    assert ub_exposed_s("bulk", 0.9 * g, g, t) == 0.0
+    assert ub_exposed_s("bulk", 1.5 * g, g, t) == pytest.approx(0.5 * g)
+    # pipeline: the last of the 4 chunks' reduce-scatters has nothing left to hide behind
+    assert ub_exposed_s("pipeline", 0.5 * g, g, t) == pytest.approx(0.5 * g / UB_PIPELINE_SPLITS)
+    assert ub_exposed_s("pipeline", 2 * g, g, t) == pytest.approx(2 * g / 4 + 3 * (2 * g - g) / 4)
+    assert ub_exposed_s("pipeline", 0.0, g, t) == 0.0
+
+
+def _setup(precision: str, t: int = 8):  # type: ignore[no-untyped-def]
+    model = load_model("llama3-70b")
+    cluster = build_cluster("h100-sxm", 8)
+    job = JobSpec(seq_len=8192, precision=precision)
+    par = ParallelConfig(tp=t, sequence_parallel=True)
+    return model, cluster, job, par, layer_graph(model, "dense", job.seq_len)
+
+
+def _recomputed_exposed_s(precision: str, t: int) -> float:
+    """The layer's userbuffers exposure from first principles: per TP boundary its collectives' times and its GEMM's
+    forward time (dgrad and wgrad take as long), through TE's default methods."""
+    model, cluster, job, par, graph = _setup(precision, t)
+    rt = runtime_for("megatron", job, cluster, par, Software())
+    assert rt.tp_comm_overlap
+    tokens = job.seq_len
+    total = 0.0
+    for tensor, role in tp_boundaries(graph):
+        elems = tokens * graph.tensors[tensor].width
+        ops = [op for op in graph.ops if op.kind == "matmul"
+               and (op.inputs[0] == tensor if role == "column" else op.output == tensor)]
+        gemm = 0.0
+        for op in ops:  # Megatron's column ops split their output over t, row ops their input
+            k, n = (op.weight_in, op.weight_out // t) if role == "column" else (op.weight_in // t, op.weight_out)
+            gemm += matmul_time_s(tokens, k, n, cluster, precision)
+        ag = group_collective_time_s("all_gather", rt.tp_gather_bytes * elems, t, 1, cluster)
+        rs = group_collective_time_s("reduce_scatter", 2.0 * elems, t, 1, cluster)
+        if role == "column":  # fprop AG (ring exchange), dgrad + bulk AG of the input, wgrad + bulk RS
+            total += ub_exposed_s("ring_exchange", ag, gemm, t) + ub_exposed_s("bulk", ag, gemm, t) \
+                + ub_exposed_s("bulk", rs, gemm, t)
+        else:  # fprop + pipelined RS, dgrad + ring-exchange AG of the output gradient
+            grad_ag = group_collective_time_s("all_gather", (rt.tp_grad_gather_bytes or rt.tp_gather_bytes) * elems,
+                                              t, 1, cluster)
+            total += ub_exposed_s("pipeline", rs, gemm, t) + ub_exposed_s("ring_exchange", grad_ag, gemm, t)
+    return total
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_layer_tp_exposure_is_the_sum_over_its_collectives(t: int) -> None:
+    model, cluster, job, par, graph = _setup("bf16", t)
+    rt = runtime_for("megatron", job, cluster, par, Software())
+    exposed = layer_cost(graph, model, cluster, job, par, 1, rt).tp_s
+    assert exposed == pytest.approx(_recomputed_exposed_s("bf16", t), rel=1e-9)
+    off = runtime_for("megatron", job, cluster, par, Software(tp_comm_overlap=False))
+    assert 0.0 < exposed < 0.25 * layer_cost(graph, model, cluster, job, par, 1, off).tp_s
+
+
+def test_shorter_fp8_gemms_hide_less() -> None:
+    """The physics a free fraction could not say: fp8 GEMMs are ~1.6x shorter, so the same layer hides a smaller
+    share of its TP traffic (the trade LOGO's fit made between fp8_gemm_speedup and tp_overlap)."""
+    shares = {}
+    for precision in ("bf16", "fp8"):
+        model, cluster, job, par, graph = _setup(precision)
+        on = runtime_for("megatron", job, cluster, par, Software())
+        off = runtime_for("megatron", job, cluster, par, Software(tp_comm_overlap=False))
+        shares[precision] = (layer_cost(graph, model, cluster, job, par, 1, on).tp_s
+                             / layer_cost(graph, model, cluster, job, par, 1, off).tp_s)
+    assert shares["fp8"] > shares["bf16"]
+
+
+def test_a_stack_without_tp_overlap_exposes_everything() -> None:
+    """tp_overlap 0 (calibrate.SOFTWARE_SETTINGS: a stack without TP overlap; gpus.yaml's unmeasured priors):
+    every TP collective stays on the critical path, userbuffers or not."""
+    model, cluster, job, par, graph = _setup("bf16")
+    none = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"tp_overlap": 0.0})})
+    on = runtime_for("megatron", job, none, par, Software())
+    off = runtime_for("megatron", job, none, par, Software(tp_comm_overlap=False))
+    assert layer_cost(graph, model, none, job, par, 1, on).tp_s == layer_cost(graph, model, none, job, par, 1, off).tp_s
