@@ -19,9 +19,9 @@ from autoplan.cli import cli
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ParallelConfig
 
-# Known parameters, deliberately away from the hopper catalog values.
-TRUE = {"gemm_max": 0.78, "gemm_half_dim": 400.0, "attention": 0.40, "fp8_gemm_speedup": 1.7, "tp_overlap": 0.6,
-        "dp_overlap": 0.7}
+# Known parameters, deliberately away from the hopper catalog values. tp_overlap is not among them: Megatron runs
+# price their userbuffers per collective (cost_models/te_userbuffers), so no Megatron run sees the share (it is held).
+TRUE = {"gemm_max": 0.78, "gemm_half_dim": 400.0, "attention": 0.40, "fp8_gemm_speedup": 1.7, "dp_overlap": 0.7}
 # (model, gpus, tp, pp, vp, mbs, precision, seq, global batch, zero): shapes, TP degrees, fp8/bf16 and a
 # DP-heavy run (one micro-batch, DDP across 8 nodes) so every fitted parameter moves some step time.
 CONFIGS = [
@@ -71,7 +71,8 @@ def test_calibrate_recovers_known_parameters(tmp_path: Path, synthetic_lines: li
                                  "--format", "json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out["fitted"]) == set(DEFAULT_FIT_FIELDS)
+    assert set(out["fitted"]) == set(DEFAULT_FIT_FIELDS) - {"tp_overlap"}
+    assert out["held"] == ["tp_overlap"]
     for name, value in TRUE.items():
         assert out["parameters"][name]["after"] == pytest.approx(value, rel=0.02), name
     assert out["mape_before"] > 0.05 and out["mape_after"] < 0.005

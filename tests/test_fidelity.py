@@ -142,21 +142,22 @@ def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_leave_one_group_out_error() -> None:
-    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% (met: 6.0%) and no run worse than 25%
-    (not met since session 5: 26.6%, the README's 32B; it was 23.1% before the output head was priced in bf16 under
-    fp8: without the README, the fp8 runs trade fp8_gemm_speedup (1.67) against tp_overlap (0.68, vs 0.96 in-sample),
-    and the README's tp-8 32B pays the low tp_overlap; the guard sits at the measured level). On the 38
-    runs of sessions 1-3 the README 32B was 26.9-29.9%: nothing but the README had Megatron runs with large data-parallel
-    groups, so dp_overlap was unidentified without it; the NeMo 24.07 rows (dp up to 64) that joined the calibration
-    set identify it.
+    """Fit without a whole source, predict it. Issue #12's targets: MAPE ≤ 10% (met: 5.6%) and no run worse than 25%
+    (met since session 6: 23.0%, the README's 32B). Session 5 left it at 26.6%: without the README the fp8 runs traded
+    fp8_gemm_speedup (1.67) against a free tp_overlap share (0.68 vs 0.96 in-sample) and the README's tp-8 32B paid the
+    low share. Megatron's userbuffers are now priced per collective against its own GEMM (cost_models/te_userbuffers),
+    so no fit can trade them; what the README-out fit still trades is fp8_gemm_speedup (1.64) against dp_overlap (0.25
+    vs 0.63 in-sample): the 32B (dp 48) pays it. On the 38 runs of sessions 1-3 the README 32B was 26.9-29.9%: nothing
+    but the README had Megatron runs with large data-parallel groups, so dp_overlap was unidentified without it; the
+    NeMo 24.07 rows (dp up to 64) that joined the calibration set identify it in part.
     SC'21, the only A100 source, is predicted from Hopper's fit carried over by ``transfer_efficiency`` (saturation
     dim scaled by the roofline ridge point): within 8% on average. With the group out, a parameter no training run
     sees (fp8 without NeMo) takes its micro-benchmark value (FP8_GEMM_MICROBENCH), not the catalog's fit."""
     rows = fidelity.evaluate(with_loo=False, with_logo=True)
     logo = [abs(r.logo_error) for r in rows if r.logo_error is not None]
     assert len(logo) == len(rows)
-    assert sum(logo) / len(logo) <= 0.07
-    assert max(logo) <= 0.27  # target 0.25, see the docstring
+    assert sum(logo) / len(logo) <= 0.065
+    assert max(logo) <= 0.25  # issue #12's target; measured 0.230
     right, total, _ = fidelity.ranking(rows, logo=True)
     assert right / total >= 0.85
     sc21 = [abs(r.logo_error or 0.0) for r in rows if r.group == "megatron_sc21_table1"]

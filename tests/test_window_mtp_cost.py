@@ -12,6 +12,7 @@ from cost_models.memory import activation_bytes_per_microbatch, graphs_for, stag
 from cost_models.mtp import mtp_projection_saved_bytes, mtp_projection_time_s, mtp_stage_params
 from cost_models.opgraph import keys_per_query, layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import Software, runtime_for
 
 
 def _no_window(m):  # type: ignore[no-untyped-def]
@@ -81,7 +82,7 @@ def test_mtp_time_and_memory_recomputed() -> None:
     b = estimate(_no_mtp(m), cluster, job, par, check=False)
     mb = a.num_microbatches
     graphs = graphs_for(m, job.seq_len)
-    lc = layer_cost(graphs["moe"], m, cluster, job, par, 1)
+    lc = layer_cost(graphs["moe"], m, cluster, job, par, 1, runtime_for("megatron", job, cluster, par, Software()))
     head = head_cost(graphs["head"], cluster, job, par)
     h, t = m.hidden_size, par.tp
     proj_gemm, proj_tp = mtp_projection_time_s(m, cluster, job, par)
