@@ -28,7 +28,7 @@ from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes
                                      torchao_casts, tp_overlap, wgrad_in_bf16)
 from cost_models.moe import (dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
                              moe_load_imbalance)
-from cost_models.opgraph import LayerGraph, Op, gemm_precision, keys_per_query, tp_divisor
+from cost_models.opgraph import LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query, tp_divisor
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -307,7 +307,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     elif op.kind == "attention":
         if eff.flash_attention:
             steps = ring_steps(par, rt)
-            slow = attention_kernel_factor(model, job, par, cluster, steps)
+            slow = attention_kernel_factor(model, job, par, cluster, steps, graph.kind)
             attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
@@ -655,7 +655,7 @@ def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec, 
 
 
 def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
-                            steps: int) -> float:
+                            steps: int, kind: LayerKind = "dense") -> float:
     """Time factor of the fused attention kernel against the one the generation's ``attention`` share describes.
 
     With ``attention_half_keys`` set, the kernel's throughput follows its generation's measured saturation in the
@@ -667,7 +667,7 @@ def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig,
     half = cluster.efficiency.attention_half_keys
     if half is None:
         return cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
-    keys = keys_per_query(job.seq_len, model.arch.sliding_window, True) / max(steps, 1)
+    keys = mean_keys_per_query(model, kind, job.seq_len) / max(steps, 1)  # layers of ``kind``, each its window
     return (ATTENTION_REF_KEYS / (ATTENTION_REF_KEYS + half)) / (keys / (keys + half))
 
 

@@ -3,7 +3,7 @@
 Per-token quantities (multiply by tokens = micro-batch · seq_len). Forward FLOPs of a matmul are
 ``2 · in · out`` per token (COST_MODEL.md §2); the attention core is ``2·2·k·d_attn`` per token for QKᵀ
 and AV over ``k`` keys per query: ``s``, halved by a causal kernel that skips masked blocks (``causal=True``),
-fewer under a sliding window (``keys_per_query``).
+fewer under a sliding window (``keys_per_query``; per-layer windows: ``mean_keys_per_query``).
 
 Saved activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation", §4.1, Table 2):
 each op keeps the inputs its backward needs, in bf16 (2 bytes/element), dropout masks in 1 byte/element.
@@ -153,7 +153,7 @@ class _Builder:
         return self.add(Op(name, "elementwise", (a, b), out, saved=saved))
 
 
-def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> str:
+def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kind: LayerKind) -> str:
     m = b.model
     h, a = m.hidden_size, m.num_attention_heads
     xn = b.norm("attn_norm", x, "attn_in")
@@ -187,13 +187,17 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool) -> 
     rq = b.tensor("q_rot", b.tensors[q].width, b.tensors[q].dim_kind)
     b.add(Op("rotary", "elementwise", (q, k), rq))
     ctx = b.tensor("ctx", a * d_v, "q")
-    attn_flops = 2.0 * a * (d_qk + d_v) * keys_per_query(seq_len, m.arch.sliding_window, causal)
+    attn_flops = 2.0 * a * (d_qk + d_v) * mean_keys_per_query(m, kind, seq_len, causal)
     saved = [b.saved(rq, "tp"), b.saved(k, "tp"), b.saved(v, "tp")]
     if not flash:
         per_tok = a * seq_len  # score elements per token
         saved += [Saved("softmax", 2 * per_tok, "tp"), Saved("attn_dropout_mask", MASK * per_tok, "tp"),
                   Saved("attn_dropout_out", 2 * per_tok, "tp")]
-    b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved)))
+    # Attention sinks (GPT-OSS): one learned logit per head joins each softmax denominator; priced as their
+    # parameters (a per layer); their FLOPs (one exp per query and head, against keys_per_query) are not.
+    sinks = a if m.arch.attention_sinks else 0
+    b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved),
+             params=sinks))
     o = b.linear("o_proj", ctx, "attn_out", h, "hidden", "tp", m.linear_bias)
     return b.residual("attn_residual", x, o, "attn_res")
 
@@ -208,6 +212,20 @@ def keys_per_query(seq_len: int, window: int | None, causal: bool) -> float:
     if window is None or window >= seq_len:
         return seq_len / 2
     return window - window * window / (2.0 * seq_len)
+
+
+def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal: bool = True) -> float:
+    """``keys_per_query`` averaged over the decoder layers of ``kind`` with each layer's own window
+    (``ArchSpec.layer_window``: GPT-OSS alternates a 128-token window with full attention). One graph per kind
+    prices every layer of that kind at this mean: exact for the model's attention FLOPs and, since the kernel's time
+    ``∝ x·sat⁻¹(x) = x + half`` is linear in the keys ``x`` (``layer_cost.attention_kernel_factor``), for their
+    time; a pipeline stage holding an uneven share of windowed layers is off by at most one layer's difference."""
+    arch = model.arch
+    if arch.sliding_window is None or not arch.full_attention_every:
+        return keys_per_query(seq_len, arch.sliding_window, causal)
+    layers = [i for i in range(model.num_layers) if model.is_moe_layer(i) == (kind == "moe")]
+    layers = layers or list(range(model.num_layers))  # a kind the model has no layer of (the MTP block's, say)
+    return sum(keys_per_query(seq_len, arch.layer_window(i), causal) for i in layers) / len(layers)
 
 
 def _latent_norm(b: _Builder, name: str, x: str, out: str, width: int) -> str:
@@ -256,7 +274,7 @@ def _moe(b: _Builder, x: str) -> str:
     xn = b.norm("mlp_norm", x, "mlp_in")
     logits = b.tensor("router_logits", e, "router")
     # Megatron's TopKRouter gate is a plain torch linear (moe/router.py), outside TE's fp8 recipe: not quantized.
-    b.add(Op("router", "router", (xn,), logits, weight_in=h, weight_out=e, params=h * e,
+    b.add(Op("router", "router", (xn,), logits, weight_in=h, weight_out=e, params=m.router_params,
              flops_per_token=2.0 * h * e, saved=(Saved("router_probs", 4 * e, "seq"),), quantized=False))
     disp = b.tensor("dispatched", h, "hidden")
     # Dispatch permutes top-k copies of each token to their experts (all-to-all under EP).
@@ -300,7 +318,7 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
                  saved=(Saved("logits", 2.0 * vocab, "tp"), Saved("logits_fp32", 4.0 * vocab, "tp"))))
     else:
         x = b.tensor("layer_in", h, "hidden")
-        r = _attention(b, x, seq_len, flash, causal)
+        r = _attention(b, x, seq_len, flash, causal, kind)
         if kind == "moe":
             _moe(b, r)
         else:

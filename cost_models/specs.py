@@ -63,6 +63,9 @@ class RopeScaling(_Frozen):
     beta_slow: float = Field(default=1.0, gt=0, description="yarn only")
     mscale: float = Field(default=1.0, ge=0, description="yarn only")
     mscale_all_dim: float = Field(default=0.0, ge=0, description="yarn only")
+    truncate: bool = Field(default=True, description="yarn only: the ramp's correction range rounded to whole "
+                           "dimensions (transformers ``truncate``; Megatron-Core yarn_correction_range_round_to_int); "
+                           "GPT-OSS: false")
 
 
 class RouterSpec(_Frozen):
@@ -104,15 +107,41 @@ class ArchSpec(_Frozen):
     alibi: bool = Field(default=False, description="ALiBi attention biases instead of RoPE (BLOOM)")
     norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
     qk_norm: bool = Field(default=False, description="per-head RMSNorm on queries and keys (Qwen3)")
-    sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens, "
-                                       "every layer (Mistral 7B v0.1); None = full attention")
-    activation: Literal["silu", "gelu", "gelu_tanh"] = Field(
-        default="silu", description="MLP activation (gated with gated_mlp: SwiGLU is silu)")
+    sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens "
+                                       "(Mistral 7B v0.1: every layer); None = full attention")
+    full_attention_every: int = Field(default=0, ge=0, description="with sliding_window: every N-th layer "
+                                      "(1-based layer N, 2N, ...) attends to the whole sequence, the others use the "
+                                      "window (GPT-OSS: 2, HF layer_types alternating; Megatron-Core "
+                                      "window_attn_skip_freq N); 0 = every layer windowed")
+    attention_sinks: bool = Field(default=False, description="a learned per-head logit in each softmax "
+                                  "denominator (GPT-OSS 'sinks'; Megatron-Core softmax_type 'learnable')")
+    activation: Literal["silu", "gelu", "gelu_tanh", "quick_gelu"] = Field(
+        default="silu", description="MLP activation (gated with gated_mlp: SwiGLU is silu; quick_gelu is "
+        "x*sigmoid(1.702x), GPT-OSS's gated experts)")
+    glu_linear_offset: float = Field(default=0.0, description="gated MLP: act(gate) * (up + offset) "
+                                     "(GPT-OSS: 1.0; Megatron-Core glu_linear_offset)")
+    activation_clamp: float | None = Field(default=None, gt=0, description="gated MLP: gate clamped to <= c and "
+                                           "up to [-c, c] before the activation (GPT-OSS swiglu_limit 7.0; "
+                                           "Megatron-Core activation_func_clamp_value)")
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on residual branches")
     router: RouterSpec = Field(default_factory=RouterSpec)
     mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction modules (DeepSeek-V3 "
                             "num_nextn_predict_layers); each is a decoder layer + projection sharing the head")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ArchSpec":
+        if self.full_attention_every == 1 or (self.full_attention_every and self.sliding_window is None):
+            raise ValueError(f"full_attention_every ({self.full_attention_every}) must be 0 or >= 2, and needs "
+                             "sliding_window")
+        return self
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of decoder layer ``layer`` (0-based), None for full attention: Megatron-Core's
+        ``is_layer_window_attention`` (megatron/core/transformer/utils.py:451-466) on 1-based layer numbers."""
+        if self.sliding_window is None or (self.full_attention_every and (layer + 1) % self.full_attention_every == 0):
+            return None
+        return self.sliding_window
 
 
 class ModelSpec(_Frozen):
@@ -165,6 +194,9 @@ class ModelSpec(_Frozen):
                 )
         elif self.moe_top_k or self.num_shared_experts:
             raise ValueError("moe_top_k / num_shared_experts need num_experts > 0")
+        arch = self.arch
+        if not self.gated_mlp and (arch.glu_linear_offset or arch.activation_clamp is not None):
+            raise ValueError("glu_linear_offset / activation_clamp apply to a gated MLP (gated_mlp true)")
         return self
 
     # ---- derived shapes -------------------------------------------------------------------
@@ -233,6 +265,8 @@ class ModelSpec(_Frozen):
         w = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
         if self.arch.qk_norm:
             w += 2 * self.head_dim_resolved  # per-head RMSNorm weights of q and k (Qwen3)
+        if self.arch.attention_sinks:
+            w += self.num_attention_heads  # one sink logit per query head (GPT-OSS self_attn.sinks)
         if self.linear_bias:
             w += self.q_dim + 2 * self.kv_dim + h
         elif self.qkv_bias:
@@ -257,7 +291,9 @@ class ModelSpec(_Frozen):
 
     @cached_property
     def router_params(self) -> int:
-        return self.hidden_size * self.num_experts
+        """Gate weights, + a bias per expert with ``linear_bias`` (GPT-OSS mlp.router.bias; Megatron-Core's
+        TopKRouter adds one under add_bias_linear, moe/router.py:56)."""
+        return (self.hidden_size + (1 if self.linear_bias else 0)) * self.num_experts
 
     @property
     def norm_params_per_layer(self) -> int:

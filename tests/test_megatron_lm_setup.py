@@ -34,7 +34,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # context-parallel communication types (issue 10): Ulysses, and hierarchical a2a+p2p with its group sizes
          ("llama3-8b", 64, dict(tp=1, cp=8)), ("llama3-8b", 64, dict(tp=2, cp=8)),
          # CUDA graphs: TE-scoped graphs beside a dropless dispatcher; a token-drop whole-iteration graph with EP
-         ("mixtral-8x7b", 64, dict(tp=2, ep=8)), ("mixtral-8x7b", 64, dict(tp=2, ep=8))]
+         ("mixtral-8x7b", 64, dict(tp=2, ep=8)), ("mixtral-8x7b", 64, dict(tp=2, ep=8)),
+         # GPT-OSS: per-layer window, sinks, clamped quick-GeGLU, biases (Megatron-Bridge's gpt_oss_bridge.py)
+         ("gpt-oss-120b", 64, dict(tp=1, ep=8))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
@@ -83,7 +85,12 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "rotary_base": a.rope_theta, "norm_epsilon": a.norm_eps, "qk_layernorm": a.qk_norm or m.mla is not None,  # MLA: the q/kv latent norms
                 "window_size": [a.sliding_window - 1, 0] if a.sliding_window else None,
                 "num_moe_experts": m.num_experts or None, "mtp_num_layers": a.mtp_layers or None,
-                "hidden_dropout": a.hidden_dropout, "attention_dropout": a.attention_dropout}
+                "hidden_dropout": a.hidden_dropout, "attention_dropout": a.attention_dropout,
+                "window_attn_skip_freq": a.full_attention_every or None,
+                "softmax_type": "learnable" if a.attention_sinks else "vanilla",
+                "glu_linear_offset": a.glu_linear_offset, "activation_func_clamp_value": a.activation_clamp,
+                "add_bias_linear": m.linear_bias,
+                "activation_func": {"silu": "silu", "quick_gelu": "quick_gelu"}.get(a.activation, "gelu")}
         rt = plan.runtime("megatron")  # the CP communication priced, as Megatron-Core settled it
         hier = rt.cp_a2a_size if rt.cp_comm_type == "a2a+p2p" else None
         want.update(cp_comm_type={"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type)

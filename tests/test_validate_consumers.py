@@ -8,6 +8,9 @@ model; torch's DeviceMesh/TP/FSDP2/pipelining for the emitted FSDP2 module.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import pytest
 
 from autoplan.validate import megatron_lm
@@ -131,6 +134,29 @@ def test_shipped_table_matches_torchtitan() -> None:
         if t.config_fn:
             assert callable(getattr(importlib.import_module(f"torchtitan.models.{t.module}.config_registry"),
                                     t.config_fn))
+        assert _titan_attention_facts(mc) == t.attention, t
+
+
+def _titan_attention_facts(mc: Any) -> tuple[Any, ...]:
+    """``TitanModel.attention`` read from torchtitan's model config: the per-layer windows (as a window and an
+    every-N-th-layer-full period), sinks and biases of a layer's attention built on the meta device, the gated
+    activation (``model_equivalence._titan_glu``)."""
+    import torch
+
+    from autoplan.validate.model_equivalence import _titan_glu
+
+    windows = [getattr(x.attention, "sliding_window_size", None) for x in mc.layers]
+    window = next((w for w in windows if w is not None), None)
+    full = [w is None for w in windows]
+    every = 0 if window is None or not any(full) else next(
+        n for n in range(2, len(windows) + 1) if full == [(i + 1) % n == 0 for i in range(len(windows))])
+    layer = mc.layers[0]
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        names = [n for n, _ in layer.attention.build().named_parameters()]
+    act, offset, clamp = _titan_glu(next((x.moe for x in mc.layers if getattr(x, "moe", None) is not None), None))
+    return (window, every, any(n.endswith("sinks") for n in names), act, offset, clamp,
+            any(n.endswith("bias") for n in names))
 
 
 # ---- the consumers refuse what autoplan refuses, for the same reason -----------------------------------------

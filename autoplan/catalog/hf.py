@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt2, gpt_neox, bloom. Each family's key names and defaults follow its ``transformers``
+deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
 - **MLA** (deepseek_v2/v3): parameters and FLOPs are exact through ``ModelSpec.mla``; for sharding and
@@ -26,7 +26,8 @@ Architecture facts (``ModelSpec.arch``: RoPE base and scaling, norm epsilon, q/k
 activation, dropout, router, MTP depth) are read for every family. Nothing is dropped silently: a key the
 family's reader neither reads nor knows to be harmless (token ids, dtype, cache flags, ...) is named in an
 ``HFConfigWarning``; a value autoplan cannot represent (an unknown ``rope_scaling`` type, a per-layer window
-pattern, an unsupported activation or router) is a ``UserInputError`` naming the key and the supported values.
+pattern other than "every N-th layer full" (``ArchSpec.full_attention_every``), an unsupported activation or
+router) is a ``UserInputError`` naming the key and the supported values.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "ge
                 "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 _ROPE_SCALING_KEYS = {
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "truncate"},
 }
 
 
@@ -212,16 +214,19 @@ def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
     return out
 
 
-def _rope(c: _Config) -> dict[str, Any]:
-    """RoPE base and scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4.x) or ``rope_parameters`` (5.x)."""
+def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[str, Any] | None = None
+          ) -> dict[str, Any]:
+    """RoPE base and scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4.x) or ``rope_parameters`` (5.x);
+    the defaults are the family's configuration class's (GptOssConfig: base 150000, YaRN)."""
     params = c.get("rope_parameters", None)
     if isinstance(params, Mapping):
-        theta = params.get("rope_theta", c.float("rope_theta", 10000.0))
+        theta = params.get("rope_theta", c.float("rope_theta", theta_default))
         if isinstance(theta, bool) or not isinstance(theta, (int, float)):
             raise c.error("rope_parameters.rope_theta", theta, "a number")
         scaling, key = params, "rope_parameters"
     else:
-        theta, scaling, key = c.float("rope_theta", 10000.0), c.get("rope_scaling", None), "rope_scaling"
+        theta, key = c.float("rope_theta", theta_default), "rope_scaling"
+        scaling = c.get("rope_scaling", scaling_default)
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if isinstance(params, Mapping) and params.get("partial_rotary_factor") is not None:
         out["rotary_fraction"] = float(params["partial_rotary_factor"])
@@ -260,6 +265,28 @@ def _window(c: _Config, num_layers: int, *, qwen: bool) -> int | None:
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise c.error("sliding_window", window, "a positive integer or null")
     return window
+
+
+def _layer_types(c: _Config, num_layers: int, default_full_every: int) -> int | None:
+    """HF ``layer_types`` (one ``sliding_attention`` / ``full_attention`` per layer) as ``full_attention_every``
+    N: layer i is full iff (i + 1) % N == 0 (Megatron-Core window_attn_skip_freq); 0 when every layer slides, None
+    when none does. Absent: the configuration class's default pattern (GptOssConfig: even layers slide, N = 2)."""
+    types = c.get("layer_types", None)
+    if types is None:
+        return default_full_every
+    if not isinstance(types, list) or len(types) != num_layers or not set(types) <= {"sliding_attention",
+                                                                                    "full_attention"}:
+        raise c.error("layer_types", types, f"a list of {num_layers} 'sliding_attention' / 'full_attention'")
+    full = [t == "full_attention" for t in types]
+    if all(full):
+        return None
+    if not any(full):
+        return 0
+    for n in range(2, num_layers + 1):
+        if full == [(i + 1) % n == 0 for i in range(num_layers)]:
+            return n
+    raise c.error("layer_types", types, "windowed layers with every N-th layer (N, 2N, ...) full: autoplan and "
+                  "Megatron-Core's window_attn_skip_freq express that pattern (or a window on every layer)")
 
 
 def _router(c: _Config, *, coeff_key: str, coeff_default: float, norm_default: bool) -> dict[str, Any]:
@@ -421,6 +448,58 @@ def _deepseek(c: _Config) -> dict[str, Any]:
     )
 
 
+def _gpt_oss(c: _Config) -> dict[str, Any]:
+    """GPT-OSS (transformers ``GptOssConfig`` / ``modeling_gpt_oss``; OpenAI's model card, arXiv:2508.10925 §2.1):
+    every layer MoE (``num_local_experts``, top ``num_experts_per_tok`` of the router logits, softmax over them),
+    biases on every linear and on the router, one learned sink logit per head, layers alternating a
+    ``sliding_window`` with full attention (``layer_types``), YaRN RoPE, and the experts' clamped SwiGLU
+    ``(clamp(up, ±limit) + 1) · g·σ(alpha·g)``, ``g = clamp(gate, max=limit)`` (``GptOssExperts._apply_gate``)."""
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
+    n = c.layers("num_hidden_layers")
+    experts, top_k = c.int("num_local_experts", minimum=1), c.int("num_experts_per_tok", minimum=1)
+    # OpenAI's files repeat two facts under their original names (not GptOssConfig fields): they must agree
+    legacy = {"experts_per_token": top_k}
+    if not c.get("attention_bias", True):
+        raise c.error("attention_bias", False, "only true: GptOssExperts and the router always have biases and "
+                      "ModelSpec has one bias switch (linear_bias) for all linears")
+    alpha = c.float("swiglu_alpha", 1.702)
+    if alpha != 1.702:
+        raise c.error("swiglu_alpha", alpha, "only 1.702: x*sigmoid(1.702x) is Megatron-Core's quick_gelu")
+    c.seen("hidden_act")  # GptOssExperts ignores it (the gate is x*sigmoid(alpha x) whatever the config says)
+    rope = _rope(c, 150000.0, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                               "truncate": False, "original_max_position_embeddings": 4096})
+    if "rope_scaling" in rope:
+        legacy["initial_context_length"] = rope["rope_scaling"]["original_max_position_embeddings"]
+    for key, want in legacy.items():
+        got = c.get(key, want)
+        if got != want:
+            raise c.error(key, got, f"equal to {want} (its GptOssConfig counterpart)")
+    window = c.get("sliding_window", 128)
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise c.error("sliding_window", window, "a positive integer")
+    full_every = _layer_types(c, n, 2)
+    arch = {**rope, "norm_eps": c.float("rms_norm_eps", 1e-5),
+            "sliding_window": None if full_every is None else window, "full_attention_every": full_every or 0,
+            "attention_sinks": True, "activation": "quick_gelu",
+            "glu_linear_offset": 1.0, "activation_clamp": c.float("swiglu_limit", 7.0),
+            "attention_dropout": c.float("attention_dropout", 0.0),
+            "router": {"score_function": "softmax", "norm_top_k": True, "aux_loss": "aux_loss",
+                       "aux_loss_coeff": c.float("router_aux_loss_coef", 0.001)}}
+    fields = {
+        "arch": arch,
+        "num_layers": n,
+        "hidden_size": hidden,
+        "ffn_hidden_size": c.int("intermediate_size"),
+        "num_attention_heads": heads,
+        "num_kv_heads": c.int("num_key_value_heads", default=heads),
+        "head_dim": _head_dim(c, hidden, heads),
+        "vocab_size": c.int("vocab_size"),
+        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "linear_bias": True,
+    }
+    return fields | _moe_fields(c, n, list(range(n)), num_experts=experts, moe_top_k=top_k)
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
@@ -503,6 +582,7 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "gpt2": _gpt2,
+    "gpt_oss": _gpt_oss,
     "gpt_neox": _gpt_neox,
     "llama": _llama,
     "mistral": _mistral,

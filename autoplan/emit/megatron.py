@@ -183,14 +183,24 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--num-query-groups", m.num_kv_heads)
     if m.head_dim is not None and m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
         add("--kv-channels", m.head_dim)
-    # activation: SwiGLU / GELU (erf) / GELU tanh (Megatron's --openai-gelu)
-    if m.gated_mlp and arch.activation != "silu":
+    # activation: SwiGLU / quick-GeGLU (x*sigmoid(1.702x), GPT-OSS) / GELU (erf) / GELU tanh (--openai-gelu)
+    if m.gated_mlp and arch.activation not in ("silu", "quick_gelu"):
         raise ConfigError(f"{m.name}: gated MLP with activation '{arch.activation}' (GeGLU) has no Megatron-LM flag",
-                          valid=["silu (SwiGLU)"])
+                          valid=["silu (SwiGLU)", "quick_gelu (--quick-geglu)"])
     if m.gated_mlp:
-        add("--swiglu")
-    elif arch.activation == "silu":
-        raise ConfigError(f"{m.name}: a non-gated SiLU MLP has no Megatron-LM flag", valid=["gelu", "gelu_tanh"])
+        add("--swiglu" if arch.activation == "silu" else "--quick-geglu")
+    elif arch.activation in ("silu", "quick_gelu"):
+        raise ConfigError(f"{m.name}: a non-gated {arch.activation} MLP has no Megatron-LM flag",
+                          valid=["gelu", "gelu_tanh"])
+    # GPT-OSS's clamped GLU: megatron-core applies both in the MLP and the grouped experts (transformer/mlp.py:
+    # 221-225, moe/experts.py:723-727): act(clamp(gate, max=c)) * (clamp(up, -c, c) + offset)
+    if arch.glu_linear_offset:
+        add("--glu-linear-offset", arch.glu_linear_offset)
+    if arch.activation_clamp is not None:
+        if arch.activation != "quick_gelu":
+            raise ConfigError(f"{m.name}: megatron-core clamps the GLU inputs only with quick_gelu "
+                              "(activation_func_clamp_value)", valid=["quick_gelu"])
+        add("--activation-func-clamp-value", arch.activation_clamp)
     add("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")
     add("--norm-epsilon", arch.norm_eps)
     if arch.qk_norm or m.mla is not None:
@@ -205,6 +215,10 @@ def model_args(plan: EmitPlan) -> list[str]:
         # HF: key j visible from query i iff i - W < j <= i (transformers masking_utils.sliding_window_overlay),
         # i.e. flash-attention's window (left W-1, right 0), which is what Megatron's --window-size is.
         add("--window-size", f"({arch.sliding_window - 1},0)")
+        if arch.full_attention_every:  # layer_number % N == 0 attends fully (transformer/utils.py:451-466)
+            add("--window-attn-skip-freq", arch.full_attention_every)
+    if arch.attention_sinks:  # a learned per-head softmax offset: core_attention.softmax_offset
+        add("--softmax-type", "learnable")
     if arch.alibi:
         raise ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
     if m.learned_position_embeddings:
@@ -221,11 +235,13 @@ def model_args(plan: EmitPlan) -> list[str]:
             _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-core's llama3 RoPE scaling")
             add("--use-rope-scaling")
             add("--rope-scaling-factor", rs.factor)
+        elif rs is not None and rs.type == "yarn" and m.mla is None:
+            pass  # no Megatron-LM flag (``yarn_not_emitted``): plain RoPE, and the README says so
         elif rs is not None and rs.type == "yarn":
-            if m.mla is None:
-                raise ConfigError(f"{m.name}: YaRN RoPE scaling is only implemented for MLA in Megatron-LM "
-                                  "(--rope-type yarn needs --multi-latent-attention)")
             _require_fixed(m.name, rs, YARN_FIXED, "Megatron-LM's MLA YaRN (no flag for these)")
+            if not rs.truncate:
+                raise ConfigError(f"{m.name}: YaRN with truncate=false has no Megatron-LM flag (MLA rounds the "
+                                  "correction range)", valid=[True])
             add("--rope-type", "yarn")
             add("--rotary-scaling-factor", rs.factor)
             add("--mscale", rs.mscale)
@@ -337,13 +353,18 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
-                 "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference"]:
+                 "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
+                 "--quick-geglu"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
                           ("--mscale", 1.0), ("--mscale-all-dim", 0.0), ("--moe-router-topk-scaling-factor", None)]:
         p.add_argument(flag, type=float, default=default)
     p.add_argument("--window-size", type=lambda x: tuple(int(i) for i in x.strip("()").split(",")), default=None)
+    p.add_argument("--window-attn-skip-freq", type=str, default=None)  # Megatron's moe_freq_type
+    p.add_argument("--softmax-type", choices=["vanilla", "off-by-one", "learnable"], default="vanilla")
+    p.add_argument("--glu-linear-offset", type=float, default=0.0)
+    p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--rope-type", choices=["rope", "yarn"], default=None)
     p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
     p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"])
@@ -374,9 +395,26 @@ def parse_megatron_args(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+def yarn_not_emitted(m: Any) -> str:
+    """The warning for YaRN on standard attention, which Megatron-LM 0.16.1's command line cannot build:
+    ``--position-embedding-type`` offers no 'yarn' (arguments.py:1645) and ``--rope-type yarn`` is for MLA only
+    (arguments.py:1357), although megatron-core's GPTModel has it (position_embedding_type 'yarn' with the
+    config's yarn_* fields, models/gpt/gpt_model.py:172, as Megatron-Bridge's GPT-OSS provider sets them)."""
+    rs = m.arch.rope_scaling
+    if rs is None or rs.type != "yarn" or m.mla is not None:
+        return ""
+    return (f"WARNING: {m.name}'s YaRN RoPE scaling (factor {rs.factor:g} over {rs.original_max_position_embeddings} "
+            "tokens) is not emitted: Megatron-LM 0.16.1's command line has YaRN only for MLA (arguments.py:1357; "
+            "megatron-core's GPTModel has position_embedding_type 'yarn', which Megatron-Bridge sets); the run "
+            f"trains plain RoPE (base {m.arch.rope_theta:g}) without YaRN's frequency ramp and attention-logit "
+            f"factor: the same cost, another function")
+
+
 def notes(plan: EmitPlan) -> list[str]:
     par, out = plan.parallel, []
     m = plan.model
+    if yarn_not_emitted(m):
+        out.append(yarn_not_emitted(m))
     if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
         out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "
                    "is legacy-model only); it trains with erf GELU")

@@ -53,6 +53,27 @@ class TitanModel:
     # config_fn itself would construct its float8 converter), and config_fn's settings to keep.
     bf16_base: str = ""
     keep: tuple[tuple[str, str], ...] = ()
+    # attention and MLP facts the flavor hard-codes (``attention_facts``): window, every N-th layer full, sinks,
+    # activation, GLU offset and clamp, biases on every linear
+    attention: tuple[Any, ...] = (None, 0, False, "silu", 0.0, None, False)
+
+
+def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
+    """What a torchtitan flavor fixes in code and no config field changes (compared with ``TitanModel.attention``)."""
+    a = m.arch
+    return (a.sliding_window, a.full_attention_every, a.attention_sinks, a.activation, a.glu_linear_offset,
+            a.activation_clamp, m.linear_bias or m.qkv_bias)
+
+
+ATTENTION_FACTS = ("sliding_window", "full_attention_every", "attention_sinks", "activation", "glu_linear_offset",
+                   "activation_clamp", "biases")
+# torchtitan/models/gpt_oss/__init__.py: a 128-token window on even layers (_build_gptoss_layers), sinks and biases on
+# every linear and the router, the experts' swiglu (alpha 1.702, limit 7.0, +1 on the linear half: moe.py:67-73)
+GPT_OSS_ATTENTION = (128, 2, True, "quick_gelu", 1.0, 7.0, True)
+
+
+def _gpt_oss(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int]) -> TitanModel:
+    return TitanModel("gpt_oss", flavor, fn, "bf16", dims, 150000.0, "yarn", 1e-5, attention=GPT_OSS_ATTENTION)
 
 
 def _qwen3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], theta: float = 1e6,
@@ -92,6 +113,8 @@ SHIPPED: tuple[TitanModel, ...] = (
     _dsv3("16B", "deepseek_v3_16b", (27, 2048, 16, 16, 10944, 102400, 64)),
     _dsv3("236B", "", (60, 5120, 128, 128, 12288, 102400, 160), base="deepseek_v3_16b"),
     _dsv3("671B", "deepseek_v3_671b", (61, 7168, 128, 128, 18432, 129280, 256)),
+    _gpt_oss("20b", "gpt_oss_20b", (24, 2880, 64, 8, 2880, 201088, 32)),
+    _gpt_oss("120b", "gpt_oss_120b", (36, 2880, 64, 8, 2880, 201088, 128)),
 )
 
 
@@ -119,6 +142,11 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
     scaling (``scaling``), norm epsilon (``eps``), MTP depth (``num_mtp_layers``, DeepSeek). Raises
     ``UnsupportedModelError`` for a difference torchtitan's config cannot express here."""
     t, arch, out = titan_model(m), m.arch, {}
+    differ = [f"{k} {ours!r} (torchtitan: {theirs!r})" for k, ours, theirs in
+              zip(ATTENTION_FACTS, attention_facts(m), t.attention) if ours != theirs]
+    if differ:
+        raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
+                                    f"{', '.join(differ)}; use --target megatron")
     if arch.rope_theta != t.rope_theta:
         out["theta"] = arch.rope_theta
     want = {None: "none", "llama3": "llama", "yarn": "yarn"}[arch.rope_scaling.type if arch.rope_scaling else None]
@@ -127,6 +155,12 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
             raise UnsupportedModelError(f"{m.name}: RoPE scaling '{want}' differs from torchtitan {t.module} "
                                         f"{t.flavor}'s '{t.rope_scaling}'; autoplan only removes a flavor's scaling")
         out["scaling"] = "none"
+    elif want == "yarn" and t.module == "gpt_oss" and arch.rope_scaling is not None:
+        rs = arch.rope_scaling  # torchtitan gpt_oss flavors: CosSinRoPE yarn 32, beta 32/1, 4096, truncate False
+        if (rs.factor, rs.beta_fast, rs.beta_slow, rs.original_max_position_embeddings, rs.truncate, rs.mscale,
+                rs.mscale_all_dim) != (32, 32, 1, 4096, False, 1.0, 0.0):
+            raise UnsupportedModelError(f"{m.name}: YaRN {rs} differs from torchtitan gpt_oss's (32, 32, 1, 4096, "
+                                        "truncate False)")
     elif want == "llama" and arch.rope_scaling is not None:
         rs = arch.rope_scaling  # torchtitan's llama scaling defaults (RoPE.Config): 8, 1, 4, 8192
         if (rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings) != (8, 1, 4, 8192):

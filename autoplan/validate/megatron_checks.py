@@ -57,10 +57,17 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
     if ns.kv_channels is not None:
         kw["kv_channels"] = ns.kv_channels
     kw.update(layernorm_epsilon=ns.norm_epsilon, qk_layernorm=ns.qk_layernorm, attention_dropout=ns.attention_dropout,
-              hidden_dropout=ns.hidden_dropout, window_size=ns.window_size, mtp_num_layers=ns.mtp_num_layers)
+              hidden_dropout=ns.hidden_dropout, window_size=ns.window_size, mtp_num_layers=ns.mtp_num_layers,
+              window_attn_skip_freq=None if ns.window_attn_skip_freq is None else _moe_freq(ns.window_attn_skip_freq),
+              softmax_type=ns.softmax_type, glu_linear_offset=ns.glu_linear_offset,
+              activation_func_clamp_value=ns.activation_func_clamp_value)
 
     if ns.swiglu:
         kw["gated_linear_unit"], kw["activation_func"] = True, F.silu
+    elif ns.quick_geglu:  # arguments.py:1341-1344
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kw["gated_linear_unit"], kw["activation_func"] = True, quick_gelu
     if ns.num_experts:
         kw.update(num_moe_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk,
                   moe_ffn_hidden_size=ns.moe_ffn_hidden_size,

@@ -127,6 +127,10 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "tokenizer_vocab_size": tok.vocab_size, "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
             "config": type(cfg).__name__, "rotary_base": args.rotary_base, "norm_epsilon": cfg.layernorm_epsilon,
             "qk_layernorm": cfg.qk_layernorm, "window_size": list(cfg.window_size) if cfg.window_size else None,
+            "window_attn_skip_freq": cfg.window_attn_skip_freq, "softmax_type": cfg.softmax_type,
+            "glu_linear_offset": cfg.glu_linear_offset, "activation_func_clamp_value":
+                cfg.activation_func_clamp_value, "add_bias_linear": cfg.add_bias_linear,
+            "activation_func": getattr(cfg.activation_func, "__name__", str(cfg.activation_func)),
             "num_moe_experts": cfg.num_moe_experts, "moe_router_topk": cfg.moe_router_topk,
             "moe_router_score_function": cfg.moe_router_score_function,
             "moe_aux_loss_coeff": cfg.moe_aux_loss_coeff, "moe_router_enable_expert_bias":

@@ -48,15 +48,31 @@ def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
         inv_freq, scaling = init(cfg, "cpu")
     attn = model.model.layers[0].self_attn
     names = {n for n, _ in model.named_modules()}
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "rope_inv_freq": inv_freq.double(),
         "norm_eps": float(cfg.rms_norm_eps),
         "qk_norm": any(n.endswith(("self_attn.q_norm", "self_attn.q_a_layernorm")) for n in names),
-        "window": getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None,
-        "softmax_scale": float(attn.scaling),
+        "window": window,
+        # per layer where the attention module says (Qwen3, GPT-OSS); else the config's window (Mistral)
+        "layer_windows": [getattr(layer.self_attn, "sliding_window", window) for layer in model.model.layers],
+        "attention_sinks": sum(p.numel() for n, p in model.named_parameters() if n.endswith("self_attn.sinks")),
+        "glu": _hf_glu(cfg),
+        # the rotary module multiplies cos and sin by the RoPE attention factor (YaRN: 0.1 ln(factor) + 1 for
+        # GPT-OSS; 1 for llama3 scaling and DeepSeek's mscale = mscale_all_dim), so q·k by its square
+        "softmax_scale": float(attn.scaling) * float(scaling) ** 2,
         "router": _hf_router(config),
     }
+
+
+def _hf_glu(cfg: Any) -> tuple[str, float, float | None]:
+    """(activation, offset on the linear half, clamp) of the gated MLP: GPT-OSS's experts compute
+    ``(clamp(up, ±limit) + 1) · g·σ(alpha·g)`` (modeling_gpt_oss.GptOssExperts), i.e. quick-GELU at alpha 1.702."""
+    if cfg.model_type == "gpt_oss":
+        return ("quick_gelu" if cfg.swiglu_alpha == 1.702 else f"x*sigmoid({cfg.swiglu_alpha}x)", 1.0,
+                float(cfg.swiglu_limit))
+    return (cfg.hidden_act, 0.0, None)
 
 
 def _hf_router(c: dict[str, Any]) -> dict[str, Any] | None:
@@ -68,7 +84,8 @@ def _hf_router(c: dict[str, Any]) -> dict[str, Any] | None:
             "group_top_k": c.get("topk_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
             "expert_bias": c.get("topk_method") == "noaux_tc", "scale": c.get("routed_scaling_factor", 1.0),
             # Mixtral: top-k of the logits, softmax over them (renormalized); Qwen/DeepSeek: norm_topk_prob
-            "renormalize": bool(c.get("norm_topk_prob", c.get("model_type") == "mixtral")),
+            # GPT-OSS (GptOssTopKRouter): top-k of the logits, softmax over them, as Mixtral
+            "renormalize": bool(c.get("norm_topk_prob", c.get("model_type") in ("mixtral", "gpt_oss"))),
             "aux_coeff": c.get("router_aux_loss_coef", c.get("aux_loss_alpha"))}
 
 
@@ -186,9 +203,17 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
                   # renormalized unless moe_router_pre_softmax (megatron/core/transformer/moe/moe_utils.py)
                   "renormalize": cfg.moe_router_score_function == "sigmoid" or not cfg.moe_router_pre_softmax,
                   "aux_coeff": cfg.moe_aux_loss_coeff}
+    from megatron.core.transformer.utils import is_layer_window_attention
+
     window = cfg.window_size[0] + 1 if cfg.window_size else None
     core = attn.core_attention
+    layers = [int(k.split(".")[2]) for k in mods if k.count(".") == 2 and k.startswith("decoder.layers.")]
     return {
+        "layer_windows": [window if is_layer_window_attention(cfg.window_size, cfg.window_attn_skip_freq, i + 1)
+                          else None for i in sorted(layers)],
+        "attention_sinks": sum(p.numel() for k, p in named.items() if k.endswith("softmax_offset")
+                               and not k.startswith("mtp.")),
+        "glu": (cfg.activation_func.__name__, float(cfg.glu_linear_offset), cfg.activation_func_clamp_value),
         "params": sum(p.numel() for k, p in named.items() if not k.startswith("mtp.")),
         "mtp_params": sum(p.numel() for k, p in named.items() if k.startswith("mtp.")),
         "rope_inv_freq": _effective_inv_freq(rope).double(),
@@ -261,10 +286,28 @@ def torchtitan_fields(plan: Any) -> dict[str, Any]:
         "rope_inv_freq": _rope_freqs(layer.attention.rope),
         "norm_eps": float(layer.attention_norm.eps),
         "qk_norm": any(n.endswith(("attention.q_norm", "attention.qk_norm")) for n in names),
-        "window": None,
+        "window": getattr(layer.attention, "sliding_window_size", None),
+        "layer_windows": [getattr(x.attention, "sliding_window_size", None) for x in mc.layers],
+        "attention_sinks": sum(p.numel() for k, p in named.items() if k.endswith("attention.sinks")),
+        "glu": _titan_glu(moe),
         "softmax_scale": float(scale),
         "router": router,
     }
+
+
+def _titan_glu(moe: Any) -> tuple[str, float, float | None]:
+    """torchtitan's gated MLP: GPT-OSS experts run ``swiglu(x, alpha=1.702, limit)`` (+1 on the linear half,
+    torchtitan/models/gpt_oss/moe.py:67-73; alpha is that function's default); every other family SiLU-GLU
+    (models/common feed-forward: F.silu(w1 x) * w3 x)."""
+    inner = getattr(getattr(moe, "routed_experts", None), "inner_experts", None)
+    if inner is not None and hasattr(inner, "swiglu_limit"):
+        import inspect
+
+        from torchtitan.models.gpt_oss.moe import swiglu
+
+        alpha = inspect.signature(swiglu).parameters["alpha"].default
+        return ("quick_gelu" if alpha == 1.702 else f"x*sigmoid({alpha}x)", 1.0, float(inner.swiglu_limit))
+    return ("silu", 0.0, None)
 
 
 def compare(model: Any, hf_config: dict[str, Any], framework: str) -> list[Row]:
