@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
-from cost_models.layer_cost import tp_collectives, tp_exposed_fraction
+from cost_models.layer_cost import tp_collectives
 from cost_models.opgraph import BF16, LayerKind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
@@ -55,21 +55,29 @@ def mtp_projection_time_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                           par: ParallelConfig) -> tuple[float, float]:
     """(GEMM s, exposed TP s), forward + backward, of every module's ``eh_proj`` for one micro-batch on one rank:
     the column-parallel GEMM (backward = 2 GEMMs), its input's TP boundary (Shoeybi et al. 2019 ``f``; with SP
-    the all-gather/reduce-scatter of the 2h-wide input) and the forward all-gather of its h-wide output, exposed
-    as the layers' TP collectives are (``layer_cost.tp_exposed_fraction``)."""
+    the all-gather/reduce-scatter of the 2h-wide input) and the forward all-gather of its h-wide output. ``eh_proj``
+    is built without ``tp_comm_buffer_name`` (multi_token_prediction.py:651-661), so TE runs it without userbuffers
+    even under ``--tp-comm-overlap``: the forward gathers are synchronous (TE linear.py:408; the output's
+    ``gather_from_tensor_model_parallel_region``), the backward's input-gradient reduce-scatter (all-reduce without
+    SP) runs async under the wgrad GEMM (:1126-1132) and, with SP, the input is re-gathered async under the dgrad
+    GEMM (:993-996). A stack without TP overlap (``tp_overlap`` 0) waits for all of them."""
     n = model.arch.mtp_layers
     if not n:
         return 0.0, 0.0
     t, h = par.tp, model.hidden_size
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = 3 * matmul_time_s(tokens, 2 * h, -(-h // t), cluster, job.precision)
+    one = matmul_time_s(tokens, 2 * h, -(-h // t), cluster, job.precision)
     comm = 0.0
     if t > 1:  # TP groups are consecutive ranks (Megatron order tp-cp-ep-dp-pp): stride 1
-        for kind, _, calls in tp_collectives("column", par.sequence_parallel, par.recompute):
-            comm += calls * group_collective_time_s(kind, BF16 * tokens * 2 * h, t, 1, cluster)
+        hides = cluster.efficiency.tp_overlap > 0
+        collectives = list(tp_collectives("column", par.sequence_parallel, par.recompute))
+        if par.sequence_parallel:
+            collectives.append(("all_gather", "bwd", 1.0))  # the input re-gathered for wgrad
+        for kind, phase, calls in collectives:
+            c = calls * group_collective_time_s(kind, BF16 * tokens * 2 * h, t, 1, cluster)
+            comm += max(0.0, c - one) if phase == "bwd" and hides else c
         comm += group_collective_time_s("all_gather", BF16 * tokens * h, t, 1, cluster)
-        comm *= tp_exposed_fraction(t, cluster.efficiency)
-    return n * gemm, n * comm
+    return n * 3 * one, n * comm
 
 
 def mtp_time_s(model: ModelSpec, layer_s: float, head_s: float, cluster: ClusterSpec, job: JobSpec,

@@ -97,3 +97,22 @@ def test_a_stack_without_tp_overlap_exposes_everything() -> None:
     on = runtime_for("megatron", job, none, par, Software())
     off = runtime_for("megatron", job, none, par, Software(tp_comm_overlap=False))
     assert layer_cost(graph, model, none, job, par, 1, on).tp_s == layer_cost(graph, model, none, job, par, 1, off).tp_s
+
+
+def test_mtp_projection_runs_without_userbuffers() -> None:
+    """eh_proj has no tp_comm_buffer_name: its forward gathers wait in full, its backward's reduce-scatter and the
+    input's re-gather hide behind one GEMM each (TE's async non-userbuffer path), whatever the layers do."""
+    from cost_models.mtp import mtp_projection_time_s
+
+    m = load_model("deepseek-v3")
+    cluster, job = build_cluster("h100-sxm", 8), JobSpec(global_batch_size=16, seq_len=4096)
+    par = ParallelConfig(tp=8, ep=8, sequence_parallel=True)
+    h, t, tokens = m.hidden_size, 8, job.seq_len
+    one = matmul_time_s(tokens, 2 * h, h // t, cluster)
+    ag, rs = (group_collective_time_s(k, 2.0 * tokens * 2 * h, t, 1, cluster) for k in ("all_gather", "reduce_scatter"))
+    out = group_collective_time_s("all_gather", 2.0 * tokens * h, t, 1, cluster)
+    gemm, exposed = mtp_projection_time_s(m, cluster, job, par)
+    assert gemm == pytest.approx(3 * one)
+    assert exposed == pytest.approx(ag + out + max(0.0, rs - one) + max(0.0, ag - one))
+    none = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"tp_overlap": 0.0})})
+    assert mtp_projection_time_s(m, none, job, par)[1] == pytest.approx(2 * ag + out + rs)
