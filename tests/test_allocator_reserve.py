@@ -106,3 +106,24 @@ def test_stage_memory_reserve_is_of_the_churn_only() -> None:
     mem = stage_memory(model, JOB, PAR, 4, 0, [32], 8, graphs_for(model, JOB.seq_len), rt)
     assert mem.allocator == pytest.approx(ALLOCATOR_RESERVE * (mem.activations + mem.zero3_buffers), rel=1e-12)
     assert mem.total - mem.reserved == pytest.approx(1.5 * GIB, rel=1e-12)
+
+
+@pytest.mark.parametrize("gpu,impl,scope,register_off", [
+    ("h100-sxm", "transformer_engine", ["attn"], True),  # MLM:1247-1253
+    ("b200", "transformer_engine", ["attn"], True),
+    ("h100-sxm", "local", ["full_iteration"], True),  # cuda_graphs.py:1413-1420: before SM 10
+    ("b200", "local", ["full_iteration"], False),
+    ("h100-sxm", "none", [], False),
+])
+def test_cuda_graphs_with_expandable_segments_export_what_megatron_asserts(gpu: str, impl: str, scope: list[str],
+                                                                          register_off: bool) -> None:
+    """Megatron-Core asserts NCCL_GRAPH_REGISTER=0 beside expandable segments for CUDA graphs (Transformer Engine's
+    always; its local graphs before Blackwell): the runtime's launch environment carries it exactly then."""
+    cluster = build_cluster(gpu, 8)
+    sw = Software(expandable_segments=True, cuda_graph_impl=impl, **({"cuda_graph_scope": scope} if scope else {}))
+    env = dict(MEGATRON.resolve(sw, JOB, cluster, PAR).env)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert (env.get("NCCL_GRAPH_REGISTER") == "0") == register_off
+    off = dict(MEGATRON.resolve(Software(cuda_graph_impl=impl, **({"cuda_graph_scope": scope} if scope else {})),
+                                JOB, cluster, PAR).env)
+    assert "NCCL_GRAPH_REGISTER" not in off and "PYTORCH_CUDA_ALLOC_CONF" not in off

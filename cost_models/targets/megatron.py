@@ -404,7 +404,10 @@ class MegatronProfile(TargetProfile):
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
         if k.get("expandable_segments", False):
             env += (EXPANDABLE_SEGMENTS_ENV,)
-            if k.get("cuda_graph_impl") == "transformer_engine":  # MLM:1247-1253 (illegal memory access otherwise)
+            # MLM:1247-1253 (illegal memory access otherwise); the local graphs assert it before Blackwell
+            # (megatron/core/transformer/cuda_graphs.py:1413-1420, get_device_capability()[0] < 10)
+            impl = k.get("cuda_graph_impl")
+            if impl == "transformer_engine" or (impl == "local" and cluster.gpu.generation != "blackwell"):
                 env += (("NCCL_GRAPH_REGISTER", "0"),)
         cap = 0.0
         if mfsdp:
