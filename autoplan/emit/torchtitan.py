@@ -316,8 +316,10 @@ def torchtitan_overrides(plan: EmitPlan) -> list[str]:
     for section, fields in titan_settings(plan).items():
         for key, value in fields.items():
             args += _flag(section, key, value)
-    if plan.parallel.pp > 1:
-        args.append("--training.disable_cuda_graphs")  # CUDA graphs do not support pipeline parallelism yet
+    # torchtitan 0.3.0 trainer.py:179-208 (_validate_cuda_graphs) refuses its default CUDA graphs with pipelining,
+    # and with expert parallelism over the standard all-to-all dispatcher (it syncs with the host)
+    if plan.parallel.pp > 1 or plan.parallel.ep > 1:
+        args.append("--training.disable_cuda_graphs")
     args.append(f"activation_checkpoint:{plan.parallel.recompute}")  # subcommand: must come last
     return args
 
