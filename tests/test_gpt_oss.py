@@ -178,11 +178,12 @@ def test_megatron_says_what_it_cannot_build() -> None:
     assert len(yarn) == 1 and yarn[0].startswith("WARNING") and "plain RoPE (base 150000)" in yarn[0]
     notes = emit(_plan("llama3.1-8b", tp=1), "megatron").notes
     assert not any("YaRN" in n for n in notes)
-    # a clamp without quick-GELU has no megatron-core switch
-    m = _arch(load_model("gpt-oss-20b"), activation="silu")
-    with pytest.raises(ConfigError, match="quick_gelu"):
-        emit(EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=512, seq_len=4096),
-                      ParallelConfig(ep=8)), "megatron")
+    # a GLU offset or clamp without quick-GELU has no megatron-core switch (its TransformerConfig refuses the first)
+    for update in ({"activation": "silu"}, {"activation": "silu", "glu_linear_offset": 0.0}):
+        m = _arch(load_model("gpt-oss-20b"), **update)
+        with pytest.raises(ConfigError, match="quick_gelu"):
+            emit(EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=512, seq_len=4096),
+                          ParallelConfig(ep=8)), "megatron")
 
 
 def test_torchtitan_maps_gpt_oss_to_its_shipped_flavor() -> None:

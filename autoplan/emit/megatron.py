@@ -195,6 +195,9 @@ def model_args(plan: EmitPlan) -> list[str]:
     # GPT-OSS's clamped GLU: megatron-core applies both in the MLP and the grouped experts (transformer/mlp.py:
     # 221-225, moe/experts.py:723-727): act(clamp(gate, max=c)) * (clamp(up, -c, c) + offset)
     if arch.glu_linear_offset:
+        if arch.activation != "quick_gelu":  # megatron-core transformer_config.py:1505-1509 (fused bias-activation)
+            raise ConfigError(f"{m.name}: megatron-core takes glu_linear_offset only with quick_gelu",
+                              valid=["quick_gelu"])
         add("--glu-linear-offset", arch.glu_linear_offset)
     if arch.activation_clamp is not None:
         if arch.activation != "quick_gelu":
