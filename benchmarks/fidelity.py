@@ -184,6 +184,30 @@ def calibration_groups(rules: dict[str, Any]) -> set[str]:
     return {g for g, rule in rules["groups"].items() if rule.get("calibration")}
 
 
+def host_calibration_groups(rules: dict[str, Any]) -> set[str]:
+    """Groups of a ``more_runs*.json`` file whose MoE rows calibrate the MoE host cost alone (``"host_calibration":
+    true``, with a ``host_calibration_basis``): ``fit_moe_host``'s runs, so no longer held out; their dense rows are."""
+    return {g for g, rule in rules["groups"].items() if rule.get("host_calibration")}
+
+
+def host_calibration_runs(with_overlap: bool = False) -> list[tuple[dict[str, Any], ResolvedRun]]:
+    """(case, resolved run) of the MoE rows of every ``host_calibration_groups`` group, documented skips left out;
+    a case's ``logo_group`` is its group (leave-one-group-out holds out a release). Rows with Megatron's A2A overlap
+    (``moe_a2a_overlap``) are left out unless ``with_overlap``: the overlap interleaves two micro-batches on the one
+    host thread the dispatcher's per-layer sync stalls, a host pattern ``host_bound_s`` does not describe, and they
+    miss by more than any per-expert cost mends (``host_fit_report``) — they stay held out."""
+    out = []
+    for path in more_runs_files():
+        cases, rules = load_cases(path)
+        keep = host_calibration_groups(rules)
+        for c in cases:
+            if c["group"] in keep and not skip_reason(c, rules):
+                run = resolve_run(to_run(c, rules))
+                if run.model.num_experts > 0 and (with_overlap or not run.knobs.given().get("moe_a2a_overlap")):
+                    out.append(({**c, "logo_group": c["group"]}, run))
+    return out
+
+
 def calibration_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(case, rules) of every calibration run: published_runs.json's, then the calibration groups of the
     ``more_runs*.json`` files. A case's ``logo_group`` is its source for leave-one-group-out (a group's
@@ -680,11 +704,99 @@ def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[
 
 
 def fit_catalog() -> dict[str, dict[str, float]]:
-    """Refit the catalog (how its [fit] values were made): ``fit_params`` on every published run."""
+    """Refit the catalog (how its [fit] values were made): ``fit_params`` on every published run, and the MoE host
+    cost (``fit_moe_host`` on ``host_calibration_runs``, the catalog's other values held) into ``frameworks.megatron``."""
     gen_eff, fw = fit_params([r for _, r in calibration_runs()], quiet=False)
     out = {g: {n: round(getattr(e, n), 4) for n in CATALOG_FIT_FIELDS} for g, e in gen_eff.items()}
     out.update({f"framework {f}": {n: round(float(v), 4) for n, v in vals.items()} for f, vals in fw.items()})
+    out["framework megatron"] = {HOST_FIELD: round(fit_moe_host([r for _, r in host_calibration_runs()]), 6)}
     return out
+
+
+# The MoE host cost (Efficiency.moe_host_s_per_expert, cost_models/layer_cost.host_bound_s): host seconds to issue one
+# local expert's work per MoE layer per micro-batch under Megatron-Core + Transformer Engine (GroupedLinear's per-expert
+# loop, the dropless dispatcher's per-layer host sync). A software cost of that stack, one number for every GPU
+# generation (gpus.yaml frameworks.megatron). No public source gives it: fitted, alone, on the MoE rows of the
+# host-calibration releases (host_calibration_runs), every other catalog value held. Bounds as autoplan calibrate's.
+HOST_FIELD = "moe_host_s_per_expert"
+HOST_BOUNDS = (0.0, 2e-3)
+HOST_GRID_S = 2e-5  # coarse grid step before the local refinement (the loss is piecewise smooth: max(device, host))
+
+
+def with_host(run: ResolvedRun, value: float) -> float:
+    """``run``'s predicted step time with the MoE host cost ``value`` and its own efficiency otherwise."""
+    return run.predict(run.cluster.efficiency.model_copy(update={HOST_FIELD: value}))
+
+
+def host_loss(runs: list[ResolvedRun], value: float) -> float:
+    """Σ log(T̂/T)² over ``runs`` at host cost ``value``: fit_params' (calibrate.fit's) loss."""
+    return float(sum(math.log(with_host(r, value) / r.measured_step_time_s) ** 2 for r in runs))
+
+
+def fit_moe_host(runs: list[ResolvedRun]) -> float:
+    """The one ``moe_host_s_per_expert`` minimising ``host_loss`` over ``runs`` within ``HOST_BOUNDS``: a grid (the
+    host floor is max(device, host) per layer, so the loss has kinks) then bounded Brent around its best point.
+    Deterministic; 0 where no run is host-bound at any value."""
+    from scipy.optimize import minimize_scalar
+
+    lo, hi = HOST_BOUNDS
+    grid = [lo + i * HOST_GRID_S for i in range(int(round((hi - lo) / HOST_GRID_S)) + 1)]
+    losses = [host_loss(runs, v) for v in grid]
+    i = min(range(len(grid)), key=lambda k: (losses[k], grid[k]))
+    a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    res = minimize_scalar(lambda v: host_loss(runs, v), bounds=(a, b), method="bounded",
+                          options={"xatol": 1e-8})
+    return float(res.x) if res.fun < losses[i] else grid[i]
+
+
+def host_fit_report(runs: list[tuple[dict[str, Any], ResolvedRun]] | None = None,
+                    with_overlap: list[tuple[dict[str, Any], ResolvedRun]] | None = None) -> dict[str, Any]:
+    """The host-cost fit and its errors: the fit on ``runs`` (default: ``host_calibration_runs()``), the signed errors
+    at 0 and at the fit, leave-one-group-out (fit on the other releases, predict this one), and the robustness check:
+    the fit with the A2A-overlap rows too (``with_overlap``, default ``host_calibration_runs(True)``) and those rows'
+    errors at 0 / the fit / the fit with them."""
+    runs = runs if runs is not None else host_calibration_runs()
+    every = with_overlap if with_overlap is not None else host_calibration_runs(with_overlap=True)
+    value = fit_moe_host([r for _, r in runs])
+    value_all = fit_moe_host([r for _, r in every])
+    logo: dict[str, float] = {}
+    logo_value: dict[str, float] = {}
+    for g in sorted({c["logo_group"] for c, _ in runs}):
+        logo_value[g] = fit_moe_host([r for c, r in runs if c["logo_group"] != g])
+        logo.update({c["id"]: with_host(r, logo_value[g]) / r.measured_step_time_s - 1 for c, r in runs
+                     if c["logo_group"] == g})
+    mine = {c["id"] for c, _ in runs}
+
+    def err(r: ResolvedRun, v: float) -> float:
+        return with_host(r, v) / r.measured_step_time_s - 1
+
+    return {"value": value, "value_all": value_all, "logo_value": logo_value,
+            "rows": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, 0.0), err(r, value), logo[c["id"]])
+                     for c, r in runs],
+            "all_errors": [err(r, value_all) for _, r in every],
+            "others": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, 0.0), err(r, value), err(r, value_all))
+                       for c, r in every if c["id"] not in mine]}
+
+
+def render_host_fit(rep: dict[str, Any]) -> str:
+    def mape(xs: list[float]) -> str:
+        return f"{sum(map(abs, xs)) / len(xs):.1%}" if xs else "-"
+
+    lines = ["| case | release | measured s | host 0 | at fit | leave-release-out |", "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {cid} | {g} | {m:.3f} | {e0:+.1%} | {ef:+.1%} | {el:+.1%} |" for cid, g, m, e0, ef, el in rep["rows"]]
+    zero, fit_e, logo_e = ([row[i] for row in rep["rows"]] for i in (3, 4, 5))
+    v = rep["value"] * 1e3
+    lines += ["", f"MoE host cost (frameworks.megatron.{HOST_FIELD}) fitted alone on these {len(zero)} rows: {v:.3f} ms "
+              f"per local expert per layer-micro-batch. MAPE at 0: {mape(zero)}; in-sample {mape(fit_e)} (worst "
+              f"{max(map(abs, fit_e)):.1%}); leave-one-release-out {mape(logo_e)} (worst {max(map(abs, logo_e)):.1%}; "
+              + ", ".join(f"fit without {g}: {x * 1e3:.3f} ms" for g, x in rep["logo_value"].items()) + ")",
+              "", "A2A-overlap rows of the same releases (not fitted on; held out): error at 0 / at the fit / at the fit "
+              "with them", "", "| case | release | measured s | host 0 | at fit | fit with them |",
+              "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {cid} | {g} | {m:.3f} | {e0:+.1%} | {ef:+.1%} | {ea:+.1%} |" for cid, g, m, e0, ef, ea in rep["others"]]
+    lines += ["", f"With them ({len(rep['all_errors'])} rows): {rep['value_all'] * 1e3:.3f} ms, in-sample "
+              f"{mape(rep['all_errors'])} (worst {max(map(abs, rep['all_errors'])):.1%})"]
+    return "\n".join(lines)
 
 
 def export_runs(folder: Path) -> list[Path]:
@@ -724,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
     table += render_memory(mem_rows) + "\n\n" + render_reserve_fit(reserve_fit(mem_rows))
     table += "\n\n" + render_fits(calibration_fits())
     table += "\n\n" + render_deepseek()
+    table += "\n\nMoE host cost, fitted alone on its calibration rows (benchmarks/data/more_runs.json host_calibration):\n\n"
+    table += render_host_fit(host_fit_report())
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.md").write_text(table + "\n")

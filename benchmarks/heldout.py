@@ -118,6 +118,11 @@ def _with_what_if(cluster: Any, what_if: dict[tuple[str, str], Any]) -> Any:
     return cluster
 
 
+def host_calibration_ids() -> set[str]:
+    """The rows ``fidelity.fit_moe_host`` fits the MoE host cost on (``fidelity.host_calibration_runs``)."""
+    return {c["id"] for c, _ in fidelity.host_calibration_runs()}
+
+
 def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any] | None = None
              ) -> tuple[list[HeldRow], list[tuple[str, str]], list[dict[str, Any]]]:
     """(rows, not priced (id, why), every case) over the held-out files. Not priced: the file's documented skips,
@@ -127,10 +132,11 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
     rows: list[HeldRow] = []
     skipped: list[tuple[str, str]] = []
     cases: list[dict[str, Any]] = []
+    host_fitted = host_calibration_ids()  # the MoE host cost is fitted on them: no longer held out
     for path in files if files is not None else default_files():
         mine, rules = fidelity.load_cases(path)
         fitted = fidelity.calibration_groups(rules)  # joined the calibration set: no longer held out
-        mine = [c for c in mine if c["group"] not in fitted]
+        mine = [c for c in mine if c["group"] not in fitted and c["id"] not in host_fitted]
         cases += mine
         skipped += fidelity.skipped_cases(path)
         skip = {cid for cid, _ in skipped}
@@ -282,6 +288,11 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
     fitted = sorted(g for path in default_files() for g in fidelity.calibration_groups(fidelity.load_cases(path)[1]))
     if fitted:
         lines += ["", f"Not held out (joined the calibration set; scored by benchmarks/fidelity.py): {', '.join(fitted)}"]
+    host = sorted(host_calibration_ids())
+    if host:
+        lines += ["", f"Not held out (the {len(host)} rows the MoE host cost frameworks.megatron.moe_host_s_per_expert is "
+                  "fitted on: the MoE rows without A2A overlap of the host_calibration groups; scored by "
+                  f"benchmarks/fidelity.py host_fit_report): {', '.join(host)}"]
     if skipped:
         lines += ["", "Not priced (the model cannot express them yet):"] + [f"- {cid}: {why}" for cid, why in skipped]
     return "\n".join(lines)

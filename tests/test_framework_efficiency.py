@@ -36,7 +36,12 @@ def test_cluster_resolves_the_framework_parameters_then_the_profile() -> None:
     base, tt = req.resolve(), req.resolve("torchtitan")
     for field, value in framework_efficiency("torchtitan").items():
         assert getattr(tt.efficiency, field) == value
-    assert req.resolve("megatron") == base  # Megatron-Core is the reference: no overrides
+    # Megatron-Core is the reference the generations are fitted on: its one override is its MoE host cost
+    assert set(framework_efficiency("megatron")) == {"moe_host_s_per_expert"}
+    mega = req.resolve("megatron")
+    assert mega.efficiency.moe_host_s_per_expert == framework_efficiency("megatron")["moe_host_s_per_expert"] > 0
+    assert mega.efficiency.model_copy(update={"moe_host_s_per_expert": 0.0}) == base.efficiency
+    assert mega.model_copy(update={"efficiency": base.efficiency}) == base
     assert req.resolve("any") == base
 
 
