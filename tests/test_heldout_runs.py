@@ -77,7 +77,10 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # 21.3% / 55.0% (the B200 and MI300X rows predicted ~2x fast: see issue-12.md).
 # more_runs_gptoss.json (session 6, s6-gptoss): Megatron-Bridge's 31 GPT-OSS 120B rows (25.11-26.08) at landing:
 # 38.1% / 56.9%, every row predicted fast (see issue-12.md, Session 6: GPT-OSS).
-GUARDS = {"more_runs.json": (0.124, 0.649), "more_runs_bridge2.json": (0.096, 0.535),
+# s6-hostfit: the MoE host cost fitted on 21 MoE rows of more_runs.json (25.11 / 26.02, no A2A overlap; no longer held
+# out): 10.0% / 61.6% on its 118 still-held-out runs; bridge2 9.7% / 38.6% (26.06.01's full_iteration 30B GB200 row,
+# priced host-issued because megatron-core 0.16.1 cannot express its graphs).
+GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.097, 0.535),
           "more_runs_torchtitan.json": (0.213, 0.550), "more_runs_gptoss.json": (0.381, 0.569)}
 MARGIN = 0.02
 
