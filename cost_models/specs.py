@@ -436,7 +436,9 @@ class Efficiency(_Frozen):
         "(grouped_linear.py) and Megatron-Core's dropless dispatcher syncs host and device in every MoE layer "
         "(token_dispatcher.py preprocess), so the layer runs at max(device time, host time) (layer_cost.host_bound_s); "
         "only where no CUDA graph holds the experts (cost_models.moe.moe_layer_host_issued). "
-        "0 = not priced: no sourced value (`autoplan calibrate` fits it on one's own runs)")
+        "Default 0 (not priced); the catalog's Megatron-Core value is a fit on public Megatron-Bridge MoE runs "
+        "(gpus.yaml frameworks.megatron, benchmarks/fidelity.py fit_moe_host); `autoplan calibrate` fits it on "
+        "one's own runs")
     hbm_bus: float = Field(default=0.85, gt=0, le=1, description="achieved fraction of HBM bandwidth by streaming "
                            "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
     tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "

@@ -194,7 +194,7 @@ def test_emitted_flags_reach_megatron_core(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_host_bound_layer_waits_for_its_host() -> None:
-    """``moe_host_s_per_expert`` (catalog 0: unsourced, calibratable): an MoE layer takes max(device, host) with the
+    """``moe_host_s_per_expert`` (0 without a target; Megatron-Core's fitted value in gpus.yaml frameworks): an MoE layer takes max(device, host) with the
     host's time proportional to the rank's experts; the estimate reports the wait and a step carries it."""
     model = load_model(QWEN)
     base_cluster = build_cluster("b200", 64)
