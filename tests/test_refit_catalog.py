@@ -35,3 +35,11 @@ def test_set_value_names_what_is_missing() -> None:
         refit.set_value(YAML, "efficiency", "ampere", "dp_overlap", 0.5)
     with pytest.raises(KeyError, match="frameworks.torchtitan.gemm_max"):
         refit.set_value(YAML, "frameworks", "torchtitan", "gemm_max", 0.5)
+
+
+def test_set_value_keeps_microseconds_of_a_small_value() -> None:
+    """The MoE host cost (seconds per expert, ~1e-4) is written to the µs, not rounded to 0.0007 by the 4 decimals the
+    efficiencies get."""
+    text = "frameworks:\n  megatron:\n    moe_host_s_per_expert: 0.0005 # [fit] kept\n"
+    out = refit.set_value(text, "frameworks", "megatron", "moe_host_s_per_expert", 0.000690344)
+    assert out.splitlines()[2] == "    moe_host_s_per_expert: 0.00069 # [fit] kept"
