@@ -569,9 +569,18 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                     ep_bytes, cp_bytes, window, unhidden)
-    if graph.kind == "moe" and cluster.efficiency.moe_host_s_per_expert > 0 and moe_layer_host_issued(rt):
-        out = replace(out, host_s=host_bound_s(out.total_s, model, cluster, par))
-    return out
+    host = host_wait_s(graph, model, cluster, par, rt, out.total_s)
+    return replace(out, host_s=host) if host else out
+
+
+def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
+                rt: Runtime | None, device_s: float) -> float:
+    """The host-bound wait a layer of ``graph``'s kind adds to ``device_s`` of device work (one micro-batch,
+    forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. The one rule
+    ``layer_cost`` and the search's ILP-solved layer times (search.score.layer_pieces) both apply."""
+    if graph.kind != "moe" or cluster.efficiency.moe_host_s_per_expert <= 0 or not moe_layer_host_issued(rt):
+        return 0.0
+    return host_bound_s(device_s, model, cluster, par)
 
 
 def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:

@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.layer_cost import LayerCost, OpCompute, layer_compute, layer_compute_key, layer_cost
+from cost_models.layer_cost import LayerCost, OpCompute, host_wait_s, layer_compute, layer_compute_key, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
                              mtp_time_s)
 from cost_models.memory import (
@@ -280,7 +280,10 @@ class Scorer:
                 sol = self.layer_solution(lay, kind, rc)
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
-                t_kind[kind] = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
+                device = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
+                # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time
+                t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster, self._bound_par(lay, rc),
+                                                    self._runtime_with(lay, chosen), device)
                 # A target runs one pattern (the ILP's only point): its activations as the target's runtime
                 # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
                 a_kind[kind] = acts[kind]
@@ -400,7 +403,9 @@ class Scorer:
         hit = self._knob_delta.get(key)
         if hit is None:
             without = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, self._bound_par(lay, rc), 1)
-            hit = self._layer_cost(lay, bkey, kind, chosen).total_s - without.total_s
+            with_knobs = self._layer_cost(lay, bkey, kind, chosen)
+            # device time only: the host-bound wait is added on the ILP's layer time (layer_pieces)
+            hit = (with_knobs.total_s - with_knobs.host_s) - (without.total_s - without.host_s)
             self._knob_delta[key] = hit
         return hit
 

@@ -15,7 +15,7 @@ from autoplan.catalog import build_cluster, load_model
 from autoplan.emit.plan import priced_software
 from cost_models.errors import InfeasibleError
 from cost_models.estimate import estimate
-from cost_models.specs import JobSpec, ModelSpec
+from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Software
 from cost_models.validate import check_parallel, stage_layers
 from search.exhaustive import exhaustive_search
@@ -354,3 +354,22 @@ def test_ilp_solves_are_counted_apart_from_cache_hits() -> None:
     again = search(model, cluster, job, scorer=scorer, top_k=1)
     assert again.ilp_solves == 0 and again.ilp_cache_hits >= 1
     assert again.plans[0].parallel == first.plans[0].parallel
+
+
+@pytest.mark.parametrize("ep", [1, 8])
+def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
+    """The stage DP's layer times (the intra-op ILP's answer) carry the host-bound wait of MoE layers whose experts
+    the host issues (megatron's fitted moe_host_s_per_expert), as ``estimate`` does: with 32 local experts it binds."""
+    from search.space import Layout
+
+    model, cluster = load_model("gpt-oss-20b"), build_cluster("h100-sxm", 8, target="megatron")
+    job = JobSpec(global_batch_size=64, seq_len=1024, precision="bf16")
+    lay = Layout(tp=1, cp=1, pp=1, dp=8, ep=ep, micro_batch_size=1, m=8, recompute="none", zero_stage=1,
+                 hsdp_shard_size=None, schedule="1f1b", vp=1)
+    scorer = Scorer(model, cluster, job)
+    fs = scorer.score(lay, (model.num_layers,))
+    pred = estimate(model, cluster, job, ParallelConfig(**lay.parallel_kwargs()), target="megatron",
+                    software=Software(**scorer.chosen_knobs(lay)))
+    assert cluster.efficiency.moe_host_s_per_expert > 0
+    assert (pred.time.host_bound_s > 0) == (ep == 1)  # 32 local experts: host-bound; 4: the device's work covers it
+    assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
