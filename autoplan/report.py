@@ -8,7 +8,10 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 def describe_software(knobs: dict[str, object]) -> str:
     """Every knob a prediction assumed (``Prediction.software``), on one line."""
-    return " ".join(f"{k}={v}" for k, v in knobs.items() if v is not None) or "defaults"
+    def shown(v: object) -> object:  # a scope tuple as the flag takes it (attn,moe_router), not a Python tuple
+        return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else v
+
+    return " ".join(f"{k}={shown(v)}" for k, v in knobs.items() if v is not None) or "defaults"
 
 
 def describe_parallel(par: ParallelConfig, dp: int) -> str:

@@ -44,10 +44,14 @@ def moe_layer_host_issued(rt: Runtime | None) -> bool:
     the dispatch, the experts and the combine eager (transformer_layer.py:950-967: "leaving the expert computation
     to execute eagerly", 1251-1253). ``check_runtime`` refuses a graph over a dropless dispatcher, whose host sync
     cannot be captured (``DISPATCHER_HOST_SYNC``)."""
-    if rt is None or rt.cuda_graph_impl == "none":
-        return True
+    return rt is None or not experts_graphed(rt)
+
+
+def experts_graphed(rt: Runtime) -> bool:
+    """Whether a CUDA graph holds an MoE layer's dispatch and experts (the scopes ``moe_layer_host_issued`` lists):
+    what the megatron target's ``check_cuda_graphs`` refuses over a dropless dispatcher."""
     scope = rt.cuda_graph_scope
-    return bool(scope) and "moe" not in scope and "full_iteration" not in scope
+    return rt.cuda_graph_impl != "none" and (not scope or "moe" in scope or "full_iteration" in scope)
 
 
 # Where Megatron-Core 0.16.1's dispatchers block the host on the device once per MoE layer (forward), dropless:

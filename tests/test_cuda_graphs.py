@@ -26,10 +26,17 @@ PAR = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1, account_for_embedding
 ROUTER = ("attn", "moe_router", "moe_preprocess")  # what Megatron-Bridge's dropless MoE recipes graph
 
 
-def _check(sw: Software, par: ParallelConfig = PAR, model: str = QWEN, gpus: int = 64):  # noqa: ANN202
+DROPOUTS = ("attention_dropout", "hidden_dropout")  # model facts (ModelSpec.arch), TransformerConfig fields
+
+
+def _check(sw: Software, par: ParallelConfig = PAR, model: str = QWEN, gpus: int = 64,  # noqa: ANN202
+           arch: dict | None = None):
     cluster = build_cluster("b200", gpus)
     rt = MEGATRON.resolve(sw, JOB, cluster, par)
-    MEGATRON.check_runtime(load_model(model), cluster, JOB, par, rt)
+    spec = load_model(model)
+    if arch:
+        spec = spec.model_copy(update={"arch": spec.arch.model_copy(update=arch)})
+    MEGATRON.check_runtime(spec, cluster, JOB, par, rt)
     return rt
 
 
@@ -101,6 +108,20 @@ REFUSED_BY_BOTH = [  # (autoplan knobs, layout, message fragment, the same setti
      dict(cuda_graph_impl="local", cuda_graph_scope=["full_iteration"], moe_expert_capacity_factor=1.0,
           moe_pad_expert_input_to_capacity=True, overlap_moe_expert_parallel_comm=True,
           expert_model_parallel_size=8)),
+    # graphed recompute takes no dropout (a dropout field below is the model's, set on both sides)
+    (Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=ROUTER), PAR.model_copy(
+        update={"recompute": "selective"}), "1797-1811",
+     dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=list(ROUTER), recompute_granularity="selective",
+          attention_dropout=0.1, hidden_dropout=0.0)),
+    (Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe"), moe_capacity_factor=1.0),
+     PAR.model_copy(update={"recompute": "selective", "recompute_modules": ("moe",)}), "1812-1819",
+     dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "moe"], moe_expert_capacity_factor=1.0,
+          moe_pad_expert_input_to_capacity=True, recompute_granularity="selective", recompute_modules=["moe"],
+          attention_dropout=0.0, hidden_dropout=0.1)),
+    (Software(cuda_graph_impl="local", moe_capacity_factor=1.0), PAR.model_copy(
+        update={"recompute": "selective", "recompute_modules": ("moe",)}), "1812-1819",
+     dict(cuda_graph_impl="local", moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True,
+          recompute_granularity="selective", recompute_modules=["moe"], attention_dropout=0.0, hidden_dropout=0.1)),
 ]
 
 
@@ -108,15 +129,21 @@ REFUSED_BY_BOTH = [  # (autoplan knobs, layout, message fragment, the same setti
 CORE_SAYS = {"1738-1742": "full iteration cuda graph", "1764-1770": "drop-padding", "1743-1746": "both moe and",
              "1747-1750": "only supported with moe_router", "1757-1763": "only supported for dense layers",
              "1788-1795": "moe recompute is not supported", "1780-1784": "full recompute is only supported",
-             "1898-1906": "not supported with overlap_moe_expert_parallel_comm"}
+             "1898-1906": "not supported with overlap_moe_expert_parallel_comm",
+             "1797-1811": "attention dropout is not supported with graphed attention",
+             "1812-1819": "hidden dropout is not supported with graphed MLP/MoE"}
 
 
 @pytest.mark.parametrize("sw, par, rule, fields", REFUSED_BY_BOTH)
 def test_refusals_are_megatron_cores(sw: Software, par: ParallelConfig, rule: str, fields: dict) -> None:
+    arch = {k: fields[k] for k in DROPOUTS if k in fields}
     with pytest.raises(ConfigError, match=rule):
-        _check(sw, par)
+        _check(sw, par, arch=arch)
     with pytest.raises(AssertionError, match=CORE_SAYS[rule]):
         _config(**fields)
+    if any(arch.values()):  # the dropout is what both refuse: without it both accept the same setting
+        _check(sw, par, arch=dict.fromkeys(arch, 0.0))
+        _config(**{**fields, **dict.fromkeys(arch, 0.0)})
 
 
 def test_refusals_megatron_leaves_to_capture_or_to_its_parser() -> None:
@@ -210,3 +237,46 @@ def test_te_graphs_with_expandable_segments_export_nccl_graph_register_off() -> 
     assert ("NCCL_GRAPH_REGISTER", "0") in both.env
     assert ("NCCL_GRAPH_REGISTER", "0") not in _check(te).env
     assert ("NCCL_GRAPH_REGISTER", "0") not in _check(Software(expandable_segments=True)).env
+
+
+def _taking(sw: Software, choice: str) -> Software:
+    """``sw`` with a refusal's suggestion (``k=v k=v``, a scope comma-separated as the flag takes it) applied."""
+    update: dict = {}
+    for part in choice.split():
+        k, v = part.split("=")
+        update[k] = tuple(v.split(",")) if k == "cuda_graph_scope" else float(v) if k == "moe_capacity_factor" else v
+    return sw.model_copy(update=update)
+
+
+def test_dropless_graph_refusals_suggest_what_the_impl_takes() -> None:
+    """A whole-layer / whole-iteration graph over dropless MoE layers is refused with choices that each pass as
+    given: under local the router graphs come with the transformer_engine implementation (local takes no per-module
+    scope, MLM:1430-1444)."""
+    for sw in (Software(cuda_graph_impl="local"), Software(cuda_graph_impl="transformer_engine"),
+               Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",))):
+        with pytest.raises(ConfigError, match="dropless") as err:
+            _check(sw)
+        assert err.value.valid and len(err.value.valid) == 2
+        for choice in err.value.valid:
+            _check(_taking(sw, choice))
+    with pytest.raises(ConfigError) as err:
+        _check(Software(cuda_graph_impl="local"))
+    assert "cuda_graph_impl=transformer_engine cuda_graph_scope=attn,moe_router,moe_preprocess" in str(err.value)
+
+
+def test_request_scope_names_checked_like_the_flag() -> None:
+    """A request's ``software.cuda_graph_scope`` (a JSON list, read in strict mode) is the tuple; a name that is
+    no scope gets the CLI's line: the value and the valid names."""
+    from autoplan.inputs import UserInputError, strict
+
+    assert strict(Software, {"cuda_graph_scope": list(ROUTER)}).cuda_graph_scope == ROUTER
+    with pytest.raises(UserInputError, match=r"cuda_graph_scope: 'bogus' is not a CUDA graph scope \(valid: attn, "
+                                             r"mlp, moe, moe_router, moe_preprocess, full_iteration\)"):
+        strict(Software, {"cuda_graph_scope": ["attn", "bogus"]})
+
+
+def test_plan_line_prints_the_scope_as_the_flag_takes_it() -> None:
+    from autoplan.report import describe_software
+
+    line = describe_software(_check(Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=ROUTER)).knobs())
+    assert "cuda_graph_scope=attn,moe_router,moe_preprocess" in line.split()

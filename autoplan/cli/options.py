@@ -16,7 +16,7 @@ from autoplan.errors import ConfigError, InfeasibleError
 from autoplan.request import ClusterRequest
 from cost_models.specs import JobSpec
 from cost_models.targets import Software
-from cost_models.targets.common import CpCommType, CudaGraphImpl, CudaGraphScope, Fp8Recipe
+from cost_models.targets.common import CpCommType, CudaGraphImpl, Fp8Recipe, graph_scope_error
 
 F = Callable[..., Any]
 
@@ -119,10 +119,8 @@ def _graph_scope(ctx: click.Context, param: click.Parameter, value: str | None) 
     if value is None:
         return None
     names = tuple(n.strip() for n in value.split(",") if n.strip())
-    valid = CudaGraphScope.__args__  # type: ignore[attr-defined]
-    bad = [n for n in names if n not in valid]
-    if bad:
-        raise click.BadParameter(f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})")
+    if (err := graph_scope_error(names)) is not None:
+        raise click.BadParameter(err)
     return names
 
 

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cost_models.errors import ConfigError, divisors
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, MoeDispatcher, ParallelConfig
@@ -22,6 +22,16 @@ CrossEntropyFusion = Literal["none", "te"]
 # ``CudaGraphScope``): the capture backend, and what it captures (empty = each whole transformer layer)
 CudaGraphImpl = Literal["none", "local", "transformer_engine"]
 CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
+
+
+def graph_scope_error(names: Any) -> str | None:
+    """What is wrong with ``names`` as CUDA graph scopes (the CLI's ``--cuda-graph-scope`` and a request's
+    ``software.cuda_graph_scope`` say the same), or None."""
+    valid = CudaGraphScope.__args__  # type: ignore[attr-defined]
+    bad = [n for n in names if n not in valid]
+    return f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})" if bad else None
+
+
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
@@ -82,6 +92,16 @@ class Software(BaseModel):
     cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
         default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
         "moe_preprocess, full_iteration); empty = each whole transformer layer")
+
+    @field_validator("cuda_graph_scope", mode="before")
+    @classmethod
+    def _scope_names(cls, v: object) -> object:
+        """A JSON list is the tuple (strict mode takes no list for a tuple); an unknown name says the valid ones."""
+        if isinstance(v, (list, tuple)):
+            if (err := graph_scope_error(v)) is not None:
+                raise ValueError(err)
+            return tuple(v)
+        return v
 
     def given(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

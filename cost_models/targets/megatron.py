@@ -509,15 +509,15 @@ def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> Non
             raise ConfigError(f"cuda_graph_scope={names}: the moe graph needs token drop with padding "
                               f"(moe_capacity_factor; {TC}:1764-1770)", valid=["moe_capacity_factor=1.0",
                                                                                "moe_router,moe_preprocess"])
-        if dropless and (not scope or "full_iteration" in scope):
-            from cost_models.moe import DISPATCHER_HOST_SYNC
+        from cost_models.moe import DISPATCHER_HOST_SYNC, experts_graphed
 
+        if dropless and experts_graphed(rt):  # the moe scope is refused above: a whole layer or iteration here
             what = "whole-iteration" if scope else "whole-layer"
             raise ConfigError(f"cuda_graph_impl={impl} with a {what} graph on dropless MoE layers: the dispatcher "
                               f"syncs host and device in every MoE layer "
                               f"({DISPATCHER_HOST_SYNC[rt.moe_dispatcher or 'alltoall']}), which a CUDA graph cannot "
                               f"capture; Megatron states it for the moe scope ({TC}:1764-1770)",
-                              valid=["moe_capacity_factor=1.0", "cuda_graph_scope=attn,moe_router,moe_preprocess"])
+                              valid=["moe_capacity_factor=1.0", _te_scope(impl, ROUTER_GRAPHS)])
     if par.recompute == "full" and scope != ("full_iteration",):
         raise ConfigError(f"cuda_graph_impl={impl} with recompute=full: full recompute runs only under the "
                           f"full_iteration graph ({TC}:1780-1784)", valid=["recompute=selective",
@@ -527,10 +527,38 @@ def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> Non
         raise ConfigError(f"cuda_graph_scope={names} with recompute module moe: not with the moe_router graph under "
                           f"transformer_engine ({TC}:1788-1795)", valid=["cuda_graph_scope=attn",
                                                                          "recompute_modules without moe"])
+    if par.recompute == "selective":  # graphed recompute takes no random numbers (TC:1797-1819)
+        modules = par.recompute_modules if par.recompute_modules is not None else ("core_attn",)  # TC:1193-1194
+        whole = not scope or "full_iteration" in scope
+        if model.arch.attention_dropout and "core_attn" in modules and (whole or "attn" in scope):
+            raise ConfigError(f"cuda_graph_scope={names} with recompute module core_attn and attention_dropout="
+                              f"{model.arch.attention_dropout}: attention dropout is not supported with graphed "
+                              f"attention recomputation ({TC}:1797-1811)",
+                              valid=["recompute_modules without core_attn", "attention_dropout=0",
+                                     _te_scope(impl, ("mlp",) if not model.is_moe else ("moe_router",))])
+        graphed = [m for m in ("mlp", "moe") if m in modules and (whole or m in scope)]
+        if model.arch.hidden_dropout and graphed:
+            raise ConfigError(f"cuda_graph_scope={names} with recompute module {graphed[0]} and hidden_dropout="
+                              f"{model.arch.hidden_dropout}: hidden dropout is not supported with graphed MLP/MoE "
+                              f"recomputation ({TC}:1812-1819)",
+                              valid=[f"recompute_modules without {graphed[0]}", "hidden_dropout=0",
+                                     _te_scope(impl, ("attn",))])
     if rt.moe_a2a_overlap and (impl != "transformer_engine" or "moe" in scope or "mlp" in scope):
         raise ConfigError(f"moe_a2a_overlap with cuda_graph_impl={impl} scope {names}: the EP overlap takes "
                           f"transformer_engine graphs without the moe or mlp scope ({TC}:1898-1906)",
-                          valid=["cuda_graph_scope=attn,moe_router,moe_preprocess", "moe_a2a_overlap=false"])
+                          valid=[_te_scope(impl, ROUTER_GRAPHS), "moe_a2a_overlap=false"])
+
+
+# What Megatron-Bridge's dropless MoE recipes graph: attention, router and the dispatcher's preprocess (the
+# dispatch and the experts stay eager)
+ROUTER_GRAPHS = ("attn", "moe_router", "moe_preprocess")
+
+
+def _te_scope(impl: str, scope: tuple[str, ...]) -> str:
+    """A per-module ``scope`` as a choice valid under ``impl``: per-module scopes are transformer_engine's
+    (MLM:1430-1444), so under local the implementation changes with it."""
+    pick = f"cuda_graph_scope={','.join(scope)}"
+    return pick if impl == "transformer_engine" else f"cuda_graph_impl=transformer_engine {pick}"
 
 
 def optimizer_bytes(moments: str, fp8_recipe: str | None, fp8_params: bool = False) -> float:
