@@ -31,7 +31,9 @@ What the model needs to get these right (all in ``cost_models``, each parameter 
 
 The catalog's [fit] values are ``--fit``'s output: pure bounded least squares on log step time over all runs of
 a generation, the same fit ``autoplan calibrate`` runs (``test_fidelity.py`` checks the catalog is its fixed
-point).
+point). One more [fit], alone and on its own runs: Megatron-Core's MoE host cost per local expert
+(``fit_moe_host`` on ``host_calibration_runs``, the MoE rows without A2A overlap of the more_runs groups flagged
+``host_calibration``; printed last with its leave-one-release-out errors).
 """
 
 from __future__ import annotations
