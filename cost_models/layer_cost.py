@@ -347,7 +347,7 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
 
 def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:
     """Share of TP traffic left on the critical path where no per-collective model prices it (torchtitan's async TP;
-    the intra-op search's per-op pricing and the MTP projections, which see no runtime): ``tp_overlap`` of it hides
+    the intra-op search's per-op pricing, which sees no runtime): ``tp_overlap`` of it hides
     behind the GEMMs it feeds, pipelined over t chunks (one per peer): the reduce-scatter of the last chunk has
     nothing left to hide behind, so at least 1/(2t) stays exposed. A runtime without overlap
     (``knob_effects.tp_overlap``) exposes all of it. Megatron's userbuffers: ``_userbuffers_boundary``."""

@@ -80,8 +80,9 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # s6-hostfit: the MoE host cost fitted on 21 MoE rows of more_runs.json (25.11 / 26.02, no A2A overlap; no longer held
 # out): 10.0% / 61.6% on its 118 still-held-out runs; bridge2 9.7% / 38.6% (26.06.01's full_iteration 30B GB200 row,
 # priced host-issued because megatron-core 0.16.1 cannot express its graphs).
-GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.097, 0.535),
-          "more_runs_torchtitan.json": (0.213, 0.550), "more_runs_gptoss.json": (0.381, 0.569)}
+# Guards re-measured at the session-6 review (after the host fit): gptoss 37.9% / 56.9% after the host fit.
+GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.097, 0.386),
+          "more_runs_torchtitan.json": (0.212, 0.550), "more_runs_gptoss.json": (0.379, 0.569)}
 MARGIN = 0.02
 
 
