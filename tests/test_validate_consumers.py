@@ -45,12 +45,13 @@ MEGATRON_ONLY = {
                                                        last_stage_layers=2), "bf16"),
     "llama3.1-405b@16384 tp8 pp8 cp2 vp8 (embedding+loss accounting)": ("llama3.1-405b", 16384, 2048, 8192,
                                                                         dict(tp=8, pp=8, cp=2, vp=8), "bf16"),
-    # Megatron-Bridge's Qwen3-235B-A22B H100 layout: ep 32 > dp*cp 16, EP spans the TP ranks (expert-TP 1). bf16:
-    # without Transformer Engine TransformerConfig cannot check MoE with fp8 (its TE version test).
+    # Megatron-Bridge's Qwen3-235B-A22B H100 layout: ep 32 > dp*cp 16, EP spans the TP ranks (expert-TP 1), in fp8 as
+    # it ran: TransformerConfig asks Transformer Engine's version for MoE with fp8, answered by the version the
+    # cluster's Megatron-LM pins (megatron_lm.stand_in_te_version; no TE installs on this CPU machine).
     "qwen3-235b-a22b@256 tp2 pp8 vp4 ep32 (EP spanning TP)": (
         "qwen3-235b-a22b", 256, 2048, 4096,
         dict(tp=2, pp=8, vp=4, ep=32, account_for_embedding_in_pipeline_split=True,
-             account_for_loss_in_pipeline_split=True), "bf16"),
+             account_for_loss_in_pipeline_split=True), "fp8"),
 }
 
 

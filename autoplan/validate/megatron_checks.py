@@ -307,6 +307,9 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
 
 
 def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
+    from autoplan.validate.megatron_lm import stand_in_te_version
+
+    stand_in_te_version()  # TransformerConfig asks TE's version (fp8, TE CUDA graphs); none is installed here
     ns = rep.check("megatron: arguments parse with Megatron-LM's flag names, types and choices",
                    lambda: _check_args(plan, out))
     if ns is None:

@@ -147,6 +147,18 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
         mc.unset_num_microbatches_calculator()
 
 
+def stand_in_te_version() -> None:
+    """No Transformer Engine on this CPU machine: megatron-core's ``is_te_min_version`` (megatron/core/utils.py:312-349,
+    asked by ``validate_args`` and ``TransformerConfig.__post_init__``, e.g. for fp8 with TE CUDA graphs) answers with
+    ``TE_VERSION``, the version the cluster's Megatron-LM runs with, instead of failing on ``None``."""
+    import megatron.core.utils as mcore_utils
+
+    if mcore_utils.get_te_version() is None:
+        from packaging.version import Version
+
+        mcore_utils._te_version = Version(TE_VERSION)
+
+
 def _child() -> int:  # pragma: no cover - runs in the child process
     import contextlib
     import io
@@ -156,7 +168,6 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     import torch
 
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
-    import megatron.core.utils as mcore_utils
     import megatron.training.arguments as mlm_args
     from megatron.training.arguments import parse_args, validate_args
 
@@ -167,10 +178,7 @@ def _child() -> int:  # pragma: no cover - runs in the child process
     torch.cuda.get_device_capability = lambda *a, **k: (arch["major"], 0)
     if rope_utils.fused_apply_rotary_pos_emb is None:  # TE's kernel: only looked up by the config, never called here
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
-    if mcore_utils.get_te_version() is None:  # no TE here: the version the cluster's Megatron-LM runs with
-        from packaging.version import Version
-
-        mcore_utils._te_version = Version(TE_VERSION)
+    stand_in_te_version()
 
     for line in sys.stdin:
         if not line.strip():
