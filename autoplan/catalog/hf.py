@@ -340,6 +340,16 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
     n = c.layers("num_hidden_layers")
     return {
         "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window), **(arch or {})},
+        **_decoder_shape(c, n, hidden, heads),
+        "linear_bias": attention_bias and mlp_bias,
+        "qkv_bias": qkv_bias or (attention_bias and not mlp_bias),
+    }
+
+
+def _decoder_shape(c: _Config, n: int, hidden: int, heads: int) -> dict[str, Any]:
+    """The shape keys Llama-style configs share (Llama, Mistral, Qwen, GPT-OSS): layers, widths, heads, vocab, tying
+    (untied by default)."""
+    return {
         "num_layers": n,
         "hidden_size": hidden,
         "ffn_hidden_size": c.int("intermediate_size"),
@@ -348,8 +358,6 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
         "head_dim": _head_dim(c, hidden, heads),
         "vocab_size": c.int("vocab_size"),
         "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "linear_bias": attention_bias and mlp_bias,
-        "qkv_bias": qkv_bias or (attention_bias and not mlp_bias),
     }
 
 
@@ -485,18 +493,7 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
             "attention_dropout": c.float("attention_dropout", 0.0),
             "router": {"score_function": "softmax", "norm_top_k": True, "aux_loss": "aux_loss",
                        "aux_loss_coeff": c.float("router_aux_loss_coef", 0.001)}}
-    fields = {
-        "arch": arch,
-        "num_layers": n,
-        "hidden_size": hidden,
-        "ffn_hidden_size": c.int("intermediate_size"),
-        "num_attention_heads": heads,
-        "num_kv_heads": c.int("num_key_value_heads", default=heads),
-        "head_dim": _head_dim(c, hidden, heads),
-        "vocab_size": c.int("vocab_size"),
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "linear_bias": True,
-    }
+    fields = {"arch": arch, **_decoder_shape(c, n, hidden, heads), "linear_bias": True}
     return fields | _moe_fields(c, n, list(range(n)), num_experts=experts, moe_top_k=top_k)
 
 
