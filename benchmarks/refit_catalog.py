@@ -65,12 +65,18 @@ def clear_caches() -> None:
             fn.cache_clear()
 
 
+def _write(text: str) -> None:
+    CATALOG.write_text(text)
+    clear_caches()
+
+
 def refit(write: bool) -> list[tuple[str, str, float, float]]:
     """(block, field, old, new) of every value that moves; written to gpus.yaml when ``write``."""
     changes: list[tuple[str, str, float, float]] = []
     text = CATALOG.read_text()
     catalog = registry.efficiency_catalog()
-    for key, values in fidelity.fit_catalog().items():
+    fitted = fidelity.fit_catalog()  # once: the dry run's transfer below reads its hopper values too
+    for key, values in fitted.items():
         if key == HOST_KEY:
             continue  # fitted last, on the refitted catalog (below)
         framework = key.startswith("framework ")
@@ -81,12 +87,10 @@ def refit(write: bool) -> list[tuple[str, str, float, float]]:
                 changes.append((key, name, float(have[name]), value))
                 text = set_value(text, "frameworks" if framework else "efficiency", block, name, value)
     if write:
-        CATALOG.write_text(text)
-        clear_caches()
-    catalog = registry.efficiency_catalog() if write else {**catalog}
-    if not write:  # the transfer from the refitted hopper, without writing it
-        fitted = fidelity.fit_catalog()["hopper"] if changes else {}
-        catalog["hopper"] = catalog["hopper"].model_copy(update=fitted)
+        _write(text)
+        catalog = registry.efficiency_catalog()
+    else:  # the transfer from the refitted hopper, without writing it
+        catalog = {**catalog, "hopper": catalog["hopper"].model_copy(update=fitted["hopper"])}
     blackwell = fidelity.transfer_efficiency(catalog["hopper"], registry.load_gpu("h100-sxm"),
                                              registry.load_gpu("b200"), catalog["blackwell"])
     for name in TRANSFERRED:
@@ -95,8 +99,7 @@ def refit(write: bool) -> list[tuple[str, str, float, float]]:
             changes.append(("blackwell (transfer)", name, old, new))
             text = set_value(text, "efficiency", "blackwell", name, new)
     if write:
-        CATALOG.write_text(text)
-        clear_caches()
+        _write(text)
     # 3. the MoE host cost, fitted alone with every value above held (as written; a dry run: as the catalog is)
     old = float(registry.framework_efficiency("megatron").get(fidelity.HOST_FIELD, 0.0))
     new = round(fidelity.fit_moe_host([r for _, r in fidelity.host_calibration_runs()]), 6)
@@ -104,8 +107,7 @@ def refit(write: bool) -> list[tuple[str, str, float, float]]:
         changes.append((HOST_KEY, fidelity.HOST_FIELD, old, new))
         text = set_value(text, "frameworks", "megatron", fidelity.HOST_FIELD, new)
         if write:
-            CATALOG.write_text(text)
-            clear_caches()
+            _write(text)
     return changes
 
 
