@@ -29,6 +29,8 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
 
 from __future__ import annotations
 
+from typing import Literal
+
 from cost_models.collectives import group_collective_time_s
 from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ParallelConfig
@@ -82,9 +84,27 @@ def eager_elementwise(eff: Efficiency, rt: Runtime | None) -> bool:
     return not eff.compiled or (rt is not None and not rt.fused_elementwise)
 
 
-def tp_overlap(eff: Efficiency, rt: Runtime | None) -> float:
-    """Share of TP traffic that can hide behind GEMMs: ``eff.tp_overlap`` where the runtime overlaps, else 0."""
-    return eff.tp_overlap if rt is None or rt.tp_overlapped else 0.0
+TpOverlapMode = Literal["exposed", "share", "userbuffers"]
+
+
+def tp_overlap_mode(eff: Efficiency, rt: Runtime | None, t: int, sequence_parallel: bool = True,
+                    per_collective: bool = True) -> TpOverlapMode:
+    """How a layer's TP collectives meet its GEMMs: the one decision ``layer_cost``, ``mtp`` and the intra-op search
+    read.
+
+    - ``exposed``: no TP group (t = 1), a stack or generation that states no TP overlap (``eff.tp_overlap`` 0:
+      ``calibrate.SOFTWARE_SETTINGS``, gpus.yaml's unmeasured priors), or a runtime that does not overlap
+      (``Runtime.tp_overlapped`` false): every collective on the critical path.
+    - ``userbuffers``: Megatron ``--tp-comm-overlap`` (it requires sequence parallelism, Megatron-LM
+      arguments.py) where the caller can price each collective against its own GEMM (``per_collective``):
+      ``te_userbuffers``.
+    - ``share``: otherwise ``eff.tp_overlap`` of the traffic hides (torchtitan's async TP; the intra-op search's
+      per-op pricing, which sees no runtime): ``layer_cost.tp_exposed_fraction``."""
+    if t <= 1 or eff.tp_overlap <= 0 or (rt is not None and not rt.tp_overlapped):
+        return "exposed"
+    if rt is not None and rt.tp_comm_overlap and sequence_parallel and per_collective:
+        return "userbuffers"
+    return "share"
 
 
 def fp8_cast_bytes(rt: Runtime | None, non_tn_gemm: bool = False) -> TeCast:

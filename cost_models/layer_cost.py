@@ -25,7 +25,7 @@ from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
-                                     torchao_casts, tp_overlap, wgrad_in_bf16)
+                                     torchao_casts, tp_overlap_mode, wgrad_in_bf16)
 from cost_models.moe import (dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
                              moe_load_imbalance)
 from cost_models.opgraph import LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query, tp_divisor
@@ -346,12 +346,16 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
 
 
 def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:
-    """Share of TP traffic left on the critical path where no per-collective model prices it (torchtitan's async TP;
-    the intra-op search's per-op pricing, which sees no runtime): ``tp_overlap`` of it hides
-    behind the GEMMs it feeds, pipelined over t chunks (one per peer): the reduce-scatter of the last chunk has
-    nothing left to hide behind, so at least 1/(2t) stays exposed. A runtime without overlap
-    (``knob_effects.tp_overlap``) exposes all of it. Megatron's userbuffers: ``_userbuffers_boundary``."""
-    return max(1.0 - tp_overlap(eff, rt), 1.0 / (2 * t)) if t > 1 else 0.0
+    """Share of TP traffic left on the critical path where no per-collective model prices it
+    (``knob_effects.tp_overlap_mode`` ``share``: torchtitan's async TP; the intra-op search's per-op pricing, which
+    sees no runtime): ``tp_overlap`` of it hides behind the GEMMs it feeds, pipelined over t chunks (one per peer):
+    the reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays exposed.
+    ``exposed``: all of it. Megatron's userbuffers: ``_userbuffers_boundary``."""
+    if t <= 1:
+        return 0.0
+    if tp_overlap_mode(eff, rt, t, per_collective=False) == "exposed":
+        return 1.0
+    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t))
 
 
 TpRole = Literal["column", "row"]
@@ -427,10 +431,9 @@ def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par
     out = []
     gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers: torchtitan's Float8 TP, TE's fp8
     grad_gather = gather if rt is None or rt.tp_grad_gather_bytes is None else rt.tp_grad_gather_bytes
-    # Megatron --tp-comm-overlap: each collective against its own GEMM (te_userbuffers), unless the run's stack or
-    # generation states no TP overlap (tp_overlap 0: calibrate.SOFTWARE_SETTINGS; gpus.yaml's unmeasured priors)
-    userbuffers = (model is not None and rt is not None and rt.tp_comm_overlap and sequence_parallel and t > 1
-                   and tp_overlap(cluster.efficiency, rt) > 0)
+    # Megatron --tp-comm-overlap: each collective against its own GEMM (te_userbuffers; the GEMMs need the model)
+    userbuffers = tp_overlap_mode(cluster.efficiency, rt, t, sequence_parallel,
+                                  per_collective=model is not None) == "userbuffers"
     for tensor, role in tp_boundaries(graph):
         elems = tokens * graph.tensors[tensor].width
         if userbuffers:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
+from cost_models.knob_effects import tp_overlap_mode
 from cost_models.layer_cost import tp_collectives
 from cost_models.opgraph import BF16, LayerKind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -69,7 +70,9 @@ def mtp_projection_time_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     one = matmul_time_s(tokens, 2 * h, -(-h // t), cluster, job.precision)
     comm = 0.0
     if t > 1:  # TP groups are consecutive ranks (Megatron order tp-cp-ep-dp-pp): stride 1
-        hides = cluster.efficiency.tp_overlap > 0
+        # TE's async backward collectives are the stack's, not userbuffers': hidden unless the stack or generation
+        # states no TP overlap (no runtime: eh_proj has no userbuffers)
+        hides = tp_overlap_mode(cluster.efficiency, None, t, par.sequence_parallel) != "exposed"
         collectives = list(tp_collectives("column", par.sequence_parallel, par.recompute))
         if par.sequence_parallel:
             collectives.append(("all_gather", "bwd", 1.0))  # the input re-gathered for wgrad

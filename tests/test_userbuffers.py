@@ -116,3 +116,25 @@ def test_mtp_projection_runs_without_userbuffers() -> None:
     assert exposed == pytest.approx(ag + out + max(0.0, rs - one) + max(0.0, ag - one))
     none = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"tp_overlap": 0.0})})
     assert mtp_projection_time_s(m, none, job, par)[1] == pytest.approx(2 * ag + out + rs)
+
+
+def test_one_decision_for_every_tp_overlap_site() -> None:
+    """knob_effects.tp_overlap_mode is what layer_cost, mtp and the intra-op search read: each case of the
+    decision, and the fraction the share-priced sites use follows it."""
+    from cost_models.knob_effects import tp_overlap_mode
+    from cost_models.layer_cost import tp_exposed_fraction
+
+    model, cluster, job, par, graph = _setup("bf16")
+    eff = cluster.efficiency
+    none = eff.model_copy(update={"tp_overlap": 0.0})
+    ub = runtime_for("megatron", job, cluster, par, Software())
+    off = runtime_for("megatron", job, cluster, par, Software(tp_comm_overlap=False))
+    assert ub.tp_comm_overlap and not off.tp_overlapped
+    assert tp_overlap_mode(eff, ub, 8) == "userbuffers"
+    assert tp_overlap_mode(eff, ub, 8, per_collective=False) == "share"  # no model to price each GEMM
+    assert tp_overlap_mode(eff, ub, 8, sequence_parallel=False) == "share"
+    assert tp_overlap_mode(eff, None, 8) == "share"  # the intra-op search: no runtime
+    for exposed in ((eff, ub, 1), (none, ub, 8), (none, None, 8), (eff, off, 8)):
+        assert tp_overlap_mode(*exposed) == "exposed"
+        assert tp_exposed_fraction(exposed[2], exposed[0], exposed[1]) == (0.0 if exposed[2] == 1 else 1.0)
+    assert tp_exposed_fraction(8, eff) == pytest.approx(max(1 - eff.tp_overlap, 1 / 16))
