@@ -80,6 +80,7 @@ def render_prediction(pred: Prediction, precision: str = "bf16") -> str:
         f"{pred.peak_reserved_gib:.1f}{_cached(pred)}; limit = HBM less {pred.memory_headroom_gib:.1f} GiB headroom)",
         f"  memory (GiB)     {mem}",
         f"  traffic per GPU  {vol} (GiB/step)",
+        *(f"  note             {n}" for n in pred.notes),
     ])
 
 

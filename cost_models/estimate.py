@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
-from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm
+from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
@@ -82,6 +82,9 @@ class Prediction(BaseModel):
     software: dict[str, Any] = Field(default_factory=dict, description="every knob this prediction assumes: the "
                                      "target and its resolved knobs (cost_models.targets.Runtime.knobs), and how the "
                                      "target runs the layout where it differs (runs_as)")
+    notes: list[str] = Field(default_factory=list, description="how the target runs what was asked where the knobs "
+                             "alone do not say it, and knobs it runs that this prediction prices as having no effect "
+                             "(cost_models.targets.Runtime.notes, knob_effects.unpriced_knob_notes)")
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -191,6 +194,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
         software=runtime.knobs(),
+        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par)],
     )
 
 

@@ -107,6 +107,18 @@ def tp_overlap_mode(eff: Efficiency, rt: Runtime | None, t: int, sequence_parall
     return "share"
 
 
+def unpriced_knob_notes(cluster: ClusterSpec, rt: Runtime, par: ParallelConfig) -> list[str]:
+    """Knobs the runtime runs (and the emitters launch) that this prediction prices as having no effect, so the
+    user is told rather than shown a knob the step time does not contain."""
+    out = []
+    if rt.tp_comm_overlap and tp_overlap_mode(cluster.efficiency, rt, par.tp, par.sequence_parallel) == "exposed" \
+            and par.tp > 1:
+        out.append(f"tp_comm_overlap=True runs TE userbuffers, but the prediction prices every TP collective exposed: "
+                   f"{cluster.gpu.name}'s tp_overlap is 0 (no measured run identifies TP overlap on "
+                   f"{cluster.gpu.generation}; gpus.yaml), so the TP time shown is an upper bound")
+    return out
+
+
 def fp8_cast_bytes(rt: Runtime | None, non_tn_gemm: bool = False) -> TeCast:
     """Transformer Engine's cast bytes for the runtime's recipe (TE's delayed by default) on a GPU whose fp8 GEMM
     takes non-TN layouts or not (``non_tn_fp8_gemm``). torchao's per-row recipes reach here only for grouped expert

@@ -138,3 +138,27 @@ def test_one_decision_for_every_tp_overlap_site() -> None:
         assert tp_overlap_mode(*exposed) == "exposed"
         assert tp_exposed_fraction(exposed[2], exposed[0], exposed[1]) == (0.0 if exposed[2] == 1 else 1.0)
     assert tp_exposed_fraction(8, eff) == pytest.approx(max(1 - eff.tp_overlap, 1 / 16))
+
+
+def test_knobs_priced_without_effect_are_told() -> None:
+    """A plan that runs --tp-comm-overlap on a generation whose tp_overlap is 0 (Blackwell's unmeasured prior) says
+    so with the prediction (JSON ``notes`` and the table); on Hopper (fitted overlap) it does not. The runtime's own
+    notes (zero_stage=2 runs as Megatron-FSDP) reach the prediction too."""
+    from autoplan.report import render_prediction
+    from cost_models.estimate import estimate
+
+    model = load_model("llama3-70b")
+    job = JobSpec(global_batch_size=64, seq_len=4096)
+    par = ParallelConfig(tp=8, pp=4, sequence_parallel=True)
+    told = {}
+    for gpu in ("b200", "h100-sxm"):
+        pred = estimate(model, build_cluster(gpu, 64), job, par, target="megatron")
+        told[gpu] = [n for n in pred.notes if n.startswith("tp_comm_overlap")]
+        assert all(f"  note             {n}" in render_prediction(pred) for n in pred.notes)
+    assert len(told["b200"]) == 1 and "exposed" in told["b200"][0] and told["h100-sxm"] == []
+    off = estimate(model, build_cluster("b200", 64), job, par, target="megatron",
+                   software=Software(tp_comm_overlap=False))
+    assert not any(n.startswith("tp_comm_overlap") for n in off.notes)
+    fsdp = estimate(model, build_cluster("h100-sxm", 64), job, ParallelConfig(tp=8, zero_stage=2, sequence_parallel=True),
+                    target="megatron")
+    assert any("Megatron-FSDP" in n for n in fsdp.notes)
