@@ -103,8 +103,64 @@ def priced() -> dict[str, tuple[float, float]]:
             "loss": L.TORCH_LOSS_BYTES}
 
 
+def _megatron_expert_pieces() -> dict[str, tuple[float, float]]:
+    """Megatron-Core 0.16.1's eager glue around a bias-carrying, clamped grouped-expert MLP (TEGroupedMLP, the
+    installed code): the clamp ahead of the fused quick-GeGLU (``weighted_bias_quick_geglu_impl``, per fc1-output
+    element; the fused kernel itself is stubbed: ``op_traffic_bytes`` prices it) and fc2's bias added outside the
+    GEMM (``TEGroupedMLP._apply_bias``, per fc2-output element, probs bf16 / fp32). Tokens per expert large enough
+    that the bias vectors' own bytes round away."""
+    import megatron.core.fusions.fused_bias_geglu as geglu
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    class _Stub(torch.autograd.Function):  # stands for the fused (compiled) activation: no bytes of its own
+        @staticmethod
+        def forward(ctx, inp, weights, fp8_store, offset):  # type: ignore[no-untyped-def]
+            ctx.shape = inp.shape
+            with torch.utils._python_dispatch._disable_current_modes():
+                return inp.new_empty((inp.shape[0], inp.shape[1] // 2))
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            with torch.utils._python_dispatch._disable_current_modes():
+                return grad.new_empty(ctx.shape), None, None, None
+
+    bf16 = dict(dtype=torch.bfloat16, requires_grad=True)
+    real, geglu.WeightedQuickGeGLUFunction = geglu.WeightedQuickGeGLUFunction, _Stub
+    try:
+        tokens, ffn = 1024, 256
+        fc1 = torch.randn(tokens, 2 * ffn, **bf16)
+        probs = torch.rand(tokens, 1, dtype=torch.bfloat16)
+        clamp = eager_bytes(lambda a: geglu.weighted_bias_quick_geglu_impl(a, None, probs, False, 1.0, 7.0), (fc1,),
+                            fc1.numel())
+    finally:
+        geglu.WeightedQuickGeGLUFunction = real
+    experts, per_expert, hidden = 4, 2048, 64
+    out = torch.randn(experts * per_expert, hidden, **bf16)
+    biases = [torch.randn(hidden, **bf16) for _ in range(experts)]
+
+    def bias(dtype: torch.dtype) -> tuple[float, float]:
+        p = torch.rand(experts * per_expert, 1, dtype=dtype, requires_grad=True)
+        return eager_bytes(lambda o, q, *b: TEGroupedMLP._apply_bias(o, list(b), [per_expert] * experts, q),
+                           (out, p, *biases), out.numel())
+
+    return {"mcore_expert_clamp": clamp, "mcore_expert_bias": bias(torch.bfloat16),
+            "mcore_expert_bias_fp32_probs": bias(torch.float32)}
+
+
+def counted_megatron() -> dict[str, tuple[float, float]]:
+    """``_megatron_expert_pieces`` (bytes per element of the fc1 output / fc2 output)."""
+    return _megatron_expert_pieces()
+
+
+def priced_megatron() -> dict[str, tuple[float, float]]:
+    from cost_models import layer_cost as L
+
+    return {"mcore_expert_clamp": L.MCORE_EXPERT_CLAMP_BYTES, "mcore_expert_bias": L.MCORE_EXPERT_BIAS_BYTES["bf16"],
+            "mcore_expert_bias_fp32_probs": L.MCORE_EXPERT_BIAS_BYTES["fp32"]}
+
+
 def main() -> int:
-    c, p = counted(), priced()
+    c, p = {**counted(), **counted_megatron()}, {**priced(), **priced_megatron()}
     print("| piece (bytes per element) | counted fwd | priced fwd | counted bwd | priced bwd |")
     print("|---|---:|---:|---:|---:|")
     for name in c:

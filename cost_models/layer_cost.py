@@ -114,6 +114,23 @@ EAGER_ROTARY_BYTES = (20.0, 20.0)
 #   per FFN element more than one fused kernel forward; backward two muls and silu_backward (6 + 6 + 6) against
 #   the fused 10: 8 more. Residual adds are one kernel either way (RESIDUAL_BYTES).
 EAGER_GATED_ACT_EXTRA = (4.0, 8.0)
+# Megatron-Core 0.16.1's grouped experts (TEGroupedMLP, megatron/core/transformer/moe/experts.py) run two eager pieces
+# around a clamped, bias-carrying expert MLP (GPT-OSS: ``activation_func_clamp_value``, ``add_bias_linear``), where the
+# runtime says so (``Runtime.mcore_expert_glue``); bytes counted by benchmarks/eager_traffic.py over the installed code
+# (tests/test_gpt_oss_glue.py recounts them):
+# - the clamp: under ``bias_activation_fusion`` (Bridge's GPT-OSS provider) ``weighted_bias_quick_geglu_impl``
+#   (fusions/fused_bias_geglu.py:410-433) chunks the fc1 output, clamps both halves and concatenates them in eager
+#   PyTorch before its fused quick-GeGLU, whose autograd saves the clamped copy; backward: the clamps' masks and
+#   ``where``, and the concatenation of the two halves' gradients. Per fc1-output element (2 x moe_ffn wide):
+MCORE_EXPERT_CLAMP_BYTES = (8.0, 13.5)
+# - fc2's bias: fc2 is built with ``skip_bias_add=True`` (experts.py:560-576), so Transformer Engine returns the
+#   per-expert biases and ``TEGroupedMLP._apply_bias`` (experts.py:609-626) adds ``bias * prob`` expert by expert
+#   (split, multiply, add, concatenate: experts.py:758) and autograd reduces the bias and prob gradients; fc1's bias
+#   rides the GEMM epilogue (``skip_bias_add=False``, TE GroupedLinear: cuBLAS bias epilogue, its gradient fused with
+#   the wgrad GEMM or the MXFP8 quantize, grouped_linear.py:296-333 @ v2.9), not priced. Per fc2-output element
+#   (hidden wide), by the dtype of the routing probs: bf16 from the alltoall dispatcher (the router's dtype), fp32
+#   from DeepEP / HybridEP, which upcast them (token_dispatcher.py:1028-1034, 1173-1179).
+MCORE_EXPERT_BIAS_BYTES = {"bf16": (12.0, 16.0), "fp32": (28.0, 40.0)}
 # - the loss ``cross_entropy(pred.flatten(0, 1).float(), labels)`` (torchtitan train.py; not compiled in the 2024-12
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
@@ -222,6 +239,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         bwd = 2.0 * (2 * ins + out) * tf
         if eager and len(op.inputs) == 2:  # silu(gate) * up: the silu output goes through HBM
             fwd, bwd = fwd + EAGER_GATED_ACT_EXTRA[0] * out * tf, bwd + EAGER_GATED_ACT_EXTRA[1] * out * tf
+        if op.name.startswith("expert_") and _mcore_glue(rt, model) and model.arch.activation_clamp is not None:
+            fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.hidden_size / (t if sp else 1) * model.moe_top_k
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
@@ -233,6 +252,11 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd, bwd = TE_LOSS_BYTES[0] * w, TE_LOSS_BYTES[1] * w
         else:
             fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
+    if op.kind == "experts" and graph.tensors[op.output].dim_kind == "hidden" and _mcore_glue(rt, model) \
+            and model.linear_bias:  # fc2's bias added per expert outside the GEMM (MCORE_EXPERT_BIAS_BYTES)
+        probs = "fp32" if rt.moe_dispatcher in ("deepep", "hybridep") else "bf16"
+        w = per_rank(op.output) * tf
+        fwd, bwd = fwd + MCORE_EXPERT_BIAS_BYTES[probs][0] * w, bwd + MCORE_EXPERT_BIAS_BYTES[probs][1] * w
     if gemm_precision(op, job.precision) in ("fp8", "nvfp4") and op.kind in ("matmul", "experts"):
         k, n = _local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank
@@ -261,6 +285,12 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
     return fwd * tokens, bwd * tokens
+
+
+def _mcore_glue(rt: Runtime | None, model: ModelSpec | None) -> bool:
+    """Whether Megatron-Core's eager expert glue (``MCORE_EXPERT_*``) runs: the runtime says so and the model has
+    routed experts."""
+    return rt is not None and rt.mcore_expert_glue and model is not None and model.num_experts > 0
 
 
 def _unfused_attention(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
@@ -522,7 +552,8 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
-                                     rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor)
+                                     rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
+                                     rt.mcore_expert_glue, rt.moe_dispatcher)
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 
 

@@ -81,8 +81,10 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # out): 10.0% / 61.6% on its 118 still-held-out runs; bridge2 9.7% / 38.6% (26.06.01's full_iteration 30B GB200 row,
 # priced host-issued because megatron-core 0.16.1 cannot express its graphs).
 # Guards re-measured at the session-6 review (after the host fit): gptoss 37.9% / 56.9% after the host fit.
+# s7-gptoss: Megatron-Core's eager expert glue (layer_cost.MCORE_EXPERT_*: the activation clamp, fc2's per-expert
+# bias) priced: gptoss 28.1% / 54.6%; no other file moves (GPT-OSS is the only held-out model with either).
 GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.097, 0.386),
-          "more_runs_torchtitan.json": (0.212, 0.550), "more_runs_gptoss.json": (0.379, 0.569)}
+          "more_runs_torchtitan.json": (0.212, 0.550), "more_runs_gptoss.json": (0.281, 0.546)}
 MARGIN = 0.02
 
 

@@ -172,6 +172,9 @@ class Runtime:
     # The head's final norm and loss fused (TE / Megatron's cross-entropy; torch.compile of the loss) vs torch's
     # cross_entropy on fp32 logits op by op (layer_cost.TORCH_LOSS_BYTES) and an eager final norm.
     fused_loss: bool = True
+    # Megatron-Core's grouped experts clamp the activation and add fc2's bias in eager PyTorch (layer_cost
+    # MCORE_EXPERT_*; only a model with a clamp / expert biases pays them): the megatron target's fact
+    mcore_expert_glue: bool = False
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
     notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)
     # ---- memory facts (cost_models.memory reads them; defaults = Megatron-Core with Transformer Engine) ----

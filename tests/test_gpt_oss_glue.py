@@ -1,0 +1,86 @@
+"""Megatron-Core's eager glue around GPT-OSS's grouped experts (layer_cost.MCORE_EXPERT_*, Runtime.mcore_expert_glue):
+the installed megatron-core runs the activation clamp and fc2's bias op by op; the byte tables equal what autograd
+dispatches over that code; a worked per-layer byte count; models without a clamp or expert biases do not move."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models import layer_cost as L
+from cost_models.opgraph import layer_graph
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import runtime_for
+from cost_models.targets.common import Software
+from benchmark_modules import load_benchmark
+
+
+def test_megatron_core_runs_the_clamp_and_fc2_bias_eagerly() -> None:
+    """What the byte tables price is what megatron-core 0.16.1 does: with a clamp value, the fused quick-GeGLU's
+    entry point clamps and concatenates the halves in eager PyTorch before its autograd function; fc2 is built
+    with skip_bias_add (TE returns the bias) and TEGroupedMLP adds it per expert in ``_apply_bias``; fc1 is not
+    (TE adds its bias in the GEMM)."""
+    import megatron.core.fusions.fused_bias_geglu as geglu
+    from megatron.core.transformer.moe import experts
+
+    impl = inspect.getsource(geglu.weighted_bias_quick_geglu_impl)
+    head = impl.split("WeightedBiasQuickGeGLUFunction.apply")[0]
+    assert "if clamp_value is not None" in head and ".clamp(" in head and "torch.cat(" in head
+    init = inspect.getsource(experts.TEGroupedMLP.__init__)
+    fc1 = init.split("self.linear_fc1 = build_module(")[1].split(")\n")[0]
+    fc2 = init.split("self.linear_fc2 = build_module(")[1].split(")\n")[0]
+    assert "skip_bias_add=False" in fc1 and "skip_bias_add=True" in fc2
+    fwd = inspect.getsource(experts.TEGroupedMLP.forward)
+    assert "self._apply_bias(output, output_bias" in fwd and "weighted_bias_quick_geglu_impl(" in fwd
+    assert "torch.split" in inspect.getsource(experts.TEGroupedMLP._apply_bias)  # expert by expert
+
+
+def test_glue_bytes_are_what_autograd_dispatches() -> None:
+    et = load_benchmark("eager_traffic", "eager_traffic")
+    counted, priced = et.counted_megatron(), et.priced_megatron()
+    for piece, (f, b) in counted.items():
+        assert priced[piece][0] == pytest.approx(f, rel=0.01), piece
+        assert priced[piece][1] == pytest.approx(b, rel=0.01), piece
+
+
+def _layer(model_name: str, dispatcher: str = "alltoall"):  # type: ignore[no-untyped-def]
+    model = load_model(model_name)
+    cluster = build_cluster("b200", 64)
+    job = JobSpec(global_batch_size=1280, seq_len=4096, precision="bf16")
+    par = ParallelConfig(tp=1, pp=1, ep=8, micro_batch_size=4)
+    rt = runtime_for("megatron", job, cluster, par, Software(moe_dispatcher=dispatcher))
+    return model, layer_graph(model, "moe", job.seq_len), job, par, rt
+
+
+@pytest.mark.parametrize("dispatcher,bias_bytes", [("alltoall", 12.0), ("hybridep", 28.0)])
+def test_worked_byte_count_gpt_oss_120b(dispatcher: str, bias_bytes: float) -> None:
+    """gpt-oss-120b, 4 x 4096 tokens per micro-batch, top-4: 65,536 routed tokens on each EP rank (balanced). The
+    clamp adds 8 bytes per fc1-output element forward (2 x 2880 wide) and 13.5 backward; fc2's bias 12 (bf16 probs,
+    alltoall) or 28 (fp32 probs, HybridEP upcasts them) per fc2-output element (2880 wide) forward."""
+    model, graph, job, par, rt = _layer("gpt-oss-120b", dispatcher)
+    assert rt.mcore_expert_glue
+    routed = 4 * 4096 * 4
+    act = next(o for o in graph.ops if o.name == "expert_act")
+    down = next(o for o in graph.ops if o.name == "expert_down_proj")
+    off = replace(rt, mcore_expert_glue=False)
+    for op, fwd in ((act, 8.0 * 2 * 2880 * routed), (down, bias_bytes * 2880 * routed)):
+        on_f, on_b = L.op_traffic_bytes(op, graph, model, job, par, rt)
+        off_f, off_b = L.op_traffic_bytes(op, graph, model, job, par, off)
+        assert on_f - off_f == pytest.approx(fwd)
+        assert on_b > off_b
+    clamp_bwd = L.op_traffic_bytes(act, graph, model, job, par, rt)[1] - L.op_traffic_bytes(act, graph, model, job,
+                                                                                           par, off)[1]
+    assert clamp_bwd == pytest.approx(13.5 * 2 * 2880 * routed)
+
+
+def test_models_without_clamp_or_expert_bias_do_not_move() -> None:
+    model, graph, job, par, rt = _layer("qwen3-235b-a22b")
+    off = replace(rt, mcore_expert_glue=False)
+    for op in graph.ops:
+        assert L.op_traffic_bytes(op, graph, model, job, par, rt) == L.op_traffic_bytes(op, graph, model, job, par,
+                                                                                        off)
+    tt = runtime_for("torchtitan", job, build_cluster("b200", 64), par)
+    assert not tt.mcore_expert_glue  # a megatron-core fact, not torchtitan's
