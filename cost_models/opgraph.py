@@ -299,6 +299,11 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
                 dropout: bool = False) -> LayerGraph:
     """The operator graph of one layer of ``kind``. ``dropout`` adds Table 2's dropout masks (GPT-style
     training); modern Llama-family recipes train without dropout."""
+    if model.is_hybrid:
+        from cost_models.errors import ConfigError
+
+        raise ConfigError(f"{model.name} is a hybrid Mamba-2 stack: its layers are not priced yet (the cost model's "
+                          "layer graphs are transformer decoder layers)", valid=["a transformer model"])
     b = _Builder(model, dropout)
     h, vocab = model.hidden_size, model.vocab_size
     if kind == "embedding":

@@ -94,6 +94,60 @@ class RouterSpec(_Frozen):
         return self
 
 
+# Megatron-Core's hybrid layer symbols (megatron/core/ssm/mamba_hybrid_layer_allocation.py:25-32, ``Symbols``): each
+# character of a hybrid pattern is ONE layer of the MambaStack, a pre-norm residual block around one mixer.
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+class MambaSpec(_Frozen):
+    """The Mamba-2 (SSD) mixer of a hybrid model as Megatron-Core 0.16.1 builds it (``MambaMixer``,
+    megatron/core/ssm/mamba_mixer.py:224-379): ``in_proj`` h -> (z, x, B, C, dt) = 2·d_inner + 2·groups·state + heads
+    with its pre-norm fused (TELayerNormColumnParallelLinear), a depthwise causal ``conv1d`` over (x, B, C) of
+    ``conv_kernel`` taps (+ bias), per-head ``dt_bias``, ``A_log`` and ``D``, a gated RMSNorm over d_inner and
+    ``out_proj`` d_inner -> h; no linear biases (mamba_mixer.py:264). transformers' ``NemotronHMamba2Mixer`` holds the
+    same tensors."""
+
+    num_heads: int = Field(gt=0, description="SSM heads (Megatron mamba_num_heads, HF mamba_num_heads)")
+    head_dim: int = Field(gt=0, description="channels per head (mamba_head_dim); d_inner = heads * head_dim")
+    state_dim: int = Field(gt=0, description="SSM state size N (mamba_state_dim, HF ssm_state_size)")
+    num_groups: int = Field(gt=0, description="B/C groups (mamba_num_groups, HF n_groups)")
+    conv_kernel: int = Field(default=4, gt=0, description="causal conv1d taps (MambaMixer d_conv, HF conv_kernel)")
+    chunk_size: int = Field(default=128, gt=0, description="SSD scan chunk (HF chunk_size)")
+    conv_bias: bool = Field(default=True, description="conv1d bias (HF use_conv_bias)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MambaSpec":
+        if self.num_heads % self.num_groups:
+            raise ValueError(f"mamba num_heads ({self.num_heads}) must be a multiple of num_groups "
+                             f"({self.num_groups}) (megatron/core/ssm/mamba_mixer.py:262)")
+        return self
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def bc_width(self) -> int:
+        """B and C together: 2 · groups · state."""
+        return 2 * self.num_groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """z, x, B, C, dt (mamba_mixer.py:271)."""
+        return 2 * self.d_inner + self.bc_width + self.num_heads
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise conv1d: x, B, C (mamba_mixer.py:292)."""
+        return self.d_inner + self.bc_width
+
+    def params(self, hidden: int) -> int:
+        """Mixer weights without the fused pre-norm: in_proj, conv1d (+ bias), dt_bias, A_log, D (one per head,
+        D_has_hdim False), the gated norm's weight (d_inner), out_proj."""
+        conv = self.conv_dim * self.conv_kernel + (self.conv_dim if self.conv_bias else 0)
+        return hidden * self.in_proj_width + conv + 3 * self.num_heads + self.d_inner + self.d_inner * hidden
+
+
 class ArchSpec(_Frozen):
     """Architecture facts that change the trained model but not its tensor shapes: positions, norms, attention
     window, activation, dropout, routing, multi-token prediction. One nested group so an emitter writes all of
@@ -105,6 +159,9 @@ class ArchSpec(_Frozen):
     rotary_fraction: float = Field(default=1.0, gt=0, le=1, description="fraction of head dim rotated "
                                    "(GPT-NeoX rotary_pct)")
     alibi: bool = Field(default=False, description="ALiBi attention biases instead of RoPE (BLOOM)")
+    no_position_encoding: bool = Field(default=False, description="attention without any position encoding "
+                                       "(NoPE: Nemotron-H's attention layers, NemotronHAttention has no rotary; "
+                                       "Megatron --position-embedding-type none)")
     norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
     qk_norm: bool = Field(default=False, description="per-head RMSNorm on queries and keys (Qwen3)")
     sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens "
@@ -115,9 +172,10 @@ class ArchSpec(_Frozen):
                                       "window_attn_skip_freq N); 0 = every layer windowed")
     attention_sinks: bool = Field(default=False, description="a learned per-head logit in each softmax "
                                   "denominator (GPT-OSS 'sinks'; Megatron-Core softmax_type 'learnable')")
-    activation: Literal["silu", "gelu", "gelu_tanh", "quick_gelu"] = Field(
+    activation: Literal["silu", "gelu", "gelu_tanh", "quick_gelu", "relu2"] = Field(
         default="silu", description="MLP activation (gated with gated_mlp: SwiGLU is silu; quick_gelu is "
-        "x*sigmoid(1.702x), GPT-OSS's gated experts)")
+        "x*sigmoid(1.702x), GPT-OSS's gated experts; relu2 is squared ReLU, Nemotron-H's non-gated MLPs and "
+        "experts, Megatron --squared-relu)")
     glu_linear_offset: float = Field(default=0.0, description="gated MLP: act(gate) * (up + offset) "
                                      "(GPT-OSS: 1.0; Megatron-Core glu_linear_offset)")
     activation_clamp: float | None = Field(default=None, gt=0, description="gated MLP: gate clamped to <= c and "
@@ -171,6 +229,17 @@ class ModelSpec(_Frozen):
     first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
     moe_layer_freq: int = Field(default=1, gt=0, description="every k-th layer (after the dense ones) is MoE")
     mla: MLASpec | None = Field(default=None, description="multi-head latent attention (DeepSeek)")
+    moe_latent_size: int | None = Field(default=None, gt=0, description="latent MoE (Nemotron 3 Super): routed "
+                                        "experts run at this width between an h->latent and a latent->h projection, "
+                                        "both replicated over TP (Megatron-Core moe_layer.py:170-193); shared experts "
+                                        "stay at h")
+    # Hybrid (Mamba) stacks: one character per layer, Megatron-Core's hybrid_override_pattern
+    hybrid_pattern: str | None = Field(default=None, max_length=1 << 16, description="hybrid stack: layer i is "
+                                       "hybrid_pattern[i], M Mamba-2 mixer, * self-attention, - dense MLP, E MoE, each "
+                                       "a single pre-norm residual block (Megatron-Core MambaStack, "
+                                       "mamba_hybrid_layer_allocation.py); None = transformer decoder layers "
+                                       "(attention + MLP each)")
+    mamba: MambaSpec | None = Field(default=None, description="the Mamba-2 mixer of a hybrid stack's M layers")
     arch: ArchSpec = Field(default_factory=ArchSpec, description="positions, norms, window, routing, MTP")
 
     @model_validator(mode="after")
@@ -194,12 +263,59 @@ class ModelSpec(_Frozen):
                 )
         elif self.moe_top_k or self.num_shared_experts:
             raise ValueError("moe_top_k / num_shared_experts need num_experts > 0")
+        if self.moe_latent_size is not None and not self.num_experts:
+            raise ValueError("moe_latent_size needs num_experts > 0")
+        self._check_hybrid()
         arch = self.arch
         if not self.gated_mlp and (arch.glu_linear_offset or arch.activation_clamp is not None):
             raise ValueError("glu_linear_offset / activation_clamp apply to a gated MLP (gated_mlp true)")
         return self
 
+    def _check_hybrid(self) -> None:
+        pat = self.hybrid_pattern
+        if pat is None:
+            if self.mamba is not None:
+                raise ValueError("mamba (a Mamba-2 mixer) needs hybrid_pattern (which layers are Mamba)")
+            return
+        bad = sorted(set(pat) - set(HYBRID_SYMBOLS))
+        if bad:
+            raise ValueError(f"hybrid_pattern symbol(s) {bad} are not Megatron-Core's: M (Mamba), * (attention), "
+                             "- (MLP), E (MoE) (mamba_hybrid_layer_allocation.py:25-32)")
+        if len(pat) != self.num_layers:
+            raise ValueError(f"hybrid_pattern has {len(pat)} layers, num_layers is {self.num_layers}: they must be "
+                             "equal (mamba_hybrid_layer_allocation.py:71-77)")
+        if ("M" in pat) != (self.mamba is not None):
+            raise ValueError("hybrid_pattern with M layers needs mamba (the mixer's shape), and mamba needs M layers")
+        if ("E" in pat) != bool(self.num_experts):
+            raise ValueError(f"hybrid_pattern E layers need num_experts > 0, and num_experts ({self.num_experts}) > 0 "
+                             "needs E layers")
+        if self.first_dense_layers or self.moe_layer_freq != 1:
+            raise ValueError("first_dense_layers / moe_layer_freq do not apply to a hybrid stack: hybrid_pattern "
+                             "places the MoE (E) layers")
+        if self.arch.mtp_layers or self.mla is not None:
+            raise ValueError("a hybrid stack with multi-token prediction or MLA is not modelled (Nemotron 3 Super's "
+                             "'*E' MTP block): mtp_layers 0, mla unset")
+
     # ---- derived shapes -------------------------------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_pattern is not None
+
+    def hybrid_symbol(self, layer: int) -> str:
+        """Layer ``layer``'s hybrid symbol (M, *, -, E); a transformer layer has both attention and an MLP: ''."""
+        return self.hybrid_pattern[layer] if self.hybrid_pattern is not None else ""
+
+    def layer_has_attention(self, layer: int) -> bool:
+        return self.hybrid_pattern is None or self.hybrid_pattern[layer] == "*"
+
+    def layer_has_mlp(self, layer: int) -> bool:
+        """A dense or MoE MLP in the layer."""
+        return self.hybrid_pattern is None or self.hybrid_pattern[layer] in "-E"
+
+    @cached_property
+    def num_attention_layers(self) -> int:
+        return self.num_layers if self.hybrid_pattern is None else self.hybrid_pattern.count("*")
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -238,6 +354,8 @@ class ModelSpec(_Frozen):
     def is_moe_layer(self, layer: int) -> bool:
         """DeepSeek/Qwen convention: layers < first_dense_layers are dense, then every
         moe_layer_freq-th layer is MoE."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern[layer] == "E"
         if not self.is_moe or layer < self.first_dense_layers:
             return False
         return (layer - self.first_dense_layers) % self.moe_layer_freq == self.moe_layer_freq - 1
@@ -284,10 +402,30 @@ class ModelSpec(_Frozen):
     def dense_mlp_params(self) -> int:
         return self._mlp_params(self.ffn_hidden_size)
 
+    @property
+    def expert_input_size(self) -> int:
+        """Width routed experts read and write: h, or the latent width of a latent MoE."""
+        return self.moe_latent_size or self.hidden_size
+
     @cached_property
     def expert_params(self) -> int:
-        """One routed expert's MLP weights."""
+        """One routed expert's MLP weights (at the latent width in a latent MoE: experts.py:544-567)."""
+        h, k, w = self.expert_input_size, self._mlp_matrices, self.expert_ffn_hidden_size
+        return k * h * w + (((k - 1) * w + h) if self.linear_bias else 0)
+
+    @cached_property
+    def shared_expert_params(self) -> int:
+        """One shared expert's weights: always at h (Megatron-Core SharedExpertMLP reads the layer input)."""
         return self._mlp_params(self.expert_ffn_hidden_size)
+
+    @cached_property
+    def latent_projection_params(self) -> int:
+        """The latent MoE's h->latent and latent->h projections (moe_layer.py:170-193; no bias unless
+        add_bias_linear)."""
+        if self.moe_latent_size is None:
+            return 0
+        return 2 * self.hidden_size * self.moe_latent_size + ((self.moe_latent_size + self.hidden_size)
+                                                               if self.linear_bias else 0)
 
     @cached_property
     def router_params(self) -> int:
@@ -297,16 +435,34 @@ class ModelSpec(_Frozen):
 
     @property
     def norm_params_per_layer(self) -> int:
-        per_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
-        return 2 * per_norm
+        """Two pre-norms of a transformer layer (a hybrid layer has one: ``layer_params``)."""
+        return 2 * self.norm_params
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @cached_property
+    def moe_block_params(self) -> int:
+        """Router, routed and shared experts and latent projections of one MoE MLP (no norm)."""
+        return (self.router_params + self.num_experts * self.expert_params
+                + self.num_shared_experts * self.shared_expert_params + self.latent_projection_params)
+
+    @cached_property
+    def mamba_params(self) -> int:
+        """One Mamba-2 mixer without its pre-norm (``MambaSpec.params``)."""
+        return self.mamba.params(self.hidden_size) if self.mamba is not None else 0
 
     def layer_params(self, layer: int) -> int:
-        """All weights of decoder layer ``layer`` (experts included)."""
+        """All weights of decoder layer ``layer`` (experts included). A hybrid layer is one pre-norm + one mixer
+        (M Mamba-2, * attention, - MLP, E MoE): MambaLayer / TransformerLayer / MLPLayer / MoETransformerLayer of
+        megatron/core/models/mamba/mamba_layer_specs.py, the norm fused into the first linear or a TENorm."""
+        if self.hybrid_pattern is not None:
+            body = {"M": self.mamba_params, "*": self.attention_params, "-": self.dense_mlp_params,
+                    "E": self.moe_block_params}[self.hybrid_pattern[layer]]
+            return self.norm_params + body
         p = self.attention_params + self.norm_params_per_layer
-        if self.is_moe_layer(layer):
-            p += self.router_params + (self.num_experts + self.num_shared_experts) * self.expert_params
-        else:
-            p += self.dense_mlp_params
+        p += self.moe_block_params if self.is_moe_layer(layer) else self.dense_mlp_params
         return p
 
     def layer_expert_params(self, layer: int) -> int:

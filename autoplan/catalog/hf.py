@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss. Each family's key names and defaults follow its ``transformers``
+deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``). Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
 - **MLA** (deepseek_v2/v3): parameters and FLOPs are exact through ``ModelSpec.mla``; for sharding and
@@ -497,6 +497,116 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
     return fields | _moe_fields(c, n, list(range(n)), num_experts=experts, moe_top_k=top_k)
 
 
+# transformers NemotronHConfig layer types (and the legacy names remap_legacy_layer_types accepts) -> Megatron-Core's
+# hybrid symbols (NemotronHConfig._list_to_pattern)
+_NEMOTRON_H_LAYERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
+                      "moe": "E"}
+
+
+def _nemotron_h_pattern(c: _Config) -> str:
+    """``hybrid_override_pattern`` (config.json of the published checkpoints) or ``layers_block_type`` (transformers
+    5.x); with both they must agree; ``num_hidden_layers`` (deprecated in NemotronHConfig) must match its length."""
+    pattern = c.get("hybrid_override_pattern", None)
+    types = c.get("layers_block_type", c.get("layer_types", None))
+    if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E")):
+        raise c.error("hybrid_override_pattern", pattern, "a string of M (Mamba), * (attention), - (MLP), E (MoE)")
+    if types is not None:
+        if not isinstance(types, list) or not types or not all(t in _NEMOTRON_H_LAYERS for t in types):
+            raise c.error("layers_block_type", types, f"a list of {sorted(_NEMOTRON_H_LAYERS)}")
+        from_types = "".join(_NEMOTRON_H_LAYERS[t] for t in types)
+        if pattern is not None and pattern != from_types:
+            raise c.error("layers_block_type", types, f"the same layers as hybrid_override_pattern '{pattern}'")
+        pattern = from_types
+    if pattern is None:
+        raise UserInputError(f"{c.source}: missing key 'hybrid_override_pattern' or 'layers_block_type' "
+                             "(model_type 'nemotron_h')")
+    if len(pattern) > _LAYER_BOUND:
+        raise UserInputError(f"{c.source}: hybrid_override_pattern is over {_LAYER_BOUND} layers")
+    n = c.get("num_hidden_layers", len(pattern))
+    if n != len(pattern):
+        raise c.error("num_hidden_layers", n, f"{len(pattern)}, the hybrid pattern's length")
+    return pattern
+
+
+def _nemotron_h(c: _Config) -> dict[str, Any]:
+    """Nemotron-H / Nemotron 3 (transformers ``NemotronHConfig`` / ``modeling_nemotron_h``; Megatron-Core ``MambaModel``):
+    a stack of single-mixer pre-norm blocks, one per pattern symbol: Mamba-2 (``NemotronHMamba2Mixer``), attention
+    without position encoding (``NemotronHAttention``: no rotary; ``rope_theta`` / ``partial_rotary_factor`` are not
+    read by it), a squared-ReLU MLP, or an MoE of squared-ReLU experts (sigmoid router with a selection-only score
+    bias, top-k renormalized and scaled by ``routed_scaling_factor``; one shared MLP of
+    ``moe_shared_expert_intermediate_size``, here ``num_shared_experts`` experts of the routed width; optional latent
+    projections). Multi-token prediction is refused (not modelled for hybrid stacks)."""
+    pattern = _nemotron_h_pattern(c)
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
+    for key, what in (("mamba_proj_bias", "Megatron-Core's MambaMixer has no in/out projection bias "
+                       "(mamba_mixer.py:264)"), ("use_bias", "no Mamba projection bias (mamba_mixer.py:264)"),
+                      ("mlp_bias", "no MLP / expert biases"), ("residual_in_fp32", "bf16 residuals"),
+                      ("attention_bias", "no attention biases")):
+        if c.get(key, False):
+            raise c.error(key, True, f"only false: {what}")
+    for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+        got = c.get(key, want)
+        if got != want:
+            raise c.error(key, got, f"only '{want}' (Megatron-Core: --squared-relu MLPs; MambaMixer's activation "
+                          "is fixed to silu, mamba_mixer.py:314)")
+    if c.int("num_nextn_predict_layers", default=0):
+        raise c.error("num_nextn_predict_layers", c.data["num_nextn_predict_layers"],
+                      "0: multi-token prediction of a hybrid stack (Nemotron 3 Super's '*E' block) is not modelled")
+    if c.get("sliding_window", None) is not None:
+        raise c.error("sliding_window", c.data["sliding_window"], "null: NemotronHAttention attends to every key")
+    eps = c.float("layer_norm_epsilon", 1e-5)
+    if c.float("norm_eps", eps) != eps:
+        raise c.error("norm_eps", c.data["norm_eps"], f"equal to layer_norm_epsilon ({eps})")
+    # Read and not needed: initialisation (time_step_*, rescale_prenorm_residual), inference (cache dtype, kernels,
+    # logits to keep), Megatron's shared-expert overlap (scheduling), ``expand`` (NemotronHMamba2Mixer takes
+    # d_inner = mamba_num_heads * mamba_head_dim), the unused rotary keys, and the MTP layer types without MTP.
+    c.seen("time_step_min", "time_step_max", "time_step_floor", "time_step_limit", "rescale_prenorm_residual",
+           "mamba_ssm_cache_dtype", "use_mamba_kernels", "num_logits_to_keep", "moe_shared_expert_overlap", "expand",
+           "rope_theta", "partial_rotary_factor", "mtp_hybrid_override_pattern", "mtp_layers_block_type",
+           "n_shared_experts")
+    fields: dict[str, Any] = {
+        "num_layers": len(pattern), "hidden_size": hidden, "ffn_hidden_size": c.int("intermediate_size", minimum=1),
+        "num_attention_heads": heads, "num_kv_heads": c.int("num_key_value_heads", default=heads, minimum=1),
+        "head_dim": _head_dim(c, hidden, heads), "vocab_size": c.int("vocab_size"),
+        "tied_embeddings": bool(c.get("tie_word_embeddings", False)), "gated_mlp": False,
+        "hybrid_pattern": pattern,
+    }
+    arch: dict[str, Any] = {"no_position_encoding": True, "norm_eps": eps, "activation": "relu2",
+                            "attention_dropout": c.float("attention_dropout", 0.0),
+                            "hidden_dropout": c.float("hidden_dropout", 0.0)}
+    if "M" in pattern:
+        fields["mamba"] = {"num_heads": c.int("mamba_num_heads", minimum=1), "head_dim": c.int("mamba_head_dim"),
+                           "state_dim": c.int("ssm_state_size"), "num_groups": c.int("n_groups", minimum=1),
+                           "conv_kernel": c.int("conv_kernel", default=4), "chunk_size": c.int("chunk_size", default=128),
+                           "conv_bias": bool(c.get("use_conv_bias", True))}
+    else:
+        c.seen("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
+               "use_conv_bias")
+    if "E" in pattern:
+        width = c.int("moe_intermediate_size", minimum=1)
+        shared = c.int("moe_shared_expert_intermediate_size", default=0)
+        if shared % width:
+            raise c.error("moe_shared_expert_intermediate_size", shared, f"a multiple of moe_intermediate_size "
+                          f"({width}): ModelSpec has one expert width (shared = k experts of it)")
+        groups, group_k = c.int("n_group", default=1, minimum=1), c.int("topk_group", default=1)
+        latent = c.get("moe_latent_size", None)
+        fields |= {"num_experts": c.int("n_routed_experts", minimum=1), "moe_top_k": c.int("num_experts_per_tok"),
+                   "moe_ffn_hidden_size": width, "num_shared_experts": shared // width,
+                   "moe_latent_size": None if latent is None else c.int("moe_latent_size", minimum=1)}
+        # The router (NemotronHTopkRouter): sigmoid scores + e_score_correction_bias for selection. The config has no
+        # load-balancing loss key: Megatron-Bridge's NemotronHModelProvider trains with seq_aux_loss 1e-4
+        # (src/megatron/bridge/models/nemotronh/nemotron_h_provider.py).
+        arch["router"] = {"score_function": "sigmoid", "norm_top_k": bool(c.get("norm_topk_prob", True)),
+                          "expert_bias": True, "num_groups": groups if groups > 1 else 0,
+                          "group_top_k": group_k if groups > 1 else 0,
+                          "top_k_scaling": c.float("routed_scaling_factor", 1.0),
+                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-4}
+    else:
+        c.seen("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+               "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "moe_latent_size")
+    return fields | {"arch": arch}
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
@@ -584,6 +694,7 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
+    "nemotron_h": _nemotron_h,
     "qwen2": _qwen2,
     "qwen2_moe": lambda c: _qwen_moe(c, qkv_bias=True, qk_norm=False),
     "qwen3": _qwen3,

@@ -283,6 +283,9 @@ class TargetProfile:
     loss_modes: tuple[str, ...] = ("F",)
     kv_modes: tuple[str, ...] = ("shard",)
     kv_source: str = ""  # where the K/V rule comes from
+    # Hybrid Mamba stacks (``ModelSpec.hybrid_pattern``): "" = this target builds none (why, for the error)
+    hybrid_models: bool = False
+    hybrid_refusal: str = "it builds no Mamba-2 mixer"
 
     @property
     def allow_kv_replication(self) -> bool:
@@ -398,6 +401,10 @@ class TargetProfile:
     def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
                      dp_cp: int, schedule: str) -> ConfigError | None:
         """The first target rule the layout breaks (cheap: integers only, so the search calls it per layout)."""
+        if model.is_hybrid and not self.hybrid_models:
+            return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
+                               f"cannot run it ({self.hybrid_refusal}); use --target megatron",
+                               valid=["target megatron"])
         if zero not in self.zero_stages:
             return ConfigError(f"zero_stage={zero}: {self.zero_reason(zero)}", valid=sorted(self.zero_stages))
         if schedule not in self.schedules:

@@ -125,13 +125,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from cost_models.errors import ConfigError
+from cost_models.errors import ConfigError, divisors
 from cost_models.te_fp8 import te_tp_gather_bytes
 from cost_models.recompute import module_errors
 from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software,
-                                        TargetProfile, fsdp2_gathered_unit_bytes)
+                                        TargetProfile, fsdp2_gathered_unit_bytes, nearest)
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
@@ -158,6 +158,7 @@ TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_paral
 class MegatronProfile(TargetProfile):
     name = "megatron"
     efficiency_set = "megatron"
+    hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
     zero_stages = (1, 0, 2, 3)
@@ -273,6 +274,10 @@ class MegatronProfile(TargetProfile):
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
+        if model.mamba is not None:
+            err = mamba_layout_error(model, tp, cp)
+            if err is not None:
+                return err
         if zero != 3:
             return None
         if pp > 1:
@@ -285,6 +290,13 @@ class MegatronProfile(TargetProfile):
             return ConfigError(f"zero_stage=3: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights "
                                f"({MLM}:619); {model.name} ties them", valid=["zero_stage=1"])
         return None
+
+    def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
+        super().check_layout(model, cluster, job, par)
+        if model.is_hybrid:
+            err = hybrid_pipeline_error(model, par)
+            if err is not None:
+                raise err
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
@@ -611,6 +623,53 @@ def check_cp_comm(model: ModelSpec, par: ParallelConfig, kind: str, cluster: Clu
             raise ConfigError(f"cp_comm_type=a2a with cp={par.cp}: Ulysses splits heads over CP, and after tp="
                               f"{par.tp} a rank has {heads} query / {kv} KV heads ({TE_CP})",
                               valid=flat + [f"a2a+p2p (cp_a2a_size={a})" for a in legal])
+
+
+# Hybrid (Mamba) stacks: Megatron-LM's pretrain_mamba.py builds megatron-core's MambaModel / MambaStack.
+MIXER = "megatron-core 0.16.1 megatron/core/ssm/mamba_mixer.py"
+MAMBA_CP = "megatron-core 0.16.1 megatron/core/ssm/mamba_context_parallel.py"
+MAMBA_BLOCK = "megatron-core 0.16.1 megatron/core/ssm/mamba_block.py"
+
+
+def mamba_layout_error(model: ModelSpec, tp: int, cp: int) -> ConfigError | None:
+    """Megatron-Core's Mamba-2 mixer sharding rules: every TP rank holds whole heads and whole B/C groups
+    (mamba_mixer.py:250, 258), every CP rank whole heads of its TP shard (mamba_context_parallel.py:99-101), and the
+    groups of a TP shard split evenly over CP or are repeated across it (:112-124)."""
+    mb = model.mamba
+    assert mb is not None
+    ok_tp = [t for t in divisors(mb.num_heads) if mb.num_groups % t == 0]
+    if mb.num_heads % tp or mb.num_groups % tp:
+        return ConfigError(f"tp={tp} must divide the Mamba heads ({mb.num_heads}) and groups ({mb.num_groups}) "
+                           f"({MIXER}:250, 258)", valid=nearest(tp, ok_tp))
+    heads, groups = mb.num_heads // tp, mb.num_groups // tp
+
+    def cp_ok(c: int) -> bool:
+        return heads % c == 0 and (c % groups == 0 if groups < c else groups % c == 0)
+
+    if cp > 1 and not cp_ok(cp):
+        return ConfigError(f"cp={cp}: each CP rank needs whole Mamba heads of its TP shard ({heads} heads, "
+                           f"{groups} groups at tp={tp}) and the groups split evenly or repeated across CP "
+                           f"({MAMBA_CP}:99-124)", valid=nearest(cp, [c for c in divisors(heads) if cp_ok(c)]))
+    return None
+
+
+def hybrid_pipeline_error(model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
+    """MambaStack's pipeline split (mamba_block.py:172-221): no virtual stages, no layout, the embedding / loss not
+    counted as layers, and without first/last stage sizes L // pp layers on every stage (the remainder would be
+    dropped: refused)."""
+    if par.vp > 1:
+        return ConfigError(f"vp={par.vp}: the Mamba hybrid model does not support virtual/interleaved pipeline "
+                           f"parallelism ({MAMBA_BLOCK}:173-176)", valid=["vp=1"])
+    if par.pipeline_layout is not None or par.account_for_embedding_in_pipeline_split \
+            or par.account_for_loss_in_pipeline_split:
+        return ConfigError(f"{model.name}: MambaStack splits its layers by count only ({MAMBA_BLOCK}:172-221): no "
+                           "pipeline_layout, embedding or loss accounting", valid=["first_stage_layers / "
+                                                                                  "last_stage_layers"])
+    L = model.num_layers
+    if par.first_stage_layers is None and par.last_stage_layers is None and L % par.pp:
+        return ConfigError(f"pp={par.pp} must divide num_layers={L}: MambaStack gives every stage L // pp layers "
+                           f"({MAMBA_BLOCK}:214-217)", valid=nearest(par.pp, divisors(L)))
+    return None
 
 
 PROFILE = MegatronProfile()

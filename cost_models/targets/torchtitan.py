@@ -48,6 +48,8 @@ TT = "torchtitan 0.3.0 torchtitan/"
 class TorchtitanProfile(TargetProfile):
     name = "torchtitan"
     efficiency_set = "torchtitan"
+    # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
+    hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
     version = "torchtitan 0.3.0"
     schedules = ("1f1b", "interleaved")
     zero_stages = (3, 0)
