@@ -120,8 +120,9 @@ EAGER_GATED_ACT_EXTRA = (4.0, 8.0)
 # (tests/test_gpt_oss_glue.py recounts them):
 # - the clamp: under ``bias_activation_fusion`` (Bridge's GPT-OSS provider) ``weighted_bias_quick_geglu_impl``
 #   (fusions/fused_bias_geglu.py:410-433) chunks the fc1 output, clamps both halves and concatenates them in eager
-#   PyTorch before its fused quick-GeGLU, whose autograd saves the clamped copy; backward: the clamps' masks and
-#   ``where``, and the concatenation of the two halves' gradients. Per fc1-output element (2 x moe_ffn wide):
+#   PyTorch before its fused quick-GeGLU, whose autograd saves the clamped copy (next to the fc1 output the clamps
+#   keep: memory.op_activation_bytes, unless ``moe_act`` recomputes it); backward: the clamps' masks and ``where``,
+#   and the concatenation of the two halves' gradients. Per fc1-output element (2 x moe_ffn wide):
 MCORE_EXPERT_CLAMP_BYTES = (8.0, 13.5)
 # - fc2's bias: fc2 is built with ``skip_bias_add=True`` (experts.py:560-576), so Transformer Engine returns the
 #   per-expert biases and ``TEGroupedMLP._apply_bias`` (experts.py:609-626) adds ``bias * prob`` expert by expert
@@ -239,7 +240,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         bwd = 2.0 * (2 * ins + out) * tf
         if eager and len(op.inputs) == 2:  # silu(gate) * up: the silu output goes through HBM
             fwd, bwd = fwd + EAGER_GATED_ACT_EXTRA[0] * out * tf, bwd + EAGER_GATED_ACT_EXTRA[1] * out * tf
-        if op.name.startswith("expert_") and _mcore_glue(rt, model) and model.arch.activation_clamp is not None:
+        if op.name.startswith("expert_") and op.clamped and _mcore_glue(rt, model):
             fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.hidden_size / (t if sp else 1) * model.moe_top_k

@@ -272,6 +272,11 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
             b *= (runtime.fp8_saved_bytes + (2.0 if kept_by_core else 0.0)) / 2.0
         elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
             b *= runtime.fp8_saved_bytes / 2.0  # SwiGLU input cached in fp8
+        if op.clamped and runtime.mcore_expert_glue and op.name.startswith("expert_") \
+                and not (modules is not None and "moe_act" in modules):
+            b *= 2.0  # Megatron-Core's eager clamp keeps the fc1 output and the fused activation its clamped copy
+            # (fusions/fused_bias_geglu.py:424-440; layer_cost.MCORE_EXPERT_CLAMP_BYTES); under ``moe_act`` the
+            # checkpoint keeps only the fc1 output
         total += b * tokens / div
     return total
 

@@ -69,6 +69,7 @@ class Op:
     # transformer/transformer_block.py get_fp8_context); torchtitan as emitted filters ``lm_head`` out of
     # ``Float8LinearConverter`` (autoplan/emit/torchtitan.py); DeepSeek-V3 report §3.3.1 keeps the output head BF16.
     quantized: bool = True
+    clamped: bool = False  # a gated activation whose inputs are clamped first (GPT-OSS's swiglu_limit)
 
 
 def gemm_precision(op: Op, precision: str) -> str:
@@ -260,7 +261,7 @@ def _mlp(b: _Builder, xn: str, width: int, prefix: str, kind: DimKind, *, tokens
         act = b.tensor(f"{prefix}act", width, kind)
         # SiLU(gate)·up saves both inputs; the down projection saves the product.
         b.add(Op(f"{prefix}act", "elementwise", (g, u), act, saved=(scaled(g), scaled(u)),
-                 tokens_factor=tokens_factor))
+                 tokens_factor=tokens_factor, clamped=b.model.arch.activation_clamp is not None))
     else:
         u = lin("up_proj", xn, f"{prefix}up", width, kind, "seq")
         act = b.tensor(f"{prefix}act", width, kind)

@@ -84,3 +84,20 @@ def test_models_without_clamp_or_expert_bias_do_not_move() -> None:
                                                                                         off)
     tt = runtime_for("torchtitan", job, build_cluster("b200", 64), par)
     assert not tt.mcore_expert_glue  # a megatron-core fact, not torchtitan's
+
+
+def test_clamp_keeps_a_second_copy_unless_moe_act_recomputes_it() -> None:
+    """Without recompute, the clamp keeps the fc1 output and the fused activation saves its clamped copy: the
+    activation op saves twice the 2 x 2880-wide fc1 output per routed token; under ``moe_act`` the checkpoint keeps
+    the fc1 output only (as for an unclamped model)."""
+    from cost_models.memory import op_activation_bytes
+
+    model, graph, job, par, rt = _layer("gpt-oss-120b")
+    act = next(o for o in graph.ops if o.name == "expert_act")
+    assert act.clamped
+    fc1 = 2 * 2880 * 2.0 * 4 * 4096 * 4  # bf16 bytes of the fc1 output of 65,536 routed tokens
+    off = replace(rt, mcore_expert_glue=False)
+    assert op_activation_bytes(act, job, par, off, graph) == pytest.approx(fc1)
+    assert op_activation_bytes(act, job, par, rt, graph) == pytest.approx(2 * fc1)
+    moe_act = par.model_copy(update={"recompute": "selective", "recompute_modules": ("moe_act",)})
+    assert op_activation_bytes(act, job, moe_act, rt, graph) == pytest.approx(fc1)
