@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
@@ -595,9 +596,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
             if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
                 ep_s = max(0.0, ep_s - (forward + backward))
             else:
-                attn, mlp = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
-                # the ``moe`` module's re-run dispatch/combine sit in the backward's recompute, outside the phases
-                ep_s = (a2a_overlap_exposed_s([p[0] for p in parts], *(x * slow for x in (*attn, *mlp)))
+                nodes = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
+                nodes = OverlapNodes(*(x * slow for x in (nodes.attn_f, nodes.attn_b, nodes.mlp_f, nodes.mlp_b,
+                                                          nodes.comb_f, nodes.comb_b)))
+                # the ``moe`` module's re-run dispatch/combine sit in the backward's recompute, outside the steps
+                ep_s = (a2a_overlap_exposed_s([p[0] for p in parts], nodes)
                         + again * sum(p[0] for p in parts))
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
@@ -738,36 +741,35 @@ def ring_exposed_s(ring_s: float, attention_s: float) -> float:
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128  # fp8 element + one fp32 scale per 128-element tile (report §3.3.2)
 
 
+# Ops of an MoE layer that run in the A2A overlap's combine node, on the comm stream after the combine all-to-all
+# (fine_grained_callables.py:544-586 ``submodule_combine_forward``: ``combine_postprocess`` unpermutes, the shared
+# expert's output is added, ``mlp_bda`` adds the residual); ``a2a_overlap.py`` says where every other op runs.
+COMBINE_NODE_OPS = ("combine", "shared_add", "mlp_residual")
+
+
 def a2a_overlap_compute_split(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                              par: ParallelConfig, rt: Runtime | None) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((attn forward, attn backward), (mlp forward, mlp backward)) seconds of one MoE layer for the A2A-overlap
-    schedule: the "mlp" node is the experts (routed and shared: ops named ``expert_*`` / ``shared_*``), the "attn" node
-    everything else of the layer (attention block, norms, router, permutation)."""
-    attn = [0.0, 0.0]
-    mlp = [0.0, 0.0]
+                              par: ParallelConfig, rt: Runtime | None) -> OverlapNodes:
+    """Compute seconds of one MoE layer per node of the A2A-overlap schedule (``a2a_overlap``): the ``mlp`` node is
+    the routed experts (``experts`` ops, named ``expert_*``), the combine node's post-processing ``COMBINE_NODE_OPS``,
+    the ``attn`` node everything else (attention block, norms, router, permutation, shared experts:
+    fine_grained_callables.py:477 runs them in the attention node)."""
+    side = {"attn": [0.0, 0.0], "mlp": [0.0, 0.0], "comb": [0.0, 0.0]}
     for op in graph.ops:
         oc = op_compute(op, graph, model, cluster, job, par, rt)
-        side = mlp if op.kind == "experts" or op.name.startswith(("expert_", "shared_")) else attn
-        side[0] += oc.forward_s
-        side[1] += oc.backward_s
-    return (attn[0], attn[1]), (mlp[0], mlp[1])
+        key = ("mlp" if op.kind == "experts" or op.name.startswith("expert_")
+               else "comb" if op.name in COMBINE_NODE_OPS else "attn")
+        side[key][0] += oc.forward_s
+        side[key][1] += oc.backward_s
+    return OverlapNodes(*side["attn"], *side["mlp"], *side["comb"])
 
 
-def a2a_overlap_exposed_s(a2a: list[float], attn_f: float, attn_b: float, mlp_f: float, mlp_b: float) -> float:
+def a2a_overlap_exposed_s(a2a: list[float], nodes: OverlapNodes) -> float:
     """Exposed EP time of one layer under Megatron-Core's A2A overlap (``--overlap-moe-expert-parallel-comm``): the
-    forward of micro-batch i and the backward of micro-batch j run layer by layer in three phases, each a
-    communication on one stream beside a computation on the other (megatron/core/models/common/
-    model_chunk_schedule_plan.py:197-199 @ core_v0.16.1)::
-
-        comm_stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
-        comp_stream: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd
-
-    A phase lasts as long as its longer side: what a phase's communication has beyond its computation shows.
+    steady-state layer step of the combined 1F1B schedule as megatron-core issues it (two streams in FIFO order,
+    one CUDA event per micro-batch chaining its nodes: ``cost_models.a2a_overlap``) less the layer's compute.
     ``a2a`` = the four all-to-alls as ``moe_all_to_all_parts`` orders them: forward dispatch, forward combine,
     combine's backward, dispatch's backward."""
-    disp_f, comb_f, comb_b, disp_b = a2a
-    return (max(0.0, comb_b - attn_f) + max(0.0, disp_f + disp_b - (mlp_b + mlp_f))
-            + max(0.0, comb_f - attn_b))
+    return overlap_exposed_s(a2a, nodes)
 
 
 def moe_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, local_tokens: float, ep: int,

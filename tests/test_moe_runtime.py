@@ -15,6 +15,7 @@ from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.gemm import expected_max_normal
+from cost_models.a2a_overlap import OverlapNodes
 from cost_models.layer_cost import (a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost, moe_all_to_all,
                                     moe_all_to_all_parts)
 from cost_models.memory import graphs_for
@@ -90,11 +91,14 @@ def test_a2a_overlap_hides_ep_behind_compute_and_hybridep_takes_its_sms() -> Non
     assert over.ep_s >= max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow)
 
 
-def test_a2a_overlap_is_priced_phase_by_phase() -> None:
-    """Megatron-Core's A2A overlap runs three phases (model_chunk_schedule_plan.py:197-199): combine_bwd beside
-    attn_fwd, dispatch_fwd + dispatch_bwd beside mlp_bwd + mlp_fwd, combine_fwd beside attn_bwd. A short attention
-    forward cannot hide a long combine even when the layer's total compute exceeds the total traffic."""
-    assert a2a_overlap_exposed_s([1.0, 1.0, 1.0, 1.0], 0.1, 3.0, 0.5, 1.0) == pytest.approx(0.9 + 0.5 + 0.0)
+def test_a2a_overlap_is_priced_as_the_schedule_runs() -> None:
+    """Megatron-Core's A2A overlap issues a layer's forward (micro-batch i) and backward (j) onto two streams, each
+    micro-batch's nodes chained by its event (cost_models.a2a_overlap; test_a2a_overlap checks the order against the
+    installed megatron-core). A short attention forward cannot hide a long combine backward even when the layer's
+    total compute exceeds the total traffic: comb_b 1 beside attn_f 0.1, then mlp_b 1 waits for it; dispatch_f 1
+    beside mlp_b 1; dispatch_b 1 (after mlp_b) beside mlp_f 0.5 (after dispatch_f); combine_f 1 (after mlp_f and
+    dispatch_b) beside attn_b 3. Step = 1 + 1 + 1 + 3 = 6 against 4.6 of compute: 1.4 shows."""
+    assert a2a_overlap_exposed_s([1.0, 1.0, 1.0, 1.0], OverlapNodes(0.1, 3.0, 0.5, 1.0)) == pytest.approx(1.4)
     # In layer_cost: H100 nodes (ep 32 over four nodes) with its parts and compute split, recomputed
     cluster = build_cluster("h100-sxm", 256)
     par = ParallelConfig(tp=2, pp=8, vp=4, ep=32, micro_batch_size=1, schedule="interleaved")
@@ -103,10 +107,10 @@ def test_a2a_overlap_is_priced_phase_by_phase() -> None:
     graph = graphs_for(model, JOB.seq_len)["moe"]
     stride = RankStrides.megatron(par.tp, par.cp, par.dp(cluster.num_gpus)).ep
     parts = moe_all_to_all_parts(model, cluster, JOB, 4096 / 2, 32, stride, rho=cluster.efficiency.moe_imbalance)
-    (af, ab), (mf, mb) = a2a_overlap_compute_split(graph, model, cluster, JOB, par, rt)
+    nodes = a2a_overlap_compute_split(graph, model, cluster, JOB, par, rt)
     cost = _moe_layer(sw, cluster, par)
-    assert cost.forward_s == pytest.approx(af + mf)
-    assert cost.ep_s == pytest.approx(a2a_overlap_exposed_s([p[0] for p in parts], af, ab, mf, mb))
+    assert cost.forward_s == pytest.approx(nodes.attn_f + nodes.mlp_f + nodes.comb_f)
+    assert cost.ep_s == pytest.approx(a2a_overlap_exposed_s([p[0] for p in parts], nodes))
     assert cost.ep_s > 0.0
     # The ``moe`` recompute module re-runs dispatch and combine inside the backward's recompute, outside the
     # overlap's phases: those four all-to-alls stay exposed on top of the overlapped ones.

@@ -1,0 +1,84 @@
+"""Megatron-Core's EP A2A overlap (``overlap_moe_expert_parallel_comm``, the combined 1F1B schedule) as the code
+schedules one MoE layer step: the forward of one micro-batch and the backward of another, issued by one host thread
+onto two CUDA streams (megatron-core 0.16.1).
+
+What runs where (models/common/model_chunk_schedule_plan.py:160-164 ``create_node``; models/gpt/
+fine_grained_callables.py ``build_transformer_layer_callables``):
+
+- comp stream: ``attn`` (attention block, pre-MLP norm, router, dispatch preprocess/permutation, and the shared
+  experts: ``shared_experts_compute`` runs inside the attention node, the overlap requires
+  ``moe_shared_expert_overlap`` off, transformer_config.py:1886-1888) and ``mlp`` (the routed experts with the
+  dispatcher's post-/pre-processing around them, moe_layer.py:313-327 ``routed_experts_compute``);
+- comm stream: ``moe_dispatch`` (the all-to-all) and ``moe_combine``: the all-to-all *and* what follows it in
+  ``submodule_combine_forward`` (fine_grained_callables.py:544-583): the unpermutation (``combine_postprocess``),
+  the shared-expert add and the residual add (``mlp_bda``). Autograd runs each backward op on its forward op's
+  stream, so their gradients run on the comm stream too.
+
+Issue order of one step (model_chunk_schedule_plan.py:215-253, ``TransformerLayerSchedulePlan.run``, default
+``ep_overlap_early_attn_memory_release`` off): combine_bwd, attn_fwd, mlp_bwd, dispatch_fwd, dispatch_bwd, mlp_fwd,
+combine_fwd, attn_bwd. Each stream runs its nodes in that order (FIFO). Each node first waits on its micro-batch's
+one CUDA event and records it when done (pipeline_parallel/utils.py:120-126 ``stream_acquire_context``; one event per
+micro-batch's chunk plan, model_chunk_schedule_plan.py:310): a micro-batch's nodes run strictly one after another
+across the two streams (forward: attn → dispatch → mlp → combine → next layer's attn; backward: combine → mlp →
+dispatch → attn → next layer's combine). Overlap happens only between the two micro-batches' chains.
+
+The layer step's time is the steady-state period of that two-stream schedule (a max-plus recurrence, run here for a
+few identical steps); what shows of the all-to-alls is the period less the layer's compute. Not modelled:
+``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as without it);
+concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the caller).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (micro-batch, node) in the order TransformerLayerSchedulePlan.run issues them (tests read the installed source)
+ISSUE_ORDER: tuple[tuple[str, str], ...] = (
+    ("b", "moe_combine"), ("f", "attn"), ("b", "mlp"), ("f", "moe_dispatch"),
+    ("b", "moe_dispatch"), ("f", "mlp"), ("f", "moe_combine"), ("b", "attn"),
+)
+NODE_STREAM = {"attn": "comp", "mlp": "comp", "moe_dispatch": "comm", "moe_combine": "comm"}
+_STEPS = 8  # identical layer steps simulated; the period is the mean of the last half
+
+
+@dataclass(frozen=True)
+class OverlapNodes:
+    """Device seconds of each node of one MoE layer for one micro-batch: compute of the ``attn`` and ``mlp`` nodes
+    and of the combine node's post-processing (``comb_*``), forward and backward; the four all-to-alls apart."""
+
+    attn_f: float
+    attn_b: float
+    mlp_f: float
+    mlp_b: float
+    comb_f: float = 0.0
+    comb_b: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        return self.attn_f + self.attn_b + self.mlp_f + self.mlp_b + self.comb_f + self.comb_b
+
+
+def layer_step_s(a2a: list[float], nodes: OverlapNodes) -> float:
+    """Steady-state time of one overlapped layer step (one layer's forward of micro-batch i and its backward of
+    micro-batch j). ``a2a`` = the four all-to-alls as ``layer_cost.moe_all_to_all_parts`` orders them: forward
+    dispatch, forward combine, combine's backward, dispatch's backward."""
+    disp_f, comb_f, comb_b, disp_b = a2a
+    cost = {("f", "attn"): nodes.attn_f, ("b", "attn"): nodes.attn_b,
+            ("f", "mlp"): nodes.mlp_f, ("b", "mlp"): nodes.mlp_b,
+            ("f", "moe_dispatch"): disp_f, ("b", "moe_dispatch"): disp_b,
+            ("f", "moe_combine"): comb_f + nodes.comb_f, ("b", "moe_combine"): comb_b + nodes.comb_b}
+    stream = {"comp": 0.0, "comm": 0.0}  # when each stream's last node ends
+    event = {"f": 0.0, "b": 0.0}  # when each micro-batch's last node ends
+    ends = []
+    for _ in range(_STEPS):
+        for mb, node in ISSUE_ORDER:
+            s = NODE_STREAM[node]
+            stream[s] = event[mb] = max(stream[s], event[mb]) + cost[(mb, node)]
+        ends.append(max(stream.values()))
+    half = _STEPS // 2
+    return (ends[-1] - ends[half - 1]) / (_STEPS - half)
+
+
+def exposed_s(a2a: list[float], nodes: OverlapNodes) -> float:
+    """What the four all-to-alls add to one layer step beyond its compute (``layer_step_s`` − compute, ≥ 0)."""
+    return max(0.0, layer_step_s(a2a, nodes) - nodes.compute_s)
