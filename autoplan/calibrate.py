@@ -39,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoplan.catalog import load_model
+from autoplan.catalog.registry import resolve_over
 from autoplan.catalog.spec_file import describe_validation_error
 from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
@@ -85,6 +86,14 @@ SOFTWARE_SETTINGS = {"flash_attention", "attention_fa2", "compiled", "tp_overlap
 # what its GEMM dispatch, fp8 recipe and communication overlap make of the generation's physics. Its
 # attention kernel (``attention_fa2``) and eager element-wise bytes (``layer_cost.EAGER_*``) are measured / counted, not fitted.
 FRAMEWORK_FIT_FIELDS = ("gemm_max", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
+# Of those, the ones stored as ratios to the GPU's own value (gpus.yaml `frameworks: <f>: scale:`): the stack's
+# kernels relative to Megatron-Core/TE's on the same GPU — its GEMM dispatch (gemm_max) and its fp8 GEMMs' gain over
+# its bf16 ones (fp8_gemm_speedup) are multiples of what the GPU's tensor cores sustain, so they carry to a GPU the
+# framework was never measured on by scaling that GPU's value (as gpu_efficiency's `scale`). The overlap shares are
+# absolute: the fraction of a collective the stack's schedule issues under compute (async TP's micro-pipelined
+# matmuls, FSDP2's prefetch) is a property of the schedule, not of the GPU's kernels, and Megatron-Core's own share
+# (generation tp_overlap 0 where unmeasured, e.g. Blackwell) says nothing about torchtitan's.
+FRAMEWORK_RATIO_FIELDS = ("gemm_max", "fp8_gemm_speedup")
 DEFAULT_FIT_FIELDS = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 PRIOR_WEIGHT = 1e-3  # residual weight of each parameter's (normalised) distance from its start value
 _SENSITIVITY_FLOOR = 1e-4  # |d log T / d u| below this on every run: the runs cannot see the parameter
@@ -285,7 +294,7 @@ class JointFit:
     """A generation's parameters and each framework's overrides, fitted together (``fit_joint``)."""
 
     efficiency: Efficiency  # the generation's (the reference stack, Megatron-Core)
-    frameworks: dict[str, dict[str, float]]  # framework → its FRAMEWORK_FIT_FIELDS values
+    frameworks: dict[str, dict[str, Any]]  # framework → its FRAMEWORK_FIT_FIELDS, as stored (framework_entry)
     held: list[str]  # ("framework." +) names no run responds to, kept at their start
     at_bound: list[str]
     mape_before: float
@@ -317,12 +326,12 @@ def fit_joint(runs: Sequence[ResolvedRun], start: Efficiency, fields: Iterable[s
         gen = _with(start, gen_names, u[:len(gen_names)])
         out, i = {"megatron": gen}, len(gen_names)
         for f in fws:
-            out[f] = _with(gen.model_copy(update=fw_starts.get(f, {})), fw_names, u[i:i + len(fw_names)])
+            out[f] = _with(_over(gen, fw_starts.get(f, {})), fw_names, u[i:i + len(fw_names)])
             i += len(fw_names)
         return out
 
-    u0 = np.concatenate([_to_unit(start, gen_names)] + [_to_unit(start.model_copy(update=fw_starts.get(f, {})),
-                                                                   fw_names) for f in fws])
+    u0 = np.concatenate([_to_unit(start, gen_names)] + [_to_unit(_over(start, fw_starts.get(f, {})), fw_names)
+                                                          for f in fws])
     meas = np.log([r.measured_step_time_s for r in runs])
 
     def log_pred(u: np.ndarray) -> np.ndarray:
@@ -359,8 +368,24 @@ def fit_joint(runs: Sequence[ResolvedRun], start: Efficiency, fields: Iterable[s
     held = [_label(names[i]) for i in range(len(names)) if i not in keep]
     before = np.exp(base - meas) - 1.0
     after = np.exp(log_pred(sol_full) - meas) - 1.0
-    return JointFit(e["megatron"], {f: {n: float(getattr(e[f], n)) for n in fw_names} for f in fws}, held, at_bound,
+    return JointFit(e["megatron"], {f: framework_entry({n: float(getattr(e[f], n)) for n in fw_names}, e["megatron"])
+                                    for f in fws}, held, at_bound,
                     float(np.mean(np.abs(before))), float(np.mean(np.abs(after))))
+
+
+def _over(base: Efficiency, entry: dict[str, Any]) -> Efficiency:
+    return base.model_copy(update=resolve_over(base, entry))
+
+
+def framework_entry(values: dict[str, float], base: Efficiency, ndigits: int | None = None) -> dict[str, Any]:
+    """A framework's fitted values on the GPU whose efficiency is ``base``, as gpus.yaml ``frameworks`` stores them:
+    ``FRAMEWORK_RATIO_FIELDS`` under ``scale`` as ratios to ``base``'s value, the rest absolute (``ndigits``: the
+    ratios rounded so that ``registry.resolve_over(base, entry)`` gives ``values`` back to 1e-10)."""
+    entry: dict[str, Any] = {k: v for k, v in values.items() if k not in FRAMEWORK_RATIO_FIELDS}
+    scale = {k: v / float(getattr(base, k)) for k, v in values.items() if k in FRAMEWORK_RATIO_FIELDS}
+    if ndigits is not None:
+        scale = {k: round(v, ndigits) for k, v in scale.items()}
+    return {"scale": scale, **entry} if scale else entry
 
 
 def _label(name: tuple[str, str]) -> str:

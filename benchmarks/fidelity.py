@@ -52,8 +52,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
-                                fit, fit_joint, leave_one_out, resolve_run)
-from autoplan.catalog.registry import efficiency_catalog, framework_efficiency, load_gpu  # noqa: E402
+                                fit, fit_joint, framework_entry, leave_one_out, resolve_run)
+from autoplan.catalog.registry import (efficiency_catalog, efficiency_for, framework_efficiency,  # noqa: E402
+                                       load_gpu, resolve_over)
 from cost_models.layer_cost import ATTN_BWD_FACTOR  # noqa: E402
 from cost_models.specs import ATTENTION_KERNEL_BENCH, ATTENTION_REF_KEYS, Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
@@ -614,9 +615,9 @@ def fit_params(runs: list[ResolvedRun], starts: dict[str, Efficiency] | None = N
     for f in sorted({framework_of(r.target) for r in runs} - {"megatron", None} - set(fw)):  # type: ignore[operator]
         fr = [r for r in runs if framework_of(r.target) == f]  # only on generations without reference runs
         gen = fr[0].cluster.gpu.generation
-        start = gen_eff[gen].model_copy(update=fw_starts.get(f, {}))
+        start = gen_eff[gen].model_copy(update=resolve_over(gen_eff[gen], fw_starts.get(f, {})))
         one = fit(fr, start, FRAMEWORK_FIT_FIELDS, prior_weight=0.0)
-        fw[f] = {n: getattr(one.efficiency, n) for n in FRAMEWORK_FIT_FIELDS}
+        fw[f] = framework_entry({n: getattr(one.efficiency, n) for n in FRAMEWORK_FIT_FIELDS}, gen_eff[gen])
     return gen_eff, fw
 
 
@@ -683,8 +684,8 @@ def _gen_gpu(runs: list[ResolvedRun], gen: str) -> Any:
 
 def predict_with(run: ResolvedRun, params: Params) -> float:
     gen_eff, fw = params
-    eff = gen_eff[run.cluster.gpu.generation].model_copy(update=fw.get(framework_of(run.target), {}))
-    return run.predict(eff)
+    eff = gen_eff[run.cluster.gpu.generation]  # a framework's ratios apply to the run's generation, as the catalog's
+    return run.predict(eff.model_copy(update=resolve_over(eff, fw.get(framework_of(run.target), {}))))
 
 
 def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[str, float]:
@@ -705,12 +706,21 @@ def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[
     return out
 
 
-def fit_catalog() -> dict[str, dict[str, float]]:
+def fit_catalog() -> dict[str, dict[str, Any]]:
     """Refit the catalog (how its [fit] values were made): ``fit_params`` on every published run, and the MoE host
     cost (``fit_moe_host`` on ``host_calibration_runs``, the catalog's other values held) into ``frameworks.megatron``."""
-    gen_eff, fw = fit_params([r for _, r in calibration_runs()], quiet=False)
-    out = {g: {n: round(getattr(e, n), 4) for n in CATALOG_FIT_FIELDS} for g, e in gen_eff.items()}
-    out.update({f"framework {f}": {n: round(float(v), 4) for n, v in vals.items()} for f, vals in fw.items()})
+    runs = [r for _, r in calibration_runs()]
+    gen_eff, fw = fit_params(runs, quiet=False)
+    out: dict[str, dict[str, Any]] = {g: {n: round(getattr(e, n), 4) for n in CATALOG_FIT_FIELDS}
+                                      for g, e in gen_eff.items()}
+    for f, entry in fw.items():
+        # each fitted value rounded as written on the generation it was fitted on, then stored as its ratio to that
+        # generation's written value (to 10 digits: the catalog gives the fitted value back exactly there)
+        gen = next(r.cluster.gpu.generation for r in runs if framework_of(r.target) == f)
+        written = efficiency_for(gen).model_copy(update={n: out[gen][n] for n in out.get(gen, {})})
+        on_gen = resolve_over(gen_eff[gen], entry)
+        out[f"framework {f}"] = framework_entry({n: round(float(v), 4) for n, v in on_gen.items()}, written,
+                                                ndigits=10)
     out["framework megatron"] = {HOST_FIELD: round(fit_moe_host([r for _, r in host_calibration_runs()]), 6)}
     return out
 

@@ -8,7 +8,8 @@
    ``fidelity.host_calibration_runs``) with every value above held as refitted.
 
 Only the numbers change; comments and layout stay. ``gpu_efficiency`` entries are ratios to their generation and
-need nothing. ``tests/test_fidelity.py::test_catalog_is_the_fit_of_the_published_runs`` checks the result.
+need nothing. A framework's ``scale`` ratios (``calibrate.FRAMEWORK_RATIO_FIELDS``) are its fitted value, rounded as
+written on the generation it was fitted on, over that generation's written value (10 decimals: the same price there). ``tests/test_fidelity.py::test_catalog_is_the_fit_of_the_published_runs`` checks the result.
 
     python benchmarks/refit_catalog.py            # refit and write; prints old → new
     python benchmarks/refit_catalog.py --dry-run  # print only
@@ -34,8 +35,9 @@ TRANSFERRED = ("gemm_max", "gemm_half_dim", "attention", "fp8_gemm_speedup", "dp
 _VALUE = re.compile(r"^(\s*[A-Za-z_0-9]+:\s*)(-?[0-9.]+(?:e-?[0-9]+)?)(\s*)(#.*)?$")
 
 
-def set_value(text: str, section: str, block: str, name: str, value: float) -> str:
-    """``text`` with ``section: / block: / name:``'s number replaced (its comment kept, aligned as before)."""
+def set_value(text: str, section: str, block: str, name: str, value: float, sub: str | None = None) -> str:
+    """``text`` with ``section: / block: / name:``'s number replaced (its comment kept, aligned as before); ``sub``:
+    the number is ``section: / block: / sub: / name:`` (a ``scale:`` ratio, written to 10 decimals)."""
     head = re.search(rf"^{re.escape(section)}:", text, re.M)
     if head is None:
         raise KeyError(f"gpus.yaml has no section {section}")
@@ -46,15 +48,24 @@ def set_value(text: str, section: str, block: str, name: str, value: float) -> s
     b = re.search(rf"^  {re.escape(block)}:", body, re.M)
     if b is None:
         raise KeyError(f"gpus.yaml has no {section}.{block}")
-    n = re.search(rf"^    {re.escape(name)}:.*$", body[b.end():], re.M)
+    nb = re.compile(r"^  [A-Za-z_0-9-]+:", re.M).search(body, b.end())  # the next block: the search stays in this one
+    body_end = nb.start() if nb else len(body)
+    at, indent, where = b.end(), "    ", f"{section}.{block}"
+    if sub is not None:
+        s = re.search(rf"^    {re.escape(sub)}:\s*(#.*)?$", body[at:body_end], re.M)
+        if s is None:
+            raise KeyError(f"gpus.yaml has no {where}.{sub}")
+        at, indent, where = at + s.end(), "      ", f"{where}.{sub}"
+    n = re.search(rf"^{indent}{re.escape(name)}:.*$", body[at:body_end], re.M)
     if n is None:
-        raise KeyError(f"gpus.yaml has no {section}.{block}.{name}")
-    j, k = b.end() + n.start(), b.end() + n.end()
+        raise KeyError(f"gpus.yaml has no {where}.{name}")
+    j, k = at + n.start(), at + n.end()
     m = _VALUE.match(body[j:k])
     if m is None:
-        raise ValueError(f"gpus.yaml {section}.{block}.{name} is not a plain number: {body[j:k]!r}")
+        raise ValueError(f"gpus.yaml {where}.{name} is not a plain number: {body[j:k]!r}")
     head, old, pad, comment = m.group(1), m.group(2), m.group(3), m.group(4) or ""
-    new = (f"{value:.6f}" if 0 < abs(value) < 0.01 else f"{value:.4f}").rstrip("0").rstrip(".")  # small: µs
+    digits = 10 if sub is not None else 6 if 0 < abs(value) < 0.01 else 4  # ratios: 10 (the fit's value back); µs
+    new = f"{value:.{digits}f}".rstrip("0").rstrip(".")
     line = (head + new + " " * max(1, len(old) + len(pad) - len(new)) + comment).rstrip()
     return text[:start] + body[:j] + line + body[k:] + text[end:]
 
@@ -82,10 +93,16 @@ def refit(write: bool) -> list[tuple[str, str, float, float]]:
         framework = key.startswith("framework ")
         block = key.split()[1] if framework else key
         have = registry.framework_efficiency(block) if framework else catalog[block].model_dump()
+        section = "frameworks" if framework else "efficiency"
         for name, value in values.items():
-            if abs(float(have[name]) - value) > 1e-9:
+            if name == "scale":  # a framework's ratios to the generation (calibrate.FRAMEWORK_RATIO_FIELDS)
+                for n, v in value.items():
+                    if abs(float(have.get("scale", {}).get(n, 0.0)) - v) > 1e-9:
+                        changes.append((key, f"scale.{n}", float(have.get("scale", {}).get(n, 0.0)), v))
+                        text = set_value(text, section, block, n, v, sub="scale")
+            elif abs(float(have[name]) - value) > 1e-9:
                 changes.append((key, name, float(have[name]), value))
-                text = set_value(text, "frameworks" if framework else "efficiency", block, name, value)
+                text = set_value(text, section, block, name, value)
     if write:
         _write(text)
         catalog = registry.efficiency_catalog()

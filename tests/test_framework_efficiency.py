@@ -7,10 +7,10 @@ import pytest
 
 from autoplan import api
 from autoplan.calibrate import MeasuredRun, resolve_run
-from autoplan.catalog.registry import framework_efficiency
+from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu
 from autoplan.emit.plan import priced_software
 from autoplan.request import ClusterRequest
-from cost_models.targets import PROFILES
+from cost_models.targets import PROFILES, framework_of
 
 CASE = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
         "job": {"global_batch_size": 256, "seq_len": 8192},
@@ -34,8 +34,12 @@ def test_torchtitan_estimate_equals_the_calibrated_model(knobs: dict) -> None:
 def test_cluster_resolves_the_framework_parameters_then_the_profile() -> None:
     req = ClusterRequest(gpu="h100-sxm", num_gpus=8)
     base, tt = req.resolve(), req.resolve("torchtitan")
-    for field, value in framework_efficiency("torchtitan").items():
-        assert getattr(tt.efficiency, field) == value
+    entry = framework_efficiency("torchtitan")
+    for field, value in entry.items():
+        if field != "scale":
+            assert getattr(tt.efficiency, field) == value
+    for field, ratio in entry["scale"].items():
+        assert getattr(tt.efficiency, field) == pytest.approx(getattr(base.efficiency, field) * ratio, rel=1e-12)
     # Megatron-Core is the reference the generations are fitted on: its one override is its MoE host cost
     assert set(framework_efficiency("megatron")) == {"moe_host_s_per_expert"}
     mega = req.resolve("megatron")
@@ -110,3 +114,66 @@ def test_emit_keeps_a_cluster_profile_over_the_target_efficiency(tmp_path) -> No
                         "job": {"global_batch_size": 64, "seq_len": 4096}, "target": "torchtitan",
                         "parallel": {"tp": 2, "pp": 1, "zero_stage": 3}})
     assert price(plan, "torchtitan").step_time_s == pytest.approx(est.prediction.step_time_s, rel=1e-9)
+
+
+# ---- framework kernel efficiencies as ratios to the GPU's own value (gpus.yaml frameworks: <f>: scale:) ----------
+def test_the_ratio_fields_are_stored_as_ratios_and_the_overlaps_absolute() -> None:
+    """calibrate.FRAMEWORK_RATIO_FIELDS (the stack's kernels relative to Megatron-Core/TE's) sit under ``scale``; the
+    overlap shares (facts of the stack's schedule) are absolute."""
+    from autoplan.calibrate import FRAMEWORK_FIT_FIELDS, FRAMEWORK_RATIO_FIELDS
+
+    entry = framework_efficiency("torchtitan")
+    assert set(entry["scale"]) == set(FRAMEWORK_RATIO_FIELDS) == {"gemm_max", "fp8_gemm_speedup"}
+    assert set(FRAMEWORK_FIT_FIELDS) - set(FRAMEWORK_RATIO_FIELDS) == {"tp_overlap", "dp_overlap"} <= set(entry)
+
+
+def test_the_ratios_give_the_hopper_fit_back_as_written() -> None:
+    """Fitted on Hopper, stored as ratios to hopper's written values: on Hopper they give back a value of the fit's
+    written precision (4 decimals) to 1e-9 — so every calibration run (all Hopper) is priced as with the fit's
+    absolute values. The prices of the 13 torchtitan calibration runs with those rounded absolutes equal the
+    catalog's to 1e-9."""
+    from benchmark_modules import load_benchmark
+
+    fidelity = load_benchmark("fidelity", "fidelity")
+    entry = framework_efficiency("torchtitan")
+    hopper = efficiency_for_gpu("h100-sxm-96g")
+    absolute = {f: round(getattr(hopper, f) * r, 4) for f, r in entry["scale"].items()}
+    for field, ratio in entry["scale"].items():
+        assert getattr(hopper, field) * ratio == pytest.approx(absolute[field], rel=1e-9), field
+    runs = [r for _, r in fidelity.calibration_runs() if framework_of(r.target) == "torchtitan"]
+    assert len(runs) == 13 and {r.cluster.gpu.generation for r in runs} == {"hopper"}
+    for r in runs:
+        written = r.cluster.efficiency.model_copy(update=absolute)
+        assert r.predict() == pytest.approx(r.predict(written), rel=1e-9), r.name
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200", "a100-80g", "b200", "gb300", "mi300x", "mi355x"])
+def test_the_ratios_apply_to_each_gpus_own_value(gpu: str) -> None:
+    """torchtitan on any GPU: its gemm_max / fp8 speed-up are the GPU's own (generation's with the GPU's facts) times
+    the stored ratio — MI300X's cdna3 prior is lowered by torchtitan's ratio, not raised to Hopper's fitted absolute;
+    GB300's measured GEMM scale is kept — and the overlap shares are the stack's, on every GPU."""
+    entry = framework_efficiency("torchtitan")
+    own = efficiency_for_gpu(gpu)
+    tt = ClusterRequest(gpu=gpu, num_gpus=8).resolve("torchtitan").efficiency
+    assert tt.gemm_max == pytest.approx(own.gemm_max * entry["scale"]["gemm_max"], rel=1e-12)
+    assert tt.gemm_max < own.gemm_max  # below Megatron-Core/TE's on the same GPU, whatever the generation
+    assert tt.fp8_gemm_speedup == pytest.approx(max(1.0, own.fp8_gemm_speedup * entry["scale"]["fp8_gemm_speedup"]))
+    assert (tt.tp_overlap, tt.dp_overlap) == (entry["tp_overlap"], entry["dp_overlap"])
+    if own.gemm_max < efficiency_for_gpu("h100-sxm").gemm_max:  # cdna3: not Hopper's fitted absolute (it was 0.698)
+        assert tt.gemm_max < ClusterRequest(gpu="h100-sxm", num_gpus=8).resolve("torchtitan").efficiency.gemm_max
+
+
+def test_fidelitys_fit_prices_a_framework_as_the_catalog_does() -> None:
+    """``fidelity.predict_with`` (the fit's view: generation values + framework entries as stored) prices a
+    torchtitan run on a GPU the framework was never fitted on as ``build_cluster`` does: the same ratios, applied
+    to that run's generation."""
+    from autoplan.catalog.registry import efficiency_catalog
+    from benchmark_modules import load_benchmark
+
+    fidelity = load_benchmark("fidelity", "fidelity")
+    params = (efficiency_catalog(), {"torchtitan": framework_efficiency("torchtitan")})
+    for gpu in ("mi300x", "b200", "h100-sxm"):
+        run = resolve_run(MeasuredRun(**{**CASE, "cluster": {"gpu": gpu, "num_gpus": 64},
+                                         "job": {**CASE["job"], "precision": "fp8"}}, measured_step_time_s=1.0,
+                                      target="torchtitan", knobs={"compile": True, "fp8_recipe": "rowwise"}))
+        assert fidelity.predict_with(run, params) == pytest.approx(run.predict(), rel=1e-12), gpu

@@ -83,8 +83,10 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # Guards re-measured at the session-6 review (after the host fit): gptoss 37.9% / 56.9% after the host fit.
 # s7-gptoss: Megatron-Core's eager expert glue (layer_cost.MCORE_EXPERT_*: the activation clamp, fc2's per-expert
 # bias) priced: gptoss 28.1% / 54.6%; no other file moves (GPT-OSS is the only held-out model with either).
+# s7-ratios: torchtitan's gemm_max / fp8 speed-up stored as ratios to the GPU's value (MI300X no longer raised to
+# Hopper's fitted absolute: its 4 rows −51.2% → −39.9%): torchtitan 19.8% / 55.0% (the worst: B200, power-limited).
 GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.097, 0.386),
-          "more_runs_torchtitan.json": (0.212, 0.550), "more_runs_gptoss.json": (0.281, 0.546)}
+          "more_runs_torchtitan.json": (0.198, 0.550), "more_runs_gptoss.json": (0.281, 0.546)}
 MARGIN = 0.02
 
 

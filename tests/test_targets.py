@@ -310,12 +310,12 @@ def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
 
 
 def test_compile_is_faster_with_the_torchtitan_profile_efficiency() -> None:
-    from autoplan.catalog.registry import framework_efficiency
+    from autoplan.catalog.registry import framework_efficiency, resolve_over
     from cost_models.estimate import estimate
     from cost_models.targets import Software
 
     cluster = build_cluster("h100-sxm", 8)
-    eff = cluster.efficiency.model_copy(update=framework_efficiency("torchtitan"))
+    eff = cluster.efficiency.model_copy(update=resolve_over(cluster.efficiency, framework_efficiency("torchtitan")))
     cluster = cluster.model_copy(update={"efficiency": eff})
     m, job, par = load_model("llama3-8b"), JobSpec(global_batch_size=16), ParallelConfig(zero_stage=3)
     eager, fused = (estimate(m, cluster, job, par, target="torchtitan", software=Software(compile=c)).step_time_s

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu
+from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu, resolve_over
 from autoplan.catalog.spec_file import read_mapping, validate
 from autoplan.errors import UserInputError
 from autoplan.inputs import read_bytes, user_path
@@ -56,8 +56,9 @@ def load_profile(path: str | Path) -> ClusterProfile:
 
 
 def target_efficiency(target: str | None) -> dict[str, Any]:
-    """The Efficiency fields ``target`` sets over its GPU generation's: the set its profile names
-    (``cost_models.targets.framework_of``, i.e. ``TargetProfile.efficiency_set``) from gpus.yaml ``frameworks``.
+    """The Efficiency fields ``target`` sets over its GPU's, as gpus.yaml ``frameworks`` writes them (``scale``:
+    ratios to the GPU's value; ``registry.resolve_over`` applies them): the set its profile names
+    (``cost_models.targets.framework_of``, i.e. ``TargetProfile.efficiency_set``).
     ``None``/``any``/a runtime without a profile: none (the generation's, fitted on Megatron-Core runs). Lives here,
     not in cost_models, because the numbers are catalog data (ARCHITECTURE.md: cost_models loads no YAML)."""
     from cost_models.targets import framework_of
@@ -101,8 +102,8 @@ def build_cluster(
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
     efficiency = efficiency_for_gpu(spec.name)
     overrides = target_efficiency(target)
-    if overrides:
-        efficiency = efficiency.model_copy(update=overrides)
+    if overrides:  # the framework's ratios apply to this GPU's own values (its generation's and its own facts)
+        efficiency = efficiency.model_copy(update=resolve_over(efficiency, overrides))
     prof = load_profile(profile) if profile is not None else ClusterProfile(gpu=spec.name)
     if load_gpu(prof.gpu).name != spec.name:
         raise UserInputError(f"cluster profile '{profile}' is for GPU '{prof.gpu}', not '{spec.name}'")

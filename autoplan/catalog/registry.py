@@ -106,8 +106,10 @@ def efficiency_catalog() -> dict[str, Efficiency]:
 
 
 def framework_efficiency(framework: str | None) -> dict[str, Any]:
-    """``gpus.yaml``'s ``frameworks`` section: the Efficiency fields a training framework sets over its GPU
-    generation's (fitted on that framework's published runs; Megatron-Core is the reference, no overrides)."""
+    """``gpus.yaml``'s ``frameworks`` entry of a training framework, as written: the Efficiency fields it sets over
+    its GPU's (fitted on that framework's published runs; Megatron-Core is the reference) — under ``scale`` ratios to
+    the GPU's own value (the same stack's kernels relative to Megatron-Core/TE's on that GPU), the other fields
+    absolute facts of the stack. ``resolve_over`` applies it to a GPU's efficiency."""
     table = _read("gpus.yaml").get("frameworks") or {}
     return dict(table.get(framework or "megatron") or {})
 
@@ -121,10 +123,13 @@ def gpu_efficiency(gpu: str) -> dict[str, Any]:
     return dict(table.get(gpu.strip().lower()) or {})
 
 
-def resolve_gpu_efficiency(base: Efficiency, own: dict[str, Any]) -> dict[str, Any]:
-    """The Efficiency fields a ``gpu_efficiency`` entry sets over ``base`` (its generation's): its ``scale`` ratios
-    times the generation's values, then its absolute values."""
+def resolve_over(base: Efficiency, own: dict[str, Any]) -> dict[str, Any]:
+    """The Efficiency fields a ``gpu_efficiency`` or ``frameworks`` entry sets over ``base``: its ``scale`` ratios
+    times ``base``'s values, then its absolute values. An fp8 ratio never takes a GPU below no speed-up (1: a GPU
+    without fp8 tensor cores stays at 1; cost_models/gemm.py caps the speed-up at the peak ratio as well)."""
     scaled = {name: getattr(base, name) * float(ratio) for name, ratio in (own.get("scale") or {}).items()}
+    if "fp8_gemm_speedup" in scaled:
+        scaled["fp8_gemm_speedup"] = max(1.0, scaled["fp8_gemm_speedup"])
     return {**scaled, **{k: v for k, v in own.items() if k != "scale"}}
 
 
@@ -171,7 +176,7 @@ def efficiency_for_gpu(gpu: str) -> Efficiency:
     own = gpu_efficiency(spec.name)
     if not own:
         return base
-    return validate(Efficiency, {**base.model_dump(), **resolve_gpu_efficiency(base, own)},
+    return validate(Efficiency, {**base.model_dump(), **resolve_over(base, own)},
                     f"catalog gpu_efficiency '{spec.name}'")
 
 
