@@ -21,6 +21,12 @@ It also holds the NVLink 5 collective measurements behind the ``blackwell`` gene
 
 ``blackwell_ultra_efficiency`` turns them into the GPU's ratios to the ``blackwell`` generation's values;
 ``tests/test_gpu_facts.py`` recomputes the catalog from it.
+
+CDNA 3 (MI300X, MI325X) has no measured training run in the calibration set. AMD publishes its Max-Achievable FLOPs
+(``AMD_MAF``): hipBLASLt-bench on one large, CU-balanced GEMM per precision, both GPUs, the same benchmark —
+``cdna3_gemm_efficiency`` makes the ``cdna3`` generation's ``gemm_max`` / ``fp8_gemm_speedup`` from MI300X's through
+the model's own GEMM curve, and ``mi325x_efficiency`` MI325X's sustained ratio to it (equal datasheet peaks, a 1000 W
+vs 750 W board power: the GB300/GB200 case).
 """
 
 from __future__ import annotations
@@ -80,6 +86,46 @@ NCCL_RING_ALLREDUCE_CROSSCHECK: dict[str, float] = {"gb200": 679.61, "gb300": 68
 B300_TE_BF16_GEMM_MS: dict[tuple[int, int, int], float] = {
     (15872, 4096, 12288): 1.071, (15872, 4096, 4096): 0.307, (15872, 4096, 16384): 1.393, (15872, 16384, 4096): 1.426,
 }
+
+
+# AMD Max-Achievable FLOPs, TFLOP/s, hipBLASLt-bench (trig_float input, rotating 512 MB buffers, ROCm 6.3.0, hipBLASLt
+# db8e93b4fd6): precision -> ((m, n, k), MI300X (750 W), MI325X (1000 W)). ROCm/rocm-blogs
+# blogs/software-tools-optimization/measuring-max-achievable-flops-part2/README.md (AMD, 2025; "AMD MAF Results", Table
+# 1, and Appendix B's commands for the shapes: BF16 m 4096 n 4864 k 32896, FP8 m 4096 n 3648 k 32896). Table 1's FP8
+# MI300X figure (1273 at 1230 MHz) is used; its footnote 4 prints 1223.6 at 1273 MHz (the figures look swapped:
+# FP8/BF16 1.73 instead of 1.80; the MI325X footnote agrees with its table to 0.6%).
+AMD_MAF: dict[str, tuple[tuple[int, int, int], float, float]] = {
+    "bf16": ((4096, 4864, 32896), 708.0, 843.0),
+    "fp8": ((4096, 3648, 32896), 1273.0, 1519.0),
+}
+
+
+def cdna3_gemm_efficiency(gemm_half_dim: float) -> dict[str, float]:
+    """The ``cdna3`` generation's ``gemm_max`` and ``fp8_gemm_speedup`` from MI300X's Max-Achievable FLOPs
+    (``AMD_MAF``): the values at which the model's GEMM curve (peak · gemm_max · Π x/(x + ``gemm_half_dim``) ·
+    speed-up, cost_models/gemm.py) runs AMD's BF16 and FP8 shapes at the measured throughput. The half-dim is the
+    generation's prior (no public MI300X shape sweep is used here): a larger one would raise gemm_max."""
+    from autoplan.catalog.registry import load_gpu
+
+    peak = load_gpu("mi300x").peak_bf16_tflops
+
+    def shape(dims: tuple[int, int, int]) -> float:
+        out = 1.0
+        for x in dims:
+            out *= x / (x + gemm_half_dim)
+        return out
+
+    (bf16_dims, bf16, _), (fp8_dims, fp8, _) = AMD_MAF["bf16"], AMD_MAF["fp8"]
+    gemm_max = bf16 / peak / shape(bf16_dims)
+    return {"gemm_max": gemm_max, "fp8_gemm_speedup": fp8 / peak / shape(fp8_dims) / gemm_max}
+
+
+def mi325x_efficiency() -> dict[str, Any]:
+    """gpus.yaml ``gpu_efficiency`` for MI325X over ``cdna3`` (MI300X's figures): its sustained GEMM throughput over
+    MI300X's in the same benchmark at equal datasheet peaks (1307 / 2615 TFLOP/s), mean of the BF16 and FP8 shapes —
+    a power budget (1000 vs 750 W) sets the sustained clock (1447 vs 1207 MHz BF16), every GEMM, as GB300's."""
+    ratios = [b / a for _, a, b in AMD_MAF.values()]
+    return {"scale": {"gemm_max": round(sum(ratios) / len(ratios), 4)}}
 
 
 def gemm_crosscheck() -> list[tuple[str, str, float, float]]:
@@ -155,6 +201,11 @@ if __name__ == "__main__":
           f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
     for name, fields in blackwell_ultra_efficiency().items():
         print(f"  {name}: {fields}")
+    from autoplan.catalog.registry import efficiency_for
+
+    print(f"cdna3 from AMD's MI300X MAF (half-dim {efficiency_for('cdna3').gemm_half_dim:g}): "
+          f"{ {k: round(v, 4) for k, v in cdna3_gemm_efficiency(efficiency_for('cdna3').gemm_half_dim).items()} }; "
+          f"mi325x: {mi325x_efficiency()}")
     print("\n| GPU | GEMM | measured TFLOP/s | model | model / measured |\n|---|---|---:|---:|---:|")
     for gpu, shape, measured, model in gemm_crosscheck():
         print(f"| {gpu} | {shape} | {measured:.0f} | {model:.0f} | {model / measured:.3f} |")

@@ -167,3 +167,29 @@ def test_gpu_efficiency_entries_name_catalog_gpus_and_valid_fields() -> None:
         assert set(scale) <= set(type(eff).model_fields), gpu
         assert {f: getattr(eff, f) for f in scale} == {f: getattr(base, f) * r for f, r in scale.items()}
         assert {f: getattr(eff, f) for f in fields} == fields
+
+
+# ---- CDNA 3: AMD's Max-Achievable FLOPs (gpu_facts.AMD_MAF) ---------------------------------------------------------
+def test_cdna3_gemm_figures_are_recomputed_from_amds_maf() -> None:
+    """cdna3 gemm_max / fp8_gemm_speedup == gpu_facts.cdna3_gemm_efficiency at the catalog's half-dim (the table's
+    MI300X figures: BF16 708, FP8 1273 TFLOP/s at Appendix B's shapes), and mi325x's scale == its MAF over MI300X's."""
+    assert facts.AMD_MAF["bf16"] == ((4096, 4864, 32896), 708.0, 843.0)
+    assert facts.AMD_MAF["fp8"] == ((4096, 3648, 32896), 1273.0, 1519.0)
+    cdna3 = efficiency_for("cdna3")
+    want = facts.cdna3_gemm_efficiency(cdna3.gemm_half_dim)
+    assert cdna3.gemm_max == pytest.approx(want["gemm_max"], abs=1e-4)
+    assert cdna3.fp8_gemm_speedup == pytest.approx(want["fp8_gemm_speedup"], abs=1e-4)
+    assert gpu_efficiency("mi325x") == facts.mi325x_efficiency()
+    assert facts.mi325x_efficiency()["scale"]["gemm_max"] == pytest.approx((843 / 708 + 1519 / 1273) / 2, abs=1e-4)
+
+
+@pytest.mark.parametrize(("gpu", "col"), [("mi300x", 1), ("mi325x", 2)])
+def test_the_gemm_model_runs_amds_maf_shapes_at_the_measured_throughput(gpu: str, col: int) -> None:
+    """cost_models.gemm.matmul_time_s on the cluster every path builds runs AMD's two MAF GEMMs at the published
+    TFLOP/s: exactly on MI300X (what the generation's figures are made from), within the BF16/FP8 spread of the
+    mean ratio on MI325X."""
+    c = build_cluster(gpu, 8)
+    for precision, (dims, *tflops) in facts.AMD_MAF.items():
+        m, n, k = dims
+        model = 2 * m * n * k / matmul_time_s(m, k, n, c, precision) / 1e12
+        assert model == pytest.approx(tflops[col - 1], rel=1e-3 if gpu == "mi300x" else 3e-3), (gpu, precision)
