@@ -258,6 +258,56 @@ def test_head_matches_pytorch() -> None:
     assert formula == pytest.approx(saved.total + bf16_logits, rel=REL), (formula, saved.total, bf16_logits)
 
 
+def _torch_loss_saved_per_logit(compiled: bool) -> tuple[float, int]:
+    """(bytes autograd saves per logit, the logits' gradient element size) of torchtitan's loss
+    (components/loss.py ``cross_entropy_loss``: ``F.cross_entropy(pred.flatten(0, 1).float(), ...)``), eager or
+    under torch.compile. The compiled case uses AOT autograd with Inductor's decompositions and its min-cut
+    partitioner (backend ``aot_eager_decomp_partition``: what the inductor backend partitions with, without
+    generating kernels), which decides what is saved."""
+    v = 1024
+
+    def loss_fn(pred, labels):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum", ignore_index=-100)
+
+    fn = torch.compile(loss_fn, backend="aot_eager_decomp_partition", fullgraph=True) if compiled else loss_fn
+    pred = torch.randn(B, S, v, dtype=DT, requires_grad=True)
+    labels = torch.randint(0, v, (B, S))
+    with SavedTensors([labels]) as saved:
+        out = fn(pred, labels)
+    out.backward()
+    return saved.total / (B * S * v), pred.grad.element_size()
+
+
+def test_torch_loss_bytes_per_logit_eager_and_compiled() -> None:
+    """cost_models.targets.common.TORCH_LOSS_BYTES_PER_LOGIT from torch's own saved tensors (per-token statistics
+    aside): eager saves the fp32 log-softmax (4) and its backward makes two fp32 gradients beside it (nll's and
+    log-softmax's: 4 + 4) = 12; compiled saves only the bf16 logits (2) and returns their bf16 gradient (2) = 4 —
+    what torchtitan's compiled loss holds (tp 1; the 2024-12 runs' eager loss keeps 12)."""
+    from cost_models.targets.common import TORCH_LOSS_BYTES_PER_LOGIT
+
+    eager, eager_grad = _torch_loss_saved_per_logit(compiled=False)
+    compiled, compiled_grad = _torch_loss_saved_per_logit(compiled=True)
+    assert eager == pytest.approx(4.0, abs=0.1) and compiled == pytest.approx(2.0, abs=0.1)
+    assert eager_grad == compiled_grad == 2  # pred.float()'s backward hands the output layer a bf16 gradient
+    assert TORCH_LOSS_BYTES_PER_LOGIT["eager"] == round(eager) + 2 * 4
+    assert TORCH_LOSS_BYTES_PER_LOGIT["compiled"] == round(compiled) + compiled_grad
+
+
+def test_torchtitan_prices_the_compiled_loss_where_it_runs() -> None:
+    """torchtitan 0.3.0 / 2025 with compile and tp 1: the compiled loss's 4 B per logit; without compile, with TP
+    (vocab-parallel loss) or as the 2024-12 runs ran it (loss eager): 12 — so the calibration runs do not move."""
+    from autoplan.catalog import build_cluster
+    from cost_models.targets import Software, runtime_for
+
+    cluster, job = build_cluster("h100-sxm", 8), JobSpec(global_batch_size=8, seq_len=8192)
+    def bytes_of(target: str, compile: bool, tp: int) -> float:  # noqa: A002
+        par = ParallelConfig(tp=tp, zero_stage=3)
+        return runtime_for(target, job, cluster, par, Software(compile=compile)).loss_bytes_per_logit
+    assert bytes_of("torchtitan", True, 1) == bytes_of("torchtitan-2025", True, 1) == 4.0
+    assert bytes_of("torchtitan", False, 1) == bytes_of("torchtitan", True, 2) == 12.0
+    assert bytes_of("torchtitan-2024-12", True, 1) == bytes_of("fsdp2", False, 1) == 12.0
+
+
 def test_resident_state_matches_pytorch() -> None:
     """bf16 weights, fp32 main grads, fp32 master + Adam m, v after one step = memory.stage_memory (Megatron-Core,
     ZeRO-0, one rank)."""

@@ -531,12 +531,23 @@ def fsdp2_gathered_unit_bytes(reduce_dtype: GradDtype) -> float:
 FSDP2_PP_UNSHARDED_BYTES = 6.0
 
 
-def torch_memory_facts(reduce_dtype: GradDtype) -> dict[str, Any]:
-    """Memory facts of a torch FSDP2 training loop (torchtitan 0.3.0, and the fsdp2 target's module)."""
+# Peak bytes per logit of torch's cross_entropy on ``pred.float()`` (torchtitan/components/loss.py
+# ``cross_entropy_loss``). Eager: the fp32 copy (4) and the saved log-softmax (4), and in the backward the fp32
+# gradient of the log-probs (4) beside them: 12. Compiled (torchtitan compiles the loss with the model:
+# compile.components defaults to ["model", "loss"], config/configs.py:298; components/loss.py ``_maybe_compile``):
+# AOT autograd with Inductor's decompositions and min-cut partitioner (torch/_functorch/partitioners.py
+# ``min_cut_rematerialization_partition``) saves the bf16 logits alone (2; plus per-token statistics) and recomputes
+# the fp32 log-softmax in the backward, which returns the logits' gradient in bf16 (2): 4.
+# tests/test_memory_vs_torch.py recounts both from torch's saved tensors. Under TP the loss is vocab-parallel
+# (``_LossParallelCrossEntropy`` on the local ``.float()`` shard): not recounted here, priced as eager.
+TORCH_LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "compiled": 4.0}
+
+
+def torch_memory_facts(reduce_dtype: GradDtype, compiled_loss: bool = False) -> dict[str, Any]:
+    """Memory facts of a torch FSDP2 training loop (torchtitan 0.3.0, and the fsdp2 target's module);
+    ``compiled_loss``: the cross-entropy runs under torch.compile (``TORCH_LOSS_BYTES_PER_LOGIT``)."""
     return dict(
-        # cross_entropy on ``pred.float()`` (torchtitan/components/loss.py): fp32 copy (4), saved log-softmax (4),
-        # and in the backward the fp32 gradient of the log-probs (4) beside them: 12 per entry.
-        loss_bytes_per_logit=12.0,
+        loss_bytes_per_logit=TORCH_LOSS_BYTES_PER_LOGIT["compiled" if compiled_loss else "eager"],
         # torchao Float8Linear casts in the backward again from the saved high-precision input (bf16: 2).
         fp8_saved_bytes=2.0,
         # per-op SAC (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule)
@@ -551,5 +562,5 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

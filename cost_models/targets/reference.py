@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
-from cost_models.targets.common import Knob, Runtime, Software
+from cost_models.targets.common import TORCH_LOSS_BYTES_PER_LOGIT, Knob, Runtime, Software
 from cost_models.targets.torchtitan import TorchtitanProfile
 
 DEEPSEEK = Runtime(
@@ -71,7 +71,8 @@ class Torchtitan2024Profile(Torchtitan2025Profile):
         # compiled (train.py, e8977b0 "turning off compile on loss function", 2024-12-18, before the runs' 9dec370;
         # back on from bbb1b616e, 2025-04-02): the final norm and cross_entropy on fp32 logits run eagerly with or
         # without compile.
-        return replace(super().resolve(software, job, cluster, par), fused_loss=False)
+        return replace(super().resolve(software, job, cluster, par), fused_loss=False,
+                       loss_bytes_per_logit=TORCH_LOSS_BYTES_PER_LOGIT["eager"])
 
 
 TORCHTITAN_2024_12 = Torchtitan2024Profile()

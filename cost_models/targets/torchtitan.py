@@ -189,7 +189,8 @@ class TorchtitanProfile(TargetProfile):
             # the model (TT/components/loss.py ``_maybe_compile``)
             fused_loss=compile_on,
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", True) else (),
-            **torch_memory_facts("fp32"),
+            # the compiled loss keeps the bf16 logits alone; with TP it is vocab-parallel (priced as eager)
+            **torch_memory_facts("fp32", compiled_loss=compile_on and par is not None and par.tp == 1),
         )
 
 
