@@ -96,6 +96,8 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
         want.update(cp_comm_type={"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type)
                     if plan.parallel.cp > 1 else "p2p",
                     hierarchical_context_parallel_sizes=[hier, plan.parallel.cp // hier] if hier else None)
+        if a.activation_clamp is not None:  # the fused activation behind the eager clamp layer_cost prices
+            want.update(bias_activation_fusion=True)  # (MCORE_EXPERT_CLAMP_BYTES: weighted_bias_quick_geglu_impl)
         if m.num_experts:
             want.update(moe_router_topk=m.moe_top_k, moe_router_score_function=r.score_function,
                         moe_aux_loss_coeff=r.aux_loss_coeff, moe_router_enable_expert_bias=r.expert_bias)

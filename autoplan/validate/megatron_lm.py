@@ -131,6 +131,7 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "glu_linear_offset": cfg.glu_linear_offset, "activation_func_clamp_value":
                 cfg.activation_func_clamp_value, "add_bias_linear": cfg.add_bias_linear,
             "activation_func": getattr(cfg.activation_func, "__name__", str(cfg.activation_func)),
+            "bias_activation_fusion": cfg.bias_activation_fusion,
             "num_moe_experts": cfg.num_moe_experts, "moe_router_topk": cfg.moe_router_topk,
             "moe_router_score_function": cfg.moe_router_score_function,
             "moe_aux_loss_coeff": cfg.moe_aux_loss_coeff, "moe_router_enable_expert_bias":
