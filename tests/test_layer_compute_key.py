@@ -24,7 +24,8 @@ from cost_models.targets.common import Runtime, Software
 PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["none", "selective", "full"],
            "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
-          "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor"}
+          "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
+          "mcore_expert_glue", "moe_dispatcher"}  # the last two: GPT-OSS's expert glue (layer_cost.MCORE_EXPERT_*)
 
 
 def _other_literal(annotation: Any, v: Any) -> Any:
