@@ -23,7 +23,7 @@ from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, 
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
-from cost_models.opgraph import LayerGraph, gemm_precision
+from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer_kind
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Runtime, Software, runtime_for
@@ -113,7 +113,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     layers, ids = split.rank_layers, split.layer_ids
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp, runtime) for k, g in graphs.items()
-             if k in ("dense", "moe")}
+             if k in DECODER_KINDS}
     head = head_cost(graphs["head"], cluster, job, par, runtime)
     strides = RankStrides.megatron(t, c, dp, par.ep)
 
@@ -121,7 +121,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
         for i in ids[s]:
-            add_layers(parts, costs["moe" if model.is_moe_layer(i) else "dense"])
+            add_layers(parts, costs[layer_kind(model, i)])
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
@@ -162,9 +162,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     flops = _model_flops_per_step(model, graphs, job)
     per_gpu = flops / step / cluster.num_gpus
     n_layers_max = max(layers)
+    first = costs[layer_kind(model, 0)]  # TP / CP volume of the first layer's kind (a transformer: every layer's)
     volume = {
-        "tp": costs["dense"].tp_bytes * n_layers_max * m / GIB,
-        "cp": costs["dense"].cp_bytes * n_layers_max * m / GIB,
+        "tp": first.tp_bytes * n_layers_max * m / GIB,
+        "cp": first.cp_bytes * n_layers_max * m / GIB,
         "ep": (costs["moe"].ep_bytes * n_layers_max * m / GIB) if "moe" in costs else 0.0,
         "pp": (2 * par.vp * pp_activation_bytes(model, job, par) * m / GIB) if p > 1 else 0.0,
         "dp": dp_bytes / GIB,
@@ -317,5 +318,5 @@ def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: 
     per_token += model.arch.mtp_layers * (per_token + model_flops_per_token(graphs[mtp_layer_kind(model)]))
     per_token += mtp_projection_flops_per_token(model)
     for i in range(model.num_layers):
-        per_token += model_flops_per_token(graphs["moe" if model.is_moe_layer(i) else "dense"])
+        per_token += model_flops_per_token(graphs[layer_kind(model, i)])
     return per_token * job.tokens_per_step

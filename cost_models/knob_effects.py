@@ -179,6 +179,19 @@ def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:
     return job.precision == "fp8" and rt is not None and rt.fp8_recipe == "rowwise_with_gw_hp"
 
 
+def _mamba_cp(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, group: int,
+              stride: int) -> tuple[float, float]:
+    """(seconds, bytes each rank sends) of the Mamba-2 mixer's context parallelism (megatron-core
+    mamba_context_parallel.py ``pre_conv_ssm`` / ``post_conv_ssm``: the in_proj output re-split from sequence to heads
+    before the conv1d + scan, its d_inner output back; forward and backward), on the critical path (the scan needs
+    the whole sequence of its heads)."""
+    t = graph.tensors
+    ssd = next(op for op in graph.ops if op.kind == "ssm")
+    payload = tokens * (t[ssd.inputs[0]].width + t[ssd.output].width) / tp * 2.0
+    seconds = 2 * group_collective_time_s("all_to_all", payload, group, stride, cluster)
+    return seconds, 2 * payload * (group - 1) / group
+
+
 def _ulysses(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, group: int,
              stride: int) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of Ulysses' all-to-alls over ``group`` ranks at ``stride``: q, k, v re-split
@@ -217,6 +230,11 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
     if c <= 1:
         return 0.0, 0.0, 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
+    if any(op.kind == "ssm" for op in graph.ops):  # a Mamba-2 mixer: its own all-to-all CP, whatever cp_comm_type
+        seconds, nbytes = _mamba_cp(graph, cluster, tokens, par.tp, c, stride)
+        return seconds, nbytes, 0.0, 0.0
+    if not any(op.kind == "attention" for op in graph.ops):
+        return 0.0, 0.0, 0.0, 0.0  # a hybrid stack's MLP / MoE layer: token-wise, nothing to exchange
     kind = rt.cp_comm_type if rt is not None else "p2p"
     if kind == "a2a":
         seconds, nbytes = _ulysses(graph, cluster, tokens, par.tp, c, stride)

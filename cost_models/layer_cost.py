@@ -29,15 +29,17 @@ from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes
                                      torchao_casts, tp_overlap_mode, wgrad_in_bf16)
 from cost_models.moe import (dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
                              moe_load_imbalance)
-from cost_models.opgraph import LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query, tp_divisor
+from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
+                                 tp_divisor)
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
-from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import (ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, MambaSpec, ModelSpec,
+                               ParallelConfig)
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
 from cost_models.te_userbuffers import UbMethod, ub_exposed_s
 
 ATTN_BWD_FACTOR = 2.5
-_COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab"}
+_COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab", "ssm"}  # split by TP (heads / columns)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,29 @@ MCORE_EXPERT_BIAS_BYTES = {"bf16": (12.0, 16.0), "fp32": (28.0, 40.0)}
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
 TORCH_LOSS_BYTES = (14.0, 22.0)
+# Mamba-2's fused causal conv1d + chunked SSD scan (Megatron-Core's training path, mamba_mixer.py:659-676:
+# mamba_ssm's mamba_split_conv1d_scan_combined = causal_conv1d_fwd, then ssd_combined's _chunk_cumsum, _chunk_state,
+# _state_passing, _bmm_chunk, _chunk_scan; Dao & Gu 2024, arXiv:2405.21060 §7). No public measurement of these Triton
+# kernels' achieved bandwidth or FLOP rate was found, so the op is priced MEMORY-BOUND by the bytes its kernels move
+# (at HBM bandwidth x hbm_bus, as every other memory-bound kernel): a lower bound where a kernel is compute- or
+# latency-bound. Its tensor-core work (C·Bᵀ, chunk states, intra-chunk outputs: ~2·chunk·G·N + 2·chunk·d_inner +
+# 4·d_inner·N FLOPs per token, a few % of the layer's projections) is not timed. See ssd_traffic_bytes.
+SSD_BWD_READS = 2.0  # the backward kernels re-read the forward's inputs and states and write their gradients: 2x
+# the forward's bytes, plus the conv output the memory-efficient path recomputes (ssd_combined.py backward)
+
+
+def ssd_traffic_bytes(mb: MambaSpec, t: int) -> tuple[float, float]:
+    """HBM bytes per token (forward, backward) of one rank's conv1d + SSD scan at TP ``t`` (heads and groups split
+    ``t`` ways): read z, xBC, dt (bf16); the conv writes xBC and the scan reads it back; per chunk of ``chunk_size``
+    tokens the fp32 chunk states (heads · head_dim · N) are written, passed (read + written) and read, and the fp32
+    C·Bᵀ (G · chunk²) written and read; out_x and the gated y written (bf16)."""
+    d, conv, heads, groups = mb.d_inner / t, mb.conv_dim / t, mb.num_heads / t, mb.num_groups / t
+    states = heads * mb.head_dim * mb.state_dim / mb.chunk_size
+    cb = groups * mb.chunk_size
+    fwd = 2.0 * (d + conv + heads) + 2.0 * 2 * conv + 4.0 * 4 * states + 4.0 * 2 * cb + 2.0 * 2 * d
+    return fwd, SSD_BWD_READS * fwd + 2.0 * 2 * conv
+
+
 # fp8 (Transformer Engine): each GEMM input and output gradient is cast by the recipe's quantizer; what it costs, and
 # what the norm of a LayerNormLinear fuses, per recipe and GPU: te_fp8.te_cast_bytes.
 
@@ -224,8 +249,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         nb = EAGER_NORM_BYTES if eager else NORM_BYTES
         fwd, bwd = nb[0] * w, nb[1] * w
     elif op.kind == "elementwise" and op.name == "rotary":
-        if model is not None and model.learned_position_embeddings:
-            return 0.0, 0.0  # absolute positions are added once at the embedding: no rotary kernel
+        if model is not None and (model.learned_position_embeddings or model.arch.no_position_encoding):
+            return 0.0, 0.0  # absolute positions are added once at the embedding, or none at all: no rotary kernel
         w = sum(per_rank(x) for x in op.inputs)
         rb = EAGER_ROTARY_BYTES if eager else ROTARY_BYTES
         fwd, bwd = rb[0] * w, rb[1] * w
@@ -243,8 +268,10 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd, bwd = fwd + EAGER_GATED_ACT_EXTRA[0] * out * tf, bwd + EAGER_GATED_ACT_EXTRA[1] * out * tf
         if op.name.startswith("expert_") and op.clamped and _mcore_glue(rt, model):
             fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
+    elif op.kind == "ssm" and model is not None and model.mamba is not None:
+        fwd, bwd = ssd_traffic_bytes(model.mamba, t)
     elif op.kind in ("dispatch", "combine") and model is not None:
-        w = model.hidden_size / (t if sp else 1) * model.moe_top_k
+        w = model.expert_input_size / (t if sp else 1) * model.moe_top_k
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
     elif op.kind == "loss":
         w = per_rank(op.inputs[0])
@@ -323,7 +350,10 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     gemm = attn_f = attn_b = wgrad_hp = fwd_extra = 0.0
     if op.kind in ("matmul", "router"):
         k, n = _local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
-        gemm = matmul_time_s(tokens, k, n, cluster, gemm_precision(op, job.precision))
+        rows = tokens
+        if op.name.endswith("_latent_proj") and par.sequence_parallel and t > 1:
+            rows = tokens / t  # replicated weights on the sequence-parallel shard (moe_layer.py:265-270, 343-345)
+        gemm = matmul_time_s(rows, k, n, cluster, gemm_precision(op, job.precision))
         if op.kind == "matmul" and op.quantized:
             gemm *= fp8_gemm_time_ratio(rt, job)  # block-scaled MXFP8 kernel vs per-tensor fp8
         if op.kind == "matmul" and op.quantized and wgrad_in_bf16(rt, job):
@@ -363,7 +393,7 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
                       gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
                       op_rerun_f=tuple(p.attn_f if op.kind == "attention" else p.forward_s
                                        for op, p in zip(graph.ops, parts)))
-    if rt is None or rt.selective != "op_sac" or graph.kind not in ("dense", "moe"):
+    if rt is None or rt.selective != "op_sac" or graph.kind not in DECODER_KINDS:
         return total
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
     # output are saved, every other op is recomputed): the backward re-runs every memory-bound forward kernel (norms,
@@ -571,7 +601,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute, graph, modules)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
-    is_block = graph.kind in ("dense", "moe")
+    is_block = graph.kind in DECODER_KINDS
     if t > 1 and is_block:
         for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt,
                                                  model):
@@ -798,7 +828,7 @@ def moe_all_to_all_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, l
     """``moe_all_to_all``'s four all-to-alls, (seconds, bytes) each: forward dispatch, forward combine, combine's
     backward (dispatch-shaped), dispatch's backward (combine-shaped)."""
     eff = cluster.efficiency
-    k, h = model.moe_top_k, model.hidden_size
+    k, h = model.moe_top_k, model.expert_input_size  # a latent MoE moves latent-wide tokens (moe_layer.py:265-270)
     place = place_group(ep, stride, cluster)
     d, n = place.n_outer, place.n_inner
     domains = d * (1 - (1 - 1 / d) ** k)
@@ -829,10 +859,11 @@ def moe_all_to_all_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, l
 
 def model_flops_per_token(graph: LayerGraph) -> float:
     """Training model FLOPs per token of one layer (no recompute): 3 × forward, attention counted
-    without the causal discount (PaLM / Megatron convention for MFU)."""
+    without the causal discount (PaLM / Megatron convention for MFU); a Mamba-2 scan as Megatron-LM counts it
+    (``7 · d_inner · state``, training.py ``mamba_layer_flops``)."""
     fwd = 0.0
     for op in graph.ops:
-        if op.kind in ("matmul", "router", "experts"):
+        if op.kind in ("matmul", "router", "experts", "ssm"):
             fwd += op.flops_per_token * op.tokens_factor
         elif op.kind == "attention":
             fwd += op.flops_per_token * 2  # undo the causal halving

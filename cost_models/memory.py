@@ -49,7 +49,7 @@ import numpy as np
 
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
                              mtp_projection_saved_bytes, mtp_stage_params)
-from cost_models.opgraph import LayerGraph, Op, gemm_precision, layer_graph, tp_divisor
+from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -160,11 +160,11 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
     t, e = par.tp, par.ep
     dense = expert = largest = 0.0
     # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
-    kv_whole = model.kv_projection_params * (1 - 1 / t) if model.kv_replicated(par) else 0.0
+    kv_whole = model.kv_replicated(par)
     for i in layer_ids:
         ex = model.layer_expert_params(i)
-        norms = model.norm_params_per_layer
-        d = (model.layer_params(i) - ex - norms) / t + norms + kv_whole
+        whole = model.layer_unsplit_params(i)  # norms (+ a latent MoE's projections): on every TP rank
+        d = (model.layer_params(i) - ex - whole) / t + whole + model.layer_kv_whole_extra(i, t, kv_whole)
         dense += d
         expert += ex / e  # expert TP = 1: experts are not split by tp
         largest = max(largest, d + ex / e)
@@ -213,9 +213,9 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
     torchtitan's per-op AC keeps the block input and the outputs :func:`op_sac_saved` names. Full
     recompute keeps only the layer input (÷ t with SP). The loss keeps ``runtime.loss_bytes_per_logit``
     per vocabulary entry (÷ t: vocab-parallel)."""
-    if par.recompute == "full" and graph.kind in ("dense", "moe"):
+    if par.recompute == "full" and graph.kind in DECODER_KINDS:
         return recompute_input_bytes(model, job, par)
-    if par.recompute == "selective" and runtime.selective == "op_sac" and graph.kind in ("dense", "moe"):
+    if par.recompute == "selective" and runtime.selective == "op_sac" and graph.kind in DECODER_KINDS:
         t = par.tp
         sp = par.sequence_parallel and t > 1
         total = recompute_input_bytes(model, job, par)  # the block input
@@ -380,8 +380,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     for i in ids:
         if i < runtime.cpu_offload_layers:
             continue  # in host memory at the peak (TE cpu_offload; pp 1, the profile cites the schedule)
-        per_mb += activation_bytes_per_microbatch(graphs["moe" if model.is_moe_layer(i) else "dense"], model, job,
-                                                  par, runtime)
+        per_mb += activation_bytes_per_microbatch(graphs[layer_kind(model, i)], model, job, par, runtime)
     if dual:  # a chunk runs on either of the rank's two stages: their mean
         per_mb = per_mb * (layers[stage] + layers[par.pp - 1 - stage]) / (2.0 * max(1, n))
     if standalone and stage == mtp_at:  # the MTP blocks and projections, in flight like the stage's layers
@@ -391,7 +390,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if par.recompute == "full" and n:
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
         full = par.model_copy(update={"recompute": "none"})
-        transient += activation_bytes_per_microbatch(graphs["dense"], model, job, full, runtime)
+        kinds = model_kinds(model) if model.is_hybrid else ["dense"]  # a hybrid stack: its largest layer kind
+        transient += max(activation_bytes_per_microbatch(graphs[k], model, job, full, runtime) for k in kinds)
     head = 0.0
     if last or (dual and first):
         head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime)
@@ -415,5 +415,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
 @lru_cache(maxsize=256)
 def graphs_for(model: ModelSpec, seq_len: int) -> dict[str, LayerGraph]:
     """The layer graphs a model needs, by kind (cached: specs are frozen and hashable)."""
-    kinds = ["dense", "head", "embedding"] + (["moe"] if model.is_moe else [])
+    if model.is_hybrid:  # the mixers its pattern holds (opgraph.model_kinds)
+        kinds: list[str] = ["head", "embedding", *model_kinds(model)]
+    else:
+        kinds = ["dense", "head", "embedding"] + (["moe"] if model.is_moe else [])
     return {k: layer_graph(model, k, seq_len) for k in kinds}  # type: ignore[arg-type]

@@ -19,13 +19,13 @@ from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
 from cost_models.knob_effects import tp_overlap_mode
 from cost_models.layer_cost import tp_collectives
-from cost_models.opgraph import BF16, LayerKind
+from cost_models.opgraph import BF16, LayerKind, layer_kind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 
 
 def mtp_layer_kind(model: ModelSpec) -> LayerKind:
     """The MTP block is built from the last decoder layer's spec (MoE for DeepSeek-V3)."""
-    return "moe" if model.is_moe_layer(model.num_layers - 1) else "dense"
+    return layer_kind(model, model.num_layers - 1)
 
 
 def mtp_stage_params(model: ModelSpec, tp: int, ep: int) -> tuple[float, float, float]:

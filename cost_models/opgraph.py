@@ -24,11 +24,16 @@ from typing import Literal
 
 from cost_models.specs import ModelSpec
 
-LayerKind = Literal["embedding", "dense", "moe", "head"]
+# Decoder layer kinds: a transformer layer is "dense" or "moe" (attention + MLP); a hybrid stack's layer is one
+# mixer, "mamba", "attention", "mlp" or "moe" (Megatron-Core MambaStack: M, *, -, E; ModelSpec.hybrid_pattern).
+LayerKind = Literal["embedding", "dense", "moe", "head", "mamba", "attention", "mlp"]
+DECODER_KINDS: tuple[str, ...] = ("dense", "moe", "mamba", "attention", "mlp")
+HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 OpKind = Literal[
-    "norm", "matmul", "attention", "elementwise", "router", "dispatch", "experts", "combine", "embedding", "loss"
+    "norm", "matmul", "attention", "elementwise", "router", "dispatch", "experts", "combine", "embedding", "loss",
+    "ssm"
 ]
-DimKind = Literal["hidden", "q", "kv", "ffn", "expert_ffn", "vocab", "router"]
+DimKind = Literal["hidden", "q", "kv", "ffn", "expert_ffn", "vocab", "router", "ssm", "latent"]
 Split = Literal["tp", "seq"]
 
 BF16 = 2  # bytes per activation element
@@ -224,7 +229,7 @@ def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal:
     arch = model.arch
     if arch.sliding_window is None or not arch.full_attention_every:
         return keys_per_query(seq_len, arch.sliding_window, causal)
-    layers = [i for i in range(model.num_layers) if model.is_moe_layer(i) == (kind == "moe")]
+    layers = [i for i in range(model.num_layers) if layer_kind(model, i) == kind]
     layers = layers or list(range(model.num_layers))  # a kind the model has no layer of (the MTP block's, say)
     return sum(keys_per_query(seq_len, arch.layer_window(i), causal) for i in layers) / len(layers)
 
@@ -240,7 +245,7 @@ def _without_saved(op: Op) -> Op:
 
 
 def _mlp(b: _Builder, xn: str, width: int, prefix: str, kind: DimKind, *, tokens_factor: float = 1.0,
-         op_kind: OpKind = "matmul") -> str:
+         op_kind: OpKind = "matmul", out_width: int | None = None, out_kind: DimKind = "hidden") -> str:
     """Gated (SwiGLU: gate, up, SiLU·mul, down) or plain (GELU: up, act, down) MLP on ``xn``.
     ``tokens_factor`` > 1 for routed experts: every token is processed (and saved) top_k times."""
     bias = b.model.linear_bias
@@ -266,10 +271,14 @@ def _mlp(b: _Builder, xn: str, width: int, prefix: str, kind: DimKind, *, tokens
         u = lin("up_proj", xn, f"{prefix}up", width, kind, "seq")
         act = b.tensor(f"{prefix}act", width, kind)
         b.add(Op(f"{prefix}act", "elementwise", (u,), act, saved=(scaled(u),), tokens_factor=tokens_factor))
-    return lin("down_proj", act, f"{prefix}out", b.model.hidden_size, "hidden", "tp")
+    return lin("down_proj", act, f"{prefix}out", out_width or b.model.hidden_size, out_kind, "tp")
 
 
 def _moe(b: _Builder, x: str) -> str:
+    """Norm, router, dispatch, routed experts, combine, shared experts, residual. A latent MoE (``moe_latent_size``)
+    projects the normed input h -> latent before the dispatch and the combined output latent -> h after it, both
+    weights replicated over TP (Megatron-Core moe_layer.py:170-193, 265-270, 343-345: TELinear 'duplicated'); the
+    routed experts and the all-to-all then carry the latent width (experts.py:544-567)."""
     m = b.model
     h, e, k = m.hidden_size, m.num_experts, m.moe_top_k
     xn = b.norm("mlp_norm", x, "mlp_in")
@@ -277,15 +286,21 @@ def _moe(b: _Builder, x: str) -> str:
     # Megatron's TopKRouter gate is a plain torch linear (moe/router.py), outside TE's fp8 recipe: not quantized.
     b.add(Op("router", "router", (xn,), logits, weight_in=h, weight_out=e, params=m.router_params,
              flops_per_token=2.0 * h * e, saved=(Saved("router_probs", 4 * e, "seq"),), quantized=False))
-    disp = b.tensor("dispatched", h, "hidden")
+    w_in, src = m.expert_input_size, xn
+    if m.moe_latent_size:
+        src = b.linear("fc1_latent_proj", xn, "latent_in", w_in, "latent", "seq", m.linear_bias)  # saves xn
+    disp = b.tensor("dispatched", w_in, "latent" if m.moe_latent_size else "hidden")
     # Dispatch permutes top-k copies of each token to their experts (all-to-all under EP).
-    b.add(Op("dispatch", "dispatch", (xn, logits), disp, tokens_factor=k))
+    b.add(Op("dispatch", "dispatch", (src, logits), disp, tokens_factor=k))
     first_expert_op = len(b.ops)
-    y = _mlp(b, disp, m.expert_ffn_hidden_size, "expert_", "expert_ffn", tokens_factor=k, op_kind="experts")
+    y = _mlp(b, disp, m.expert_ffn_hidden_size, "expert_", "expert_ffn", tokens_factor=k, op_kind="experts",
+             out_width=w_in, out_kind="latent" if m.moe_latent_size else "hidden")
     for i in range(first_expert_op, len(b.ops)):  # the layer holds all e routed experts' weights
         b.ops[i] = replace(b.ops[i], params=b.ops[i].params * e)
-    comb = b.tensor("combined", h, "hidden")
+    comb = b.tensor("combined", w_in, "latent" if m.moe_latent_size else "hidden")
     b.add(Op("combine", "combine", (y, logits), comb))
+    if m.moe_latent_size:
+        comb = b.linear("fc2_latent_proj", comb, "latent_out", h, "hidden", "seq", m.linear_bias)
     out = comb
     if m.num_shared_experts:
         sh = _mlp(b, xn, m.expert_ffn_hidden_size * m.num_shared_experts, "shared_", "ffn")
@@ -296,15 +311,38 @@ def _moe(b: _Builder, x: str) -> str:
     return b.residual("mlp_residual", x, out, "layer_out")
 
 
+def _mamba(b: _Builder, x: str) -> str:
+    """One Mamba-2 layer as Megatron-Core trains it (MambaLayer + MambaMixer, megatron/core/ssm/mamba_mixer.py):
+    the pre-norm fused into ``in_proj`` (h -> z, x, B, C, dt; column-parallel), ``mamba_split_conv1d_scan_combined``
+    (the causal conv1d over x, B, C and the chunked SSD scan, gated by silu(z): mamba_mixer.py:659-676), the RMSNorm
+    over d_inner (``self.norm``, :681-682) and ``out_proj`` (d_inner -> h, row-parallel), then the residual.
+
+    FLOPs: the two projections exactly (2·in·out); the scan as Megatron-LM counts it, ``7 · d_inner · state`` per token
+    (megatron/training/training.py ``mamba_layer_flops``, with d_inner = heads · head_dim where Megatron writes
+    2·hidden); the conv1d's ``2 · conv_dim · taps`` is not counted (nor by Megatron). Saved for backward: the norm's
+    and in_proj's inputs (h), the fused kernel's ``zxbcdt`` and its pre-gate output ``out_x`` (mamba_ssm
+    ssd_combined.py MambaSplitConv1dScanCombinedFn: ctx.save_for_backward), the norm's input and out_proj's input
+    (d_inner each); all split by TP (heads) except the h-wide ones."""
+    m = b.model
+    mb = m.mamba
+    assert mb is not None
+    xn = b.norm("mamba_norm", x, "mamba_in")
+    zx = b.linear("in_proj", xn, "zxbcdt", mb.in_proj_width, "ssm", "seq", False)
+    y = b.tensor("ssd_out", mb.d_inner, "ssm")
+    conv = mb.conv_dim * mb.conv_kernel + (mb.conv_dim if mb.conv_bias else 0)
+    b.add(Op("ssd", "ssm", (zx,), y, params=conv + 3 * mb.num_heads,
+             flops_per_token=7.0 * mb.d_inner * mb.state_dim,
+             saved=(b.saved(zx, "tp"), Saved("ssd_out_x", BF16 * mb.d_inner, "tp"))))
+    yn = b.tensor("ssd_normed", mb.d_inner, "ssm")
+    b.add(Op("ssd_norm", "norm", (y,), yn, params=mb.d_inner, saved=(b.saved(y, "tp"),)))
+    o = b.linear("out_proj", yn, "mamba_out", m.hidden_size, "hidden", "tp", False)
+    return b.residual("mamba_residual", x, o, "layer_out")
+
+
 def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool = True, causal: bool = True,
                 dropout: bool = False) -> LayerGraph:
     """The operator graph of one layer of ``kind``. ``dropout`` adds Table 2's dropout masks (GPT-style
     training); modern Llama-family recipes train without dropout."""
-    if model.is_hybrid:
-        from cost_models.errors import ConfigError
-
-        raise ConfigError(f"{model.name} is a hybrid Mamba-2 stack: its layers are not priced yet (the cost model's "
-                          "layer graphs are transformer decoder layers)", valid=["a transformer model"])
     b = _Builder(model, dropout)
     h, vocab = model.hidden_size, model.vocab_size
     if kind == "embedding":
@@ -322,6 +360,21 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
         b.tensor("loss", 1, "hidden")
         b.add(Op("loss", "loss", (logits,), "loss",
                  saved=(Saved("logits", 2.0 * vocab, "tp"), Saved("logits_fp32", 4.0 * vocab, "tp"))))
+    elif model.is_hybrid:  # one mixer per layer (Megatron-Core MambaStack)
+        x = b.tensor("layer_in", h, "hidden")
+        if kind == "mamba":
+            _mamba(b, x)
+        elif kind == "attention":
+            r = _attention(b, x, seq_len, flash, causal, kind)
+            b.ops[-1] = replace(b.ops[-1], output="layer_out")
+            b.tensors["layer_out"] = b.tensors.pop(r)
+        elif kind == "mlp":
+            y = _mlp(b, b.norm("mlp_norm", x, "mlp_in"), model.ffn_hidden_size, "", "ffn")
+            b.residual("mlp_residual", x, y, "layer_out")
+        elif kind == "moe":
+            _moe(b, x)
+        else:
+            raise ValueError(f"layer kind {kind!r} is not a layer of hybrid {model.name} ({sorted(HYBRID_KINDS.values())})")
     else:
         x = b.tensor("layer_in", h, "hidden")
         r = _attention(b, x, seq_len, flash, causal, kind)
@@ -333,6 +386,19 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
     return LayerGraph(kind, tuple(b.ops), dict(b.tensors))
 
 
+def layer_kind(model: ModelSpec, layer: int) -> LayerKind:
+    """Decoder layer ``layer``'s kind: "dense" / "moe" (transformer layer), or the hybrid symbol's mixer."""
+    if model.hybrid_pattern is not None:
+        return HYBRID_KINDS[model.hybrid_pattern[layer]]  # type: ignore[return-value]
+    return "moe" if model.is_moe_layer(layer) else "dense"
+
+
 def layer_kinds(model: ModelSpec) -> list[LayerKind]:
     """Kinds of the decoder layers in order (embedding and head are separate)."""
-    return ["moe" if model.is_moe_layer(i) else "dense" for i in range(model.num_layers)]
+    return [layer_kind(model, i) for i in range(model.num_layers)]
+
+
+def model_kinds(model: ModelSpec) -> list[LayerKind]:
+    """The distinct decoder layer kinds of ``model``, in a fixed order (DECODER_KINDS')."""
+    present = set(layer_kinds(model))
+    return [k for k in DECODER_KINDS if k in present]  # type: ignore[misc]

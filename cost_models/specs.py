@@ -465,6 +465,16 @@ class ModelSpec(_Frozen):
         p += self.moe_block_params if self.is_moe_layer(layer) else self.dense_mlp_params
         return p
 
+    def layer_unsplit_params(self, layer: int) -> int:
+        """Weights of layer ``layer`` every TP rank holds whole: its norms (one in a hybrid layer, two in a transformer
+        layer) and a latent MoE's two projections ('duplicated' TELinear, moe_layer.py:170-193)."""
+        p = self.norm_params if self.hybrid_pattern is not None else self.norm_params_per_layer
+        return p + (self.latent_projection_params if self.is_moe_layer(layer) else 0)
+
+    def layer_kv_whole_extra(self, layer: int, tp: int, replicated: bool) -> float:
+        """K/V weights a TP rank holds beyond its 1/tp share when they are replicated (``kv_replicated``)."""
+        return self.kv_projection_params * (1 - 1 / tp) if replicated and self.layer_has_attention(layer) else 0.0
+
     def layer_expert_params(self, layer: int) -> int:
         """Routed-expert weights in layer ``layer`` (sharded over EP, not TP-only)."""
         return self.num_experts * self.expert_params if self.is_moe_layer(layer) else 0

@@ -276,6 +276,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
     scorers = target_scorers(model, cluster, job, target, scorer, weights)
+    from cost_models.targets import PROFILES as _PROFILES
+    refusals = [e for t in scorers if (e := _PROFILES[t].model_error(model)) is not None]
+    if refusals and len(refusals) == len(scorers):  # no searched target builds the model: say why, not "infeasible"
+        raise refusals[0]
     if "schedule" in pins:  # a schedule no searched target runs: the error estimate gives, not plans nobody runs
         from cost_models.targets import PROFILES
         offered = list(dict.fromkeys(s for t in scorers for s in PROFILES[t].schedules))

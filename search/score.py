@@ -42,6 +42,7 @@ from cost_models.memory import (
     sharded_grad_transient_bytes,
     zero3_transient_bytes,
 )
+from cost_models.opgraph import DECODER_KINDS, layer_kinds, model_kinds
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -82,6 +83,15 @@ class Scorer:
         self.graphs = graphs_for(model, job.seq_len)
         self.L = model.num_layers
         self.is_moe_layer = np.array([model.is_moe_layer(i) for i in range(self.L)], dtype=bool)
+        # decoder layer kinds: "dense"/"moe" (transformer), or a hybrid stack's mixers (opgraph.layer_kind)
+        self.kind_of = layer_kinds(model)
+        self.kinds = model_kinds(model)
+        self.kind_count = {k: self.kind_of.count(k) for k in self.kinds}
+        # full recompute re-runs one layer at a time: the kinds whose activations that transient takes (memory.py)
+        self.full_peak_kinds = self.kinds if model.is_hybrid else ["dense"]
+        # the decoder graphs priced per layout (a transformer's "dense" graph even when every layer is MoE: the
+        # full-recompute transient reads it, as memory.stage_memory does)
+        self.graph_kinds = [k for k in DECODER_KINDS if k in self.graphs]
         self.limit_bytes = cluster.memory_limit_gib * GIB
         self._layer: dict[tuple, tuple[np.ndarray, float, float, float, float]] = {}
         self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -233,9 +243,7 @@ class Scorer:
         key = (bkey, tuple(sorted(chosen.items())))
         hit = self._ktime.get(key)
         if hit is None:
-            n = {"moe": self.n_moe, "dense": self.L - self.n_moe}
-            hit = sum(n[k] * self._layer_cost(lay, bkey, k, chosen).total_s for k in ("dense", "moe")
-                      if k in self.graphs)
+            hit = sum(n * self._layer_cost(lay, bkey, k, chosen).total_s for k, n in self.kind_count.items())
             hit += head_cost(self.graphs["head"], self.cluster, self.job, self._bound_par(lay, bkey[4]),
                              self._runtime_with(lay, chosen))
             self._ktime[key] = hit
@@ -273,24 +281,28 @@ class Scorer:
         hit = self._layer.get(key)
         if hit is not None:
             return hit
-        t_kind, a_kind = {}, {}
+        t_kind = {}
         acts, head_a = self.act_pieces(lay, rc)
-        for kind in ("dense", "moe"):
-            if kind in self.graphs:
+        for kind in self.kinds:
+            if self.model.is_hybrid:
+                # No intra-op ILP over a hybrid stack's mixers (search/strategies.py knows transformer ops): the one
+                # pattern the target runs (megatron: the only hybrid target), priced as estimate prices it.
+                lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, chosen)
+                device = lc.total_s - lc.host_s
+            else:
                 sol = self.layer_solution(lay, kind, rc)
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
                 device = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
-                # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time
-                t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster, self._bound_par(lay, rc),
-                                                    self._runtime_with(lay, chosen), device)
-                # A target runs one pattern (the ILP's only point): its activations as the target's runtime
-                # saves them (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
-                a_kind[kind] = acts[kind]
-        per = np.where(self.is_moe_layer, t_kind.get("moe", 0.0), t_kind["dense"])
+            # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time
+            t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster, self._bound_par(lay, rc),
+                                                self._runtime_with(lay, chosen), device)
+        # A target runs one pattern (the ILP's only point): its activations as the target's runtime saves them
+        # (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
+        per = np.array([t_kind[k] for k in self.kind_of])
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
-        out = (time, head_t, a_kind["dense"], a_kind.get("moe", 0.0), head_a)
+        out = (time, head_t, np.array([acts[k] for k in self.kind_of]), head_a)
         self._layer[key] = out
         return out
 
@@ -298,9 +310,9 @@ class Scorer:
         """``layer_pieces`` with ``bound_pieces``' floors in place of the ILP's answers (no solve): every
         entry is ≤ its ``layer_pieces`` counterpart, so the stage DP on these tables bounds it from below."""
         kinds, head_t, head_a = self.bound_pieces(lay, exact_knobs=True)  # as tight as the chosen knobs allow
-        t_moe, a_moe = kinds.get("moe", (0.0, 0.0))
-        per = np.where(self.is_moe_layer, t_moe, kinds["dense"][0])
-        return np.concatenate([[0.0], np.cumsum(per)]), head_t, kinds["dense"][1], a_moe, head_a
+        per = np.array([kinds[k][0] for k in self.kind_of])
+        return (np.concatenate([[0.0], np.cumsum(per)]), head_t, np.array([kinds[k][1] for k in self.kind_of]),
+                head_a)
 
     def bound_pieces(self, lay: Layout, recompute: str | None = None,
                      exact_knobs: bool = False) -> tuple[dict[str, tuple[float, float]], float, float]:
@@ -341,9 +353,7 @@ class Scorer:
             return hit
         par, rt = self._bound_par(lay, rc), self._runtime_with(lay, fields)
         times = {}
-        for kind in ("dense", "moe"):
-            if kind not in self.graphs:
-                continue
+        for kind in self.graph_kinds:
             lc = self._layer_cost(lay, bkey, kind, fields)
             times[kind] = lc.total_s - (lc.cp_exposed_s if drop_cp else 0.0)
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
@@ -379,7 +389,7 @@ class Scorer:
         if hit is None:
             par, rt = self._bound_par(lay, rc), self.default_runtime(lay)
             acts = {kind: activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par, rt)
-                    for kind in ("dense", "moe") if kind in self.graphs}
+                    for kind in self.graph_kinds}
             head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
             if self.model.arch.mtp_layers:
                 head_a += mtp_activation_bytes(self.model, acts[mtp_layer_kind(self.model)], head_a, self.job, par)
@@ -415,11 +425,11 @@ class Scorer:
         hit = self._params.get(key)
         if hit is None:
             m = self.model
-            norms = m.norm_params_per_layer
             ex = np.array([m.layer_expert_params(i) for i in range(self.L)], dtype=float)
             tot = np.array([m.layer_params(i) for i in range(self.L)], dtype=float)
-            whole = ParallelConfig(tp=tp, kv_replication=kv)  # type: ignore[arg-type]
-            kv_whole = m.kv_projection_params * (1 - 1 / tp) if m.kv_replicated(whole) else 0.0
+            norms = np.array([m.layer_unsplit_params(i) for i in range(self.L)], dtype=float)
+            rep = m.kv_replicated(ParallelConfig(tp=tp, kv_replication=kv))  # type: ignore[arg-type]
+            kv_whole = np.array([m.layer_kv_whole_extra(i, tp, rep) for i in range(self.L)], dtype=float)
             dense = (tot - ex - norms) / tp + norms + kv_whole
             expert = ex / ep
             hit = (dense, expert, dense + expert)
@@ -485,12 +495,11 @@ class Scorer:
     # ---- what the stage DP reads -------------------------------------------------------------------
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
         """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
-        time, head_t, a_dense, a_moe, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
+        time, head_t, per_layer, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
         dense, expert, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         kd, ke, per_largest = self.state_coefficients(lay)
         frag = self.reserve_factor(lay)
         static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
-        per_layer = np.where(self.is_moe_layer, a_moe, a_dense)
         # layers whose activations the runtime keeps in host memory (cpu_offload_layers: pp 1, the first N layers)
         per_layer = np.where(np.arange(self.L) < self.default_runtime(lay).cpu_offload_layers, 0.0, per_layer)
         act = np.concatenate([[0.0], np.cumsum(frag * per_layer)])
@@ -502,9 +511,9 @@ class Scorer:
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         peak = 0.0
         if lay.recompute == "full":
-            peak = activation_bytes_per_microbatch(self.graphs["dense"], m, self.job,
-                                                   self._par(lay, recompute="none", vp=1, schedule="1f1b"),
-                                                   self.default_runtime(lay))
+            peak = max(activation_bytes_per_microbatch(self.graphs[k], m, self.job,
+                                                       self._par(lay, recompute="none", vp=1, schedule="1f1b"),
+                                                       self.default_runtime(lay)) for k in self.full_peak_kinds)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
@@ -537,9 +546,9 @@ class Scorer:
         """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, lower bounds of the
         ILP's (``bound_pieces``), for the planner's branch and bound."""
         kinds, head_t, _ = self.bound_pieces(lay)
-        n = {"moe": self.n_moe, "dense": self.L - self.n_moe}
-        present = [t for k, (t, _) in kinds.items() if n[k]]
-        total = sum(n[k] * t for k, (t, _) in kinds.items()) + head_t
+        n = self.kind_count
+        present = [t for k, (t, _) in kinds.items() if n.get(k)]
+        total = sum(n.get(k, 0) * t for k, (t, _) in kinds.items()) + head_t
         return total, max(present), min(present), head_t
 
     def p2p_fill_s(self, lay: Layout) -> float:
@@ -594,11 +603,13 @@ class Scorer:
         slowest = int(np.argmax(stage_t))
         start = sum(layers[:slowest])
         comm = 0.0
-        for kind in ("dense", "moe"):
-            if kind not in self.graphs:
+        for kind in self.kinds:
+            n = int(sum(1 for i in range(start, start + layers[slowest]) if self.kind_of[i] == kind))
+            if self.model.is_hybrid:
+                lc = self._layer_cost(lay, self.bound_key(lay, lay.recompute), kind, self.chosen_knobs(lay))
+                comm += n * (lc.tp_s + lc.ep_s + lc.cp_exposed_s)
                 continue
             sol = self.layer_solution(lay, kind)
-            n = int(sum(1 for i in range(start, start + layers[slowest]) if self.is_moe_layer[i] == (kind == "moe")))
             comm += n * (sol.exposed_comm_s + sol.reshard_s)
         return comm * lay.m
 
@@ -622,27 +633,27 @@ class Scorer:
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
         kinds, head_a = self.act_pieces(lay)
-        a_dense, a_moe = kinds["dense"], kinds.get("moe", 0.0)
         self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
         kd, ke, _ = self.state_coefficients(lay)
         frag = self.reserve_factor(lay)
-        m, p, L, n_moe = self.model, lay.pp, self.L, self.n_moe
-        peak = self.act_pieces(lay, "none")[0]["dense"] if lay.recompute == "full" else 0.0
+        m, p = self.model, lay.pp
+        none = self.act_pieces(lay, "none")[0]
+        peak = max(none[k] for k in self.full_peak_kinds) if lay.recompute == "full" else 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and p > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
         last_dense += mtp_embedding_copy_params(m, lay.tp, p, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
-        acts = frag * (a_moe * n_moe + a_dense * (L - n_moe))
+        acts = frag * sum(n * kinds[k] for k, n in self.kind_count.items())
         infl = self.inflight(lay)
         resident = (kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense)
                     + ke * mtp_expert + p * stage_static + frag * head_a)  # the head's activations: held once
         mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
             return mean
-        cheapest_act = frag * (min(a_dense, a_moe) if 0 < n_moe < L else (a_moe if n_moe else a_dense))
+        cheapest_act = frag * min(kinds[k] for k in self.kinds)
         first = (kd * m.embedding_params / lay.tp + stage_static + min(kd * d + ke * x for d, x in pairs)
                  + cheapest_act * float(infl[p]))
         return max(mean, first)

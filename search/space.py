@@ -275,6 +275,9 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
             if sched != "interleaved":
                 out.append((sched, 1))
                 continue
+            if prof is not None and prof.interleave_error(model) is not None:
+                tally.cut("target_rule")  # e.g. Megatron's Mamba hybrid stacks: no virtual stages
+                continue
             for v in range(2, model.num_layers // pp + 1):
                 if not legal_vp(model.num_layers, pp, v):  # no even or uneven split Megatron builds
                     continue

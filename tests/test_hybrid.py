@@ -181,3 +181,200 @@ def test_spec_refuses_inconsistent_hybrid_fields() -> None:
                             ({"hybrid_pattern": "M*" * 26}, "E layers need"), ({"first_dense_layers": 1}, "hybrid")):
         with pytest.raises(ValueError, match=message):
             ModelSpec.model_validate(base | change)
+
+
+# ---- the cost model -------------------------------------------------------------------------------------------
+
+# Nemotron-H 8B's shape (Megatron-Bridge NemotronHModelProvider8B, src/megatron/bridge/models/nemotronh/
+# nemotron_h_provider.py): a dense hybrid whose d_inner = 128 x 64 = 2 x hidden, the value Megatron-LM's FLOPs formula
+# assumes.
+H8_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
+
+def _h8() -> ModelSpec:
+    return ModelSpec(name="nemotron-h-8b-shape", num_layers=52, hidden_size=4096, ffn_hidden_size=21504,
+                     num_attention_heads=32, num_kv_heads=8, head_dim=None, vocab_size=131072, gated_mlp=False,
+                     hybrid_pattern=H8_PATTERN,
+                     mamba=MambaSpec(num_heads=128, head_dim=64, state_dim=128, num_groups=8),
+                     arch={"no_position_encoding": True, "activation": "relu2"})
+
+
+def _megatron_hybrid_flops(m: ModelSpec, batch: int, seq: int, d_in: int | None = None) -> float:
+    """Megatron-LM core_v0.16.1 megatron/training/training.py num_floating_point_operations, its hybrid branch
+    (calculate_layer_counts, attn/mlp/moe/mamba_layer_flops, hybrid_flops), transcribed term by term. ``d_in``: the
+    Mamba inner width (Megatron writes 2 * hidden_size)."""
+    h, s, pat = m.hidden_size, seq, m.hybrid_pattern
+    n_attn, n_mamba, n_mlp, n_moe = pat.count("*"), pat.count("M"), pat.count("-"), pat.count("E")
+    a, g, kv = m.num_attention_heads, m.num_kv_heads, m.head_dim_resolved
+    p = kv * a / h
+    attn = 4 * batch * s * h * p * (h + h * (g / a) + s / 2)
+    mlp = 4 * (m.ffn_hidden_size / h) * 1.0 * batch * s * h**2
+    mb = m.mamba
+    d_in = d_in if d_in is not None else 2 * h
+    mamba = (2 * batch * s * h * (2 * d_in + 2 * mb.num_groups * mb.state_dim + mb.num_heads)
+             + 7 * batch * s * d_in * mb.state_dim + 2 * batch * s * d_in * h) if mb else 0.0
+    shared = m.num_shared_experts * m.expert_ffn_hidden_size
+    moe = (4 * batch * s * h * m.expert_ffn_hidden_size * m.moe_top_k + 4 * batch * s * h * shared) if n_moe else 0.0
+    fwd = n_attn * attn + n_mlp * mlp + n_mamba * mamba + n_moe * moe + 2 * batch * s * h * m.vocab_size
+    return 3 * fwd
+
+
+def _our_flops(m: ModelSpec, batch: int, seq: int) -> float:
+    from cost_models.estimate import _model_flops_per_step
+    from cost_models.memory import graphs_for
+    from cost_models.specs import JobSpec
+
+    return _model_flops_per_step(m, graphs_for(m, seq), JobSpec(global_batch_size=batch, seq_len=seq))
+
+
+def test_model_flops_are_megatrons_hybrid_formula() -> None:
+    """Where Megatron's formula is exact (d_inner = 2h, no MoE router), ours equals it but for its causal halving of
+    the attention scores, which autoplan's MFU convention does not take (model_flops_per_token)."""
+    m, b, s = _h8(), 256, 8192
+    # Megatron: 4·q_dim·(s/2) per token for the scores (causal); autoplan's MFU convention: 4·q_dim·s
+    causal_half = 3 * 4 * b * s * m.q_dim * (s / 2) * m.hybrid_pattern.count("*")
+    assert _our_flops(m, b, s) == pytest.approx(_megatron_hybrid_flops(m, b, s) + causal_half, rel=1e-12)
+
+
+def test_nano_flops_differ_from_megatrons_by_named_terms() -> None:
+    """Nemotron 3 Nano: Megatron's formula takes d_in = 2h = 5376 where the mixer is 64 x 64 = 4096 wide and leaves
+    the router out; with the true width, the router and the causal term, ours equals it exactly."""
+    m, b, s = _nano(), 512, 8192
+    router = 3 * 2 * b * s * m.hidden_size * m.num_experts * m.num_moe_layers
+    causal_half = 3 * 4 * b * s * m.q_dim * (s / 2) * m.num_attention_layers
+    exact = _megatron_hybrid_flops(m, b, s, d_in=m.mamba.d_inner) + router + causal_half
+    assert _our_flops(m, b, s) == pytest.approx(exact, rel=1e-12)
+    megatron = _megatron_hybrid_flops(m, b, s)
+    assert megatron > _our_flops(m, b, s) - router - causal_half  # its 2h inner width overcounts the mixers
+
+
+def test_layer_graphs_hold_every_parameter_and_tp_boundaries() -> None:
+    from cost_models.layer_cost import tp_boundaries
+    from cost_models.opgraph import layer_graph, layer_kinds
+
+    m = _nano()
+    kinds = layer_kinds(m)
+    assert all(layer_graph(m, kinds[i], 8192).params == m.layer_params(i) for i in range(m.num_layers))
+    g = layer_graph(m, "mamba", 8192)
+    # in_proj column-parallel, out_proj row-parallel (mamba_mixer.py:268-280, 367-379)
+    assert tp_boundaries(g) == [("mamba_in", "column"), ("mamba_out", "row")]
+    assert not any(op.name == "attn_core" for op in g.ops)
+
+
+def test_mamba_activations_are_what_the_mixer_saves() -> None:
+    """Per token, bf16: the norm's and in_proj's input (h each, sequence-split), zxbcdt and out_x (the fused
+    kernel's save_for_backward), the gated norm's and out_proj's inputs (d_inner each), all but the first two ÷ tp."""
+    from cost_models.memory import activation_bytes_per_microbatch
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m, mb, s = _nano(), _nano().mamba, 4096
+    g = layer_graph(m, "mamba", s)
+    for tp, sp in ((1, False), (2, True), (4, False)):
+        par = ParallelConfig(tp=tp, sequence_parallel=sp, micro_batch_size=2)
+        got = activation_bytes_per_microbatch(g, m, JobSpec(seq_len=s), par)
+        seq = 2 * m.hidden_size * 2 / (tp if sp and tp > 1 else 1)
+        want = 2 * s * (seq + 2 * (mb.in_proj_width + 3 * mb.d_inner) / tp)
+        assert got == pytest.approx(want, rel=1e-12), (tp, sp)
+
+
+def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
+    """The conv1d + SSD op costs its HBM bytes at the GPU's streaming bandwidth, forward and backward, and it shrinks
+    with TP as its heads do."""
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.gemm import hbm_time_s
+    from cost_models.layer_cost import op_compute, ssd_traffic_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m = _nano()
+    g = layer_graph(m, "mamba", 8192)
+    op = g.op("ssd")
+    cluster = build_cluster("h100-sxm", 8)
+    job = JobSpec(seq_len=8192)
+    for tp in (1, 2):
+        par = ParallelConfig(tp=tp, micro_batch_size=1)
+        oc = op_compute(op, g, m, cluster, job, par)
+        f, b = ssd_traffic_bytes(m.mamba, tp)
+        assert oc.gemm_f == oc.attn_f == 0.0
+        assert oc.mem_f == pytest.approx(hbm_time_s(f * 8192, cluster), rel=1e-12)
+        assert oc.mem_b == pytest.approx(hbm_time_s(b * 8192, cluster), rel=1e-12)
+    assert ssd_traffic_bytes(m.mamba, 2)[0] == pytest.approx(ssd_traffic_bytes(m.mamba, 1)[0] / 2)
+
+
+def test_pipeline_stages_see_each_layers_own_kind() -> None:
+    """estimate prices each stage from its own layers' kinds: with first/last stage sizes that put all six attention
+    layers' share unevenly, the slowest stage's compute is the sum of layer_cost over exactly its layers (Mamba, MoE,
+    attention each priced as itself)."""
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.estimate import estimate
+    from cost_models.layer_cost import layer_cost
+    from cost_models.memory import graphs_for
+    from cost_models.opgraph import layer_kinds
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import runtime_for
+
+    m = _nano()
+    cluster = build_cluster("h100-sxm", 16, target="megatron")
+    job = JobSpec(global_batch_size=64, seq_len=4096)
+    par = ParallelConfig(tp=2, pp=2, ep=8, micro_batch_size=1, recompute="full", first_stage_layers=20,
+                         last_stage_layers=32)
+    pred = estimate(m, cluster, job, par, target="megatron")
+    assert pred.layers_per_stage == [20, 32]
+    dp, mb = 4, 64 // 4
+    rt = runtime_for("megatron", job, cluster, par, None)
+    graphs = graphs_for(m, job.seq_len)
+    costs = {k: layer_cost(graphs[k], m, cluster, job, par, dp, rt) for k in set(layer_kinds(m))}
+    ids = range(0, 20) if pred.slowest_stage == 0 else range(20, 52)
+    kinds = [layer_kinds(m)[i] for i in ids]
+    want = sum(costs[k].forward_s + costs[k].backward_s for k in kinds) * mb
+    if pred.slowest_stage == 1:
+        from cost_models.estimate import head_cost
+
+        want += head_cost(graphs["head"], cluster, job, par, rt) * mb
+    assert pred.time.compute_s == pytest.approx(want, rel=1e-9)
+    assert len(set(kinds)) == 3  # the stage holds all three mixers
+
+
+def test_megatron_refuses_interleaving_a_hybrid_stack() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import get_profile
+
+    prof, job = get_profile("megatron"), JobSpec(global_batch_size=64, seq_len=4096)
+    with pytest.raises(ConfigError, match=r"mamba_block.py:173-176"):
+        prof.check(_nano(), build_cluster("h100-sxm", 16), job, ParallelConfig(tp=2, pp=2, vp=2, ep=8))
+    with pytest.raises(ConfigError, match=r"pp=8 must divide num_layers=52"):
+        prof.check(_nano(), build_cluster("h100-sxm", 64), job, ParallelConfig(tp=1, pp=8, ep=8))
+    prof.check(_nano(), build_cluster("h100-sxm", 64), job, ParallelConfig(tp=1, pp=8, ep=8, first_stage_layers=10,
+                                                                           last_stage_layers=6))
+
+
+def test_published_nano_throughput_is_megatrons_hybrid_formula() -> None:
+    """Megatron-Bridge's Nemotron 3 Nano rows (benchmarks/data/more_runs_bridge2.json) publish TFLOP/s and tokens/s per
+    GPU: their ratio is the FLOPs per token of Megatron-LM's hybrid formula as transcribed here (d_in = 2h), to the
+    tables' rounding; autoplan's own count (true mixer width, router, no causal halving) is 1.1% lower."""
+    m = _nano()
+    per_token = _megatron_hybrid_flops(m, 1, 8192) / 8192
+    rows = [c for c in json.loads((Path(__file__).parents[1] / "benchmarks" / "data" / "more_runs_bridge2.json")
+                                  .read_text())["cases"] if "_Nemotron_3_Nano_" in c["id"]]
+    assert len(rows) == 20
+    ratios = sorted(c["measured"]["tflops_per_gpu"] * 1e12 / c["measured"]["tokens_per_s_per_gpu"] for c in rows)
+    # the median row to 0.05%; every row to 1.5% (some tables' tokens/s are rounded to powers of two: 32768, 40960)
+    assert ratios[len(ratios) // 2] == pytest.approx(per_token, rel=5e-4)
+    assert all(r == pytest.approx(per_token, rel=0.015) for r in ratios)
+    assert _our_flops(m, 1, 8192) / 8192 == pytest.approx(per_token * 0.989, rel=2e-3)
+
+
+def test_megatron_refuses_fp8_mamba_projection_not_a_multiple_of_16() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import get_profile, runtime_for
+
+    odd = _nano().model_copy(update={"mamba": MambaSpec(num_heads=60, head_dim=64, state_dim=128, num_groups=6)})
+    prof, cluster, par = get_profile("megatron"), build_cluster("h100-sxm", 8), ParallelConfig(tp=1, ep=8)
+    job = JobSpec(global_batch_size=64, seq_len=4096, precision="fp8")
+    assert odd.mamba.in_proj_width % 16  # 2*3840 + 1536 + 60
+    with pytest.raises(ConfigError, match=r"mamba_mixer.py:241-245"):
+        prof.check(odd, cluster, job, par, runtime_for("megatron", job, cluster, par, None))
+    prof.check(_nano(), cluster, job, par, runtime_for("megatron", job, cluster, par, None))

@@ -36,7 +36,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # CUDA graphs: TE-scoped graphs beside a dropless dispatcher; a token-drop whole-iteration graph with EP
          ("mixtral-8x7b", 64, dict(tp=2, ep=8)), ("mixtral-8x7b", 64, dict(tp=2, ep=8)),
          # GPT-OSS: per-layer window, sinks, clamped quick-GeGLU, biases (Megatron-Bridge's gpt_oss_bridge.py)
-         ("gpt-oss-120b", 64, dict(tp=1, ep=8))]
+         ("gpt-oss-120b", 64, dict(tp=1, ep=8)),
+         # Nemotron 3 Nano: a hybrid Mamba-2 / attention / MoE stack through pretrain_mamba.py (mamba_builders.py)
+         ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
@@ -90,7 +92,14 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "softmax_type": "learnable" if a.attention_sinks else "vanilla",
                 "glu_linear_offset": a.glu_linear_offset, "activation_func_clamp_value": a.activation_clamp,
                 "add_bias_linear": m.linear_bias,
-                "activation_func": {"silu": "silu", "quick_gelu": "quick_gelu"}.get(a.activation, "gelu")}
+                "activation_func": {"silu": "silu", "quick_gelu": "quick_gelu",
+                                    "relu2": "squared_relu"}.get(a.activation, "gelu"),
+                "is_hybrid_model": m.is_hybrid, "hybrid_override_pattern": m.hybrid_pattern,
+                "position_embedding_type": "none" if a.no_position_encoding else "rope"}
+        if m.mamba is not None:  # the mixer's shape as megatron-core's TransformerConfig holds it
+            mb = m.mamba
+            want.update(mamba=[mb.num_heads, mb.head_dim, mb.state_dim, mb.num_groups],
+                        spec=["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"])
         rt = plan.runtime("megatron")  # the CP communication priced, as Megatron-Core settled it
         hier = rt.cp_a2a_size if rt.cp_comm_type == "a2a+p2p" else None
         want.update(cp_comm_type={"allgather": "all_gather"}.get(rt.cp_comm_type, rt.cp_comm_type)

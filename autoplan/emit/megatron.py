@@ -21,6 +21,15 @@ from cost_models.targets import MEGATRON
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
+# Hybrid Mamba stacks train with pretrain_mamba.py (mamba_builders.py: megatron-core's MambaModel from the --spec
+# layer spec; Megatron-LM core_v0.16.1).
+MAMBA_ENTRYPOINT = "pretrain_mamba.py"
+MAMBA_SPEC = ("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec")
+
+
+def entrypoint(model: Any) -> str:
+    """The Megatron-LM training script of ``model``."""
+    return MAMBA_ENTRYPOINT if model.is_hybrid else ENTRYPOINT
 
 
 def _expert_tp(plan: EmitPlan) -> int:
@@ -184,11 +193,13 @@ def model_args(plan: EmitPlan) -> list[str]:
     if m.head_dim is not None and m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
         add("--kv-channels", m.head_dim)
     # activation: SwiGLU / quick-GeGLU (x*sigmoid(1.702x), GPT-OSS) / GELU (erf) / GELU tanh (--openai-gelu)
-    if m.gated_mlp and arch.activation not in ("silu", "quick_gelu"):
+    if m.gated_mlp and arch.activation not in ("silu", "quick_gelu"):  # (relu2 gated: no flag either)
         raise ConfigError(f"{m.name}: gated MLP with activation '{arch.activation}' (GeGLU) has no Megatron-LM flag",
                           valid=["silu (SwiGLU)", "quick_gelu (--quick-geglu)"])
     if m.gated_mlp:
         add("--swiglu" if arch.activation == "silu" else "--quick-geglu")
+    elif arch.activation == "relu2":
+        add("--squared-relu")  # arguments.py:1338-1340: activation_func = squared_relu (relu(x)^2, Nemotron-H)
     elif arch.activation in ("silu", "quick_gelu"):
         raise ConfigError(f"{m.name}: a non-gated {arch.activation} MLP has no Megatron-LM flag",
                           valid=["gelu", "gelu_tanh"])
@@ -226,6 +237,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         raise ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
     if m.learned_position_embeddings:
         add("--position-embedding-type", "learned_absolute")
+    elif arch.no_position_encoding:
+        add("--position-embedding-type", "none")  # MambaModel / GPTModel: no rotary, no position table
     else:
         add("--position-embedding-type", "rope")
         if not float(arch.rope_theta).is_integer():
@@ -290,9 +303,32 @@ def model_args(plan: EmitPlan) -> list[str]:
         if r.aux_loss != "none" and r.aux_loss_coeff:
             add("--moe-aux-loss-coeff", r.aux_loss_coeff)
         add("--moe-grouped-gemm")
+        if m.moe_latent_size:
+            add("--moe-latent-size", m.moe_latent_size)
+    if m.is_hybrid:
+        a.extend(hybrid_args(m))
     if arch.mtp_layers:
         add("--mtp-num-layers", arch.mtp_layers)
     return a
+
+
+def hybrid_args(m: Any) -> list[str]:
+    """A hybrid stack's flags (pretrain_mamba.py): the layer pattern, the Mamba-2 mixer's shape (TransformerConfig's
+    mamba_* fields, transformer_config.py:843-860, as arguments through ArgumentGroupFactory) and the layer spec
+    (mamba_builders.py: --spec is required). The mixer's conv taps, scan chunk and conv bias are MambaMixer's
+    defaults (d_conv 4, chunk_size 128, conv_bias True: mamba_mixer.py:144-170), which MambaLayer passes no flag
+    for; another value is refused."""
+    mb = m.mamba
+    out = ["--is-hybrid-model", "--hybrid-override-pattern", m.hybrid_pattern, "--spec", *MAMBA_SPEC]
+    if mb is None:
+        return out
+    fixed = {"conv_kernel": (mb.conv_kernel, 4), "chunk_size": (mb.chunk_size, 128), "conv_bias": (mb.conv_bias, True)}
+    for name, (got, want) in fixed.items():
+        if got != want:
+            raise ConfigError(f"{m.name}: mamba {name}={got} has no Megatron-LM flag (MambaMixer builds {want}, "
+                              "megatron/core/ssm/mamba_mixer.py:144-170)", valid=[want])
+    return out + ["--mamba-num-heads", str(mb.num_heads), "--mamba-head-dim", str(mb.head_dim),
+                  "--mamba-state-dim", str(mb.state_dim), "--mamba-num-groups", str(mb.num_groups)]
 
 
 def _require_fixed(name: str, rs: Any, fixed: dict[str, float], what: str) -> None:
@@ -328,7 +364,10 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
             "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
             "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
-            "--mtp-num-layers", "--cpu-offloading-num-layers"]
+            "--mtp-num-layers", "--cpu-offloading-num-layers", "--moe-latent-size", "--mamba-num-heads",
+            "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups"]
+    p.add_argument("--hybrid-override-pattern", type=str, default=None)
+    p.add_argument("--spec", type=str, nargs="*", default=None)
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
     p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"], default="torch_dist")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
@@ -357,7 +396,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
-                 "--quick-geglu"]:
+                 "--quick-geglu", "--squared-relu", "--is-hybrid-model"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
@@ -475,11 +514,11 @@ def megatron_files(plan: EmitPlan) -> dict[str, str]:
         "Rank order tp-cp-ep-dp-pp (Megatron's default): consecutive ranks form a TP group, so each",
         f"TP group of {plan.parallel.tp} sits inside one node; pipeline stages are the slowest axis.",
         "Set MEGATRON_LM to your Megatron-LM checkout (not pip-installable; megatron-core alone has no",
-        "pretrain_gpt.py) and the placeholders below; EXTRA_ARGS is appended last.",
+        f"{entrypoint(plan.model)}) and the placeholders below; EXTRA_ARGS is appended last.",
         f"Vocabulary: the model's {plan.model.vocab_size} tokens stay unpadded when the tokenizer has them.",
     ])
     body = USER_SETTINGS + "\n" + bash_array("MEGATRON_ARGS", args)
-    program = ['"${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout}/' + ENTRYPOINT + '"',
+    program = ['"${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout}/' + entrypoint(plan.model) + '"',
                '"${MEGATRON_ARGS[@]}"', '"${USER_ARGS[@]}"', "${DATA_ARGS}", "${EXTRA_ARGS:-}"]
     env = dict(plan.runtime("megatron").env)  # Megatron's requirement (arguments.py:1453-1479); none with FSDP
     return {

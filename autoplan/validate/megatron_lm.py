@@ -37,6 +37,7 @@ ENV_VAR = "MEGATRON_LM_PATH"
 # What pretrain_gpt.py needs beside the plan (data and schedule are the user's: DATA_ARGS in the launch script).
 HARNESS_ARGS = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
 ENTRY = "pretrain_gpt.py"
+MAMBA_ENTRY = "pretrain_mamba.py"  # hybrid stacks: the same parse_args / validate_args (args_defaults as pretrain_gpt.py)
 TE_VERSION = "2.12.0+5671fd36"  # transformer-engine in Megatron-LM core_v0.16.1's uv.lock (git rev 5671fd36)
 
 
@@ -78,7 +79,7 @@ def launch_argv(script: str | Path, env: dict[str, str], timeout_s: float = 60) 
         if proc.returncode != 0:
             raise RuntimeError(f"{Path(script).name} exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
         words = out.read_text().split("\n")[:-1]
-    starts = [i for i, w in enumerate(words) if w.endswith("/" + ENTRY)]
+    starts = [i for i, w in enumerate(words) if w.endswith("/" + ENTRY) or w.endswith("/" + MAMBA_ENTRY)]
     if not starts:
         raise RuntimeError(f"{Path(script).name} did not hand {ENTRY} to torchrun: {words[:12]}")
     return words[starts[0] + 1:]
@@ -140,7 +141,11 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "cp_comm_type": cfg.cp_comm_type, "fp8": cfg.fp8, "fp4": cfg.fp4,
             "fp4_recipe": None if cfg.fp4 is None else str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)),
             "hierarchical_context_parallel_sizes": cfg.hierarchical_context_parallel_sizes,
-            "cuda_graph_impl": cfg.cuda_graph_impl, "cuda_graph_scope": [s.name for s in cfg.cuda_graph_scope]}}
+            "cuda_graph_impl": cfg.cuda_graph_impl, "cuda_graph_scope": [s.name for s in cfg.cuda_graph_scope],
+            "is_hybrid_model": cfg.is_hybrid_model, "hybrid_override_pattern": args.hybrid_override_pattern,
+            "mamba": [cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_dim, cfg.mamba_num_groups],
+            "moe_latent_size": cfg.moe_latent_size, "position_embedding_type": args.position_embedding_type,
+            "spec": args.spec}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:

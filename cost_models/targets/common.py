@@ -401,10 +401,9 @@ class TargetProfile:
     def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
                      dp_cp: int, schedule: str) -> ConfigError | None:
         """The first target rule the layout breaks (cheap: integers only, so the search calls it per layout)."""
-        if model.is_hybrid and not self.hybrid_models:
-            return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
-                               f"cannot run it ({self.hybrid_refusal}); use --target megatron",
-                               valid=["target megatron"])
+        err = self.model_error(model)
+        if err is not None:
+            return err
         if zero not in self.zero_stages:
             return ConfigError(f"zero_stage={zero}: {self.zero_reason(zero)}", valid=sorted(self.zero_stages))
         if schedule not in self.schedules:
@@ -462,6 +461,18 @@ class TargetProfile:
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
         """Rules that tie knobs to the layout (e.g. TP overlap needs sequence parallelism)."""
+
+    def model_error(self, model: ModelSpec) -> ConfigError | None:
+        """Why this target cannot build ``model`` at all (any layout); None: it can."""
+        if model.is_hybrid and not self.hybrid_models:
+            return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
+                               f"cannot run it ({self.hybrid_refusal}); use --target megatron",
+                               valid=["target megatron"])
+        return None
+
+    def interleave_error(self, model: ModelSpec) -> ConfigError | None:
+        """Why this target cannot interleave ``model``'s pipeline (virtual stages); None: it can."""
+        return None
 
     def zero_reason(self, zero_stage: int) -> str:
         return f"{self.name} has no ZeRO-{zero_stage}"

@@ -291,6 +291,12 @@ class MegatronProfile(TargetProfile):
                                f"({MLM}:619); {model.name} ties them", valid=["zero_stage=1"])
         return None
 
+    def interleave_error(self, model: ModelSpec) -> ConfigError | None:
+        if model.is_hybrid:
+            return ConfigError(f"{model.name}: the Mamba hybrid model does not support virtual/interleaved pipeline "
+                               f"parallelism ({MAMBA_BLOCK}:173-176)", valid=["vp=1"])
+        return None
+
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         super().check_layout(model, cluster, job, par)
         if model.is_hybrid:
@@ -300,6 +306,10 @@ class MegatronProfile(TargetProfile):
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
+        if model.mamba is not None and job.precision != "bf16" and model.mamba.in_proj_width % 16:
+            raise ConfigError(f"precision {job.precision}: Megatron-Core's Mamba in_proj output width "
+                              f"{model.mamba.in_proj_width} (2 d_inner + 2 groups state + heads) must be a multiple of "
+                              f"16 for fp8 ({MIXER}:241-245)", valid=["precision bf16"])
         if rt.tp_comm_overlap and job.precision == "nvfp4":
             raise ConfigError("tp_comm_overlap with precision nvfp4: Megatron registers TE's userbuffers for fp8 or "
                               "bf16 only (megatron/training/initialize.py:277-281) and TE's NVFP4 modules ask for the "
@@ -658,8 +668,7 @@ def hybrid_pipeline_error(model: ModelSpec, par: ParallelConfig) -> ConfigError 
     counted as layers, and without first/last stage sizes L // pp layers on every stage (the remainder would be
     dropped: refused)."""
     if par.vp > 1:
-        return ConfigError(f"vp={par.vp}: the Mamba hybrid model does not support virtual/interleaved pipeline "
-                           f"parallelism ({MAMBA_BLOCK}:173-176)", valid=["vp=1"])
+        return PROFILE.interleave_error(model)
     if par.pipeline_layout is not None or par.account_for_embedding_in_pipeline_split \
             or par.account_for_loss_in_pipeline_split:
         return ConfigError(f"{model.name}: MambaStack splits its layers by count only ({MAMBA_BLOCK}:172-221): no "
