@@ -378,3 +378,30 @@ def test_megatron_refuses_fp8_mamba_projection_not_a_multiple_of_16() -> None:
     with pytest.raises(ConfigError, match=r"mamba_mixer.py:241-245"):
         prof.check(odd, cluster, job, par, runtime_for("megatron", job, cluster, par, None))
     prof.check(_nano(), cluster, job, par, runtime_for("megatron", job, cluster, par, None))
+
+
+@pytest.mark.parametrize(("pp", "first", "last"), [(2, None, None), (4, None, None), (2, 28, 24), (8, 10, 6),
+                                                    (3, 20, None), (4, None, 16)])
+def test_pipeline_split_is_mambastacks(pp: int, first: int | None, last: int | None) -> None:
+    """The layers autoplan prices on each pipeline rank are the ones megatron-core's MambaStack selects
+    (``MambaStack._select_layers_for_pipeline_parallel``, mamba_block.py:172-221, run for real on each rank)."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("einops", reason="megatron-core's MambaStack module imports einops")
+    from megatron.core.ssm.mamba_block import MambaStack
+
+    from cost_models.specs import ParallelConfig
+    from cost_models.validate import pipeline_split
+
+    m = _nano()
+    if first is None and last is None and m.num_layers % pp:
+        pytest.skip("not an even split")
+    par = ParallelConfig(pp=pp, first_stage_layers=first, last_stage_layers=last)
+    ours = pipeline_split(m, par).layer_ids
+    cfg = SimpleNamespace(virtual_pipeline_model_parallel_size=None, num_layers=m.num_layers,
+                          num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+    for rank in range(pp):
+        stack = SimpleNamespace(config=cfg, pp_group=SimpleNamespace(rank=lambda r=rank: r, size=lambda: pp))
+        offset, chosen = MambaStack._select_layers_for_pipeline_parallel(stack, list(m.hybrid_pattern))
+        assert tuple(range(offset, offset + len(chosen))) == ours[rank], rank
+        assert "".join(chosen) == "".join(m.hybrid_pattern[i] for i in ours[rank])
