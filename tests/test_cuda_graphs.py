@@ -271,7 +271,7 @@ def test_request_scope_names_checked_like_the_flag() -> None:
 
     assert strict(Software, {"cuda_graph_scope": list(ROUTER)}).cuda_graph_scope == ROUTER
     with pytest.raises(UserInputError, match=r"cuda_graph_scope: 'bogus' is not a CUDA graph scope \(valid: attn, "
-                                             r"mlp, moe, moe_router, moe_preprocess, full_iteration\)"):
+                                             r"mlp, moe, moe_router, moe_preprocess, mamba, full_iteration\)"):
         strict(Software, {"cuda_graph_scope": ["attn", "bogus"]})
 
 

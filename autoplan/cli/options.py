@@ -169,7 +169,7 @@ software_options = stack(
                  default=None, help="megatron --cuda-graph-impl: none (default), local (full_iteration or whole "
                                     "layers) or transformer_engine (per-module scopes)"),
     click.option("--cuda-graph-scope", "cuda_graph_scope", default=None, callback=_graph_scope,
-                 help="megatron --cuda-graph-scope, comma-separated: attn, mlp, moe, moe_router, moe_preprocess, "
+                 help="megatron --cuda-graph-scope, comma-separated: attn, mlp, moe, moe_router, moe_preprocess, mamba, "
                       "full_iteration ('' = each whole layer, Megatron's default)"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),

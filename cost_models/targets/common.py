@@ -21,7 +21,8 @@ CrossEntropyFusion = Literal["none", "te"]
 # Megatron-Core 0.16.1 CUDA graphs (transformer_config.py ``cuda_graph_impl`` / ``cuda_graph_scope``; enums.py
 # ``CudaGraphScope``): the capture backend, and what it captures (empty = each whole transformer layer)
 CudaGraphImpl = Literal["none", "local", "transformer_engine"]
-CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
+# megatron-core 0.16.1 transformer/enums.py:70-79 CudaGraphScope (mamba: a hybrid stack's Mamba layers)
+CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration"]
 
 
 def graph_scope_error(names: Any) -> str | None:
@@ -91,7 +92,7 @@ class Software(BaseModel):
         "scope full_iteration = the whole forward-backward) or transformer_engine (TE make_graphed_callables per layer)")
     cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
         default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
-        "moe_preprocess, full_iteration); empty = each whole transformer layer")
+        "moe_preprocess, mamba: a hybrid stack's Mamba layers, full_iteration); empty = each whole transformer layer")
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod
