@@ -405,3 +405,22 @@ def test_pipeline_split_is_mambastacks(pp: int, first: int | None, last: int | N
         offset, chosen = MambaStack._select_layers_for_pipeline_parallel(stack, list(m.hybrid_pattern))
         assert tuple(range(offset, offset + len(chosen))) == ours[rank], rank
         assert "".join(chosen) == "".join(m.hybrid_pattern[i] for i in ours[rank])
+
+
+@pytest.mark.parametrize("name", ["nemotron-h-8b", "nemotron-h-56b"])
+def test_dense_hybrid_catalog_entries_equal_transformers(name: str) -> None:
+    """The Nemotron-H catalog entries (Mamba-2 / attention / squared-ReLU MLP, no MoE) hold every parameter of
+    transformers' NemotronH built from the same facts on the meta device (8.10B / 56.32B: the report's 8B / 56B)."""
+    from autoplan.catalog import load_model
+
+    m = load_model(name)
+    mb = m.mamba
+    cfg = {"model_type": "nemotron_h", "hybrid_override_pattern": m.hybrid_pattern, "hidden_size": m.hidden_size,
+           "intermediate_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
+           "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim_resolved, "vocab_size": m.vocab_size,
+           "mamba_num_heads": mb.num_heads, "mamba_head_dim": mb.head_dim, "ssm_state_size": mb.state_dim,
+           "n_groups": mb.num_groups, "num_hidden_layers": m.num_layers}
+    assert spec_from_hf_config(cfg, name=name).model_dump(exclude={"name"}) == m.model_dump(exclude={"name"})
+    hf = _hf_model(cfg)
+    assert sum(p.numel() for p in hf.parameters()) == m.num_params
+    assert round(m.num_params / 1e9) == int(name.split("-")[-1].rstrip("b"))

@@ -38,7 +38,7 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # GPT-OSS: per-layer window, sinks, clamped quick-GeGLU, biases (Megatron-Bridge's gpt_oss_bridge.py)
          ("gpt-oss-120b", 64, dict(tp=1, ep=8)),
          # Nemotron 3 Nano: a hybrid Mamba-2 / attention / MoE stack through pretrain_mamba.py (mamba_builders.py)
-         ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8))]
+         ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8)), ("nemotron-h-8b", 64, dict(tp=2, pp=2))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
