@@ -39,6 +39,9 @@ _NORMS = ("attn_norm", "mlp_norm")
 _NORM_OUTPUTS = ("attn_in", "mlp_in")
 _MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-projections from the latents + RoPE
 _DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
+# layers with a dense MLP: a transformer layer, or a hybrid stack's MLP layer (megatron/core/ssm/mlp_layer.py: a
+# TransformerLayer holding only the MLP, whose ``mlp`` recompute module applies the same way)
+_DENSE_MLP_KINDS = ("dense", "mlp")
 
 
 def modules_in_effect(par: ParallelConfig, rt: Runtime | None) -> frozenset[str] | None:
@@ -66,7 +69,7 @@ def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
         return True
     if "mla_up_proj" in modules and is_mla(graph) and op.name in _MLA_UP:
         return True
-    if "mlp" in modules and graph.kind == "dense" and op.name in _DENSE_MLP:
+    if "mlp" in modules and graph.kind in _DENSE_MLP_KINDS and op.name in _DENSE_MLP:
         return True
     if graph.kind == "moe" and (("moe" in modules and _in_moe(op)) or ("shared_experts" in modules and _in_shared(op))
                                 or ("moe_act" in modules and op.name == "expert_act")):
@@ -85,7 +88,7 @@ def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bo
         return True
     if tensor == "mlp_in":
         return False  # the checkpointed mlp / moe / shared experts keep their input
-    if "mlp" in modules and graph_kind == "dense" and op.name in _DENSE_MLP:
+    if "mlp" in modules and graph_kind in _DENSE_MLP_KINDS and op.name in _DENSE_MLP:
         return True
     if graph_kind == "moe":
         if "moe" in modules and _in_moe(op):

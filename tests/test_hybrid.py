@@ -424,3 +424,20 @@ def test_dense_hybrid_catalog_entries_equal_transformers(name: str) -> None:
     hf = _hf_model(cfg)
     assert sum(p.numel() for p in hf.parameters()) == m.num_params
     assert round(m.num_params / 1e9) == int(name.split("-")[-1].rstrip("b"))
+
+
+def test_mlp_recompute_module_drops_a_hybrid_mlp_layers_activations() -> None:
+    """Megatron's ``mlp`` recompute module checkpoints the MLP of a hybrid stack's '-' layer (MLPLayer, a
+    TransformerLayer holding only the MLP): its saved activations shrink to what the checkpoint keeps."""
+    from autoplan.catalog import load_model
+    from cost_models.memory import activation_bytes_per_microbatch
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m, job = load_model("nemotron-h-8b"), JobSpec(seq_len=4096)
+    g = layer_graph(m, "mlp", job.seq_len)
+    none = activation_bytes_per_microbatch(g, m, job, ParallelConfig())
+    mlp = activation_bytes_per_microbatch(g, m, job, ParallelConfig(recompute_modules=("mlp",)))
+    # kept: the layer input (its norm) and the MLP's input; dropped: up_proj's input copy, the activation's input,
+    # down_proj's input (f-wide)
+    assert mlp < none and none - mlp >= 2 * 4096 * 2 * m.ffn_hidden_size
