@@ -441,3 +441,32 @@ def test_mlp_recompute_module_drops_a_hybrid_mlp_layers_activations() -> None:
     # kept: the layer input (its norm) and the MLP's input; dropped: up_proj's input copy, the activation's input,
     # down_proj's input (f-wide)
     assert mlp < none and none - mlp >= 2 * 4096 * 2 * m.ffn_hidden_size
+
+
+def test_fast_scorer_equals_estimate_on_a_hybrid_stack() -> None:
+    """One cost model: the search's Scorer (per-layer kinds in its stage tables) prices hybrid layouts exactly as
+    estimate does — time, peak memory and fit — for layouts with pp 1 and 2 (stages of different mixer mixes), and
+    the memory lower bound stays below the peak."""
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.estimate import estimate
+    from cost_models.pipeline_split import fields_for
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import Software
+    from search.score import Scorer
+    from search.space import Tally, enumerate_layouts
+
+    m = _nano()
+    cluster, job = build_cluster("h100-sxm", 16, target="megatron"), JobSpec(global_batch_size=64, seq_len=4096)
+    layouts = list(enumerate_layouts(m, cluster, job, "megatron", {}, Tally()))
+    picked = [lay for lay in layouts if lay.pp == 2][::7][:6] + [lay for lay in layouts if lay.pp == 1][::23][:6]
+    assert len(picked) >= 8 and all(lay.vp == 1 for lay in layouts)
+    scorer = Scorer(m, cluster, job)
+    for lay in picked:
+        for layers in ((m.num_layers // lay.pp,) * lay.pp, (20, 32) if lay.pp == 2 else (m.num_layers,)):
+            par = ParallelConfig(**{**lay.parallel_kwargs(), **fields_for(layers, lay.vp)})
+            fs = scorer.score(lay, layers)
+            pred = estimate(m, cluster, job, par, target="megatron", software=Software(**scorer.chosen_knobs(lay)))
+            assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9), (lay, layers)
+            assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9), (lay, layers)
+            assert fs.fits == pred.fits
+            assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
