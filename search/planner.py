@@ -409,9 +409,14 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
             key, valid = _pin_choices(model, cluster, job, target, pins)
+            why = ""
+            if model.mamba is not None and key in ("tp", "cp"):  # the Mamba mixer's own rule names the reason
+                from cost_models.targets.megatron import mamba_layout_error
+                err = mamba_layout_error(model, int(pins.get("tp", 1)), int(pins.get("cp", 1)))
+                why = f" ({str(err).split('; valid:')[0]})" if err is not None else ""
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
                                f"{pins} and passes the hard constraints (target {target}; cut: {cut}); "
-                               + (f"no layout keeps {key}={pins[key]}" if valid else "relax the pins"),
+                               + (f"no layout keeps {key}={pins[key]}{why}" if valid else "relax the pins"),
                                valid=valid or None)
         near = _nearest_legal_gpus(model, cluster, job, target)
         return InfeasibleError(

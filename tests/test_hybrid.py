@@ -470,3 +470,15 @@ def test_fast_scorer_equals_estimate_on_a_hybrid_stack() -> None:
             assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9), (lay, layers)
             assert fs.fits == pred.fits
             assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
+
+
+def test_a_pinned_tp_the_mixer_cannot_split_is_refused_naming_the_rule() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec
+    from search.planner import search
+
+    m = _nano().model_copy(update={"mamba": MambaSpec(num_heads=64, head_dim=64, state_dim=128, num_groups=4)})
+    with pytest.raises(ConfigError, match=r"no layout keeps tp=8 \(tp=8 must divide the Mamba heads \(64\) and groups "
+                                          r"\(4\).*mamba_mixer.py:250, 258\)\); valid: 1, 2, 4$"):
+        search(m, build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=64, seq_len=4096),
+               target="megatron", pins={"tp": 8})
