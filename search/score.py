@@ -188,8 +188,9 @@ class Scorer:
         settings of the knobs the user left unset (``TargetProfile.knob_candidates``), the one whose layers cost
         least per micro-batch (``layer_cost`` of each decoder layer × its count + ``head_cost``, the functions
         ``estimate`` prices with; every stage time, hence the pipeline, is monotone in them); ties: the earlier
-        candidate (the target's default first). Empty: nothing to choose. The searched
-        knobs change time only (``TargetProfile.searched_knobs``), so memory is priced alike with any of them."""
+        candidate (the target's default first). Empty: nothing to choose. A searched knob may change
+        activations too (``act_pieces``): the exact tables take the chosen setting, the memory bounds the fewest
+        bytes any setting saves (``act_floor``)."""
         bkey = self.bound_key(lay)
         key = (bkey, lay.zero_stage, lay.pp)
         hit = self._chosen.get(key)
@@ -282,7 +283,7 @@ class Scorer:
         if hit is not None:
             return hit
         t_kind = {}
-        acts, head_a = self.act_pieces(lay, rc)
+        acts, head_a = self.act_pieces(lay, rc, chosen)
         for kind in self.kinds:
             if self.model.is_hybrid:
                 # No intra-op ILP over a hybrid stack's mixers (search/strategies.py knows transformer ops): the one
@@ -330,7 +331,7 @@ class Scorer:
         hit = self._bounds.get(key)
         if hit is not None:
             return hit
-        acts, head_a = self.act_pieces(lay, rc)
+        acts, head_a = self.act_pieces(lay, rc, fields) if floor is None else self.act_floor(lay, rc)
         if floor is None:
             times, head_t = self.exact_pieces(lay, rc)
         else:
@@ -379,15 +380,19 @@ class Scorer:
         self._floors[key] = floor
         return floor
 
-    def act_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
+    def act_pieces(self, lay: Layout, recompute: str | None = None,
+                   fields: dict[str, Any] | None = None) -> tuple[dict[str, float], float]:
         """Activations per micro-batch of each decoder layer kind and of the head (+ MTP), as the target's
-        runtime saves them (``activation_bytes_per_microbatch``), without pricing time: what the memory bounds
-        read. With the user's knobs alone (the knobs the search chooses change time only)."""
+        runtime saves them (``activation_bytes_per_microbatch``), without pricing time, with the searched knobs
+        ``fields`` (None: the target's defaults). A searched knob can change them (torchtitan's ``compile``
+        compiles the loss, which keeps fewer bytes per logit): the exact pieces take the chosen setting, the
+        memory bounds ``act_floor``."""
         rc = recompute or lay.recompute
-        key = self.bound_key(lay, rc)
+        key = (self.bound_key(lay, rc), None if fields is None else tuple(sorted(fields.items())))
         hit = self._acts.get(key)
         if hit is None:
-            par, rt = self._bound_par(lay, rc), self.default_runtime(lay)
+            par = self._bound_par(lay, rc)
+            rt = self.default_runtime(lay) if fields is None else self._runtime_with(lay, fields)
             acts = {kind: activation_bytes_per_microbatch(self.graphs[kind], self.model, self.job, par, rt)
                     for kind in self.graph_kinds}
             head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
@@ -395,6 +400,16 @@ class Scorer:
                 head_a += mtp_activation_bytes(self.model, acts[mtp_layer_kind(self.model)], head_a, self.job, par)
             hit = self._acts[key] = (acts, head_a)
         return hit
+
+    def act_floor(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
+        """Per kind and for the head, the fewest activation bytes any setting of the searched knobs saves
+        (``act_pieces`` over ``knob_candidates``; the defaults where nothing is left to choose): what a memory
+        bound may assume without pricing the choice (``chosen_knobs`` ranks time)."""
+        cands = self.knob_candidates(lay)
+        if len(cands) <= 1:
+            return self.act_pieces(lay, recompute, cands[0] if cands else None)
+        each = [self.act_pieces(lay, recompute, fields) for fields in cands]
+        return ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
 
     def mtp_params(self, tp: int, ep: int) -> tuple[float, float, float]:
         """``cost_models.mtp.mtp_stage_params``, once per (tp, ep)."""
@@ -510,10 +525,9 @@ class Scorer:
         last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         peak = 0.0
-        if lay.recompute == "full":
-            peak = max(activation_bytes_per_microbatch(self.graphs[k], m, self.job,
-                                                       self._par(lay, recompute="none", vp=1, schedule="1f1b"),
-                                                       self.default_runtime(lay)) for k in self.full_peak_kinds)
+        if lay.recompute == "full":  # the transient one layer re-run holds: with the chosen knobs (lower: floor)
+            none = self.act_floor(lay, "none")[0] if lower else self.act_pieces(lay, "none", self.chosen_knobs(lay))[0]
+            peak = max(none[k] for k in self.full_peak_kinds)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
@@ -632,13 +646,13 @@ class Scorer:
         """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
-        kinds, head_a = self.act_pieces(lay)
+        kinds, head_a = self.act_floor(lay)
         self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
         kd, ke, _ = self.state_coefficients(lay)
         frag = self.reserve_factor(lay)
         m, p = self.model, lay.pp
-        none = self.act_pieces(lay, "none")[0]
+        none = self.act_floor(lay, "none")[0]
         peak = max(none[k] for k in self.full_peak_kinds) if lay.recompute == "full" else 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
         last_dense = m.head_params / lay.tp
