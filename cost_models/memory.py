@@ -376,6 +376,10 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
     w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group)
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
+    if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)
+        from cost_models.muon import optimizer_state_bytes
+
+        o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group)
     per_mb = 0.0
     for i in ids:
         if i < runtime.cpu_offload_layers:

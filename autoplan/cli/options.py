@@ -139,6 +139,9 @@ software_options = stack(
     click.option("--adam-moments-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="Adam m and v (megatron default fp32; bf16 = --use-precision-aware-optimizer --exp-avg-dtype "
                       "bf16 --exp-avg-sq-dtype bf16, with the distributed optimizer)"),
+    click.option("--optimizer", type=click.Choice(["adam", "muon", "dist_muon"]), default=None,
+                 help="megatron --optimizer: adam (default), muon (Newton-Schulz on the 2-D weight matrices, Adam for "
+                      "the rest; DDP, zero 0) or dist_muon (that with the layer-wise distributed optimizer)"),
     click.option("--cpu-offload-layers", "cpu_offload_layers", type=click.IntRange(min=0), default=None,
                  help="megatron --cpu-offloading-num-layers: activations of the first N layers kept in host memory "
                       "(pp 1, no recompute)"),
@@ -181,7 +184,7 @@ SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_r
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
                  "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",
-                 "cuda_graph_scope")
+                 "cuda_graph_scope", "optimizer")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

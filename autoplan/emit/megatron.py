@@ -17,6 +17,7 @@ from typing import Any
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
+from cost_models.muon import MUON_NS_STEPS, MUON_TP_MODE
 from cost_models.targets import MEGATRON
 from cost_models.validate import pipeline_split
 
@@ -85,6 +86,10 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         add("--use-torch-fsdp2")
         add("--no-gradient-accumulation-fusion")
         add("--ckpt-format", "torch_dist")
+    if rt.optimizer != "adam":  # Muon (cost_models.muon cites the code): on DDP, no overlaps (arguments.py:1177-1187)
+        add("--optimizer", rt.optimizer)
+        add("--muon-num-ns-steps", MUON_NS_STEPS)  # what the prediction priced (Megatron-LM's defaults)
+        add("--muon-tp-mode", MUON_TP_MODE)
     if rt.overlap_grad_reduce:
         add("--overlap-grad-reduce")
     if rt.overlap_param_gather:
@@ -381,6 +386,9 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad")
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
                    default="delayed")
+    p.add_argument("--optimizer", choices=["adam", "sgd", "muon", "dist_muon"], default="adam")  # arguments.py:2056
+    p.add_argument("--muon-num-ns-steps", type=int, default=5)  # arguments.py:1851-1855
+    p.add_argument("--muon-tp-mode", choices=["blockwise", "duplicated", "distributed"], default="blockwise")
     for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
         p.add_argument(flag, choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
     for flag in ints:

@@ -33,6 +33,9 @@ def graph_scope_error(names: Any) -> str | None:
     return f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})" if bad else None
 
 
+# Megatron-LM --optimizer (megatron/training/arguments.py:2056-2058; sgd not offered): Adam, Muon for the 2-D weight
+# matrices with Adam for the rest, or that pair under the layer-wise distributed optimizer (cost_models.muon)
+OptimizerName = Literal["adam", "muon", "dist_muon"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
@@ -90,6 +93,10 @@ class Software(BaseModel):
     cuda_graph_impl: CudaGraphImpl | None = Field(
         default=None, description="Megatron --cuda-graph-impl: none, local (Megatron-Core's CudaGraphManager; "
         "scope full_iteration = the whole forward-backward) or transformer_engine (TE make_graphed_callables per layer)")
+    optimizer: OptimizerName | None = Field(
+        default=None, description="Megatron --optimizer: adam, muon (Newton-Schulz-orthogonalized momentum for 2-D "
+        "weight matrices, Adam for embeddings, output layer, norms, biases) or dist_muon (the same under the layer-wise "
+        "distributed optimizer: whole parameters' optimizer state spread over the data-parallel ranks)")
     cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
         default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
         "moe_preprocess, mamba: a hybrid stack's Mamba layers, full_iteration); empty = each whole transformer layer")
@@ -112,7 +119,7 @@ KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_redu
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
-              "cuda_graph_impl", "cuda_graph_scope")
+              "cuda_graph_impl", "cuda_graph_scope", "optimizer")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -159,6 +166,9 @@ class Runtime:
     # Whose cross-entropy kernel runs the loss: "none" (the framework's own: Megatron's fp32 vocab-parallel loss),
     # "te" (Transformer Engine's fused kernel; its bytes: layer_cost.TE_LOSS_BYTES, loss_bytes_per_logit below).
     cross_entropy_fusion: CrossEntropyFusion = "none"
+    # The optimizer (Megatron --optimizer): "adam", or Muon with Adam for the non-matrix parameters
+    # (``cost_models.muon`` prices its state, Newton-Schulz GEMMs and layer-wise all-gather)
+    optimizer: OptimizerName = "adam"
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
@@ -243,7 +253,8 @@ class Runtime:
                  # MoE knobs off their defaults (alltoall, no overlap, dropless learned routing), set by a knob or
                  # by a cluster profile's efficiency
                  and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))
-                 and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")]
+                 and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")
+                 and (n != "optimizer" or self.optimizer != "adam")]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None
@@ -287,6 +298,8 @@ class TargetProfile:
     # Hybrid Mamba stacks (``ModelSpec.hybrid_pattern``): "" = this target builds none (why, for the error)
     hybrid_models: bool = False
     hybrid_refusal: str = "it builds no Mamba-2 mixer"
+    # Why a target without the ``optimizer`` knob runs no Muon (the error names it)
+    optimizer_refusal: str = "this target runs Adam only"
 
     @property
     def allow_kv_replication(self) -> bool:
@@ -305,6 +318,10 @@ class TargetProfile:
         given = software.given() if software is not None else {}
         for key, value in given.items():
             knob = self.knobs.get(key)
+            if key == "optimizer" and knob is None:  # every target runs Adam; Muon only where its profile offers it
+                if value != "adam":
+                    raise ConfigError(f"optimizer={value}: {self.optimizer_refusal}", valid=["adam", "target megatron"])
+                continue
             if knob is None:
                 offered = ", ".join(sorted(self.knobs)) or "none"
                 raise ConfigError(f"{self.name} has no knob {key} (its knobs: {offered})")

@@ -208,6 +208,9 @@ class MegatronProfile(TargetProfile):
                                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment "
                                     "(Megatron-LM sets none; megatron/core/distributed/distributed_data_parallel_config"
                                     ".py:156-161 refuses it with nccl_ub)"),
+        "optimizer": Knob("optimizer", ("adam", "muon", "dist_muon"), "adam",
+                          f"{MLM}:2056-2058 (--optimizer; sgd not offered), :1177-1187 (Muon's rules); "
+                          "megatron/core/optimizer/muon.py, layer_wise_optimizer.py"),
         "cuda_graph_impl": Knob("cuda_graph_impl", ("none", "local", "transformer_engine"), "none",
                                 f"{TC}:776-782, 1716-1720 (--cuda-graph-impl)"),
         "cuda_graph_scope": Knob("cuda_graph_scope", (), (),
@@ -306,6 +309,8 @@ class MegatronProfile(TargetProfile):
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
+        if rt.optimizer != "adam":  # first: its refusals name Muon, not the knobs it turns off
+            check_muon(par, rt)
         if model.mamba is not None and job.precision != "bf16" and model.mamba.in_proj_width % 16:
             raise ConfigError(f"precision {job.precision}: Megatron-Core's Mamba in_proj output width "
                               f"{model.mamba.in_proj_width} (2 d_inner + 2 groups state + heads) must be a multiple of "
@@ -463,8 +468,10 @@ class MegatronProfile(TargetProfile):
             grad_reduce_dtype=grad,
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
-            overlap_grad_reduce=k.get("overlap_grad_reduce", True),
-            overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2)),
+            # Muon runs neither overlap (MLM:1181-1182): off unless asked for (then check_muon refuses it)
+            optimizer=k.get("optimizer", "adam"),
+            overlap_grad_reduce=k.get("overlap_grad_reduce", k.get("optimizer", "adam") == "adam"),
+            overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2) and k.get("optimizer", "adam") == "adam"),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
             weight_bytes=4.0 if fsdp else weight,
             gather_bytes=1.0 if fp8_params else 2.0,
@@ -484,6 +491,25 @@ class MegatronProfile(TargetProfile):
                 "back each micro-batch; the memory is priced, the host-link time is not (taken as hidden)",)
                if k.get("cpu_offload_layers") else ()),
         )
+
+
+def check_muon(par: ParallelConfig, rt: Runtime) -> None:
+    """Megatron-LM's Muon rules (validate_args, MLM:1177-1187; megatron/core/optimizer/muon.py:190-196): no
+    gradient-reduce or parameter-gather overlap, no distributed optimizer, no torch FSDP2, no Megatron-FSDP. Muon
+    runs on DDP (zero_stage 0); dist_muon spreads the optimizer state over the DP ranks itself."""
+    opt = rt.optimizer
+    what = {1: "the distributed optimizer (--use-distributed-optimizer", 2: "Megatron-FSDP (--use-megatron-fsdp",
+            3: "Torch-FSDP2 (--use-torch-fsdp2"}
+    line = {1: 1184, 2: 1186, 3: 1185}
+    if par.zero_stage in what:
+        alt = ["zero_stage=0"] + (["optimizer=dist_muon (zero_stage=0)"] if opt == "muon" else []) + ["optimizer=adam"]
+        raise ConfigError(f"optimizer={opt} with zero_stage={par.zero_stage}: Muon does not support "
+                          f"{what[par.zero_stage]}, {MLM}:{line[par.zero_stage]})", valid=alt)
+    for knob, on, ln in (("overlap_grad_reduce", rt.overlap_grad_reduce, 1181),
+                         ("overlap_param_gather", rt.overlap_param_gather, 1182)):
+        if on:
+            raise ConfigError(f"optimizer={opt} with {knob}: Muon does not support {knob.replace('_', ' ')} "
+                              f"({MLM}:{ln})", valid=[f"{knob}=false", "optimizer=adam"])
 
 
 def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> None:

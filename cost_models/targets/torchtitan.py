@@ -50,6 +50,10 @@ class TorchtitanProfile(TargetProfile):
     efficiency_set = "torchtitan"
     # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
     hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
+    optimizer_refusal = ("torchtitan 0.3.0's Muon is DistMuon (torchtitan/distributed/flex_shard/dist_muon.py, factory "
+                         "'DistMuon' in components/optimizer/optimizer.py:146) over FlexShard compute layouts that only its "
+                         "kimi_k2_7 model configures (models/kimi_k2_7/config_registry.py:208); autoplan emits and prices "
+                         "default_adamw")
     version = "torchtitan 0.3.0"
     schedules = ("1f1b", "interleaved")
     zero_stages = (3, 0)

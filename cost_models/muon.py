@@ -1,0 +1,193 @@
+"""Muon in Megatron-Core 0.16.1 (Megatron-LM ``--optimizer muon|dist_muon``): which parameters it takes, the state
+it holds, the Newton-Schulz GEMMs it runs and the all-gather of the layer-wise distributed optimizer.
+
+Sources (``MUON`` = megatron-core 0.16.1 megatron/core/optimizer/muon.py, ``LWO`` = .../layer_wise_optimizer.py,
+``EO`` = Emerging-Optimizers v0.1.0 (d5363b4a, what Megatron-LM core_v0.16.1 pins: pyproject.toml:184)
+emerging_optimizers/orthogonalized_optimizers/, ``MLM`` = Megatron-LM megatron/training/arguments.py):
+
+- Which parameters: every 2-D parameter that is not the embedding or the output layer goes to Muon
+  (MUON:251-258); the rest (embeddings, output layer, norms, biases, Mamba's conv1d / A_log / D / dt_bias) to Adam
+  (MUON:321-333, ``get_megatron_optimizer``). Megatron holds weights as (out, in) matrices: the fused
+  ``linear_qkv`` is split into its Q, K and V blocks before the iteration (``--muon-split-qkv`` default on,
+  MLM:1840-1842, MUON:136-159); a gated MLP's ``linear_fc1`` (gate and up) and MLA's ``linear_kv_up_proj`` (K and V)
+  are one matrix each; every routed expert is its own matrix (TE GroupedLinear ``weight{i}``); the router's gate
+  (experts x h) is one matrix.
+- State per parameter: ``Float16OptimizerWithFloat16Params`` keeps an fp32 master copy (4 B) of each bf16 weight
+  (MUON:300-303, LWO:68-81), Muon a ``momentum_buffer`` like the master (4 B, MUON:208-212; EO
+  orthogonalized_optimizer.py:151-152), Adam fp32 ``exp_avg`` and ``exp_avg_sq`` (MUON:214-220): 8 B for a Muon
+  parameter, 12 B for an Adam one. Main gradients stay in DDP's fp32 buffer, whole on every rank: Muon refuses the
+  distributed optimizer (MLM:1184, MUON:192-193). ``dist_muon`` (LWO:92-144) hands whole parameters to the ranks of
+  the dp x cp group (experts: the expert-data-parallel group) in a ping-pong over the parameters sorted by size, and
+  builds master copies and state for its own ones only (LWO:66-81): the optimizer state is divided, the gradient
+  buffer and the bf16 weights are not.
+- Newton-Schulz (EO muon_utils.py:67-161, 229-256): on the shorter side ``s`` of an ``s x l`` matrix (transposed
+  if needed, :115-118), each of ``--muon-num-ns-steps`` (5, MLM:1851) steps runs ``A = X Xᵀ`` (s·l·s),
+  ``B = b·A + c·A·A`` (s·s·s) and ``X = a·X + B·X`` (s·s·l): ``4·s²·l + 2·s³`` FLOP, in bf16 at the default
+  ``--muon-fp32-matmul-prec medium`` (:140-147). ``--muon-tp-mode blockwise`` (default, MLM:1853) runs it on each TP
+  rank's own shard, with no communication (MUON:131, EO muon_utils.py:199-201). Without the layer-wise optimizer
+  every DP rank orthogonalizes all of its matrices; with it, only those it owns.
+- Communication: DDP all-reduces the gradients, after the backward (no ``--overlap-grad-reduce``, MLM:1181);
+  ``dist_muon`` then all-gathers the updated bf16 parameters over the same groups (LWO:146-182, 221-229), in the
+  optimizer step.
+
+Not priced: ``duplicated`` / ``distributed`` TP modes (not emitted), the Q/K/V split under MLA (Megatron does not
+split MLA's projections: MUON:249), the MTP modules (priced as Adam), the fp32 <-> bf16 casts around the iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.gemm import matmul_time_s
+from cost_models.specs import ClusterSpec, ModelSpec, ParallelConfig
+
+MUON_NS_STEPS = 5  # --muon-num-ns-steps default (MLM:1851)
+MUON_TP_MODE = "blockwise"  # --muon-tp-mode default (MLM:1853)
+MUON_STATE_BYTES = 8.0  # fp32 master + fp32 momentum_buffer per Muon parameter (module doc)
+ADAM_STATE_BYTES = 12.0  # fp32 master + exp_avg + exp_avg_sq per Adam parameter (module doc)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One Muon parameter of a layer as Megatron holds it: ``rows x cols`` (out, in), ``count`` alike, the
+    dimension TP splits (0 column-parallel, 1 row-parallel, None duplicated / expert), routed expert or not."""
+
+    name: str
+    rows: int
+    cols: int
+    count: int = 1
+    tp_dim: int | None = 0
+    expert: bool = False
+    tp_limit: int = 0  # K/V of GQA: split over at most num_kv_heads ranks (0: no limit)
+
+    def local(self, tp: int) -> tuple[int, int]:
+        """The shard one TP rank orthogonalizes under ``blockwise`` (MUON:131)."""
+        t = min(tp, self.tp_limit) if self.tp_limit else tp
+        if self.tp_dim == 0:
+            return max(1, self.rows // t), self.cols
+        if self.tp_dim == 1:
+            return self.rows, max(1, self.cols // t)
+        return self.rows, self.cols
+
+
+def _mlp(prefix: str, model: ModelSpec, width: int, h: int, *, count: int = 1, expert: bool = False) -> list[Matrix]:
+    fc1 = (2 if model.gated_mlp else 1) * width  # gate and up fused in linear_fc1
+    tp0, tp1 = (None, None) if expert else (0, 1)  # routed experts: expert-TP 1 (autoplan emits it)
+    return [Matrix(f"{prefix}linear_fc1", fc1, h, count, tp0, expert),
+            Matrix(f"{prefix}linear_fc2", h, width, count, tp1, expert)]
+
+
+def _attention(model: ModelSpec) -> list[Matrix]:
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is None:
+        return [Matrix("linear_q", model.q_dim, h), Matrix("linear_k", model.kv_dim, h, tp_limit=model.num_kv_heads),
+                Matrix("linear_v", model.kv_dim, h, tp_limit=model.num_kv_heads),
+                Matrix("linear_proj", h, model.q_dim, tp_dim=1)]
+    m = model.mla
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    out = [Matrix("linear_q_down_proj", m.q_lora_rank, h, tp_dim=None),  # 'duplicated' (multi_latent_attention.py:409)
+           Matrix("linear_q_up_proj", a * qk, m.q_lora_rank)] if m.q_lora_rank else [Matrix("linear_q_proj", a * qk, h)]
+    return out + [Matrix("linear_kv_down_proj", m.kv_lora_rank + m.qk_rope_head_dim, h, tp_dim=None),  # :454
+                  Matrix("linear_kv_up_proj", a * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                  Matrix("linear_proj", h, a * m.v_head_dim, tp_dim=1)]
+
+
+def _moe(model: ModelSpec) -> list[Matrix]:
+    h, e = model.hidden_size, model.num_experts
+    w_in, lat = model.expert_input_size, model.moe_latent_size
+    out = [Matrix("router", e, h, tp_dim=None)]
+    if lat:
+        out += [Matrix("fc1_latent_proj", lat, h, tp_dim=None), Matrix("fc2_latent_proj", h, lat, tp_dim=None)]
+    out += _mlp("experts.", model, model.expert_ffn_hidden_size, w_in, count=e, expert=True)
+    if model.num_shared_experts:
+        out += _mlp("shared_experts.", model, model.expert_ffn_hidden_size * model.num_shared_experts, h)
+    return out
+
+
+def layer_matrices(model: ModelSpec, layer: int) -> list[Matrix]:
+    """The Muon parameters of decoder layer ``layer`` (module doc: which and in what shape)."""
+    h = model.hidden_size
+    if model.hybrid_pattern is not None:
+        sym = model.hybrid_pattern[layer]
+        if sym == "M":
+            mb = model.mamba
+            assert mb is not None
+            return [Matrix("in_proj", mb.in_proj_width, h), Matrix("out_proj", h, mb.d_inner, tp_dim=1)]
+        if sym == "*":
+            return _attention(model)
+        if sym == "-":
+            return _mlp("", model, model.ffn_hidden_size, h)
+        return _moe(model)
+    mlp = _moe(model) if model.is_moe_layer(layer) else _mlp("", model, model.ffn_hidden_size, h)
+    return _attention(model) + mlp
+
+
+def stage_muon_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]) -> tuple[float, float]:
+    """(dense, expert) Muon parameters one rank of a stage holds, split as ``memory.stage_params`` splits them
+    (dense matrices ÷ tp but the latent projections, experts ÷ ep), so that the rest of its count is Adam's."""
+    dense = expert = 0.0
+    for i in layer_ids:
+        for mx in layer_matrices(model, i):
+            n = mx.rows * mx.cols * mx.count
+            if mx.expert:
+                expert += n / par.ep
+            else:
+                dense += n if mx.name.endswith("latent_proj") else n / par.tp
+    return dense, expert
+
+
+def optimizer_state_bytes(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], dense: float,
+                          expert: float, optimizer: str, group: int, expert_group: int) -> tuple[float, float]:
+    """(dense, expert) optimizer-state bytes of a rank holding ``dense`` / ``expert`` parameters, of which
+    ``stage_muon_params`` are Muon's (8 B) and the rest Adam's (12 B); ``dist_muon`` divides them over the DP
+    group and the expert-data-parallel group (LWO:92-144; the ping-pong spreads whole parameters, priced even)."""
+    md, me = stage_muon_params(model, par, layer_ids)
+    od = MUON_STATE_BYTES * md + ADAM_STATE_BYTES * max(0.0, dense - md)
+    oe = MUON_STATE_BYTES * me + ADAM_STATE_BYTES * max(0.0, expert - me)
+    if optimizer == "dist_muon":
+        return od / max(1, group), oe / max(1, expert_group)
+    return od, oe
+
+
+def ns_flops(rows: int, cols: int, steps: int = MUON_NS_STEPS) -> float:
+    """FLOPs of Newton-Schulz on one ``rows x cols`` matrix: ``steps · (4·s²·l + 2·s³)`` (module doc)."""
+    s, l = min(rows, cols), max(rows, cols)
+    return steps * (4.0 * s * s * l + 2.0 * s**3)
+
+
+def ns_time_s(rows: int, cols: int, cluster: ClusterSpec, steps: int = MUON_NS_STEPS) -> float:
+    """Seconds of the Newton-Schulz GEMMs on one matrix (bf16, EO muon_utils.py:140-147, 251-255)."""
+    s, l = min(rows, cols), max(rows, cols)
+    return steps * (matmul_time_s(s, l, s, cluster) + matmul_time_s(s, s, s, cluster) + matmul_time_s(s, s, l, cluster))
+
+
+def ping_pong_max(sizes: Sequence[tuple[float, float]], ranks: int) -> float:
+    """The largest per-rank sum of costs when LWO:104-136 deals ``(numel, cost)`` items, sorted by numel (a stable
+    sort), to ``ranks`` ranks in the order 0..r-1, r-1..0, 0..r-1, ..."""
+    if ranks <= 1:
+        return sum(c for _, c in sizes)
+    loop = list(range(ranks)) + list(range(ranks))[::-1]
+    load = [0.0] * ranks
+    for i, (_, cost) in enumerate(sorted(sizes, key=lambda x: x[0])):
+        load[loop[i % len(loop)]] += cost
+    return max(load)
+
+
+def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
+                    optimizer: str, dense_adam: int, expert_adam: int, group: int, expert_group: int) -> float:
+    """Newton-Schulz seconds per step of one rank of a stage holding ``layer_ids``: every local matrix (muon), or
+    the ones the layer-wise optimizer deals it (dist_muon: ``ping_pong_max`` over the dense and the expert
+    parameters, ``dense_adam`` / ``expert_adam`` Adam parameters taking their places in the deal as 1-element
+    items ahead of the matrices: norms and biases are the smallest)."""
+    dense: list[tuple[float, float]] = []
+    expert: list[tuple[float, float]] = []
+    for i in layer_ids:
+        for mx in layer_matrices(model, i):
+            r, c = mx.local(par.tp)
+            item = (float(r * c), ns_time_s(r, c, cluster))
+            (expert if mx.expert else dense).extend([item] * (mx.count // (par.ep if mx.expert else 1)))
+    if optimizer != "dist_muon":
+        return sum(c for _, c in dense) + sum(c for _, c in expert)
+    return (ping_pong_max([(0.0, 0.0)] * dense_adam + dense, group)
+            + ping_pong_max([(0.0, 0.0)] * expert_adam + expert, expert_group))

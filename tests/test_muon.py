@@ -1,0 +1,167 @@
+"""Muon (Megatron-LM ``--optimizer muon|dist_muon``): the knob's refusals against Megatron-LM's validate_args, the
+emitted flags through Megatron-LM's setup, and the parameter split / state bytes against megatron-core's own model
+(``cost_models.muon`` cites the code)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.emit import EmitPlan, write_plan
+from autoplan.validate import megatron_lm
+from autoplan.validate.megatron_checks import megatron_lm_case
+from cost_models.errors import ConfigError
+from cost_models.estimate import estimate
+from cost_models.memory import GIB
+from cost_models.muon import ADAM_STATE_BYTES, MUON_STATE_BYTES, layer_matrices, stage_muon_params
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import PROFILES, Software
+
+JOB = JobSpec(global_batch_size=2048, seq_len=4096)
+
+
+def _plan(opt: str, zero: int = 0, **sw: object) -> EmitPlan:
+    return EmitPlan(load_model("llama3-8b"), build_cluster("h100-sxm", 64), JOB, ParallelConfig(tp=2, zero_stage=zero),
+                    software=Software(optimizer=opt, **sw))
+
+
+def _runtime(opt: str, zero: int = 0, **sw: object):  # type: ignore[no-untyped-def]
+    plan = _plan(opt, zero, **sw)
+    prof = PROFILES["megatron"]
+    rt = prof.resolve(plan.software, plan.job, plan.cluster, plan.parallel)
+    prof.check_runtime(plan.model, plan.cluster, plan.job, plan.parallel, rt)
+    return rt
+
+
+# (knob change, the line autoplan cites, Megatron-LM's assertion text, the argv that asks it of Megatron-LM)
+REFUSALS = [({"zero": 1}, ":1184", "does not support distributed optimizer", ["--use-distributed-optimizer"]),
+            ({"zero": 3}, ":1185", "does not support Torch-FSDP2",
+             ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]),
+            ({"zero": 2}, ":1186", "does not support Megatron-FSDP",
+             ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+              "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]),
+            ({"overlap_grad_reduce": True}, ":1181", "does not support overlap grad reduce", ["--overlap-grad-reduce"]),
+            # without the distributed optimizer Megatron-LM's general rule (arguments.py:598) fires before Muon's
+            ({"overlap_param_gather": True}, ":1182", "--overlap-param-gather only supported with distributed optimizer",
+             ["--overlap-param-gather"])]
+
+
+def _argv(plan: EmitPlan, tmp: Path) -> list[str]:
+    out = tmp / "emitted"
+    write_plan(plan, "megatron", out)
+    env = {"DATA_ARGS": f"--mock-data --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size - 1}",
+           "TRAIN_ITERS": "250", "LR": "3e-4", "CHECKPOINT_DIR": str(tmp / "ckpt")}
+    return megatron_lm.launch_argv(out / "train_megatron_torchrun.sh", env)
+
+
+@pytest.mark.parametrize("opt", ["muon", "dist_muon"])
+def test_refusals_name_megatron_lines_and_megatron_lm_refuses_the_same(opt: str, tmp_path: Path) -> None:
+    """Each Muon rule autoplan applies is one Megatron-LM's validate_args applies: the emitted argv passes; with
+    the flag the refused setting would add, Megatron-LM fails with Muon's assertion."""
+    for change, line, _, _ in REFUSALS:
+        zero = int(change.get("zero", 0))  # type: ignore[call-overload]
+        knobs = {k: v for k, v in change.items() if k != "zero"}
+        with pytest.raises(ConfigError, match=f"optimizer={opt}.*{line}") as err:
+            _runtime(opt, zero, **knobs)
+        assert "valid:" in str(err.value) and "\n" not in str(err.value)
+    if megatron_lm.checkout() is None:
+        pytest.skip(megatron_lm.skip_reason())
+    plan = _plan(opt)
+    argv = _argv(plan, tmp_path)
+    i = argv.index("--optimizer")
+    assert argv[i + 1] == opt and "--muon-num-ns-steps" in argv and "--muon-tp-mode" in argv
+    assert not {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"} & set(argv)
+    cases = [megatron_lm_case(plan, argv)]
+    for *_, flags in REFUSALS:
+        case = megatron_lm_case(plan, argv[:-5] + flags + argv[-5:])
+        if any("fsdp" in f for f in flags):  # FSDP's own rule (arguments.py:687) would fire first
+            case["env"].pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        cases.append(case)
+    res = megatron_lm.judge(cases)
+    assert res[0]["ok"], res[0]
+    for (_, _, text, _), r in zip(REFUSALS, res[1:]):
+        assert not r["ok"] and text in r["error"], (text, r)
+
+
+def test_other_targets_refuse_muon_in_one_line() -> None:
+    for target in ("torchtitan", "fsdp2"):
+        prof = PROFILES[target]
+        plan = _plan("adam")
+        prof.resolve(Software(optimizer="adam"), plan.job, plan.cluster)  # Adam is what they run
+        with pytest.raises(ConfigError, match="optimizer=muon: ") as err:
+            prof.resolve(Software(optimizer="muon"), plan.job, plan.cluster)
+        assert "\n" not in str(err.value) and "target megatron" in str(err.value)
+
+
+def _megatron_core_split(name: str) -> tuple[dict[int, Counter], int, int]:
+    """Per decoder layer the shapes of the parameters Megatron-Core's Muon takes (2-D, not embedding / output:
+    muon.py:251-258), and the model's Muon (outside the MTP modules) and total parameter counts, from
+    megatron-core's GPTModel on meta."""
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.validate.model_equivalence import megatron_model
+
+    model = load_model(name)
+    plan = EmitPlan(model, build_cluster("h100-sxm", 64), JOB, ParallelConfig(tp=1, zero_stage=0),
+                    software=Software(optimizer="muon"))
+    _, core = megatron_model(megatron_args(plan), model.vocab_size)
+    layers: dict[int, Counter] = {}
+    muon = total = 0
+    for pname, p in core.named_parameters():
+        total += p.numel()
+        # the MTP modules: Muon's too in Megatron, priced as Adam here (cost_models.muon says so)
+        if p.dim() == 2 and not getattr(p, "is_embedding_or_output_parameter", False) and not pname.startswith("mtp."):
+            muon += p.numel()
+            if pname.startswith("decoder.layers."):
+                layers.setdefault(int(pname.split(".")[2]), Counter())[tuple(p.shape)] += 1
+    return layers, muon, total
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "deepseek-v3"])
+def test_muon_parameters_are_megatron_cores(name: str) -> None:
+    """The matrices ``layer_matrices`` lists are megatron-core's 2-D non-embedding parameters, layer by layer (its
+    fused linear_qkv = our Q, K, V blocks stacked), so the Muon / Adam split of the state bytes is the code's."""
+    pytest.importorskip("megatron.core")
+    model = load_model(name)
+    layers, muon, total = _megatron_core_split(name)
+    ours_total = 0
+    for i, shapes in layers.items():
+        mine: Counter = Counter()
+        mats = layer_matrices(model, i)
+        qkv = [m for m in mats if m.name in ("linear_q", "linear_k", "linear_v")]
+        if qkv:  # Megatron holds one linear_qkv and splits it for the iteration (muon.py:136-159)
+            mine[(sum(m.rows for m in qkv), qkv[0].cols)] += 1
+        for m in mats:
+            if m not in qkv:
+                mine[(m.rows, m.cols)] += m.count
+            ours_total += m.rows * m.cols * m.count
+        assert mine == shapes, (name, i)
+    assert ours_total == muon
+    par = ParallelConfig(tp=1)
+    assert stage_muon_params(model, par, range(model.num_layers)) == (
+        sum(m.rows * m.cols * m.count for i in range(model.num_layers) for m in layer_matrices(model, i)
+            if not m.expert), sum(m.rows * m.cols * m.count for i in range(model.num_layers)
+                                  for m in layer_matrices(model, i) if m.expert))
+    assert total == model.num_params + (model.mtp_params if model.arch.mtp_layers else 0)
+
+
+def test_state_bytes_are_muons_and_adams() -> None:
+    """llama3-8b, tp 2, dp 32, pp 1, zero 0: the optimizer memory is 8 B per Muon parameter and 12 B per other
+    parameter (muon), the same spread over the 32 DP ranks (dist_muon); weights and fp32 gradients stay whole."""
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 64)
+    par = ParallelConfig(tp=2, zero_stage=0)
+    layer_muon = sum(m.rows * m.cols * m.count for m in layer_matrices(model, 0))
+    muon = model.num_layers * layer_muon / 2
+    rank = model.num_params / 2 + model.num_layers * model.norm_params_per_layer / 2  # layer norms whole per TP rank
+    adam = rank - muon
+    preds = {o: estimate(model, cluster, JOB, par, target="megatron", software=Software(optimizer=o))
+             for o in ("adam", "muon", "dist_muon")}
+    assert preds["adam"].memory_gib["optimizer"] == pytest.approx(ADAM_STATE_BYTES * rank / GIB, rel=1e-3)
+    assert preds["muon"].memory_gib["optimizer"] == pytest.approx((MUON_STATE_BYTES * muon + ADAM_STATE_BYTES * adam)
+                                                               / GIB, rel=1e-3)
+    assert preds["dist_muon"].memory_gib["optimizer"] == pytest.approx(preds["muon"].memory_gib["optimizer"] / 32, rel=1e-6)
+    for o in ("muon", "dist_muon"):
+        assert preds[o].memory_gib["grads"] == preds["adam"].memory_gib["grads"]
+        assert preds[o].memory_gib["weights"] == preds["adam"].memory_gib["weights"]
