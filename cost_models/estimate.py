@@ -22,6 +22,7 @@ from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unprice
 from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
+from cost_models.muon import optimizer_step_s
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer_kind
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
@@ -286,6 +287,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
             ops: list[tuple[str, float, int, int]]  # (collective, payload, group, calls per step)
             if par.zero_stage == 0:
                 ops = [("all_reduce", grad, g, 1)]
+                if rt.optimizer == "dist_muon":  # the updated bf16 parameters, all-gathered in the step (cost_models.muon)
+                    ops.append(("all_gather", weight, g, 1))
             elif par.zero_stage in (1, 2):
                 ops = [("reduce_scatter", grad, g, m if every else 1), ("all_gather", weight, g, 1)]
             else:
@@ -306,8 +309,13 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
             if replicas > 1:
                 total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)
                 total_b += 2 * (replicas - 1) / replicas * grad / g
+        if not rt.overlap_grad_reduce and par.zero_stage < 2:
+            # Megatron without --overlap-grad-reduce reduces after the backward (and gathers in the step): exposed
+            blocking = total_s
         local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
         opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
+        if rt.optimizer != "adam":  # Muon: its state passes and Newton-Schulz GEMMs (cost_models.muon cites the code)
+            opt_s = optimizer_step_s(model, cluster, par, ids, sp.dense, sp.expert, rt, group, expert_group)
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst

@@ -26,9 +26,12 @@ emerging_optimizers/orthogonalized_optimizers/, ``MLM`` = Megatron-LM megatron/t
   ``--muon-fp32-matmul-prec medium`` (:140-147). ``--muon-tp-mode blockwise`` (default, MLM:1853) runs it on each TP
   rank's own shard, with no communication (MUON:131, EO muon_utils.py:199-201). Without the layer-wise optimizer
   every DP rank orthogonalizes all of its matrices; with it, only those it owns.
-- Communication: DDP all-reduces the gradients, after the backward (no ``--overlap-grad-reduce``, MLM:1181);
-  ``dist_muon`` then all-gathers the updated bf16 parameters over the same groups (LWO:146-182, 221-229), in the
-  optimizer step.
+- Communication (``estimate.data_parallel_cost``): DDP all-reduces the gradients after the backward (no
+  ``--overlap-grad-reduce``, MLM:1181: exposed in full); ``dist_muon`` then all-gathers the updated bf16 parameters
+  over the same groups (LWO:146-182, 221-229), in the optimizer step (exposed too).
+- The step (``optimizer_step_s``): the element-wise passes over the state a rank holds, at HBM speed, and the
+  Newton-Schulz GEMMs of its matrices through ``gemm.matmul_time_s``; under ``dist_muon`` the rank with the most
+  Newton-Schulz time in the deal (``ping_pong_max``) sets it.
 
 Not priced: ``duplicated`` / ``distributed`` TP modes (not emitted), the Q/K/V split under MLA (Megatron does not
 split MLA's projections: MUON:249), the MTP modules (priced as Adam), the fp32 <-> bf16 casts around the iteration.
@@ -38,9 +41,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from cost_models.gemm import matmul_time_s
 from cost_models.specs import ClusterSpec, ModelSpec, ParallelConfig
+
+if TYPE_CHECKING:
+    from cost_models.targets.common import Runtime
 
 MUON_NS_STEPS = 5  # --muon-num-ns-steps default (MLM:1851)
 MUON_TP_MODE = "blockwise"  # --muon-tp-mode default (MLM:1853)
@@ -156,6 +164,7 @@ def ns_flops(rows: int, cols: int, steps: int = MUON_NS_STEPS) -> float:
     return steps * (4.0 * s * s * l + 2.0 * s**3)
 
 
+@lru_cache(maxsize=4096)
 def ns_time_s(rows: int, cols: int, cluster: ClusterSpec, steps: int = MUON_NS_STEPS) -> float:
     """Seconds of the Newton-Schulz GEMMs on one matrix (bf16, EO muon_utils.py:140-147, 251-255)."""
     s, l = min(rows, cols), max(rows, cols)
@@ -172,6 +181,30 @@ def ping_pong_max(sizes: Sequence[tuple[float, float]], ranks: int) -> float:
     for i, (_, cost) in enumerate(sorted(sizes, key=lambda x: x[0])):
         load[loop[i % len(loop)]] += cost
     return max(load)
+
+
+def adam_tensors(model: ModelSpec, layer: int) -> int:
+    """Adam's parameter tensors in decoder layer ``layer`` (they take places in the layer-wise deal): its norms
+    (weight, + bias for LayerNorm), MLA's q / kv latent norms, Qwen3's q / k norms, the linears' biases, the router's
+    expert bias, a Mamba mixer's conv1d weight and bias, dt_bias, A_log, D and gated norm."""
+    per_norm = 2 if model.norm == "layernorm" else 1
+    mats = layer_matrices(model, layer)
+    n = per_norm * (1 if model.hybrid_pattern is not None else 2)
+    if model.hybrid_pattern is not None and model.hybrid_pattern[layer] == "M":
+        mb = model.mamba
+        return n + 5 + (1 if mb is not None and mb.conv_bias else 0)
+    if any(m.name.startswith("linear_q") for m in mats):  # an attention mixer
+        if model.mla is not None:
+            n += 2 if model.mla.q_lora_rank else 1
+        elif model.arch.qk_norm:
+            n += 2
+    if model.linear_bias:
+        n += sum(m.count for m in mats)
+    elif model.qkv_bias:
+        n += sum(1 for m in mats if m.name in ("linear_q", "linear_k", "linear_v"))
+    if any(m.name == "router" for m in mats) and model.arch.router.expert_bias:
+        n += 1
+    return n
 
 
 def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
@@ -191,3 +224,22 @@ def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
         return sum(c for _, c in dense) + sum(c for _, c in expert)
     return (ping_pong_max([(0.0, 0.0)] * dense_adam + dense, group)
             + ping_pong_max([(0.0, 0.0)] * expert_adam + expert, expert_group))
+
+
+def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
+                     dense: float, expert: float, rt: "Runtime", group: int, expert_group: int) -> float:
+    """One rank's optimizer step under Muon: the element-wise passes over the state it holds (as
+    ``Runtime.adam_bytes_per_param`` counts Adam's: read and write the state, read the gradient, write the bf16
+    weight; a Muon parameter's state is its 8 B) at HBM speed, plus its Newton-Schulz GEMMs."""
+    from cost_models.gemm import hbm_time_s
+
+    md, me = stage_muon_params(model, par, layer_ids)
+    muon_b = 2 * MUON_STATE_BYTES + rt.grad_bytes + rt.weight_bytes
+    dist = rt.optimizer == "dist_muon"
+    traffic = 0.0
+    for total, muon, g in ((dense, md, group), (expert, me, expert_group)):
+        share = 1.0 / max(1, g) if dist else 1.0
+        traffic += share * (muon_b * muon + rt.adam_bytes_per_param * max(0.0, total - muon))
+    adam_dense = sum(adam_tensors(model, i) for i in layer_ids)
+    return hbm_time_s(traffic, cluster) + newton_schulz_s(model, cluster, par, layer_ids, rt.optimizer, adam_dense,
+                                                          0, group, expert_group)

@@ -165,3 +165,87 @@ def test_state_bytes_are_muons_and_adams() -> None:
     for o in ("muon", "dist_muon"):
         assert preds[o].memory_gib["grads"] == preds["adam"].memory_gib["grads"]
         assert preds[o].memory_gib["weights"] == preds["adam"].memory_gib["weights"]
+
+
+@pytest.mark.parametrize("shape", [(14336, 4096), (4096, 14336), (7168, 2048), (384, 7168)])
+def test_newton_schulz_flops_are_the_iterations(shape: tuple[int, int]) -> None:
+    """``ns_flops`` against torch's FLOP counter over the iteration as Emerging-Optimizers v0.1.0 runs it
+    (muon_utils.py: transpose to the short side, :115-118; per step ``A = X @ X.mT``, ``B = addmm(A, A, A)``,
+    ``X = addmm(X, B, X)``, :251-255), 5 steps, on meta tensors."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cost_models.muon import MUON_NS_STEPS, ns_flops
+
+    x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    if x.size(-2) > x.size(-1):
+        x = x.mT
+    with FlopCounterMode(display=False) as fc:
+        for _ in range(MUON_NS_STEPS):
+            a = x @ x.mT
+            b = torch.addmm(a, a, a, alpha=2.0, beta=-3.0)
+            x = torch.addmm(x, b, x, alpha=1.0, beta=3.0)
+    assert fc.get_total_flops() == ns_flops(*shape)
+
+
+def test_layer_wise_deal_is_megatron_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ping_pong_max`` deals parameters as megatron-core's LayerWiseDistributedOptimizer.shard_params does
+    (layer_wise_optimizer.py:92-144), run here on meta tensors with a stand-in DP group of 8 ranks."""
+    import torch
+    from types import SimpleNamespace
+
+    from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
+
+    from cost_models.muon import ping_pong_max
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    shapes = [(4096, 4096), (1024, 4096), (1024, 4096), (14336, 4096), (4096, 14336)] * 6 + [(4096,)] * 13
+    d = 8
+
+    class Group:
+        def __init__(self, r: int) -> None:
+            self.r = r
+
+        def size(self) -> int:
+            return d
+
+        def rank(self) -> int:
+            return self.r
+
+    loads = []
+    for r in range(d):
+        params = [torch.empty(s, device="meta") for s in shapes]
+        opts = [SimpleNamespace(param_groups=[{"params": params}])]
+        lwo = LayerWiseDistributedOptimizer.__new__(LayerWiseDistributedOptimizer)
+        lwo.pg_collection = SimpleNamespace(dp_cp=Group(r), expt_dp=Group(r))
+        lwo.shard_params(opts)
+        loads.append(sum(p.numel() for p in opts[0].param_groups[0]["params"]))
+    assert ping_pong_max([(float(torch.Size(s).numel()),) * 2 for s in shapes], d) == max(loads)
+
+
+def test_muon_step_prices_the_exposed_reduce_the_gather_and_newton_schulz() -> None:
+    """llama3-8b, tp 2, dp 32, zero 0: Muon's DP all-reduce is exposed in full (no --overlap-grad-reduce,
+    arguments.py:1181); dist_muon adds the all-gather of the bf16 weights (2 B per parameter over the 32 ranks:
+    layer_wise_optimizer.py:146-182); the optimizer step adds Newton-Schulz: all local matrices under muon, a
+    1/32 deal of them under dist_muon (every rank gets one of the 32 largest)."""
+    from cost_models.muon import layer_matrices, ns_time_s
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 64)
+    par = ParallelConfig(tp=2, zero_stage=0)
+    p = {o: estimate(model, cluster, JOB, par, target="megatron", software=Software(optimizer=o))
+         for o in ("adam", "muon", "dist_muon")}
+    ns_all = model.num_layers * sum(ns_time_s(*m.local(2), cluster) for m in layer_matrices(model, 0))
+    assert p["muon"].time.optimizer_s > ns_all > 0.5 * p["muon"].time.optimizer_s
+    assert p["dist_muon"].time.optimizer_s < p["muon"].time.optimizer_s / 16
+    rank_params = model.num_params / 2 + model.num_layers * model.norm_params_per_layer / 2
+    gather = 2 * rank_params * 31 / 32 / GIB
+    assert p["dist_muon"].comm_volume_gib["dp"] == pytest.approx(p["muon"].comm_volume_gib["dp"] + gather, rel=1e-6)
+    from cost_models.collectives import RankStrides
+    from cost_models.estimate import data_parallel_cost
+
+    for o in ("muon", "dist_muon"):
+        rt = PROFILES["megatron"].resolve(Software(optimizer=o), JOB, cluster, par)
+        dp_s, _, _, blocking = data_parallel_cost(model, cluster, par, [32], 32, RankStrides.megatron(2, 1, 32), 32,
+                                                  rt=rt)
+        assert blocking == dp_s > 0 and p[o].time.exposed_comm_s["dp"] == pytest.approx(dp_s, rel=1e-9)
+    assert p["adam"].time.exposed_comm_s["dp"] < p["muon"].time.exposed_comm_s["dp"]

@@ -69,6 +69,13 @@ Run-time semantics:
   CUDA_DEVICE_MAX_CONNECTIONS>1 ... needed only for Hopper, which uses persistent CTA execution":
   TransformerEngine ``transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133`` at 5671fd36,
   the 2.12 commit Megatron-LM core_v0.16.1's ``uv.lock`` pins).
+- The optimizer (knob ``optimizer``, ``--optimizer adam|muon|dist_muon``, MLM:2056-2058): Muon orthogonalizes the
+  momentum of every 2-D weight matrix by Newton-Schulz and leaves embeddings, output layer, norms and biases to Adam
+  (``cost_models.muon`` cites megatron-core's muon.py / layer_wise_optimizer.py and prices its state, GEMMs and
+  all-gather). validate_args refuses it with overlap of the gradient reduce or parameter gather, the distributed
+  optimizer, torch FSDP2 and Megatron-FSDP (MLM:1177-1187, ``check_muon``): zero_stage 0, the DP all-reduce exposed
+  after the backward; ``dist_muon`` (the layer-wise distributed optimizer) divides the optimizer state over the DP
+  ranks itself and all-gathers the updated weights in the step.
 - Elementwise kernels are TE's fused kernels (fused norms, SwiGLU).
 - The caching allocator (knob ``expandable_segments``): Megatron-LM sets no ``PYTORCH_CUDA_ALLOC_CONF`` (none in
   megatron/ or examples/ at core_v0.16.1), so PyTorch's default allocator runs unless the launcher sets it:
