@@ -471,7 +471,7 @@ def render_memory(rows: list[tuple[str, float, float, dict[str, float]]]) -> str
              "allocated | activations | transients | device (fits?) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for cid, meas, pred, parts in rows:
         lines.append(f"| {cid} | {meas:.1f} | {pred:.1f} | {pred / meas - 1:+.1%} | {parts['allocated']:.1f} | "
-                     f"{parts['activations']:.1f} | {parts['zero3_buffers']:.1f} | {parts['total']:.1f} |")
+                     f"{parts['activations']:.1f} | {parts['transients']:.1f} | {parts['total']:.1f} |")
     errs = [abs(p / m - 1) for _, m, p, _ in rows]
     lines.append(f"| memory MAPE | | | {sum(errs) / len(errs):.1%} (worst {max(errs):.1%}) | | | | |")
     return "\n".join(lines)
@@ -486,7 +486,7 @@ def reserve_fit(rows: list[tuple[str, float, float, dict[str, float]]]) -> dict[
 
     meas = [m for _, m, _, _ in rows]
     alloc = [parts["allocated"] for *_, parts in rows]
-    churn = [parts["activations"] + parts["zero3_buffers"] for *_, parts in rows]
+    churn = [parts["activations"] + parts["transients"] for *_, parts in rows]
 
     def mape(c: float) -> float:
         return sum(abs(a + c * u - m) / m for a, u, m in zip(alloc, churn, meas)) / len(rows)
@@ -507,7 +507,7 @@ def held_reserve_bound() -> tuple[float, str]:
                         check=False)
         g = pred.memory_gib
         if g["allocator"] > 0:
-            churn = g["activations"] + g["zero3_buffers"]
+            churn = g["activations"] + g["transients"]
             out.append(((pred.memory_limit_gib - pred.peak_memory_gib + g["allocator"]) / churn, case["id"]))
     return min(out)
 

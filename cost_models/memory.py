@@ -315,15 +315,16 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
-    zero3_buffers: float  # ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the recompute peak,
-    # Megatron-FSDP's unsharded gradient bucket
+    # short-lived buffers at the peak: ZeRO-3/FSDP gathered units, torchtitan's unsharded PP stage state, the full-
+    # recompute transient of the layer re-run, Megatron-FSDP's unsharded gradient bucket (was 'zero3_buffers')
+    transients: float
     allocator: float  # caching-allocator reserve the allocator cannot give back (counts against HBM)
     runtime: float  # CUDA context + NCCL buffers (outside the allocator)
     allocator_cached: float = 0.0  # reserve it returns before an out-of-memory (expandable segments)
 
     @property
     def allocated(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.zero3_buffers
+        return self.weights + self.grads + self.optimizer + self.activations + self.transients
 
     @property
     def reserved(self) -> float:
@@ -341,7 +342,7 @@ class MemoryBreakdown:
 
     def gib(self) -> dict[str, float]:
         out = {k: getattr(self, k) / GIB for k in ("weights", "grads", "optimizer", "activations",
-                                                    "zero3_buffers", "allocator", "runtime", "allocator_cached",
+                                                    "transients", "allocator", "runtime", "allocator_cached",
                                                     "allocated", "reserved", "total")}
         out["overhead"] = self.overhead / GIB
         return out

@@ -17,7 +17,7 @@ from cost_models.targets import MEGATRON, TORCHTITAN, Software
 H100 = build_cluster("h100-sxm", 8)
 JOB = JobSpec(global_batch_size=16, seq_len=4096)
 PAR = ParallelConfig(tp=2, pp=1, micro_batch_size=1, zero_stage=1, recompute="selective")
-PARTS = ("weights", "grads", "optimizer", "activations", "zero3_buffers", "allocator", "runtime")
+PARTS = ("weights", "grads", "optimizer", "activations", "transients", "allocator", "runtime")
 
 
 @pytest.mark.parametrize("target,par", [("megatron", PAR), ("torchtitan", PAR.model_copy(update={"zero_stage": 3}))])
@@ -25,7 +25,7 @@ def test_expandable_segments_move_the_reserve_out_of_the_device_peak(target: str
     model = load_model("llama3-8b")
     off = estimate(model, H100, JOB, par, target=target, software=Software(expandable_segments=False))
     on = estimate(model, H100, JOB, par, target=target, software=Software(expandable_segments=True))
-    churn = on.memory_gib["activations"] + on.memory_gib["zero3_buffers"]
+    churn = on.memory_gib["activations"] + on.memory_gib["transients"]
     assert on.peak_allocated_gib == pytest.approx(off.peak_allocated_gib, rel=1e-12)
     assert on.peak_reserved_gib == pytest.approx(off.peak_reserved_gib, rel=1e-12)  # what max_memory_reserved shows
     assert on.peak_reserved_gib - on.peak_allocated_gib == pytest.approx(ALLOCATOR_RESERVE * churn, rel=1e-9)
@@ -104,7 +104,7 @@ def test_stage_memory_reserve_is_of_the_churn_only() -> None:
     model = load_model("llama3-8b")
     rt = MEGATRON.resolve(None, JOB, H100, PAR)
     mem = stage_memory(model, JOB, PAR, 4, 0, [32], 8, graphs_for(model, JOB.seq_len), rt)
-    assert mem.allocator == pytest.approx(ALLOCATOR_RESERVE * (mem.activations + mem.zero3_buffers), rel=1e-12)
+    assert mem.allocator == pytest.approx(ALLOCATOR_RESERVE * (mem.activations + mem.transients), rel=1e-12)
     assert mem.total - mem.reserved == pytest.approx(1.5 * GIB, rel=1e-12)
 
 

@@ -246,7 +246,7 @@ def test_reserve_fit_brackets_the_catalog_reserve() -> None:
     fit = fidelity.reserve_fit(rows)
 
     def mape(c: float) -> float:
-        return sum(abs(p["allocated"] + c * (p["activations"] + p["zero3_buffers"]) - m) / m
+        return sum(abs(p["allocated"] + c * (p["activations"] + p["transients"]) - m) / m
                    for _, m, _, p in rows) / len(rows)
 
     best = float(fit["best"])  # type: ignore[arg-type]

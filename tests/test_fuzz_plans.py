@@ -311,7 +311,7 @@ def violations(target: str, m: dict[str, Any], num_gpus: int, domain: int, gpu: 
     need(pred.fits and pred.peak_memory_gib <= pred.memory_limit_gib <= hbm,
          f"memory: peak {pred.peak_memory_gib:.1f} limit {pred.memory_limit_gib:.1f} HBM {hbm}")
     parts = sum(v for k, v in pred.memory_gib.items()
-                if k in ("weights", "grads", "optimizer", "activations", "zero3_buffers", "allocator", "runtime"))
+                if k in ("weights", "grads", "optimizer", "activations", "transients", "allocator", "runtime"))
     need(math.isclose(parts, pred.peak_memory_gib, rel_tol=1e-3, abs_tol=1e-3),
          f"memory parts sum to {parts:.3f}, peak {pred.peak_memory_gib:.3f}")
     floor = _memory_floor_gib(m, par, dp, pred.layers_per_stage, seq)

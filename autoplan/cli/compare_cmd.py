@@ -169,7 +169,7 @@ def render_compare(result: Any) -> str:
             row(f"  {PART_NAMES[k]} s", [f"{p[k]:.3f}" for p in parts])
     row("peak memory GiB", [f"{e.prediction.peak_memory_gib:.1f} / {e.prediction.memory_limit_gib:.0f}"
                             + ("" if e.prediction.fits else " OVER") for e in ests])
-    for k in ("weights", "grads", "optimizer", "activations", "zero3_buffers", "overhead"):
+    for k in ("weights", "grads", "optimizer", "activations", "transients", "overhead"):
         if any(e.prediction.memory_gib.get(k, 0) > 0 for e in ests):
             row(f"  {k} GiB", [f"{e.prediction.memory_gib.get(k, 0.0):.1f}" for e in ests])
     lines = [render_table(headers, rows, text_columns=len(headers)), "", "why:"]
