@@ -27,8 +27,8 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap_mode, wgrad_in_bf16)
-from cost_models.moe import (dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
-                             moe_load_imbalance)
+from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
+                             moe_layer_host_issued, moe_load_imbalance)
 from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
                                  tp_divisor)
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
@@ -59,6 +59,10 @@ class LayerCost:
     cp_window: float = 1.0  # share of the attention core CP traffic can hide behind (knob_effects.cp_comm)
     cp_unhidden_s: float = 0.0  # part of cp_s nothing hides (a2a+p2p's all-to-alls; knob_effects.cp_comm)
     host_s: float = 0.0  # host-bound wait beyond the device's work (host_bound_s)
+    # where the dispatcher syncs the host each layer (host_wait_s): the share of the device work in the forward, and
+    # the forward device work left to run beside the host's issue of the experts once the sync has released it
+    forward_share: float = 0.5
+    sync_window_s: float = 0.0
 
     @property
     def cp_exposed_s(self) -> float:
@@ -637,35 +641,66 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                     ep_bytes, cp_bytes, window, unhidden)
-    host = host_wait_s(graph, model, cluster, par, rt, out.total_s)
+    if graph.kind == "moe":
+        # forward device work: compute, the forward's exposed all-to-alls (all of dispatch and combine without the
+        # overlap), half of the TP/CP collectives; after the sync the host issues the experts beside the device
+        # running them (and, for ``alltoall``, the dispatch all-to-all issued after its sync point)
+        ep_fwd = 0.0 if e <= 1 or par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt) \
+            else (parts[0][0] + parts[1][0])
+        expert_f = sum(op_compute(op, graph, model, cluster, job, par, rt).forward_s for op in graph.ops
+                       if op.kind == "experts")
+        win = expert_f + (parts[0][0] if e > 1 and moe_dispatcher(cluster, rt) == "alltoall" else 0.0)
+        share = (forward + ep_fwd + (tp_s + cp_s) / 2) / out.total_s if out.total_s > 0 else 0.5
+        out = replace(out, forward_share=share, sync_window_s=win)
+    host = host_wait_s(graph, model, cluster, par, rt, out.total_s, out.forward_share, out.sync_window_s)
     return replace(out, host_s=host) if host else out
 
 
 def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
-                rt: Runtime | None, device_s: float) -> float:
+                rt: Runtime | None, device_s: float, forward_share: float = 0.5, window_s: float = 0.0) -> float:
     """The host-bound wait a layer of ``graph``'s kind adds to ``device_s`` of device work (one micro-batch,
-    forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. The one rule
-    ``layer_cost`` and the search's ILP-solved layer times (search.score.layer_pieces) both apply."""
+    forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. ``forward_share`` /
+    ``window_s``: ``LayerCost.forward_share`` / ``sync_window_s`` of the layer. The one rule ``layer_cost`` and the
+    search's ILP-solved layer times (search.score.layer_pieces) both apply."""
     if graph.kind != "moe" or cluster.efficiency.moe_host_s_per_expert <= 0 or not moe_layer_host_issued(rt):
         return 0.0
-    return host_bound_s(device_s, model, cluster, par)
+    synced = dispatcher_syncs_host(rt) and not (par.ep > 1 and moe_a2a_overlapped(cluster, rt))
+    return host_bound_s(device_s, model, cluster, par, forward_share if synced else None, window_s)
 
 
-def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
+# Of the kernels TE's GroupedLinear issues per local expert for fc1 and fc2 (layer-micro-batch), the forward's:
+# quantize + fprop GEMM per linear = 4 of 10 (the backward: grad quantize, dgrad, wgrad per linear; host_bound_s).
+HOST_FORWARD_SHARE = 4 / 10
+
+
+def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
+                 forward_share: float | None = None, window_s: float = 0.0) -> float:
     """Wait of one MoE layer (one micro-batch, forward + backward) on its host: the device finishes ``device_s`` of
     work, the host needs ``moe_host_s_per_expert`` × local experts to issue it (TE's GroupedLinear loops over the
-    rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py; the dropless dispatcher's host
-    sync each layer, megatron/core/transformer/moe/token_dispatcher.py ``_maybe_update_cuda_sync_point``, keeps the
-    host from running ahead across layers, ``moe.DISPATCHER_HOST_SYNC``): the layer takes max(device, host), i.e.
-    device + this. Priced only where the host issues the experts (``moe.moe_layer_host_issued``: no CUDA graph holds
-    them). Per local expert, forward + backward of fc1 and fc2, the host issues TE 2.12's per-expert quantize, fprop,
-    grad quantize, dgrad and wgrad (10 kernels: split_quantize and the multi-stream grouped GEMM loop over experts
-    in C++, the scale swizzles are one multi-tensor call, pytorch/csrc/extensions/gemm.cpp:502-565) and its Python
+    rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py).
+
+    Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap, whose
+    combined step syncs on the attention forward issued before the backward's expert work,
+    ``cost_models.a2a_overlap``) the host runs ahead: the layer takes max(device, host), i.e. device + this.
+    With it (``forward_share`` given: dropless, ``moe.DISPATCHER_HOST_SYNC``), the forward's dispatch blocks the host
+    until the device has run the layer up to its experts, so the device queue is empty when the host starts issuing
+    them: the forward's expert issue (``HOST_FORWARD_SHARE`` of the host work) overlaps only the device work after
+    the sync (``window_s``: the experts, and the dispatch all-to-all where it is issued after the sync), the rest of
+    the forward runs on the device alone; the backward has no sync, its issue overlaps its device work. So the wait
+    is max(0, host_f − window) + max(0, host_b − device_b), ``device_b = (1 − forward_share)·device_s``.
+
+    Priced only where the host issues the experts (``moe.moe_layer_host_issued``: no CUDA graph holds them). Per
+    local expert, forward + backward of fc1 and fc2, the host issues TE 2.12's per-expert quantize, fprop, grad
+    quantize, dgrad and wgrad (10 kernels: split_quantize and the multi-stream grouped GEMM loop over experts in
+    C++, the scale swizzles are one multi-tensor call, pytorch/csrc/extensions/gemm.cpp:502-565) and its Python
     per-expert work (weight workspace, quantizer usage, main_grad / dummy wgrad, grouped_linear.py:106-500 at
     5671fd36) plus Megatron's per-parameter grad hook; the per-layer part (router, permute, dispatch, combine) is
     not counted here."""
     host = cluster.efficiency.moe_host_s_per_expert * (model.num_experts // par.ep)
-    return max(0.0, host - device_s)
+    if forward_share is None:
+        return max(0.0, host - device_s)
+    host_f = HOST_FORWARD_SHARE * host
+    return max(0.0, host_f - window_s) + max(0.0, host - host_f - (1.0 - forward_share) * device_s)
 
 
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)

@@ -70,6 +70,12 @@ DISPATCHER_HOST_SYNC = {
 }
 
 
+def dispatcher_syncs_host(rt: Runtime | None) -> bool:
+    """Whether the MoE layer's dispatcher blocks the host once per layer forward (``DISPATCHER_HOST_SYNC``):
+    every dropless dispatcher does; drop-and-pad (``moe_capacity_factor``) takes every size from the capacity."""
+    return rt is None or rt.moe_capacity_factor is None
+
+
 def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
     not counted against compute here, as before)."""

@@ -295,9 +295,15 @@ class Scorer:
                 # + what the runtime's knobs change (layer_cost with and without them: 0 at the ILP's own
                 # settings, exact where the ILP's only point is the uniform pattern)
                 device = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
-            # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time
-            t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster, self._bound_par(lay, rc),
-                                                self._runtime_with(lay, chosen), device)
+            # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time (where the
+            # dispatcher syncs each layer: the layer's forward share and post-sync window, layer_cost's)
+            if kind == "moe":
+                lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, chosen)
+                t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster,
+                                                    self._bound_par(lay, rc), self._runtime_with(lay, chosen), device,
+                                                    lc.forward_share, lc.sync_window_s)
+            else:
+                t_kind[kind] = device
         # A target runs one pattern (the ILP's only point): its activations as the target's runtime saves them
         # (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
         per = np.array([t_kind[k] for k in self.kind_of])

@@ -188,7 +188,13 @@ def test_host_floor_only_where_the_host_issues_the_experts() -> None:
     for sw in eager:
         assert moe_layer_host_issued(_check(sw))
         layer = _moe_layer(sw, big)
-        assert layer.host_s == pytest.approx(big * (128 // PAR.ep) - (layer.total_s - layer.host_s))
+        host, dev = big * (128 // PAR.ep), layer.total_s - layer.host_s
+        if sw.moe_capacity_factor is None:  # dropless: synced each layer forward (layer_cost.host_bound_s)
+            want = (max(0.0, 0.4 * host - layer.sync_window_s)
+                    + max(0.0, 0.6 * host - (1 - layer.forward_share) * dev))
+        else:  # drop-and-pad: no sync, the host runs ahead
+            want = host - dev
+        assert layer.host_s == pytest.approx(want)
         assert layer.host_s > device
     for sw in graphed:
         assert not moe_layer_host_issued(_check(sw))

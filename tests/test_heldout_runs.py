@@ -89,8 +89,11 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # s7-hybrid: bridge2's 20 Nemotron 3 Nano rows (hybrid Mamba-2 stacks) priced for the first time with their releases'
 # recipe knobs, its other 72 rows identical: 12.0% / 38.6% on 92 runs (the Nano rows alone 20.5%, all predicted fast:
 # Blackwell 24.0%, H100 6.5%; worst -29.7%).
-GUARDS = {"more_runs.json": (0.100, 0.616), "more_runs_bridge2.json": (0.120, 0.386),
-          "more_runs_torchtitan.json": (0.201, 0.550), "more_runs_gptoss.json": (0.281, 0.546)}
+# s7-a2a: the dropless dispatcher's per-layer host sync priced (layer_cost.host_bound_s) and the host cost refitted
+# 0.69 -> 0.541 ms: bridge2 12.0 -> 10.9% (worst 38.6 -> 36.7%), gptoss 28.1 -> 27.5%, more_runs.json 9.9 -> 10.4% (worse:
+# its host-bound A2A-overlap rows and 25.09 token-drop rows at the lower cost; worst 61.6 -> 63.3%, Qwen3-30B H100 overlap).
+GUARDS = {"more_runs.json": (0.104, 0.633), "more_runs_bridge2.json": (0.109, 0.367),
+          "more_runs_torchtitan.json": (0.201, 0.550), "more_runs_gptoss.json": (0.275, 0.546)}
 MARGIN = 0.02
 
 
@@ -140,7 +143,8 @@ def test_what_if_is_diagnostic_only(heldout) -> None:
     faster, _, _ = heldout.evaluate([path], heldout.parse_what_if(["blackwell.attention=0.5"]))
     by_id = {r.id: r.predicted_s for r in faster}
     bw = [r for r in base if r.generation == "blackwell"]
-    assert all(by_id[r.id] <= r.predicted_s for r in bw)  # a faster kernel can leave comm exposed: never slower
+    # a faster kernel can leave comm exposed: never slower (host-bound rows: the same time, to rounding)
+    assert all(by_id[r.id] <= r.predicted_s * (1 + 1e-12) for r in bw)
     assert sum(by_id[r.id] < r.predicted_s * 0.99 for r in bw) > len(bw) // 2
     assert all(by_id[r.id] == r.predicted_s for r in base if r.generation == "hopper")
 

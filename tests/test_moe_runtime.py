@@ -17,7 +17,7 @@ from cost_models.estimate import estimate
 from cost_models.gemm import expected_max_normal
 from cost_models.a2a_overlap import OverlapNodes
 from cost_models.layer_cost import (a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost, moe_all_to_all,
-                                    moe_all_to_all_parts)
+                                    moe_all_to_all_parts, op_compute)
 from cost_models.memory import graphs_for
 from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, moe_load_imbalance
 from cost_models.specs import JobSpec, ParallelConfig
@@ -198,25 +198,47 @@ def test_emitted_flags_reach_megatron_core(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_host_bound_layer_waits_for_its_host() -> None:
-    """``moe_host_s_per_expert`` (0 without a target; Megatron-Core's fitted value in gpus.yaml frameworks): an MoE layer takes max(device, host) with the
-    host's time proportional to the rank's experts; the estimate reports the wait and a step carries it."""
+    """``moe_host_s_per_expert`` (0 without a target; Megatron-Core's fitted value in gpus.yaml frameworks), the host's
+    time proportional to the rank's experts. Drop-and-pad (no host sync): the layer takes max(device, host). Dropless
+    (the dispatcher blocks the host each layer forward until the device reaches the experts): the forward's expert
+    issue (4 of TE's 10 per-expert kernels) overlaps only the device work after the sync, the backward's its own
+    device work; the estimate reports the wait and a step carries it."""
     model = load_model(QWEN)
     base_cluster = build_cluster("b200", 64)
     par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1, account_for_embedding_in_pipeline_split=True,
                          account_for_loss_in_pipeline_split=True)
-    device = _moe_layer(Software(), base_cluster, par)
+    experts = model.num_experts // par.ep
+    drop = Software(moe_capacity_factor=1.0)
+
+    def at(host_s: float):  # the cluster with ``host_s`` of host time per layer-micro-batch
+        return base_cluster.model_copy(update={"efficiency": base_cluster.efficiency.model_copy(
+            update={"moe_host_s_per_expert": host_s / experts})})
+
+    device = _moe_layer(drop, base_cluster, par)
     assert device.host_s == 0.0
-    per = 1.5 * device.total_s / (model.num_experts // par.ep)  # host needs 1.5x the device's time
-    cluster = base_cluster.model_copy(update={"efficiency": base_cluster.efficiency.model_copy(
-        update={"moe_host_s_per_expert": per})})
-    bound = _moe_layer(Software(), cluster, par)
+    bound = _moe_layer(drop, at(1.5 * device.total_s), par)
     assert bound.host_s == pytest.approx(0.5 * device.total_s)
     assert bound.total_s == pytest.approx(1.5 * device.total_s)
-    fast = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(
-        update={"moe_host_s_per_expert": 0.5 * device.total_s / (model.num_experts // par.ep)})})
-    assert _moe_layer(Software(), fast, par).host_s == 0.0  # device-bound: nothing shows
+    assert _moe_layer(drop, at(0.5 * device.total_s), par).host_s == 0.0  # device-bound: nothing shows
+    # dropless, recomputed from the layer's forward share and post-sync window: the window is the experts' forward
+    # and the dispatch all-to-all (alltoall issues it after its sync point)
+    plain = _moe_layer(Software(), base_cluster, par)
+    graph = graphs_for(model, JOB.seq_len)["moe"]
+    rt = _rt(Software(), base_cluster, par)
+    expert_f = sum(op_compute(op, graph, model, base_cluster, JOB, par, rt).forward_s for op in graph.ops
+                   if op.kind == "experts")
+    stride = RankStrides.megatron(par.tp, par.cp, par.dp(base_cluster.num_gpus)).ep
+    disp_f = moe_all_to_all_parts(model, base_cluster, JOB, 4096, 8, stride, rho=moe_load_imbalance(
+        model, JOB, par, base_cluster, rt))[0][0]
+    assert plain.sync_window_s == pytest.approx(expert_f + disp_f)
+    for h in (1.5 * plain.total_s, 0.9 * plain.total_s):
+        synced = _moe_layer(Software(), at(h), par)
+        want = max(0.0, 0.4 * h - plain.sync_window_s) + max(0.0, 0.6 * h - (1 - plain.forward_share) * plain.total_s)
+        assert synced.host_s == pytest.approx(want)
+    # below the device's time the synced layer still waits (its forward's issue cannot run ahead); max() would not
+    assert _moe_layer(Software(), at(0.9 * plain.total_s), par).host_s > 0.0
     a = estimate(model, base_cluster, JOB, par, target="megatron")
-    b = estimate(model, cluster, JOB, par, target="megatron")
+    b = estimate(model, at(1.5 * plain.total_s), JOB, par, target="megatron")
     assert a.time.host_bound_s == 0.0 and b.time.host_bound_s > 0.0
     assert b.step_time_s > a.step_time_s + 0.9 * b.time.host_bound_s
 

@@ -371,5 +371,7 @@ def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
     pred = estimate(model, cluster, job, ParallelConfig(**lay.parallel_kwargs()), target="megatron",
                     software=Software(**scorer.chosen_knobs(lay)))
     assert cluster.efficiency.moe_host_s_per_expert > 0
-    assert (pred.time.host_bound_s > 0) == (ep == 1)  # 32 local experts: host-bound; 4: the device's work covers it
+    # 32 local experts: host-bound; 4: the device's work covers all but the forward's expert issue after the
+    # dispatcher's sync (layer_cost.host_bound_s)
+    assert (pred.time.host_bound_s > 0.1 * pred.step_time_s) == (ep == 1)
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
