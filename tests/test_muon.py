@@ -249,3 +249,17 @@ def test_muon_step_prices_the_exposed_reduce_the_gather_and_newton_schulz() -> N
                                                   rt=rt)
         assert blocking == dp_s > 0 and p[o].time.exposed_comm_s["dp"] == pytest.approx(dp_s, rel=1e-9)
     assert p["adam"].time.exposed_comm_s["dp"] < p["muon"].time.exposed_comm_s["dp"]
+
+
+@pytest.mark.parametrize("opt", ["muon", "dist_muon"])
+def test_validate_runs_the_emitted_muon_plan_through_megatron_core(opt: str) -> None:
+    """``autoplan validate``'s megatron checks on a Muon plan: every check passes, and megatron-core's
+    OptimizerConfig, built from the emitted arguments as Megatron-LM builds it, holds the priced optimizer."""
+    pytest.importorskip("megatron.core")
+    from autoplan.validate import run_checks
+
+    checks = run_checks(_plan(opt), "megatron")
+    report = "\n".join(c.line() for c in checks)
+    assert len(checks) == 8 and all(c.ok for c in checks), report
+    opt_check = next(c for c in checks if "OptimizerConfig" in c.name)
+    assert f"optimizer={opt} " in opt_check.detail and "use_distributed_optimizer=False" in opt_check.detail

@@ -306,6 +306,29 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
             f"core_transformer_config_from_args and update_train_iters")
 
 
+def _check_optimizer(plan: EmitPlan, ns: argparse.Namespace) -> str:
+    """The optimizer arguments into megatron-core's OptimizerConfig as Megatron-LM builds it (training.py:1410-1421
+    copies every args field the config has), compared with what ``cost_models.muon`` priced."""
+    import dataclasses
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    from cost_models.muon import MUON_NS_STEPS, MUON_TP_MODE
+
+    names = {"optimizer", "use_distributed_optimizer", "bf16"}  # and the muon_* fields (dtype fields stay default)
+    kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(OptimizerConfig)
+          if hasattr(ns, f.name) and (f.name in names or f.name.startswith("muon_"))}
+    cfg = OptimizerConfig(**kw)
+    rt = plan.runtime("megatron")
+    got = (cfg.optimizer, cfg.muon_num_ns_steps, cfg.muon_tp_mode, cfg.use_distributed_optimizer)
+    want = (rt.optimizer, MUON_NS_STEPS, MUON_TP_MODE, False)
+    if got != want:
+        raise AssertionError(f"OptimizerConfig holds optimizer, ns steps, tp mode, distributed optimizer = {got}; "
+                             f"autoplan priced {want}")
+    return (f"optimizer={cfg.optimizer} muon_num_ns_steps={cfg.muon_num_ns_steps} muon_tp_mode={cfg.muon_tp_mode} "
+            f"use_distributed_optimizer={cfg.use_distributed_optimizer} bf16={cfg.bf16}")
+
+
 def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
     from autoplan.validate.megatron_lm import stand_in_te_version
 
@@ -323,6 +346,9 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
               f"{plan.cluster.num_gpus} ranks)", lambda: _check_init(plan, ns))
     rep.check("megatron-core: the micro-batch calculator runs the priced micro-batches",
               lambda: _check_microbatches(plan, ns))
+    if ns.optimizer != "adam":
+        rep.check("megatron-core: OptimizerConfig takes the emitted Muon arguments as autoplan priced them",
+                  lambda: _check_optimizer(plan, ns))
     from autoplan.validate.megatron_lm import checkout, skip_reason
 
     name = "Megatron-LM: argument validation and setup accept the emitted launch (mock data)"
