@@ -315,7 +315,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
         opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
         if rt.optimizer != "adam":  # Muon: its state passes and Newton-Schulz GEMMs (cost_models.muon cites the code)
-            opt_s = optimizer_step_s(model, cluster, par, ids, sp.dense, sp.expert, rt, group, expert_group)
+            on_mtp = bool(model.arch.mtp_layers) and s == (par.pp - 1 if mtp_rank is None else mtp_rank)
+            opt_s = optimizer_step_s(model, cluster, par, ids, sp.dense, sp.expert, rt, group, expert_group, on_mtp)
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst

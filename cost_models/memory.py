@@ -380,7 +380,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)
         from cost_models.muon import optimizer_state_bytes
 
-        o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group)
+        o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group,
+                                       mtp=bool(model.arch.mtp_layers) and stage == mtp_at)
     per_mb = 0.0
     for i in ids:
         if i < runtime.cpu_offload_layers:

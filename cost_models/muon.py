@@ -33,8 +33,8 @@ emerging_optimizers/orthogonalized_optimizers/, ``MLM`` = Megatron-LM megatron/t
   Newton-Schulz GEMMs of its matrices through ``gemm.matmul_time_s``; under ``dist_muon`` the rank with the most
   Newton-Schulz time in the deal (``ping_pong_max``) sets it.
 
-Not priced: ``duplicated`` / ``distributed`` TP modes (not emitted), the Q/K/V split under MLA (Megatron does not
-split MLA's projections: MUON:249), the MTP modules (priced as Adam), the fp32 <-> bf16 casts around the iteration.
+Not priced: ``duplicated`` / ``distributed`` TP modes (not emitted), the fp32 <-> bf16 casts around the iteration
+and its workspace, Nesterov's extra lerp. (MLA's projections are not split: MUON:248-250 flags ``linear_qkv`` only.)
 """
 
 from __future__ import annotations
@@ -131,26 +131,41 @@ def layer_matrices(model: ModelSpec, layer: int) -> list[Matrix]:
     return _attention(model) + mlp
 
 
-def stage_muon_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]) -> tuple[float, float]:
-    """(dense, expert) Muon parameters one rank of a stage holds, split as ``memory.stage_params`` splits them
-    (dense matrices ÷ tp but the latent projections, experts ÷ ep), so that the rest of its count is Adam's."""
+def mtp_matrices(model: ModelSpec) -> list[Matrix]:
+    """The Muon parameters of the MTP modules (multi_token_prediction.py:410-440): each a decoder layer like the last
+    and ``eh_proj`` (h x 2h, column-parallel); their norms are Adam's."""
+    h = model.hidden_size
+    one = layer_matrices(model, model.num_layers - 1) + [Matrix("eh_proj", h, 2 * h)]
+    return one * model.arch.mtp_layers
+
+
+def _stage_matrices(model: ModelSpec, layer_ids: Sequence[int], mtp: bool) -> list[Matrix]:
+    out = [mx for i in layer_ids for mx in layer_matrices(model, i)]
+    return out + (mtp_matrices(model) if mtp else [])
+
+
+def stage_muon_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int],
+                      mtp: bool = False) -> tuple[float, float]:
+    """(dense, expert) Muon parameters one rank of a stage holds (``mtp``: with the MTP modules), split as
+    ``memory.stage_params`` splits them (dense matrices ÷ tp but the latent projections, experts ÷ ep), so that the
+    rest of its count is Adam's."""
     dense = expert = 0.0
-    for i in layer_ids:
-        for mx in layer_matrices(model, i):
-            n = mx.rows * mx.cols * mx.count
-            if mx.expert:
-                expert += n / par.ep
-            else:
-                dense += n if mx.name.endswith("latent_proj") else n / par.tp
+    for mx in _stage_matrices(model, layer_ids, mtp):
+        n = mx.rows * mx.cols * mx.count
+        if mx.expert:
+            expert += n / par.ep
+        else:
+            dense += n if mx.name.endswith("latent_proj") else n / par.tp
     return dense, expert
 
 
 def optimizer_state_bytes(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], dense: float,
-                          expert: float, optimizer: str, group: int, expert_group: int) -> tuple[float, float]:
+                          expert: float, optimizer: str, group: int, expert_group: int,
+                          mtp: bool = False) -> tuple[float, float]:
     """(dense, expert) optimizer-state bytes of a rank holding ``dense`` / ``expert`` parameters, of which
     ``stage_muon_params`` are Muon's (8 B) and the rest Adam's (12 B); ``dist_muon`` divides them over the DP
     group and the expert-data-parallel group (LWO:92-144; the ping-pong spreads whole parameters, priced even)."""
-    md, me = stage_muon_params(model, par, layer_ids)
+    md, me = stage_muon_params(model, par, layer_ids, mtp)
     od = MUON_STATE_BYTES * md + ADAM_STATE_BYTES * max(0.0, dense - md)
     oe = MUON_STATE_BYTES * me + ADAM_STATE_BYTES * max(0.0, expert - me)
     if optimizer == "dist_muon":
@@ -208,18 +223,18 @@ def adam_tensors(model: ModelSpec, layer: int) -> int:
 
 
 def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
-                    optimizer: str, dense_adam: int, expert_adam: int, group: int, expert_group: int) -> float:
+                    optimizer: str, dense_adam: int, expert_adam: int, group: int, expert_group: int,
+                    mtp: bool = False) -> float:
     """Newton-Schulz seconds per step of one rank of a stage holding ``layer_ids``: every local matrix (muon), or
     the ones the layer-wise optimizer deals it (dist_muon: ``ping_pong_max`` over the dense and the expert
     parameters, ``dense_adam`` / ``expert_adam`` Adam parameters taking their places in the deal as 1-element
     items ahead of the matrices: norms and biases are the smallest)."""
     dense: list[tuple[float, float]] = []
     expert: list[tuple[float, float]] = []
-    for i in layer_ids:
-        for mx in layer_matrices(model, i):
-            r, c = mx.local(par.tp)
-            item = (float(r * c), ns_time_s(r, c, cluster))
-            (expert if mx.expert else dense).extend([item] * (mx.count // (par.ep if mx.expert else 1)))
+    for mx in _stage_matrices(model, layer_ids, mtp):
+        r, c = mx.local(par.tp)
+        item = (float(r * c), ns_time_s(r, c, cluster))
+        (expert if mx.expert else dense).extend([item] * (mx.count // (par.ep if mx.expert else 1)))
     if optimizer != "dist_muon":
         return sum(c for _, c in dense) + sum(c for _, c in expert)
     return (ping_pong_max([(0.0, 0.0)] * dense_adam + dense, group)
@@ -227,13 +242,14 @@ def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
 
 
 def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
-                     dense: float, expert: float, rt: "Runtime", group: int, expert_group: int) -> float:
+                     dense: float, expert: float, rt: "Runtime", group: int, expert_group: int,
+                     mtp: bool = False) -> float:
     """One rank's optimizer step under Muon: the element-wise passes over the state it holds (as
     ``Runtime.adam_bytes_per_param`` counts Adam's: read and write the state, read the gradient, write the bf16
     weight; a Muon parameter's state is its 8 B) at HBM speed, plus its Newton-Schulz GEMMs."""
     from cost_models.gemm import hbm_time_s
 
-    md, me = stage_muon_params(model, par, layer_ids)
+    md, me = stage_muon_params(model, par, layer_ids, mtp)
     muon_b = 2 * MUON_STATE_BYTES + rt.grad_bytes + rt.weight_bytes
     dist = rt.optimizer == "dist_muon"
     traffic = 0.0
@@ -241,5 +257,7 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig
         share = 1.0 / max(1, g) if dist else 1.0
         traffic += share * (muon_b * muon + rt.adam_bytes_per_param * max(0.0, total - muon))
     adam_dense = sum(adam_tensors(model, i) for i in layer_ids)
+    if mtp:  # each module's layer, + enorm, hnorm and its final norm
+        adam_dense += model.arch.mtp_layers * (adam_tensors(model, model.num_layers - 1) + 3)
     return hbm_time_s(traffic, cluster) + newton_schulz_s(model, cluster, par, layer_ids, rt.optimizer, adam_dense,
-                                                          0, group, expert_group)
+                                                          0, group, expert_group, mtp)

@@ -16,7 +16,7 @@ from autoplan.validate.megatron_checks import megatron_lm_case
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.memory import GIB
-from cost_models.muon import ADAM_STATE_BYTES, MUON_STATE_BYTES, layer_matrices, stage_muon_params
+from cost_models.muon import ADAM_STATE_BYTES, MUON_STATE_BYTES, layer_matrices, mtp_matrices, stage_muon_params
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software
 
@@ -98,7 +98,7 @@ def test_other_targets_refuse_muon_in_one_line() -> None:
 
 def _megatron_core_split(name: str) -> tuple[dict[int, Counter], int, int]:
     """Per decoder layer the shapes of the parameters Megatron-Core's Muon takes (2-D, not embedding / output:
-    muon.py:251-258), and the model's Muon (outside the MTP modules) and total parameter counts, from
+    muon.py:251-258; the MTP modules' under key -1), and the model's Muon and total parameter counts, from
     megatron-core's GPTModel on meta."""
     from autoplan.emit.megatron import megatron_args
     from autoplan.validate.model_equivalence import megatron_model
@@ -111,11 +111,12 @@ def _megatron_core_split(name: str) -> tuple[dict[int, Counter], int, int]:
     muon = total = 0
     for pname, p in core.named_parameters():
         total += p.numel()
-        # the MTP modules: Muon's too in Megatron, priced as Adam here (cost_models.muon says so)
-        if p.dim() == 2 and not getattr(p, "is_embedding_or_output_parameter", False) and not pname.startswith("mtp."):
+        if p.dim() == 2 and not getattr(p, "is_embedding_or_output_parameter", False):
             muon += p.numel()
             if pname.startswith("decoder.layers."):
                 layers.setdefault(int(pname.split(".")[2]), Counter())[tuple(p.shape)] += 1
+            elif pname.startswith("mtp."):  # the MTP modules, as one more "layer" -1
+                layers.setdefault(-1, Counter())[tuple(p.shape)] += 1
     return layers, muon, total
 
 
@@ -129,10 +130,10 @@ def test_muon_parameters_are_megatron_cores(name: str) -> None:
     ours_total = 0
     for i, shapes in layers.items():
         mine: Counter = Counter()
-        mats = layer_matrices(model, i)
+        mats = layer_matrices(model, i) if i >= 0 else mtp_matrices(model)
         qkv = [m for m in mats if m.name in ("linear_q", "linear_k", "linear_v")]
         if qkv:  # Megatron holds one linear_qkv and splits it for the iteration (muon.py:136-159)
-            mine[(sum(m.rows for m in qkv), qkv[0].cols)] += 1
+            mine[(sum(m.rows for m in qkv[:3]), qkv[0].cols)] += len(qkv) // 3
         for m in mats:
             if m not in qkv:
                 mine[(m.rows, m.cols)] += m.count
