@@ -32,8 +32,9 @@ from __future__ import annotations
 from typing import Literal
 
 from cost_models.collectives import group_collective_time_s
+from cost_models.mamba import cp_a2a_widths
 from cost_models.opgraph import LayerGraph
-from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, MambaSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO, TE_RECIPES, TeCast, te_cast_bytes
 
@@ -179,15 +180,14 @@ def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:
     return job.precision == "fp8" and rt is not None and rt.fp8_recipe == "rowwise_with_gw_hp"
 
 
-def _mamba_cp(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, group: int,
+def _mamba_cp(mb: MambaSpec, cluster: ClusterSpec, tokens: float, tp: int, group: int,
               stride: int) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of the Mamba-2 mixer's context parallelism (megatron-core
     mamba_context_parallel.py ``pre_conv_ssm`` / ``post_conv_ssm``: the in_proj output re-split from sequence to heads
-    before the conv1d + scan, its d_inner output back; forward and backward), on the critical path (the scan needs
-    the whole sequence of its heads)."""
-    t = graph.tensors
-    ssd = next(op for op in graph.ops if op.kind == "ssm")
-    payload = tokens * (t[ssd.inputs[0]].width + t[ssd.output].width) / tp * 2.0
+    before the conv1d + scan, B and C repeated where the TP shard has fewer groups than cp, its d_inner output back:
+    ``mamba.cp_a2a_widths``; forward and backward), on the critical path (the scan needs the whole sequence of its
+    heads)."""
+    payload = tokens * sum(cp_a2a_widths(mb, tp, group)) * 2.0
     seconds = 2 * group_collective_time_s("all_to_all", payload, group, stride, cluster)
     return seconds, 2 * payload * (group - 1) / group
 
@@ -205,7 +205,7 @@ def _ulysses(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, gr
 
 
 def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-            rt: Runtime | None) -> tuple[float, float, float, float]:
+            rt: Runtime | None, mamba: MambaSpec | None = None) -> tuple[float, float, float, float]:
     """(seconds, bytes each rank sends, share of the attention core it can hide behind, seconds of it nothing
     hides) of one layer's context-parallel traffic for one micro-batch, by ``rt.cp_comm_type`` (``p2p`` when
     ``rt`` is None). ``c`` = cp, ``t`` = tp, ``s·b/c`` tokens per rank, ``w_x`` the width of tensor x.
@@ -231,7 +231,9 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
         return 0.0, 0.0, 0.0, 0.0
     tokens = par.micro_batch_size * job.seq_len / c
     if any(op.kind == "ssm" for op in graph.ops):  # a Mamba-2 mixer: its own all-to-all CP, whatever cp_comm_type
-        seconds, nbytes = _mamba_cp(graph, cluster, tokens, par.tp, c, stride)
+        if mamba is None:
+            raise ValueError("cp_comm: a Mamba-2 layer graph needs its MambaSpec")
+        seconds, nbytes = _mamba_cp(mamba, cluster, tokens, par.tp, c, stride)
         return seconds, nbytes, 0.0, 0.0
     if not any(op.kind == "attention" for op in graph.ops):
         return 0.0, 0.0, 0.0, 0.0  # a hybrid stack's MLP / MoE layer: token-wise, nothing to exchange

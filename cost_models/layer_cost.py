@@ -27,6 +27,7 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap_mode, wgrad_in_bf16)
+from cost_models.mamba import local_groups
 from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
                              moe_layer_host_issued, moe_load_imbalance)
 from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
@@ -154,12 +155,15 @@ SSD_BWD_READS = 2.0  # the backward kernels re-read the forward's inputs and sta
 # the forward's bytes, plus the conv output the memory-efficient path recomputes (ssd_combined.py backward)
 
 
-def ssd_traffic_bytes(mb: MambaSpec, t: int) -> tuple[float, float]:
-    """HBM bytes per token (forward, backward) of one rank's conv1d + SSD scan at TP ``t`` (heads and groups split
-    ``t`` ways): read z, xBC, dt (bf16); the conv writes xBC and the scan reads it back; per chunk of ``chunk_size``
-    tokens the fp32 chunk states (heads · head_dim · N) are written, passed (read + written) and read, and the fp32
-    C·Bᵀ (G · chunk²) written and read; out_x and the gated y written (bf16)."""
-    d, conv, heads, groups = mb.d_inner / t, mb.conv_dim / t, mb.num_heads / t, mb.num_groups / t
+def ssd_traffic_bytes(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]:
+    """HBM bytes per token of the rank's sequence shard (forward, backward) of one rank's conv1d + SSD scan at TP
+    ``t``, CP ``cp`` (heads split ``t·cp`` ways over the whole sequence = ``1/t`` of them per local token; groups as
+    megatron-core runs them, ``mamba.local_groups``: ``G/t`` per local token, more where CP repeats them): read z,
+    xBC, dt (bf16); the conv writes xBC and the scan reads it back; per chunk of ``chunk_size`` tokens the fp32 chunk
+    states (heads · head_dim · N) are written, passed (read + written) and read, and the fp32 C·Bᵀ (G · chunk²)
+    written and read; out_x and the gated y written (bf16)."""
+    d, heads, groups = mb.d_inner / t, mb.num_heads / t, local_groups(mb, t, cp)
+    conv = d + 2 * groups * mb.state_dim
     states = heads * mb.head_dim * mb.state_dim / mb.chunk_size
     cb = groups * mb.chunk_size
     fwd = 2.0 * (d + conv + heads) + 2.0 * 2 * conv + 4.0 * 4 * states + 4.0 * 2 * cb + 2.0 * 2 * d
@@ -273,7 +277,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         if op.name.startswith("expert_") and op.clamped and _mcore_glue(rt, model):
             fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
     elif op.kind == "ssm" and model is not None and model.mamba is not None:
-        fwd, bwd = ssd_traffic_bytes(model.mamba, t)
+        fwd, bwd = ssd_traffic_bytes(model.mamba, t, par.cp)
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.expert_input_size / (t if sp else 1) * model.moe_top_k
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
@@ -638,7 +642,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                         + again * sum(p[0] for p in parts))
     window, unhidden = 1.0, 0.0
     if c > 1 and is_block:
-        cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt)
+        cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt, model.mamba)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                     ep_bytes, cp_bytes, window, unhidden)
     if graph.kind == "moe":

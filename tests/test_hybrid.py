@@ -136,6 +136,43 @@ def test_cp_rule_is_megatron_cores(tp: int, cp: int) -> None:
     assert ours == theirs
 
 
+@pytest.mark.parametrize(("tp", "cp"), [(1, 2), (2, 4), (4, 2), (4, 4), (8, 4), (2, 16)])
+def test_mamba_cp_prices_what_megatron_cores_split_moves(tp: int, cp: int) -> None:
+    """The Mamba CP all-to-all payload and the SSD scan's bytes follow MambaContextParallel's own split: B and C
+    repeated ``group_repeat_count`` times before pre_conv_ssm's all-to-all (mamba_context_parallel.py:112-118,
+    164-183), each rank's scan over the whole sequence with ``nheads_local_tpcp`` heads and ``ngroups_local_tpcp``
+    groups (>= 1). Nano tp4 cp4: 2 groups per TP rank, repeat 2: 3088 elements per token before the scan, not 2576."""
+    pytest.importorskip("einops", reason="megatron-core's Mamba CP needs einops")
+    from megatron.core.ssm.mamba_context_parallel import MambaContextParallel
+
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.knob_effects import cp_comm
+    from cost_models.layer_cost import ssd_traffic_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m = _nano()
+    mb = m.mamba
+    theirs = MambaContextParallel(_Group(cp), mb.d_inner // tp, mb.num_heads // tp, mb.num_groups // tp,
+                                  mb.state_dim, None, None, None, None, False)
+    pre = (2 * theirs.d_inner_local_tp + 2 * theirs.ngroups_local_tp * theirs.group_repeat_count * theirs.d_state
+           + theirs.nheads_local_tp)  # the widths pre_conv_ssm concatenates after its all-to-alls, times cp ranks
+    post = theirs.d_inner_local_tpcp * cp  # post_conv_ssm's input [l_global, b, d_inner_local_tpcp], per local token
+    if (tp, cp) == (4, 4):
+        assert theirs.group_repeat_count == 2 and pre == 3088 and mb.in_proj_width // tp == 2576
+    tokens = 8192 / cp
+    par = ParallelConfig(tp=tp, cp=cp, micro_batch_size=1)
+    _, sent, _, _ = cp_comm(layer_graph(m, "mamba", 8192), build_cluster("h100-sxm", 64), JobSpec(seq_len=8192), par,
+                            tp, None, mb)
+    assert sent == pytest.approx(2 * tokens * (pre + post) * 2.0 * (cp - 1) / cp, rel=1e-12)
+    # a rank's scan = a tp1 cp1 mixer of megatron-core's per-rank heads and groups over the whole sequence
+    rank = mb.model_copy(update={"num_heads": theirs.nheads_local_tpcp, "num_groups": theirs.ngroups_local_tpcp})
+    whole = ssd_traffic_bytes(rank, 1)
+    ours = ssd_traffic_bytes(mb, tp, cp)
+    assert ours[0] * tokens == pytest.approx(whole[0] * 8192, rel=1e-12)
+    assert ours[1] * tokens == pytest.approx(whole[1] * 8192, rel=1e-12)
+
+
 def test_megatron_refuses_tp_not_dividing_mamba_groups() -> None:
     from cost_models.targets.megatron import mamba_layout_error
 
