@@ -212,6 +212,35 @@ def test_layers_block_type_spelling_reads_the_same() -> None:
     assert spec_from_hf_config(cfg, name=NANO) == _nano()
 
 
+def test_older_key_names_read_as_transformers_reads_them() -> None:
+    """NemotronHConfig's older names (mamba_n_groups, mamba_d_conv, mamba_chunk_size, mamba_conv_bias, ...;
+    configuration_nemotron_h.py ``__post_init__``) set the current fields: the spec takes what transformers' own
+    config object holds, with no unread-key warning."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "NemotronHConfig"):
+        pytest.skip("transformers without NemotronH")
+    renames = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "chunk_size": "mamba_chunk_size",
+               "use_conv_bias": "mamba_conv_bias", "expand": "mamba_expand", "time_step_min": "mamba_dt_min"}
+    cfg = {k: v for k, v in _config().items() if k not in renames}
+    cfg |= {"mamba_n_groups": 4, "mamba_d_conv": 2, "mamba_chunk_size": 256, "mamba_conv_bias": False,
+            "mamba_expand": 2, "mamba_dt_min": 0.001}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HFConfigWarning)
+        mb = spec_from_hf_config(cfg, name=NANO).mamba
+    keep = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "torch_dtype")}
+    theirs = transformers.NemotronHConfig(**keep)
+    assert (mb.num_groups, mb.conv_kernel, mb.chunk_size, mb.conv_bias) == \
+        (theirs.n_groups, theirs.conv_kernel, theirs.chunk_size, theirs.use_conv_bias) == (4, 2, 256, False)
+
+
+def test_both_spellings_of_a_key_must_agree() -> None:
+    same = spec_from_hf_config(_config() | {"mamba_chunk_size": _config().get("chunk_size", 128)}, name=NANO)
+    assert same == _nano()
+    with pytest.raises(UserInputError, match=r"mamba_d_conv=2 and conv_kernel=4 disagree") as err:
+        spec_from_hf_config(_config() | {"mamba_d_conv": 2, "conv_kernel": 4})
+    assert "\n" not in str(err.value)
+
+
 def test_spec_refuses_inconsistent_hybrid_fields() -> None:
     base = _nano().model_dump()
     for change, message in (({"hybrid_pattern": "M" * 51}, "51 layers"), ({"mamba": None}, "needs mamba"),

@@ -528,6 +528,27 @@ def _nemotron_h_pattern(c: _Config) -> str:
     return pattern
 
 
+# NemotronHConfig's older key names (transformers models/nemotron_h/configuration_nemotron_h.py ``__post_init__``:
+# each present one replaces the current field, whatever that holds) -> the current name.
+_NEMOTRON_H_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
+                      "mamba_dt_min": "time_step_min", "mamba_dt_max": "time_step_max",
+                      "mamba_dt_limit": "time_step_limit", "mamba_dt_init_floor": "time_step_floor",
+                      "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size"}
+
+
+def _nemotron_h_key(c: _Config, current: str) -> str:
+    """The key NemotronHConfig takes ``current``'s value from: its older name where present (refused where both
+    spellings hold different values, which transformers would resolve silently in the older one's favour)."""
+    legacy = next(old for old, new in _NEMOTRON_H_LEGACY.items() if new == current)
+    if legacy not in c.data:
+        return current
+    c.seen(current)
+    if c.data.get(current) is not None and c.data[current] != c.data[legacy]:
+        raise UserInputError(f"{c.source}: {legacy}={c.data[legacy]!r} and {current}={c.data[current]!r} disagree "
+                             f"({legacy} is NemotronHConfig's older name for {current}); give one of them")
+    return legacy
+
+
 def _nemotron_h(c: _Config) -> dict[str, Any]:
     """Nemotron-H / Nemotron 3 (transformers ``NemotronHConfig`` / ``modeling_nemotron_h``; Megatron-Core ``MambaModel``):
     a stack of single-mixer pre-norm blocks, one per pattern symbol: Mamba-2 (``NemotronHMamba2Mixer``), attention
@@ -560,10 +581,11 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     # Read and not needed: initialisation (time_step_*, rescale_prenorm_residual), inference (cache dtype, kernels,
     # logits to keep), Megatron's shared-expert overlap (scheduling), ``expand`` (NemotronHMamba2Mixer takes
     # d_inner = mamba_num_heads * mamba_head_dim), the unused rotary keys, and the MTP layer types without MTP.
-    c.seen("time_step_min", "time_step_max", "time_step_floor", "time_step_limit", "rescale_prenorm_residual",
-           "mamba_ssm_cache_dtype", "use_mamba_kernels", "num_logits_to_keep", "moe_shared_expert_overlap", "expand",
-           "rope_theta", "partial_rotary_factor", "mtp_hybrid_override_pattern", "mtp_layers_block_type",
-           "n_shared_experts")
+    c.seen(*(_nemotron_h_key(c, k) for k in ("time_step_min", "time_step_max", "time_step_floor", "time_step_limit",
+                                              "expand")))
+    c.seen("rescale_prenorm_residual", "mamba_ssm_cache_dtype", "use_mamba_kernels", "num_logits_to_keep",
+           "moe_shared_expert_overlap", "rope_theta", "partial_rotary_factor", "mtp_hybrid_override_pattern",
+           "mtp_layers_block_type", "n_shared_experts")
     fields: dict[str, Any] = {
         "num_layers": len(pattern), "hidden_size": hidden, "ffn_hidden_size": c.int("intermediate_size", minimum=1),
         "num_attention_heads": heads, "num_kv_heads": c.int("num_key_value_heads", default=heads, minimum=1),
@@ -574,14 +596,15 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     arch: dict[str, Any] = {"no_position_encoding": True, "norm_eps": eps, "activation": "relu2",
                             "attention_dropout": c.float("attention_dropout", 0.0),
                             "hidden_dropout": c.float("hidden_dropout", 0.0)}
+    ngroups, conv, chunk, bias = (_nemotron_h_key(c, k) for k in ("n_groups", "conv_kernel", "chunk_size",
+                                                                   "use_conv_bias"))
     if "M" in pattern:
         fields["mamba"] = {"num_heads": c.int("mamba_num_heads", minimum=1), "head_dim": c.int("mamba_head_dim"),
-                           "state_dim": c.int("ssm_state_size"), "num_groups": c.int("n_groups", minimum=1),
-                           "conv_kernel": c.int("conv_kernel", default=4), "chunk_size": c.int("chunk_size", default=128),
-                           "conv_bias": bool(c.get("use_conv_bias", True))}
+                           "state_dim": c.int("ssm_state_size"), "num_groups": c.int(ngroups, minimum=1),
+                           "conv_kernel": c.int(conv, default=4), "chunk_size": c.int(chunk, default=128),
+                           "conv_bias": bool(c.get(bias, True))}
     else:
-        c.seen("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
-               "use_conv_bias")
+        c.seen("mamba_num_heads", "mamba_head_dim", "ssm_state_size", ngroups, conv, chunk, bias)
     if "E" in pattern:
         width = c.int("moe_intermediate_size", minimum=1)
         shared = c.int("moe_shared_expert_intermediate_size", default=0)
