@@ -54,6 +54,9 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
         raise ConfigError(nvlink_tp_refusal(t, cluster), valid=tp_ok)
     if p == 1 and (par.first_stage_layers is not None or par.last_stage_layers is not None):
         raise ConfigError("first_stage_layers / last_stage_layers need pp > 1 (with pp=1 there is one stage)")
+    err = (profile or MEGATRON).pipeline_rule_error(model, par)  # e.g. MambaStack's split: no accounting at all
+    if err is not None:
+        raise err
     mp = t * p * c
     if n % mp:
         split = (par.first_stage_layers, par.last_stage_layers, par.account_for_embedding_in_pipeline_split,

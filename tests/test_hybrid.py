@@ -416,6 +416,19 @@ def test_megatron_refuses_interleaving_a_hybrid_stack() -> None:
                                                                            last_stage_layers=6))
 
 
+@pytest.mark.parametrize("flag", ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"])
+def test_accounting_on_a_hybrid_stack_names_mambastacks_rule_first(flag: str) -> None:
+    """MambaStack takes no embedding / loss accounting at all (mamba_block.py:172-221): estimate says that, not
+    the generic 'num_layers + embedding = 53 must divide evenly over pp*vp' of TransformerBlock's split."""
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    res = CliRunner().invoke(cli, ["estimate", "--model", NANO, "--gpus", "16", "--tp", "2", "--pp", "2", flag])
+    assert res.exit_code == 2, res.output
+    assert "MambaStack splits its layers by count only" in res.output and "must divide evenly" not in res.output
+
+
 def test_published_nano_throughput_is_megatrons_hybrid_formula() -> None:
     """Megatron-Bridge's Nemotron 3 Nano rows (benchmarks/data/more_runs_bridge2.json) publish TFLOP/s and tokens/s per
     GPU: their ratio is the FLOPs per token of Megatron-LM's hybrid formula as transcribed here (d_in = 2h), to the

@@ -492,6 +492,12 @@ class TargetProfile:
         """Why this target cannot interleave ``model``'s pipeline (virtual stages); None: it can."""
         return None
 
+    def pipeline_rule_error(self, model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
+        """A rule of this target's own pipeline split for ``model`` that replaces the generic Megatron-style split
+        (``validate.check_parallel`` asks it before its layer-count and accounting checks, so their hints do not
+        name settings the target ignores); None: the generic rules apply."""
+        return None
+
     def zero_reason(self, zero_stage: int) -> str:
         return f"{self.name} has no ZeRO-{zero_stage}"
 

@@ -307,12 +307,15 @@ class MegatronProfile(TargetProfile):
                                f"parallelism ({MAMBA_BLOCK}:173-176)", valid=["vp=1"])
         return None
 
+    def pipeline_rule_error(self, model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
+        """A hybrid stack is split by MambaStack's own rule (``hybrid_pipeline_error``), not TransformerBlock's."""
+        return hybrid_pipeline_error(model, par) if model.is_hybrid else None
+
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         super().check_layout(model, cluster, job, par)
-        if model.is_hybrid:
-            err = hybrid_pipeline_error(model, par)
-            if err is not None:
-                raise err
+        err = self.pipeline_rule_error(model, par)
+        if err is not None:
+            raise err
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
