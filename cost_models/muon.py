@@ -23,9 +23,10 @@ emerging_optimizers/orthogonalized_optimizers/, ``MLM`` = Megatron-LM megatron/t
 - Newton-Schulz (EO muon_utils.py:67-161, 229-256): on the shorter side ``s`` of an ``s x l`` matrix (transposed
   if needed, :115-118), each of ``--muon-num-ns-steps`` (5, MLM:1851) steps runs ``A = X Xᵀ`` (s·l·s),
   ``B = b·A + c·A·A`` (s·s·s) and ``X = a·X + B·X`` (s·s·l): ``4·s²·l + 2·s³`` FLOP, in bf16 at the default
-  ``--muon-fp32-matmul-prec medium`` (:140-147). ``--muon-tp-mode blockwise`` (default, MLM:1853) runs it on each TP
-  rank's own shard, with no communication (MUON:131, EO muon_utils.py:199-201). Without the layer-wise optimizer
-  every DP rank orthogonalizes all of its matrices; with it, only those it owns.
+  ``--muon-fp32-matmul-prec medium`` (:140-147). ``--muon-tp-mode`` (knob ``muon_tp_mode``, MLM:1853): blockwise (the
+  default) runs it on each TP rank's own shard with no communication (MUON:131, EO muon_utils.py:199-201); duplicated
+  and distributed gather or all-reduce over TP (``matrix_step_s``). Without the layer-wise optimizer every DP rank
+  orthogonalizes all of its matrices; with it, only those it owns.
 - Communication (``estimate.data_parallel_cost``): DDP all-reduces the gradients after the backward (no
   ``--overlap-grad-reduce``, MLM:1181: exposed in full); ``dist_muon`` then all-gathers the updated bf16 parameters
   over the same groups (LWO:146-182, 221-229), in the optimizer step (exposed too).
@@ -33,7 +34,7 @@ emerging_optimizers/orthogonalized_optimizers/, ``MLM`` = Megatron-LM megatron/t
   Newton-Schulz GEMMs of its matrices through ``gemm.matmul_time_s``; under ``dist_muon`` the rank with the most
   Newton-Schulz time in the deal (``ping_pong_max``) sets it.
 
-Not priced: ``duplicated`` / ``distributed`` TP modes (not emitted), the fp32 <-> bf16 casts around the iteration
+Not priced: the fp32 <-> bf16 casts around the iteration
 and its workspace, Nesterov's extra lerp. (MLA's projections are not split: MUON:248-250 flags ``linear_qkv`` only.)
 """
 
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
 from cost_models.specs import ClusterSpec, ModelSpec, ParallelConfig
 
@@ -186,6 +188,26 @@ def ns_time_s(rows: int, cols: int, cluster: ClusterSpec, steps: int = MUON_NS_S
     return steps * (matmul_time_s(s, l, s, cluster) + matmul_time_s(s, s, s, cluster) + matmul_time_s(s, s, l, cluster))
 
 
+@lru_cache(maxsize=4096)
+def matrix_step_s(mx: Matrix, tp: int, mode: str, cluster: ClusterSpec) -> float:
+    """Seconds one TP rank spends orthogonalizing one instance of ``mx`` under ``--muon-tp-mode`` ``mode`` (MUON:78-88,
+    131; EO muon_utils.py:164-226). blockwise: Newton-Schulz on its own shard. duplicated: the fp32 momentum shards
+    all-gathered over TP (:208-211), then the whole matrix on every rank. distributed: on the shard, transposed iff it
+    is split by rows (:216-222), so ``X`` is ``n x k`` with ``n`` the unsplit side; each step's ``X Xᵀ`` (n x n, bf16)
+    is all-reduced over TP (:251-253) and ``A·A`` runs whole on every rank. TP ranks are adjacent (stride 1)."""
+    r, c = mx.local(tp)
+    t = min(tp, mx.tp_limit) if mx.tp_limit else tp
+    if mode == "blockwise" or mx.tp_dim is None or t <= 1:
+        return ns_time_s(r, c, cluster)
+    rows, cols = (r * t, c) if mx.tp_dim == 0 else (r, c * t)
+    if mode == "duplicated":
+        return group_collective_time_s("all_gather", 4.0 * rows * cols, t, 1, cluster) + ns_time_s(rows, cols, cluster)
+    n, k = (c, r) if mx.tp_dim == 0 else (r, c)
+    step = (matmul_time_s(n, k, n, cluster) + matmul_time_s(n, n, n, cluster) + matmul_time_s(n, n, k, cluster)
+            + group_collective_time_s("all_reduce", 2.0 * n * n, t, 1, cluster))
+    return MUON_NS_STEPS * step
+
+
 def ping_pong_max(sizes: Sequence[tuple[float, float]], ranks: int) -> float:
     """The largest per-rank sum of costs when LWO:104-136 deals ``(numel, cost)`` items, sorted by numel (a stable
     sort), to ``ranks`` ranks in the order 0..r-1, r-1..0, 0..r-1, ..."""
@@ -224,7 +246,7 @@ def adam_tensors(model: ModelSpec, layer: int) -> int:
 
 def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layer_ids: Sequence[int],
                     optimizer: str, dense_adam: int, expert_adam: int, group: int, expert_group: int,
-                    mtp: bool = False) -> float:
+                    mtp: bool = False, tp_mode: str = MUON_TP_MODE) -> float:
     """Newton-Schulz seconds per step of one rank of a stage holding ``layer_ids``: every local matrix (muon), or
     the ones the layer-wise optimizer deals it (dist_muon: ``ping_pong_max`` over the dense and the expert
     parameters, ``dense_adam`` / ``expert_adam`` Adam parameters taking their places in the deal as 1-element
@@ -233,7 +255,7 @@ def newton_schulz_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
     expert: list[tuple[float, float]] = []
     for mx in _stage_matrices(model, layer_ids, mtp):
         r, c = mx.local(par.tp)
-        item = (float(r * c), ns_time_s(r, c, cluster))
+        item = (float(r * c), matrix_step_s(mx, par.tp, tp_mode, cluster))
         (expert if mx.expert else dense).extend([item] * (mx.count // (par.ep if mx.expert else 1)))
     if optimizer != "dist_muon":
         return sum(c for _, c in dense) + sum(c for _, c in expert)
@@ -260,4 +282,4 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig
     if mtp:  # each module's layer, + enorm, hnorm and its final norm
         adam_dense += model.arch.mtp_layers * (adam_tensors(model, model.num_layers - 1) + 3)
     return hbm_time_s(traffic, cluster) + newton_schulz_s(model, cluster, par, layer_ids, rt.optimizer, adam_dense,
-                                                          0, group, expert_group, mtp)
+                                                          0, group, expert_group, mtp, rt.muon_tp_mode)

@@ -121,10 +121,12 @@ def _megatron_core_split(name: str) -> tuple[dict[int, Counter], int, int]:
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "deepseek-v3"])
-def test_muon_parameters_are_megatron_cores(name: str) -> None:
+def test_muon_parameters_are_megatron_cores(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The matrices ``layer_matrices`` lists are megatron-core's 2-D non-embedding parameters, layer by layer (its
     fused linear_qkv = our Q, K, V blocks stacked), so the Muon / Adam split of the state bytes is the code's."""
     pytest.importorskip("megatron.core")
+    for var, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29561")):  # the gloo group megatron_model
+        monkeypatch.setenv(var, value)  # starts: set here so that they leave the environment with the test
     model = load_model(name)
     layers, muon, total = _megatron_core_split(name)
     ours_total = 0
@@ -259,8 +261,30 @@ def test_validate_runs_the_emitted_muon_plan_through_megatron_core(opt: str) -> 
     pytest.importorskip("megatron.core")
     from autoplan.validate import run_checks
 
-    checks = run_checks(_plan(opt), "megatron")
+    checks = run_checks(_plan(opt, muon_tp_mode="duplicated" if opt == "muon" else "distributed"), "megatron")
     report = "\n".join(c.line() for c in checks)
     assert len(checks) == 8 and all(c.ok for c in checks), report
     opt_check = next(c for c in checks if "OptimizerConfig" in c.name)
     assert f"optimizer={opt} " in opt_check.detail and "use_distributed_optimizer=False" in opt_check.detail
+
+
+def test_muon_tp_modes() -> None:
+    """--muon-tp-mode: without TP the three modes are the same iteration (Emerging-Optimizers muon_utils.py:199-201
+    falls back to newton_schulz); with tp 8 blockwise orthogonalizes 1/8 shards, distributed the sharded matrix with an
+    all-reduce per step, duplicated the whole gathered matrix on every rank: blockwise < distributed < duplicated.
+    The mode is a Muon setting (refused with adam), emitted as --muon-tp-mode."""
+    from cost_models.muon import matrix_step_s
+
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 1024)
+    for mx in layer_matrices(model, 0):
+        one = {m: matrix_step_s(mx, 1, m, cluster) for m in ("blockwise", "duplicated", "distributed")}
+        assert len(set(one.values())) == 1, mx.name
+    opt = {}
+    for mode in ("blockwise", "distributed", "duplicated"):
+        p = estimate(model, cluster, JobSpec(global_batch_size=1024, seq_len=8192),
+                     ParallelConfig(tp=8, pp=4, zero_stage=0), target="megatron", software=Software(optimizer="muon", muon_tp_mode=mode), check=False)
+        opt[mode] = p.time.optimizer_s
+    assert opt["blockwise"] < opt["distributed"] < opt["duplicated"]
+    with pytest.raises(ConfigError, match="muon_tp_mode=duplicated is a Muon setting"):
+        _runtime("adam", 0, muon_tp_mode="duplicated")
+    assert _runtime("dist_muon", 0, muon_tp_mode="distributed").muon_tp_mode == "distributed"

@@ -142,6 +142,9 @@ software_options = stack(
     click.option("--optimizer", type=click.Choice(["adam", "muon", "dist_muon"]), default=None,
                  help="megatron --optimizer: adam (default), muon (Newton-Schulz on the 2-D weight matrices, Adam for "
                       "the rest; DDP, zero 0) or dist_muon (that with the layer-wise distributed optimizer)"),
+    click.option("--muon-tp-mode", type=click.Choice(["blockwise", "duplicated", "distributed"]), default=None,
+                 help="megatron --muon-tp-mode (with --optimizer muon|dist_muon): Newton-Schulz per TP shard "
+                      "(blockwise, default), on the TP-gathered matrix (duplicated), or sharded (distributed)"),
     click.option("--cpu-offload-layers", "cpu_offload_layers", type=click.IntRange(min=0), default=None,
                  help="megatron --cpu-offloading-num-layers: activations of the first N layers kept in host memory "
                       "(pp 1, no recompute)"),
@@ -184,7 +187,7 @@ SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_r
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
                  "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",
-                 "cuda_graph_scope", "optimizer")
+                 "cuda_graph_scope", "optimizer", "muon_tp_mode")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

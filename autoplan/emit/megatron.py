@@ -17,7 +17,7 @@ from typing import Any
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
-from cost_models.muon import MUON_NS_STEPS, MUON_TP_MODE
+from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON
 from cost_models.validate import pipeline_split
 
@@ -89,7 +89,7 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     if rt.optimizer != "adam":  # Muon (cost_models.muon cites the code): on DDP, no overlaps (arguments.py:1177-1187)
         add("--optimizer", rt.optimizer)
         add("--muon-num-ns-steps", MUON_NS_STEPS)  # what the prediction priced (Megatron-LM's defaults)
-        add("--muon-tp-mode", MUON_TP_MODE)
+        add("--muon-tp-mode", rt.muon_tp_mode)
     if rt.overlap_grad_reduce:
         add("--overlap-grad-reduce")
     if rt.overlap_param_gather:

@@ -313,7 +313,7 @@ def _check_optimizer(plan: EmitPlan, ns: argparse.Namespace) -> str:
 
     from megatron.core.optimizer import OptimizerConfig
 
-    from cost_models.muon import MUON_NS_STEPS, MUON_TP_MODE
+    from cost_models.muon import MUON_NS_STEPS
 
     names = {"optimizer", "use_distributed_optimizer", "bf16"}  # and the muon_* fields (dtype fields stay default)
     kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(OptimizerConfig)
@@ -321,7 +321,7 @@ def _check_optimizer(plan: EmitPlan, ns: argparse.Namespace) -> str:
     cfg = OptimizerConfig(**kw)
     rt = plan.runtime("megatron")
     got = (cfg.optimizer, cfg.muon_num_ns_steps, cfg.muon_tp_mode, cfg.use_distributed_optimizer)
-    want = (rt.optimizer, MUON_NS_STEPS, MUON_TP_MODE, False)
+    want = (rt.optimizer, MUON_NS_STEPS, rt.muon_tp_mode, False)
     if got != want:
         raise AssertionError(f"OptimizerConfig holds optimizer, ns steps, tp mode, distributed optimizer = {got}; "
                              f"autoplan priced {want}")

@@ -36,6 +36,8 @@ def graph_scope_error(names: Any) -> str | None:
 # Megatron-LM --optimizer (megatron/training/arguments.py:2056-2058; sgd not offered): Adam, Muon for the 2-D weight
 # matrices with Adam for the rest, or that pair under the layer-wise distributed optimizer (cost_models.muon)
 OptimizerName = Literal["adam", "muon", "dist_muon"]
+# --muon-tp-mode (arguments.py:1853-1855): Newton-Schulz on each TP shard, on the all-gathered matrix, or sharded
+MuonTpMode = Literal["blockwise", "duplicated", "distributed"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
@@ -97,6 +99,10 @@ class Software(BaseModel):
         default=None, description="Megatron --optimizer: adam, muon (Newton-Schulz-orthogonalized momentum for 2-D "
         "weight matrices, Adam for embeddings, output layer, norms, biases) or dist_muon (the same under the layer-wise "
         "distributed optimizer: whole parameters' optimizer state spread over the data-parallel ranks)")
+    muon_tp_mode: MuonTpMode | None = Field(
+        default=None, description="Megatron --muon-tp-mode (optimizer muon / dist_muon): Newton-Schulz on each TP rank's "
+        "shard (blockwise, the default), on the matrix all-gathered over TP (duplicated), or sharded with an all-reduce "
+        "per step (distributed)")
     cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
         default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
         "moe_preprocess, mamba: a hybrid stack's Mamba layers, full_iteration); empty = each whole transformer layer")
@@ -119,7 +125,7 @@ KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_redu
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
-              "cuda_graph_impl", "cuda_graph_scope", "optimizer")
+              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -169,6 +175,7 @@ class Runtime:
     # The optimizer (Megatron --optimizer): "adam", or Muon with Adam for the non-matrix parameters
     # (``cost_models.muon`` prices its state, Newton-Schulz GEMMs and layer-wise all-gather)
     optimizer: OptimizerName = "adam"
+    muon_tp_mode: MuonTpMode = "blockwise"
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
@@ -254,7 +261,7 @@ class Runtime:
                  # by a cluster profile's efficiency
                  and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))
                  and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")
-                 and (n != "optimizer" or self.optimizer != "adam")]
+                 and (n not in ("optimizer", "muon_tp_mode") or self.optimizer != "adam")]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None

@@ -218,6 +218,8 @@ class MegatronProfile(TargetProfile):
         "optimizer": Knob("optimizer", ("adam", "muon", "dist_muon"), "adam",
                           f"{MLM}:2056-2058 (--optimizer; sgd not offered), :1177-1187 (Muon's rules); "
                           "megatron/core/optimizer/muon.py, layer_wise_optimizer.py"),
+        "muon_tp_mode": Knob("muon_tp_mode", ("blockwise", "duplicated", "distributed"), "blockwise",
+                             f"{MLM}:1853-1855 (--muon-tp-mode); megatron/core/optimizer/muon.py:81-88, 131"),
         "cuda_graph_impl": Knob("cuda_graph_impl", ("none", "local", "transformer_engine"), "none",
                                 f"{TC}:776-782, 1716-1720 (--cuda-graph-impl)"),
         "cuda_graph_scope": Knob("cuda_graph_scope", (), (),
@@ -406,6 +408,9 @@ class MegatronProfile(TargetProfile):
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
+        if "muon_tp_mode" in k and k.get("optimizer", "adam") == "adam":
+            raise ConfigError(f"muon_tp_mode={k['muon_tp_mode']} is a Muon setting (--muon-tp-mode, {MLM}:1853) and the "
+                              "optimizer is adam", valid=["optimizer=muon", "optimizer=dist_muon", "muon_tp_mode unset"])
         if "fp8_recipe" in k and job.precision != "fp8":
             raise ConfigError(f"fp8_recipe={k['fp8_recipe']} needs precision fp8 (the job is {job.precision})",
                               valid=["precision fp8 (--precision fp8)", "fp8_recipe unset"])
@@ -480,6 +485,7 @@ class MegatronProfile(TargetProfile):
             cp_a2a_size=a2a_size,
             # Muon runs neither overlap (MLM:1181-1182): off unless asked for (then check_muon refuses it)
             optimizer=k.get("optimizer", "adam"),
+            muon_tp_mode=k.get("muon_tp_mode", "blockwise"),
             overlap_grad_reduce=k.get("overlap_grad_reduce", k.get("optimizer", "adam") == "adam"),
             overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2) and k.get("optimizer", "adam") == "adam"),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
