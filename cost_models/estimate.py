@@ -162,12 +162,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     tokens = job.tokens_per_step
     flops = _model_flops_per_step(model, graphs, job)
     per_gpu = flops / step / cluster.num_gpus
-    n_layers_max = max(layers)
-    first = costs[layer_kind(model, 0)]  # TP / CP volume of the first layer's kind (a transformer: every layer's)
+    # TP / CP / EP bytes of the rank that sends most, layer by layer (its kinds: dense-first, hybrid stacks)
+    def busiest(field: str) -> float:
+        return max(sum(getattr(costs[layer_kind(model, i)], field) for i in stage_ids) for stage_ids in ids)
+
     volume = {
-        "tp": first.tp_bytes * n_layers_max * m / GIB,
-        "cp": first.cp_bytes * n_layers_max * m / GIB,
-        "ep": (costs["moe"].ep_bytes * n_layers_max * m / GIB) if "moe" in costs else 0.0,
+        "tp": busiest("tp_bytes") * m / GIB,
+        "cp": busiest("cp_bytes") * m / GIB,
+        "ep": busiest("ep_bytes") * m / GIB,
         "pp": (2 * par.vp * pp_activation_bytes(model, job, par) * m / GIB) if p > 1 else 0.0,
         "dp": dp_bytes / GIB,
     }

@@ -372,6 +372,11 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"{', '.join(moe_knobs)}: MoE settings on {model.name}, a dense model",
                               valid=[f"{n} unset" for n in moe_knobs])
         if rt.moe_a2a_overlap:
+            if model.is_hybrid:
+                raise ConfigError(f"moe_a2a_overlap on {model.name}, a hybrid Mamba stack: megatron-core's combined "
+                                  "1F1B schedule runs GPTModel only (pipeline_parallel/combined_1f1b.py:336-341 "
+                                  "asserts it; MambaModel is not one, models/mamba/mamba_model.py:27)",
+                                  valid=["moe_a2a_overlap=false"])
             if par.ep <= 1:
                 raise ConfigError(f"moe_a2a_overlap with ep={par.ep}: --overlap-moe-expert-parallel-comm needs expert "
                                   f"parallelism ({TC}:1862-1864)", valid=["ep > 1", "moe_a2a_overlap=false"])
