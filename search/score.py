@@ -493,7 +493,8 @@ class Scorer:
         """(bytes per dense parameter, per expert parameter, per parameter of the largest layer) a rank holds for
         its stage: ZeRO state as the runtime holds it (``Runtime.state_bytes``) and ZeRO-3's transients
         (``memory.zero3_transient_bytes``; the per-parameter ones with the allocator's reserve, as ``stage_memory``).
-        Memory: the user's knobs alone (the knobs the search chooses change time only)."""
+        Model state: the user's knobs alone (the knobs the search chooses change layer time and at most the
+        activations, ``act_pieces``)."""
         group = lay.hsdp_shard_size or lay.dp * lay.cp
         edp = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
         # what it reads: the default runtime (by its key: ``_runtime_with``), the shard groups, zero stage and pp
@@ -545,7 +546,7 @@ class Scorer:
         """Non-additive bytes of a layer range: ZeRO-3's gathered units, or Megatron-FSDP's gradient bucket."""
         if lay.zero_stage == 3:
             return self._zero3_table(lay, largest, per_largest)
-        rt = self.default_runtime(lay)  # memory: the user's knobs (the searched ones change layer time only)
+        rt = self.default_runtime(lay)  # state: the user's knobs (the searched ones change no state)
         if lay.zero_stage == 2 and rt.grad_reduce_every_microbatch:
             return self._grad_bucket_table(lay, rt, largest)
         return None
@@ -586,7 +587,7 @@ class Scorer:
         return pp_fill_s(self.model, self.cluster, self.job, par, lay.dp)
 
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float, float]:
-        rt = self.default_runtime(lay)  # DP traffic: the user's knobs (the searched ones change layer time only)
+        rt = self.default_runtime(lay)  # DP traffic: the user's knobs (the searched ones change none)
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
                lay.kv_replication, rt, lay.vp if rt.grad_reduce_every_microbatch else 1)
         hit = self._dp.get(key)

@@ -340,11 +340,13 @@ class TargetProfile:
         return given
 
     # ---- knobs the search chooses ---------------------------------------------------------------------------
-    # Knobs whose best value depends on the layout and that change only the time of a layer (neither memory nor
-    # numerics): the search prices each legal value per layout with ``layer_cost`` and keeps the cheapest
-    # (``search.score.Scorer.chosen_knobs``). Not searched: numerics (grad_reduce_dtype, fp8_recipe: the user's
-    # call), and overlaps whose default "on" is never slower in the cost model (Megatron tp_comm_overlap,
-    # overlap_grad_reduce/param_gather: ``knob_effects.tp_overlap``, ``estimate.dp_exposed_s``).
+    # Knobs whose best value depends on the layout and that change the time of a layer, not numerics, model state or
+    # DP traffic (activations they may: torchtitan's compile compiles the loss; the search's memory bounds take the
+    # fewest bytes any setting saves, ``Scorer.act_floor``): the search prices each legal value per layout with
+    # ``layer_cost`` and keeps the cheapest (``search.score.Scorer.chosen_knobs``). Not searched: numerics
+    # (grad_reduce_dtype, fp8_recipe: the user's call), and overlaps whose default "on" is never slower in the cost
+    # model (Megatron tp_comm_overlap, overlap_grad_reduce/param_gather: ``knob_effects.tp_overlap_mode``,
+    # ``estimate.dp_exposed_s``).
     searched_knobs: tuple[str, ...] = ()
 
     def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
