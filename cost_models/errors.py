@@ -31,6 +31,7 @@ class ConfigError(AutoplanError, ValueError):
 
     def __init__(self, message: str, *, valid: Iterable[object] | None = None) -> None:
         self.valid = list(valid) if valid is not None else None
+        self.reason = one_line(message)  # the broken rule alone, without the valid choices (to quote in another error)
         if self.valid:
             message = f"{message}; valid: {', '.join(str(v) for v in self.valid)}"
         super().__init__(message)

@@ -35,6 +35,7 @@ from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
+from cost_models.targets import PROFILES, get_profile
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split
@@ -204,8 +205,6 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scor
     group; under ``any`` a target without a knob the user set runs none of its layouts); the rest are cut as
     ``knob_rule``. When the knobs rule out every layout, the first rule is the error (bad input, not an
     infeasible job)."""
-    from cost_models.targets import get_profile
-
     kept: list[Layout] = []
     first: ConfigError | None = None
     for lay in layouts:
@@ -276,18 +275,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
     scorers = target_scorers(model, cluster, job, target, scorer, weights)
-    from cost_models.targets import PROFILES as _PROFILES
-    refusals = [e for t in scorers if (e := _PROFILES[t].model_error(model)) is not None]
+    refusals = [e for t in scorers if (e := PROFILES[t].model_error(model)) is not None]
     if refusals and len(refusals) == len(scorers):  # no searched target builds the model: say why, not "infeasible"
         raise refusals[0]
     if "schedule" in pins:  # a schedule no searched target runs: the error estimate gives, not plans nobody runs
-        from cost_models.targets import PROFILES
         offered = list(dict.fromkeys(s for t in scorers for s in PROFILES[t].schedules))
         if pins["schedule"] not in offered:
             raise ConfigError(f"schedule {pins['schedule']}: {' or '.join(scorers)} has no such schedule (pipeline "
                               f"schedules: {', '.join(offered)})", valid=offered)
     if "zero_stage" in pins:  # a ZeRO stage no searched target runs: the target's own reason, as estimate gives it
-        from cost_models.targets import PROFILES
         stages = sorted({z for t in scorers for z in PROFILES[t].zero_stages})
         if pins["zero_stage"] not in stages:
             why = "; ".join(PROFILES[t].zero_reason(pins["zero_stage"]) for t in scorers)
@@ -410,10 +406,11 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
             key, valid = _pin_choices(model, cluster, job, target, pins)
             why = ""
-            if model.mamba is not None and key in ("tp", "cp"):  # the Mamba mixer's own rule names the reason
-                from cost_models.targets.megatron import mamba_layout_error
-                err = mamba_layout_error(model, int(pins.get("tp", 1)), int(pins.get("cp", 1)))
-                why = f" ({str(err).split('; valid:')[0]})" if err is not None else ""
+            if key in ("tp", "cp"):  # a target's hybrid-mixer rule names the reason (TargetProfile.hybrid_layout_error)
+                tp, cp = int(pins.get("tp", 1)), int(pins.get("cp", 1))
+                err = next((e for t in scorers if (e := PROFILES[t].hybrid_layout_error(model, tp, cp)) is not None),
+                           None)
+                why = f" ({err.reason})" if err is not None else ""
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
                                f"{pins} and passes the hard constraints (target {target}; cut: {cut}); "
                                + (f"no layout keeps {key}={pins[key]}{why}" if valid else "relax the pins"),

@@ -561,3 +561,24 @@ def test_a_pinned_tp_the_mixer_cannot_split_is_refused_naming_the_rule() -> None
                                           r"\(4\).*mamba_mixer.py:250, 258\)\); valid: 1, 2, 4$"):
         search(m, build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=64, seq_len=4096),
                target="megatron", pins={"tp": 8})
+
+
+def test_the_planner_asks_the_target_profile_for_the_mixer_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned-tp refusal quotes ``TargetProfile.hybrid_layout_error`` (Megatron's: ``mamba_layout_error``; the
+    default profile has none): whatever rule the profile states is the reason given, without its valid list."""
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec
+    from cost_models.targets import get_profile
+    from cost_models.targets.megatron import MegatronProfile, mamba_layout_error
+    from search.planner import search
+
+    m = _nano().model_copy(update={"mamba": MambaSpec(num_heads=64, head_dim=64, state_dim=128, num_groups=4)})
+    ours = get_profile("megatron").hybrid_layout_error(m, 8, 1)
+    assert ours is not None and str(ours) == str(mamba_layout_error(m, 8, 1)) and "; valid:" not in ours.reason
+    assert get_profile("torchtitan").hybrid_layout_error(m, 8, 1) is None
+    monkeypatch.setattr(MegatronProfile, "hybrid_layout_error",
+                        lambda self, model, tp, cp: ConfigError(f"the profile's rule at tp={tp}", valid=[1, 2])
+                        if tp == 8 else None)
+    with pytest.raises(ConfigError, match=r"no layout keeps tp=8 \(the profile's rule at tp=8\); valid: 1, 2, 4$"):
+        search(m, build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=64, seq_len=4096),
+               target="megatron", pins={"tp": 8})

@@ -501,6 +501,11 @@ class TargetProfile:
         """Why this target cannot interleave ``model``'s pipeline (virtual stages); None: it can."""
         return None
 
+    def hybrid_layout_error(self, model: ModelSpec, tp: int, cp: int) -> ConfigError | None:
+        """The rule of this target's Mamba-2 mixer that (tp, cp) breaks for a hybrid ``model``; None: none (a target
+        without hybrid models refuses them whole, ``model_error``)."""
+        return None
+
     def pipeline_rule_error(self, model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
         """A rule of this target's own pipeline split for ``model`` that replaces the generic Megatron-style split
         (``validate.check_parallel`` asks it before its layer-count and accounting checks, so their hints do not

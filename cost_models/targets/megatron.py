@@ -286,10 +286,9 @@ class MegatronProfile(TargetProfile):
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
-        if model.mamba is not None:
-            err = mamba_layout_error(model, tp, cp)
-            if err is not None:
-                return err
+        err = self.hybrid_layout_error(model, tp, cp)
+        if err is not None:
+            return err
         if zero != 3:
             return None
         if pp > 1:
@@ -308,6 +307,10 @@ class MegatronProfile(TargetProfile):
             return ConfigError(f"{model.name}: the Mamba hybrid model does not support virtual/interleaved pipeline "
                                f"parallelism ({MAMBA_BLOCK}:173-176)", valid=["vp=1"])
         return None
+
+    def hybrid_layout_error(self, model: ModelSpec, tp: int, cp: int) -> ConfigError | None:
+        """MambaMixer's head / group split over TP and CP (``mamba_layout_error``)."""
+        return mamba_layout_error(model, tp, cp) if model.mamba is not None else None
 
     def pipeline_rule_error(self, model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
         """A hybrid stack is split by MambaStack's own rule (``hybrid_pipeline_error``), not TransformerBlock's."""
