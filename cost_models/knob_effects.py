@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Literal
 
 from cost_models.collectives import group_collective_time_s
-from cost_models.mamba import cp_a2a_widths
+from cost_models.mamba import cp_all_to_all
 from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, MambaSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -180,18 +180,6 @@ def wgrad_in_bf16(rt: Runtime | None, job: JobSpec) -> bool:
     return job.precision == "fp8" and rt is not None and rt.fp8_recipe == "rowwise_with_gw_hp"
 
 
-def _mamba_cp(mb: MambaSpec, cluster: ClusterSpec, tokens: float, tp: int, group: int,
-              stride: int) -> tuple[float, float]:
-    """(seconds, bytes each rank sends) of the Mamba-2 mixer's context parallelism (megatron-core
-    mamba_context_parallel.py ``pre_conv_ssm`` / ``post_conv_ssm``: the in_proj output re-split from sequence to heads
-    before the conv1d + scan, B and C repeated where the TP shard has fewer groups than cp, its d_inner output back:
-    ``mamba.cp_a2a_widths``; forward and backward), on the critical path (the scan needs the whole sequence of its
-    heads)."""
-    payload = tokens * sum(cp_a2a_widths(mb, tp, group)) * 2.0
-    seconds = 2 * group_collective_time_s("all_to_all", payload, group, stride, cluster)
-    return seconds, 2 * payload * (group - 1) / group
-
-
 def _ulysses(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, group: int,
              stride: int) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of Ulysses' all-to-alls over ``group`` ranks at ``stride``: q, k, v re-split
@@ -233,7 +221,7 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
     if any(op.kind == "ssm" for op in graph.ops):  # a Mamba-2 mixer: its own all-to-all CP, whatever cp_comm_type
         if mamba is None:
             raise ValueError("cp_comm: a Mamba-2 layer graph needs its MambaSpec")
-        seconds, nbytes = _mamba_cp(mamba, cluster, tokens, par.tp, c, stride)
+        seconds, nbytes = cp_all_to_all(mamba, cluster, tokens, par.tp, c, stride)
         return seconds, nbytes, 0.0, 0.0
     if not any(op.kind == "attention" for op in graph.ops):
         return 0.0, 0.0, 0.0, 0.0  # a hybrid stack's MLP / MoE layer: token-wise, nothing to exchange

@@ -27,13 +27,13 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
 from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
                                      fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
                                      torchao_casts, tp_overlap_mode, wgrad_in_bf16)
-from cost_models.mamba import local_groups
+from cost_models.mamba import ssd_traffic_bytes
 from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
                              moe_layer_host_issued, moe_load_imbalance)
 from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
                                  tp_divisor)
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
-from cost_models.specs import (ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, MambaSpec, ModelSpec,
+from cost_models.specs import (ATTENTION_REF_KEYS, ClusterSpec, Efficiency, JobSpec, ModelSpec,
                                ParallelConfig)
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
@@ -144,32 +144,6 @@ MCORE_EXPERT_BIAS_BYTES = {"bf16": (12.0, 16.0), "fp32": (28.0, 40.0)}
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
 TORCH_LOSS_BYTES = (14.0, 22.0)
-# Mamba-2's fused causal conv1d + chunked SSD scan (Megatron-Core's training path, mamba_mixer.py:659-676:
-# mamba_ssm's mamba_split_conv1d_scan_combined = causal_conv1d_fwd, then ssd_combined's _chunk_cumsum, _chunk_state,
-# _state_passing, _bmm_chunk, _chunk_scan; Dao & Gu 2024, arXiv:2405.21060 §7). No public measurement of these Triton
-# kernels' achieved bandwidth or FLOP rate was found, so the op is priced MEMORY-BOUND by the bytes its kernels move
-# (at HBM bandwidth x hbm_bus, as every other memory-bound kernel): a lower bound where a kernel is compute- or
-# latency-bound. Its tensor-core work (C·Bᵀ, chunk states, intra-chunk outputs: ~2·chunk·G·N + 2·chunk·d_inner +
-# 4·d_inner·N FLOPs per token, a few % of the layer's projections) is not timed. See ssd_traffic_bytes.
-SSD_BWD_READS = 2.0  # the backward kernels re-read the forward's inputs and states and write their gradients: 2x
-# the forward's bytes, plus the conv output the memory-efficient path recomputes (ssd_combined.py backward)
-
-
-def ssd_traffic_bytes(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]:
-    """HBM bytes per token of the rank's sequence shard (forward, backward) of one rank's conv1d + SSD scan at TP
-    ``t``, CP ``cp`` (heads split ``t·cp`` ways over the whole sequence = ``1/t`` of them per local token; groups as
-    megatron-core runs them, ``mamba.local_groups``: ``G/t`` per local token, more where CP repeats them): read z,
-    xBC, dt (bf16); the conv writes xBC and the scan reads it back; per chunk of ``chunk_size`` tokens the fp32 chunk
-    states (heads · head_dim · N) are written, passed (read + written) and read, and the fp32 C·Bᵀ (G · chunk²)
-    written and read; out_x and the gated y written (bf16)."""
-    d, heads, groups = mb.d_inner / t, mb.num_heads / t, local_groups(mb, t, cp)
-    conv = d + 2 * groups * mb.state_dim
-    states = heads * mb.head_dim * mb.state_dim / mb.chunk_size
-    cb = groups * mb.chunk_size
-    fwd = 2.0 * (d + conv + heads) + 2.0 * 2 * conv + 4.0 * 4 * states + 4.0 * 2 * cb + 2.0 * 2 * d
-    return fwd, SSD_BWD_READS * fwd + 2.0 * 2 * conv
-
-
 # fp8 (Transformer Engine): each GEMM input and output gradient is cast by the recipe's quantizer; what it costs, and
 # what the norm of a LayerNormLinear fuses, per recipe and GPU: te_fp8.te_cast_bytes.
 

@@ -147,7 +147,7 @@ def test_mamba_cp_prices_what_megatron_cores_split_moves(tp: int, cp: int) -> No
 
     from autoplan.catalog.cluster import build_cluster
     from cost_models.knob_effects import cp_comm
-    from cost_models.layer_cost import ssd_traffic_bytes
+    from cost_models.mamba import ssd_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig
 
@@ -349,7 +349,8 @@ def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
     with TP as its heads do."""
     from autoplan.catalog.cluster import build_cluster
     from cost_models.gemm import hbm_time_s
-    from cost_models.layer_cost import op_compute, ssd_traffic_bytes
+    from cost_models.layer_cost import op_compute
+    from cost_models.mamba import ssd_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig
 
