@@ -29,6 +29,7 @@ from cost_models.collectives import RankStrides
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import LayerCost, OpCompute, host_wait_s, layer_compute, layer_compute_key, layer_cost
+from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
                              mtp_time_s)
 from cost_models.memory import (
@@ -113,6 +114,7 @@ class Scorer:
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
+        self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
@@ -514,30 +516,64 @@ class Scorer:
         self._state[key] = hit
         return hit
 
-    # ---- what the stage DP reads -------------------------------------------------------------------
-    def tables(self, lay: Layout, lower: bool = False) -> StageTables:
-        """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
-        time, head_t, per_layer, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
-        dense, expert, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
-        kd, ke, per_largest = self.state_coefficients(lay)
-        frag = self.reserve_factor(lay)
-        static = np.concatenate([[0.0], np.cumsum(kd * dense + ke * expert)])
-        # layers whose activations the runtime keeps in host memory (cpu_offload_layers: pp 1, the first N layers)
-        per_layer = np.where(np.arange(self.L) < self.default_runtime(lay).cpu_offload_layers, 0.0, per_layer)
-        act = np.concatenate([[0.0], np.cumsum(frag * per_layer)])
+    def state_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
+        """(model-state bytes per decoder layer, what the first stage adds for the embedding, what the last adds
+        for the head and MTP) a rank holds: ``state_coefficients`` × the layer's parameters, and under Muon
+        (``Runtime.optimizer``) each layer's optimizer bytes as ``estimate`` prices them
+        (``muon.optimizer_state_bytes``: linear over layers; the embedding and output layer are Adam's)."""
+        group = lay.hsdp_shard_size or lay.dp * lay.cp
+        edp = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.ep, lay.sequence_parallel, lay.knobs,
+               lay.kv_replication, lay.schedule, group, edp)
+        hit = self._state_pieces.get(key)
+        if hit is None:
+            hit = self._state_pieces[key] = self._state_pieces_of(lay, group, edp)
+        return hit
+
+    def _state_pieces_of(self, lay: Layout, group: int, edp: int) -> tuple[np.ndarray, float, float]:
+        kd, ke, _ = self.state_coefficients(lay)
+        dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         m = self.model
         last_dense = m.head_params / lay.tp
         if m.tied_embeddings and lay.pp > 1:
             last_dense += m.vocab_size * m.hidden_size / lay.tp
         last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
+        per = kd * dense + ke * expert
+        first, last = kd * m.embedding_params / lay.tp, kd * (last_dense + mtp_dense) + ke * mtp_expert
+        rt = self.default_runtime(lay)
+        if rt.optimizer == "adam":
+            return per, first, last
+        od, oe = rt.state_bytes(1.0, lay.zero_stage, group)[2], rt.state_bytes(1.0, lay.zero_stage, edp)[2]
+        par = self._bound_par(lay, lay.recompute)
+
+        def opt(ids: list[int], d: float, e: float, mtp: bool = False) -> float:  # Muon's less Adam's as priced above
+            return sum(optimizer_state_bytes(m, par, ids, d, e, rt.optimizer, group, edp, mtp=mtp)) - od * d - oe * e
+
+        per = per + np.array([opt([i], float(dense[i]), float(expert[i])) for i in range(self.L)])
+        first += opt([], m.embedding_params / lay.tp, 0.0)
+        last += opt([], last_dense, 0.0) + opt([], mtp_dense, mtp_expert, mtp=bool(m.arch.mtp_layers))
+        return per, first, last
+
+    # ---- what the stage DP reads -------------------------------------------------------------------
+    def tables(self, lay: Layout, lower: bool = False) -> StageTables:
+        """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
+        time, head_t, per_layer, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
+        _, _, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
+        _, _, per_largest = self.state_coefficients(lay)
+        per_state, first_state, last_state = self.state_pieces(lay)
+        frag = self.reserve_factor(lay)
+        static = np.concatenate([[0.0], np.cumsum(per_state)])
+        # layers whose activations the runtime keeps in host memory (cpu_offload_layers: pp 1, the first N layers)
+        per_layer = np.where(np.arange(self.L) < self.default_runtime(lay).cpu_offload_layers, 0.0, per_layer)
+        act = np.concatenate([[0.0], np.cumsum(frag * per_layer)])
         peak = 0.0
         if lay.recompute == "full":  # the transient one layer re-run holds: with the chosen knobs (lower: floor)
             none = self.act_floor(lay, "none")[0] if lower else self.act_pieces(lay, "none", self.chosen_knobs(lay))[0]
             peak = max(none[k] for k in self.full_peak_kinds)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
-            first_static=kd * m.embedding_params / lay.tp, last_static=kd * (last_dense + mtp_dense) + ke * mtp_expert, last_act=frag * head_a,
+            first_static=first_state, last_static=last_state, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
             range_static=self._range_static(lay, largest, per_largest),
         )
@@ -669,14 +705,19 @@ class Scorer:
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         acts = frag * sum(n * kinds[k] for k, n in self.kind_count.items())
         infl = self.inflight(lay)
-        resident = (kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense)
-                    + ke * mtp_expert + p * stage_static + frag * head_a)  # the head's activations: held once
+        if self.default_runtime(lay).optimizer == "adam":  # from the cached sums (the hot path)
+            state = kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense) + ke * mtp_expert
+            first_state = kd * m.embedding_params / lay.tp + min(kd * d + ke * x for d, x in pairs)
+        else:  # Muon: optimizer bytes differ by layer (state_pieces)
+            per_state, emb_state, last_state = self.state_pieces(lay)
+            state = float(per_state.sum()) + emb_state + last_state
+            first_state = emb_state + float(per_state.min())
+        resident = state + p * stage_static + frag * head_a  # the head's activations: held once
         mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
             return mean
         cheapest_act = frag * min(kinds[k] for k in self.kinds)
-        first = (kd * m.embedding_params / lay.tp + stage_static + min(kd * d + ke * x for d, x in pairs)
-                 + cheapest_act * float(infl[p]))
+        first = first_state + stage_static + cheapest_act * float(infl[p])
         return max(mean, first)
 
 
