@@ -19,6 +19,7 @@ from cost_models.memory import GIB
 from cost_models.muon import ADAM_STATE_BYTES, MUON_STATE_BYTES, layer_matrices, mtp_matrices, stage_muon_params
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software
+from tests.serve_util import free_port
 
 JOB = JobSpec(global_batch_size=2048, seq_len=4096)
 
@@ -125,8 +126,10 @@ def test_muon_parameters_are_megatron_cores(name: str, monkeypatch: pytest.Monke
     """The matrices ``layer_matrices`` lists are megatron-core's 2-D non-embedding parameters, layer by layer (its
     fused linear_qkv = our Q, K, V blocks stacked), so the Muon / Adam split of the state bytes is the code's."""
     pytest.importorskip("megatron.core")
-    for var, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29561")):  # the gloo group megatron_model
-        monkeypatch.setenv(var, value)  # starts: set here so that they leave the environment with the test
+    # the gloo group megatron_model starts, on a free port (a fixed one collides with concurrent runs: EADDRINUSE);
+    # set here so that they leave the environment with the test
+    for var, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(var, value)
     model = load_model(name)
     layers, muon, total = _megatron_core_split(name)
     ours_total = 0
