@@ -131,7 +131,16 @@ def test_muon_parameters_are_megatron_cores(name: str, monkeypatch: pytest.Monke
     for var, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
         monkeypatch.setenv(var, value)
     model = load_model(name)
-    layers, muon, total = _megatron_core_split(name)
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    started = not dist.is_initialized()
+    try:
+        layers, muon, total = _megatron_core_split(name)
+    finally:  # leave no process group behind: later tests start their own (test_target_legality's fake world)
+        if started and dist.is_initialized():
+            ps.destroy_model_parallel()
+            dist.destroy_process_group()
     ours_total = 0
     for i, shapes in layers.items():
         mine: Counter = Counter()
