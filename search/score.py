@@ -99,7 +99,6 @@ class Scorer:
         self._dp: dict[tuple, tuple[float, float, float]] = {}
         self._zero3: dict[tuple, np.ndarray] = {}
         self._inflight: dict[tuple, np.ndarray] = {}
-        self._param_sums: dict[tuple, tuple[float, float, list[tuple[float, float]]]] = {}
         self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
@@ -126,7 +125,7 @@ class Scorer:
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
         for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_ktime", "_acts", "ilp", "_params",
-                     "_param_sums", "_inflight", "_zero3"):  # (knob candidates and choices: per cluster)
+                     "_inflight", "_zero3"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
 
@@ -457,8 +456,6 @@ class Scorer:
             expert = ex / ep
             hit = (dense, expert, dense + expert)
             self._params[key] = hit
-            pairs = sorted(set(zip(dense.tolist(), expert.tolist())))
-            self._param_sums[key] = (float(dense.sum()), float(expert.sum()), pairs)
         return hit
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
@@ -690,28 +687,16 @@ class Scorer:
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches."""
         kinds, head_a = self.act_floor(lay)
-        self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
-        sum_d, sum_x, pairs = self._param_sums[(lay.tp, lay.ep, lay.kv_replication)]
-        kd, ke, _ = self.state_coefficients(lay)
+        per_state, emb_state, last_state = self.state_pieces(lay)  # the stage DP's own state tables
         frag = self.reserve_factor(lay)
-        m, p = self.model, lay.pp
+        p = lay.pp
         none = self.act_floor(lay, "none")[0]
         peak = max(none[k] for k in self.full_peak_kinds) if lay.recompute == "full" else 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
-        last_dense = m.head_params / lay.tp
-        if m.tied_embeddings and p > 1:
-            last_dense += m.vocab_size * m.hidden_size / lay.tp
-        last_dense += mtp_embedding_copy_params(m, lay.tp, p, lay.schedule)  # cost_models.memory.stage_params
-        mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         acts = frag * sum(n * kinds[k] for k, n in self.kind_count.items())
         infl = self.inflight(lay)
-        if self.default_runtime(lay).optimizer == "adam":  # from the cached sums (the hot path)
-            state = kd * sum_d + ke * sum_x + kd * (m.embedding_params / lay.tp + last_dense + mtp_dense) + ke * mtp_expert
-            first_state = kd * m.embedding_params / lay.tp + min(kd * d + ke * x for d, x in pairs)
-        else:  # Muon: optimizer bytes differ by layer (state_pieces)
-            per_state, emb_state, last_state = self.state_pieces(lay)
-            state = float(per_state.sum()) + emb_state + last_state
-            first_state = emb_state + float(per_state.min())
+        state = float(per_state.sum()) + emb_state + last_state
+        first_state = emb_state + float(per_state.min())
         resident = state + p * stage_static + frag * head_a  # the head's activations: held once
         mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
         if p == 1:
