@@ -68,6 +68,10 @@ class HeldRow:
     measured_peak_gib: float = 0.0
     reserved_gib: float = 0.0
     allocated_gib: float = 0.0
+    # the group's ``cases.<id>.layout_cannot_fit.why``: why the layout as published cannot have trained by the code
+    # (the prediction's allocated peak alone is over the whole HBM; ``.recipe``: the job / parallel fields of the
+    # layout the release's recipe runs, which fits), or ""
+    cannot_fit: str = ""
 
     @property
     def error(self) -> float:
@@ -164,7 +168,9 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 " ".join(f"{k}={v}" for k, v in run.knobs.given().items() if k.startswith("moe_")),
                                 framework_of(run.target) or run.target or "megatron",
                                 case["measured"].get("peak_memory_gib") or 0.0, pred.peak_reserved_gib,
-                                pred.peak_allocated_gib))
+                                pred.peak_allocated_gib,
+                                rules["groups"][case["group"]].get("cases", {}).get(case["id"], {})
+                                .get("layout_cannot_fit", {}).get("why", "")))
     return rows, skipped, cases
 
 
@@ -278,9 +284,13 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
                       "GPU, sequence, precision and tp/pp/cp; the level error cancels):", "",
                       "| run | vs | measured | predicted | difference |", "|---|---|---:|---:|---:|"]
             lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in pairs]
-    over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits]
+    over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits and not r.cannot_fit]
+    bad = [f"{r.id} ({r.peak_gib:.1f} GiB)" for r in rows if r.cannot_fit]
+    sound = [r for r in rows if not r.cannot_fit]
     lines += ["", f"Runs that really trained, predicted to fit under the default headroom: "
               f"{sum(r.fits for r in rows)}/{len(rows)}"
+              + (f"; {sum(r.fits for r in sound)}/{len(sound)} of the layouts that can fit by the code "
+                 f"(published layouts that cannot, their case's layout_cannot_fit: {', '.join(bad)})" if bad else "")
               + (f"; predicted NOT to fit: {', '.join(over)}" if over else "")]
     mem = memory_summary(rows)
     if mem:

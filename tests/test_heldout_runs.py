@@ -219,3 +219,35 @@ def test_memory_summary_scores_the_published_peaks_against_reserved(heldout, eva
     # (targets.common.TORCH_LOSS_BYTES_PER_LOGIT): 8.9%, worst +24.3% (the torchao tutorial's H100 rows)
     worst = max(abs(r.reserved_gib / r.measured_peak_gib - 1) for r in peaks)
     assert mape <= 0.089 + MARGIN and worst <= 0.243 + MARGIN, (mape, worst)
+
+
+def test_layouts_that_cannot_fit_are_over_the_whole_hbm(heldout, evaluated) -> None:
+    """A case may say its published layout cannot have trained (``layout_cannot_fit``: why, and the ``recipe`` layout
+    of its release): only where the prediction's allocated peak plus the CUDA context alone, every term from the code
+    and no allocator reserve or headroom, is over the whole HBM — a near miss cannot be set apart — and the recipe's
+    layout, priced the same way, fits under the default headroom. The fits line lists them apart."""
+    import copy
+
+    from cost_models.estimate import estimate
+
+    rows, _, _ = evaluated
+    flagged = {r.id: r for r in rows if r.cannot_fit}
+    assert len(flagged) >= 3
+    for path in heldout.default_files():
+        cases, rules = heldout.fidelity.load_cases(path)
+        for case in cases:
+            entry = rules["groups"][case["group"]].get("cases", {}).get(case["id"], {}).get("layout_cannot_fit")
+            if not entry:
+                continue
+            assert case["id"] in flagged and entry["why"] and entry["recipe"], case["id"]
+            run = heldout.resolve_run(heldout.fidelity.to_run(case, rules))
+            pred = estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
+                            software=run.knobs, check=False)
+            hbm = pred.memory_limit_gib + pred.memory_headroom_gib
+            assert not pred.fits and pred.peak_allocated_gib + pred.memory_gib["runtime"] > hbm, case["id"]
+            alt = copy.deepcopy(case)
+            for k, v in entry["recipe"].items():
+                (alt["job"] if k == "micro_batch_size" else alt["parallel"])[k] = v
+            run = heldout.resolve_run(heldout.fidelity.to_run(alt, rules))
+            assert estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
+                            software=run.knobs, check=False).fits, case["id"]
