@@ -47,11 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.mamba import cp_a2a_widths
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
                              mtp_projection_saved_bytes, mtp_stage_params)
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
-from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import JobSpec, MambaSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 GIB = 2**30
@@ -226,7 +227,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
             split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)
             total += ten.width * 2.0 * op.tokens_factor * tokens / (tp_divisor(t, ten.heads) if split_tp else 1)
         return total
-    return sum(op_activation_bytes(op, job, par, runtime, graph) for op in graph.ops)
+    return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba) for op in graph.ops)
 
 
 def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
@@ -236,11 +237,12 @@ def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -
 
 
 def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runtime = DEFAULT_RUNTIME,
-                        graph: LayerGraph | None = None) -> float:
+                        graph: LayerGraph | None = None, mamba: MambaSpec | None = None) -> float:
     """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
     recompute: that keeps only the layer input, ``recompute_input_bytes``). The loss holds the runtime's
     bytes per logit (the graph's saved logits are Megatron's 2 + 4); under fp8 a GEMM's saved input takes the
-    runtime's ``fp8_saved_bytes`` per element."""
+    runtime's ``fp8_saved_bytes`` per element. ``mamba``: the Mamba-2 scan's saved ``zxbcdt`` is the tensor after
+    megatron-core's CP all-to-all, B and C repeated (``mamba.cp_a2a_widths``; = in_proj_width / t without CP)."""
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
@@ -260,6 +262,9 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
             continue  # recomputed: norm outputs; q, k, v from MLA's saved latents (the up-projections)
         if cheap and op.kind in ("matmul", "experts") and s.tensor.endswith("_act"):
             continue  # SwiGLU output: recomputed from its cached input
+        if op.kind == "ssm" and mamba is not None and s.tensor in op.inputs:  # zxbcdt as the scan saves it
+            total += 2.0 * cp_a2a_widths(mamba, t, par.cp)[0] * tokens
+            continue
         div = (tp_divisor(t, s.heads) if s.split == "tp" else t) if (s.split == "tp" or sp) else 1
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks

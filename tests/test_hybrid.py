@@ -173,6 +173,36 @@ def test_mamba_cp_prices_what_megatron_cores_split_moves(tp: int, cp: int) -> No
     assert ours[1] * tokens == pytest.approx(whole[1] * 8192, rel=1e-12)
 
 
+@pytest.mark.parametrize(("tp", "cp"), [(1, 1), (4, 1), (1, 2), (4, 2), (4, 4), (8, 4), (2, 16)])
+def test_mamba_saved_zxbcdt_is_the_tensor_megatron_core_scans(tp: int, cp: int) -> None:
+    """MambaSplitConv1dScanCombinedFn saves ``zxbcdt`` as it receives it: after pre_conv_ssm's all-to-all, B and C
+    repeated ``group_repeat_count`` times (mamba_context_parallel.py:112-118, 164-183; ssd_combined.py
+    ctx.save_for_backward). Nano tp4 cp4: 3088 elements per local token (not in_proj_width / tp = 2576)."""
+    pytest.importorskip("einops", reason="megatron-core's Mamba CP needs einops")
+    from megatron.core.ssm.mamba_context_parallel import MambaContextParallel
+
+    from cost_models.memory import op_activation_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m = _nano()
+    mb = m.mamba
+    theirs = MambaContextParallel(_Group(cp), mb.d_inner // tp, mb.num_heads // tp, mb.num_groups // tp,
+                                  mb.state_dim, None, None, None, None, False)
+    width = cp * (2 * theirs.d_inner_local_tpcp + 2 * theirs.ngroups_local_tpcp * theirs.d_state
+                  + theirs.nheads_local_tpcp)  # the scan's input is [b, l_global, width / cp] on each rank
+    graph = layer_graph(m, "mamba", 8192)
+    ssd = graph.op("ssd")
+    par = ParallelConfig(tp=tp, cp=cp, micro_batch_size=2)
+    ours = op_activation_bytes(ssd, JobSpec(seq_len=8192), par, graph=graph, mamba=mb)
+    out_x = 2.0 * mb.d_inner / tp  # the scan's pre-gate output, heads split tp·cp over the whole sequence
+    assert ours == pytest.approx(2 * 8192 / cp * (2.0 * width + out_x), rel=1e-12)
+    if cp == 1:  # without CP: the graph's own in_proj_width / tp
+        assert ours == pytest.approx(op_activation_bytes(ssd, JobSpec(seq_len=8192), par, graph=graph), rel=1e-12)
+    if (tp, cp) == (4, 4):
+        assert width == 3088
+
+
 def test_megatron_refuses_tp_not_dividing_mamba_groups() -> None:
     from cost_models.targets.megatron import mamba_layout_error
 
