@@ -54,8 +54,12 @@ Run-time semantics:
 - Activation offload (knob ``cpu_offload_layers``, ``--cpu-offloading-num-layers N``, MLM:1236-1237): Transformer
   Engine's cpu_offload context around every decoder layer (megatron/core/transformer/transformer_block.py:303-312)
   moves the saved activations of layers 0..N-1 to host memory and back before their backward; TE's schedule
-  (``transformer_engine/pytorch/cpu_offload.py`` ``OffloadSynchronizer._default_offload_sync_init``: layer i's offload
-  finishes before layer L-N+i's forward) peaks at the activations of L-N layers. Megatron-Core refuses it with
+  (``transformer_engine/pytorch/cpu_offload.py`` @ 5671fd36 ``DefaultOffloadSynchronizer.
+  _init_offload_synchronization_dicts``: layer i's offload finishes before layer L-N+i's forward) peaks at the
+  activations of L-N layers. TE <= 2.9's handler (``AsyncDoubleBufferGroupOffloadHandler``, the "v1" path that
+  Megatron-Bridge v0.1.x/v0.2.x runs pinned) releases group i at the commit of layer ``layer_window_map[i]``
+  ((L//N)(i+1)-1): L-N+1 layers while the last layer runs forward, covered by the priced L-N layers + the head
+  when the head saves at least one layer's bytes (tests/test_activation_offload.py). Megatron-Core refuses it with
   pipelining, with recompute and for N >= L (transformer_config.py:1137-1152). The host-link time is not priced.
 - TP communication overlaps GEMMs with ``--tp-comm-overlap`` (needs sequence parallelism, MLM:916); DP
   traffic overlaps backward with ``--overlap-grad-reduce`` and forward with ``--overlap-param-gather``.
