@@ -19,7 +19,8 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   weight every micro-batch (``TORCHAO_*``, as torchao's roofline counts them, MXFP8 too); ``rowwise_with_gw_hp``
   runs the weight-gradient GEMM in bf16; the rowwise recipes' forward GEMM runs the CUTLASS row-wise kernel
   (``ROWWISE_FWD_GEMM_EFFICIENCY``), their slow-accumulation backward GEMMs cuBLAS's tensorwise kernel with the
-  output rescaled in a separate pass (``fp8_rescale_bytes``); block-scaled MXFP8 GEMMs run at the kernel time ratio
+  output rescaled in a separate pass (``fp8_rescale_bytes``); a tensor a high-precision TP all-gather produced is
+  cast unfused (``torchao_cast_after_gather``); block-scaled MXFP8 GEMMs run at the kernel time ratio
   TE measured against per-tensor fp8 (``MXFP8_GEMM_TIME_RATIO``).
 - **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
   attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
@@ -138,23 +139,37 @@ def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float
     return (act, *TORCHAO_WEIGHT_CAST_BYTES[rt.fp8_recipe])
 
 
+def torchao_cast_after_gather(rt: Runtime, sequence_parallel: bool, backward: bool = False) -> bool:
+    """Whether torchao's Float8Linear casts a tensor that a sequence-parallel TP all-gather just produced in high
+    precision, so the cast cannot ride on the producing kernel even under torch.compile (unfused bytes of
+    ``TORCHAO_ACT_CAST_BYTES``): regular DTensor TP (torchtitan's rowwise and MXFP8 recipes: "For rowwise recipes, we
+    use regular TP and all-gather happens in high precision", torchtitan@820504e models/llama3/parallelize_llama.py
+    :56-65) gathers the norm's bf16 output before the column-parallel linears and, in the backward, the bf16 output
+    gradient before the row-parallel ones; an NCCL kernel sits between producer and cast. Float8 tensorwise TP
+    (``tp_gather_bytes`` 1) casts the local shard, fused with its producer, and gathers fp8."""
+    gather = rt.tp_grad_gather_bytes if backward and rt.tp_grad_gather_bytes is not None else rt.tp_gather_bytes
+    return sequence_parallel and gather > 1.0
+
+
 # torchao rowwise backward GEMMs (grad_input, grad_weight: ``use_fast_accum=False`` by default in
 # ``Float8LinearConfig``) do not run the rowwise CUTLASS kernel, "so slow without fast-accum": they call cuBLAS's
 # tensorwise kernel with unit scales and multiply the bf16 output by the outer product of the row scales afterwards
-# (torchao/float8/float8_python_api.py ``addmm_float8_unwrapped``, pytorch/ao#1325): read 2 + write 2 bytes per
-# output element. Inductor can fuse that multiply into a following element-wise kernel (the grad_input's consumer,
-# under torch.compile), not into the weight gradient, which leaves the graph for FSDP's reduce-scatter.
+# (torchao/float8/float8_python_api.py ``addmm_float8_unwrapped``, pytorch/ao#1325; float8_ops.py at ao 6243040,
+# the asyncTP runs' torchao: ``output *= post_inverse_scale``): read 2 + write 2 bytes per output element, for both
+# backward GEMMs and under torch.compile too: "With torch.compile this unfortunately requires inductor to codegen
+# at least one extra triton kernel *per GEMM* to be launched just for the rescaling" (pytorch/ao#2184, 2025-05-08).
+# Each of q/k/v's grad_input is a full-width tensor rescaled on its own: torchtitan#1207's RCA (ao#2410) found
+# rowwise wk / wv "approx 40%" slower than in bf16.
 FP8_RESCALE_BYTES = 4.0
 
 
 def fp8_rescale_bytes(rt: Runtime | None, job: JobSpec) -> tuple[float, float]:
     """HBM bytes per output element of the separate rescale pass after a backward fp8 GEMM: (grad_input,
     grad_weight). 0 outside torchao's rowwise recipes; ``rowwise_with_gw_hp`` runs grad_weight in bf16 (no
-    rescale); a compiled runtime fuses the grad_input rescale into its consumer."""
+    rescale); compiled or not, the rescale is its own kernel (ao#2184)."""
     if job.precision != "fp8" or rt is None or rt.fp8_recipe not in ("rowwise", "rowwise_with_gw_hp"):
         return 0.0, 0.0
-    dgrad = 0.0 if rt.fused_elementwise else FP8_RESCALE_BYTES
-    return dgrad, (FP8_RESCALE_BYTES if rt.fp8_recipe == "rowwise" else 0.0)
+    return FP8_RESCALE_BYTES, (FP8_RESCALE_BYTES if rt.fp8_recipe == "rowwise" else 0.0)
 
 
 # torchao rowwise forward GEMM (``use_fast_accum=True``): ``torch._scaled_mm`` with row-wise scales runs PyTorch's

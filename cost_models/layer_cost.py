@@ -24,9 +24,10 @@ from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import (CollectiveKind, RankStrides, bytes_sent_per_rank, group_collective_time_s,
                                      place_group)
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
-from cost_models.knob_effects import (cp_comm, eager_elementwise, fp8_cast_bytes, fp8_forward_gemm_efficiency,
-                                     fp8_gemm_time_ratio, fp8_rescale_bytes, non_tn_fp8_gemm, ring_steps,
-                                     torchao_casts, tp_overlap_mode, wgrad_in_bf16)
+from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, cp_comm, eager_elementwise, fp8_cast_bytes,
+                                     fp8_forward_gemm_efficiency, fp8_gemm_time_ratio, fp8_rescale_bytes,
+                                     non_tn_fp8_gemm, ring_steps, torchao_cast_after_gather, torchao_casts,
+                                     tp_overlap_mode, wgrad_in_bf16)
 from cost_models.mamba import ssd_traffic_bytes
 from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
                              moe_layer_host_issued, moe_load_imbalance)
@@ -274,11 +275,17 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
         ao = torchao_casts(rt, job) if op.kind == "matmul" else None
         if ao is not None:  # torchao Float8Linear: every linear casts its input (siblings' casts of one tensor
-            # are one kernel under torch.compile), its output gradient, and its weight each micro-batch
+            # are one kernel under torch.compile), its output gradient, and its weight each micro-batch; a column
+            # input / row output gradient that a bf16 SP all-gather produced is cast unfused
             act, w_fwd, w_bwd = ao
+            unfused = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][0]
             first = next(o for o in graph.ops if o.kind == "matmul" and o.inputs[0] == op.inputs[0]) is op
-            fwd += act * k * (1.0 if first or not rt.compile else 0.0) + w_fwd * k * n / tokens
-            bwd += act * n + w_bwd * k * n / tokens
+            gathered_in = graph.tensors[op.output].dim_kind in _COLUMN_KINDS and torchao_cast_after_gather(rt, sp)
+            gathered_dy = graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS \
+                and torchao_cast_after_gather(rt, sp, backward=True)
+            fwd += (unfused if gathered_in else act) * k * (1.0 if first or not rt.compile else 0.0) \
+                + w_fwd * k * n / tokens
+            bwd += (unfused if gathered_dy else act) * n + w_bwd * k * n / tokens
         else:  # Transformer Engine: one module per input (fused q/k/v, gate/up) casts it once; LayerNormLinear's
             # norm takes part in the cast as the recipe allows (te_fp8.te_cast_bytes)
             cast = fp8_cast_bytes(rt, non_tn_gemm)

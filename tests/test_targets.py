@@ -262,7 +262,8 @@ def test_rowwise_backward_bytes_follow_torchao() -> None:
     """torchao Float8Linear's backward, as torchao's roofline counts its casts (roofline_utils.py at ao#1793) plus
     the rowwise slow-accum rescale pass (ao#1325): per output-gradient element rowwise 6 B fused under compile,
     rowwise_with_gw_hp 1 B fused / 3 B eager; per weight element rowwise 7 B (bf16 transpose + cast), gw_hp 3 B;
-    the rescale adds 4 B per grad_weight element (rowwise; never fused) and per grad_input element (eager only)."""
+    the rescale adds 4 B per grad_weight element (rowwise) and per grad_input element, compiled or not: Inductor
+    launches a kernel per GEMM for it (ao#2184)."""
     from cost_models.layer_cost import _local_widths, op_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
@@ -282,9 +283,42 @@ def test_rowwise_backward_bytes_follow_torchao() -> None:
         return sum(op_traffic_bytes(op, graph, model, job, par, rt)[1] for op in linears)
 
     base = {c: bwd("rowwise_with_gw_hp", c) for c in (True, False)}
-    assert base[False] - base[True] == pytest.approx((3.0 - 1.0) * grads + 4.0 * inputs)  # unfused cast, rescale
+    assert base[False] - base[True] == pytest.approx((3.0 - 1.0) * grads)  # the unfused cast only
     extra = bwd("rowwise", True) - base[True]
     assert extra == pytest.approx((6.0 - 1.0) * grads + (7.0 - 3.0) * weights + 4.0 * weights)
+    gw_hp_weights_cast = 3.0 * weights  # gw_hp's backward, compiled: its casts and the grad_input rescale, no more
+    assert base[True] == pytest.approx(1.0 * grads + gw_hp_weights_cast + 4.0 * inputs)
+
+
+def test_torchao_casts_after_a_bf16_tp_gather_are_unfused() -> None:
+    """torchtitan's regular TP (rowwise recipes: bf16 sequence-parallel all-gathers) hands the column-parallel
+    linears the gathered norm output and the row-parallel ones the gathered output gradient: torchao casts those
+    after an NCCL kernel, unfused even under compile (rowwise 8 B per element instead of 6). Float8 tensorwise TP
+    casts the local shard before its fp8 gather: fused as without TP."""
+    from cost_models.layer_cost import _COLUMN_KINDS, _local_widths, op_traffic_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.targets import Software, runtime_for
+
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64)
+    job = JobSpec(global_batch_size=16, seq_len=8192, precision="fp8")
+    graph = layer_graph(model, "dense", job.seq_len)
+    linears = [op for op in graph.ops if op.kind == "matmul"]
+
+    def traffic(recipe: str, sp: bool) -> tuple[float, float]:
+        par = ParallelConfig(tp=8, zero_stage=3, micro_batch_size=2, sequence_parallel=sp)
+        rt = runtime_for("torchtitan-2025", job, cluster, par, Software(compile=True, fp8_recipe=recipe))
+        per_op = [op_traffic_bytes(op, graph, model, job, par, rt) for op in linears]
+        return sum(f for f, _ in per_op), sum(b for _, b in per_op)
+
+    tokens = 2 * job.seq_len
+    inputs = {op.inputs[0]: _local_widths(op, graph, 8)[0] for op in linears
+              if graph.tensors[op.output].dim_kind in _COLUMN_KINDS}  # one cast per gathered tensor (siblings share)
+    grads = sum(_local_widths(op, graph, 8)[1] for op in linears
+                if graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS)
+    (f_sp, b_sp), (f_no, b_no) = traffic("rowwise", True), traffic("rowwise", False)
+    assert f_sp - f_no == pytest.approx((8.0 - 6.0) * sum(inputs.values()) * tokens)
+    assert b_sp - b_no == pytest.approx((8.0 - 6.0) * grads * tokens)
+    assert traffic("tensorwise", True) == pytest.approx(traffic("tensorwise", False))
 
 
 def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
