@@ -28,7 +28,7 @@ from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, cp_comm, eager_ele
                                      fp8_forward_gemm_efficiency, fp8_gemm_time_ratio, fp8_rescale_bytes,
                                      non_tn_fp8_gemm, ring_steps, torchao_cast_after_gather, torchao_casts,
                                      tp_overlap_mode, wgrad_in_bf16)
-from cost_models.mamba import ssd_traffic_bytes
+from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
 from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
                              moe_layer_host_issued, moe_load_imbalance)
 from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
@@ -253,6 +253,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
     elif op.kind == "ssm" and model is not None and model.mamba is not None:
         fwd, bwd = ssd_traffic_bytes(model.mamba, t, par.cp)
+        cf, cb = layout_copy_bytes(model.mamba, t, par.cp, par.micro_batch_size)
+        fwd, bwd = fwd + cf, bwd + cb
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.expert_input_size / (t if sp else 1) * model.moe_top_k
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w

@@ -2,8 +2,8 @@
 ``MambaContextParallel`` splits it (megatron/core/ssm/mamba_context_parallel.py): heads and d_inner split tp·cp ways;
 groups split tp ways, then cp ways where the TP shard has at least cp groups, otherwise each group's B and C are
 repeated ``cp // groups_tp`` times before the all-to-all (:112-118, 164-183) and every CP rank runs one group.
-What that costs: the conv1d + SSD scan's HBM bytes (``ssd_traffic_bytes``, priced by ``layer_cost.op_compute``) and
-the CP all-to-alls (``cp_all_to_all``, priced by ``knob_effects.cp_comm``)."""
+What that costs: the conv1d + SSD scan's HBM bytes (``ssd_traffic_bytes``, priced by ``layer_cost.op_compute``), the
+layout copies around it at micro-batch > 1 (``layout_copy_bytes``) and the CP all-to-alls (``cp_all_to_all``, priced by ``knob_effects.cp_comm``)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,19 @@ def ssd_traffic_bytes(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]
     cb = groups * mb.chunk_size
     fwd = 2.0 * (d + conv + heads) + 2.0 * 2 * conv + 4.0 * 4 * states + 4.0 * 2 * cb + 2.0 * 2 * d
     return fwd, SSD_BWD_READS * fwd + 2.0 * 2 * conv
+
+
+def layout_copy_bytes(mb: MambaSpec, t: int, cp: int, batch: int) -> tuple[float, float]:
+    """HBM bytes per local token (forward, backward) of the layout copies around the scan at micro-batch ``batch``:
+    ``MambaMixer._ssm_training`` makes ``zxBCdt`` batch-major and the scan's output sequence-major again with
+    ``rearrange(...).contiguous()`` (megatron-core 0.16.1 mamba_mixer.py:642, 678), and in backward in_proj's
+    Transformer Engine module makes the permuted ``dzxbcdt`` contiguous (module/base.py ``grad_output_preprocess``:
+    ``grad_output.reshape((-1, h)).contiguous()``). Each reads and writes its bf16 tensor. With one sequence per
+    micro-batch the permuted views are already contiguous (torch ignores size-1 strides): no copy."""
+    if batch == 1:
+        return 0.0, 0.0
+    zx, y = cp_a2a_widths(mb, t, cp)  # the scan's input (B, C repeated under CP) and its d_inner output
+    return 2.0 * 2 * (zx + y), 2.0 * 2 * zx
 
 
 def cp_all_to_all(mb: MambaSpec, cluster: ClusterSpec, tokens: float, tp: int, group: int,

@@ -399,6 +399,43 @@ def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
     assert ssd_traffic_bytes(m.mamba, 2)[0] == pytest.approx(ssd_traffic_bytes(m.mamba, 1)[0] / 2)
 
 
+def test_layout_copies_around_the_scan_only_at_micro_batch_above_one() -> None:
+    """MambaMixer._ssm_training makes zxBCdt batch-major and the scan's output sequence-major with
+    rearrange(...).contiguous() (megatron-core's own source says so); torch copies only when the micro-batch holds
+    more than one sequence. Nano tp1 mbs2: forward 2·2·(10304 + 4096) = 57,600 B/token, backward (in_proj's
+    dzxbcdt made contiguous) 2·2·10304 = 41,216 B/token, added to the ssd op; mbs 1: nothing."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    from megatron.core.ssm.mamba_mixer import MambaMixer
+
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.gemm import hbm_time_s
+    from cost_models.layer_cost import op_compute
+    from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    src = inspect.getsource(MambaMixer._ssm_training)
+    assert '"l b d -> b l d").contiguous()' in src and '"b l d -> l b d").contiguous()' in src
+    for batch, copies in ((1, False), (2, True)):
+        view = torch.empty(16, batch, 8).permute(1, 0, 2)  # "l b d -> b l d"
+        assert (view.contiguous().data_ptr() != view.data_ptr()) == copies
+    m = _nano()
+    mb = m.mamba
+    assert mb.in_proj_width == 10304 and mb.d_inner == 4096
+    assert layout_copy_bytes(mb, 1, 1, 1) == (0.0, 0.0)
+    assert layout_copy_bytes(mb, 1, 1, 2) == (2.0 * 2 * (10304 + 4096), 2.0 * 2 * 10304) == (57600.0, 41216.0)
+    assert layout_copy_bytes(mb, 4, 1, 4)[1] == pytest.approx(41216.0 / 4)
+    g = layer_graph(m, "mamba", 8192)
+    cluster = build_cluster("gb200", 8)
+    par = ParallelConfig(tp=1, micro_batch_size=2)
+    oc = op_compute(g.op("ssd"), g, m, cluster, JobSpec(seq_len=8192), par)
+    f, b = ssd_traffic_bytes(mb, 1)
+    assert oc.mem_f == pytest.approx(hbm_time_s((f + 57600.0) * 2 * 8192, cluster), rel=1e-12)
+    assert oc.mem_b == pytest.approx(hbm_time_s((b + 41216.0) * 2 * 8192, cluster), rel=1e-12)
+
+
 def test_pipeline_stages_see_each_layers_own_kind() -> None:
     """estimate prices each stage from its own layers' kinds: with first/last stage sizes that put all six attention
     layers' share unevenly, the slowest stage's compute is the sum of layer_cost over exactly its layers (Mamba, MoE,
