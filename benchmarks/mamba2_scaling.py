@@ -1,0 +1,56 @@
+"""How much faster a pure Mamba-2 stack trains on GB200 than on H200: the one public measurement found against the
+cost model's prediction (a diagnostic, not a calibration: nothing is fitted on it).
+
+Measured: state-spaces/mamba issue #904 (https://github.com/state-spaces/mamba/issues/904, "Training throughput"
+table): d_model 2048, 48 layers, batch 4, seq 4096, bf16, one GPU; Mamba-2 239.2 TFLOP/s on H200, 360.4 on GB200.
+The ratio (1.51x) does not depend on how the issue counts FLOPs. The stack is mamba_ssm's Mamba2 with its defaults
+(mamba_ssm/modules/mamba2.py: d_state 128, d_conv 4, expand 2, headdim 64, ngroups 1, chunk_size 256) and
+MambaLMHeadModel's tied embedding (vocab 50277 padded to 50280); the issue trains it with its own script, so the
+absolute times are not comparable with Megatron's, only the generation ratio.
+
+Run: ``python benchmarks/mamba2_scaling.py``."""
+
+from __future__ import annotations
+
+from autoplan.catalog.cluster import build_cluster
+from cost_models.estimate import estimate, graphs_for
+from cost_models.layer_cost import op_compute
+from cost_models.specs import JobSpec, MambaSpec, ModelSpec, ParallelConfig
+from cost_models.targets import runtime_for
+
+MEASURED_TFLOPS = {"h200": 239.2, "gb200": 360.4}  # mamba#904, Mamba2 column
+
+
+def mamba2_stack() -> ModelSpec:
+    """mamba_ssm's Mamba2 1.4B-shaped language model of mamba#904 (no attention or MLP layers)."""
+    mixer = MambaSpec(num_heads=64, head_dim=64, state_dim=128, num_groups=1, conv_kernel=4, chunk_size=256)
+    return ModelSpec(name="mamba2-48x2048", num_layers=48, hidden_size=2048, ffn_hidden_size=4096,
+                     num_attention_heads=32, num_kv_heads=32, vocab_size=50280, tied_embeddings=True, hybrid_pattern="M" * 48,
+                     mamba=mixer)
+
+
+def main() -> None:
+    model = mamba2_stack()
+    job = JobSpec(global_batch_size=4, seq_len=4096, precision="bf16")
+    par = ParallelConfig(tp=1, pp=1, cp=1, micro_batch_size=4, zero_stage=0)
+    graph = graphs_for(model, job.seq_len)["mamba"]
+    step = {}
+    print("| GPU | predicted step ms | Mamba layer fwd+bwd ms | of it in/out_proj | of it conv1d + SSD scan |")
+    print("|---|---:|---:|---:|---:|")
+    for gpu in MEASURED_TFLOPS:
+        cluster = build_cluster(gpu, 1)
+        rt = runtime_for(None, job, cluster, par, None)
+        ops = {op.name: op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops}
+        total = sum(o.forward_s + o.backward_s for o in ops.values())
+        proj = sum(ops[n].forward_s + ops[n].backward_s for n in ("in_proj", "out_proj"))
+        scan = ops["ssd"].forward_s + ops["ssd"].backward_s
+        step[gpu] = estimate(model, cluster, job, par, check=False, runtime=rt).step_time_s
+        print(f"| {gpu} | {step[gpu] * 1e3:.1f} | {total * 1e3:.3f} | {proj * 1e3:.3f} | {scan * 1e3:.3f} |")
+    measured = MEASURED_TFLOPS["gb200"] / MEASURED_TFLOPS["h200"]
+    predicted = step["h200"] / step["gb200"]
+    print(f"\nGB200 over H200: measured {measured:.2f}x (mamba#904), predicted {predicted:.2f}x "
+          f"(predicted / measured {predicted / measured:.2f})")
+
+
+if __name__ == "__main__":
+    main()
