@@ -20,8 +20,9 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   runs the weight-gradient GEMM in bf16; the rowwise recipes' forward GEMM runs the CUTLASS row-wise kernel
   (``ROWWISE_FWD_GEMM_EFFICIENCY``), their slow-accumulation backward GEMMs cuBLAS's tensorwise kernel with the
   output rescaled in a separate pass (``fp8_rescale_bytes``); a tensor a high-precision TP all-gather produced is
-  cast unfused (``torchao_cast_after_gather``); block-scaled MXFP8 GEMMs run at the kernel time ratio
-  TE measured against per-tensor fp8 (``MXFP8_GEMM_TIME_RATIO``).
+  cast unfused, and async TP leaves that all-gather unfused with its matmuls (``torchao_cast_after_gather``);
+  block-scaled MXFP8 GEMMs run at the kernel time ratio TE measured against per-tensor fp8
+  (``MXFP8_GEMM_TIME_RATIO``).
 - **Context-parallel communication** (``cp_comm``): ring P2P (each K/V block overlaps the previous block's
   attention), all-gather (K/V gathered at once, overlapped with the local block only), Ulysses all-to-all (heads
   re-split over CP before and after attention; nothing to hide behind), and Megatron's hierarchical a2a+p2p
@@ -139,16 +140,23 @@ def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float
     return (act, *TORCHAO_WEIGHT_CAST_BYTES[rt.fp8_recipe])
 
 
-def torchao_cast_after_gather(rt: Runtime, sequence_parallel: bool, backward: bool = False) -> bool:
+def torchao_cast_after_gather(rt: Runtime | None, job: JobSpec, sequence_parallel: bool,
+                              backward: bool = False) -> bool:
     """Whether torchao's Float8Linear casts a tensor that a sequence-parallel TP all-gather just produced in high
-    precision, so the cast cannot ride on the producing kernel even under torch.compile (unfused bytes of
-    ``TORCHAO_ACT_CAST_BYTES``): regular DTensor TP (torchtitan's rowwise and MXFP8 recipes: "For rowwise recipes, we
-    use regular TP and all-gather happens in high precision", torchtitan@820504e models/llama3/parallelize_llama.py
-    :56-65) gathers the norm's bf16 output before the column-parallel linears and, in the backward, the bf16 output
-    gradient before the row-parallel ones; an NCCL kernel sits between producer and cast. Float8 tensorwise TP
-    (``tp_gather_bytes`` 1) casts the local shard, fused with its producer, and gathers fp8."""
+    precision: regular DTensor TP (torchtitan's rowwise and MXFP8 recipes: "For rowwise recipes, we use regular TP
+    and all-gather happens in high precision", torchtitan@820504e models/llama3/parallelize_llama.py:56-65) gathers
+    the norm's bf16 output before the column-parallel linears and, in the backward, the bf16 output gradient before
+    the row-parallel ones. Float8 tensorwise TP (``tp_gather_bytes`` 1) casts the local shard and gathers fp8.
+    Two consequences: the cast cannot ride on the producing kernel even under torch.compile (an NCCL kernel sits
+    between: unfused bytes of ``TORCHAO_ACT_CAST_BYTES``), and async TP's micro-pipelining, which fuses an
+    all-gather only into the matmuls that consume it directly (torch/_inductor/fx_passes/micro_pipeline_tp.py
+    ``_find_consumer_matmuls``: mm / _scaled_mm, through a reshape), finds the cast there and leaves the gather
+    whole: "the matmul-reduce-scatters were being fused properly - however, the all-gather-matmul patterns were
+    NOT" for rowwise float8 (pytorch/pytorch#149990, 2025-03, open; the reduce-scatter side: pytorch#149247)."""
+    if sequence_parallel is False or torchao_casts(rt, job) is None:
+        return False
     gather = rt.tp_grad_gather_bytes if backward and rt.tp_grad_gather_bytes is not None else rt.tp_gather_bytes
-    return sequence_parallel and gather > 1.0
+    return gather > 1.0
 
 
 # torchao rowwise backward GEMMs (grad_input, grad_weight: ``use_fast_accum=False`` by default in

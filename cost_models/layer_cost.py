@@ -282,9 +282,9 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             act, w_fwd, w_bwd = ao
             unfused = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][0]
             first = next(o for o in graph.ops if o.kind == "matmul" and o.inputs[0] == op.inputs[0]) is op
-            gathered_in = graph.tensors[op.output].dim_kind in _COLUMN_KINDS and torchao_cast_after_gather(rt, sp)
+            gathered_in = graph.tensors[op.output].dim_kind in _COLUMN_KINDS and torchao_cast_after_gather(rt, job, sp)
             gathered_dy = graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS \
-                and torchao_cast_after_gather(rt, sp, backward=True)
+                and torchao_cast_after_gather(rt, job, sp, backward=True)
             fwd += (unfused if gathered_in else act) * k * (1.0 if first or not rt.compile else 0.0) \
                 + w_fwd * k * n / tokens
             bwd += (unfused if gathered_dy else act) * n + w_bwd * k * n / tokens
@@ -501,7 +501,9 @@ def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par
         for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
             ag = grad_gather if role == "row" else gather  # a row boundary all-gathers in the backward
             payload = (ag if kind == "all_gather" else 2.0) * elems
-            seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * fraction
+            # async TP cannot fuse an all-gather whose consumer is torchao's cast (knob_effects)
+            whole = kind == "all_gather" and torchao_cast_after_gather(rt, job, sequence_parallel, role == "row")
+            seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * (1.0 if whole else fraction)
             nbytes += calls * bytes_sent_per_rank(kind, payload, t)
         out.append((seconds, nbytes))
     return out

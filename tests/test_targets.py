@@ -321,6 +321,36 @@ def test_torchao_casts_after_a_bf16_tp_gather_are_unfused() -> None:
     assert traffic("tensorwise", True) == pytest.approx(traffic("tensorwise", False))
 
 
+def test_async_tp_leaves_the_gathers_torchao_casts_whole() -> None:
+    """Async TP fuses an all-gather only into matmuls that consume it (micro_pipeline_tp ``_find_consumer_matmuls``);
+    under regular TP torchao's rowwise cast consumes the bf16 gathers (pytorch#149990): each boundary's all-gather
+    is priced whole, its reduce-scatter at the async-TP share, as bf16's and Float8 tensorwise TP's all are."""
+    from cost_models.collectives import group_collective_time_s
+    from cost_models.layer_cost import tp_boundaries, tp_boundary_costs, tp_exposed_fraction
+    from cost_models.opgraph import layer_graph
+    from cost_models.targets import Software, runtime_for
+
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64, target="torchtitan-2025")
+    par = ParallelConfig(tp=8, zero_stage=3, micro_batch_size=2, sequence_parallel=True)
+    graph = layer_graph(model, "dense", 8192)
+
+    def seconds(precision: str, recipe: str | None) -> float:
+        job = JobSpec(global_batch_size=16, seq_len=8192, precision=precision)
+        rt = runtime_for("torchtitan-2025", job, cluster, par, Software(compile=True, async_tp=True,
+                                                                         fp8_recipe=recipe))
+        return sum(sec for sec, _ in tp_boundary_costs(graph, cluster, job, par, 1, True, rt))
+
+    job = JobSpec(global_batch_size=16, seq_len=8192, precision="bf16")
+    rt = runtime_for("torchtitan-2025", job, cluster, par, Software(compile=True, async_tp=True))
+    share = tp_exposed_fraction(8, cluster.efficiency, rt)
+    assert 0.0 < share < 1.0
+    one = sum(group_collective_time_s("all_gather", 2.0 * 2 * 8192 * graph.tensors[x].width, 8, 1, cluster)
+              for x, _ in tp_boundaries(graph))  # every boundary gathers the same bf16 [tokens, hidden] once
+    assert seconds("bf16", None) == pytest.approx(2 * one * share)  # all-gathers and reduce-scatters alike
+    assert seconds("fp8", "rowwise") == pytest.approx(one * (1.0 + share))
+    assert seconds("fp8", "tensorwise") < seconds("bf16", None)
+
+
 def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
     """torchtitan's Float8 tensorwise TP (torchao Float8ColwiseParallel/RowwiseParallel) all-gathers fp8 (1 B),
     reduce-scatters bf16: with SP each boundary runs one of each, so TP bytes are 3/4 of rowwise's, whose regular
