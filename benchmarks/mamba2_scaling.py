@@ -25,8 +25,8 @@ def mamba2_stack() -> ModelSpec:
     """mamba_ssm's Mamba2 1.4B-shaped language model of mamba#904 (no attention or MLP layers)."""
     mixer = MambaSpec(num_heads=64, head_dim=64, state_dim=128, num_groups=1, conv_kernel=4, chunk_size=256)
     return ModelSpec(name="mamba2-48x2048", num_layers=48, hidden_size=2048, ffn_hidden_size=4096,
-                     num_attention_heads=32, num_kv_heads=32, vocab_size=50280, tied_embeddings=True, hybrid_pattern="M" * 48,
-                     mamba=mixer)
+                     num_attention_heads=32, num_kv_heads=32, vocab_size=50280, tied_embeddings=True,
+                     hybrid_pattern="M" * 48, mamba=mixer)
 
 
 def main() -> None:

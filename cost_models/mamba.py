@@ -3,7 +3,8 @@
 groups split tp ways, then cp ways where the TP shard has at least cp groups, otherwise each group's B and C are
 repeated ``cp // groups_tp`` times before the all-to-all (:112-118, 164-183) and every CP rank runs one group.
 What that costs: the conv1d + SSD scan's HBM bytes (``ssd_traffic_bytes``, priced by ``layer_cost.op_compute``), the
-layout copies around it at micro-batch > 1 (``layout_copy_bytes``) and the CP all-to-alls (``cp_all_to_all``, priced by ``knob_effects.cp_comm``)."""
+layout copies around it at micro-batch > 1 (``layout_copy_bytes``) and the CP all-to-alls (``cp_all_to_all``, priced
+by ``knob_effects.cp_comm``)."""
 
 from __future__ import annotations
 
@@ -32,29 +33,56 @@ def cp_a2a_widths(mb: MambaSpec, tp: int, cp: int) -> tuple[float, float]:
 
 
 # Mamba-2's fused causal conv1d + chunked SSD scan (Megatron-Core's training path, mamba_mixer.py:659-676:
-# mamba_ssm's mamba_split_conv1d_scan_combined = causal_conv1d_fwd, then ssd_combined's _chunk_cumsum, _chunk_state,
-# _state_passing, _bmm_chunk, _chunk_scan; Dao & Gu 2024, arXiv:2405.21060 §7). No public measurement of these Triton
-# kernels' achieved bandwidth or FLOP rate was found, so the op is priced MEMORY-BOUND by the bytes its kernels move
-# (at HBM bandwidth x hbm_bus, as every other memory-bound kernel): a lower bound where a kernel is compute- or
+# mamba_ssm's mamba_split_conv1d_scan_combined; Dao & Gu 2024, arXiv:2405.21060 §7). No public measurement of these
+# Triton kernels' achieved bandwidth or FLOP rate was found, so the op is priced MEMORY-BOUND by the bytes its kernels
+# move (at HBM bandwidth x hbm_bus, as every other memory-bound kernel): a lower bound where a kernel is compute- or
 # latency-bound. Its tensor-core work (C·Bᵀ, chunk states, intra-chunk outputs: ~2·chunk·G·N + 2·chunk·d_inner +
-# 4·d_inner·N FLOPs per token, a few % of the layer's projections) is not timed. See ssd_traffic_bytes.
-SSD_BWD_READS = 2.0  # the backward kernels re-read the forward's inputs and states and write their gradients: 2x
-# the forward's bytes, plus the conv output the memory-efficient path recomputes (ssd_combined.py backward)
+# 4·d_inner·N FLOPs per token, a few % of the layer's projections) is not timed. The one public cross-generation
+# measurement found (benchmarks/mamba2_scaling.py, state-spaces/mamba#904) says a Mamba-2 stack gains less from
+# H200 to GB200 than this basis predicts; nothing here is fitted to it. See ssd_traffic_bytes.
+BF16, FP32 = 2.0, 4.0
 
 
 def ssd_traffic_bytes(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]:
     """HBM bytes per token of the rank's sequence shard (forward, backward) of one rank's conv1d + SSD scan at TP
     ``t``, CP ``cp`` (heads split ``t·cp`` ways over the whole sequence = ``1/t`` of them per local token; groups as
-    megatron-core runs them, ``local_groups``: ``G/t`` per local token, more where CP repeats them): read z,
-    xBC, dt (bf16); the conv writes xBC and the scan reads it back; per chunk of ``chunk_size`` tokens the fp32 chunk
-    states (heads · head_dim · N) are written, passed (read + written) and read, and the fp32 C·Bᵀ (G · chunk²)
-    written and read; out_x and the gated y written (bf16)."""
-    d, heads, groups = mb.d_inner / t, mb.num_heads / t, local_groups(mb, t, cp)
-    conv = d + 2 * groups * mb.state_dim
-    states = heads * mb.head_dim * mb.state_dim / mb.chunk_size
+    megatron-core runs them, ``local_groups``: ``G/t`` per local token, more where CP repeats them). Kernel by kernel,
+    each tensor read once and written once per kernel that takes it (mamba_ssm @ v2.2.6.post3 ssd_combined.py
+    MambaSplitConv1dScanCombinedFn :767-930, _mamba_chunk_scan_combined_fwd :294-345 / _bwd :347-465; the same
+    kernels at v2.2.4 and v2.3.0). Per token: x and z ``d``, B and C ``bc`` each, dt ``h`` (bf16, views of zxbcdt
+    and of the conv output); dt (softplus) and its chunk cumsum fp32 ``h`` each; chunk states ``st`` = heads · head_dim
+    · N / chunk; C·Bᵀ ``cb`` = groups · chunk (fp32). The backward's fp32 dB / dC / dCB partials are taken as one
+    head split (``nsplits`` = 1: batch · chunks · heads >= SMs · heads / groups; Nano at 8k: 4096 >= 1184); the small
+    per-chunk dD and ddA tile partials are not counted."""
+    d, h, groups = mb.d_inner / t, mb.num_heads / t, local_groups(mb, t, cp)
+    bc = groups * mb.state_dim
+    conv = d + 2 * bc
+    st = h * mb.head_dim * mb.state_dim / mb.chunk_size
     cb = groups * mb.chunk_size
-    fwd = 2.0 * (d + conv + heads) + 2.0 * 2 * conv + 4.0 * 4 * states + 4.0 * 2 * cb + 2.0 * 2 * d
-    return fwd, SSD_BWD_READS * fwd + 2.0 * 2 * conv
+    conv_fwd = BF16 * 2 * conv  # causal_conv1d_fwd: xBC in, conv output out
+    cumsum = BF16 * h + FP32 * 2 * h  # _chunk_cumsum_fwd: dt in; softplus dt, dA_cumsum out
+    chunk_state = BF16 * (bc + d) + FP32 * 2 * h + FP32 * st  # _chunk_state_fwd: B, x, dt, dA_cumsum -> states
+    bmm = BF16 * 2 * bc + FP32 * cb  # _bmm_chunk_fwd: C, B -> C·Bᵀ
+    chunk_scan = FP32 * cb + BF16 * (2 * d + bc + st) + FP32 * 2 * h + BF16 * 2 * d  # CB, x, z, C, states, dt,
+    # dA_cumsum in; out and out_x out
+    fwd = conv_fwd + cumsum + chunk_state + (FP32 + BF16) * st + bmm + chunk_scan  # _state_passing_fwd: out bf16
+    partials = FP32 * 3 * bc  # a fp32 (.., nsplits, groups, N) gradient written, then .sum(2) read and written
+    bwd = (conv_fwd + BF16 * 2 * h + cumsum + bmm + chunk_state  # recomputed: conv output, dt.clone(), cumsum, C·Bᵀ
+           + FP32 * 2 * st  # _state_passing_fwd (fp32 out)
+           + BF16 * 6 * d  # _chunk_scan_bwd_dz: x, z, out_x, dout in; dz, gated dout out
+           + BF16 * (bc + d) + FP32 * h + FP32 * st  # _chunk_scan_bwd_dstates: C, dout, dA_cumsum -> dstates
+           + FP32 * 2 * st + BF16 * 2 * st  # _state_passing_bwd: states, dstates in (fp32); both out in bf16
+           + BF16 * (3 * d + bc + st) + FP32 * (3 * h + cb)  # _chunk_scan_chunk_state_bwd_dx: x, dout, B, CB,
+           # dstates, dt, dA_cumsum in; dx, ddt out
+           + BF16 * (d + st + bc) + FP32 * 2 * h + partials  # _chunk_state_bwd_db: x, dstates, B, dt, dA -> dB
+           + BF16 * (d + st + bc) + FP32 * h + partials  # _chunk_scan_bwd_dC: dout, states, C, dA_cumsum -> dC
+           + BF16 * 2 * d + FP32 * 2 * h + FP32 * 3 * cb  # _chunk_scan_bwd_dcb: x, dout, dt, dA -> dCB (+ sum)
+           + 2 * (BF16 * 2 * bc + FP32 * (cb + bc))  # two _bmm_chunk_bwd: B / C, dCB, fp32 residual -> dC / dB
+           + BF16 * 2 * d + FP32 * (3 * h + cb)  # _chunk_scan_bwd_ddAcs_stable: x, dout, dt, dA, CB -> ddA
+           + FP32 * 12 * h  # ddA glue: flip, cumsum, flip, two adds (torch, fp32 per head and token)
+           + FP32 * 2 * h + BF16 * 2 * h  # _chunk_cumsum_bwd: ddA, ddt, dt in; ddt out
+           + BF16 * 3 * conv)  # causal_conv1d_bwd: xBC, dxBC in; dxBC out
+    return fwd, bwd
 
 
 def layout_copy_bytes(mb: MambaSpec, t: int, cp: int, batch: int) -> tuple[float, float]:

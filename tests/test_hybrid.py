@@ -399,6 +399,40 @@ def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
     assert ssd_traffic_bytes(m.mamba, 2)[0] == pytest.approx(ssd_traffic_bytes(m.mamba, 1)[0] / 2)
 
 
+def test_ssd_bytes_are_the_kernels_tensors_one_pass_each() -> None:
+    """Nano tp1 per token (d 4096, heads 64, B/C 1024 each, conv 6144, chunk states 4096, C·Bᵀ 1024): each kernel of
+    mamba_ssm's MambaSplitConv1dScanCombinedFn reads and writes its tensors once (bf16 2 B, fp32 4 B). Forward:
+    conv 24,576 + cumsum 640 + chunk_state 27,136 + state_passing 24,576 + bmm 8,192 + chunk_scan 47,616 = 132,736;
+    the backward (recomputed conv, cumsum, C·Bᵀ, states; then dz, dstates, state_passing_bwd, dx, dB, dC, dCB, two
+    bmm_bwd, ddA, cumsum_bwd, conv_bwd) 436,352: 3.3x the forward, not the 2x + conv recompute priced before."""
+    from cost_models.mamba import ssd_traffic_bytes
+
+    mb = _nano().mamba
+    d, h, bc, conv, st, cb = 4096, 64, 1024, 6144, 4096, 1024
+    assert (mb.d_inner, mb.num_heads, mb.num_groups * mb.state_dim, mb.conv_dim) == (d, h, bc, conv)
+    assert (mb.num_heads * mb.head_dim * mb.state_dim // mb.chunk_size, mb.num_groups * mb.chunk_size) == (st, cb)
+    kernels_fwd = {  # (bf16 elements, fp32 elements) read + written per token
+        "causal_conv1d_fwd": (2 * conv, 0), "chunk_cumsum_fwd": (h, 2 * h),
+        "chunk_state_fwd": (bc + d, 2 * h + st), "state_passing_fwd": (st, st), "bmm_chunk_fwd": (2 * bc, cb),
+        "chunk_scan_fwd": (d + d + bc + st + 2 * d, cb + 2 * h),
+    }
+    kernels_bwd = {
+        "causal_conv1d_fwd": (2 * conv, 0), "dt.clone": (2 * h, 0), "chunk_cumsum_fwd": (h, 2 * h),
+        "bmm_chunk_fwd": (2 * bc, cb), "chunk_state_fwd": (bc + d, 2 * h + st), "state_passing_fwd": (0, 2 * st),
+        "chunk_scan_bwd_dz": (6 * d, 0), "chunk_scan_bwd_dstates": (bc + d, h + st),
+        "state_passing_bwd": (2 * st, 2 * st), "chunk_scan_chunk_state_bwd_dx": (3 * d + bc + st, 3 * h + cb),
+        "chunk_state_bwd_db (+ sum)": (d + st + bc, 2 * h + 3 * bc),
+        "chunk_scan_bwd_dC (+ sum)": (d + st + bc, h + 3 * bc),
+        "chunk_scan_bwd_dcb (+ sum)": (2 * d, 2 * h + 3 * cb), "bmm_chunk_bwd x2": (4 * bc, 2 * (cb + bc)),
+        "chunk_scan_bwd_ddAcs_stable": (2 * d, 3 * h + cb), "ddA flips, cumsum, adds": (0, 12 * h),
+        "chunk_cumsum_bwd": (2 * h, 2 * h), "causal_conv1d_bwd": (3 * conv, 0),
+    }
+    fwd = sum(2 * b + 4 * f for b, f in kernels_fwd.values())
+    bwd = sum(2 * b + 4 * f for b, f in kernels_bwd.values())
+    assert (fwd, bwd) == (132736, 436352)
+    assert ssd_traffic_bytes(mb, 1) == (fwd, bwd)
+
+
 def test_layout_copies_around_the_scan_only_at_micro_batch_above_one() -> None:
     """MambaMixer._ssm_training makes zxBCdt batch-major and the scan's output sequence-major with
     rearrange(...).contiguous() (megatron-core's own source says so); torch copies only when the micro-batch holds
