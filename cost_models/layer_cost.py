@@ -30,7 +30,7 @@ from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, cp_comm, eager_ele
                                      tp_overlap_mode, wgrad_in_bf16)
 from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
 from cost_models.moe import (dispatcher_sm_fraction, dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher,
-                             moe_layer_host_issued, moe_load_imbalance)
+                             moe_layer_host_issued, moe_load_imbalance, permutation_passes)
 from cost_models.opgraph import (DECODER_KINDS, LayerGraph, LayerKind, Op, gemm_precision, mean_keys_per_query,
                                  tp_divisor)
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
@@ -206,11 +206,12 @@ def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpe
 
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                      par: ParallelConfig, rt: Runtime | None = None,
-                     eager: bool = False, non_tn_gemm: bool = False) -> tuple[float, float]:
+                     eager: bool = False, non_tn_gemm: bool = False, permute_passes: int = 1) -> tuple[float, float]:
     """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank. ``eager``:
     norms, rotary and the gated activation run op by op (``EAGER_*``); the loss is torch's op-by-op cross-entropy
     (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``). ``non_tn_gemm``: the GPU's
-    fp8 GEMM takes any layout (``knob_effects.non_tn_fp8_gemm``: no fp8 transposes).
+    fp8 GEMM takes any layout (``knob_effects.non_tn_fp8_gemm``: no fp8 transposes). ``permute_passes``: the
+    dispatcher's passes over the routed copies per dispatch / combine (``moe.permutation_passes``).
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
     the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
@@ -256,7 +257,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         cf, cb = layout_copy_bytes(model.mamba, t, par.cp, par.micro_batch_size)
         fwd, bwd = fwd + cf, bwd + cb
     elif op.kind in ("dispatch", "combine") and model is not None:
-        w = model.expert_input_size / (t if sp else 1) * model.moe_top_k
+        w = model.expert_input_size / (t if sp else 1) * model.moe_top_k * permute_passes
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w
     elif op.kind == "loss":
         w = per_rank(op.inputs[0])
@@ -365,8 +366,10 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = _unfused_attention(op, model, cluster, job, par)
+    passes = permutation_passes(cluster, model.num_experts // par.ep, rt) \
+        if op.kind in ("dispatch", "combine") else 1
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
-                                    non_tn_fp8_gemm(cluster))
+                                    non_tn_fp8_gemm(cluster), passes)
     if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
@@ -578,7 +581,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
-                                     rt.mcore_expert_glue, rt.moe_dispatcher)
+                                     rt.mcore_expert_glue, rt.moe_dispatcher, rt.target)
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 
 

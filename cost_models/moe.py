@@ -76,6 +76,35 @@ def dispatcher_syncs_host(rt: Runtime | None) -> bool:
     return rt is None or rt.moe_capacity_factor is None
 
 
+# Separate HBM passes a Megatron-Core dispatcher makes over the routed token copies on its side of the all-to-all,
+# per dispatch (forward; its backward is the inverse gather) and, mirrored, per combine
+# (megatron/core/transformer/moe/token_dispatcher.py @ core_v0.16.1; the same steps in core_v0.14.0, the NeMo 25.09
+# container's core: Megatron-Bridge v0.1.0rc4 uv.lock megatron-core 0.14.0):
+# - alltoall: the permutation into all-to-all order (``permute``, :633-644; combine ``unpermute``, :833-840), and,
+#   where the rank holds more than one expert, "Permutation 2: Sort tokens by local expert" after the all-to-all
+#   (``sort_chunks_by_idxs``, :703-737; combine "Unpermutation 2", :752-772; drop-and-pad: a transpose + contiguous
+#   copy of the capacity-padded chunks, :708-730, core_v0.14.0 :666-690).
+# - deepep: the received tokens are permuted once (``_DeepepManager.get_permuted_hidden_states_by_experts``,
+#   :1282-1307; ``get_restored_hidden_states_by_experts`` :1309-1318).
+# - hybridep: once, inside the library: ``_HybridEPManager.get_permuted_hidden_states_by_experts`` returns what
+#   ``hybrid_ep_dispatch`` gave (:1078-1082), and HybridEP's ``dispatch_with_permute`` copies the received tokens
+#   from its dispatch buffer into expert order with a permute kernel, ``combine_with_unpermute`` back (DeepEP
+#   csrc/hybrid_ep/executor/executor.cu @ 2313535 ``Executor::dispatch_postprocess`` ``permute_launcher``,
+#   ``Executor::combine_preprocess`` ``unpermute_launcher``).
+MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
+
+
+def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | None = None) -> int:
+    """HBM passes over the routed token copies per dispatch (and per combine), each priced as
+    ``layer_cost.PERMUTE_BYTES``: Megatron-Core's per dispatcher (``MEGATRON_PERMUTE_PASSES``, plus the sort by
+    local expert of ``alltoall`` when the rank holds more than one); one for every other target and without a
+    runtime (not read from their code here)."""
+    if rt is None or rt.target != "megatron":
+        return 1
+    dispatcher = moe_dispatcher(cluster, rt)
+    return MEGATRON_PERMUTE_PASSES[dispatcher] + (1 if dispatcher == "alltoall" and local_experts > 1 else 0)
+
+
 def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
     not counted against compute here, as before)."""

@@ -284,3 +284,67 @@ def test_sm_based_dispatcher_needs_the_gpus_sm_count() -> None:
     assert dispatcher_sm_fraction("alltoall", build_cluster("mi300x", 8)) == 0.0
     with pytest.raises(ConfigError, match="sm_count"):
         dispatcher_sm_fraction("deepep", build_cluster("mi300x", 8))
+
+
+
+def _megatron_dispatcher_source() -> list[str] | None:
+    """Lines of the installed megatron-core 0.16.1's token_dispatcher.py (the target's version), or None."""
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("megatron.core.transformer.moe")
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from megatron.core import package_info
+
+    if package_info.__version__ != "0.16.1":  # the lines cited are core_v0.16.1's
+        return None
+    return (Path(list(spec.submodule_search_locations)[0]) / "token_dispatcher.py").read_text().splitlines()
+
+
+def test_permutation_passes_are_the_dispatchers_own() -> None:
+    """``moe.permutation_passes``: Megatron-Core's alltoall dispatcher permutes the routed copies before its
+    all-to-all and, where the rank holds more than one expert, sorts them by local expert after it ("Permutation 2";
+    the combine undoes both); DeepEP and HybridEP permute once. Read from the installed megatron-core (0.16.1, the
+    target's version) where it is there, then priced: dispatch / combine move PERMUTE_BYTES per routed copy per
+    pass."""
+    from cost_models.layer_cost import PERMUTE_BYTES, op_traffic_bytes
+    from cost_models.moe import MEGATRON_PERMUTE_PASSES, permutation_passes
+
+    src = _megatron_dispatcher_source()
+    if src is not None:
+        def lines(first: int, last: int) -> str:
+            return "\n".join(src[first - 1:last])
+
+        assert "permute(" in lines(633, 644) and "unpermute(" in lines(833, 840)
+        assert "Permutation 2: Sort tokens by local expert" in lines(703, 703)
+        assert "if self.num_local_experts > 1:" in lines(707, 707) and "sort_chunks_by_idxs(" in lines(732, 737)
+        assert ".transpose(0, 1)" in lines(708, 730) and ".contiguous()" in lines(708, 730)  # drop-and-pad
+        assert "Unpermutation 2" in lines(752, 752) and "sort_chunks_by_idxs(" in lines(767, 772)
+        assert "return hidden_states, self.dispatched_probs" in lines(1078, 1079)  # HybridEP: in its library
+        assert "permute(" in lines(1298, 1304) and "unpermute(" in lines(1310, 1316)  # DeepEP: once each way
+    assert set(MEGATRON_PERMUTE_PASSES) == {"alltoall", "deepep", "hybridep"}
+
+    model = load_model(QWEN)
+    cluster = build_cluster("b200", 64)
+    graph = graphs_for(model, JOB.seq_len)["moe"]
+    disp = next(op for op in graph.ops if op.kind == "dispatch")
+    comb = next(op for op in graph.ops if op.kind == "combine")
+    copies = 4096 * model.moe_top_k * model.hidden_size  # routed copies x width, one micro-batch, tp 1
+    for ep, dispatcher, passes in ((8, "alltoall", 2), (128, "alltoall", 1), (8, "deepep", 1), (8, "hybridep", 1)):
+        par = ParallelConfig(tp=1, pp=8, ep=ep, micro_batch_size=1)
+        rt = _rt(Software(moe_dispatcher=dispatcher), cluster, par)
+        n = permutation_passes(cluster, model.num_experts // ep, rt)
+        assert n == passes
+        for op in (disp, comb):
+            got = op_traffic_bytes(op, graph, model, JOB, par, rt, permute_passes=n)
+            assert got == pytest.approx((PERMUTE_BYTES[0] * copies * passes, PERMUTE_BYTES[1] * copies * passes))
+    # the drop-and-pad copy of the capacity-padded chunks is the same second pass; the op's memory time carries it
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1)
+    drop = op_compute(disp, graph, model, cluster, JOB, par, _rt(Software(moe_capacity_factor=1.0), cluster, par))
+    deepep = op_compute(disp, graph, model, cluster, JOB, par, _rt(Software(moe_dispatcher="deepep"), cluster, par))
+    assert drop.mem_f == pytest.approx(2 * deepep.mem_f)
+    assert permutation_passes(cluster, 16, None) == 1  # without a runtime (the intra-op ILP's ops): one pass
