@@ -69,7 +69,7 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     "memory_bound_fraction": (0.0, 0.5),
     "hbm_bus": (0.30, 0.95),
     "moe_imbalance": (1.0, 3.0),
-    # Host time per local expert per MoE layer-micro-batch (layer_cost.host_bound_s): 0 (CUDA-graphed / device-bound)
+    # Host time per local expert per MoE layer-micro-batch (ep_comm.host_bound_s): 0 (CUDA-graphed / device-bound)
     # to 2 ms (tens of Python-issued kernels per expert at ~10-20 µs each).
     "moe_host_s_per_expert": (0.0, 2e-3),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
@@ -84,7 +84,7 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
 SOFTWARE_SETTINGS = {"flash_attention", "attention_fa2", "compiled", "tp_overlap"}
 # Per-framework parameters (gpus.yaml `frameworks`): what differs between training stacks on the same GPUs,
 # what its GEMM dispatch, fp8 recipe and communication overlap make of the generation's physics. Its
-# attention kernel (``attention_fa2``) and eager element-wise bytes (``layer_cost.EAGER_*``) are measured / counted, not fitted.
+# attention kernel (``attention_fa2``) and eager element-wise bytes (``op_traffic.EAGER_*``) are measured / counted, not fitted.
 FRAMEWORK_FIT_FIELDS = ("gemm_max", "fp8_gemm_speedup", "tp_overlap", "dp_overlap")
 # Of those, the ones stored as ratios to the GPU's own value (gpus.yaml `frameworks: <f>: scale:`): the stack's
 # kernels relative to Megatron-Core/TE's on the same GPU — its GEMM dispatch (gemm_max) and its fp8 GEMMs' gain over

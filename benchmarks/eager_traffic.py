@@ -1,7 +1,7 @@
 """HBM bytes per element that eager PyTorch moves for the element-wise pieces of a torchtitan Llama block, counted
 from the ops autograd really dispatches (a ``TorchDispatchMode`` records every ATen kernel of the forward and the
 backward with the bytes of its tensor inputs and outputs), next to the byte tables the cost model prices
-(``cost_models/layer_cost.py`` ``EAGER_*``, ``TORCH_LOSS_BYTES``; fused: ``NORM_BYTES``, ``ROTARY_BYTES``, ...).
+(``cost_models/op_traffic.py`` ``EAGER_*``, ``TORCH_LOSS_BYTES``; fused: ``NORM_BYTES``, ``ROTARY_BYTES``, ...).
 
     python benchmarks/eager_traffic.py
 
@@ -94,8 +94,8 @@ def counted() -> dict[str, tuple[float, float]]:
 
 
 def priced() -> dict[str, tuple[float, float]]:
-    """The same pieces as cost_models/layer_cost.py prices them eager (SwiGLU: the fused act + the eager extra)."""
-    from cost_models import layer_cost as L
+    """The same pieces as cost_models/op_traffic.py prices them eager (SwiGLU: the fused act + the eager extra)."""
+    from cost_models import op_traffic as L
 
     fused_act = (2.0 * (2 + 1), 2.0 * (2 * 2 + 1))  # op_traffic_bytes' activation: 2 inputs, 1 output, bf16
     return {"norm": L.EAGER_NORM_BYTES, "rotary": L.EAGER_ROTARY_BYTES,
@@ -153,7 +153,7 @@ def counted_megatron() -> dict[str, tuple[float, float]]:
 
 
 def priced_megatron() -> dict[str, tuple[float, float]]:
-    from cost_models import layer_cost as L
+    from cost_models import op_traffic as L
 
     return {"mcore_expert_clamp": L.MCORE_EXPERT_CLAMP_BYTES, "mcore_expert_bias": L.MCORE_EXPERT_BIAS_BYTES["bf16"],
             "mcore_expert_bias_fp32_probs": L.MCORE_EXPERT_BIAS_BYTES["fp32"]}

@@ -55,7 +55,7 @@ from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, Measur
                                 fit, fit_joint, framework_entry, leave_one_out, resolve_run)
 from autoplan.catalog.registry import (efficiency_catalog, efficiency_for, framework_efficiency,  # noqa: E402
                                        load_gpu, resolve_over)
-from cost_models.layer_cost import ATTN_BWD_FACTOR  # noqa: E402
+from cost_models.attention_cost import ATTN_BWD_FACTOR  # noqa: E402
 from cost_models.specs import ATTENTION_KERNEL_BENCH, ATTENTION_REF_KEYS, Efficiency  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.targets import framework_of  # noqa: E402
@@ -725,7 +725,7 @@ def fit_catalog() -> dict[str, dict[str, Any]]:
     return out
 
 
-# The MoE host cost (Efficiency.moe_host_s_per_expert, cost_models/layer_cost.host_bound_s): host seconds to issue one
+# The MoE host cost (Efficiency.moe_host_s_per_expert, cost_models/ep_comm.host_bound_s): host seconds to issue one
 # local expert's work per MoE layer per micro-batch under Megatron-Core + Transformer Engine (GroupedLinear's per-expert
 # loop, the dropless dispatcher's per-layer host sync). A software cost of that stack, one number for every GPU
 # generation (gpus.yaml frameworks.megatron). No public source gives it: fitted, alone, on the MoE rows of the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from autoplan.catalog.cluster import build_cluster
 from cost_models.estimate import estimate, graphs_for
-from cost_models.layer_cost import op_compute
+from cost_models.op_cost import op_compute
 from cost_models.specs import JobSpec, MambaSpec, ModelSpec, ParallelConfig
 from cost_models.targets import runtime_for
 

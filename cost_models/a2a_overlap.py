@@ -60,7 +60,7 @@ class OverlapNodes:
 
 def layer_step_s(a2a: list[float], nodes: OverlapNodes) -> float:
     """Steady-state time of one overlapped layer step (one layer's forward of micro-batch i and its backward of
-    micro-batch j). ``a2a`` = the four all-to-alls as ``layer_cost.moe_all_to_all_parts`` orders them: forward
+    micro-batch j). ``a2a`` = the four all-to-alls as ``ep_comm.moe_all_to_all_parts`` orders them: forward
     dispatch, forward combine, combine's backward, dispatch's backward."""
     disp_f, comb_f, comb_b, disp_b = a2a
     cost = {("f", "attn"): nodes.attn_f, ("b", "attn"): nodes.attn_b,

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
-from cost_models.layer_cost import LayerCost, layer_cost, memory_traffic_bytes, model_flops_per_token
+from cost_models.layer_cost import LayerCost, layer_cost
+from cost_models.op_cost import model_flops_per_token
+from cost_models.op_traffic import memory_traffic_bytes
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
 from cost_models.muon import optimizer_step_s
@@ -102,7 +104,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
 
         # None: no target, ``any``, or a reference runtime (``deepseek``)
         prof = PROFILES.get(target or "") or REFERENCE_PROFILES.get(target or "")
-        # tp > num_kv_heads is priced (opgraph.tp_divisor, layer_cost.kv_gather_cost); a target profile says
+        # tp > num_kv_heads is priced (opgraph.tp_divisor, tp_comm.kv_gather_cost); a target profile says
         # whether its framework runs it (Megatron does; no target named = Megatron's rules).
         check_parallel(model, cluster, job, par,
                        allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
@@ -247,7 +249,7 @@ def add_layers(parts: dict[str, float], lc: LayerCost, n: int = 1, proj_gemm: fl
 def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
               rt: Runtime | None = None) -> float:
     """Output projection (vocab-parallel) + loss, forward and backward, one micro-batch: the GEMM (×3 for
-    dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``layer_cost.LOSS_BYTES``)."""
+    dgrad + wgrad) and the final norm and cross-entropy by their HBM traffic (``op_traffic.LOSS_BYTES``)."""
     op = graph.op("lm_head")
     tokens = par.micro_batch_size * job.seq_len / par.cp
     gemm = matmul_time_s(tokens, op.weight_in, -(-op.weight_out // par.tp), cluster,

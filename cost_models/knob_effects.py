@@ -12,7 +12,7 @@ No fitted factor here: each knob switches a physical mechanism on or off, or cha
   (``te_userbuffers``: what its GEMM does not cover stays exposed); torchtitan's async TP hides the share
   ``Efficiency.tp_overlap``. ``tp_overlap`` 0 states a stack without TP overlap.
   torchtitan's Float8 tensorwise TP and Transformer Engine's fp8 sequence-parallel linears all-gather fp8
-  (``Runtime.tp_gather_bytes`` / ``tp_grad_gather_bytes``, ``te_tp_gather_bytes``; ``layer_cost.tp_boundary_costs``).
+  (``Runtime.tp_gather_bytes`` / ``tp_grad_gather_bytes``, ``te_tp_gather_bytes``; ``tp_comm.tp_boundary_costs``).
 - **Float8 recipe**: HBM bytes per element of each GEMM input (forward) and output gradient (backward) spent on
   casts, by scaling granularity: Transformer Engine's (``te_cast_bytes``: amax pass, copies written, what the norm
   kernel fuses, transposes only where the fp8 GEMM is TN-only) or torchao's Float8Linear, which also casts its
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from cost_models.attention_cost import cp_ring
 from cost_models.collectives import group_collective_time_s
 from cost_models.mamba import cp_all_to_all
 from cost_models.opgraph import LayerGraph
@@ -102,7 +103,7 @@ def tp_overlap_mode(eff: Efficiency, rt: Runtime | None, t: int, sequence_parall
       arguments.py) where the caller can price each collective against its own GEMM (``per_collective``):
       ``te_userbuffers``.
     - ``share``: otherwise ``eff.tp_overlap`` of the traffic hides (torchtitan's async TP; the intra-op search's
-      per-op pricing, which sees no runtime): ``layer_cost.tp_exposed_fraction``."""
+      per-op pricing, which sees no runtime): ``tp_comm.tp_exposed_fraction``."""
     if t <= 1 or eff.tp_overlap <= 0 or (rt is not None and not rt.tp_overlapped):
         return "exposed"
     if rt is not None and rt.tp_comm_overlap and sequence_parallel and per_collective:
@@ -258,8 +259,6 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
         ag = group_collective_time_s("all_gather", block * c, c, stride, cluster)
         rs = group_collective_time_s("reduce_scatter", block * c, c, stride, cluster)
         return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c, 0.0
-    from cost_models.layer_cost import cp_ring  # the ring's own formula (layer_cost imports this module)
-
     if kind == "a2a+p2p" and rt is not None and rt.cp_a2a_size:
         a = rt.cp_a2a_size
         a2a_s, a2a_b = _ulysses(graph, cluster, tokens, par.tp, a, stride)

@@ -2,7 +2,7 @@
 ``MambaContextParallel`` splits it (megatron/core/ssm/mamba_context_parallel.py): heads and d_inner split tp·cp ways;
 groups split tp ways, then cp ways where the TP shard has at least cp groups, otherwise each group's B and C are
 repeated ``cp // groups_tp`` times before the all-to-all (:112-118, 164-183) and every CP rank runs one group.
-What that costs: the conv1d + SSD scan's HBM bytes (``ssd_traffic_bytes``, priced by ``layer_cost.op_compute``), the
+What that costs: the conv1d + SSD scan's HBM bytes (``ssd_traffic_bytes``, priced by ``op_cost.op_compute``), the
 layout copies around it at micro-batch > 1 (``layout_copy_bytes``) and the CP all-to-alls (``cp_all_to_all``, priced
 by ``knob_effects.cp_comm``)."""
 

@@ -280,7 +280,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
         if op.clamped and runtime.mcore_expert_glue and op.name.startswith("expert_") \
                 and not (modules is not None and "moe_act" in modules):
             b *= 2.0  # Megatron-Core's eager clamp keeps the fc1 output and the fused activation its clamped copy
-            # (fusions/fused_bias_geglu.py:424-440; layer_cost.MCORE_EXPERT_CLAMP_BYTES); under ``moe_act`` the
+            # (fusions/fused_bias_geglu.py:424-440; op_traffic.MCORE_EXPERT_CLAMP_BYTES); under ``moe_act`` the
             # checkpoint keeps only the fc1 output
         total += b * tokens / div
     return total

@@ -24,7 +24,7 @@ DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
 
 def moe_dispatcher(cluster: ClusterSpec, rt: Runtime | None = None) -> str:
     """``alltoall`` (every routed copy sent to its GPU), ``deepep`` or ``hybridep`` (one copy per remote NVLink
-    domain, forwarded inside it; ``layer_cost.moe_all_to_all``): the run's knob, else the catalog's."""
+    domain, forwarded inside it; ``ep_comm.moe_all_to_all``): the run's knob, else the catalog's."""
     return rt.moe_dispatcher if rt is not None and rt.moe_dispatcher is not None else cluster.efficiency.moe_dispatcher
 
 
@@ -37,7 +37,7 @@ def moe_a2a_overlapped(cluster: ClusterSpec, rt: Runtime | None = None) -> bool:
 
 def moe_layer_host_issued(rt: Runtime | None) -> bool:
     """Whether an MoE layer's dispatch and expert work is issued by the host op by op in every micro-batch (so
-    ``layer_cost.host_bound_s`` applies), i.e. no CUDA graph covers it. Megatron-Core 0.16.1 graphs the experts
+    ``ep_comm.host_bound_s`` applies), i.e. no CUDA graph covers it. Megatron-Core 0.16.1 graphs the experts
     only under ``cuda_graph_scope`` ``moe`` (drop-and-pad only, transformer_config.py:1764-1770), a whole-layer
     scope (empty; transformer_layer.py:946-967, 1258-1259) or ``full_iteration`` (local impl); ``attn`` /
     ``moe_router`` / ``moe_preprocess`` graph the attention, the router and the dispatcher's preprocess and leave
@@ -96,7 +96,7 @@ MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 
 def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | None = None) -> int:
     """HBM passes over the routed token copies per dispatch (and per combine), each priced as
-    ``layer_cost.PERMUTE_BYTES``: Megatron-Core's per dispatcher (``MEGATRON_PERMUTE_PASSES``, plus the sort by
+    ``op_traffic.PERMUTE_BYTES``: Megatron-Core's per dispatcher (``MEGATRON_PERMUTE_PASSES``, plus the sort by
     local expert of ``alltoall`` when the rank holds more than one); one for every other target and without a
     runtime (not read from their code here)."""
     if rt is None or rt.target != "megatron":

@@ -18,9 +18,9 @@ from __future__ import annotations
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
 from cost_models.knob_effects import tp_overlap_mode
-from cost_models.layer_cost import tp_collectives
 from cost_models.opgraph import BF16, LayerKind, layer_kind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.tp_comm import tp_collectives
 
 
 def mtp_layer_kind(model: ModelSpec) -> LayerKind:

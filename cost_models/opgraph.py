@@ -224,7 +224,7 @@ def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal:
     """``keys_per_query`` averaged over the decoder layers of ``kind`` with each layer's own window
     (``ArchSpec.layer_window``: GPT-OSS alternates a 128-token window with full attention). One graph per kind
     prices every layer of that kind at this mean: exact for the model's attention FLOPs and, since the kernel's time
-    ``∝ x·sat⁻¹(x) = x + half`` is linear in the keys ``x`` (``layer_cost.attention_kernel_factor``), for their
+    ``∝ x·sat⁻¹(x) = x + half`` is linear in the keys ``x`` (``attention_cost.attention_kernel_factor``), for their
     time; a pipeline stage holding an uneven share of windowed layers is off by at most one layer's difference."""
     arch = model.arch
     if arch.sliding_window is None or not arch.full_attention_every:

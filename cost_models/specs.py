@@ -535,7 +535,7 @@ FA2_VS_CUDNN = 0.62
 
 # cuDNN fused attention (SDPA) micro-benchmarks per GPU generation, one GPU each: bf16, causal, head dim 128,
 # 8192 tokens (4096 keys per query): (GPU, forward TFLOP/s, backward TFLOP/s), backward counted as 2.5x the forward
-# FLOPs as the model does (layer_cost.ATTN_BWD_FACTOR). Both from NVIDIA's own cudnn-frontend benchmarks:
+# FLOPs as the model does (attention_cost.ATTN_BWD_FACTOR). Both from NVIDIA's own cudnn-frontend benchmarks:
 # - hopper: H200 (the H100's GH100 SMs and 989 TFLOP/s peak), cuDNN 9.1.0, batch 2 x 16 heads:
 #   NVIDIA/cudnn-frontend benchmark/benchmark_results.csv @ b740542 (2024-05-07), row "2,16,8192,128,True" —
 #   the software era of the runs Hopper is fitted on (2024).
@@ -552,7 +552,7 @@ ATTENTION_KERNEL_BENCH: dict[str, tuple[str, float, float]] = {
     "blackwell": ("gb200", 1584.0, 1211.0),
 }
 # Keys per query of that benchmark (8192 tokens, causal): where a generation's ``attention`` share is stated when its
-# kernel's saturation in sequence length is modelled (``Efficiency.attention_half_keys``, layer_cost.attention_kernel_factor).
+# kernel's saturation in sequence length is modelled (``Efficiency.attention_half_keys``, attention_cost.attention_kernel_factor).
 ATTENTION_REF_KEYS = 4096.0
 # The Blackwell benchmark's sweep, 4k-128k tokens (GB200, the CSV above): tokens -> (forward, backward) TFLOP/s. Its
 # fwd+bwd share of peak rises 0.45 (4k) -> 0.52 (8k) -> 0.57 (32k), then falls to 0.50 at 128k (H200's, same file @
@@ -601,7 +601,7 @@ class Efficiency(_Frozen):
         "forward + backward, per micro-batch: Transformer Engine's GroupedLinear loops over its experts on the host "
         "(grouped_linear.py) and Megatron-Core's dropless dispatcher syncs host and device in every MoE layer "
         "(token_dispatcher.py preprocess): the forward's expert issue overlaps only the device work after that sync, "
-        "the rest runs at max(device time, host time) (layer_cost.host_bound_s); "
+        "the rest runs at max(device time, host time) (ep_comm.host_bound_s); "
         "only where no CUDA graph holds the experts (cost_models.moe.moe_layer_host_issued). "
         "Default 0 (not priced); the catalog's Megatron-Core value is a fit on public Megatron-Bridge MoE runs "
         "(gpus.yaml frameworks.megatron, benchmarks/fidelity.py fit_moe_host); `autoplan calibrate` fits it on "
@@ -616,7 +616,7 @@ class Efficiency(_Frozen):
                             "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
     compiled: bool = Field(default=True, description="element-wise kernels fused (TE / torch.compile); false = "
                            "PyTorch eager, whose norms, rotary and SwiGLU make several HBM passes (counted per op: "
-                           "cost_models/layer_cost.py EAGER_*)")
+                           "cost_models/op_traffic.py EAGER_*)")
     attention_fa2: bool = Field(default=False, description="the fused attention is FlashAttention-2 (PyTorch SDPA's "
                                 "flash backend) rather than cuDNN / Transformer Engine fused attention: × FA2_VS_CUDNN")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
@@ -624,7 +624,7 @@ class Efficiency(_Frozen):
     attention_half_keys: float | None = Field(default=None, gt=0, description="keys per query at which the fused "
                                               "attention kernel reaches half its long-sequence throughput; set: "
                                               "`attention` is the share at ATTENTION_REF_KEYS and the kernel follows "
-                                              "x/(x + half) in the keys it sees (layer_cost.attention_kernel_factor); "
+                                              "x/(x + half) in the keys it sees (attention_cost.attention_kernel_factor); "
                                               "unset: `attention` holds at every length (ring CP steps aside)")
     gpu_speed_sigma: float = Field(default=0.0, ge=0, le=0.2, description="relative standard deviation of the "
                                    "sustained speed of identical GPUs (manufacturing and power-management spread): a "

@@ -23,8 +23,8 @@ replicated ones, vocab-parallel or replicated loss, and the resharding between t
 
 **No cost formula here.** A strategy is priced by ``cost_models`` on the op's sharded shapes: each op gets the
 ``ParallelConfig`` its mode means (``op_parallel``: ``col``/``row``/``F``/``vocab`` → tp = t without SP, the
-``_sp`` modes and ``S``/``seq`` → tp = t with SP, ``R`` → tp = 1), and ``layer_cost.op_compute``,
-``memory.op_activation_bytes``/``recompute_input_bytes``, ``layer_cost.cp_ring``/``ep_all_to_all`` and the
+``_sp`` modes and ``S``/``seq`` → tp = t with SP, ``R`` → tp = 1), and ``op_cost.op_compute``,
+``memory.op_activation_bytes``/``recompute_input_bytes``, ``attention_cost.cp_ring``/``ep_all_to_all`` and the
 collectives of ``cost_models.collectives`` (on the mesh's Megatron rank strides) give its time and memory. The
 uniform Megatron pattern therefore sums to ``layer_cost``/``activation_bytes_per_microbatch`` exactly
 (tests/test_one_cost_model.py holds them to 1e-9).
@@ -36,7 +36,7 @@ Llama/DeepSeek TP plan: SP on whenever tp > 1, loss parallel or replicated), ``f
 flag, loss on gathered logits, K/V split or replicated). A caller may hand the ILP a set no target launches
 (``LayerContext.strategies``: SP chosen per op, "per_op"); only the research benchmark ``benchmarks/ilp_gain.py``
 does. With tp > num_kv_heads the layout says how KV heads are replicated
-(``ParallelConfig.kv_replication``): Megatron's QKV gather (``col``/``col_sp`` plus ``layer_cost.kv_gather_cost``)
+(``ParallelConfig.kv_replication``): Megatron's QKV gather (``col``/``col_sp`` plus ``tp_comm.kv_gather_cost``)
 or K/V weights on every rank (``col_kvrep``/``col_sp_kvrep``). What torchtitan calls the modes:
 ``TORCHTITAN_STYLE``/``TORCHTITAN_MODULE`` at the end.
 """
@@ -50,19 +50,12 @@ from typing import Literal
 
 from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
-from cost_models.layer_cost import (
-    LOSS_PARALLEL_BYTES_PER_TOKEN,
-    TpRole,
-    cp_ring,
-    ep_all_to_all,
-    kv_gather_collectives,
-    kv_gather_width,
-    kv_replica_grad_collectives,
-    op_compute,
-    ring_exposed_s,
-    tp_collectives,
-    tp_exposed_fraction,
-)
+from cost_models.attention_cost import cp_ring, ring_exposed_s
+from cost_models.ep_comm import ep_all_to_all
+from cost_models.op_cost import kv_gather_width, op_compute
+from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
+from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
+                                 tp_exposed_fraction)
 from cost_models.memory import op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
@@ -163,7 +156,7 @@ class Strategy:
     ep: str | None
     in_layouts: tuple[tuple[str, Placement], ...]
     out_layouts: tuple[tuple[str, Placement], ...]
-    compute_s: float  # per micro-batch: forward + backward + recompute (cost_models.layer_cost.op_compute)
+    compute_s: float  # per micro-batch: forward + backward + recompute (cost_models.op_cost.op_compute)
     exposed_s: float  # per micro-batch: TP (× exposed fraction), EP and CP-ring time on the critical path
     comms: tuple[Comm, ...]
     activation_bytes: float  # saved for backward, × micro-batches in flight
@@ -293,7 +286,7 @@ def ep_modes(node: Node, ctx: LayerContext) -> list[str | None]:
 @lru_cache(maxsize=4096)
 def op_parallel(tp_mode: str, t: int, cp: int, ep: int, mbs: int, recompute: Recompute) -> ParallelConfig:
     """The ``ParallelConfig`` under which ``cost_models`` prices an op held in ``tp_mode`` (module docstring);
-    the ``_kvrep`` modes price the K/V GEMMs unsplit (``layer_cost.kv_replicated``)."""
+    the ``_kvrep`` modes price the K/V GEMMs unsplit (``op_cost.kv_replicated``)."""
     split = tp_mode in _TP_SPLIT_MODES and t > 1
     kv = "replicate" if tp_mode in KV_REPLICATED_MODES else "gather"
     return ParallelConfig(tp=t if split else 1, cp=cp, ep=ep, micro_batch_size=mbs, recompute=recompute,
@@ -359,7 +352,7 @@ class _Eval:
         return held * ctx.activation_copies
 
     def tp_comms(self) -> list[Comm]:
-        """Megatron's f/g collectives at this node's TP boundary (``layer_cost.tp_collectives``) on its
+        """Megatron's f/g collectives at this node's TP boundary (``tp_comm.tp_collectives``) on its
         full-width tensor, on the mesh's tp group; vocab-parallel cross-entropy's fp32 all-reduce."""
         ctx, node, tp = self.ctx, self.node, self.tp
         if self.t == 1:
@@ -383,7 +376,7 @@ class _Eval:
 
     def kv_comms(self) -> list[Comm]:
         """KV-head replication (t > num_kv_heads) on the Q/K/V node: Megatron's QKV gather, or the replicated K/V
-        weights' gradient all-reduce (``layer_cost.kv_gather_cost``); plain collectives, fully exposed."""
+        weights' gradient all-reduce (``tp_comm.kv_gather_cost``); plain collectives, fully exposed."""
         ctx, node, tp, mesh = self.ctx, self.node, self.tp, self.ctx.mesh
         if self.t == 1 or not _is_qkv(node, self.graph):
             return []
@@ -399,16 +392,16 @@ class _Eval:
         return extra
 
     def ep_comms(self) -> list[Comm]:
-        """Dispatch or combine all-to-all, forward and backward (``layer_cost.ep_all_to_all``)."""
+        """Dispatch or combine all-to-all, forward and backward (``ep_comm.ep_all_to_all``)."""
         if self.ep != "E" or self.node.kind not in ("dispatch", "combine"):
             return []
         ctx = self.ctx
         one, payload = ep_all_to_all(ctx.model, ctx.mesh.cluster, ctx.job, self.par, ctx.mesh.stride(MeshAxis.EP))
-        # layer_cost's EP_ALL_TO_ALLS: one forward, one backward each for dispatch and combine
+        # ep_comm.EP_ALL_TO_ALLS: one forward, one backward each for dispatch and combine
         return [Comm("all_to_all", (MeshAxis.EP,), ph, payload, one, 1.0) for ph in ("fwd", "bwd")]
 
     def ring_s(self) -> float:
-        """Ring attention's K/V traffic over cp (``layer_cost.cp_ring``)."""
+        """Ring attention's K/V traffic over cp (``attention_cost.cp_ring``)."""
         if self.node.kind != "attention" or self.ctx.mesh.size(MeshAxis.CP) == 1:
             return 0.0
         ctx = self.ctx

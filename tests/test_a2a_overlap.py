@@ -47,7 +47,7 @@ def test_each_node_waits_for_and_records_its_microbatch_event() -> None:
 
 
 def test_combine_node_runs_unpermute_and_residual_and_attn_node_the_shared_experts() -> None:
-    """What layer_cost.COMBINE_NODE_OPS puts on the comm stream: the combine node runs the all-to-all, then
+    """What ep_comm.COMBINE_NODE_OPS puts on the comm stream: the combine node runs the all-to-all, then
     combine_postprocess (+ shared expert add) and the residual add; the shared experts run in the attention node."""
     fgc = pytest.importorskip("megatron.core.models.gpt.fine_grained_callables")
     src = inspect.getsource(fgc.build_transformer_layer_callables)

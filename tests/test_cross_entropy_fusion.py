@@ -10,7 +10,7 @@ import torch
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.estimate import estimate
-from cost_models.layer_cost import TE_LOSS_BYTES, op_traffic_bytes
+from cost_models.op_traffic import TE_LOSS_BYTES, op_traffic_bytes
 from cost_models.memory import activation_bytes_per_microbatch, graphs_for
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software

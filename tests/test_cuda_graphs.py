@@ -1,7 +1,7 @@
 """CUDA graphs of the megatron target (``cuda_graph_impl`` / ``cuda_graph_scope``, Megatron-Core 0.16.1): emitted
 flags that megatron-core's own TransformerConfig accepts, refusals that it shares (each refused setting is built in
 TransformerConfig too and must fail there), and the price: an MoE layer pays the host floor
-(``layer_cost.host_bound_s``) only while its experts are issued op by op, never under a graph that holds them."""
+(``ep_comm.host_bound_s``) only while its experts are issued op by op, never under a graph that holds them."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def test_host_floor_only_where_the_host_issues_the_experts() -> None:
         assert moe_layer_host_issued(_check(sw))
         layer = _moe_layer(sw, big)
         host, dev = big * (128 // PAR.ep), layer.total_s - layer.host_s
-        if sw.moe_capacity_factor is None:  # dropless: synced each layer forward (layer_cost.host_bound_s)
+        if sw.moe_capacity_factor is None:  # dropless: synced each layer forward (ep_comm.host_bound_s)
             want = (max(0.0, 0.4 * host - layer.sync_window_s)
                     + max(0.0, 0.6 * host - (1 - layer.forward_share) * dev))
         else:  # drop-and-pad: no sync, the host runs ahead

@@ -14,8 +14,9 @@ from pytest import approx
 from autoplan.catalog import build_cluster, load_model
 from cost_models.estimate import estimate
 from cost_models.collectives import RankStrides
-from cost_models.layer_cost import (FP8_DISPATCH_BYTES, a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost,
-                                    moe_all_to_all, moe_all_to_all_parts)
+from cost_models.ep_comm import (FP8_DISPATCH_BYTES, a2a_overlap_compute_split, a2a_overlap_exposed_s, moe_all_to_all,
+                                 moe_all_to_all_parts)
+from cost_models.layer_cost import layer_cost
 from cost_models.memory import DEFAULT_RUNTIME, GIB, activation_bytes_per_microbatch, graphs_for
 from cost_models.targets import DEEPSEEK, runtime_for
 from cost_models.pipeline import bubble_fraction
@@ -133,7 +134,7 @@ def test_a2a_overlap_hides_behind_compute(dsv3) -> None:  # type: ignore[no-unty
     g = graphs_for(dsv3, job.seq_len)["moe"]
     plain = layer_cost(g, dsv3, _h800("alltoall"), job, par, 128)
     over = layer_cost(g, dsv3, _h800("alltoall", overlap=True), job, par, 128)
-    # Megatron-Core's overlap as its schedule runs (layer_cost.a2a_overlap_exposed_s): at least what the whole
+    # Megatron-Core's overlap as its schedule runs (ep_comm.a2a_overlap_exposed_s): at least what the whole
     # layer's compute cannot cover shows, and exactly what the two-stream layer step leaves
     assert over.ep_s >= max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s)) - 1e-12
     parts = moe_all_to_all_parts(dsv3, _h800("alltoall"), job, 4096.0, 64, RankStrides.megatron(1, 1, 128).ep)

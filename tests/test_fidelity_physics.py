@@ -7,7 +7,8 @@ import pytest
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.collectives import group_collective_time_s
-from cost_models.layer_cost import NORM_BYTES, RESIDUAL_BYTES, layer_cost, memory_traffic_bytes
+from cost_models.layer_cost import layer_cost
+from cost_models.op_traffic import NORM_BYTES, RESIDUAL_BYTES, memory_traffic_bytes
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 
@@ -124,7 +125,8 @@ def test_ring_cp_prices_short_kernels_and_per_step_merges(c: int) -> None:
     measured saturation in keys), and each of the c steps merges its partial output (forward) and
     dQ, dK, dV (backward) through HBM at CP_STEP_BYTES per element, less the unsplit kernel's single write."""
     from cost_models.gemm import hbm_time_s
-    from cost_models.layer_cost import ATTN_HALF_KEYS, CP_STEP_BYTES, cp_kernel_slowdown, cp_merge_bytes, op_compute
+    from cost_models.attention_cost import ATTN_HALF_KEYS, CP_STEP_BYTES, cp_kernel_slowdown, cp_merge_bytes
+    from cost_models.op_cost import op_compute
 
     cluster = build_cluster("h100-sxm", 64)
     job = JobSpec(global_batch_size=64, seq_len=S)
@@ -148,7 +150,8 @@ def test_blackwell_attention_follows_its_kernels_saturation_in_keys(seq: int, c:
     ~180): with ``attention_half_keys`` set, the kernel over x keys per query (s/2 unsplit, s/(2c) per ring-CP step)
     takes sat(4096)/sat(x) of the time the 8k-token share says, per FLOP; Hopper (unset) keeps its share at every
     length and only CP's shorter steps slow down."""
-    from cost_models.layer_cost import attention_kernel_factor, cp_kernel_slowdown, op_compute
+    from cost_models.attention_cost import attention_kernel_factor, cp_kernel_slowdown
+    from cost_models.op_cost import op_compute
     from cost_models.specs import ATTENTION_REF_KEYS
 
     b200, h100 = build_cluster("b200", 64), build_cluster("h100-sxm", 64)
@@ -192,7 +195,7 @@ def test_search_keeps_cp_off_at_short_sequences() -> None:
 
 def test_fa2_attention_and_eager_traffic_are_facts_not_fits() -> None:
     """A stack on FlashAttention-2 runs the attention core at FA2_VS_CUDNN of the generation's (cuDNN) figure; eager
-    element-wise kernels move the counted eager bytes (layer_cost.EAGER_*, tests/test_knob_physics.py); neither is a
+    element-wise kernels move the counted eager bytes (op_traffic.EAGER_*, tests/test_knob_physics.py); neither is a
     framework fit field."""
     from autoplan.calibrate import FRAMEWORK_FIT_FIELDS, PHYSICAL_BOUNDS
     from cost_models.gemm import attention_time_s

@@ -18,7 +18,8 @@ from autoplan.catalog import build_cluster, load_model
 from benchmark_modules import load_benchmark
 from cost_models.gemm import hbm_time_s
 from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO, te_cast_bytes
-from cost_models.layer_cost import _local_widths, op_compute
+from cost_models.op_cost import op_compute
+from cost_models.op_traffic import local_widths
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
@@ -115,7 +116,7 @@ def test_layer_prices_mxfp8_casts_and_gemms_against_tensorwise() -> None:
     casts = {r: _sequences(blackwell=True)[r] for r in rts}
     seen: set[str] = set()
     for op in (o for o in graph.ops if o.kind == "matmul"):
-        k, n = _local_widths(op, graph, 1)
+        k, n = local_widths(op, graph, 1)
         tw, mx = (op_compute(op, graph, model, cluster, job, par, rts[r]) for r in ("tensorwise", "mxfp8"))
         assert mx.gemm_f == pytest.approx(tw.gemm_f * MXFP8_GEMM_TIME_RATIO)
         norm_fed = next(o for o in graph.ops if o.output == op.inputs[0]).kind == "norm"
@@ -179,7 +180,7 @@ def test_te_sequence_parallel_gathers_move_the_quantized_copies() -> None:
     every boundary; MXFP8 gathers its row-wise copy with E8M0 scales forward (column boundaries) and both copies of
     the output gradient backward (row boundaries); bf16 gathers 2 B. Reduce-scatters stay bf16."""
     from cost_models.collectives import bytes_sent_per_rank
-    from cost_models.layer_cost import tp_boundaries, tp_boundary_costs
+    from cost_models.tp_comm import tp_boundaries, tp_boundary_costs
 
     model, cluster = load_model("llama3-70b"), build_cluster("gb200", 64)
     par = ParallelConfig(tp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
@@ -205,7 +206,7 @@ def test_sequence_parallel_casts_run_on_the_local_shard(gpu: str) -> None:
     """Under SP (tp 4) TE quantizes a column-parallel input (the norm's output) and a row-parallel output gradient on
     the local quarter, then gathers; per-tensor recipes cast row-wise only and, on a TN-only GPU (Hopper), transpose
     the gathered tensor (read 1, write 1). Bytes per gathered element, recounted from those kernels."""
-    from cost_models.layer_cost import op_traffic_bytes
+    from cost_models.op_traffic import op_traffic_bytes
 
     model, cluster = load_model("llama3-70b"), build_cluster(gpu, 64)
     par = ParallelConfig(tp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)

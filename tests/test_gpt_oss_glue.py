@@ -1,4 +1,4 @@
-"""Megatron-Core's eager glue around GPT-OSS's grouped experts (layer_cost.MCORE_EXPERT_*, Runtime.mcore_expert_glue):
+"""Megatron-Core's eager glue around GPT-OSS's grouped experts (op_traffic.MCORE_EXPERT_*, Runtime.mcore_expert_glue):
 the installed megatron-core runs the activation clamp and fc2's bias op by op; the byte tables equal what autograd
 dispatches over that code; a worked per-layer byte count; models without a clamp or expert biases do not move."""
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from autoplan.catalog import build_cluster, load_model
-from cost_models import layer_cost as L
+from cost_models import op_traffic as L
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for

@@ -81,7 +81,7 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # out): 10.0% / 61.6% on its 118 still-held-out runs; bridge2 9.7% / 38.6% (26.06.01's full_iteration 30B GB200 row,
 # priced host-issued because megatron-core 0.16.1 cannot express its graphs).
 # Guards re-measured at the session-6 review (after the host fit): gptoss 37.9% / 56.9% after the host fit.
-# s7-gptoss: Megatron-Core's eager expert glue (layer_cost.MCORE_EXPERT_*: the activation clamp, fc2's per-expert
+# s7-gptoss: Megatron-Core's eager expert glue (op_traffic.MCORE_EXPERT_*: the activation clamp, fc2's per-expert
 # bias) priced: gptoss 28.1% / 54.6%; no other file moves (GPT-OSS is the only held-out model with either).
 # s7-ratios: torchtitan's gemm_max / fp8 speed-up stored as ratios to the GPU's value (MI300X no longer raised to
 # Hopper's fitted absolute: its 4 rows −51.2% → −39.9%): torchtitan 19.8% / 55.0% (the worst: B200, power-limited);
@@ -89,7 +89,7 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # s7-hybrid: bridge2's 20 Nemotron 3 Nano rows (hybrid Mamba-2 stacks) priced for the first time with their releases'
 # recipe knobs, its other 72 rows identical: 12.0% / 38.6% on 92 runs (the Nano rows alone 20.5%, all predicted fast:
 # Blackwell 24.0%, H100 6.5%; worst -29.7%).
-# s7-a2a: the dropless dispatcher's per-layer host sync priced (layer_cost.host_bound_s) and the host cost refitted
+# s7-a2a: the dropless dispatcher's per-layer host sync priced (ep_comm.host_bound_s) and the host cost refitted
 # 0.69 -> 0.541 ms: bridge2 12.0 -> 10.9% (worst 38.6 -> 36.7%), gptoss 28.1 -> 27.5%, more_runs.json 9.9 -> 10.4% (worse:
 # its host-bound A2A-overlap rows and 25.09 token-drop rows at the lower cost; worst 61.6 -> 63.3%, Qwen3-30B H100 overlap).
 GUARDS = {"more_runs.json": (0.104, 0.633), "more_runs_bridge2.json": (0.109, 0.367),

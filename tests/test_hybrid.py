@@ -345,7 +345,7 @@ def test_nano_flops_differ_from_megatrons_by_named_terms() -> None:
 
 
 def test_layer_graphs_hold_every_parameter_and_tp_boundaries() -> None:
-    from cost_models.layer_cost import tp_boundaries
+    from cost_models.tp_comm import tp_boundaries
     from cost_models.opgraph import layer_graph, layer_kinds
 
     m = _nano()
@@ -379,7 +379,7 @@ def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
     with TP as its heads do."""
     from autoplan.catalog.cluster import build_cluster
     from cost_models.gemm import hbm_time_s
-    from cost_models.layer_cost import op_compute
+    from cost_models.op_cost import op_compute
     from cost_models.mamba import ssd_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig
@@ -445,7 +445,7 @@ def test_layout_copies_around_the_scan_only_at_micro_batch_above_one() -> None:
 
     from autoplan.catalog.cluster import build_cluster
     from cost_models.gemm import hbm_time_s
-    from cost_models.layer_cost import op_compute
+    from cost_models.op_cost import op_compute
     from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig

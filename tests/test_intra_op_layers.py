@@ -114,9 +114,9 @@ def test_tp16_head_sharding_not_allowed_on_torchtitan(llama70b) -> None:
 
 
 def test_tp16_kv_replication_megatron_gathers_union_chooses(llama70b) -> None:
-    """tp 16 > 8 KV heads: Megatron splits QKV evenly and all-gathers its output (layer_cost.kv_gather_width);
+    """tp 16 > 8 KV heads: Megatron splits QKV evenly and all-gathers its output (op_cost.kv_gather_width);
     fsdp2 can only replicate the K/V weights; the union set runs what the layout says (the search tries both)."""
-    from cost_models.layer_cost import kv_gather_width
+    from cost_models.op_cost import kv_gather_width
 
     mesh = LogicalMesh.from_degrees(build_cluster("gb200", 128, nvlink_domain_size=64), dp=8, tp=16)
     meg = solve_layer(llama70b, mesh, req(target="megatron"))

@@ -10,7 +10,7 @@ import pytest
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.estimate import head_cost
-from cost_models.layer_cost import _compute
+from cost_models.op_cost import _compute
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
@@ -24,7 +24,7 @@ def _eager_traffic():  # type: ignore[no-untyped-def]
 
 
 def test_eager_byte_tables_are_what_torch_dispatches() -> None:
-    """layer_cost's EAGER_* / TORCH_LOSS_BYTES equal the bytes a TorchDispatchMode counts over the eager forward and
+    """op_traffic's EAGER_* / TORCH_LOSS_BYTES equal the bytes a TorchDispatchMode counts over the eager forward and
     autograd backward of torchtitan's RMSNorm, rotary (the installed ComplexRoPE), SwiGLU and fp32 cross-entropy
     (rotary: + the frequency cache's reads at this toy size)."""
     et = _eager_traffic()
@@ -32,7 +32,7 @@ def test_eager_byte_tables_are_what_torch_dispatches() -> None:
     for piece, (f, b) in counted.items():
         assert priced[piece][0] == pytest.approx(f, rel=0.05), piece
         assert priced[piece][1] == pytest.approx(b, rel=0.07), piece
-    # eager is several times the fused kernels (layer_cost.NORM_BYTES = (4, 6)) for the norm
+    # eager is several times the fused kernels (op_traffic.NORM_BYTES = (4, 6)) for the norm
     assert counted["norm"][0] > 8 * 4 and counted["norm"][1] > 10 * 6
 
 
@@ -89,14 +89,15 @@ def test_torchao_float8_casts_and_rowwise_forward_gemm() -> None:
     CUTLASS row-wise kernel at ROWWISE_FWD_GEMM_EFFICIENCY of cuBLAS tensorwise; Megatron's TE recipes never do."""
     from cost_models.gemm import hbm_time_s
     from cost_models.knob_effects import ROWWISE_FWD_GEMM_EFFICIENCY
-    from cost_models.layer_cost import _local_widths, op_compute, op_traffic_bytes
+    from cost_models.op_cost import op_compute
+    from cost_models.op_traffic import local_widths, op_traffic_bytes
 
     model, cluster, job, par = _case()
     job = job.model_copy(update={"precision": "fp8"})
     graph = layer_graph(model, "dense", job.seq_len)
     tokens = par.micro_batch_size * job.seq_len
     gate, up = graph.op("gate_proj"), graph.op("up_proj")
-    k, n = _local_widths(gate, graph, 1)
+    k, n = local_widths(gate, graph, 1)
 
     def rt(recipe: str, compiled: bool = True, target: str = "torchtitan-2024-12"):  # type: ignore[no-untyped-def]
         return runtime_for(target, job, cluster, par, Software(compile=compiled, fp8_recipe=recipe))
@@ -121,7 +122,7 @@ def test_torchao_mxfp8_casts_follow_torchaos_roofline() -> None:
     micro-batch — not Transformer Engine's cast (Megatron's mxfp8 keeps TE's, with no per-micro-batch weight cast).
     The GEMM runs at TE's measured MXFP8/per-tensor time ratio either way."""
     from cost_models.knob_effects import fp8_gemm_time_ratio
-    from cost_models.layer_cost import _local_widths, op_traffic_bytes
+    from cost_models.op_traffic import local_widths, op_traffic_bytes
     from cost_models.te_fp8 import MXFP8_GEMM_TIME_RATIO
 
     model, _, job, par = _case()
@@ -130,7 +131,7 @@ def test_torchao_mxfp8_casts_follow_torchaos_roofline() -> None:
     graph = layer_graph(model, "dense", job.seq_len)
     tokens = par.micro_batch_size * job.seq_len
     gate, up, down = graph.op("gate_proj"), graph.op("up_proj"), graph.op("down_proj")
-    k, n = _local_widths(gate, graph, 1)
+    k, n = local_widths(gate, graph, 1)
 
     def rt(compiled: bool = True, target: str = "torchtitan"):  # type: ignore[no-untyped-def]
         return runtime_for(target, job, cluster, par, Software(compile=compiled, fp8_recipe="mxfp8"))
@@ -140,7 +141,7 @@ def test_torchao_mxfp8_casts_follow_torchaos_roofline() -> None:
     assert op_traffic_bytes(up, graph, model, job, par, mx)[0] == pytest.approx(3.0 * k * n)  # shares gate's cast
     assert op_traffic_bytes(up, graph, model, job, par, rt(compiled=False))[0] == \
         pytest.approx(6.0 * k * tokens + 3.0 * k * n)
-    kd, nd = _local_widths(down, graph, 1)
+    kd, nd = local_widths(down, graph, 1)
     bf16 = job.model_copy(update={"precision": "bf16"})
     bwd_bf16 = op_traffic_bytes(down, graph, model, bf16, par, runtime_for("torchtitan", bf16, cluster, par,
                                                                            Software(compile=True)))[1]

@@ -1,4 +1,4 @@
-"""``layer_compute_key`` (cost_models/layer_cost.py) lists what ``layer_compute`` reads of the layout and the runtime;
+"""``layer_compute_key`` (cost_models/op_cost.py) lists what ``layer_compute`` reads of the layout and the runtime;
 the search Scorer caches the compute part on it. If ``layer_compute`` starts reading another field, that cache would
 silently reuse a stale answer: this test changes every field the key leaves out, one at a time and all together,
 and holds the compute part (and the key) unchanged, so such a change fails here first."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan.catalog import build_cluster, load_model
-from cost_models.layer_cost import layer_compute, layer_compute_key
+from cost_models.op_cost import layer_compute, layer_compute_key
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
@@ -25,7 +25,7 @@ PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["n
            "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
-          "mcore_expert_glue", "moe_dispatcher"}  # the last two: GPT-OSS's expert glue (layer_cost.MCORE_EXPERT_*)
+          "mcore_expert_glue", "moe_dispatcher"}  # the last two: GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
 
 
 def _other_literal(annotation: Any, v: Any) -> Any:

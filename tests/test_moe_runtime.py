@@ -16,8 +16,9 @@ from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.gemm import expected_max_normal
 from cost_models.a2a_overlap import OverlapNodes
-from cost_models.layer_cost import (a2a_overlap_compute_split, a2a_overlap_exposed_s, layer_cost, moe_all_to_all,
-                                    moe_all_to_all_parts, op_compute)
+from cost_models.ep_comm import a2a_overlap_compute_split, a2a_overlap_exposed_s, moe_all_to_all, moe_all_to_all_parts
+from cost_models.layer_cost import layer_cost
+from cost_models.op_cost import op_compute
 from cost_models.memory import graphs_for
 from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, moe_load_imbalance
 from cost_models.specs import JobSpec, ParallelConfig
@@ -311,7 +312,7 @@ def test_permutation_passes_are_the_dispatchers_own() -> None:
     the combine undoes both); DeepEP and HybridEP permute once. Read from the installed megatron-core (0.16.1, the
     target's version) where it is there, then priced: dispatch / combine move PERMUTE_BYTES per routed copy per
     pass."""
-    from cost_models.layer_cost import PERMUTE_BYTES, op_traffic_bytes
+    from cost_models.op_traffic import PERMUTE_BYTES, op_traffic_bytes
     from cost_models.moe import MEGATRON_PERMUTE_PASSES, permutation_passes
 
     src = _megatron_dispatcher_source()

@@ -20,7 +20,8 @@ from cli_emit import emitted_megatron_args
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate, head_cost
 from cost_models.gemm import hbm_time_s, matmul_time_s
-from cost_models.layer_cost import _local_widths, op_compute
+from cost_models.op_cost import op_compute
+from cost_models.op_traffic import local_widths
 from cost_models.memory import op_activation_bytes
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
@@ -97,7 +98,7 @@ def test_layer_prices_nvfp4_gemms_and_casts_against_bf16() -> None:
     rt8 = runtime_for("megatron", f8, cluster, par, Software(fp8_recipe="tensorwise"))
     seen: set[str] = set()
     for op in (o for o in graph.ops if o.kind == "matmul"):
-        k, n = _local_widths(op, graph, 1)
+        k, n = local_widths(op, graph, 1)
         c4, c8, cb = (op_compute(op, graph, model, cluster, j, par, r)
                       for j, r in ((job, rt4), (f8, rt8), (bf, rt_bf)))
         assert c4.gemm_f == pytest.approx(c8.gemm_f * NVFP4_GEMM_TIME_RATIO)

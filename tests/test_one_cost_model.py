@@ -22,7 +22,7 @@ from search.mesh import LogicalMesh, MeshAxis
 from benchmark_modules import load_benchmark
 
 UNION = load_benchmark("ilp_gain", "ilp_gain_bench").UNION  # the ILP's research set (no target launches it)
-# qwen3-235b-a22b: 4 KV heads, so tp 8 replicates them (Megatron's QKV gather, layer_cost.kv_gather_cost)
+# qwen3-235b-a22b: 4 KV heads, so tp 8 replicates them (Megatron's QKV gather, tp_comm.kv_gather_cost)
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3",
                                               "qwen3-235b-a22b")}
 
@@ -87,7 +87,7 @@ def test_kv_head_replication_is_priced() -> None:
     all-gathers the evenly split QKV output (attention.py:1398-1416): the attention core saves q/8 but k, v / 4,
     the layer pays an all-gather + reduce-scatter of [tokens, q + 2kv], and estimate accepts the layout."""
     from cost_models.estimate import estimate
-    from cost_models.layer_cost import kv_gather_cost
+    from cost_models.tp_comm import kv_gather_cost
     from cost_models.memory import op_activation_bytes
 
     model = MODELS["qwen3-235b-a22b"]

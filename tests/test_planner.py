@@ -372,6 +372,6 @@ def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
                     software=Software(**scorer.chosen_knobs(lay)))
     assert cluster.efficiency.moe_host_s_per_expert > 0
     # 32 local experts: host-bound; 4: the device's work covers all but the forward's expert issue after the
-    # dispatcher's sync (layer_cost.host_bound_s)
+    # dispatcher's sync (ep_comm.host_bound_s)
     assert (pred.time.host_bound_s > 0.1 * pred.step_time_s) == (ep == 1)
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)

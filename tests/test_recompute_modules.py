@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from autoplan.catalog import build_cluster, load_model
 from autoplan.cli import cli
 from cost_models.estimate import estimate
-from cost_models.layer_cost import layer_cost, op_compute
+from cost_models.layer_cost import layer_cost
+from cost_models.op_cost import op_compute
 from cost_models.memory import activation_bytes_per_microbatch, graphs_for
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for

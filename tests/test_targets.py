@@ -264,7 +264,7 @@ def test_rowwise_backward_bytes_follow_torchao() -> None:
     rowwise_with_gw_hp 1 B fused / 3 B eager; per weight element rowwise 7 B (bf16 transpose + cast), gw_hp 3 B;
     the rescale adds 4 B per grad_weight element (rowwise) and per grad_input element, compiled or not: Inductor
     launches a kernel per GEMM for it (ao#2184)."""
-    from cost_models.layer_cost import _local_widths, op_traffic_bytes
+    from cost_models.op_traffic import local_widths, op_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
 
@@ -274,9 +274,9 @@ def test_rowwise_backward_bytes_follow_torchao() -> None:
     graph = layer_graph(model, "dense", job.seq_len)
     tokens = par.micro_batch_size * job.seq_len
     linears = [op for op in graph.ops if op.kind == "matmul"]
-    weights = sum(k * n for k, n in (_local_widths(op, graph, 1) for op in linears))
-    inputs = sum(_local_widths(op, graph, 1)[0] for op in linears) * tokens
-    grads = sum(_local_widths(op, graph, 1)[1] for op in linears) * tokens
+    weights = sum(k * n for k, n in (local_widths(op, graph, 1) for op in linears))
+    inputs = sum(local_widths(op, graph, 1)[0] for op in linears) * tokens
+    grads = sum(local_widths(op, graph, 1)[1] for op in linears) * tokens
 
     def bwd(recipe: str, compiled: bool) -> float:
         rt = runtime_for("torchtitan", job, cluster, par, Software(compile=compiled, fp8_recipe=recipe))
@@ -295,7 +295,7 @@ def test_torchao_casts_after_a_bf16_tp_gather_are_unfused() -> None:
     linears the gathered norm output and the row-parallel ones the gathered output gradient: torchao casts those
     after an NCCL kernel, unfused even under compile (rowwise 8 B per element instead of 6). Float8 tensorwise TP
     casts the local shard before its fp8 gather: fused as without TP."""
-    from cost_models.layer_cost import _COLUMN_KINDS, _local_widths, op_traffic_bytes
+    from cost_models.op_traffic import COLUMN_KINDS, local_widths, op_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
 
@@ -311,10 +311,10 @@ def test_torchao_casts_after_a_bf16_tp_gather_are_unfused() -> None:
         return sum(f for f, _ in per_op), sum(b for _, b in per_op)
 
     tokens = 2 * job.seq_len
-    inputs = {op.inputs[0]: _local_widths(op, graph, 8)[0] for op in linears
-              if graph.tensors[op.output].dim_kind in _COLUMN_KINDS}  # one cast per gathered tensor (siblings share)
-    grads = sum(_local_widths(op, graph, 8)[1] for op in linears
-                if graph.tensors[op.inputs[0]].dim_kind in _COLUMN_KINDS)
+    inputs = {op.inputs[0]: local_widths(op, graph, 8)[0] for op in linears
+              if graph.tensors[op.output].dim_kind in COLUMN_KINDS}  # one cast per gathered tensor (siblings share)
+    grads = sum(local_widths(op, graph, 8)[1] for op in linears
+                if graph.tensors[op.inputs[0]].dim_kind in COLUMN_KINDS)
     (f_sp, b_sp), (f_no, b_no) = traffic("rowwise", True), traffic("rowwise", False)
     assert f_sp - f_no == pytest.approx((8.0 - 6.0) * sum(inputs.values()) * tokens)
     assert b_sp - b_no == pytest.approx((8.0 - 6.0) * grads * tokens)
@@ -326,7 +326,7 @@ def test_async_tp_leaves_the_gathers_torchao_casts_whole() -> None:
     under regular TP torchao's rowwise cast consumes the bf16 gathers (pytorch#149990): each boundary's all-gather
     is priced whole, its reduce-scatter at the async-TP share, as bf16's and Float8 tensorwise TP's all are."""
     from cost_models.collectives import group_collective_time_s
-    from cost_models.layer_cost import tp_boundaries, tp_boundary_costs, tp_exposed_fraction
+    from cost_models.tp_comm import tp_boundaries, tp_boundary_costs, tp_exposed_fraction
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
 
@@ -355,7 +355,7 @@ def test_torchtitan_float8_tensorwise_tp_gathers_in_fp8() -> None:
     """torchtitan's Float8 tensorwise TP (torchao Float8ColwiseParallel/RowwiseParallel) all-gathers fp8 (1 B),
     reduce-scatters bf16: with SP each boundary runs one of each, so TP bytes are 3/4 of rowwise's, whose regular
     DTensor TP gathers bf16 like Megatron's."""
-    from cost_models.layer_cost import tp_boundary_costs
+    from cost_models.tp_comm import tp_boundary_costs
     from cost_models.opgraph import layer_graph
     from cost_models.targets import Software, runtime_for
 

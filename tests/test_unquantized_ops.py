@@ -6,7 +6,7 @@ from __future__ import annotations
 from autoplan.catalog import build_cluster, load_model
 from cost_models.estimate import estimate, head_cost
 from cost_models.gemm import matmul_time_s
-from cost_models.layer_cost import op_compute
+from cost_models.op_cost import op_compute
 from cost_models.memory import graphs_for, op_activation_bytes
 from cost_models.pipeline import dualpipe_rank_share
 from cost_models.specs import JobSpec, ParallelConfig

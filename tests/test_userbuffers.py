@@ -8,7 +8,8 @@ import pytest
 from autoplan.catalog import build_cluster, load_model
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
-from cost_models.layer_cost import layer_cost, tp_boundaries
+from cost_models.layer_cost import layer_cost
+from cost_models.tp_comm import tp_boundaries
 from cost_models.opgraph import layer_graph
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
@@ -122,7 +123,7 @@ def test_one_decision_for_every_tp_overlap_site() -> None:
     """knob_effects.tp_overlap_mode is what layer_cost, mtp and the intra-op search read: each case of the
     decision, and the fraction the share-priced sites use follows it."""
     from cost_models.knob_effects import tp_overlap_mode
-    from cost_models.layer_cost import tp_exposed_fraction
+    from cost_models.tp_comm import tp_exposed_fraction
 
     model, cluster, job, par, graph = _setup("bf16")
     eff = cluster.efficiency

@@ -35,7 +35,7 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
   ``overlap_param_gather``, ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
   ``fused_elementwise`` (TE / Inductor fused norms, SwiGLU, loss vs eager op by op), ``compile``,
   ``fp8_recipe``;
-- ``cross_entropy_fusion`` (Megatron: ``te`` = Transformer Engine's fused loss, its bytes ``layer_cost.TE_LOSS_BYTES``);
+- ``cross_entropy_fusion`` (Megatron: ``te`` = Transformer Engine's fused loss, its bytes ``op_traffic.TE_LOSS_BYTES``);
 - memory facts (``cost_models.memory`` reads them; the profile is their only home): ``loss_bytes_per_logit``,
   ``fp8_saved_bytes``, ``selective`` (what selective recompute keeps), ``gathered_unit_bytes`` (ZeRO-3 units),
   ``pp_unsharded_bytes`` (FSDP2 under pipelining), ``state_bytes()``, ``adam_bytes_per_param``;

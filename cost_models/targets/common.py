@@ -170,7 +170,7 @@ class Runtime:
     cuda_graph_impl: CudaGraphImpl = "none"
     cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
     # Whose cross-entropy kernel runs the loss: "none" (the framework's own: Megatron's fp32 vocab-parallel loss),
-    # "te" (Transformer Engine's fused kernel; its bytes: layer_cost.TE_LOSS_BYTES, loss_bytes_per_logit below).
+    # "te" (Transformer Engine's fused kernel; its bytes: op_traffic.TE_LOSS_BYTES, loss_bytes_per_logit below).
     cross_entropy_fusion: CrossEntropyFusion = "none"
     # The optimizer (Megatron --optimizer): "adam", or Muon with Adam for the non-matrix parameters
     # (``cost_models.muon`` prices its state, Newton-Schulz GEMMs and layer-wise all-gather)
@@ -188,9 +188,9 @@ class Runtime:
     tp_grad_gather_bytes: float | None = None  # ... of the backward's output-gradient all-gathers (None: as above)
     fused_elementwise: bool = True  # the blocks' norms / rotary / activations fused (TE, Inductor) vs eager op by op
     # The head's final norm and loss fused (TE / Megatron's cross-entropy; torch.compile of the loss) vs torch's
-    # cross_entropy on fp32 logits op by op (layer_cost.TORCH_LOSS_BYTES) and an eager final norm.
+    # cross_entropy on fp32 logits op by op (op_traffic.TORCH_LOSS_BYTES) and an eager final norm.
     fused_loss: bool = True
-    # Megatron-Core's grouped experts clamp the activation and add fc2's bias in eager PyTorch (layer_cost
+    # Megatron-Core's grouped experts clamp the activation and add fc2's bias in eager PyTorch (op_traffic
     # MCORE_EXPERT_*; only a model with a clamp / expert biases pays them): the megatron target's fact
     mcore_expert_glue: bool = False
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
@@ -445,7 +445,7 @@ class TargetProfile:
 
     # ---- expert parallelism (MoE parallel folding) ----------------------------------------------------------
     # Routed experts run with expert-TP ``expert_tensor_parallel`` (1: tokens, not expert weights, split over the
-    # TP ranks; ``layer_cost.op_compute``), and the expert layers re-cut some ranks of one pipeline stage as
+    # TP ranks; ``op_cost.op_compute``), and the expert layers re-cut some ranks of one pipeline stage as
     # ep × edp, an EP group being ``ep`` consecutive ranks (``collectives.RankStrides``). Which ranks, and the
     # source of the rule, are the target's (``expert_ranks``); None: the target runs no expert parallelism.
     expert_tensor_parallel: int | None = None

@@ -474,7 +474,7 @@ class MegatronProfile(TargetProfile):
             cross_entropy_fusion=ce,
             loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT[ce],
             # TEGroupedMLP (megatron/core/transformer/moe/experts.py:681-706, 609-626, 758): the activation clamp
-            # ahead of the fused quick-GeGLU and fc2's per-expert bias run op by op (layer_cost.MCORE_EXPERT_*)
+            # ahead of the fused quick-GeGLU and fc2's per-expert bias run op by op (op_traffic.MCORE_EXPERT_*)
             mcore_expert_glue=True,
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1) and not fp4),
             fp8_recipe=fp8_recipe,

@@ -1,0 +1,120 @@
+"""The attention core's kernel time factors and context parallelism's ring (COST_MODEL.md §2, §4): FlashAttention's
+backward ≈ 2.5× its forward (Dao 2023, FlashAttention-2 §3.2: recomputes P); the fused kernel's saturation in the
+keys each query sees (windows, ring-CP steps); Megatron's unfused path (batched GEMMs + softmax/dropout through HBM)
+where ``flash_attention`` is off; ring attention's K/V traffic and its per-step merges."""
+
+from __future__ import annotations
+
+from cost_models.collectives import group_collective_time_s
+from cost_models.gemm import hbm_time_s, matmul_time_s
+from cost_models.opgraph import LayerGraph, LayerKind, Op, mean_keys_per_query, tp_divisor
+from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+
+
+ATTN_BWD_FACTOR = 2.5
+# Unfused attention (Megatron-LM ≤ 2022 GPT: fused scale-mask-softmax, then attention dropout) per score element:
+# forward softmax read 2 + write 2, dropout read 2 + write 2 + mask 1; backward dropout (read 2 + 1, write 2) and
+# softmax (read probs 2, grad 2, write 2).
+SCORE_BYTES = (9.0, 11.0)
+
+
+def unfused_attention_s(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                       par: ParallelConfig) -> tuple[float, float]:
+    """(forward s, backward s) of the unfused attention core: per local head, QKᵀ and AV as batched GEMMs over the
+    full ``s × s`` scores (the causal mask is applied, not skipped), scores through HBM (``SCORE_BYTES``)."""
+    heads = model.num_attention_heads / par.tp
+    d = model.head_dim_resolved
+    b, s_q, s_k = par.micro_batch_size, job.seq_len / par.cp, job.seq_len
+    if model.mla is not None:
+        d_qk = model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim
+        d_v = model.mla.v_head_dim
+    else:
+        d_qk = d_v = d
+    gemm = heads * b * (matmul_time_s(s_q, d_qk, s_k, cluster) + matmul_time_s(s_q, s_k, d_v, cluster))
+    scores = heads * b * s_q * s_k
+    return gemm + hbm_time_s(SCORE_BYTES[0] * scores, cluster), 2 * gemm + hbm_time_s(SCORE_BYTES[1] * scores,
+                                                                                      cluster)
+
+
+def cp_ring(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+            stride: int, ring: int | None = None) -> tuple[float, float]:
+    """(seconds, bytes) of ring attention's K/V traffic for one micro-batch: 3·(n−1) blocks of
+    (s/c)·b·(w_k + w_v)/t · 2 bytes (forward K,V; backward K,V and dK,dV), neighbours at ``stride``; with
+    t > num_kv_heads a rank holds one K/V head (``tp_divisor``). ``n`` = ``ring`` ranks (default c; a2a+p2p: c/a,
+    whose blocks hold a× the tokens of 1/a of the heads: the same bytes)."""
+    c = par.cp
+    if c <= 1:
+        return 0.0, 0.0
+    tokens = par.micro_batch_size * job.seq_len / c
+    k, v = graph.tensors["k"], graph.tensors["v"]
+    block = tokens * (k.width / tp_divisor(par.tp, k.heads) + v.width / tp_divisor(par.tp, v.heads)) * 2.0
+    n_blocks = 3 * ((ring or c) - 1)
+    return n_blocks * group_collective_time_s("send_recv", block, 2, stride, cluster), n_blocks * block
+
+
+# Ring attention as Megatron-Core runs it (Transformer Engine ``AttnFuncWithCPAndKVP2P``,
+# transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): the sequence is cut into 2c chunks,
+# rank i holding chunks i and 2c−1−i (causal load balance), and each of the c ring steps runs the flash kernel on the
+# local queries against one received K/V block. Every step's kernel therefore sees on average s/(2c) keys per query,
+# against s/2 for the unsplit causal kernel the ``attention`` efficiency is measured on; and each step's partial
+# result is merged outside the kernel: forward ``flash_attn_fwd_out_correction`` (read the step's output, read and
+# write the accumulated output), backward ``dq.add_(dq_)`` / ``dk.add_(dk_)`` / ``dv.add_(dv_)`` into the buffers
+# that travel the ring. HBM bytes per element per step: the step kernel's own write of its partial (2) and the merge
+# (read 2 + read/write the accumulator 4); the unsplit kernel writes each element once (2).
+CP_STEP_BYTES = 8.0
+# Keys per query at which the fused causal attention kernel reaches half its long-sequence throughput: cuDNN forward
+# on H100, causal, head dim 128, sequences 512-16k (keys per query s/2): 315, 410, 484, 518, 529, 539 TFLOP/s
+# (Shah et al. 2024, FlashAttention-3, Fig. 5) follow x/(x + 180) within 5% from 1k up; FlashAttention-2 alike.
+ATTN_HALF_KEYS = 180.0
+
+
+def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec, steps: int | None = None) -> float:
+    """Time factor of the flash kernel under ring CP: each step's kernel sees ``s/(2n)`` keys per query instead of
+    the unsplit causal kernel's ``s/2``, on the measured saturation ``x/(x + ATTN_HALF_KEYS)``; ``n`` = ``steps``
+    (``knob_effects.ring_steps``; default cp)."""
+    n = steps or par.cp
+    if n <= 1:
+        return 1.0
+    half = ATTN_HALF_KEYS
+
+    def sat(x: float) -> float:
+        return x / (x + half)
+
+    return sat(job.seq_len / 2) / sat(job.seq_len / (2 * n))
+
+
+def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
+                            steps: int, kind: LayerKind = "dense") -> float:
+    """Time factor of the fused attention kernel against the one the generation's ``attention`` share describes.
+
+    With ``attention_half_keys`` set, the kernel's throughput follows its generation's measured saturation in the
+    keys each query sees, ``x/(x + attention_half_keys)``, and ``attention`` is its share at
+    ``ATTENTION_REF_KEYS`` (an 8192-token causal sequence, where ``ATTENTION_KERNEL_BENCH`` is measured): a kernel
+    over ``x = keys_per_query / n`` keys (``n`` ring-CP steps, each on one K/V chunk) runs
+    ``sat(ATTENTION_REF_KEYS) / sat(x)`` times as long. Without it (the generation's fitted share holds at every
+    length), only ring CP's shorter per-step kernels are slower: ``cp_kernel_slowdown``."""
+    half = cluster.efficiency.attention_half_keys
+    if half is None:
+        return cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
+    keys = mean_keys_per_query(model, kind, job.seq_len) / max(steps, 1)  # layers of ``kind``, each its window
+    return (ATTENTION_REF_KEYS / (ATTENTION_REF_KEYS + half)) / (keys / (keys + half))
+
+
+def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig,
+                   steps: int | None = None) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of ring CP's per-step merges on one rank for one micro-batch: the output
+    forward, dQ and dK/dV backward, ``CP_STEP_BYTES`` per element per step less the unsplit kernel's one write,
+    over ``n`` = ``steps`` ring steps (default cp; a2a+p2p: cp/a steps on a× the tokens of 1/a of the heads)."""
+    c = par.cp
+    if c <= 1:
+        return 0.0, 0.0
+    tokens = par.micro_batch_size * job.seq_len / c
+    per = (CP_STEP_BYTES * (steps or c) - 2.0) * tokens / par.tp
+    out = graph.tensors[op.output].width
+    q, k, v = (graph.tensors[x].width for x in op.inputs)
+    return per * out, per * (q + k + v)
+
+
+def ring_exposed_s(ring_s: float, attention_s: float) -> float:
+    """Ring attention overlaps each K/V block transfer with the previous block's compute: what shows."""
+    return max(0.0, ring_s - attention_s)

@@ -1,0 +1,180 @@
+"""Compute time of one op, and of one layer (the sum over its ops), for one micro-batch on one rank (COST_MODEL.md §2).
+
+Each matmul is sharded under TP as ``op_traffic.matmul_split`` says; ops on hidden-width tensors only (MLA
+down-projections, the router) are replicated. Routed experts run with expert-TP 1: tokens, not weights, are split
+across TP ranks (sequence parallel), and each rank runs ``e/ep`` experts on ``tokens·k·ep/e`` tokens each, times the
+load imbalance ρ. Backward = 2× forward for GEMMs (dgrad + wgrad); the attention core as ``attention_cost`` prices
+it; memory-bound kernels take ``op_traffic``'s bytes over the achieved streaming bandwidth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cost_models.attention_cost import ATTN_BWD_FACTOR, attention_kernel_factor, cp_merge_bytes, unfused_attention_s
+from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
+from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
+                                      non_tn_fp8_gemm, ring_steps, wgrad_in_bf16)
+from cost_models.moe import moe_load_imbalance, permutation_passes
+from cost_models.op_traffic import local_widths, op_traffic_bytes
+from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
+
+
+@dataclass(frozen=True)
+class OpCompute:
+    """Seconds per micro-batch on one rank."""
+
+    gemm_f: float  # GEMMs, forward (backward = 2×)
+    attn_f: float  # attention core, forward
+    attn_b: float  # attention core, backward
+    mem_f: float  # memory-bound kernels, forward
+    mem_b: float  # memory-bound kernels, backward
+    wgrad_hp: float = 0.0  # extra backward time of weight-gradient GEMMs kept in bf16 (fp8 rowwise_with_gw_hp)
+    op_sac_f: float | None = None  # forward work torchtitan's per-op SAC re-runs in the backward (None: not op-SAC)
+    gemm_fwd_extra: float = 0.0  # forward GEMMs slower than the model's fp8 GEMM (torchao rowwise: CUTLASS kernel)
+    # per op of the graph: the forward time a selective-recompute module re-running it adds (``cost_models.recompute``;
+    # the attention core: its kernel, ``attn_f``, as plain ``selective`` has always priced it)
+    op_rerun_f: tuple[float, ...] = ()
+
+    @property
+    def forward_s(self) -> float:
+        return self.gemm_f + self.gemm_fwd_extra + self.attn_f + self.mem_f
+
+    @property
+    def backward_s(self) -> float:
+        """GEMMs 2× forward (dgrad + wgrad); the attention core and memory-bound kernels as priced."""
+        return 2 * self.gemm_f + self.attn_b + self.mem_b + self.wgrad_hp
+
+    def recompute_s(self, recompute: str, graph: LayerGraph | None = None,
+                    modules: frozenset[str] | None = None) -> float:
+        """Selective recompute repeats the attention core's forward (Megatron), or under torchtitan's per-op SAC
+        what it did not save (``op_sac_f``), or with Megatron's ``modules`` (``cost_models.recompute``) the forward
+        of every op they re-run; full recompute the whole forward."""
+        if recompute == "selective" and self.op_sac_f is not None:
+            return self.op_sac_f
+        if recompute == "selective" and modules is not None and graph is not None and self.op_rerun_f:
+            from cost_models.recompute import reruns
+
+            return sum(f for op, f in zip(graph.ops, self.op_rerun_f) if reruns(op, graph, modules))
+        return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
+
+
+def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+               par: ParallelConfig, rt: Runtime | None = None) -> OpCompute:
+    """Compute time of one op for one micro-batch on one rank, sharded as ``par`` says (the uniform layer
+    passes its config; the intra-op search passes each op's own sharding)."""
+    t = par.tp
+    eff = cluster.efficiency
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    gemm = attn_f = attn_b = wgrad_hp = fwd_extra = 0.0
+    if op.kind in ("matmul", "router"):
+        k, n = local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
+        rows = tokens
+        if op.name.endswith("_latent_proj") and par.sequence_parallel and t > 1:
+            rows = tokens / t  # replicated weights on the sequence-parallel shard (moe_layer.py:265-270, 343-345)
+        gemm = matmul_time_s(rows, k, n, cluster, gemm_precision(op, job.precision))
+        if op.kind == "matmul" and op.quantized:
+            gemm *= fp8_gemm_time_ratio(rt, job)  # block-scaled MXFP8 kernel vs per-tensor fp8
+        if op.kind == "matmul" and op.quantized and wgrad_in_bf16(rt, job):
+            wgrad_hp = matmul_time_s(tokens, k, n, cluster, "bf16") - gemm
+        if op.kind == "matmul" and op.quantized:
+            fwd_extra = gemm * (1.0 / fp8_forward_gemm_efficiency(rt, job) - 1.0)
+    elif op.kind == "experts":
+        local_experts = model.num_experts // par.ep
+        routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
+        per_expert = routed / model.num_experts * moe_load_imbalance(model, job, par, cluster, rt)
+        gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
+            * fp8_gemm_time_ratio(rt, job)
+    elif op.kind == "attention":
+        if eff.flash_attention:
+            steps = ring_steps(par, rt)
+            slow = attention_kernel_factor(model, job, par, cluster, steps, graph.kind)
+            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
+            attn_b = ATTN_BWD_FACTOR * attn_f
+        else:
+            attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
+    passes = permutation_passes(cluster, model.num_experts // par.ep, rt) \
+        if op.kind in ("dispatch", "combine") else 1
+    mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
+                                    non_tn_fp8_gemm(cluster), passes)
+    if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
+        merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
+        mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
+    extra = gemm * eff.memory_bound_fraction
+    return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra,
+                     wgrad_hp, gemm_fwd_extra=fwd_extra)
+
+
+def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+             rt: Runtime | None = None) -> OpCompute:
+    """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
+    parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
+    total = OpCompute(*(sum(getattr(p, f) for p in parts)
+                        for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
+                      gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
+                      op_rerun_f=tuple(p.attn_f if op.kind == "attention" else p.forward_s
+                                       for op, p in zip(graph.ops, parts)))
+    if rt is None or rt.selective != "op_sac" or graph.kind not in DECODER_KINDS:
+        return total
+    # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
+    # output are saved, every other op is recomputed): the backward re-runs every memory-bound forward kernel (norms,
+    # rotary, activation, residual adds, casts: eager or fused as the runtime runs them) and every other GEMM's
+    # forward; the attention core is not re-run.
+    from cost_models.memory import op_sac_saved  # memory imports this module's callers
+
+    kept = op_sac_saved(graph)
+    redo = sum(p.mem_f + (p.gemm_f + p.gemm_fwd_extra if op.kind in ("matmul", "experts", "router")
+                          and (op.name, op.output) not in kept else 0.0) for op, p in zip(graph.ops, parts))
+    return replace(total, op_sac_f=redo)
+
+def kv_gather_width(graph: LayerGraph, t: int) -> int:
+    """Width of the QKV output Megatron gathers across TP when ``t`` exceeds the KV heads (GQA), else 0.
+
+    Megatron-Core 0.16.1 splits ``linear_qkv`` evenly over ``t`` ranks even when a rank's share is less than one KV
+    group; it then all-gathers the whole ``[s, b, (a + 2g)·d]`` output over TP and keeps its own group's slice
+    (``megatron/core/transformer/attention.py:1398-1416``, ``get_query_key_value_tensors``), whose backward is a
+    reduce-scatter (``megatron/core/tensor_parallel/mappings.py:380-397``, ``_AllGatherFromTensorParallelRegion``).
+    The weights stay sharded ``t`` ways; each rank then holds one K/V head (attention.py:289-300)."""
+    k = graph.tensors.get("k")
+    if k is None or not k.heads or t <= k.heads:
+        return 0
+    return graph.tensors["q"].width + k.width + graph.tensors["v"].width
+
+
+def kv_replicated(graph: LayerGraph, par: ParallelConfig) -> bool:
+    """K/V projections whole on every TP rank: t > num_kv_heads with ``kv_replication='replicate'`` (a DTensor
+    ``Replicate`` module; each rank keeps the KV heads of its query heads). Their GEMMs run unsplit, their saved
+    input is the one Q shares, and the weight gradient of each rank covers only its query heads: it is
+    all-reduced over TP in backward (``kv_replica_grad_collectives``)."""
+    return bool(kv_gather_width(graph, par.tp)) and par.kv_replication == "replicate"
+
+
+def layer_compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                  rt: Runtime | None = None) -> OpCompute:
+    """``layer_cost``'s compute part (the sum of ``op_compute``). It reads neither ``par.recompute`` nor
+    ``par.schedule``: callers pricing one layer under several recompute settings compute it once and pass it."""
+    return _compute(graph, model, cluster, job, par, rt)
+
+
+def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
+    """All ``layer_compute`` reads of ``par`` and ``rt`` (``op_compute``, ``op_traffic_bytes``, the ``knob_effects``
+    helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
+    (callers cache on it; keep it in step with those functions)."""
+    knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
+                                     rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
+                                     rt.mcore_expert_glue, rt.moe_dispatcher, rt.target)
+    return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
+
+
+def model_flops_per_token(graph: LayerGraph) -> float:
+    """Training model FLOPs per token of one layer (no recompute): 3 × forward, attention counted
+    without the causal discount (PaLM / Megatron convention for MFU); a Mamba-2 scan as Megatron-LM counts it
+    (``7 · d_inner · state``, training.py ``mamba_layer_flops``)."""
+    fwd = 0.0
+    for op in graph.ops:
+        if op.kind in ("matmul", "router", "experts", "ssm"):
+            fwd += op.flops_per_token * op.tokens_factor
+        elif op.kind == "attention":
+            fwd += op.flops_per_token * 2  # undo the causal halving
+    return 3.0 * fwd

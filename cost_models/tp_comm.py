@@ -1,0 +1,163 @@
+"""Tensor parallelism's collectives at each TP boundary of a layer (COST_MODEL.md §4): Megatron's f/g operators
+(Shoeybi et al. 2019 §3; with sequence parallelism all-gather ↔ reduce-scatter, Korthikanti et al. 2022 §4.2.2), what
+TP-comm overlap leaves exposed (``knob_effects.tp_overlap_mode``: exposed, a share, or TE userbuffers per GEMM), and
+the QKV all-gather Megatron-Core adds when tp exceeds the KV heads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from cost_models.collectives import CollectiveKind, bytes_sent_per_rank, group_collective_time_s
+from cost_models.knob_effects import torchao_cast_after_gather, tp_overlap_mode
+from cost_models.op_cost import kv_gather_width, op_compute
+from cost_models.op_traffic import COLUMN_KINDS
+from cost_models.opgraph import LayerGraph
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import Runtime
+from cost_models.te_userbuffers import UbMethod, ub_exposed_s
+
+
+def tp_exposed_fraction(t: int, eff: Efficiency, rt: Runtime | None = None) -> float:
+    """Share of TP traffic left on the critical path where no per-collective model prices it
+    (``knob_effects.tp_overlap_mode`` ``share``: torchtitan's async TP; the intra-op search's per-op pricing, which
+    sees no runtime): ``tp_overlap`` of it hides behind the GEMMs it feeds, pipelined over t chunks (one per peer):
+    the reduce-scatter of the last chunk has nothing left to hide behind, so at least 1/(2t) stays exposed.
+    ``exposed``: all of it. Megatron's userbuffers: ``_userbuffers_boundary``."""
+    if t <= 1:
+        return 0.0
+    if tp_overlap_mode(eff, rt, t, per_collective=False) == "exposed":
+        return 1.0
+    return max(1.0 - eff.tp_overlap, 1.0 / (2 * t))
+
+
+TpRole = Literal["column", "row"]
+
+
+def tp_boundaries(graph: LayerGraph) -> list[tuple[str, TpRole]]:
+    """Where Megatron's f/g operators sit: the input of each column-parallel linear (siblings reading one
+    tensor share it: ``linear_qkv``, ``linear_fc1``) and the output of each row-parallel one (§4)."""
+    out: list[tuple[str, TpRole]] = []
+    for op in graph.ops:
+        if op.kind != "matmul":
+            continue
+        if graph.tensors[op.output].dim_kind in COLUMN_KINDS:
+            entry: tuple[str, TpRole] = (op.inputs[0], "column")
+        elif graph.tensors[op.inputs[0]].dim_kind in COLUMN_KINDS:
+            entry = (op.output, "row")
+        else:
+            continue  # hidden → hidden (MLA down-projections): replicated weights, no collective
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def tp_collectives(role: TpRole, sequence_parallel: bool,
+                   recompute: str) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float], ...]:
+    """(collective, pass, calls per micro-batch) of one TP boundary on its full ``[tokens, width]`` bf16 tensor
+    (Shoeybi et al. 2019 §3: column ``f`` = identity forward / all-reduce backward, row ``g`` = all-reduce
+    forward; with SP, Korthikanti et al. 2022 §4.2.2: all-gather ↔ reduce-scatter). Full recompute repeats
+    the forward's."""
+    fwd = 2.0 if recompute == "full" else 1.0
+    if role == "column":
+        if sequence_parallel:
+            return ("all_gather", "fwd", fwd), ("reduce_scatter", "bwd", 1.0)
+        return (("all_reduce", "bwd", 1.0),)
+    if sequence_parallel:
+        return ("reduce_scatter", "fwd", fwd), ("all_gather", "bwd", 1.0)
+    return (("all_reduce", "fwd", fwd),)
+
+
+def _userbuffers_boundary(role: TpRole, elems: float, gemm_s: float, gather: float, grad_gather: float, t: int,
+                          stride: int, cluster: ClusterSpec, fwd_calls: int) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) of one TP boundary under TE userbuffers (``te_userbuffers``), its
+    GEMM's forward time ``gemm_s`` (dgrad and wgrad take as long). Column: all-gather of the input (ring exchange
+    under the forward GEMM), and in the backward the input's all-gather for the weight gradient (bulk, under dgrad)
+    and the input gradient's reduce-scatter (bulk, under wgrad). Row: the output's reduce-scatter (pipelined over
+    the forward GEMM), the output gradient's all-gather (ring exchange under dgrad)."""
+    if role == "column":
+        plan: tuple[tuple[CollectiveKind, float, UbMethod, int], ...] = (
+            ("all_gather", gather, "ring_exchange", fwd_calls), ("all_gather", gather, "bulk", 1),
+            ("reduce_scatter", 2.0, "bulk", 1))
+    else:
+        plan = (("reduce_scatter", 2.0, "pipeline", fwd_calls), ("all_gather", grad_gather, "ring_exchange", 1))
+    seconds = nbytes = 0.0
+    for kind, width_bytes, method, calls in plan:
+        payload = width_bytes * elems
+        comm = group_collective_time_s(kind, payload, t, stride, cluster)
+        seconds += calls * ub_exposed_s(method, comm, gemm_s, t)
+        nbytes += calls * bytes_sent_per_rank(kind, payload, t)
+    return seconds, nbytes
+
+
+def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
+                      sequence_parallel: bool, rt: Runtime | None = None,
+                      model: ModelSpec | None = None) -> list[tuple[float, float]]:
+    """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
+    without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor (all-gathers at
+    ``rt.tp_gather_bytes``, the backward's output-gradient ones at ``rt.tp_grad_gather_bytes``: fp8 under
+    torchtitan's Float8 tensorwise TP and TE's fp8 linears), × the share TP-comm overlap leaves exposed
+    (``tp_exposed_fraction``); under Megatron's userbuffers (``model`` given) each collective against its own GEMM."""
+    t = par.tp
+    fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    out = []
+    gather = rt.tp_gather_bytes if rt is not None else 2.0  # fp8 all-gathers: torchtitan's Float8 TP, TE's fp8
+    grad_gather = gather if rt is None or rt.tp_grad_gather_bytes is None else rt.tp_grad_gather_bytes
+    # Megatron --tp-comm-overlap: each collective against its own GEMM (te_userbuffers; the GEMMs need the model)
+    userbuffers = tp_overlap_mode(cluster.efficiency, rt, t, sequence_parallel,
+                                  per_collective=model is not None) == "userbuffers"
+    for tensor, role in tp_boundaries(graph):
+        elems = tokens * graph.tensors[tensor].width
+        if userbuffers:
+            ops = [op for op in graph.ops if op.kind == "matmul"
+                   and (op.inputs[0] == tensor if role == "column" else op.output == tensor)]
+            gemm = sum(p.gemm_f + p.gemm_fwd_extra for p in (op_compute(op, graph, model, cluster, job, par, rt)
+                                                            for op in ops))
+            out.append(_userbuffers_boundary(role, elems, gemm, gather, grad_gather, t, stride, cluster,
+                                             2 if par.recompute == "full" else 1))
+            continue
+        seconds = nbytes = 0.0
+        for kind, _, calls in tp_collectives(role, sequence_parallel, par.recompute):
+            ag = grad_gather if role == "row" else gather  # a row boundary all-gathers in the backward
+            payload = (ag if kind == "all_gather" else 2.0) * elems
+            # async TP cannot fuse an all-gather whose consumer is torchao's cast (knob_effects)
+            whole = kind == "all_gather" and torchao_cast_after_gather(rt, job, sequence_parallel, role == "row")
+            seconds += calls * group_collective_time_s(kind, payload, t, stride, cluster) * (1.0 if whole else fraction)
+            nbytes += calls * bytes_sent_per_rank(kind, payload, t)
+        out.append((seconds, nbytes))
+    return out
+
+
+
+def kv_gather_collectives(recompute: str) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float], ...]:
+    """(collective, pass, calls per micro-batch) of Megatron's QKV gather (``kv_gather_width``): all-gather forward
+    (again under full recompute), reduce-scatter backward."""
+    return ("all_gather", "fwd", 2.0 if recompute == "full" else 1.0), ("reduce_scatter", "bwd", 1.0)
+
+
+def kv_replica_grad_collectives(graph: LayerGraph) -> tuple[CollectiveKind, Literal["fwd", "bwd"], float, float]:
+    """(collective, pass, calls per micro-batch, bf16 payload bytes) of the replicated K/V weights' gradient
+    reduction: DTensor turns the Partial gradient of a Replicate parameter into Replicate with one all-reduce."""
+    params = sum(op.params for op in graph.ops if op.name in ("k_proj", "v_proj"))
+    return "all_reduce", "bwd", 1.0, 2.0 * params
+
+
+def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                   stride: int) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) for one micro-batch of Megatron's QKV gather (0 when t ≤ g), or
+    with ``kv_replication='replicate'`` of the replicated K/V weights' gradient all-reduce. Both are plain
+    collectives on the compute stream (``_gather_along_last_dim``, a DTensor redistribute), not the linear layers'
+    userbuffer-overlapped ones: fully exposed (no ``tp_exposed_fraction``)."""
+    width = kv_gather_width(graph, par.tp)
+    if not width:
+        return 0.0, 0.0
+    if par.kv_replication == "replicate":
+        kind, _, calls, payload = kv_replica_grad_collectives(graph)
+        return (calls * group_collective_time_s(kind, payload, par.tp, stride, cluster),
+                calls * bytes_sent_per_rank(kind, payload, par.tp))
+    payload = 2.0 * par.micro_batch_size * job.seq_len / par.cp * width
+    seconds = nbytes = 0.0
+    for kind, _, calls in kv_gather_collectives(par.recompute):
+        seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster)
+        nbytes += calls * bytes_sent_per_rank(kind, payload, par.tp)
+    return seconds, nbytes
