@@ -6,7 +6,9 @@ table): d_model 2048, 48 layers, batch 4, seq 4096, bf16, one GPU; Mamba-2 239.2
 The ratio (1.51x) does not depend on how the issue counts FLOPs. The stack is mamba_ssm's Mamba2 with its defaults
 (mamba_ssm/modules/mamba2.py: d_state 128, d_conv 4, expand 2, headdim 64, ngroups 1, chunk_size 256) and
 MambaLMHeadModel's tied embedding (vocab 50277 padded to 50280); the issue trains it with its own script, so the
-absolute times are not comparable with Megatron's, only the generation ratio.
+absolute times are not comparable with Megatron's, only the generation ratio. The prediction prices Megatron-Core's
+mixer (the model's only Mamba-2 path), which at batch > 1 adds layout copies mamba_ssm's batch-major module does
+not make (``mamba.layout_copy_bytes``): without them the predicted ratio is slightly higher, so the gap stands.
 
 Run: ``python benchmarks/mamba2_scaling.py``."""
 

@@ -133,7 +133,8 @@ def fp8_cast_bytes(rt: Runtime | None, non_tn_gemm: bool = False) -> TeCast:
 
 def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float] | None:
     """(bytes per activation element, per weight element forward, backward) of torchao's Float8Linear casts for
-    the runtime's recipe (``TORCHAO_*``; fused with the producer under torch.compile), or None where the runtime's
+    the runtime's recipe (``TORCHAO_*``; fused with the producer under torch.compile, except after a high-precision TP
+    all-gather: ``torchao_cast_after_gather``), or None where the runtime's
     fp8 is not torchao's (Transformer Engine: ``fp8_cast_bytes``)."""
     if job.precision != "fp8" or rt is None or rt.fp8_impl != "torchao" or rt.fp8_recipe not in TORCHAO_ACT_CAST_BYTES:
         return None

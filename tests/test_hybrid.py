@@ -404,7 +404,9 @@ def test_ssd_bytes_are_the_kernels_tensors_one_pass_each() -> None:
     mamba_ssm's MambaSplitConv1dScanCombinedFn reads and writes its tensors once (bf16 2 B, fp32 4 B). Forward:
     conv 24,576 + cumsum 640 + chunk_state 27,136 + state_passing 24,576 + bmm 8,192 + chunk_scan 47,616 = 132,736;
     the backward (recomputed conv, cumsum, C·Bᵀ, states; then dz, dstates, state_passing_bwd, dx, dB, dC, dCB, two
-    bmm_bwd, ddA, cumsum_bwd, conv_bwd) 436,352: 3.3x the forward, not the 2x + conv recompute priced before."""
+    bmm_bwd, ddA, cumsum_bwd, conv_bwd) 436,352: 3.3x the forward, not the 2x + conv recompute priced before.
+    This checks the arithmetic of the kernel table in ``mamba.py`` (mamba_ssm is not installed here), not its reading
+    of the kernels, which cites mamba_ssm v2.2.6.post3 file by file."""
     from cost_models.mamba import ssd_traffic_bytes
 
     mb = _nano().mamba

@@ -25,7 +25,8 @@ PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["n
            "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
-          "mcore_expert_glue", "moe_dispatcher"}  # the last two: GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
+          "mcore_expert_glue", "moe_dispatcher",  # GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
+          "tp_gather_bytes", "tp_grad_gather_bytes"}  # a torchao cast after a bf16 TP all-gather runs unfused
 
 
 def _other_literal(annotation: Any, v: Any) -> Any:
@@ -95,3 +96,19 @@ def test_the_key_changes_where_the_compute_part_does() -> None:
     graph = layer_graph(m, "dense", job.seq_len)
     assert layer_compute_key(par, on) != layer_compute_key(par, off)
     assert layer_compute(graph, m, cluster, job, par, on).mem_f < layer_compute(graph, m, cluster, job, par, off).mem_f
+
+
+def test_the_key_holds_the_tp_gather_width_a_torchao_cast_reads() -> None:
+    """torchao's Float8 cast of a tensor a TP all-gather produced runs unfused when that gather is in high precision
+    (``knob_effects.torchao_cast_after_gather`` reads ``tp_gather_bytes`` / ``tp_grad_gather_bytes``): the compute
+    part changes with them, so the key must too (torchtitan-2025's Float8 tensorwise TP gathers fp8)."""
+    m, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    job = JobSpec(global_batch_size=8, seq_len=4096, precision="fp8")
+    par = ParallelConfig(tp=8, zero_stage=3)
+    rt = runtime_for("torchtitan-2025", job, cluster, par, Software(compile=True, fp8_recipe="tensorwise"))
+    assert rt.tp_gather_bytes == 1.0
+    graph = layer_graph(m, "dense", job.seq_len)
+    for field in ("tp_gather_bytes", "tp_grad_gather_bytes"):
+        bf16 = replace(rt, **{field: 2.0})
+        assert layer_compute_key(par, bf16) != layer_compute_key(par, rt)
+        assert layer_compute(graph, m, cluster, job, par, bf16) != layer_compute(graph, m, cluster, job, par, rt)
