@@ -97,12 +97,17 @@ class ParallelPins(_Strict):
     schedule: Schedule | None = None
     first_stage_layers: int | None = Field(default=None, gt=0)
     last_stage_layers: int | None = Field(default=None, gt=0)
+    account_for_embedding_in_pipeline_split: bool | None = Field(
+        default=None, description="the embedding counts as a layer of the pipeline split (Megatron)")
+    account_for_loss_in_pipeline_split: bool | None = Field(
+        default=None, description="the output layer and loss count as a layer of the pipeline split (Megatron)")
 
     _zero_stage_is_not_a_bool = field_validator("zero_stage", mode="before")(zero_stage_is_not_a_bool)
 
     def given(self) -> dict[str, Any]:
-        """The pinned fields only."""
-        return self.model_dump(exclude_none=True)
+        """The pinned fields only (an accounting switch set false is Megatron's default, not a pin)."""
+        return {k: v for k, v in self.model_dump(exclude_none=True).items()
+                if v is not False or not k.startswith("account_for_")}
 
 
 class _RequestBase(_Strict):

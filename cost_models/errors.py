@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 
 class AutoplanError(Exception):
@@ -48,5 +49,11 @@ class InfeasibleError(AutoplanError):
 
 def divisors(n: int) -> list[int]:
     """All positive divisors of ``n`` in ascending order."""
+    return list(_divisors(n))
+
+
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    """O(sqrt n): cached, since the rules ask for the same counts' divisors once per candidate layout."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(sorted(set(small + [n // d for d in small])))

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cost_models.errors import divisors
+
 Precision = Literal["bf16", "fp8", "nvfp4"]
 Recompute = Literal["none", "selective", "full"]
 # Megatron-Core's selective-recompute modules, in its order (megatron/core/transformer/transformer_config.py:1198-1206;
@@ -257,6 +259,10 @@ class ModelSpec(_Frozen):
                 raise ValueError(
                     f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})"
                 )
+            groups = self.arch.router.num_groups
+            if groups and self.num_experts % groups:  # megatron-core 0.16.1 transformer_config.py:1654-1657
+                raise ValueError(f"router num_groups ({groups}) must divide num_experts ({self.num_experts}); valid: "
+                                 f"{', '.join(str(d) for d in divisors(self.num_experts) if d > 1)}")
             if self.first_dense_layers >= self.num_layers:
                 raise ValueError(
                     f"first_dense_layers ({self.first_dense_layers}) must be < num_layers ({self.num_layers})"

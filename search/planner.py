@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
               "account_for_loss_in_pipeline_split")
 CLOSEST_CANDIDATES = 32  # layouts (lowest memory bounds) priced exactly to name the closest miss
+NEAREST_PROBES = 512  # GPU counts tried each way for the nearest one with a layout (an infeasible-by-shape job)
 
 
 class RankedPlan(BaseModel):
@@ -148,6 +150,29 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
         pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         lb = min(lb, pipe + hidden_most + opt_s)
     return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
+
+
+def _legal_splits(layouts: list[Layout], model: ModelSpec, pins: dict[str, Any], tally: Tally) -> list[Layout]:
+    """The layouts whose pinned split (first/last stage sizes, embedding / loss accounting) is one their target
+    builds: its own pipeline rule (MambaStack's for a hybrid) and megatron-core's get_num_layers_to_build
+    (``stage_layers``). When none is, that rule's error: bad input, not a layout that "does not fit"."""
+    kept, first = [], None
+    for lay in layouts:
+        par = ParallelConfig(**lay.parallel_kwargs(), **{k: pins[k] for k in SPLIT_PINS if k in pins})
+        err = PROFILES[lay.target].pipeline_rule_error(model, par)
+        if err is None:
+            try:
+                stage_layers(model, par)
+            except ConfigError as e:
+                err = e
+        if err is None:
+            kept.append(lay)
+        else:
+            tally.cut("split_pin")
+            first = first or err
+    if not kept and first is not None:
+        raise first
+    return kept
 
 
 def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any],
@@ -291,6 +316,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]
+    if any(k in pins for k in SPLIT_PINS):
+        layouts = _legal_splits(layouts, model, pins, tally)
     layouts = _runs_with_knobs(layouts, model, job, scorers, tally)
     # each setting of the knobs that change memory (FSDP2 reshard_after_forward) is a layout of its own
     layouts = [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
@@ -416,11 +443,13 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                                + (f"no layout keeps {key}={pins[key]}{why}" if valid else "relax the pins"),
                                valid=valid or None)
         near = _nearest_legal_gpus(model, cluster, job, target)
+        fewer = _fewer_legal_gpus(model, cluster, job, target) if not near else None
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
             f"(target {target}, pins {pins or 'none'}; cut: {cut})",
             hint=("nearest GPU counts with a layout: " + " and ".join(f"{n} GPUs" for n in near) if near else
-                  "change the global batch size or the GPU count"))
+                  f"no GPU count within {NEAREST_PROBES} nodes of it has a layout; halving it, {fewer} GPUs does"
+                  if fewer else "change the global batch size or the GPU count"))
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
     peak, lay = min(((float(scorers[lay.target].stage_memory(
@@ -459,9 +488,23 @@ def _nearest_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, ta
     def legal(k: int) -> bool:
         c = cluster.model_copy(update={"num_gpus": k})
         return next(iter(enumerate_layouts(model, c, job, target, {}, Tally())), None) is not None
-    below = next((k for k in range(n - (n % step or step), 0, -step) if legal(k)), None)
-    above = next((k for k in range(n + step - n % step, 4 * n + 1, step) if legal(k)), None)
+    # at most NEAREST_PROBES counts each way: past a million GPUs a full scan would try ~10^5 counts (minutes)
+    below = next((k for k in islice(range(n - (n % step or step), 0, -step), NEAREST_PROBES) if legal(k)), None)
+    above = next((k for k in islice(range(n + step - n % step, 4 * n + 1, step), NEAREST_PROBES) if legal(k)), None)
     return [k for k in (below, above) if k is not None]
+
+
+def _fewer_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target) -> int | None:
+    """The first of ``num_gpus`` halved, quartered, ... (whole nodes past one) whose layouts pass the hard
+    constraints: a count that works when none near ``num_gpus`` does (a batch far too small for the cluster)."""
+    n, node = cluster.num_gpus // 2, cluster.gpus_per_node
+    while n >= 1:
+        k = n - n % node if n > node else n
+        if next(iter(enumerate_layouts(model, cluster.model_copy(update={"num_gpus": k}), job, target, {}, Tally())),
+                None) is not None:
+            return k
+        n //= 2
+    return None
 
 
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any]) -> bool:

@@ -576,8 +576,9 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     if c.get("sliding_window", None) is not None:
         raise c.error("sliding_window", c.data["sliding_window"], "null: NemotronHAttention attends to every key")
     eps = c.float("layer_norm_epsilon", 1e-5)
-    if c.float("norm_eps", eps) != eps:
-        raise c.error("norm_eps", c.data["norm_eps"], f"equal to layer_norm_epsilon ({eps})")
+    if c.float("norm_eps", eps) != eps:  # both spellings: neither is to be preferred silently
+        raise UserInputError(f"{c.source}: layer_norm_epsilon={eps!r} and norm_eps={c.data['norm_eps']!r} disagree "
+                             "(the RMSNorm epsilon under two names); give one of them")
     # Read and not needed: initialisation (time_step_*, rescale_prenorm_residual), inference (cache dtype, kernels,
     # logits to keep), Megatron's shared-expert overlap (scheduling), ``expand`` (NemotronHMamba2Mixer takes
     # d_inner = mamba_num_heads * mamba_head_dim), the unused rotary keys, and the MTP layer types without MTP.

@@ -134,6 +134,7 @@ Run-time semantics:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cost_models.errors import ConfigError, divisors
@@ -701,10 +702,9 @@ def mamba_layout_error(model: ModelSpec, tp: int, cp: int) -> ConfigError | None
     groups of a TP shard split evenly over CP or are repeated across it (:112-124)."""
     mb = model.mamba
     assert mb is not None
-    ok_tp = [t for t in divisors(mb.num_heads) if mb.num_groups % t == 0]
-    if mb.num_heads % tp or mb.num_groups % tp:
+    if mb.num_heads % tp or mb.num_groups % tp:  # the valid tp divide both: the divisors of their gcd
         return ConfigError(f"tp={tp} must divide the Mamba heads ({mb.num_heads}) and groups ({mb.num_groups}) "
-                           f"({MIXER}:250, 258)", valid=nearest(tp, ok_tp))
+                           f"({MIXER}:250, 258)", valid=nearest(tp, divisors(math.gcd(mb.num_heads, mb.num_groups))))
     heads, groups = mb.num_heads // tp, mb.num_groups // tp
 
     def cp_ok(c: int) -> bool:
