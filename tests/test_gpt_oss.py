@@ -80,8 +80,9 @@ def test_biases_and_sinks_are_counted_once_each() -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"layer_types": ["sliding_attention", "sliding_attention", "full_attention", "full_attention"] * 6},
      r"layer_types=.*every N-th layer"),
-    ({"experts_per_token": 2}, r"experts_per_token=2 .*equal to 4"),
-    ({"initial_context_length": 8192}, r"initial_context_length=8192 .*equal to 4096"),
+    ({"experts_per_token": 2}, r"experts_per_token=2 and num_experts_per_tok=4 disagree"),
+    ({"initial_context_length": 8192},
+     r"initial_context_length=8192 and rope_scaling.original_max_position_embeddings=4096 disagree"),
     ({"attention_bias": False}, r"attention_bias=False .*only true"),
     ({"swiglu_alpha": 1.5}, r"swiglu_alpha=1.5 .*only 1.702"),
     ({"sliding_window": 0}, r"sliding_window=0"),

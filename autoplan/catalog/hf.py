@@ -466,7 +466,7 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
     n = c.layers("num_hidden_layers")
     experts, top_k = c.int("num_local_experts", minimum=1), c.int("num_experts_per_tok", minimum=1)
     # OpenAI's files repeat two facts under their original names (not GptOssConfig fields): they must agree
-    legacy = {"experts_per_token": top_k}
+    legacy = {"experts_per_token": ("num_experts_per_tok", top_k)}
     if not c.get("attention_bias", True):
         raise c.error("attention_bias", False, "only true: GptOssExperts and the router always have biases and "
                       "ModelSpec has one bias switch (linear_bias) for all linears")
@@ -477,11 +477,13 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
     rope = _rope(c, 150000.0, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                "truncate": False, "original_max_position_embeddings": 4096})
     if "rope_scaling" in rope:
-        legacy["initial_context_length"] = rope["rope_scaling"]["original_max_position_embeddings"]
-    for key, want in legacy.items():
+        legacy["initial_context_length"] = ("rope_scaling.original_max_position_embeddings",
+                                            rope["rope_scaling"]["original_max_position_embeddings"])
+    for key, (other, want) in legacy.items():
         got = c.get(key, want)
-        if got != want:
-            raise c.error(key, got, f"equal to {want} (its GptOssConfig counterpart)")
+        if got != want:  # name both: which of the two is wrong is the user's to say
+            raise UserInputError(f"{c.source}: {key}={got!r} and {other}={want!r} disagree ({key} is OpenAI's name "
+                                 f"for GptOssConfig's {other}); give one of them")
     window = c.get("sliding_window", 128)
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise c.error("sliding_window", window, "a positive integer")

@@ -111,7 +111,8 @@ def render_scale(result: Any) -> str:
     for r in result.rows:
         if r.status != "ok":
             rows.append([r.num_gpus, r.global_batch_size, r.status, *["-"] * (len(headers) - 3)])
-            notes.append(f"  {r.num_gpus} GPUs: {r.message}" + (f" ({r.hint})" if r.hint else ""))
+            notes.append(f"  {r.num_gpus} GPUs: {r.message}"  # an infeasible row's message ends with its hint
+                         + (f" ({r.hint})" if r.hint and r.hint not in (r.message or "") else ""))
             continue
         row = [r.num_gpus, r.global_batch_size, ("* " if r.layout_changed else "  ") + (r.layout or ""),
                f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}", f"{r.mfu * 100:.1f}%",

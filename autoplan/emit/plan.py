@@ -102,10 +102,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
         plans = _require(data, "plans", source, list)
         if not plans:
             raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
-        i = 0 if index is None else index - 1  # --index is 1-based, like the table's #1, #2, ...
-        if not 0 <= i < len(plans):
-            raise UserInputError(f"--index {index} is out of range: plan file '{source}' holds {len(plans)} "
-                                 f"plan(s) (valid: 1..{len(plans)})")
+        i = _plan_index(index, len(plans), source)
         entry = plans[i]
         par = entry.get("parallel") if isinstance(entry, dict) else None
         if not isinstance(par, dict):
@@ -127,14 +124,22 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
                     op_shardings=shardings)
 
 
+def _plan_index(index: int | None, n: int, source: str) -> int:
+    """0-based position of ``--index`` (1-based, like the table's #1, #2, ...) among ``n`` plans."""
+    i = 0 if index is None else index - 1
+    if not 0 <= i < n:
+        raise UserInputError(f"--index {index} is out of range: plan file '{source}' holds {n} plan(s) "
+                             f"(valid: 1..{n})")
+    return i
+
+
 def plan_target(path: str | Path, index: int | None = None) -> str | None:
     """The target a plan file's plan was priced for (``plans[i].target`` / ``prediction.software.target``), so that
     ``emit``/``validate --plan`` without ``--target`` write for the framework the plan was found for."""
     data = _read_json(path)
     entry: Any = data
     if isinstance(data.get("plans"), list) and data["plans"]:
-        i = 0 if index is None else index - 1
-        entry = data["plans"][i] if 0 <= i < len(data["plans"]) else {}
+        entry = data["plans"][_plan_index(index, len(data["plans"]), str(path))]
     if not isinstance(entry, dict):
         return None
     soft = (entry.get("prediction") or {}).get("software") if isinstance(entry.get("prediction"), dict) else None
@@ -195,6 +200,9 @@ def _check(plan: EmitPlan, target: Target) -> None:
         raise ConfigError(f"unknown target '{target}'", valid=TARGETS)
     par = plan.parallel
     prof = PROFILES[target]  # the framework's rules, each citing its source (cost_models.targets)
+    refusal = prof.model_error(plan.model)  # first: a model the target builds none of (a hybrid on torchtitan)
+    if refusal is not None:
+        raise refusal
     if par.schedule == "dualpipe":
         raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
                           f"no {target} schedule runs it", valid=list(prof.schedules))
