@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoplan.catalog import build_cluster, load_model
+from autoplan.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
 
@@ -57,7 +58,13 @@ def with_mtp_layers(model: ModelSpec, mtp_layers: int | None) -> ModelSpec:
     ``--mtp-num-layers``; 0 trains without MTP, as Megatron-Bridge's "(w/o MTP)" DeepSeek-V3 runs); None: as is."""
     if mtp_layers is None or mtp_layers == model.arch.mtp_layers:
         return model
-    return model.model_copy(update={"arch": model.arch.model_copy(update={"mtp_layers": mtp_layers})})
+    data = model.model_dump()
+    data["arch"]["mtp_layers"] = mtp_layers
+    try:  # validated: ModelSpec's own rules (a hybrid stack has no MTP) speak, not a later copy of the spec
+        return ModelSpec.model_validate(data)
+    except ValidationError as err:
+        why = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"mtp_layers={mtp_layers} on {model.name}: {why}", valid=[model.arch.mtp_layers]) from None
 
 
 def resolve(model: str | dict[str, Any], cluster: ClusterRequest, job: JobSpec,

@@ -191,6 +191,9 @@ def megatron_chunks(L: int, pp: int, vp: int, *, first: int | None = None, last:
                 raise ConfigError(f"{name}={x} must be > 0 and divisible by vp={vp} (megatron-core TransformerConfig)",
                                   valid=[k for k in range(vp, L, vp)][:8])
         rest = L - (first or 0) - (last or 0)
+        if rest < 0:
+            raise ConfigError(f"first_stage_layers={first} and last_stage_layers={last} hold more than the model's "
+                              f"num_layers={L} decoder layers (megatron-core TransformerConfig)")
         n_mid = pp - (first is not None) - (last is not None)
         if vp > 1 and n_mid == 0:  # get_transformer_layer_offset divides by the middle stages (transformer_layer.py:137)
             raise ConfigError(f"first_stage_layers and last_stage_layers with vp={vp} need a middle stage (pp > 2): "

@@ -315,6 +315,9 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             tally.cut("moe_needs_sp")  # Megatron: MoE with tp > 1 needs sequence parallelism
             continue
         for cp in cp_choices(job, N // tp, pins, tally):
+            if tp > 1 and model.is_moe and (job.seq_len // cp) % tp:
+                tally.cut("moe_needs_sp")  # ... which splits a CP rank's tokens over tp (check_parallel)
+                continue
             for pp in pp_choices(model, N // (tp * cp), pins, tally):
                 dp = N // (tp * cp * pp)
                 for ep in ep_choices(model, target, tp, cp, dp, pins, tally):

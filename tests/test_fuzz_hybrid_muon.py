@@ -362,6 +362,31 @@ def test_scale_row_says_its_hint_once() -> None:
     assert r.stdout.count("halving it, 2048 GPUs does") == 1, r.stdout
 
 
+def test_moe_sequence_parallel_needs_tokens_divisible_by_tp() -> None:
+    """search gpt-oss-20b --seq-len 4095 failed with the ILP's "no megatron strategy for expert_gate_proj+
+    expert_up_proj on ep8×tp2" (MoE with tp > 1 runs SP; SP scatters seq_len/cp tokens over tp) and estimate priced
+    such a layout. The search keeps tp 1; estimate names the rule (megatron-core mappings.py:69-70)."""
+    base = ["--model", "gpt-oss-20b", "--gpus", "16", "--global-batch-size", "64", "--seq-len", "4095"]
+    r = CliRunner().invoke(cli, ["search", *base, "--format", "json"])
+    assert r.exit_code == 0, r.stderr
+    assert all(p["parallel"]["tp"] == 1 for p in json.loads(r.stdout)["plans"])
+    code, err = cli_refusal_or_plan(["estimate", *base, "--tp", "2", "--pp", "1"])
+    assert code == 2 and "seq_len/cp must be divisible by tp" in err and err.strip().endswith("valid: tp=1"), err
+
+
+def test_mtp_override_on_a_hybrid_and_stage_sizes_past_the_model() -> None:
+    """--mtp-layers 1 on a hybrid quoted "(got ModelSpec(name='nemotron-h-8b', num_layers=52, ...)"; a first stage
+    larger than the model said it would "leave -6 of num_layers=24 for 1 middle stages"."""
+    code, err = cli_refusal_or_plan(["estimate", "--model", "nemotron-h-8b", "--gpus", "16", "--tp", "2", "--pp", "1",
+                                     "--mtp-layers", "1", "--global-batch-size", "64", "--seq-len", "4096"])
+    assert code == 2 and "mtp_layers=1 on nemotron-h-8b: a hybrid stack with multi-token prediction" in err, err
+    assert "ModelSpec(" not in err and err.strip().endswith("valid: 0")
+    code, err = cli_refusal_or_plan(["estimate", "--model", "gpt-oss-20b", "--gpus", "16", "--tp", "2", "--pp", "2",
+                                     "--first-stage-layers", "30", "--global-batch-size", "64", "--seq-len", "4096"])
+    assert code == 2 and "first_stage_layers=30 and last_stage_layers=None hold more than the model's num_layers=24" \
+        in err and "valid: first=23" in err, err
+
+
 # ==== determinism ==================================================================================================
 @pytest.mark.parametrize("req", [
     {"model": "nemotron-h-8b", "cluster": {"num_gpus": 16}, "job": JOB, "top": 5},
@@ -374,3 +399,30 @@ def test_same_request_same_plans_same_order(req: dict[str, Any]) -> None:
     for r in runs:
         r["search"].pop("wall_time_s")
     assert runs[0]["plans"] and runs[0] == runs[1]
+
+
+# ==== serve: the same inputs over HTTP ============================================================================
+def test_serve_answers_session7_inputs_with_4xx_or_an_outcome() -> None:
+    """The server shares the API's classification; a few of the inputs above, over HTTP: 422 with the same one
+    line for bad input, 200 with status infeasible and its hint, never a 5xx."""
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from tests.serve_util import running_server
+
+    cases = [("search", _request(dict(SMALL, n_group=3, topk_group=1)), 422, "router num_groups (3) must divide"),
+             ("search", _request(dict(SMALL, layer_norm_epsilon=0)), 422, "disagree"),
+             ("search", _request("llama3-8b", software={"optimizer": "muon"}, target="torchtitan"), 422,
+              "optimizer=muon"),
+             ("estimate", _request(dict(SMALL, n_groups=2), kind="estimate", parallel={"tp": 4, "pp": 1}), 422,
+              "valid: 2, 1"),
+             ("search", _request("nemotron-h-8b", 16, parallel={"account_for_embedding_in_pipeline_split": True}),
+              422, "MambaStack"),
+             ("search", _request("llama3-8b", 2**20), 200, "halving it, 2048 GPUs does")]
+    with running_server("--workers", "1", "--time-limit", "60") as url:
+        for kind, body, code, text in cases:
+            r = httpx.post(f"{url}/v1/{kind}", json=body, timeout=90)
+            assert r.status_code == code, (body, r.status_code, r.text[:300])
+            data = r.json()
+            said = data.get("message", "") + " " + (data.get("hint") or "")
+            assert text in said and "\n" not in data.get("message", ""), data
