@@ -96,11 +96,13 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
         raise err
     if model.is_moe and t > 1 and not par.sequence_parallel:
         raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
-    if model.is_moe and t > 1 and (job.seq_len // c) % t:  # SP scatters each CP rank's tokens over TP
-        raise ConfigError(f"MoE with tp={t} runs sequence parallelism, which splits the {job.seq_len // c} tokens of "
-                          f"a CP rank over tp: seq_len/cp must be divisible by tp (megatron-core 0.16.1 "
-                          f"tensor_parallel/mappings.py:69-70)",
-                          valid=[f"tp={x}" for x in divisors(n) if x < t and (job.seq_len // c) % x == 0][-3:])
+    if (profile or MEGATRON).name == "megatron" and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
+        # Megatron's SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
+        raise ConfigError(f"sequence_parallel with tp={t} splits the {job.seq_len // c} tokens of a CP rank over tp: "
+                          f"seq_len/cp must be divisible by tp (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70"
+                          f"{'; MoE with tp > 1 needs sequence parallelism' if model.is_moe else ''})",
+                          valid=([] if model.is_moe else ["sequence_parallel off"])
+                          + [f"tp={x}" for x in divisors(n) if x < t and (job.seq_len // c) % x == 0][-3:])
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
                           valid=divisors(dp * c))

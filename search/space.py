@@ -315,8 +315,10 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             tally.cut("moe_needs_sp")  # Megatron: MoE with tp > 1 needs sequence parallelism
             continue
         for cp in cp_choices(job, N // tp, pins, tally):
-            if tp > 1 and model.is_moe and (job.seq_len // cp) % tp:
-                tally.cut("moe_needs_sp")  # ... which splits a CP rank's tokens over tp (check_parallel)
+            # Megatron's SP splits a CP rank's tokens over tp (check_parallel): where tp does not divide them, no SP
+            seq_split = target != "megatron" or (job.seq_len // cp) % tp == 0
+            if tp > 1 and not seq_split and (model.is_moe or pins.get("sequence_parallel") is True):
+                tally.cut("moe_needs_sp" if model.is_moe else "pin")
                 continue
             for pp in pp_choices(model, N // (tp * cp), pins, tally):
                 dp = N // (tp * cp * pp)
@@ -328,4 +330,4 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
                                     for kv in kv_choices(model, target, tp):
                                         yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
-                                                     sp or tp == 1, target, kv)
+                                                     (sp and seq_split) or tp == 1, target, kv)

@@ -372,6 +372,14 @@ def test_moe_sequence_parallel_needs_tokens_divisible_by_tp() -> None:
     assert all(p["parallel"]["tp"] == 1 for p in json.loads(r.stdout)["plans"])
     code, err = cli_refusal_or_plan(["estimate", *base, "--tp", "2", "--pp", "1"])
     assert code == 2 and "seq_len/cp must be divisible by tp" in err and err.strip().endswith("valid: tp=1"), err
+    # dense: estimate priced Megatron SP at seq 4095 / tp 2 (Megatron asserts); now refused, and search keeps tp 2
+    # without SP
+    dense = ["--model", "llama3-8b", *base[2:]]
+    code, err = cli_refusal_or_plan(["estimate", *dense, "--tp", "2", "--pp", "1"])
+    assert code == 2 and err.strip().endswith("valid: sequence_parallel off, tp=1"), err
+    assert cli_refusal_or_plan(["estimate", *dense, "--tp", "2", "--pp", "1", "--no-sequence-parallel"])[0] == 0
+    r = CliRunner().invoke(cli, ["search", *dense, "--tp", "2", "--format", "json"])
+    assert r.exit_code == 0 and all(not p["parallel"]["sequence_parallel"] for p in json.loads(r.stdout)["plans"])
 
 
 def test_mtp_override_on_a_hybrid_and_stage_sizes_past_the_model() -> None:
