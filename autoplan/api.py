@@ -219,7 +219,7 @@ class Engine:
     def _estimate(self, req: EstimateRequest) -> Estimate:
         r = self.resolve(req)
         prof = PROFILES[req.target]  # the framework's rules, each citing its source (cost_models.targets)
-        par = prof.with_defaults(req.parallel)  # e.g. torchtitan's ZeRO-3 when none was given
+        par = prof.with_defaults(req.parallel, req.software)  # e.g. torchtitan's ZeRO-3, Muon's 0, when none given
         check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=prof.allow_kv_replication, profile=prof)
         prof.check_layout(r.model, r.cluster, r.job, par)
         rt = prof.resolve(req.software, r.job, r.cluster, par)  # the knobs resolved (a knob it lacks: error)

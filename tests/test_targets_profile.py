@@ -63,6 +63,21 @@ def test_torchtitan_semantics() -> None:
     assert TORCHTITAN.with_defaults(ParallelConfig(tp=8)).zero_stage == 3
 
 
+def test_an_unset_zero_stage_is_what_megatron_runs_with_the_optimizer() -> None:
+    """Megatron: the distributed optimizer (1) by default, DDP (0) under Muon (Megatron-LM refuses Muon with the
+    distributed optimizer, arguments.py:1184: check_muon); a stage the user gave is kept, and refused there."""
+    assert MEGATRON.with_defaults(ParallelConfig(tp=2)).zero_stage == 1
+    assert MEGATRON.with_defaults(ParallelConfig(tp=2), Software(optimizer="adam")).zero_stage == 1
+    for opt in ("muon", "dist_muon"):
+        assert MEGATRON.with_defaults(ParallelConfig(tp=2), Software(optimizer=opt)).zero_stage == 0
+        assert MEGATRON.with_defaults(ParallelConfig(tp=2, zero_stage=1), Software(optimizer=opt)).zero_stage == 1
+    import autoplan
+
+    est = autoplan.estimate({"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+                             "parallel": {"tp": 1, "pp": 1}, "software": {"optimizer": "muon"}})
+    assert est.parallel.zero_stage == 0
+
+
 @pytest.mark.parametrize("target, software, match", [
     ("megatron", {"compile": True}, "megatron has no knob compile"),
     ("torchtitan", {"grad_reduce_dtype": "bf16"}, r"configs.py:93"),

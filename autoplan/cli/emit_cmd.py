@@ -88,7 +88,7 @@ def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
 
     from cost_models.targets import PROFILES
 
-    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel))
+    return replace(plan, parallel=PROFILES[target].with_defaults(plan.parallel, plan.software))
 
 
 @cli.command("emit")

@@ -38,7 +38,7 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
             help=f"micro-batch size in sequences {default('1')}"),
         opt("--zero", "zero_stage", type=click.IntRange(0, 3), default=None,
             help="as the target runs it: megatron 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP optim_grads, 3 "
-                 f"torch FSDP2; torchtitan 0 replicate, 3 FSDP2; fsdp2 3 {default('megatron 1, else 3')}"),
+                 f"torch FSDP2; torchtitan 0 replicate, 3 FSDP2; fsdp2 3 {default('megatron 1 (0 with Muon), else 3')}"),
         opt("--hsdp", "hsdp_shard_size", type=INT, default=None,
             help=f"HSDP shard-group size {default('none')}"),
         opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help=default("none")),

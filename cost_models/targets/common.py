@@ -532,12 +532,18 @@ class TargetProfile:
         over cp), and a note saying so; ``par`` itself when it runs as written."""
         return par, None
 
-    def with_defaults(self, par: ParallelConfig) -> ParallelConfig:
+    def with_defaults(self, par: ParallelConfig, software: Software | None = None) -> ParallelConfig:
         """``par`` with the target's own ZeRO stage where the user left it unset and the generic default (1) is
-        one the target does not run (torchtitan, fsdp2: 3)."""
-        if "zero_stage" not in par.model_fields_set and par.zero_stage not in self.zero_stages:
-            return par.model_copy(update={"zero_stage": self.zero_stages[0]})
-        return par
+        one the target does not run with ``software``'s knobs (torchtitan, fsdp2: 3; ``default_zero_stage``)."""
+        if "zero_stage" in par.model_fields_set:
+            return par
+        zero = self.default_zero_stage(par.zero_stage, software)
+        return par if zero == par.zero_stage else par.model_copy(update={"zero_stage": zero})
+
+    def default_zero_stage(self, generic: int, software: Software | None) -> int:
+        """The ZeRO stage an unset one means on this target: the generic default where the target runs it, else
+        its first."""
+        return generic if generic in self.zero_stages else self.zero_stages[0]
 
     def runs_as_written(self, zero: int, cp: int) -> bool:
         """False when ``runs_as`` would turn this ZeRO stage into another layout (the search then offers only the

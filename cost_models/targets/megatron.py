@@ -271,6 +271,11 @@ class MegatronProfile(TargetProfile):
         no merges; ``knob_effects.ring_steps``) and no CP traffic; every CP type runs at least that."""
         return {"cp_comm_type": "a2a"}, True
 
+    def default_zero_stage(self, generic: int, software: Software | None) -> int:
+        """Muon runs on DDP only (Megatron-LM refuses it with the distributed optimizer, MLM:1184; ``check_muon``):
+        an unset ZeRO stage means 0 there, the distributed optimizer (1) otherwise."""
+        return 0 if muon_optimizer(software) else super().default_zero_stage(generic, software)
+
     def zero_reason(self, zero_stage: int) -> str:
         return ("Megatron-LM runs ZeRO-0 (DDP), 1 (--use-distributed-optimizer), 2 (Megatron-FSDP optim_grads) "
                 "and 3 (--use-torch-fsdp2)")
@@ -520,6 +525,11 @@ class MegatronProfile(TargetProfile):
                 "back each micro-batch; the memory is priced, the host-link time is not (taken as hidden)",)
                if k.get("cpu_offload_layers") else ()),
         )
+
+
+def muon_optimizer(software: Software | None) -> bool:
+    """Whether ``software`` asks for one of Megatron-LM's Muon optimizers (``--optimizer muon|dist_muon``)."""
+    return software is not None and (software.optimizer or "adam") != "adam"
 
 
 def check_muon(par: ParallelConfig, rt: Runtime) -> None:
