@@ -102,8 +102,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     if check:
         from cost_models.targets import PROFILES, REFERENCE_PROFILES
 
-        # None: no target, ``any``, or a reference runtime (``deepseek``)
-        prof = PROFILES.get(target or "") or REFERENCE_PROFILES.get(target or "")
+        # the runtime's own target where the caller passes a resolved runtime (the search); None: ``any``
+        name = target or runtime.target
+        prof = PROFILES.get(name) or REFERENCE_PROFILES.get(name)
         # tp > num_kv_heads is priced (opgraph.tp_divisor, tp_comm.kv_gather_cost); a target profile says
         # whether its framework runs it (Megatron does; no target named = Megatron's rules).
         check_parallel(model, cluster, job, par,

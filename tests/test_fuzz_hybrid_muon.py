@@ -382,6 +382,20 @@ def test_moe_sequence_parallel_needs_tokens_divisible_by_tp() -> None:
     assert r.exit_code == 0 and all(not p["parallel"]["sequence_parallel"] for p in json.loads(r.stdout)["plans"])
 
 
+def test_the_sequence_split_rule_is_megatrons_only() -> None:
+    """The search's own estimate of a torchtitan plan applied Megatron's SP rule (estimate with a resolved runtime
+    and no target named fell back to Megatron's profile): gpt3-175b on 144 GB200 at seq 2048 found tp 3 with
+    torchtitan's sequence parallelism (DTensor shards unevenly) and then refused it. The runtime's target decides."""
+    req = {"model": "gpt3-175b", "cluster": {"gpu": "gb200", "num_gpus": 144},
+           "job": {"global_batch_size": 256, "seq_len": 2048}, "target": "torchtitan"}
+    found = autoplan.search({**req, "top": 3})
+    assert found.plans
+    best = found.plans[0]
+    sw = {k: v for k, v in best.prediction.software.items() if k != "target" and v is not None}
+    again = autoplan.estimate({**req, "parallel": best.parallel.model_dump(exclude_defaults=True), "software": sw})
+    assert again.prediction.step_time_s == best.prediction.step_time_s
+
+
 def test_mtp_override_on_a_hybrid_and_stage_sizes_past_the_model() -> None:
     """--mtp-layers 1 on a hybrid quoted "(got ModelSpec(name='nemotron-h-8b', num_layers=52, ...)"; a first stage
     larger than the model said it would "leave -6 of num_layers=24 for 1 middle stages"."""
