@@ -20,12 +20,12 @@ from cost_models.collectives import RankStrides, group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.op_cost import model_flops_per_token
-from cost_models.op_traffic import memory_traffic_bytes
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
-from cost_models.muon import optimizer_step_s
 from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
+from cost_models.muon import optimizer_step_s
+from cost_models.op_cost import model_flops_per_token
+from cost_models.op_traffic import memory_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer_kind
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -106,7 +106,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         name = target or runtime.target
         prof = PROFILES.get(name) or REFERENCE_PROFILES.get(name)
         # tp > num_kv_heads is priced (opgraph.tp_divisor, tp_comm.kv_gather_cost); a target profile says
-        # whether its framework runs it (Megatron does; no target named = Megatron's rules).
+        # whether its framework runs it (Megatron does; no profile, as for ``any``: Megatron's rules).
         check_parallel(model, cluster, job, par,
                        allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
     weights = weights or CostWeights()
@@ -317,11 +317,12 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         if not rt.overlap_grad_reduce and par.zero_stage < 2:
             # Megatron without --overlap-grad-reduce reduces after the backward (and gathers in the step): exposed
             blocking = total_s
-        local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
-        opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
         if rt.optimizer != "adam":  # Muon: its state passes and Newton-Schulz GEMMs (cost_models.muon cites the code)
             on_mtp = bool(model.arch.mtp_layers) and s == (par.pp - 1 if mtp_rank is None else mtp_rank)
             opt_s = optimizer_step_s(model, cluster, par, ids, sp.dense, sp.expert, rt, group, expert_group, on_mtp)
+        else:
+            local = sp.dense / (group if par.zero_stage else 1) + sp.expert / (expert_group if par.zero_stage else 1)
+            opt_s = rt.adam_bytes_per_param * local / (cluster.gpu.hbm_tbytes_per_s * 1e12)
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst

@@ -155,7 +155,7 @@ def torchao_cast_after_gather(rt: Runtime | None, job: JobSpec, sequence_paralle
     ``_find_consumer_matmuls``: mm / _scaled_mm, through a reshape), finds the cast there and leaves the gather
     whole: "the matmul-reduce-scatters were being fused properly - however, the all-gather-matmul patterns were
     NOT" for rowwise float8 (pytorch/pytorch#149990, 2025-03, open; the reduce-scatter side: pytorch#149247)."""
-    if sequence_parallel is False or torchao_casts(rt, job) is None:
+    if not sequence_parallel or torchao_casts(rt, job) is None:
         return False
     gather = rt.tp_grad_gather_bytes if backward and rt.tp_grad_gather_bytes is not None else rt.tp_gather_bytes
     return gather > 1.0

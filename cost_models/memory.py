@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.mamba import cp_a2a_widths
+from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
                              mtp_projection_saved_bytes, mtp_stage_params)
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
@@ -383,8 +384,6 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group)
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)
-        from cost_models.muon import optimizer_state_bytes
-
         o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group,
                                        mtp=bool(model.arch.mtp_layers) and stage == mtp_at)
     per_mb = 0.0

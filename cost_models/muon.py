@@ -46,7 +46,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cost_models.collectives import group_collective_time_s
-from cost_models.gemm import matmul_time_s
+from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.specs import ClusterSpec, ModelSpec, ParallelConfig
 
 if TYPE_CHECKING:
@@ -71,9 +71,13 @@ class Matrix:
     expert: bool = False
     tp_limit: int = 0  # K/V of GQA: split over at most num_kv_heads ranks (0: no limit)
 
+    def ranks(self, tp: int) -> int:
+        """The TP ranks the matrix is split over (``tp_limit`` bounds GQA's K/V)."""
+        return min(tp, self.tp_limit) if self.tp_limit else tp
+
     def local(self, tp: int) -> tuple[int, int]:
         """The shard one TP rank orthogonalizes under ``blockwise`` (MUON:131)."""
-        t = min(tp, self.tp_limit) if self.tp_limit else tp
+        t = self.ranks(tp)
         if self.tp_dim == 0:
             return max(1, self.rows // t), self.cols
         if self.tp_dim == 1:
@@ -196,7 +200,7 @@ def matrix_step_s(mx: Matrix, tp: int, mode: str, cluster: ClusterSpec) -> float
     is split by rows (:216-222), so ``X`` is ``n x k`` with ``n`` the unsplit side; each step's ``X Xᵀ`` (n x n, bf16)
     is all-reduced over TP (:251-253) and ``A·A`` runs whole on every rank. TP ranks are adjacent (stride 1)."""
     r, c = mx.local(tp)
-    t = min(tp, mx.tp_limit) if mx.tp_limit else tp
+    t = mx.ranks(tp)
     if mode == "blockwise" or mx.tp_dim is None or t <= 1:
         return ns_time_s(r, c, cluster)
     rows, cols = (r * t, c) if mx.tp_dim == 0 else (r, c * t)
@@ -269,8 +273,6 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig
     """One rank's optimizer step under Muon: the element-wise passes over the state it holds (as
     ``Runtime.adam_bytes_per_param`` counts Adam's: read and write the state, read the gradient, write the bf16
     weight; a Muon parameter's state is its 8 B) at HBM speed, plus its Newton-Schulz GEMMs."""
-    from cost_models.gemm import hbm_time_s
-
     md, me = stage_muon_params(model, par, layer_ids, mtp)
     muon_b = 2 * MUON_STATE_BYTES + rt.grad_bytes + rt.weight_bytes
     dist = rt.optimizer == "dist_muon"

@@ -96,8 +96,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
         raise err
     if model.is_moe and t > 1 and not par.sequence_parallel:
         raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
-    if (profile or MEGATRON).name == "megatron" and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
-        # Megatron's SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
+    if (profile or MEGATRON).sp_even_tokens and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
         raise ConfigError(f"sequence_parallel with tp={t} splits the {job.seq_len // c} tokens of a CP rank over tp: "
                           f"seq_len/cp must be divisible by tp (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70"
                           f"{'; MoE with tp > 1 needs sequence parallelism' if model.is_moe else ''})",

@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from cost_models.collectives import RankStrides
+from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.ep_comm import host_wait_s
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
-from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
                              mtp_time_s)
+from cost_models.muon import optimizer_state_bytes
+from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
 from cost_models.memory import (
     GIB,
     activation_bytes_per_microbatch,

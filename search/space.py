@@ -315,8 +315,8 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             tally.cut("moe_needs_sp")  # Megatron: MoE with tp > 1 needs sequence parallelism
             continue
         for cp in cp_choices(job, N // tp, pins, tally):
-            # Megatron's SP splits a CP rank's tokens over tp (check_parallel): where tp does not divide them, no SP
-            seq_split = target != "megatron" or (job.seq_len // cp) % tp == 0
+            # the target's SP splits a CP rank's tokens over tp (check_parallel): where tp does not divide them, no SP
+            seq_split = not PROFILES[target].sp_even_tokens or (job.seq_len // cp) % tp == 0
             if tp > 1 and not seq_split and (model.is_moe or pins.get("sequence_parallel") is True):
                 tally.cut("moe_needs_sp" if model.is_moe else "pin")
                 continue

@@ -299,6 +299,8 @@ class TargetProfile:
     # split evenly, output all-gathered, one KV head per rank: Megatron-Core), "replicate" (K/V weights
     # replicated on every TP rank, each rank keeps its query heads' KV heads: a DTensor Replicate module).
     sequence_parallel: Literal["flag", "forced"] = "flag"
+    # Whether its sequence parallelism needs each CP rank's tokens divisible by tp (False: DTensor shards unevenly)
+    sp_even_tokens: bool = False
     loss_modes: tuple[str, ...] = ("F",)
     kv_modes: tuple[str, ...] = ("shard",)
     kv_source: str = ""  # where the K/V rule comes from

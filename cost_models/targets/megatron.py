@@ -173,6 +173,9 @@ class MegatronProfile(TargetProfile):
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
+    # SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
+    # (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70): validate.check_parallel, search.space
+    sp_even_tokens = True
     zero_stages = (1, 0, 2, 3)
     cp_comm_types = ("p2p", "a2a", "allgather", "a2a+p2p")
     # Megatron-Core 0.16.1: TransformerConfig accepts num_query_groups a multiple or a divisor of tp
@@ -426,7 +429,8 @@ class MegatronProfile(TargetProfile):
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
-        if "muon_tp_mode" in k and k.get("optimizer", "adam") == "adam":
+        optimizer = k.get("optimizer", "adam")
+        if "muon_tp_mode" in k and optimizer == "adam":
             raise ConfigError(f"muon_tp_mode={k['muon_tp_mode']} is a Muon setting (--muon-tp-mode, {MLM}:1853) and the "
                               "optimizer is adam", valid=["optimizer=muon", "optimizer=dist_muon", "muon_tp_mode unset"])
         if "fp8_recipe" in k and job.precision != "fp8":
@@ -502,10 +506,10 @@ class MegatronProfile(TargetProfile):
             cp_comm_type=cp_kind,
             cp_a2a_size=a2a_size,
             # Muon runs neither overlap (MLM:1181-1182): off unless asked for (then check_muon refuses it)
-            optimizer=k.get("optimizer", "adam"),
+            optimizer=optimizer,
             muon_tp_mode=k.get("muon_tp_mode", "blockwise"),
-            overlap_grad_reduce=k.get("overlap_grad_reduce", k.get("optimizer", "adam") == "adam"),
-            overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2) and k.get("optimizer", "adam") == "adam"),
+            overlap_grad_reduce=k.get("overlap_grad_reduce", optimizer == "adam"),
+            overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2) and optimizer == "adam"),
             # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
             weight_bytes=4.0 if fsdp else weight,
             gather_bytes=1.0 if fp8_params else 2.0,
