@@ -94,13 +94,16 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
                                                     hsdp=par.hsdp_shard_size)
     if err is not None:
         raise err
-    if model.is_moe and t > 1 and not par.sequence_parallel:
-        raise ConfigError(f"MoE with tp={t} needs sequence_parallel on (Megatron rule)")
-    if (profile or MEGATRON).sp_even_tokens and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
+    prof = profile or MEGATRON
+    moe_sp = model.is_moe and prof.moe_tp_needs_sp
+    if moe_sp and t > 1 and not par.sequence_parallel:
+        raise ConfigError(f"MoE with tp={t} needs sequence_parallel on ({prof.name}: {prof.moe_sp_source})",
+                          valid=["sequence_parallel on", "tp=1"])
+    if prof.sp_even_tokens and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
         raise ConfigError(f"sequence_parallel with tp={t} splits the {job.seq_len // c} tokens of a CP rank over tp: "
                           f"seq_len/cp must be divisible by tp (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70"
-                          f"{'; MoE with tp > 1 needs sequence parallelism' if model.is_moe else ''})",
-                          valid=([] if model.is_moe else ["sequence_parallel off"])
+                          f"{'; MoE with tp > 1 needs sequence parallelism' if moe_sp else ''})",
+                          valid=([] if moe_sp else ["sequence_parallel off"])
                           + [f"tp={x}" for x in divisors(n) if x < t and (job.seq_len // c) % x == 0][-3:])
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",

@@ -311,14 +311,15 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     N = cluster.num_gpus
     sp = bool(pins.get("sequence_parallel", True))
     for tp in tp_choices(model, cluster, target, pins, tally):
-        if not sp and tp > 1 and model.is_moe:
-            tally.cut("moe_needs_sp")  # Megatron: MoE with tp > 1 needs sequence parallelism
+        moe_sp = model.is_moe and PROFILES[target].moe_tp_needs_sp  # check_parallel's rule (profile fact)
+        if not sp and tp > 1 and moe_sp:
+            tally.cut("moe_needs_sp")
             continue
         for cp in cp_choices(job, N // tp, pins, tally):
             # the target's SP splits a CP rank's tokens over tp (check_parallel): where tp does not divide them, no SP
             seq_split = not PROFILES[target].sp_even_tokens or (job.seq_len // cp) % tp == 0
-            if tp > 1 and not seq_split and (model.is_moe or pins.get("sequence_parallel") is True):
-                tally.cut("moe_needs_sp" if model.is_moe else "pin")
+            if tp > 1 and not seq_split and (moe_sp or pins.get("sequence_parallel") is True):
+                tally.cut("moe_needs_sp" if moe_sp else "pin")
                 continue
             for pp in pp_choices(model, N // (tp * cp), pins, tally):
                 dp = N // (tp * cp * pp)

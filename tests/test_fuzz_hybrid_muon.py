@@ -396,6 +396,21 @@ def test_the_sequence_split_rule_is_megatrons_only() -> None:
     assert again.prediction.step_time_s == best.prediction.step_time_s
 
 
+def test_moe_under_tp_without_sp_names_each_targets_reason() -> None:
+    """"MoE with tp=2 needs sequence_parallel on (Megatron rule)" was said for every target. Megatron refuses it
+    (MoELayer.forward); torchtitan runs it (its own deepseek_v3 configs turn SP off) but splits the MoE's tokens
+    over tp anyway, which autoplan prices only with SP: each refusal now says whose rule it is."""
+    base = ["--model", "mixtral-8x7b", "--gpus", "16", "--tp", "2", "--pp", "1", "--seq-len", "4096",
+            "--global-batch-size", "64", "--no-sequence-parallel"]
+    why = {"megatron": "moe_layer.py:379-383", "torchtitan": "moe_sharding.py:89-111",
+           "fsdp2": "autoplan prices routed experts at expert-TP 1"}
+    for target, source in why.items():
+        code, err = cli_refusal_or_plan(["estimate", *base, "--target", target])
+        assert code == 2 and f"({target}: " in err and source in err and "Megatron rule" not in err, err
+        assert err.strip().endswith("valid: sequence_parallel on, tp=1"), err
+    assert cli_refusal_or_plan(["estimate", *base[:-1], "--target", "torchtitan"])[0] == 0
+
+
 def test_mtp_override_on_a_hybrid_and_stage_sizes_past_the_model() -> None:
     """--mtp-layers 1 on a hybrid quoted "(got ModelSpec(name='nemotron-h-8b', num_layers=52, ...)"; a first stage
     larger than the model said it would "leave -6 of num_layers=24 for 1 middle stages"."""

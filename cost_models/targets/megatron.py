@@ -176,6 +176,8 @@ class MegatronProfile(TargetProfile):
     # SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
     # (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70): validate.check_parallel, search.space
     sp_even_tokens = True
+    # MoELayer.forward raises in training when the attention TP group has > 1 rank and SP is off
+    moe_sp_source = "megatron-core 0.16.1 transformer/moe/moe_layer.py:379-383"
     zero_stages = (1, 0, 2, 3)
     cp_comm_types = ("p2p", "a2a", "allgather", "a2a+p2p")
     # Megatron-Core 0.16.1: TransformerConfig accepts num_query_groups a multiple or a divisor of tp

@@ -61,6 +61,11 @@ class TorchtitanProfile(TargetProfile):
     # TP plan of models/llama3/infra/parallelize.py: wq/wk/wv ColwiseParallel (KV heads split: n_kv_heads % tp == 0),
     # SequenceParallel norms whenever tp > 1, loss parallel unless --parallelism.disable_loss_parallel.
     sequence_parallel = "forced"
+    # torchtitan runs MoE under TP without SP (parallelism.enable_sequence_parallel, config/configs.py:160; its
+    # deepseek_v3 configs turn it off), splitting the MoE's tokens over the TP axis whenever EP is on
+    # (models/common/moe_sharding.py:89-111 @ 0.3.0); autoplan prices that split only with SP on
+    moe_sp_source = ("torchtitan 0.3.0 splits MoE tokens over the tp axis with EP on whether or not SP is "
+                     "(models/common/moe_sharding.py:89-111); autoplan prices that split only with SP on")
     loss_modes = ("F", "R")
     kv_modes = ("shard",)
     kv_source = f"{TT}models/llama3/infra/parallelize.py (wk/wv ColwiseParallel)"
