@@ -16,6 +16,7 @@ asynchronously ahead of the GPU, so launch latency (a few µs each) hides behind
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -147,16 +148,36 @@ def _megatron_expert_pieces() -> dict[str, tuple[float, float]]:
             "mcore_expert_bias_fp32_probs": bias(torch.float32)}
 
 
+def _megatron_yarn_rope() -> dict[str, tuple[float, float]]:
+    """Megatron-Core 0.16.1's RoPE where YaRN's concentration factor is not 1 (GPT-OSS: 0.1 ln 32 + 1): TE's fused
+    RoPE is dropped for ``_apply_rotary_pos_emb_bshd`` (the installed code), per q/k element; the cos/sin of the
+    [s, 1, 1, d] frequencies round away at a real batch x heads."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    bf16 = dict(dtype=torch.bfloat16, requires_grad=True)
+    s, b, heads, kv, hd = 128, 8, 64, 8, 64  # GPT-OSS's heads; the frequencies' share is 0.2%
+    q, k = torch.randn(s, b, heads, hd, **bf16), torch.randn(s, b, kv, hd, **bf16)
+    freqs, factor = torch.rand(s, 1, 1, hd), 0.1 * math.log(32.0) + 1.0
+
+    def rope(a: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (rope_utils._apply_rotary_pos_emb_bshd(a, freqs, mscale=factor),
+                rope_utils._apply_rotary_pos_emb_bshd(c, freqs, mscale=factor))
+
+    return {"mcore_yarn_rotary": eager_bytes(rope, (q, k), q.numel() + k.numel())}
+
+
 def counted_megatron() -> dict[str, tuple[float, float]]:
-    """``_megatron_expert_pieces`` (bytes per element of the fc1 output / fc2 output)."""
-    return _megatron_expert_pieces()
+    """``_megatron_expert_pieces`` (bytes per element of the fc1 output / fc2 output) and ``_megatron_yarn_rope``
+    (per q/k element)."""
+    return {**_megatron_expert_pieces(), **_megatron_yarn_rope()}
 
 
 def priced_megatron() -> dict[str, tuple[float, float]]:
     from cost_models import op_traffic as L
 
     return {"mcore_expert_clamp": L.MCORE_EXPERT_CLAMP_BYTES, "mcore_expert_bias": L.MCORE_EXPERT_BIAS_BYTES["bf16"],
-            "mcore_expert_bias_fp32_probs": L.MCORE_EXPERT_BIAS_BYTES["fp32"]}
+            "mcore_expert_bias_fp32_probs": L.MCORE_EXPERT_BIAS_BYTES["fp32"],
+            "mcore_yarn_rotary": L.MCORE_UNFUSED_ROTARY_BYTES}
 
 
 def main() -> int:

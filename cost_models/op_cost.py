@@ -163,7 +163,8 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
-                                     rt.mcore_expert_glue, rt.moe_dispatcher, rt.target, rt.tp_gather_bytes,
+                                     rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher,
+                                     rt.target, rt.tp_gather_bytes,
                                      rt.tp_grad_gather_bytes)  # the last two: torchao_cast_after_gather
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 

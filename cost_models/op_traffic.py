@@ -79,6 +79,12 @@ MCORE_EXPERT_CLAMP_BYTES = (8.0, 13.5)
 #   (hidden wide), by the dtype of the routing probs: bf16 from the alltoall dispatcher (the router's dtype), fp32
 #   from DeepEP / HybridEP, which upcast them (token_dispatcher.py:1028-1034, 1173-1179).
 MCORE_EXPERT_BIAS_BYTES = {"bf16": (12.0, 16.0), "fp32": (28.0, 40.0)}
+# - RoPE under YaRN (``Runtime.mcore_yarn_unfused_rope``): with a concentration factor != 1 (GPT-OSS: 1.347)
+#   ``apply_rotary_pos_emb`` falls back from TE's fused RoPE to ``_apply_rotary_pos_emb_bshd``
+#   (models/common/embeddings/rope_utils.py:279-284, 97-125) for q and for k: t*cos (4), rotate_half's neg and cat
+#   (2 + 4), *sin (4), the add (6), the cat with the empty pass-through part (4); backward the two muls, neg, cat,
+#   the slice's zero-fill and two gradient adds. Per q/k element, against the fused kernel's ROTARY_BYTES:
+MCORE_UNFUSED_ROTARY_BYTES = (24.0, 28.0)
 # - the loss ``cross_entropy(pred.flatten(0, 1).float(), labels)`` (torchtitan train.py; not compiled in the 2024-12
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
@@ -135,7 +141,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         if model is not None and (model.learned_position_embeddings or model.arch.no_position_encoding):
             return 0.0, 0.0  # absolute positions are added once at the embedding, or none at all: no rotary kernel
         w = sum(per_rank(x) for x in op.inputs)
-        rb = EAGER_ROTARY_BYTES if eager else ROTARY_BYTES
+        rb = EAGER_ROTARY_BYTES if eager else MCORE_UNFUSED_ROTARY_BYTES if mcore_unfused_rope(rt, model) \
+            else ROTARY_BYTES
         fwd, bwd = rb[0] * w, rb[1] * w
     elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
         w = per_rank(op.output)  # residual / shared-expert add
@@ -205,6 +212,15 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
     return fwd * tokens, bwd * tokens
+
+
+def mcore_unfused_rope(rt: Runtime | None, model: ModelSpec | None) -> bool:
+    """Whether Megatron-Core applies the model's RoPE op by op (``MCORE_UNFUSED_ROTARY_BYTES``): the runtime says so
+    and the model scales standard attention's q/k by a YaRN concentration factor != 1 (MLA has its own fused YaRN
+    RoPE, multi_latent_attention.py:553-564)."""
+    rs = model.arch.rope_scaling if model is not None else None
+    return (rt is not None and rt.mcore_yarn_unfused_rope and model is not None and model.mla is None
+            and rs is not None and abs(rs.attention_factor - 1.0) > 1e-9)
 
 
 def mcore_glue(rt: Runtime | None, model: ModelSpec | None) -> bool:

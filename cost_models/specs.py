@@ -12,6 +12,7 @@ ranks of a stage as ``ep × edp`` (Megatron-Core MoE parallel folding: ``ep`` ma
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Literal
 
@@ -68,6 +69,19 @@ class RopeScaling(_Frozen):
     truncate: bool = Field(default=True, description="yarn only: the ramp's correction range rounded to whole "
                            "dimensions (transformers ``truncate``; Megatron-Core yarn_correction_range_round_to_int); "
                            "GPT-OSS: false")
+
+    @property
+    def attention_factor(self) -> float:
+        """YaRN's concentration factor on the rotated q/k, ``mscale(s, mscale) / mscale(s, mscale_all_dim)``
+        (transformers ``attention_factor``; Megatron-Core ``_yarn_get_concentration_factor``, which falls back to
+        ``mscale(s, 1)`` when the two are unset, the same number for GPT-OSS: 0.1 ln 32 + 1 = 1.347); 1 for llama3."""
+        if self.type != "yarn":
+            return 1.0
+
+        def mscale(m: float) -> float:
+            return 0.1 * m * math.log(self.factor) + 1.0
+
+        return mscale(self.mscale) / mscale(self.mscale_all_dim)
 
 
 class RouterSpec(_Frozen):

@@ -101,3 +101,41 @@ def test_clamp_keeps_a_second_copy_unless_moe_act_recomputes_it() -> None:
     assert op_activation_bytes(act, job, par, rt, graph) == pytest.approx(2 * fc1)
     moe_act = par.model_copy(update={"recompute": "selective", "recompute_modules": ("moe_act",)})
     assert op_activation_bytes(act, job, moe_act, rt, graph) == pytest.approx(fc1)
+
+
+def test_megatron_core_drops_fused_rope_under_yarn() -> None:
+    """What MCORE_UNFUSED_ROTARY_BYTES prices is what megatron-core 0.16.1 does: standard attention passes YaRN's
+    concentration factor as ``mscale`` to ``apply_rotary_pos_emb``, which leaves TE's fused RoPE for the op-by-op
+    ``_apply_rotary_pos_emb_bshd`` when it is not 1; GPT-OSS's factor (Bridge's provider leaves yarn_mscale unset)
+    is the catalog's ``attention_factor``."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import _yarn_get_concentration_factor
+    from megatron.core.transformer import attention
+
+    src = inspect.getsource(rope_utils.apply_rotary_pos_emb)
+    fused = src.split("if config.apply_rope_fusion:")[1].split("# use unfused implementation")[0]
+    assert "if mscale != 1.0:" in fused and "use_unfused = True" in fused
+    assert "mscale=_yarn_get_concentration_factor_from_config(self.config)" in inspect.getsource(
+        attention.Attention.forward)
+    rs = load_model("gpt-oss-120b").arch.rope_scaling
+    assert rs.attention_factor == pytest.approx(_yarn_get_concentration_factor(32.0, None, None))
+    assert rs.attention_factor == pytest.approx(1.3466, abs=1e-4)
+
+
+def test_worked_rope_bytes_gpt_oss_120b() -> None:
+    """gpt-oss-120b at tp 1, 4 x 4096 tokens: q (64 x 64) and k (8 x 64) per token through the op-by-op RoPE, 24 bytes
+    per element forward and 28 backward (the fused kernel's 4 and 4); not under torchtitan, not for a model
+    without YaRN (Qwen3-235B) nor for MLA's own fused YaRN RoPE (DeepSeek-V3)."""
+    model, graph, job, par, rt = _layer("gpt-oss-120b")
+    assert rt.mcore_yarn_unfused_rope
+    rot = next(o for o in graph.ops if o.name == "rotary")
+    elems = (64 * 64 + 8 * 64) * 4 * 4096
+    assert L.op_traffic_bytes(rot, graph, model, job, par, rt) == pytest.approx((24.0 * elems, 28.0 * elems))
+    off = replace(rt, mcore_yarn_unfused_rope=False)
+    assert L.op_traffic_bytes(rot, graph, model, job, par, off) == pytest.approx((4.0 * elems, 4.0 * elems))
+    assert not runtime_for("torchtitan", job, build_cluster("b200", 64), par).mcore_yarn_unfused_rope
+    for name in ("qwen3-235b-a22b", "deepseek-v3"):
+        other = load_model(name)
+        g = layer_graph(other, "moe", job.seq_len)
+        for op in g.ops:
+            assert L.op_traffic_bytes(op, g, other, job, par, rt) == L.op_traffic_bytes(op, g, other, job, par, off)

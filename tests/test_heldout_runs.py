@@ -92,8 +92,10 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # s7-a2a: the dropless dispatcher's per-layer host sync priced (ep_comm.host_bound_s) and the host cost refitted
 # 0.69 -> 0.541 ms: bridge2 12.0 -> 10.9% (worst 38.6 -> 36.7%), gptoss 28.1 -> 27.5%, more_runs.json 9.9 -> 10.4% (worse:
 # its host-bound A2A-overlap rows and 25.09 token-drop rows at the lower cost; worst 61.6 -> 63.3%, Qwen3-30B H100 overlap).
+# s9-gptoss: Megatron-Core's op-by-op RoPE under YaRN (op_traffic.MCORE_UNFUSED_ROTARY_BYTES) priced: gptoss
+# 26.5 -> 25.1% (worst 53.8 -> 52.9%); no other file moves (GPT-OSS is the only held-out standard-attention YaRN model).
 GUARDS = {"more_runs.json": (0.104, 0.633), "more_runs_bridge2.json": (0.109, 0.367),
-          "more_runs_torchtitan.json": (0.201, 0.550), "more_runs_gptoss.json": (0.275, 0.546)}
+          "more_runs_torchtitan.json": (0.201, 0.550), "more_runs_gptoss.json": (0.251, 0.529)}
 MARGIN = 0.02
 
 

@@ -26,6 +26,7 @@ PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["n
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
           "mcore_expert_glue", "moe_dispatcher",  # GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
+          "mcore_yarn_unfused_rope",  # YaRN's op-by-op RoPE (op_traffic.MCORE_UNFUSED_ROTARY_BYTES)
           "tp_gather_bytes", "tp_grad_gather_bytes"}  # a torchao cast after a bf16 TP all-gather runs unfused
 
 

@@ -457,7 +457,8 @@ def yarn_not_emitted(m: Any) -> str:
             "tokens) is not emitted: Megatron-LM 0.16.1's command line has YaRN only for MLA (arguments.py:1357; "
             "megatron-core's GPTModel has position_embedding_type 'yarn', which Megatron-Bridge sets); the run "
             f"trains plain RoPE (base {m.arch.rope_theta:g}) without YaRN's frequency ramp and attention-logit "
-            f"factor: the same cost, another function")
+            f"factor: another function, priced as megatron-core runs YaRN (its RoPE op by op, rope_utils.py:279-284: "
+            "slightly above the emitted plain RoPE's fused kernel)")
 
 
 def notes(plan: EmitPlan) -> list[str]:

@@ -193,6 +193,10 @@ class Runtime:
     # Megatron-Core's grouped experts clamp the activation and add fc2's bias in eager PyTorch (op_traffic
     # MCORE_EXPERT_*; only a model with a clamp / expert biases pays them): the megatron target's fact
     mcore_expert_glue: bool = False
+    # Megatron-Core applies RoPE op by op, whatever apply_rope_fusion says, where YaRN scales the rotated q/k
+    # (op_traffic.MCORE_UNFUSED_ROTARY_BYTES; only a standard-attention YaRN model with a concentration factor
+    # != 1 pays it): the megatron target's fact
+    mcore_yarn_unfused_rope: bool = False
     env: tuple[tuple[str, str], ...] = ()  # launch environment the framework requires
     notes: tuple[str, ...] = ()  # how the target runs what was asked (shown with the prediction)
     # ---- memory facts (cost_models.memory reads them; defaults = Megatron-Core with Transformer Engine) ----

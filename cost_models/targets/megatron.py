@@ -488,6 +488,10 @@ class MegatronProfile(TargetProfile):
             # TEGroupedMLP (megatron/core/transformer/moe/experts.py:681-706, 609-626, 758): the activation clamp
             # ahead of the fused quick-GeGLU and fc2's per-expert bias run op by op (op_traffic.MCORE_EXPERT_*)
             mcore_expert_glue=True,
+            # apply_rotary_pos_emb drops TE's fused RoPE when YaRN's concentration factor is not 1
+            # (megatron/core/models/common/embeddings/rope_utils.py:279-284, the mscale attention.py:1102/1115
+            # passes): q and k go through _apply_rotary_pos_emb_bshd op by op (op_traffic.MCORE_UNFUSED_ROTARY_BYTES)
+            mcore_yarn_unfused_rope=True,
             tp_comm_overlap=k.get("tp_comm_overlap", tp_sp and (par is None or par.tp > 1) and not fp4),
             fp8_recipe=fp8_recipe,
             adam_moments_dtype=moments,
