@@ -39,7 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoplan.catalog import load_model
-from autoplan.catalog.registry import resolve_over
+from autoplan.catalog.registry import gpu_efficiency, resolve_over
 from autoplan.catalog.spec_file import describe_validation_error
 from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
@@ -336,7 +336,7 @@ def fit_joint(runs: Sequence[ResolvedRun], start: Efficiency, fields: Iterable[s
 
     def log_pred(u: np.ndarray) -> np.ndarray:
         e = effs(u)
-        return np.log([r.predict(e[framework_of(r.target) or "megatron"]) for r in runs])
+        return np.log([r.predict(on_gpu(e[framework_of(r.target) or "megatron"], r)) for r in runs])
 
     base = log_pred(u0)
     keep = []
@@ -375,6 +375,16 @@ def fit_joint(runs: Sequence[ResolvedRun], start: Efficiency, fields: Iterable[s
 
 def _over(base: Efficiency, entry: dict[str, Any]) -> Efficiency:
     return base.model_copy(update=resolve_over(base, entry))
+
+
+def on_gpu(eff: Efficiency, run: ResolvedRun) -> Efficiency:
+    """A generation's (and framework's) efficiency as it prices ``run``: with the run's GPU's own facts over it
+    (gpus.yaml ``gpu_efficiency``, e.g. MI325X's sustained-clock GEMM ratio to MI300X), as ``build_cluster`` resolves
+    a cluster. ``fit_joint`` fits generation values; a run on a GPU with such an entry sees them through it. The
+    entry's ratios and a framework's multiply, and their absolute fields are disjoint, so applying it last is the
+    catalog's order (GPU, then framework)."""
+    own = gpu_efficiency(run.cluster.gpu.name)
+    return _over(eff, own) if own else eff
 
 
 def framework_entry(values: dict[str, float], base: Efficiency, ndigits: int | None = None) -> dict[str, Any]:

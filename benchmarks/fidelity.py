@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
-                                fit, fit_joint, framework_entry, leave_one_out, resolve_run)
+                                fit, fit_joint, framework_entry, leave_one_out, on_gpu, resolve_run)
 from autoplan.catalog.registry import (efficiency_catalog, efficiency_for, framework_efficiency,  # noqa: E402
                                        load_gpu, resolve_over)
 from cost_models.attention_cost import ATTN_BWD_FACTOR  # noqa: E402
@@ -685,7 +685,7 @@ def _gen_gpu(runs: list[ResolvedRun], gen: str) -> Any:
 def predict_with(run: ResolvedRun, params: Params) -> float:
     gen_eff, fw = params
     eff = gen_eff[run.cluster.gpu.generation]  # a framework's ratios apply to the run's generation, as the catalog's
-    return run.predict(eff.model_copy(update=resolve_over(eff, fw.get(framework_of(run.target), {}))))
+    return run.predict(on_gpu(eff.model_copy(update=resolve_over(eff, fw.get(framework_of(run.target), {}))), run))
 
 
 def leave_one_group_out(runs: list[tuple[dict[str, Any], ResolvedRun]]) -> dict[str, float]:

@@ -172,8 +172,21 @@ def test_fidelitys_fit_prices_a_framework_as_the_catalog_does() -> None:
 
     fidelity = load_benchmark("fidelity", "fidelity")
     params = (efficiency_catalog(), {"torchtitan": framework_efficiency("torchtitan")})
-    for gpu in ("mi300x", "b200", "h100-sxm"):
+    for gpu in ("mi300x", "b200", "h100-sxm", "mi325x", "gb300"):  # the last two: GPUs with their own facts
         run = resolve_run(MeasuredRun(**{**CASE, "cluster": {"gpu": gpu, "num_gpus": 64},
                                          "job": {**CASE["job"], "precision": "fp8"}}, measured_step_time_s=1.0,
                                       target="torchtitan", knobs={"compile": True, "fp8_recipe": "rowwise"}))
         assert fidelity.predict_with(run, params) == pytest.approx(run.predict(), rel=1e-12), gpu
+
+
+@pytest.mark.parametrize("gpu", ["mi325x", "gb300", "h100-sxm"])
+def test_the_generation_fit_sees_a_gpus_own_facts(gpu: str) -> None:
+    """``calibrate.fit_joint`` fits a generation's values; a run on a GPU with its own gpus.yaml ``gpu_efficiency``
+    (MI325X's GEMM ratio to MI300X, GB300's to GB200) is priced through that entry, as ``build_cluster`` prices it:
+    at the generation's catalog values the fit's errors are the catalog's own (not MI300X's GEMMs on an MI325X)."""
+    from autoplan.calibrate import fit_joint
+    from autoplan.catalog.registry import efficiency_for
+
+    run = resolve_run(MeasuredRun(**{**CASE, "cluster": {"gpu": gpu, "num_gpus": 64}}, measured_step_time_s=1.0))
+    res = fit_joint([run], efficiency_for(load_gpu(gpu).generation), fields=(), fw_fields=())
+    assert res.mape_before == pytest.approx(abs(run.predict() - 1.0), rel=1e-12)
