@@ -34,9 +34,10 @@ def test_all_published_cases_are_predicted(rows) -> None:  # type: ignore[no-unt
     skipped = fidelity.skipped_cases()
     assert len(cases) == 39
     # plus the more_runs.json groups that joined the calibration set (NeMo 24.07 rows, NeMo 24.03 long sequence)
-    assert len(rows) + len(skipped) == len(fidelity.calibration_cases()) == 39 + 15
+    # and the first measured AMD runs (more_runs_amd.json: 5 MI325X Megatron-Core rows, two sources)
+    assert len(rows) + len(skipped) == len(fidelity.calibration_cases()) == 39 + 15 + 5
     assert len(skipped) <= 1 and all(why for _, why in skipped)
-    assert {r.generation for r in rows} == {"ampere", "hopper"}
+    assert {r.generation for r in rows} == {"ampere", "hopper", "cdna3"}
 
 
 # No exception any more: torchtitan's 8B cp2 at 64k (its measured step grows +53% from 32k to 64k but +137% from 64k
@@ -110,8 +111,8 @@ def test_export_runs_round_trip(tmp_path: Path) -> None:
     from autoplan.calibrate import load_runs
 
     paths = fidelity.export_runs(tmp_path)
-    assert sorted(p.name for p in paths) == ["a100-80g.jsonl", "h100-sxm-96g.jsonl", "h100-sxm.jsonl"]
-    assert sum(len(load_runs(p)) for p in paths) == 39 + 15
+    assert sorted(p.name for p in paths) == ["a100-80g.jsonl", "h100-sxm-96g.jsonl", "h100-sxm.jsonl", "mi325x.jsonl"]
+    assert sum(len(load_runs(p)) for p in paths) == 39 + 15 + 5
 
 
 @pytest.mark.slow
@@ -188,7 +189,7 @@ def test_host_calibration_rows_are_the_moe_rows_without_overlap_of_their_groups(
 def test_leave_one_out_error(rows) -> None:  # type: ignore[no-untyped-def]
     rows = fidelity.evaluate(with_loo=True, with_logo=False)
     loo = [abs(r.loo_error) for r in rows if r.loo_error is not None]
-    assert len(loo) == 25 + 15  # the Megatron-Core runs
+    assert len(loo) == 25 + 15 + 5  # the Megatron-Core runs
     assert sum(loo) / len(loo) <= 0.08
     assert max(loo) <= 0.20
 
@@ -334,7 +335,7 @@ def test_calibration_runs_fit_under_the_default_headroom() -> None:
     """Issue #12: a configuration that really trained is predicted to fit (priced with the knobs its recipe states:
     Nemotron-4 340B with the bf16 gradients and bf16 Adam moments of NeMo 24.07's recipe, resolutions.json)."""
     rows = fidelity.calibration_fits()
-    assert len(rows) == 38 + 15
+    assert len(rows) == 38 + 15 + 5
     over = [(cid, round(gib, 2), limit) for cid, gib, limit, fits in rows if not fits]
     assert not over, over
     assert "predicted to fit" in fidelity.render_fits(rows)

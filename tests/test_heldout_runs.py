@@ -94,8 +94,12 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # its host-bound A2A-overlap rows and 25.09 token-drop rows at the lower cost; worst 61.6 -> 63.3%, Qwen3-30B H100 overlap).
 # s9-gptoss: Megatron-Core's op-by-op RoPE under YaRN (op_traffic.MCORE_UNFUSED_ROTARY_BYTES) priced: gptoss
 # 26.5 -> 25.1% (worst 53.8 -> 52.9%); no other file moves (GPT-OSS is the only held-out standard-attention YaRN model).
+# s9-amd: cdna3 fitted on 5 MI325X Megatron-Core runs (more_runs_amd.json; fp8 1.82 -> 1.30, attention 0.45 -> 0.39):
+# the held-out torchao MI300X rows -41.6% -> -35.8%, torchtitan 20.1% -> 18.3%; more_runs_amd.json's one held-out
+# row (Mixtral 8x7B bf16, EP 8, Primus) -42.2%.
 GUARDS = {"more_runs.json": (0.104, 0.633), "more_runs_bridge2.json": (0.109, 0.367),
-          "more_runs_torchtitan.json": (0.201, 0.550), "more_runs_gptoss.json": (0.251, 0.529)}
+          "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
+          "more_runs_amd.json": (0.422, 0.422)}
 MARGIN = 0.02
 
 
