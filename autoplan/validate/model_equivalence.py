@@ -10,7 +10,6 @@ flavor (``torchtitan_equivalence``). Needs the ``validate`` extra. Rows: (model,
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -93,10 +92,8 @@ def _init_megatron() -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29561")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not dist.is_initialized():  # one process: an in-memory store, no TCP port to collide with another check
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(1, 1)
 
