@@ -180,6 +180,12 @@ class ArchSpec(_Frozen):
                                        "Megatron --position-embedding-type none)")
     norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
     qk_norm: bool = Field(default=False, description="per-head RMSNorm on queries and keys (Qwen3)")
+    qk_norm_per_head: bool = Field(default=True, description="with qk_norm: one RMSNorm of head_dim applied to each "
+                                   "head (Qwen3, GLM-4.5; Megatron --qk-layernorm); false: one RMSNorm over the whole "
+                                   "q and k projections (OLMoE: q_norm over heads*head_dim, k_norm over "
+                                   "kv_heads*head_dim), which Megatron-LM has no flag for")
+    qkv_clip: float | None = Field(default=None, gt=0, description="q, k and v clamped to [-c, c] after their "
+                                   "projections (OLMoE clip_qkv); None = no clamp")
     sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens "
                                        "(Mistral 7B v0.1: every layer); None = full attention")
     full_attention_every: int = Field(default=0, ge=0, description="with sliding_window: every N-th layer "

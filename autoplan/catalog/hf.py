@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``). Each family's key names and defaults follow its ``transformers``
+deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
+glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
 - **MLA** (deepseek_v2/v3): parameters and FLOPs are exact through ``ModelSpec.mla``; for sharding and
@@ -499,6 +500,79 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
     return fields | _moe_fields(c, n, list(range(n)), num_experts=experts, moe_top_k=top_k)
 
 
+def _glm4_moe(c: _Config) -> dict[str, Any]:
+    """GLM-4.5 / 4.6 / 4.7 (transformers ``Glm4MoeConfig`` / ``modeling_glm4_moe``): a Llama-style decoder whose
+    q/k/v projections carry a bias iff ``attention_bias`` (o_proj never: ``Glm4MoeAttention``), with a per-head q/k
+    RMSNorm iff ``use_qk_norm``, RoPE on the first ``partial_rotary_factor`` of each head (default 0.5, rotate-half:
+    ``apply_rotary_pos_emb``), and layers >= ``first_k_dense_replace`` MoE (``Glm4MoeMoE``): ``n_routed_experts`` of
+    ``moe_intermediate_size``, one shared MLP of ``n_shared_experts`` x that width, and ``Glm4MoeTopkRouter``: sigmoid
+    scores plus ``e_score_correction_bias`` for selection only, groups (``n_group`` / ``topk_group``) ranked by the sum
+    of their top-2 biased scores, weights renormalized iff ``norm_topk_prob`` and scaled by ``routed_scaling_factor``.
+    ``num_nextn_predict_layers`` multi-token-prediction modules follow the decoder (in the checkpoint; transformers
+    does not build them). Defaults are Glm4MoeConfig's."""
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
+    n = c.layers("num_hidden_layers")
+    rope = _rope(c)
+    fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
+    if rope.setdefault("rotary_fraction", fraction) != fraction:
+        raise UserInputError(f"{c.source}: partial_rotary_factor={fraction!r} and rope_parameters.partial_rotary_factor="
+                             f"{rope['rotary_fraction']!r} disagree; give one of them")
+    arch: dict[str, Any] = {**rope, "norm_eps": c.float("rms_norm_eps", 1e-5),
+                            "qk_norm": bool(c.get("use_qk_norm", False)),
+                            "activation": _activation(c, "hidden_act", "silu"),
+                            "attention_dropout": c.float("attention_dropout", 0.0),
+                            "mtp_layers": c.int("num_nextn_predict_layers", "num_mtp_layers", default=1)}
+    experts, top_k = c.int("n_routed_experts", "num_local_experts", default=128), c.int("num_experts_per_tok", default=8)
+    first_k = c.int("first_k_dense_replace", default=1)
+    moe_layers = [i for i in range(n) if experts > 0 and i >= first_k]
+    if moe_layers:
+        groups, group_k = c.int("n_group", default=1, minimum=1), c.int("topk_group", default=1)
+        grouped = groups > 1
+        if grouped and top_k // max(group_k, 1) != 2:  # HF: .topk(2) per group; Megatron: topk // group_topk
+            warnings.warn(f"{c.source}: n_group={groups}, topk_group={group_k}, num_experts_per_tok={top_k}: "
+                          "Glm4MoeTopkRouter ranks groups by the sum of their top-2 scores, Megatron-Core by the sum "
+                          f"of their top {top_k // max(group_k, 1)} (moe_utils.py:552-554 at core_v0.16.1)",
+                          HFConfigWarning, stacklevel=3)
+        # The config states no load-balancing loss: Megatron-Bridge's GLMMoEModelProvider trains GLM-4.5 with a
+        # sequence-level aux loss of 1e-3 beside the expert bias (src/megatron/bridge/models/glm/glm45_provider.py).
+        arch["router"] = {"score_function": "sigmoid", "norm_top_k": bool(c.get("norm_topk_prob", True)),
+                          "expert_bias": True, "num_groups": groups if grouped else 0,
+                          "group_top_k": group_k if grouped else 0,
+                          "top_k_scaling": c.float("routed_scaling_factor", 1.0),
+                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-3}
+    else:
+        c.seen("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
+    fields = {"arch": arch, **_decoder_shape(c, n, hidden, heads), "qkv_bias": bool(c.get("attention_bias", False))}
+    width = c.int("moe_intermediate_size", default=1408, minimum=1)
+    return fields | _moe_fields(c, n, moe_layers, num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width,
+                                num_shared_experts=c.int("n_shared_experts", default=1))
+
+
+def _olmoe(c: _Config) -> dict[str, Any]:
+    """OLMoE (transformers ``OlmoeConfig`` / ``modeling_olmoe``): every layer MoE, ``num_experts`` SwiGLU experts of
+    ``intermediate_size``, softmax over all experts then top-k, renormalized iff ``norm_topk_prob`` (default false:
+    ``OlmoeTopKRouter``), a batch load-balancing loss of ``router_aux_loss_coef``. ``OlmoeAttention``: q_norm and
+    k_norm are RMSNorms over the whole q / k projections (``ArchSpec.qk_norm_per_head`` false), q, k, v clamped to
+    ``clip_qkv``, a bias on all four projections iff ``attention_bias``."""
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
+    n = c.layers("num_hidden_layers")
+    clip = c.get("clip_qkv", None)
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
+        raise c.error("clip_qkv", clip, "a positive number or null")
+    attention_bias = bool(c.get("attention_bias", False))
+    if attention_bias:
+        warnings.warn(f"{c.source}: attention_bias=true also puts a bias on OLMoE's o_proj ({hidden} weights per "
+                      "layer); autoplan's models (and Megatron's --add-qkv-bias) have biases on q/k/v only",
+                      HFConfigWarning, stacklevel=3)
+    arch = {**_llama_arch(c, n, qwen=False, qk_norm=True, window=False), "norm_eps": c.float("rms_norm_eps", 1e-5),
+            "qk_norm_per_head": False, "qkv_clip": None if clip is None else float(clip),
+            "router": _router(c, coeff_key="router_aux_loss_coef", coeff_default=0.01, norm_default=False)}
+    fields = {"arch": arch, **_decoder_shape(c, n, hidden, heads), "qkv_bias": attention_bias}
+    return fields | _moe_fields(c, n, list(range(n)), num_experts=c.int("num_experts", "num_local_experts", default=64,
+                                                                          minimum=1),
+                                moe_top_k=c.int("num_experts_per_tok", default=8))
+
+
 # transformers NemotronHConfig layer types (and the legacy names remap_legacy_layer_types accepts) -> Megatron-Core's
 # hybrid symbols (NemotronHConfig._list_to_pattern)
 _NEMOTRON_H_LAYERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
@@ -716,11 +790,13 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "deepseek_v3": _deepseek,
     "gpt2": _gpt2,
     "gpt_oss": _gpt_oss,
+    "glm4_moe": _glm4_moe,
     "gpt_neox": _gpt_neox,
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
     "nemotron_h": _nemotron_h,
+    "olmoe": _olmoe,
     "qwen2": _qwen2,
     "qwen2_moe": lambda c: _qwen_moe(c, qkv_bias=True, qk_norm=False),
     "qwen3": _qwen3,
