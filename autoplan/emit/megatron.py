@@ -223,7 +223,9 @@ def model_args(plan: EmitPlan) -> list[str]:
     add("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")
     add("--norm-epsilon", arch.norm_eps)
     if arch.qk_norm or m.mla is not None:
-        add("--qk-layernorm")  # Qwen3 per-head q/k RMSNorm; for MLA the q/kv latent RMSNorms (always in DeepSeek)
+        # Qwen3 / GLM per-head q/k RMSNorm; for MLA the q/kv latent RMSNorms (always in DeepSeek). A norm over the
+        # whole projection (OLMoE) gets the per-head one, with a WARNING (``unbuilt_facts``).
+        add("--qk-layernorm")
     add("--attention-dropout", arch.attention_dropout)
     add("--hidden-dropout", arch.hidden_dropout)
     if not m.linear_bias:
@@ -461,11 +463,29 @@ def yarn_not_emitted(m: Any) -> str:
             "slightly above the emitted plain RoPE's fused kernel)")
 
 
+def unbuilt_facts(m: Any) -> list[str]:
+    """WARNINGs for the model's attention facts Megatron-LM 0.16.1 has no flag for: megatron-core's q/k layernorm is
+    one norm of kv_channels applied to every head (``SelfAttention`` builds ``q_layernorm`` with
+    ``hidden_size=self.hidden_size_per_attention_head``, transformer/attention.py:1280-1288), and no clamp of q, k, v
+    exists."""
+    a, out = m.arch, []
+    if a.qk_norm and not a.qk_norm_per_head and m.mla is None:
+        out.append(f"WARNING: {m.name}'s q/k RMSNorms normalize the whole projection (q over {m.q_dim}, k over "
+                   f"{m.kv_dim} channels; OLMoE); Megatron-LM's --qk-layernorm, emitted instead, normalizes each "
+                   f"head over its {m.head_dim_resolved} channels (megatron/core/transformer/attention.py:1280-1288): the same "
+                   "cost, another function, and per-head norm weights instead of per-channel ones")
+    if a.qkv_clip is not None:
+        out.append(f"WARNING: {m.name} clamps q, k and v to [-{a.qkv_clip:g}, {a.qkv_clip:g}] after their projections "
+                   "(clip_qkv); Megatron-LM has no such clamp: the emitted run trains without it")
+    return out
+
+
 def notes(plan: EmitPlan) -> list[str]:
     par, out = plan.parallel, []
     m = plan.model
     if yarn_not_emitted(m):
         out.append(yarn_not_emitted(m))
+    out.extend(unbuilt_facts(m))
     if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
         out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "
                    "is legacy-model only); it trains with erf GELU")

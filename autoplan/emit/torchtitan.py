@@ -144,6 +144,10 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
     t, arch, out = titan_model(m), m.arch, {}
     differ = [f"{k} {ours!r} (torchtitan: {theirs!r})" for k, ours, theirs in
               zip(ATTENTION_FACTS, attention_facts(m), t.attention) if ours != theirs]
+    if not arch.qk_norm_per_head and arch.qk_norm:
+        differ.append("q/k norm over the whole projection (torchtitan: per head or none)")
+    if arch.qkv_clip is not None:
+        differ.append(f"q/k/v clamp {arch.qkv_clip:g} (torchtitan: none)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
                                     f"{', '.join(differ)}; use --target megatron")
