@@ -145,7 +145,11 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "is_hybrid_model": cfg.is_hybrid_model, "hybrid_override_pattern": args.hybrid_override_pattern,
             "mamba": [cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_dim, cfg.mamba_num_groups],
             "moe_latent_size": cfg.moe_latent_size, "position_embedding_type": args.position_embedding_type,
-            "spec": args.spec}}
+            "spec": args.spec, "rotary_percent": args.rotary_percent, "kv_channels": cfg.kv_channels,
+            "add_qkv_bias": cfg.add_qkv_bias, "moe_router_topk_scaling_factor": cfg.moe_router_topk_scaling_factor,
+            "moe_router_pre_softmax": cfg.moe_router_pre_softmax,
+            "moe_shared_expert_intermediate_size": cfg.moe_shared_expert_intermediate_size,
+            "moe_layer_freq": cfg.moe_layer_freq, "untie": args.untie_embeddings_and_output_weights}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:

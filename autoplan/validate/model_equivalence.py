@@ -40,6 +40,8 @@ def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
         base = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
         dim = getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None) or \
             cfg.hidden_size // cfg.num_attention_heads
+        # partial rotary (GLM-4.5: 0.5): modeling_rope_utils' dim = int(head_dim * partial_rotary_factor)
+        dim = int(dim * float(rope.get("partial_rotary_factor", 1.0)))
         import torch
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         scaling = 1.0
@@ -78,6 +80,12 @@ def _hf_router(c: dict[str, Any]) -> dict[str, Any] | None:
     experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
     if not experts:
         return None
+    if c.get("model_type") == "glm4_moe":  # Glm4MoeTopkRouter: sigmoid + e_score_correction_bias, always grouped
+        groups = c.get("n_group", 1)
+        return {"experts": experts, "top_k": c.get("num_experts_per_tok", 8), "score": "sigmoid", "groups": groups,
+                "group_top_k": c.get("topk_group", 1) if groups > 1 else 1, "expert_bias": True,
+                "scale": c.get("routed_scaling_factor", 1.0), "renormalize": bool(c.get("norm_topk_prob", True)),
+                "aux_coeff": None}  # no load-balancing loss in the config (or in transformers' model)
     return {"experts": experts, "top_k": c["num_experts_per_tok"], "score": c.get("scoring_func", "softmax"),
             "groups": c.get("n_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
             "group_top_k": c.get("topk_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
