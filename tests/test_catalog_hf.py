@@ -21,7 +21,8 @@ CATALOG_FILES = {
     "llama3.1-70b": "llama3.1-70b", "llama3-405b": "llama3.1-405b", "mistral-7b": "mistral-7b",
     "mixtral-8x7b": "mixtral-8x7b", "mixtral-8x22b": "mixtral-8x22b", "qwen3-235b-a22b": "qwen3-235b-a22b",
     "deepseek-v3": "deepseek-v3", "gpt-oss-120b": "gpt-oss-120b", "gpt-oss-20b": "gpt-oss-20b",
-    "nemotron-3-nano-30b-a3b": "nemotron-3-nano-30b-a3b",
+    "nemotron-3-nano-30b-a3b": "nemotron-3-nano-30b-a3b", "glm-4.5": "glm-4.5", "glm-4.5-air": "glm-4.5-air",
+    "olmoe-1b-7b": "olmoe-1b-7b-0924",
 }
 # one published config per supported model_type
 BY_TYPE = {json.loads(p.read_text())["model_type"]: p.stem for p in sorted(HF.glob("*.json"))}
