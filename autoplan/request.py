@@ -60,7 +60,9 @@ def with_mtp_layers(model: ModelSpec, mtp_layers: int | None) -> ModelSpec:
         return model
     data = model.model_dump()
     data["arch"]["mtp_layers"] = mtp_layers
-    try:  # validated: ModelSpec's own rules (a hybrid stack has no MTP) speak, not a later copy of the spec
+    if not mtp_layers:  # without MTP: no block (a hybrid stack's mtp_pattern) and no repeated module either
+        data["arch"] |= {"mtp_pattern": None, "mtp_repeated": False}
+    try:  # validated: ModelSpec's own rules (a hybrid stack's MTP needs its block) speak, not a later copy
         return ModelSpec.model_validate(data)
     except ValidationError as err:
         why = str(err.errors()[0]["msg"]).removeprefix("Value error, ")

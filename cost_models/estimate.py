@@ -22,7 +22,7 @@ from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unprice
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
-from cost_models.mtp import mtp_layer_kind, mtp_projection_flops_per_token, mtp_projection_time_s
+from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.muon import optimizer_step_s
 from cost_models.op_cost import model_flops_per_token
 from cost_models.op_traffic import memory_traffic_bytes
@@ -109,6 +109,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         # whether its framework runs it (Megatron does; no profile, as for ``any``: Megatron's rules).
         check_parallel(model, cluster, job, par,
                        allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
+        # a model the target's software version cannot build (a hybrid stack's MTP before Megatron-Core 0.17)
+        if prof is not None and (err := prof.model_runtime_error(model, runtime)) is not None:
+            raise err
     weights = weights or CostWeights()
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)
@@ -129,8 +132,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
-            add_layers(parts, costs[mtp_layer_kind(model)], model.arch.mtp_layers,  # last rank or a layout's
-                       *mtp_projection_time_s(model, cluster, job, par))               # standalone MTP stage
+            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)  # last rank or a layout's
+            for j, k in enumerate(mtp_block_kinds(model)):                       # standalone MTP stage
+                add_layers(parts, costs[k], model.arch.mtp_layers, *((proj_gemm, proj_tp) if j == 0 else ()))
         stage_parts.append(parts)
     if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
         stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}
@@ -330,7 +334,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
 
 def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: JobSpec) -> float:
     per_token = model_flops_per_token(graphs["head"])
-    per_token += model.arch.mtp_layers * (per_token + model_flops_per_token(graphs[mtp_layer_kind(model)]))
+    per_token += model.arch.mtp_layers * (per_token + sum(model_flops_per_token(graphs[k])
+                                                          for k in mtp_block_kinds(model)))
     per_token += mtp_projection_flops_per_token(model)
     for i in range(model.num_layers):
         per_token += model_flops_per_token(graphs[layer_kind(model, i)])

@@ -49,7 +49,7 @@ import numpy as np
 
 from cost_models.mamba import cp_a2a_widths
 from cost_models.muon import optimizer_state_bytes
-from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind,
+from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params,
                              mtp_projection_saved_bytes, mtp_stage_params)
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
 from cost_models.recompute import drops, is_mla, modules_in_effect
@@ -394,8 +394,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if dual:  # a chunk runs on either of the rank's two stages: their mean
         per_mb = per_mb * (layers[stage] + layers[par.pp - 1 - stage]) / (2.0 * max(1, n))
     if standalone and stage == mtp_at:  # the MTP blocks and projections, in flight like the stage's layers
-        mtp_layer = activation_bytes_per_microbatch(graphs[mtp_layer_kind(model)], model, job, par, runtime)
-        per_mb += model.arch.mtp_layers * mtp_layer + mtp_projection_saved_bytes(model, job, par)
+        mtp_block = sum(activation_bytes_per_microbatch(graphs[k], model, job, par, runtime)
+                        for k in mtp_block_kinds(model))
+        per_mb += model.arch.mtp_layers * mtp_block + mtp_projection_saved_bytes(model, job, par)
     transient = 0.0
     if par.recompute == "full" and n:
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
@@ -408,8 +409,9 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         if standalone and not dual:
             head += model.arch.mtp_layers * head  # the MTP heads + losses (their blocks: the MTP stage)
         elif model.arch.mtp_layers:
-            mtp_layer = activation_bytes_per_microbatch(graphs[mtp_layer_kind(model)], model, job, par, runtime)
-            head += mtp_activation_bytes(model, mtp_layer, head, job, par)
+            mtp_block = sum(activation_bytes_per_microbatch(graphs[k], model, job, par, runtime)
+                            for k in mtp_block_kinds(model))
+            head += mtp_activation_bytes(model, mtp_block, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head
     if par.zero_stage == 3:
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)

@@ -11,6 +11,15 @@ stage (``mtp_on_this_rank``, :447-487). Its FLOPs count likewise adds one layer 
 ``2h·h`` projection and one more logit GEMM per MTP layer (megatron/training/training.py:354-358, 556-573).
 So per MTP layer the last stage runs, per micro-batch: one more decoder layer of the last layer's kind, the
 projection, and one more final norm + head + loss (priced by the same functions as the main ones).
+
+A hybrid (Mamba) stack's MTP depth runs a block of hybrid layers instead (``ArchSpec.mtp_pattern``): Megatron-Core
+parses '<main>/<block>/<block>...' (megatron/core/models/hybrid/hybrid_layer_allocation.py:194-277 @ core_v0.18.0;
+megatron/core/ssm/mamba_hybrid_layer_allocation.py from core_v0.17.0rc0) and each MultiTokenPredictionLayer builds a
+``HybridStack`` of that block between the same enorm/hnorm/eh_proj and final norm (multi_token_prediction.py:808-879
+@ core_v0.18.0), on the last pipeline stage (hybrid_model.py:199-212), with the shared output head and loss
+(hybrid_model.py:294-313, 529-540). Each block layer is priced as the main stack's layer of its symbol
+(``mtp_block_kinds``). Under ``mtp_repeated`` (mtp_use_repeated_layer) one module's weights serve every depth
+(multi_token_prediction.py:1537-1547, 1617-1618): compute per depth, weights once (``ModelSpec.mtp_weight_copies``).
 """
 
 from __future__ import annotations
@@ -18,25 +27,32 @@ from __future__ import annotations
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import matmul_time_s
 from cost_models.knob_effects import tp_overlap_mode
-from cost_models.opgraph import BF16, LayerKind, layer_kind
+from cost_models.opgraph import BF16, HYBRID_KINDS, LayerKind, layer_kind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.tp_comm import tp_collectives
 
 
-def mtp_layer_kind(model: ModelSpec) -> LayerKind:
-    """The MTP block is built from the last decoder layer's spec (MoE for DeepSeek-V3)."""
-    return layer_kind(model, model.num_layers - 1)
+def mtp_block_kinds(model: ModelSpec) -> list[LayerKind]:
+    """The layer kinds of one MTP depth's block: a hybrid stack's ``mtp_pattern``, else the last decoder layer's
+    kind (built from its spec: MoE for DeepSeek-V3); [] without MTP."""
+    if not model.arch.mtp_layers:
+        return []
+    if model.arch.mtp_pattern is not None:
+        return [HYBRID_KINDS[s] for s in model.arch.mtp_pattern]  # type: ignore[misc]
+    return [layer_kind(model, model.num_layers - 1)]
 
 
 def mtp_stage_params(model: ModelSpec, tp: int, ep: int) -> tuple[float, float, float]:
-    """(dense, expert, largest unit) parameters one last-stage rank holds for all MTP modules: the block sharded as
-    a decoder layer (``memory.stage_params``), ``eh_proj`` column-parallel over TP, the three norms replicated."""
-    n = model.arch.mtp_layers
+    """(dense, expert, largest unit) parameters one last-stage rank holds for all MTP modules: each block layer
+    sharded as a decoder layer (``memory.stage_params``), ``eh_proj`` column-parallel over TP, the three norms
+    replicated; ``ModelSpec.mtp_weight_copies`` modules hold them."""
+    n = model.mtp_weight_copies
     if not n:
         return 0.0, 0.0, 0.0
-    i, h = model.num_layers - 1, model.hidden_size
-    ex, norms = model.layer_expert_params(i), model.norm_params_per_layer
-    dense = (model.layer_params(i) - ex - norms) / tp + norms + 2 * h * h / tp + 3 * h
+    h = model.hidden_size
+    block = model.mtp_block_layers
+    dense = sum((p - ex - whole) / tp + whole for p, ex, whole in block) + 2 * h * h / tp + 3 * h
+    ex = sum(e for _, e, _ in block)
     return n * dense, n * ex / ep, dense + ex / ep
 
 
@@ -83,19 +99,19 @@ def mtp_projection_time_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     return n * 3 * one, n * comm
 
 
-def mtp_time_s(model: ModelSpec, layer_s: float, head_s: float, cluster: ClusterSpec, job: JobSpec,
+def mtp_time_s(model: ModelSpec, block_s: float, head_s: float, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig) -> float:
-    """What the MTP modules add to the last stage's time per micro-batch: per module one decoder layer of the
-    last layer's kind (``layer_s``, as ``layer_cost`` prices it) and one head + loss (``head_s``), plus the
+    """What the MTP modules add to the last stage's time per micro-batch: per depth its block (``block_s``: its
+    layers as ``layer_cost`` prices them, ``mtp_block_kinds``) and one head + loss (``head_s``), plus the
     projections."""
-    return model.arch.mtp_layers * (layer_s + head_s) + sum(mtp_projection_time_s(model, cluster, job, par))
+    return model.arch.mtp_layers * (block_s + head_s) + sum(mtp_projection_time_s(model, cluster, job, par))
 
 
-def mtp_activation_bytes(model: ModelSpec, layer_bytes: float, head_bytes: float, job: JobSpec,
+def mtp_activation_bytes(model: ModelSpec, block_bytes: float, head_bytes: float, job: JobSpec,
                          par: ParallelConfig) -> float:
-    """What the MTP modules add to the last stage's saved activations per micro-batch: per module one decoder
-    layer's (``layer_bytes``) and one head's (``head_bytes``), plus the projections' inputs."""
-    return model.arch.mtp_layers * (layer_bytes + head_bytes) + mtp_projection_saved_bytes(model, job, par)
+    """What the MTP modules add to the last stage's saved activations per micro-batch: per depth its block's
+    (``block_bytes``) and one head's (``head_bytes``), plus the projections' inputs."""
+    return model.arch.mtp_layers * (block_bytes + head_bytes) + mtp_projection_saved_bytes(model, job, par)
 
 
 def mtp_projection_saved_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:

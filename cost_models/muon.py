@@ -119,11 +119,12 @@ def _moe(model: ModelSpec) -> list[Matrix]:
     return out
 
 
-def layer_matrices(model: ModelSpec, layer: int) -> list[Matrix]:
-    """The Muon parameters of decoder layer ``layer`` (module doc: which and in what shape)."""
+def layer_matrices(model: ModelSpec, layer: int, symbol: str | None = None) -> list[Matrix]:
+    """The Muon parameters of decoder layer ``layer`` (module doc: which and in what shape); ``symbol``: a hybrid
+    layer of that symbol instead (an MTP block's, ``ArchSpec.mtp_pattern``)."""
     h = model.hidden_size
     if model.hybrid_pattern is not None:
-        sym = model.hybrid_pattern[layer]
+        sym = symbol or model.hybrid_pattern[layer]
         if sym == "M":
             mb = model.mamba
             assert mb is not None
@@ -137,12 +138,18 @@ def layer_matrices(model: ModelSpec, layer: int) -> list[Matrix]:
     return _attention(model) + mlp
 
 
+def _mtp_block(model: ModelSpec) -> list[str | None]:
+    """One MTP module's block layers as ``layer_matrices`` symbols: a hybrid ``mtp_pattern``'s, else the last layer."""
+    return list(model.arch.mtp_pattern) if model.arch.mtp_pattern is not None else [None]
+
+
 def mtp_matrices(model: ModelSpec) -> list[Matrix]:
-    """The Muon parameters of the MTP modules (multi_token_prediction.py:410-440): each a decoder layer like the last
-    and ``eh_proj`` (h x 2h, column-parallel); their norms are Adam's."""
-    h = model.hidden_size
-    one = layer_matrices(model, model.num_layers - 1) + [Matrix("eh_proj", h, 2 * h)]
-    return one * model.arch.mtp_layers
+    """The Muon parameters of the MTP modules (multi_token_prediction.py:410-440): each its block (a decoder layer
+    like the last, or a hybrid ``mtp_pattern``) and ``eh_proj`` (h x 2h, column-parallel); their norms are Adam's;
+    ``ModelSpec.mtp_weight_copies`` modules hold weights."""
+    h, last = model.hidden_size, model.num_layers - 1
+    one = [mx for sym in _mtp_block(model) for mx in layer_matrices(model, last, sym)] + [Matrix("eh_proj", h, 2 * h)]
+    return one * model.mtp_weight_copies
 
 
 def _stage_matrices(model: ModelSpec, layer_ids: Sequence[int], mtp: bool) -> list[Matrix]:
@@ -224,14 +231,14 @@ def ping_pong_max(sizes: Sequence[tuple[float, float]], ranks: int) -> float:
     return max(load)
 
 
-def adam_tensors(model: ModelSpec, layer: int) -> int:
+def adam_tensors(model: ModelSpec, layer: int, symbol: str | None = None) -> int:
     """Adam's parameter tensors in decoder layer ``layer`` (they take places in the layer-wise deal): its norms
     (weight, + bias for LayerNorm), MLA's q / kv latent norms, Qwen3's q / k norms, the linears' biases, the router's
     expert bias, a Mamba mixer's conv1d weight and bias, dt_bias, A_log, D and gated norm."""
     per_norm = 2 if model.norm == "layernorm" else 1
-    mats = layer_matrices(model, layer)
+    mats = layer_matrices(model, layer, symbol)
     n = per_norm * (1 if model.hybrid_pattern is not None else 2)
-    if model.hybrid_pattern is not None and model.hybrid_pattern[layer] == "M":
+    if model.hybrid_pattern is not None and (symbol or model.hybrid_pattern[layer]) == "M":
         mb = model.mamba
         return n + 5 + (1 if mb is not None and mb.conv_bias else 0)
     if any(m.name.startswith("linear_q") for m in mats):  # an attention mixer
@@ -282,6 +289,7 @@ def optimizer_step_s(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig
         traffic += share * (muon_b * muon + rt.adam_bytes_per_param * max(0.0, total - muon))
     adam_dense = sum(adam_tensors(model, i) for i in layer_ids)
     if mtp:  # each module's layer, + enorm, hnorm and its final norm
-        adam_dense += model.arch.mtp_layers * (adam_tensors(model, model.num_layers - 1) + 3)
+        adam_dense += model.mtp_weight_copies * (sum(adam_tensors(model, model.num_layers - 1, sym)
+                                                     for sym in _mtp_block(model)) + 3)
     return hbm_time_s(traffic, cluster) + newton_schulz_s(model, cluster, par, layer_ids, rt.optimizer, adam_dense,
                                                           0, group, expert_group, mtp, rt.muon_tp_mode)

@@ -399,6 +399,7 @@ def layer_kinds(model: ModelSpec) -> list[LayerKind]:
 
 
 def model_kinds(model: ModelSpec) -> list[LayerKind]:
-    """The distinct decoder layer kinds of ``model``, in a fixed order (DECODER_KINDS')."""
-    present = set(layer_kinds(model))
+    """The distinct decoder layer kinds of ``model`` and of its MTP block (``ArchSpec.mtp_pattern``), in a fixed
+    order (DECODER_KINDS')."""
+    present = set(layer_kinds(model)) | {HYBRID_KINDS[s] for s in model.arch.mtp_pattern or ""}
     return [k for k in DECODER_KINDS if k in present]  # type: ignore[misc]

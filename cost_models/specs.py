@@ -206,11 +206,32 @@ class ArchSpec(_Frozen):
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on residual branches")
     router: RouterSpec = Field(default_factory=RouterSpec)
-    mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction modules (DeepSeek-V3 "
-                            "num_nextn_predict_layers); each is a decoder layer + projection sharing the head")
+    mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction depths (DeepSeek-V3 "
+                            "num_nextn_predict_layers; Megatron --mtp-num-layers): each is a block + projection "
+                            "sharing the embedding and the head")
+    mtp_pattern: str | None = Field(default=None, min_length=1, max_length=256, description="a hybrid stack's "
+                                    "MTP block, one symbol per layer as hybrid_pattern (M, *, -, E): each depth runs "
+                                    "this block (Megatron-Core's unified pattern '<main>/<block>/<block>...', "
+                                    "hybrid_layer_allocation.py:40-65 @ core_v0.18.0; Nemotron 3 Super '*E', HF "
+                                    "mtp_hybrid_override_pattern); None: a transformer stack's block, the last "
+                                    "decoder layer's kind")
+    mtp_repeated: bool = Field(default=False, description="one MTP module's weights run at every depth "
+                               "(Megatron-Core mtp_use_repeated_layer: MultiTokenPredictionBlock builds one layer and "
+                               "applies it mtp_layers times, multi_token_prediction.py:1537-1547, 1617-1618 @ "
+                               "core_v0.18.0): the weights of one depth, the compute of all")
 
     @model_validator(mode="after")
     def _check(self) -> "ArchSpec":
+        if (self.mtp_pattern is not None or self.mtp_repeated) and not self.mtp_layers:
+            raise ValueError(f"mtp_pattern ({self.mtp_pattern!r}) / mtp_repeated ({self.mtp_repeated}) describe "
+                             "multi-token prediction: they need mtp_layers >= 1")
+        if self.mtp_pattern is not None:
+            bad = sorted(set(self.mtp_pattern) - set(HYBRID_SYMBOLS))
+            if bad:
+                raise ValueError(f"mtp_pattern {self.mtp_pattern!r}: symbol(s) {bad} are not layer symbols autoplan "
+                                 "models: M (Mamba), * (attention), - (MLP), E (MoE) (Megatron-Core's MTP block "
+                                 "takes no '|' or '/', hybrid_layer_allocation.py:305-326 @ core_v0.18.0; G / D "
+                                 "layers are not modelled); e.g. '*E'")
         if self.full_attention_every == 1 or (self.full_attention_every and self.sliding_window is None):
             raise ValueError(f"full_attention_every ({self.full_attention_every}) must be 0 or >= 2, and needs "
                              "sliding_window")
@@ -302,6 +323,10 @@ class ModelSpec(_Frozen):
         if pat is None:
             if self.mamba is not None:
                 raise ValueError("mamba (a Mamba-2 mixer) needs hybrid_pattern (which layers are Mamba)")
+            if self.arch.mtp_pattern is not None:
+                raise ValueError(f"mtp_pattern {self.arch.mtp_pattern!r} is a hybrid stack's MTP block and needs "
+                                 "hybrid_pattern; a transformer stack's MTP block is its last decoder layer "
+                                 "(unset mtp_pattern)")
             return
         bad = sorted(set(pat) - set(HYBRID_SYMBOLS))
         if bad:
@@ -318,9 +343,18 @@ class ModelSpec(_Frozen):
         if self.first_dense_layers or self.moe_layer_freq != 1:
             raise ValueError("first_dense_layers / moe_layer_freq do not apply to a hybrid stack: hybrid_pattern "
                              "places the MoE (E) layers")
-        if self.arch.mtp_layers or self.mla is not None:
-            raise ValueError("a hybrid stack with multi-token prediction or MLA is not modelled (Nemotron 3 Super's "
-                             "'*E' MTP block): mtp_layers 0, mla unset")
+        if self.mla is not None:
+            raise ValueError("a hybrid stack with MLA is not modelled: mla unset")
+        mtp = self.arch.mtp_pattern
+        if self.arch.mtp_layers and mtp is None:
+            raise ValueError(f"mtp_layers={self.arch.mtp_layers} on a hybrid stack needs arch.mtp_pattern, the block "
+                             "each MTP depth runs (Megatron-Core builds it from the pattern after '/', "
+                             "hybrid_layer_allocation.py:194-277 @ core_v0.18.0), e.g. '*E' (Nemotron 3 Super)")
+        if mtp is not None:
+            if "M" in mtp and self.mamba is None:
+                raise ValueError(f"mtp_pattern {mtp!r} has M layers: it needs mamba (the mixer's shape)")
+            if "E" in mtp and not self.num_experts:
+                raise ValueError(f"mtp_pattern {mtp!r} has E layers: it needs num_experts > 0")
 
     # ---- derived shapes -------------------------------------------------------------------
     @property
@@ -519,12 +553,41 @@ class ModelSpec(_Frozen):
     def num_params(self) -> int:
         return self.embedding_params + self.head_params + sum(self.layer_params(i) for i in range(self.num_layers))
 
+    def symbol_params(self, symbol: str) -> int:
+        """Weights of one hybrid layer of ``symbol`` (M, *, -, E): its pre-norm + its mixer (``layer_params``)."""
+        return self.norm_params + {"M": self.mamba_params, "*": self.attention_params, "-": self.dense_mlp_params,
+                                   "E": self.moe_block_params}[symbol]
+
+    @property
+    def mtp_block_layers(self) -> list[tuple[int, int, int]]:
+        """(weights, routed-expert weights, weights every TP rank holds whole) of each layer of one MTP depth's
+        block: the hybrid ``mtp_pattern``'s layers, else one decoder layer like the last (Megatron-Core builds it
+        from the last layer's spec, multi_token_prediction.py @ core_v0.16.1)."""
+        if not self.arch.mtp_layers:
+            return []
+        if self.arch.mtp_pattern is None:
+            i = self.num_layers - 1
+            return [(self.layer_params(i), self.layer_expert_params(i), self.layer_unsplit_params(i))]
+        out = []
+        for s in self.arch.mtp_pattern:
+            moe = s == "E"
+            out.append((self.symbol_params(s), self.num_experts * self.expert_params if moe else 0,
+                        self.norm_params + (self.latent_projection_params if moe else 0)))
+        return out
+
+    @property
+    def mtp_weight_copies(self) -> int:
+        """MTP modules holding weights: one under ``mtp_repeated`` (the one layer runs at every depth), else one a
+        depth."""
+        return min(1, self.arch.mtp_layers) if self.arch.mtp_repeated else self.arch.mtp_layers
+
     @cached_property
     def mtp_params(self) -> int:
-        """Multi-token-prediction modules (not in ``num_params``): each is one decoder layer like the last, a
-        2h→h projection and its norms (enorm, hnorm, final norm); embedding and head are shared (DeepSeek-V3 §2.2)."""
-        per = self.layer_params(self.num_layers - 1) + 2 * self.hidden_size**2 + 3 * self.hidden_size
-        return self.arch.mtp_layers * per
+        """Multi-token-prediction modules (not in ``num_params``): each holds its block (``mtp_block_layers``), a
+        2h→h projection and its norms (enorm, hnorm, final norm); embedding and head are shared (DeepSeek-V3 §2.2);
+        ``mtp_weight_copies`` of them hold weights."""
+        per = sum(p for p, _, _ in self.mtp_block_layers) + 2 * self.hidden_size**2 + 3 * self.hidden_size
+        return self.mtp_weight_copies * per
 
     @cached_property
     def num_active_params(self) -> int:

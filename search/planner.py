@@ -36,7 +36,7 @@ from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
-from cost_models.targets import PROFILES, get_profile
+from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split
@@ -252,6 +252,19 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scor
     return kept
 
 
+def _model_refusal(target: str, model: ModelSpec, job: JobSpec, sc: Scorer) -> ConfigError | None:
+    """Why ``target`` builds no layout of ``model``: its profile's model rule, then the one its software version
+    decides (``model_runtime_error``, with the user's knobs; a knob the target lacks is the layouts' own error)."""
+    prof = PROFILES[target]
+    if (err := prof.model_error(model)) is not None:
+        return err
+    try:
+        rt = runtime_for(target, job, sc.cluster, None, sc.software)
+    except ConfigError:
+        return None
+    return prof.model_runtime_error(model, rt)
+
+
 def target_scorers(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: str,
                    scorer: Scorer | Mapping[str, Scorer] | None, weights: CostWeights | None = None
                    ) -> dict[str, Scorer]:
@@ -300,7 +313,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
     scorers = target_scorers(model, cluster, job, target, scorer, weights)
-    refusals = [e for t in scorers if (e := PROFILES[t].model_error(model)) is not None]
+    refusals = [e for t, sc in scorers.items() if (e := _model_refusal(t, model, job, sc)) is not None]
     if refusals and len(refusals) == len(scorers):  # no searched target builds the model: say why, not "infeasible"
         raise refusals[0]
     if "schedule" in pins:  # a schedule no searched target runs: the error estimate gives, not plans nobody runs

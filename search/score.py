@@ -30,7 +30,7 @@ from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.mtp import (mtp_activation_bytes, mtp_embedding_copy_params, mtp_layer_kind, mtp_stage_params,
+from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
 from cost_models.muon import optimizer_state_bytes
 from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
@@ -368,7 +368,8 @@ class Scorer:
             times[kind] = lc.total_s - (lc.cp_exposed_s if drop_cp else 0.0)
         head_t = head_cost(self.graphs["head"], self.cluster, self.job, par, rt)
         if self.model.arch.mtp_layers:  # the MTP modules run on the last stage with the head (cost_models.mtp)
-            head_t += mtp_time_s(self.model, times[mtp_layer_kind(self.model)], head_t, self.cluster, self.job, par)
+            head_t += mtp_time_s(self.model, sum(times[k] for k in mtp_block_kinds(self.model)), head_t,
+                                 self.cluster, self.job, par)
         hit = self._pieces[key] = (times, head_t)
         return hit
 
@@ -406,7 +407,8 @@ class Scorer:
                     for kind in self.graph_kinds}
             head_a = activation_bytes_per_microbatch(self.graphs["head"], self.model, self.job, par, rt)
             if self.model.arch.mtp_layers:
-                head_a += mtp_activation_bytes(self.model, acts[mtp_layer_kind(self.model)], head_a, self.job, par)
+                head_a += mtp_activation_bytes(self.model, sum(acts[k] for k in mtp_block_kinds(self.model)),
+                                               head_a, self.job, par)
             hit = self._acts[key] = (acts, head_a)
         return hit
 

@@ -416,7 +416,8 @@ def test_mtp_override_on_a_hybrid_and_stage_sizes_past_the_model() -> None:
     larger than the model said it would "leave -6 of num_layers=24 for 1 middle stages"."""
     code, err = cli_refusal_or_plan(["estimate", "--model", "nemotron-h-8b", "--gpus", "16", "--tp", "2", "--pp", "1",
                                      "--mtp-layers", "1", "--global-batch-size", "64", "--seq-len", "4096"])
-    assert code == 2 and "mtp_layers=1 on nemotron-h-8b: a hybrid stack with multi-token prediction" in err, err
+    assert code == 2 and "mtp_layers=1 on nemotron-h-8b: mtp_layers=1 on a hybrid stack needs arch.mtp_pattern" \
+        in err, err
     assert "ModelSpec(" not in err and err.strip().endswith("valid: 0")
     code, err = cli_refusal_or_plan(["estimate", "--model", "gpt-oss-20b", "--gpus", "16", "--tp", "2", "--pp", "2",
                                      "--first-stage-layers", "30", "--global-batch-size", "64", "--seq-len", "4096"])

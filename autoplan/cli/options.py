@@ -16,7 +16,7 @@ from autoplan.errors import ConfigError, InfeasibleError
 from autoplan.request import ClusterRequest
 from cost_models.specs import JobSpec
 from cost_models.targets import Software
-from cost_models.targets.common import CpCommType, CudaGraphImpl, Fp8Recipe, graph_scope_error
+from cost_models.targets.common import CORE_RELEASES, CpCommType, CudaGraphImpl, Fp8Recipe, graph_scope_error
 
 F = Callable[..., Any]
 
@@ -179,6 +179,9 @@ software_options = stack(
                       "full_iteration ('' = each whole layer, Megatron's default)"),
     click.option("--reshard-after-forward", "reshard_after_forward", default=None, callback=_reshard,
                  help="FSDP2 reshard_after_forward: true, false, or a group size to re-shard to (fsdp2, torchtitan)"),
+    click.option("--megatron-core", "megatron_core", type=click.Choice(list(CORE_RELEASES)), default=None,
+                 help="megatron: the Megatron-Core release the run uses (tag core_v<version>) [default 0.16.1, the "
+                      "validated pip package]; a hybrid stack's MTP needs 0.17.0rc0 or later"),
     click.option("--expandable-segments/--no-expandable-segments", "expandable_segments", default=None,
                  help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch scripts: the allocator's "
                       "reserve is given back before an OOM, so it need not fit [megatron default off, torchtitan on]"),
@@ -187,7 +190,7 @@ SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_r
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
                  "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",
-                 "cuda_graph_scope", "optimizer", "muon_tp_mode")
+                 "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -46,6 +46,8 @@ def _expert_tp(plan: EmitPlan) -> int:
 def megatron_args(plan: EmitPlan) -> list[str]:
     """The argv (without the entry point) that trains ``plan`` with Megatron-LM."""
     m, par, job = plan.model, plan.parallel, plan.job
+    if (refusal := mtp_not_emitted(m)) is not None:
+        raise refusal
     rt = plan.runtime("megatron")  # knobs and run-time semantics the plan was priced with
     a: list[str] = []
 
@@ -317,6 +319,21 @@ def model_args(plan: EmitPlan) -> list[str]:
     if arch.mtp_layers:
         add("--mtp-num-layers", arch.mtp_layers)
     return a
+
+
+def mtp_not_emitted(m: Any) -> ConfigError | None:
+    """Why the emitter writes no command line for ``m``'s MTP: it writes core_v0.16.1's flags (pretrain_mamba.py
+    --hybrid-override-pattern), and a hybrid stack's MTP block / a repeated MTP layer exist from core_v0.17.0rc0 on
+    (the megatron target's megatron_core rule), with the unified '--hybrid-layer-pattern <main>/<block>/<block>'
+    (megatron/training/arguments.py:735-775, 854-866 @ core_v0.18.0) that this emitter does not write."""
+    if not ((m.is_hybrid and m.arch.mtp_layers) or m.arch.mtp_repeated):
+        return None
+    return ConfigError(f"{m.name}: the megatron emitter writes Megatron-Core 0.16.1's flags, and its MTP (block "
+                       f"{m.arch.mtp_pattern!r}, {m.arch.mtp_layers} depths, repeated {m.arch.mtp_repeated}) needs "
+                       "core_v0.17.0rc0 or later ('--hybrid-layer-pattern <main>/<block>/...', "
+                       "megatron/training/arguments.py:735-775 @ core_v0.18.0), which autoplan does not emit yet: "
+                       "estimate and search price it (--megatron-core), emit refuses",
+                       valid=["mtp_layers=0", "estimate / search only"])
 
 
 def hybrid_args(m: Any) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -39,6 +39,11 @@ OptimizerName = Literal["adam", "muon", "dist_muon"]
 # --muon-tp-mode (arguments.py:1853-1855): Newton-Schulz on each TP shard, on the all-gathered matrix, or sharded
 MuonTpMode = Literal["blockwise", "duplicated", "distributed"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"]
+# Megatron-Core releases a run may name (tags core_v<version> of NVIDIA/Megatron-LM): the megatron target's
+# ``megatron_core`` knob. 0.16.1 is the pip package autoplan validates against; a later one gates only the rules that
+# read it (``MegatronProfile.model_runtime_error``).
+MegatronCoreVersion = Literal["0.16.1", "0.17.0rc0", "0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0"]
+CORE_RELEASES: tuple[str, ...] = get_args(MegatronCoreVersion)  # in release order
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
@@ -106,6 +111,9 @@ class Software(BaseModel):
     cuda_graph_scope: tuple[CudaGraphScope, ...] | None = Field(
         default=None, description="Megatron --cuda-graph-scope: what is captured (attn, mlp, moe, moe_router, "
         "moe_preprocess, mamba: a hybrid stack's Mamba layers, full_iteration); empty = each whole transformer layer")
+    megatron_core: MegatronCoreVersion | None = Field(
+        default=None, description="the Megatron-Core release the run uses (tag core_v<version>; default 0.16.1, the "
+        "pip package autoplan validates against): a hybrid stack's multi-token prediction needs 0.17.0rc0 or later")
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod
@@ -125,7 +133,7 @@ KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_redu
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
-              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode")
+              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -176,6 +184,7 @@ class Runtime:
     # (``cost_models.muon`` prices its state, Newton-Schulz GEMMs and layer-wise all-gather)
     optimizer: OptimizerName = "adam"
     muon_tp_mode: MuonTpMode = "blockwise"
+    megatron_core: str = "0.16.1"  # the Megatron-Core release (megatron target; the rules that read it say which)
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
@@ -505,6 +514,11 @@ class TargetProfile:
             return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
                                f"cannot run it ({self.hybrid_refusal}); use --target megatron",
                                valid=["target megatron"])
+        return None
+
+    def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
+        """Why this target, run with ``rt``'s knobs (its software version), cannot build ``model``; None: it can.
+        ``estimate``, ``check_runtime`` (search, emit, validate) and the planner ask it."""
         return None
 
     def interleave_error(self, model: ModelSpec) -> ConfigError | None:

@@ -142,10 +142,12 @@ from cost_models.te_fp8 import te_tp_gather_bytes
 from cost_models.recompute import module_errors
 from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software,
-                                        TargetProfile, fsdp2_gathered_unit_bytes, nearest)
+from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, CORE_RELEASES, Knob, Runtime,
+                                        Software, TargetProfile, fsdp2_gathered_unit_bytes, nearest)
 
 COMMIT = "55ac7082"  # tag core_v0.16.1
+# The first Megatron-Core tag whose MambaModel builds multi-token prediction (model_runtime_error)
+HYBRID_MTP_SINCE = "0.17.0rc0"
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
 MF = "megatron-core 0.16.1 megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py"
 TRAINING = f"Megatron-LM megatron/training/training.py@{COMMIT}"
@@ -235,6 +237,9 @@ class MegatronProfile(TargetProfile):
         "cuda_graph_scope": Knob("cuda_graph_scope", (), (),
                                  f"{TC}:784-791, 1688-1714 (--cuda-graph-scope; empty = each whole layer); "
                                  "megatron/core/transformer/enums.py:70-79 (CudaGraphScope)"),
+        "megatron_core": Knob("megatron_core", CORE_RELEASES, "0.16.1",
+                              "the Megatron-Core release (tag core_v<version>); the other rules of this profile cite "
+                              "core_v0.16.1: the version gates hybrid MTP only (model_runtime_error)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -337,8 +342,36 @@ class MegatronProfile(TargetProfile):
         if err is not None:
             raise err
 
+    def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
+        """A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):
+        core_v0.16.1's MambaModel has no MTP (megatron/core/models/mamba/mamba_model.py, MambaStack only); the
+        unified pattern '<main>/<block>/...' and MambaModel's MultiTokenPredictionBlock of hybrid layers arrived
+        with commit 9d71cb1c ("Reapply: Add MTP support for hybrid models (#2363)", first tagged core_v0.17.0rc0:
+        megatron/core/ssm/mamba_hybrid_layer_allocation.py parse_hybrid_pattern, models/mamba/mamba_model.py:
+        173-253), moved to megatron/core/models/hybrid/hybrid_layer_allocation.py:194-277 and hybrid_model.py:
+        180-291 at core_v0.18.0."""
+        hybrid = model.is_hybrid and bool(model.arch.mtp_layers)
+        if not (hybrid or model.arch.mtp_repeated):
+            return None
+        later = CORE_RELEASES[CORE_RELEASES.index(HYBRID_MTP_SINCE):]
+        if rt.megatron_core in later:
+            return None
+        what = (f"{model.name}'s multi-token prediction on a hybrid stack (mtp_layers={model.arch.mtp_layers}, block "
+                f"{model.arch.mtp_pattern!r}): Megatron-Core {rt.megatron_core}'s MambaModel builds no MTP "
+                "(megatron/core/models/mamba/mamba_model.py @ core_v0.16.1)" if hybrid else
+                f"{model.name}'s mtp_repeated: Megatron-Core {rt.megatron_core} has no mtp_use_repeated_layer "
+                "(transformer_config.py @ core_v0.16.1)")
+        return ConfigError(
+            f"megatron_core={rt.megatron_core} with {what}; it builds from core_v{HYBRID_MTP_SINCE} "
+            "(megatron/core/ssm/mamba_hybrid_layer_allocation.py parse_hybrid_pattern, transformer_config.py:68 "
+            "mtp_use_repeated_layer; at core_v0.18.0 megatron/core/models/hybrid/hybrid_layer_allocation.py): set the "
+            "megatron_core knob to the release the run uses, or mtp_layers 0",
+            valid=[f"megatron_core={v}" for v in later] + ["mtp_layers=0"])
+
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
+        if (err := self.model_runtime_error(model, rt)) is not None:
+            raise err
         if rt.optimizer != "adam":  # first: its refusals name Muon, not the knobs it turns off
             check_muon(par, rt)
         if model.mamba is not None and job.precision != "bf16" and model.mamba.in_proj_width % 16:
@@ -505,6 +538,7 @@ class MegatronProfile(TargetProfile):
             moe_capacity_factor=k.get("moe_capacity_factor"),
             cuda_graph_impl=k.get("cuda_graph_impl", "none"),
             cuda_graph_scope=tuple(k.get("cuda_graph_scope", ())),
+            megatron_core=k.get("megatron_core", "0.16.1"),
             # TE's fp8 linears all-gather quantized tensors under sequence parallelism (te_fp8.te_tp_gather_bytes)
             tp_gather_bytes=te_tp_gather_bytes(fp8_recipe)[0] if fp8_recipe else 2.0,
             tp_grad_gather_bytes=te_tp_gather_bytes(fp8_recipe)[1] if fp8_recipe else 2.0,
