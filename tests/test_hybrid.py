@@ -221,7 +221,8 @@ def test_targets_without_mamba_refuse_in_one_line(target: str) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"num_nextn_predict_layers": 1}, r"num_nextn_predict_layers=1"),
+    ({"num_nextn_predict_layers": 1}, r"num_nextn_predict_layers=1.*mtp_hybrid_override_pattern"),
+    ({"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*X"}, r"mtp_hybrid_override_pattern='\*X'"),
     ({"mlp_hidden_act": "silu"}, r"mlp_hidden_act='silu'.*only 'relu2'"),
     ({"mamba_hidden_act": "gelu"}, r"mamba_hidden_act='gelu'"),
     ({"hybrid_override_pattern": "MEX"}, r"hybrid_override_pattern='MEX'"),

@@ -604,6 +604,34 @@ def _nemotron_h_pattern(c: _Config) -> str:
     return pattern
 
 
+def _nemotron_h_mtp(c: _Config) -> tuple[int, str | None]:
+    """(MTP depths, block pattern): ``num_nextn_predict_layers`` MTP modules, each the block
+    ``mtp_hybrid_override_pattern`` (or ``mtp_layers_block_type``, transformers 5.x names), as Megatron-Bridge reads
+    them into mtp_num_layers / mtp_hybrid_override_pattern (nemotron_h_bridge.py:305-307 @ v0.4.0). A block without
+    depths is not read (the MTP layer types without MTP)."""
+    depths = c.int("num_nextn_predict_layers", default=0)
+    pattern = c.get("mtp_hybrid_override_pattern", None)
+    types = c.get("mtp_layers_block_type", None)
+    if not depths:
+        c.seen("mtp_hybrid_override_pattern", "mtp_layers_block_type")
+        return 0, None
+    if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E")):
+        raise c.error("mtp_hybrid_override_pattern", pattern, "a string of M (Mamba), * (attention), - (MLP), "
+                      "E (MoE), e.g. '*E'")
+    if types is not None:
+        if not isinstance(types, list) or not types or not all(t in _NEMOTRON_H_LAYERS for t in types):
+            raise c.error("mtp_layers_block_type", types, f"a list of {sorted(_NEMOTRON_H_LAYERS)}")
+        from_types = "".join(_NEMOTRON_H_LAYERS[t] for t in types)
+        if pattern is not None and pattern != from_types:
+            raise c.error("mtp_layers_block_type", types, f"the same layers as mtp_hybrid_override_pattern "
+                          f"'{pattern}'")
+        pattern = from_types
+    if pattern is None:
+        raise c.error("num_nextn_predict_layers", depths, "0, or a block for each depth: "
+                      "mtp_hybrid_override_pattern (e.g. '*E') or mtp_layers_block_type")
+    return depths, pattern
+
+
 # NemotronHConfig's older key names (transformers models/nemotron_h/configuration_nemotron_h.py ``__post_init__``:
 # each present one replaces the current field, whatever that holds) -> the current name.
 _NEMOTRON_H_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
@@ -646,9 +674,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
         if got != want:
             raise c.error(key, got, f"only '{want}' (Megatron-Core: --squared-relu MLPs; MambaMixer's activation "
                           "is fixed to silu, mamba_mixer.py:314)")
-    if c.int("num_nextn_predict_layers", default=0):
-        raise c.error("num_nextn_predict_layers", c.data["num_nextn_predict_layers"],
-                      "0: multi-token prediction of a hybrid stack (Nemotron 3 Super's '*E' block) is not modelled")
+    mtp_layers, mtp_pattern = _nemotron_h_mtp(c)
     if c.get("sliding_window", None) is not None:
         raise c.error("sliding_window", c.data["sliding_window"], "null: NemotronHAttention attends to every key")
     eps = c.float("layer_norm_epsilon", 1e-5)
@@ -661,8 +687,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     c.seen(*(_nemotron_h_key(c, k) for k in ("time_step_min", "time_step_max", "time_step_floor", "time_step_limit",
                                               "expand")))
     c.seen("rescale_prenorm_residual", "mamba_ssm_cache_dtype", "use_mamba_kernels", "num_logits_to_keep",
-           "moe_shared_expert_overlap", "rope_theta", "partial_rotary_factor", "mtp_hybrid_override_pattern",
-           "mtp_layers_block_type", "n_shared_experts")
+           "moe_shared_expert_overlap", "rope_theta", "partial_rotary_factor", "n_shared_experts")
     fields: dict[str, Any] = {
         "num_layers": len(pattern), "hidden_size": hidden, "ffn_hidden_size": c.int("intermediate_size", minimum=1),
         "num_attention_heads": heads, "num_kv_heads": c.int("num_key_value_heads", default=heads, minimum=1),
@@ -673,6 +698,8 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     arch: dict[str, Any] = {"no_position_encoding": True, "norm_eps": eps, "activation": "relu2",
                             "attention_dropout": c.float("attention_dropout", 0.0),
                             "hidden_dropout": c.float("hidden_dropout", 0.0)}
+    if mtp_layers:
+        arch |= {"mtp_layers": mtp_layers, "mtp_pattern": mtp_pattern}
     ngroups, conv, chunk, bias = (_nemotron_h_key(c, k) for k in ("n_groups", "conv_kernel", "chunk_size",
                                                                    "use_conv_bias"))
     if "M" in pattern:
