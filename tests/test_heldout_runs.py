@@ -97,9 +97,14 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # s9-amd: cdna3 fitted on 5 MI325X Megatron-Core runs (more_runs_amd.json; fp8 1.82 -> 1.30, attention 0.45 -> 0.39):
 # the held-out torchao MI300X rows -41.6% -> -35.8%, torchtitan 20.1% -> 18.3%; more_runs_amd.json's one held-out
 # row (Mixtral 8x7B bf16, EP 8, Primus) -42.2%.
+# s9-hmtp: bridge2's 30 Nemotron 3 Super rows and the 3.5 Lightning row (hybrid MTP, megatron_core >= 0.17) priced for
+# the first time, guarded apart so that the file's other rows keep their guard: 39.2% / 73.9% on 31 rows at landing (Super alone 40.0%)
+# (Super GB300/GB200/B200 predicted fast, B300 ep 8 slow: its host-issued 64 local experts; see issue-12.md).
 GUARDS = {"more_runs.json": (0.104, 0.633), "more_runs_bridge2.json": (0.109, 0.367),
           "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
           "more_runs_amd.json": (0.422, 0.422)}
+HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
+HYBRID_MTP_GUARD = (0.393, 0.739)
 MARGIN = 0.02
 
 
@@ -121,8 +126,10 @@ def test_heldout_error_regression_guard(heldout, evaluated) -> None:
     """REGRESSION GUARD (not the issue's target): each file's held-out MAPE and worst error no worse than when
     they were measured (the cost model's physics changing for the worse shows here; for the better: lower them)."""
     rows, _, _ = evaluated
-    for name, (mape_at, worst_at) in GUARDS.items():
-        mine = [r for r in rows if r.file == name]
+    hybrid_mtp = [r for r in rows if any(k in r.id for k in HYBRID_MTP_ROWS)]
+    apart = {r.id for r in hybrid_mtp}
+    guards = [(n, g, [r for r in rows if r.file == n and r.id not in apart]) for n, g in GUARDS.items()]
+    for name, (mape_at, worst_at), mine in guards + [("hybrid MTP rows", HYBRID_MTP_GUARD, hybrid_mtp)]:
         assert mine, name
         (_, n, mape, _, worst, wid), = heldout.summarize(mine, "all")
         assert mape <= mape_at + MARGIN, f"{name}: held-out MAPE {mape:.1%} > {mape_at:.1%} + {MARGIN:.0%}"
