@@ -184,7 +184,7 @@ class Runtime:
     # (``cost_models.muon`` prices its state, Newton-Schulz GEMMs and layer-wise all-gather)
     optimizer: OptimizerName = "adam"
     muon_tp_mode: MuonTpMode = "blockwise"
-    megatron_core: str = "0.16.1"  # the Megatron-Core release (megatron target; the rules that read it say which)
+    megatron_core: str = CORE_RELEASES[0]  # the Megatron-Core release (megatron target; the rules reading it say which)
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
@@ -274,7 +274,9 @@ class Runtime:
                  # by a cluster profile's efficiency
                  and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))
                  and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")
-                 and (n not in ("optimizer", "muon_tp_mode") or self.optimizer != "adam")]
+                 and (n not in ("optimizer", "muon_tp_mode") or self.optimizer != "adam")
+                 # the Megatron-Core release where it is not the validated pip package's (the profile's version)
+                 and (n != "megatron_core" or self.megatron_core != CORE_RELEASES[0])]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None
