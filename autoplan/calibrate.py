@@ -381,8 +381,8 @@ def on_gpu(eff: Efficiency, run: ResolvedRun) -> Efficiency:
     """A generation's (and framework's) efficiency as it prices ``run``: with the run's GPU's own facts over it
     (gpus.yaml ``gpu_efficiency``, e.g. MI325X's sustained-clock GEMM ratio to MI300X), as ``build_cluster`` resolves
     a cluster. ``fit_joint`` fits generation values; a run on a GPU with such an entry sees them through it. The
-    entry's ratios and a framework's multiply, and their absolute fields are disjoint, so applying it last is the
-    catalog's order (GPU, then framework)."""
+    entry's ratios and a framework's multiply, and their absolute fields are disjoint, so applying the GPU's entry
+    after the framework's gives what the catalog's order (GPU, then framework) gives."""
     own = gpu_efficiency(run.cluster.gpu.name)
     return _over(eff, own) if own else eff
 

@@ -25,7 +25,7 @@ from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_da
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.muon import optimizer_step_s
 from cost_models.op_cost import model_flops_per_token
-from cost_models.op_traffic import memory_traffic_bytes
+from cost_models.op_traffic import memory_traffic_bytes, yarn_rope_notes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer_kind
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -205,7 +205,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
         software=runtime.knobs(),
-        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par)],
+        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model)],
     )
 
 

@@ -223,6 +223,17 @@ def mcore_unfused_rope(rt: Runtime | None, model: ModelSpec | None) -> bool:
             and rs is not None and abs(rs.attention_factor - 1.0) > 1e-9)
 
 
+def yarn_rope_notes(rt: Runtime | None, model: ModelSpec) -> list[str]:
+    """Where ``mcore_unfused_rope`` prices a run the emitted launch does not make: say so with the prediction."""
+    if not mcore_unfused_rope(rt, model):
+        return []
+    factor = model.arch.rope_scaling.attention_factor  # type: ignore[union-attr]
+    return [f"{model.name}'s RoPE is priced as megatron-core runs YaRN where the model config sets it (Megatron-Bridge): "
+            f"concentration factor {factor:.3f}, so TE's fused RoPE is dropped for the op-by-op one "
+            "(rope_utils.py:279-284 @ core_v0.16.1); the Megatron-LM 0.16.1 command line autoplan emits has no YaRN "
+            "and runs the fused kernel, slightly faster than priced"]
+
+
 def mcore_glue(rt: Runtime | None, model: ModelSpec | None) -> bool:
     """Whether Megatron-Core's eager expert glue (``MCORE_EXPERT_*``) runs: the runtime says so and the model has
     routed experts."""

@@ -80,6 +80,9 @@ def test_config_class_defaults_apply() -> None:
     five = _config(AIR) | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}}
     del five["partial_rotary_factor"], five["rope_theta"], five["rope_scaling"]
     assert spec_from_hf_config(five).arch.rotary_fraction == 0.25  # transformers 5.x: inside rope_parameters
+    bare = {k: v for k, v in _config(AIR).items() if k not in ("num_key_value_heads", "intermediate_size")}
+    m = spec_from_hf_config(bare)  # Glm4MoeConfig: 8 KV heads (not one per query head), dense width 10944
+    assert (m.num_kv_heads, m.ffn_hidden_size) == (8, 10944)
     olmoe = {k: v for k, v in _config(OLMOE).items() if k not in ("num_experts", "num_experts_per_tok",
                                                                     "router_aux_loss_coef")}
     m = spec_from_hf_config(olmoe)
@@ -340,3 +343,18 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "moe_layer_freq": [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
                 if m.first_dense_layers else 1}
         assert {k: got[k] for k in want} == want, m.name
+
+
+@pytest.mark.parametrize("stem,change,message", [
+    (AIR, {"use_qk_norm": "false"}, "key 'use_qk_norm' must be true or false"),  # "false" is truthy
+    (OLMOE, {"norm_topk_prob": "false"}, "key 'norm_topk_prob' must be true or false"),
+    (AIR, {"n_routed_experts": 0}, "n_routed_experts is 0, but model_type 'glm4_moe' is a mixture of experts"),
+])
+def test_the_loader_refuses_what_the_readers_would_misread(tmp_path: Path, stem: str, change: dict[str, Any],
+                                                           message: str) -> None:
+    """A string boolean read with bool() flipped a fact silently (a GLM-Air file's "use_qk_norm": "false" emitted
+    --qk-layernorm); a glm4_moe file without experts was planned as a dense model."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_config(stem) | change))
+    with pytest.raises(UserInputError, match=message):
+        load_model(str(path))

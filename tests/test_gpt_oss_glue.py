@@ -139,3 +139,18 @@ def test_worked_rope_bytes_gpt_oss_120b() -> None:
         g = layer_graph(other, "moe", job.seq_len)
         for op in g.ops:
             assert L.op_traffic_bytes(op, g, other, job, par, rt) == L.op_traffic_bytes(op, g, other, job, par, off)
+
+
+def test_the_prediction_says_its_rope_is_not_the_emitted_runs() -> None:
+    """The op-by-op RoPE is what a Bridge-built YaRN run does; the Megatron-LM command line autoplan emits has no YaRN
+    and runs the fused kernel: the megatron prediction says so, a model without YaRN has no such note."""
+    from cost_models.estimate import estimate
+
+    def notes(name: str) -> list[str]:
+        m = load_model(name)
+        par = ParallelConfig(tp=1, pp=1, ep=8, micro_batch_size=1)
+        return estimate(m, build_cluster("gb200", 64), JobSpec(global_batch_size=256, seq_len=4096), par,
+                        target="megatron", check=False).notes
+
+    assert any("priced as megatron-core runs YaRN" in n and "1.347" in n for n in notes("gpt-oss-120b"))
+    assert not any("YaRN" in n for n in notes("qwen3-235b-a22b"))

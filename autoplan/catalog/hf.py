@@ -347,15 +347,16 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
     }
 
 
-def _decoder_shape(c: _Config, n: int, hidden: int, heads: int) -> dict[str, Any]:
+def _decoder_shape(c: _Config, n: int, hidden: int, heads: int, *, ffn: int | object = _MISSING,
+                   kv_heads: int | None = None) -> dict[str, Any]:
     """The shape keys Llama-style configs share (Llama, Mistral, Qwen, GPT-OSS): layers, widths, heads, vocab, tying
-    (untied by default)."""
+    (untied by default); ``ffn`` / ``kv_heads``: the family's defaults for an absent key (required / MHA if unset)."""
     return {
         "num_layers": n,
         "hidden_size": hidden,
-        "ffn_hidden_size": c.int("intermediate_size"),
+        "ffn_hidden_size": c.int("intermediate_size", default=ffn),
         "num_attention_heads": heads,
-        "num_kv_heads": c.int("num_key_value_heads", default=heads),
+        "num_kv_heads": c.int("num_key_value_heads", default=heads if kv_heads is None else kv_heads),
         "head_dim": _head_dim(c, hidden, heads),
         "vocab_size": c.int("vocab_size"),
         "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
@@ -534,7 +535,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
                           f"of their top {top_k // max(group_k, 1)} (moe_utils.py:552-554 at core_v0.16.1)",
                           HFConfigWarning, stacklevel=3)
         # The config states no load-balancing loss: Megatron-Bridge's GLMMoEModelProvider trains GLM-4.5 with a
-        # sequence-level aux loss of 1e-3 beside the expert bias (src/megatron/bridge/models/glm/glm45_provider.py).
+        # sequence-level aux loss of 1e-3 beside the expert bias (GLM45 bridge, src/megatron/bridge/models/glm/glm45_bridge.py).
         arch["router"] = {"score_function": "sigmoid", "norm_top_k": bool(c.get("norm_topk_prob", True)),
                           "expert_bias": True, "num_groups": groups if grouped else 0,
                           "group_top_k": group_k if grouped else 0,
@@ -542,7 +543,8 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
                           "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-3}
     else:
         c.seen("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
-    fields = {"arch": arch, **_decoder_shape(c, n, hidden, heads), "qkv_bias": bool(c.get("attention_bias", False))}
+    shape = _decoder_shape(c, n, hidden, heads, ffn=10944, kv_heads=8)  # Glm4MoeConfig's defaults (not MHA)
+    fields = {"arch": arch, **shape, "qkv_bias": bool(c.get("attention_bias", False))}
     width = c.int("moe_intermediate_size", default=1408, minimum=1)
     return fields | _moe_fields(c, n, moe_layers, num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width,
                                 num_shared_experts=c.int("n_shared_experts", default=1))

@@ -73,9 +73,10 @@ def _load_file(resolved: str, mtime_ns: int, shown: str) -> ModelSpec:
 
 
 # HF keys read as booleans / as MoE expert counts, per family (the transformers configuration classes).
-_HF_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_HF_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "norm_topk_prob")
 _HF_EXPERT_KEYS = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
-                   "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts"}
+                   "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts",
+                   "glm4_moe": "n_routed_experts", "olmoe": "num_experts"}
 
 
 def hf_precheck(data: Mapping[str, Any], source: str) -> None:

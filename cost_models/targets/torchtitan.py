@@ -64,8 +64,9 @@ class TorchtitanProfile(TargetProfile):
     # torchtitan runs MoE under TP without SP (parallelism.enable_sequence_parallel, config/configs.py:160; its
     # deepseek_v3 configs turn it off), splitting the MoE's tokens over the TP axis whenever EP is on
     # (models/common/moe_sharding.py:89-111 @ 0.3.0); autoplan prices that split only with SP on
-    moe_sp_source = ("torchtitan 0.3.0 splits MoE tokens over the tp axis with EP on whether or not SP is "
-                     "(models/common/moe_sharding.py:89-111); autoplan prices that split only with SP on")
+    moe_sp_source = ("autoplan prices torchtitan's MoE under TP only with SP on: with EP on torchtitan 0.3.0 splits "
+                     "the MoE's tokens over the tp axis whether or not SP is (models/common/moe_sharding.py:89-111), "
+                     "with EP off it shards the experts' weights over tp")
     loss_modes = ("F", "R")
     kv_modes = ("shard",)
     kv_source = f"{TT}models/llama3/infra/parallelize.py (wk/wv ColwiseParallel)"
