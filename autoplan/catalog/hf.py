@@ -89,6 +89,11 @@ class _Config:
         return UserInputError(f"{self.source}: {key}={value!r} is not supported for model_type "
                               f"'{self.model_type}' ({supported})")
 
+    def disagree(self, key: str, value: Any, other: str, other_value: Any, why: str = "") -> UserInputError:
+        """Two keys holding one fact with different values: both named (which one is wrong is the user's to say)."""
+        return UserInputError(f"{self.source}: {key}={value!r} and {other}={other_value!r} disagree"
+                              f"{f' ({why})' if why else ''}; give one of them")
+
     def float(self, key: str, default: float) -> float:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -483,9 +488,8 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
                                             rope["rope_scaling"]["original_max_position_embeddings"])
     for key, (other, want) in legacy.items():
         got = c.get(key, want)
-        if got != want:  # name both: which of the two is wrong is the user's to say
-            raise UserInputError(f"{c.source}: {key}={got!r} and {other}={want!r} disagree ({key} is OpenAI's name "
-                                 f"for GptOssConfig's {other}); give one of them")
+        if got != want:
+            raise c.disagree(key, got, other, want, f"{key} is OpenAI's name for GptOssConfig's {other}")
     window = c.get("sliding_window", 128)
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise c.error("sliding_window", window, "a positive integer")
@@ -516,8 +520,8 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
     rope = _rope(c)
     fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
     if rope.setdefault("rotary_fraction", fraction) != fraction:
-        raise UserInputError(f"{c.source}: partial_rotary_factor={fraction!r} and rope_parameters.partial_rotary_factor="
-                             f"{rope['rotary_fraction']!r} disagree; give one of them")
+        raise c.disagree("partial_rotary_factor", fraction, "rope_parameters.partial_rotary_factor",
+                         rope["rotary_fraction"])
     arch: dict[str, Any] = {**rope, "norm_eps": c.float("rms_norm_eps", 1e-5),
                             "qk_norm": bool(c.get("use_qk_norm", False)),
                             "activation": _activation(c, "hidden_act", "silu"),
@@ -650,8 +654,8 @@ def _nemotron_h_key(c: _Config, current: str) -> str:
         return current
     c.seen(current)
     if c.data.get(current) is not None and c.data[current] != c.data[legacy]:
-        raise UserInputError(f"{c.source}: {legacy}={c.data[legacy]!r} and {current}={c.data[current]!r} disagree "
-                             f"({legacy} is NemotronHConfig's older name for {current}); give one of them")
+        raise c.disagree(legacy, c.data[legacy], current, c.data[current],
+                         f"{legacy} is NemotronHConfig's older name for {current}")
     return legacy
 
 
@@ -681,8 +685,8 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
         raise c.error("sliding_window", c.data["sliding_window"], "null: NemotronHAttention attends to every key")
     eps = c.float("layer_norm_epsilon", 1e-5)
     if c.float("norm_eps", eps) != eps:  # both spellings: neither is to be preferred silently
-        raise UserInputError(f"{c.source}: layer_norm_epsilon={eps!r} and norm_eps={c.data['norm_eps']!r} disagree "
-                             "(the RMSNorm epsilon under two names); give one of them")
+        raise c.disagree("layer_norm_epsilon", eps, "norm_eps", c.data["norm_eps"],
+                         "the RMSNorm epsilon under two names")
     # Read and not needed: initialisation (time_step_*, rescale_prenorm_residual), inference (cache dtype, kernels,
     # logits to keep), Megatron's shared-expert overlap (scheduling), ``expand`` (NemotronHMamba2Mixer takes
     # d_inner = mamba_num_heads * mamba_head_dim), the unused rotary keys, and the MTP layer types without MTP.
