@@ -518,9 +518,7 @@ class ModelSpec(_Frozen):
         (M Mamba-2, * attention, - MLP, E MoE): MambaLayer / TransformerLayer / MLPLayer / MoETransformerLayer of
         megatron/core/models/mamba/mamba_layer_specs.py, the norm fused into the first linear or a TENorm."""
         if self.hybrid_pattern is not None:
-            body = {"M": self.mamba_params, "*": self.attention_params, "-": self.dense_mlp_params,
-                    "E": self.moe_block_params}[self.hybrid_pattern[layer]]
-            return self.norm_params + body
+            return self.symbol_params(self.hybrid_pattern[layer])
         p = self.attention_params + self.norm_params_per_layer
         p += self.moe_block_params if self.is_moe_layer(layer) else self.dense_mlp_params
         return p
@@ -554,7 +552,8 @@ class ModelSpec(_Frozen):
         return self.embedding_params + self.head_params + sum(self.layer_params(i) for i in range(self.num_layers))
 
     def symbol_params(self, symbol: str) -> int:
-        """Weights of one hybrid layer of ``symbol`` (M, *, -, E): its pre-norm + its mixer (``layer_params``)."""
+        """Weights of one hybrid layer of ``symbol`` (M, *, -, E): its pre-norm + its mixer (``layer_params``; an MTP
+        block's layers, ``mtp_block_layers``)."""
         return self.norm_params + {"M": self.mamba_params, "*": self.attention_params, "-": self.dense_mlp_params,
                                    "E": self.moe_block_params}[symbol]
 

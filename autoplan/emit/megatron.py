@@ -18,7 +18,8 @@ from autoplan.emit.launch import bash_array, script_header, slurm_script, torchr
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
-from cost_models.targets import MEGATRON
+from cost_models.targets import MEGATRON, Runtime
+from cost_models.targets.common import CORE_RELEASES
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -323,10 +324,10 @@ def model_args(plan: EmitPlan) -> list[str]:
 
 def mtp_not_emitted(m: Any) -> ConfigError | None:
     """Why the emitter writes no command line for ``m``'s MTP: it writes core_v0.16.1's flags (pretrain_mamba.py
-    --hybrid-override-pattern), and a hybrid stack's MTP block / a repeated MTP layer exist from core_v0.17.0rc0 on
-    (the megatron target's megatron_core rule), with the unified '--hybrid-layer-pattern <main>/<block>/<block>'
+    --hybrid-override-pattern), and what the megatron target's megatron_core rule says core_v0.16.1 cannot build (a
+    hybrid stack's MTP block, a repeated MTP layer) takes the unified '--hybrid-layer-pattern <main>/<block>/<block>'
     (megatron/training/arguments.py:735-775, 854-866 @ core_v0.18.0) that this emitter does not write."""
-    if not ((m.is_hybrid and m.arch.mtp_layers) or m.arch.mtp_repeated):
+    if MEGATRON.model_runtime_error(m, Runtime("megatron", megatron_core=CORE_RELEASES[0])) is None:
         return None
     return ConfigError(f"{m.name}: the megatron emitter writes Megatron-Core 0.16.1's flags, and its MTP (block "
                        f"{m.arch.mtp_pattern!r}, {m.arch.mtp_layers} depths, repeated {m.arch.mtp_repeated}) needs "
