@@ -95,7 +95,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if err is not None:
         raise err
     prof = profile or MEGATRON
-    moe_sp = model.is_moe and prof.moe_tp_needs_sp
+    moe_sp = model.is_moe  # MoE under TP runs SP on every target (TargetProfile.moe_sp_source says why)
     if moe_sp and t > 1 and not par.sequence_parallel:
         raise ConfigError(f"MoE with tp={t} needs sequence_parallel on ({prof.name}: {prof.moe_sp_source})",
                           valid=["sequence_parallel on", "tp=1"])

@@ -310,8 +310,8 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
         return
     N = cluster.num_gpus
     sp = bool(pins.get("sequence_parallel", True))
+    moe_sp = model.is_moe  # check_parallel's rule: MoE under TP runs SP (TargetProfile.moe_sp_source)
     for tp in tp_choices(model, cluster, target, pins, tally):
-        moe_sp = model.is_moe and PROFILES[target].moe_tp_needs_sp  # check_parallel's rule (profile fact)
         if not sp and tp > 1 and moe_sp:
             tally.cut("moe_needs_sp")
             continue

@@ -316,9 +316,9 @@ class TargetProfile:
     sequence_parallel: Literal["flag", "forced"] = "flag"
     # Whether its sequence parallelism needs each CP rank's tokens divisible by tp (False: DTensor shards unevenly)
     sp_even_tokens: bool = False
-    # MoE layers under TP need sequence parallelism: the target's own rule, or (default) what autoplan can price:
-    # routed experts at expert-TP 1 with their tokens split over TP by SP (op_cost.op_compute, "experts")
-    moe_tp_needs_sp: bool = True
+    # Why MoE layers under TP need sequence parallelism on every target (validate.check_parallel, search.space): the
+    # target's own rule, or (default) what autoplan can price: routed experts at expert-TP 1 with their tokens split
+    # over TP by SP (op_cost.op_compute, "experts")
     moe_sp_source: str = "autoplan prices routed experts at expert-TP 1 with their tokens split over tp by SP"
     loss_modes: tuple[str, ...] = ("F",)
     kv_modes: tuple[str, ...] = ("shard",)
