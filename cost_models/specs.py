@@ -101,6 +101,10 @@ class RouterSpec(_Frozen):
         default="aux_loss", description="load-balancing loss: per batch (Switch/GShard) or per sequence (DeepSeek)")
     aux_loss_coeff: float = Field(default=0.0, ge=0, description="its weight (HF router_aux_loss_coef / "
                                   "aux_loss_alpha)")
+    fp32_logits: bool = Field(default=False, description="the gate's logits computed in fp32 from bf16 "
+                              "activations (HF DeepseekV2/V3, Glm4Moe and NemotronH TopkRouter: F.linear on float32; "
+                              "Megatron --moe-router-dtype fp32); else in the activations' dtype (Mixtral, Qwen, "
+                              "GPT-OSS, OLMoE)")
 
     @model_validator(mode="after")
     def _check(self) -> "RouterSpec":

@@ -196,13 +196,14 @@ def test_torchtitan_405b_bf16_gets_a_config_module() -> None:
 
 
 @pytest.mark.parametrize(("model", "said"), [
-    ("qwen3-235b-a22b", ["aux_loss load-balancing loss (coefficient 0.001) is not trained", "has no expert bias"]),
+    ("qwen3-235b-a22b", ["aux_loss load-balancing loss (coefficient 0.001) is not trained", "has no expert bias",
+                         "router computes its logits in bf16, torchtitan 0.3.0 in fp32"]),
     ("deepseek-v3", ["seq_aux_loss load-balancing loss (coefficient 0.001) is not trained"]),
     ("llama3-8b", []),
 ])
 def test_torchtitan_says_which_moe_balancing_it_cannot_train(model: str, said: list[str]) -> None:
-    """torchtitan 0.3.0's MoE has no auxiliary loss and always an expert bias: what the published model balances
-    differently is a WARNING in the notes (README.txt, stderr), one per fact."""
+    """torchtitan 0.3.0's MoE has no auxiliary loss, always an expert bias and an fp32 gate: what the published
+    model routes differently is a WARNING in the notes (README.txt, stderr), one per fact."""
     gpus, par = {"qwen3-235b-a22b": (1024, dict(tp=4, pp=8, ep=8)), "deepseek-v3": (2048, dict(tp=2, pp=16, ep=64)),
                  "llama3-8b": (64, dict(tp=2))}[model]
     e = emit(plan(model, gpus, gpus, seq=4096, zero_stage=3, **par), "torchtitan")
@@ -653,3 +654,18 @@ def test_dualpipe_error_lists_the_schedules_the_target_emits(target: str) -> Non
     for sched in listed:
         extra = {"vp": 2} if sched == "interleaved" else {}
         emit(plan(**{**base, "schedule": sched, **extra}), target)  # no ConfigError
+
+
+@pytest.mark.parametrize(("model", "fp32"), [("deepseek-v3", True), ("glm-4.5-air", True),
+                                             ("nemotron-3-nano-30b-a3b", True), ("qwen3-235b-a22b", False),
+                                             ("mixtral-8x7b", False)])
+def test_megatron_router_dtype_follows_the_published_gate(model: str, fp32: bool) -> None:
+    """The HF gates of DeepSeek-V3, GLM-4.5 and Nemotron-H compute their logits in fp32 (RouterSpec.fp32_logits,
+    read from the model type): Megatron is told --moe-router-dtype fp32; Qwen3 and Mixtral keep the bf16 gate."""
+    from autoplan.emit.megatron import model_args
+
+    m = load_model(model)
+    assert m.arch.router.fp32_logits is fp32
+    args = model_args(EmitPlan(model=m, cluster=build_cluster("h100-sxm", 8),
+                               job=JobSpec(global_batch_size=8, seq_len=4096), parallel=ParallelConfig()))
+    assert parse_megatron_args(args).moe_router_dtype == ("fp32" if fp32 else None)

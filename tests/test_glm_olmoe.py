@@ -339,6 +339,7 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "kv_channels": m.head_dim_resolved, "add_qkv_bias": m.qkv_bias, "untie": not m.tied_embeddings,
                 "moe_router_topk_scaling_factor": m.arch.router.top_k_scaling if m.arch.router.top_k_scaling != 1
                 else None, "moe_router_pre_softmax": not m.arch.router.norm_top_k,
+                "moe_router_dtype": "fp32" if m.arch.router.fp32_logits else None,
                 "moe_shared_expert_intermediate_size": m.num_shared_experts * m.expert_ffn_hidden_size or None,
                 "moe_layer_freq": [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
                 if m.first_dense_layers else 1}

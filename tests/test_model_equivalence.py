@@ -39,14 +39,16 @@ TITAN_CASES = ["deepseek-v3", "gpt-oss-20b", "llama3-405b", "llama3-70b", "llama
 
 def titan_router_diff(name: str) -> set[str]:
     """The router facts torchtitan 0.3.0 cannot express, as the emitter's WARNING notes announce them: its MoE has
-    no auxiliary loss and always balances with a per-expert bias (MoE.Config.load_balance_coeff,
-    torchtitan/models/common/moe.py)."""
+    no auxiliary loss, always balances with a per-expert bias (MoE.Config.load_balance_coeff,
+    torchtitan/models/common/moe.py) and always computes its gate in fp32."""
     from autoplan.catalog import load_model
-    from autoplan.emit.torchtitan import balancing_warnings
+    from autoplan.emit.torchtitan import balancing_warnings, router_precision_warnings
 
-    warned = balancing_warnings(load_model(name))
+    model = load_model(name)
+    warned = balancing_warnings(model) + router_precision_warnings(model)
     return ({"aux_coeff"} if any("loss" in w and "not trained" in w for w in warned) else set()) | \
-        ({"expert_bias"} if any("no expert bias" in w for w in warned) else set())
+        ({"expert_bias"} if any("no expert bias" in w for w in warned) else set()) | \
+        ({"logits_fp32"} if any("logits in bf16" in w for w in warned) else set())
 
 
 def rows_for(model: str, config: Path, framework: str = "megatron-core") -> list[list]:

@@ -324,7 +324,8 @@ def _deepseek_router(c: _Config) -> dict[str, Any]:
     return {"score_function": score, "norm_top_k": bool(c.get("norm_topk_prob", False)),
             "expert_bias": method == "noaux_tc", "num_groups": groups if grouped else 0,
             "group_top_k": group_k if grouped else 0, "top_k_scaling": c.float("routed_scaling_factor", 1.0),
-            "aux_loss": "seq_aux_loss" if seq else "aux_loss", "aux_loss_coeff": c.float("aux_loss_alpha", 0.001)}
+            "aux_loss": "seq_aux_loss" if seq else "aux_loss", "aux_loss_coeff": c.float("aux_loss_alpha", 0.001),
+            "fp32_logits": True}  # DeepseekV2/V3TopkRouter: F.linear on float32 (transformers 5.24 v3:135, v2:100)
 
 
 def _llama_arch(c: _Config, num_layers: int, *, qwen: bool, qk_norm: bool, window: bool) -> dict[str, Any]:
@@ -544,7 +545,8 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
                           "expert_bias": True, "num_groups": groups if grouped else 0,
                           "group_top_k": group_k if grouped else 0,
                           "top_k_scaling": c.float("routed_scaling_factor", 1.0),
-                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-3}
+                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-3,
+                          "fp32_logits": True}  # Glm4MoeTopkRouter: F.linear on float32 (modeling_glm4_moe.py:284)
     else:
         c.seen("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
     shape = _decoder_shape(c, n, hidden, heads, ffn=10944, kv_heads=8)  # Glm4MoeConfig's defaults (not MHA)
@@ -733,7 +735,8 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
                           "expert_bias": True, "num_groups": groups if groups > 1 else 0,
                           "group_top_k": group_k if groups > 1 else 0,
                           "top_k_scaling": c.float("routed_scaling_factor", 1.0),
-                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-4}
+                          "aux_loss": "seq_aux_loss", "aux_loss_coeff": 1e-4,
+                          "fp32_logits": True}  # NemotronHTopkRouter: F.linear on float32 (modeling_nemotron_h.py:774)
     else:
         c.seen("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
                "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "moe_latent_size")

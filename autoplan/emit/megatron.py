@@ -304,6 +304,8 @@ def model_args(plan: EmitPlan) -> list[str]:
             raise ConfigError(f"{m.name}: sigmoid routing without top-k renormalization has no Megatron-LM flag")
         if r.expert_bias:
             add("--moe-router-enable-expert-bias")
+        if r.fp32_logits:  # TopKRouter.gating: TE's GEMM of the bf16 input and weight with an fp32 output (router.py:
+            add("--moe-router-dtype", "fp32")  # 94-100, moe_utils.py:1192-1193 @ core_v0.16.1); HF's gate casts both
         if r.num_groups:
             add("--moe-router-num-groups", r.num_groups)
             add("--moe-router-group-topk", r.group_top_k)
@@ -437,6 +439,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--rope-type", choices=["rope", "yarn"], default=None)
     p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
+    p.add_argument("--moe-router-dtype", choices=["fp32", "fp64"], default=None)
     p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"])
     p.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=[0.0])
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)

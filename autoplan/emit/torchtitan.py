@@ -275,7 +275,7 @@ def notes(plan: EmitPlan) -> list[str]:
                if t.config_precision != plan.job.precision else
                f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
-    out += balancing_warnings(plan.model)
+    out += balancing_warnings(plan.model) + router_precision_warnings(plan.model)
     return out
 
 
@@ -296,6 +296,16 @@ def balancing_warnings(model: ModelSpec) -> list[str]:
                    "(MoE load_balance_coeff 1e-3, aux-loss-free, arXiv 2408.15664); kept, since it is torchtitan's "
                    "only balancing")
     return out
+
+
+def router_precision_warnings(model: ModelSpec) -> list[str]:
+    """torchtitan 0.3.0 computes every MoE gate under a float32 autocast (TokenChoiceTopKRouter.forward,
+    torchtitan/models/common/moe.py:297-299), with no knob: a model whose gate runs in the activations' dtype
+    (``RouterSpec.fp32_logits`` false: Qwen, GPT-OSS, OLMoE) is trained with a more precise gate than published."""
+    if not model.is_moe or model.arch.router.fp32_logits:
+        return []
+    return [f"WARNING: {model.name}'s router computes its logits in bf16, torchtitan 0.3.0 in fp32 (its gate runs "
+            "under a float32 autocast, no knob): the same model, a more precise gate"]
 
 
 def _flag(section: str, key: str, value: Any) -> list[str]:

@@ -76,6 +76,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   moe_grouped_gemm=ns.moe_grouped_gemm, moe_router_score_function=ns.moe_router_score_function,
                   moe_router_pre_softmax=ns.moe_router_pre_softmax,
                   moe_router_enable_expert_bias=ns.moe_router_enable_expert_bias,
+                  moe_router_dtype=ns.moe_router_dtype,
                   moe_router_num_groups=ns.moe_router_num_groups, moe_router_group_topk=ns.moe_router_group_topk,
                   moe_router_topk_scaling_factor=ns.moe_router_topk_scaling_factor,
                   moe_router_load_balancing_type=ns.moe_router_load_balancing_type[0],

@@ -148,6 +148,7 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "spec": args.spec, "rotary_percent": args.rotary_percent, "kv_channels": cfg.kv_channels,
             "add_qkv_bias": cfg.add_qkv_bias, "moe_router_topk_scaling_factor": cfg.moe_router_topk_scaling_factor,
             "moe_router_pre_softmax": cfg.moe_router_pre_softmax,
+            "moe_router_dtype": cfg.moe_router_dtype,
             "moe_shared_expert_intermediate_size": cfg.moe_shared_expert_intermediate_size,
             "moe_layer_freq": cfg.moe_layer_freq, "untie": args.untie_embeddings_and_output_weights}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:

@@ -63,7 +63,7 @@ def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
         # the rotary module multiplies cos and sin by the RoPE attention factor (YaRN: 0.1 ln(factor) + 1 for
         # GPT-OSS; 1 for llama3 scaling and DeepSeek's mscale = mscale_all_dim), so q·k by its square
         "softmax_scale": float(attn.scaling) * float(scaling) ** 2,
-        "router": _hf_router(config),
+        "router": _hf_router(config, model),
     }
 
 
@@ -76,10 +76,26 @@ def _hf_glu(cfg: Any) -> tuple[str, float, float | None]:
     return (cfg.hidden_act, 0.0, None)
 
 
-def _hf_router(c: dict[str, Any]) -> dict[str, Any] | None:
+def _hf_logits_fp32(model: Any) -> bool:
+    """Whether transformers' gate computes its logits in fp32 from a bf16 model: its first router module (class name
+    ending in 'Router'), cast to bf16, called on a bf16 meta input (DeepseekV3TopkRouter casts both operands to
+    float32; Qwen3MoeTopKRouter does not)."""
+    import torch
+
+    router = next(m for _, m in model.named_modules() if type(m).__name__.lower().endswith("router"))
+    router = router.to(torch.bfloat16)
+    out = router(torch.empty(1, 1, router.weight.shape[-1], dtype=torch.bfloat16, device="meta"))
+    return (out[0] if isinstance(out, tuple) else out).dtype == torch.float32
+
+
+def _hf_router(c: dict[str, Any], model: Any) -> dict[str, Any] | None:
     experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
     if not experts:
         return None
+    return {**_hf_router_config(c, experts), "logits_fp32": _hf_logits_fp32(model)}
+
+
+def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
     if c.get("model_type") == "glm4_moe":  # Glm4MoeTopkRouter: sigmoid + e_score_correction_bias, always grouped
         groups = c.get("n_group", 1)
         return {"experts": experts, "top_k": c.get("num_experts_per_tok", 8), "score": "sigmoid", "groups": groups,
@@ -207,7 +223,9 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
                   # topk_softmax_with_capacity: sigmoid scores are always renormalized over the k chosen; softmax is
                   # renormalized unless moe_router_pre_softmax (megatron/core/transformer/moe/moe_utils.py)
                   "renormalize": cfg.moe_router_score_function == "sigmoid" or not cfg.moe_router_pre_softmax,
-                  "aux_coeff": cfg.moe_aux_loss_coeff}
+                  "aux_coeff": cfg.moe_aux_loss_coeff,
+                  # router.py:94-100: fp32 / fp64 gate output when set, else the input's dtype
+                  "logits_fp32": cfg.moe_router_dtype in ("fp32", "fp64")}
     from megatron.core.transformer.utils import is_layer_window_attention
 
     window = cfg.window_size[0] + 1 if cfg.window_size else None
@@ -280,7 +298,8 @@ def torchtitan_fields(plan: Any) -> dict[str, Any]:
         router = {"experts": moe.num_experts, "top_k": r.top_k, "score": r.score_func,
                   "groups": r.num_expert_groups or 1, "group_top_k": r.num_limited_groups or 1,
                   "expert_bias": moe.load_balance_coeff is not None, "scale": r.route_scale,
-                  "renormalize": bool(r.route_norm), "aux_coeff": None}  # torchtitan has no auxiliary loss
+                  "renormalize": bool(r.route_norm), "aux_coeff": None,  # torchtitan has no auxiliary loss
+                  "logits_fp32": _titan_gate_fp32()}
     attn = dict(model.named_modules())["layers.0.attention"]
     head = getattr(layer.attention, "qk_nope_head_dim", 0) + getattr(layer.attention, "qk_rope_head_dim", 0) or \
         getattr(layer.attention, "head_dim", None) or mc.dim // layer.attention.n_heads
@@ -298,6 +317,18 @@ def torchtitan_fields(plan: Any) -> dict[str, Any]:
         "softmax_scale": float(scale),
         "router": router,
     }
+
+
+def _titan_gate_fp32() -> bool:
+    """Whether torchtitan's router computes its gate under a float32 autocast (0.3.0: TokenChoiceTopKRouter.forward,
+    torchtitan/models/common/moe.py:297-299, every model). Read from its source: the autocast is to CUDA, which a
+    CPU build cannot run."""
+    import inspect
+
+    from torchtitan.models.common.moe import TokenChoiceTopKRouter
+
+    src = inspect.getsource(TokenChoiceTopKRouter.forward)
+    return "torch.autocast" in src and "dtype=torch.float32" in src
 
 
 def _titan_glu(moe: Any) -> tuple[str, float, float | None]:
