@@ -153,6 +153,11 @@ class StageParams:
     dense: float  # sharded over dp·cp (or the HSDP group)
     expert: float  # sharded over the expert-data-parallel group tp·cp·dp/ep
     largest_layer: float  # for ZeRO-3's gathered + prefetched units
+    # of ``dense``: the embedding, output layer + final norm, a tied weight's or the MTP modules' embedding copy.
+    # Megatron-Core runs them outside Transformer Engine's linears (VocabParallelEmbedding; the output layer is its own
+    # ColumnParallelLinear, megatron/core/models/gpt/gpt_model.py:241 @ core_v0.16.1), so TE caches no quantized copy
+    # of them (``Runtime.weight_cache_bytes``).
+    outside_te: float = 0.0
 
 
 def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
@@ -170,6 +175,7 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         dense += d
         expert += ex / e  # expert TP = 1: experts are not split by tp
         largest = max(largest, d + ex / e)
+    body = dense  # decoder layers (+ the MTP modules below): what TE's linears hold
     if first:
         dense += model.embedding_params / t
     if last:
@@ -179,9 +185,10 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
     if last if mtp is None else mtp:  # the MTP modules (cost_models.mtp), and the embedding copy they need there
         mtp_dense, mtp_expert, mtp_unit = mtp_stage_params(model, t, e)
         dense, expert, largest = dense + mtp_dense, expert + mtp_expert, max(largest, mtp_unit)
+        body += mtp_dense
         if not first:
             dense += mtp_embedding_copy_params(model, t, par.pp, par.schedule, on_last=last)
-    return StageParams(dense, expert, largest)
+    return StageParams(dense, expert, largest, dense - body)
 
 
 def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
@@ -378,10 +385,11 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         start = sum(layers[:mirror])
         mp = stage_params(model, par, range(start, start + layers[mirror]), first=mirror == 0,
                           last=mirror == par.pp - 1)
-        sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer))
+        sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer),
+                         sp.outside_te + mp.outside_te)
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
-    w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group)
+    w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group, uncached=sp.outside_te)
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)
         o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group,

@@ -541,8 +541,9 @@ class Scorer:
         last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)  # cost_models.memory.stage_params
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         per = kd * dense + ke * expert
-        first, last = kd * m.embedding_params / lay.tp, kd * (last_dense + mtp_dense) + ke * mtp_expert
         rt = self.default_runtime(lay)
+        ko = kd - rt.weight_cache_bytes  # embedding, output layer, embedding copies: no TE cache (StageParams.outside_te)
+        first, last = ko * m.embedding_params / lay.tp, ko * last_dense + kd * mtp_dense + ke * mtp_expert
         if rt.optimizer == "adam":
             return per, first, last
         od, oe = rt.state_bytes(1.0, lay.zero_stage, group)[2], rt.state_bytes(1.0, lay.zero_stage, edp)[2]

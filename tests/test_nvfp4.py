@@ -137,6 +137,25 @@ def test_nvfp4_runtime_holds_the_cached_weights_and_no_tp_overlap() -> None:
     assert (rt.tp_gather_bytes, rt.tp_grad_gather_bytes) == pytest.approx((COPY, 2 * COPY))
 
 
+def test_nvfp4_weight_cache_is_of_the_te_linears_only() -> None:
+    """TE caches quantized copies of the weights its linears use; the embedding and Megatron's own output layer
+    (gpt_model.py:241, bf16 outside the FP4 autocast) have none. Llama3-8B pp 2: the first stage holds the embedding,
+    the last the output layer; both stages' weights are bf16 for everything + the two NVFP4 copies of the layers."""
+    from cost_models.memory import graphs_for, stage_memory, stage_params
+
+    model, cluster, job, par = _llama()
+    par = par.model_copy(update={"pp": 2})
+    rt = runtime_for("megatron", job, cluster, par)
+    layers = [model.num_layers // 2] * 2
+    for s in (0, 1):
+        ids = list(range(s * layers[0], (s + 1) * layers[0]))
+        sp = stage_params(model, par, ids, first=s == 0, last=s == 1)
+        body = stage_params(model, par, ids, first=False, last=False).dense
+        mem = stage_memory(model, job, par, 8 // 2, s, layers, 4, graphs_for(model, job.seq_len), rt)
+        assert mem.weights == pytest.approx(BF16 * sp.dense + 2 * COPY * body)
+        assert sp.dense - body == pytest.approx((model.embedding_params if s == 0 else model.head_params))
+
+
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80g", "mi300x"])
 def test_nvfp4_is_refused_without_fp4_tensor_cores(gpu: str) -> None:
     res = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--gpu", gpu, "--gpus", "8", "--tp", "1",

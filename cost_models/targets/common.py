@@ -236,13 +236,15 @@ class Runtime:
         """The launch environment sets the caching allocator's expandable segments (as Megatron-Core reads it)."""
         return "expandable_segments:True" in dict(self.env).get(ALLOC_CONF_VAR, "").split(",")
 
-    def state_bytes(self, params: float, zero_stage: int, shard_group: int) -> tuple[float, float, float]:
-        """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``."""
+    def state_bytes(self, params: float, zero_stage: int, shard_group: int,
+                    uncached: float = 0.0) -> tuple[float, float, float]:
+        """(weights, grads, optimizer) bytes of ``params`` held by a rank under ZeRO over ``shard_group``;
+        ``uncached`` of them are weights no TE linear uses (``memory.StageParams.outside_te``: no cached copy)."""
         from cost_models.memory import zero_state_bytes
 
         w, g, o = zero_state_bytes(params, zero_stage, shard_group,
                                    (self.weight_bytes, self.grad_bytes, self.optimizer_bytes))
-        return w + self.weight_cache_bytes * params, g, o  # TE caches the weight it used: the gathered one
+        return w + self.weight_cache_bytes * (params - uncached), g, o  # TE caches the weight it used: the gathered one
 
     @property
     def adam_bytes_per_param(self) -> float:
