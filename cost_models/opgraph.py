@@ -306,6 +306,11 @@ def _moe(b: _Builder, x: str) -> str:
         sh = _mlp(b, xn, m.expert_ffn_hidden_size * m.num_shared_experts, "shared_", "ffn")
         first_shared = next(i for i, o in enumerate(b.ops) if o.name.startswith("shared_"))
         b.ops[first_shared] = _without_saved(b.ops[first_shared])  # the norm output is already saved
+        if m.shared_gate_params:  # output * sigmoid(xn·g) (Megatron shared_experts.py:128-131): a GEMV + a scale
+            gated = b.tensor("shared_gated", h, "hidden")
+            b.add(Op("shared_gate", "elementwise", (sh, xn), gated, params=m.shared_gate_params,
+                     flops_per_token=2.0 * h + 2.0 * h))
+            sh = gated
         out = b.tensor("moe_out", h, "hidden")
         b.add(Op("shared_add", "elementwise", (comb, sh), out))
     return b.residual("mlp_residual", x, out, "layer_out")

@@ -210,6 +210,9 @@ class ArchSpec(_Frozen):
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on residual branches")
     router: RouterSpec = Field(default_factory=RouterSpec)
+    shared_expert_gate: bool = Field(default=False, description="the shared experts' output scaled by sigmoid(x·g), "
+                                     "g one hidden-wide weight per MoE layer (HF Qwen2-MoE shared_expert_gate; "
+                                     "Megatron --moe-shared-expert-gate, moe/shared_experts.py:55-61, 128-131)")
     mtp_layers: int = Field(default=0, ge=0, description="multi-token-prediction depths (DeepSeek-V3 "
                             "num_nextn_predict_layers; Megatron --mtp-num-layers): each is a block + projection "
                             "sharing the embedding and the head")
@@ -510,7 +513,13 @@ class ModelSpec(_Frozen):
     def moe_block_params(self) -> int:
         """Router, routed and shared experts and latent projections of one MoE MLP (no norm)."""
         return (self.router_params + self.num_experts * self.expert_params
-                + self.num_shared_experts * self.shared_expert_params + self.latent_projection_params)
+                + self.num_shared_experts * self.shared_expert_params + self.shared_gate_params
+                + self.latent_projection_params)
+
+    @property
+    def shared_gate_params(self) -> int:
+        """The shared experts' sigmoid gate (``ArchSpec.shared_expert_gate``): one hidden-wide weight per MoE layer."""
+        return self.hidden_size if self.arch.shared_expert_gate and self.num_shared_experts else 0
 
     @cached_property
     def mamba_params(self) -> int:

@@ -42,7 +42,7 @@ PUBLIC_TOTALS = [
     ("qwen2-7b", 7.62e9, 0.002, "model card 7.6B; HF count 7.62B"),
     ("qwen3-8b", 8_190_735_360, 2e-6, "per-head q/k RMSNorms (36 x 256) ignored"),
     ("mixtral-8x7b", 46.7e9, 0.002, "Mistral reports 46.7B"),
-    ("qwen1.5-moe-a2.7b", 14.3e9, 0.005, "model card rounds to 14.3B; shared-expert gate ignored"),
+    ("qwen1.5-moe-a2.7b", 14.3e9, 0.005, "model card rounds to 14.3B"),
     ("qwen3-235b-a22b", 235e9, 0.005, "model card rounds to 235B"),
     ("deepseek-v2-lite", 15.7e9, 0.005, "model card rounds to 15.7B"),
     ("deepseek-v3", 671e9, 0.005, "671B main model; the 14B MTP module is not counted"),
@@ -259,3 +259,27 @@ def test_any_corrupted_value_gives_a_spec_or_a_user_error(name: str, data: st.Da
         spec_from_hf_config(cfg | {key: value})
     except UserInputError as err:
         assert "\n" not in str(err)
+
+
+def test_qwen2_moe_shared_expert_gate_reaches_megatron_and_the_price() -> None:
+    """Qwen2-MoE scales its shared expert by sigmoid(shared_expert_gate(x)) (transformers Qwen2MoeSparseMoeBlock):
+    ArchSpec.shared_expert_gate, one hidden-wide weight per MoE layer in the parameters and the layer graph, and
+    Megatron's --moe-shared-expert-gate. Qwen3-MoE has no shared expert, so no gate."""
+    from autoplan.emit import EmitPlan
+    from autoplan.catalog import build_cluster
+    from autoplan.emit.megatron import model_args, parse_megatron_args
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    qwen = load_model(str(HF / "qwen1.5-moe-a2.7b.json"))
+    plain = qwen.model_copy(update={"arch": qwen.arch.model_copy(update={"shared_expert_gate": False})})
+    assert qwen.arch.shared_expert_gate and not load_model("qwen3-235b-a22b").arch.shared_expert_gate
+    assert qwen.moe_block_params - plain.moe_block_params == qwen.hidden_size
+    assert qwen.num_params - plain.num_params == qwen.hidden_size * qwen.num_moe_layers
+    graph = layer_graph(qwen, "moe", 4096)
+    assert sum(op.params for op in graph.ops if op.name == "shared_gate") == qwen.hidden_size
+    emitted = [parse_megatron_args(model_args(EmitPlan(model=m, cluster=build_cluster("h100-sxm", 8),
+                                                       job=JobSpec(global_batch_size=8, seq_len=4096),
+                                                       parallel=ParallelConfig()))).moe_shared_expert_gate
+               for m in (qwen, plain)]
+    assert emitted == [True, False]

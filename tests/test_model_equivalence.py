@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.catalog import load_model
+from autoplan.catalog.registry import model_names
 from autoplan.emit.megatron import yarn_not_emitted
 from tests.written_configs import MISTRAL_7B
 
@@ -29,7 +30,9 @@ ROOT = Path(__file__).parent.parent
 CASES = {"llama3-8b": HF / "llama3-8b.json", "llama3-70b": HF / "llama3-70b.json",
          "llama3-405b": HF / "llama3.1-405b.json", "llama3.1-8b": HF / "llama3.1-8b.json",
          "mixtral-8x7b": HF / "mixtral-8x7b.json", "qwen3-235b-a22b": HF / "qwen3-235b-a22b.json",
-         "deepseek-v3": HF / "deepseek-v3.json", "mistral-7b": None, "gpt-oss-20b": HF / "gpt-oss-20b.json"}
+         "deepseek-v3": HF / "deepseek-v3.json", "mistral-7b": None, "gpt-oss-20b": HF / "gpt-oss-20b.json",
+         # a user's config.json (no catalog entry): Qwen2-MoE's gated shared expert and q/k/v biases
+         "qwen1.5-moe-a2.7b": HF / "qwen1.5-moe-a2.7b.json"}
 
 
 # torchtitan 0.3.0 ships these (mixtral and mistral it does not: the emitter refuses them, tested in test_emit.py)
@@ -66,6 +69,8 @@ def test_megatron_builds_the_published_model(name: str, tmp_path: Path) -> None:
     if config is None:  # the Mistral config.json is written by the test and loaded as a user's file
         config = tmp_path / "config.json"
         config.write_text(json.dumps(MISTRAL_7B))
+        model = str(config)
+    elif name not in model_names():
         model = str(config)
     rows = rows_for(model, config)
     assert {r[2] for r in rows} >= {"params", "rope_inv_freq", "norm_eps", "qk_norm", "window", "softmax_scale",

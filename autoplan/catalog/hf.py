@@ -12,7 +12,7 @@ configuration class. Approximations (all small; the parameter-count tests state 
 - **Qwen2-MoE shared expert**: one shared expert of width ``shared_expert_intermediate_size``; ModelSpec
   has one expert width, so it becomes ``num_shared_experts = round(shared_width / moe_intermediate_size)``
   experts (exact for the public checkpoints: 5632 = 4 x 1408, 20480 = 8 x 2560). Its sigmoid gate
-  (``hidden_size`` weights per layer) is ignored.
+  (``shared_expert_gate``, ``hidden_size`` weights per layer) is ``ArchSpec.shared_expert_gate``.
 - **MoE layer placement**: HF's ``mlp_only_layers``/``decoder_sparse_step`` (Qwen) and
   ``first_k_dense_replace``/``moe_layer_freq`` (DeepSeek) are translated to ModelSpec's
   ``first_dense_layers``/``moe_layer_freq`` only when that reproduces the same set of MoE layers exactly;
@@ -397,14 +397,18 @@ def _mixtral(c: _Config) -> dict[str, Any]:
 
 def _qwen_moe(c: _Config, *, qkv_bias: bool, qk_norm: bool) -> dict[str, Any]:
     """Qwen2-MoE / Qwen3-MoE: layer i is sparse iff i ∉ mlp_only_layers and (i+1) % decoder_sparse_step == 0.
-    Router: softmax over all experts, top-k, renormalized iff norm_topk_prob (default false)."""
-    router = _router(c, coeff_key="router_aux_loss_coef", coeff_default=0.001, norm_default=False)
-    fields = _llama_like(c, qkv_bias=qkv_bias, qwen=True, qk_norm=qk_norm, arch={"router": router})
-    n, experts = int(fields["num_layers"]), c.int("num_experts")
-    step, dense_only = c.int("decoder_sparse_step", default=1, minimum=1), set(c.int_list("mlp_only_layers"))
-    moe_layers = [i for i in range(n) if experts > 0 and i not in dense_only and (i + 1) % step == 0]
+    Router: softmax over all experts, top-k, renormalized iff norm_topk_prob (default false). Qwen2-MoE's shared
+    expert output is scaled by sigmoid(shared_expert_gate(x)) (transformers Qwen2MoeSparseMoeBlock, every layer
+    with a shared expert); Qwen3-MoE has no shared expert."""
+    experts = c.int("num_experts")
     moe_width = c.int("moe_intermediate_size", minimum=1)
     shared = round(c.int("shared_expert_intermediate_size", default=0) / moe_width)
+    router = _router(c, coeff_key="router_aux_loss_coef", coeff_default=0.001, norm_default=False)
+    fields = _llama_like(c, qkv_bias=qkv_bias, qwen=True, qk_norm=qk_norm,
+                         arch={"router": router, "shared_expert_gate": shared > 0})
+    n = int(fields["num_layers"])
+    step, dense_only = c.int("decoder_sparse_step", default=1, minimum=1), set(c.int_list("mlp_only_layers"))
+    moe_layers = [i for i in range(n) if experts > 0 and i not in dense_only and (i + 1) % step == 0]
     return fields | _moe_fields(
         c,
         n,

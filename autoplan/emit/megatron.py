@@ -292,6 +292,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--moe-ffn-hidden-size", m.expert_ffn_hidden_size)
         if m.num_shared_experts:
             add("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.expert_ffn_hidden_size)
+        if m.shared_gate_params:
+            add("--moe-shared-expert-gate")
         if m.first_dense_layers or m.moe_layer_freq > 1:
             add("--moe-layer-freq", moe_layer_pattern(plan))
         add("--moe-router-score-function", r.score_function)
@@ -426,7 +428,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
-                 "--quick-geglu", "--squared-relu", "--is-hybrid-model"]:
+                 "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),

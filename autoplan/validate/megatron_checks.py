@@ -72,6 +72,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         kw.update(num_moe_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk,
                   moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
                   moe_shared_expert_intermediate_size=ns.moe_shared_expert_intermediate_size,
+                  moe_shared_expert_gate=ns.moe_shared_expert_gate,
                   moe_layer_freq=_moe_freq(ns.moe_layer_freq), moe_token_dispatcher_type=ns.moe_token_dispatcher_type,
                   moe_grouped_gemm=ns.moe_grouped_gemm, moe_router_score_function=ns.moe_router_score_function,
                   moe_router_pre_softmax=ns.moe_router_pre_softmax,

@@ -150,6 +150,7 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "moe_router_pre_softmax": cfg.moe_router_pre_softmax,
             "moe_router_dtype": cfg.moe_router_dtype,
             "moe_shared_expert_intermediate_size": cfg.moe_shared_expert_intermediate_size,
+            "moe_shared_expert_gate": cfg.moe_shared_expert_gate,
             "moe_layer_freq": cfg.moe_layer_freq, "untie": args.untie_embeddings_and_output_weights}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
