@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -291,6 +292,13 @@ class ModelSpec(_Frozen):
                                        "(attention + MLP each)")
     mamba: MambaSpec | None = Field(default=None, description="the Mamba-2 mixer of a hybrid stack's M layers")
     arch: ArchSpec = Field(default_factory=ArchSpec, description="positions, norms, window, routing, MTP")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ModelSpec":
+        """A copy with ``update`` applied and validated again. pydantic's own copy keeps the instance ``__dict__``,
+        where ``functools.cached_property`` stores the derived sizes below: an update would leave them stale."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return type(self).model_validate({**{k: getattr(self, k) for k in type(self).model_fields}, **update})
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan.catalog import SUPPORTED_MODEL_TYPES, load_model
-from autoplan.catalog.hf import spec_from_hf_config
+from autoplan.catalog.hf import HFConfigWarning, spec_from_hf_config
 from autoplan.errors import UserInputError
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -283,3 +283,24 @@ def test_qwen2_moe_shared_expert_gate_reaches_megatron_and_the_price() -> None:
                                                        parallel=ParallelConfig()))).moe_shared_expert_gate
                for m in (qwen, plain)]
     assert emitted == [True, False]
+
+
+@pytest.mark.parametrize(("keys", "said"), [({"attention_bias": True}, "o_proj's bias"),
+                                            ({"mlp_bias": True}, "the MLP's biases")])
+def test_llama_bias_megatron_cannot_build_is_said(keys: dict[str, bool], said: str) -> None:
+    """LlamaAttention's o_proj follows attention_bias, LlamaMLP's linears mlp_bias; Megatron has q/k/v-only biases
+    or biases everywhere, so one without the other is dropped, and the loader says so."""
+    with pytest.warns(HFConfigWarning, match=said):
+        m = spec_from_hf_config({**fixture("llama3-8b"), **keys})
+    assert not m.linear_bias and m.qkv_bias == ("attention_bias" in keys)
+
+
+def test_model_copy_recomputes_derived_sizes() -> None:
+    """ModelSpec's derived sizes are cached properties; a copy with an update must not inherit them stale."""
+    m = load_model("qwen3-235b-a22b")
+    assert m.num_params  # cached on m
+    fewer = m.model_copy(update={"num_experts": 64})
+    assert fewer.num_params < m.num_params and fewer.num_params == load_model("qwen3-235b-a22b").model_copy(
+        update={"num_experts": 64}).num_params
+    with pytest.raises(ValueError):
+        m.model_copy(update={"num_experts": 0})  # moe_top_k without experts: validated again

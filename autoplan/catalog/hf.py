@@ -19,7 +19,8 @@ configuration class. Approximations (all small; the parameter-count tests state 
   otherwise the config is rejected.
 - **Ignored small tensors**: Qwen3's per-head q/k RMSNorms (2·head_dim per layer), BLOOM's embedding
   LayerNorm (2·hidden), Llama's ``attention_bias`` on the output projection (hidden per layer) and
-  a Llama ``mlp_bias`` without ``attention_bias`` (with both, every linear has a bias: ``linear_bias``).
+  a Llama ``mlp_bias`` without ``attention_bias`` (with both, every linear has a bias: ``linear_bias``); the
+  last two change the model, so each is an ``HFConfigWarning``.
 - ``head_dim`` equal to ``hidden_size / num_attention_heads`` is normalized to ``None`` so a config and
   the matching catalog entry give identical specs.
 
@@ -344,6 +345,11 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
+    if attention_bias != mlp_bias:  # LlamaAttention / LlamaMLP: o_proj follows attention_bias, the MLP mlp_bias
+        dropped = ("o_proj's bias (attention_bias: Megatron's --add-qkv-bias covers q/k/v only)" if attention_bias
+                   else "the MLP's biases (mlp_bias: Megatron biases every linear or none)")
+        warnings.warn(f"{c.source}: {dropped} is not represented: the plan and the emitted configs train the model "
+                      "without it", HFConfigWarning, stacklevel=3)
     n = c.layers("num_hidden_layers")
     return {
         "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window), **(arch or {})},
