@@ -27,7 +27,6 @@ configuration they have not measured.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,11 +35,10 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoplan.catalog import load_model
 from autoplan.catalog.registry import gpu_efficiency, resolve_over
-from autoplan.catalog.spec_file import describe_validation_error
 from autoplan.errors import UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate

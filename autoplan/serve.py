@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable

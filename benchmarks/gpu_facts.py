@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cost_models.specs import ATTENTION_REF_KEYS, BLACKWELL_ATTENTION_SWEEP, Efficiency  # noqa: E402
+from cost_models.specs import ATTENTION_REF_KEYS, BLACKWELL_ATTENTION_SWEEP  # noqa: E402
 
 # cuBLASLt FP8 GEMM, TFLOP/s, (m, n, k) -> (ND GB200 v6, ND GB300 v6). Azure/AI-benchmarking-guide
 # Azure_Results/ND_GB200_v6_results.md @ 2a370be (CUDA 12.8, driver 570.133.20) and egmsft/AI-benchmarking-guide

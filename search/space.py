@@ -38,7 +38,7 @@ from typing import Any, Literal
 from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
-from cost_models.targets import PROFILES, TargetProfile, get_profile
+from cost_models.targets import PROFILES, get_profile
 
 Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 RECOMPUTE_ORDER = ("none", "selective", "full")

@@ -17,7 +17,7 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import (FP8_DISPATCH_BYTES, a2a_overlap_compute_split, a2a_overlap_exposed_s, moe_all_to_all,
                                  moe_all_to_all_parts)
 from cost_models.layer_cost import layer_cost
-from cost_models.memory import DEFAULT_RUNTIME, GIB, activation_bytes_per_microbatch, graphs_for
+from cost_models.memory import DEFAULT_RUNTIME, activation_bytes_per_microbatch, graphs_for
 from cost_models.targets import DEEPSEEK, runtime_for
 from cost_models.pipeline import bubble_fraction
 from cost_models.specs import JobSpec, ParallelConfig

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-import numpy as np
 import pytest
 
 import search.intra_op as intra_op

@@ -162,13 +162,13 @@ def test_a2a_p2p_rules_name_the_legal_sizes() -> None:
 def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> None:
     """reshard_after_forward changes memory as well as time: each setting is a layout (Scorer.memory_variants) and
     the search keeps the cheapest that fits, priced by estimate; a user's setting is kept."""
-    from autoplan.catalog import build_cluster, load_model
+    from autoplan.catalog import build_cluster
 
     req = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 64},
            "job": {"global_batch_size": 1024, "seq_len": 8192},
            "parallel": {"tp": 2, "pp": 1, "micro_batch_size": 2, "recompute": "none"}, "top": 1, "target": "fsdp2"}
     found = Engine().search(req).plans[0]
-    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 64)
+    cluster = build_cluster("h100-sxm", 64)
     job, par = JobSpec(global_batch_size=1024, seq_len=8192), found.parallel
     opts = PROFILES["fsdp2"].memory_knob_options(cluster, job, par, {})
     assert opts[0] == {} and {"reshard_after_forward": False} in opts

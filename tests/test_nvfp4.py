@@ -17,7 +17,6 @@ from autoplan.catalog import build_cluster, load_model
 from autoplan.cli import cli
 from benchmark_modules import load_benchmark
 from cli_emit import emitted_megatron_args
-from cost_models.errors import ConfigError
 from cost_models.estimate import estimate, head_cost
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.op_cost import op_compute

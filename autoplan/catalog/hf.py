@@ -41,7 +41,7 @@ from typing import Any
 
 from autoplan.catalog.spec_file import validate
 from autoplan.errors import UserInputError
-from cost_models.specs import MLASpec, ModelSpec, RopeScaling, RouterSpec
+from cost_models.specs import MLASpec, ModelSpec
 
 _MISSING = object()
 _LAYER_BOUND = 1 << 16  # far above any model; keeps list(range(layers)) small for a corrupted file

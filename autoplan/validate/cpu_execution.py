@@ -10,7 +10,6 @@ the same initial weights and the same global batch. Returns the max absolute dif
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys

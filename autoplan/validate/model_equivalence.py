@@ -36,7 +36,6 @@ def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
     kind = rope.get("rope_type", "default")
     init = ROPE_INIT_FUNCTIONS[kind] if kind != "default" else None
     if init is None:
-        from transformers.modeling_rope_utils import dynamic_rope_update  # noqa: F401  (same module, default)
         base = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
         dim = getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None) or \
             cfg.hidden_size // cfg.num_attention_heads
