@@ -8,8 +8,7 @@ import math
 
 from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import place_group
-from cost_models.moe import (dispatcher_syncs_host, moe_a2a_overlapped, moe_dispatcher, moe_layer_host_issued,
-                             moe_load_imbalance)
+from cost_models.moe import host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance
 from cost_models.op_cost import op_compute
 from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -24,7 +23,7 @@ def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: 
     search's ILP-solved layer times (search.score.layer_pieces) both apply."""
     if graph.kind != "moe" or cluster.efficiency.moe_host_s_per_expert <= 0 or not moe_layer_host_issued(rt):
         return 0.0
-    synced = dispatcher_syncs_host(rt) and not (par.ep > 1 and moe_a2a_overlapped(cluster, rt))
+    synced = host_synced(cluster, par, rt)
     return host_bound_s(device_s, model, cluster, par, forward_share if synced else None, window_s)
 
 
@@ -39,15 +38,16 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     work, the host needs ``moe_host_s_per_expert`` × local experts to issue it (TE's GroupedLinear loops over the
     rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py).
 
-    Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap, whose
-    combined step syncs on the attention forward issued before the backward's expert work,
-    ``cost_models.a2a_overlap``) the host runs ahead: the layer takes max(device, host), i.e. device + this.
-    With it (``forward_share`` given: dropless, ``moe.DISPATCHER_HOST_SYNC``), the forward's dispatch blocks the host
-    until the device has run the layer up to its experts, so the device queue is empty when the host starts issuing
-    them: the forward's expert issue (``HOST_FORWARD_SHARE`` of the host work) overlaps only the device work after
-    the sync (``window_s``: the experts, and the dispatch all-to-all where it is issued after the sync), the rest of
-    the forward runs on the device alone; the backward has no sync, its issue overlaps its device work. So the wait
-    is max(0, host_f − window) + max(0, host_b − device_b), ``device_b = (1 − forward_share)·device_s``.
+    Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap where
+    the dispatcher syncs on the attention forward issued before the backward's expert work, ``alltoall`` and
+    ``hybridep``: ``moe.SYNC_DRAINS_UNDER_A2A_OVERLAP``) the host runs ahead: the layer takes max(device, host),
+    i.e. device + this. With it (``forward_share`` given: ``moe.host_synced``, dropless, ``moe.DISPATCHER_HOST_SYNC``)
+    the sync blocks the host until the device has run the layer up to its experts, so the device queue is empty when
+    the host starts issuing them: the forward's expert issue (``HOST_FORWARD_SHARE`` of the host work) overlaps only
+    the device work after the sync (``window_s``: the experts, and the dispatch all-to-all where it is issued after
+    the sync), the rest of the forward runs on the device alone; the backward has no sync, its issue overlaps its
+    device work. So the wait is max(0, host_f − window) + max(0, host_b − device_b),
+    ``device_b = (1 − forward_share)·device_s``.
 
     Priced only where the host issues the experts (``moe.moe_layer_host_issued``: no CUDA graph holds them). Per
     local expert, forward + backward of fc1 and fc2, the host issues TE 2.12's per-expert quantize, fprop, grad

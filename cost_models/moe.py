@@ -70,6 +70,31 @@ DISPATCHER_HOST_SYNC = {
 }
 
 
+# Where that sync falls under Megatron-Core's A2A overlap (combined 1F1B). The step issues, in this order, the
+# backward micro-batch's combine, the forward's attention + router + dispatch preprocess, the backward's experts
+# (``mlp.backward``, ``backward_dw``), the forward's dispatch, then the forward's experts (``mlp.forward``)
+# (models/common/model_chunk_schedule_plan.py:215-247 @ core_v0.16.1; the same order at core_v0.15.0..core_v0.19.0).
+# ``alltoall`` syncs in the dispatch node on a D2H event recorded in the preprocess (token_dispatcher.py:629, 663
+# ``_maybe_dtoh_and_synchronize``; the preprocess runs in the attention node, fine_grained_callables.py:478-481),
+# ``hybridep`` in the dispatch node's blocking dispatch: both wait on the forward's attention only, with the
+# backward's experts still queued on the compute stream behind it, so the device is not drained and the host's issue
+# overlaps that work (no per-layer sync). ``deepep`` syncs in the expert node (``.item()`` in dispatch_postprocess,
+# token_dispatcher.py:1302 via moe_layer.py:313-321, fine_grained_callables.py:520-532), on the compute stream after
+# the backward's experts: the host reaches the forward's expert issue with the device drained, as without overlap.
+SYNC_DRAINS_UNDER_A2A_OVERLAP = {"alltoall": False, "deepep": True, "hybridep": False}
+
+
+def host_synced(cluster: ClusterSpec, par: ParallelConfig, rt: Runtime | None) -> bool:
+    """Whether the host waits on a drained device before issuing the forward's experts, each MoE layer
+    (``ep_comm.host_bound_s``'s ``forward_share`` case): a dropless dispatcher (``dispatcher_syncs_host``), and under
+    the A2A overlap only where its sync sits after the backward's experts (``SYNC_DRAINS_UNDER_A2A_OVERLAP``)."""
+    if not dispatcher_syncs_host(rt):
+        return False
+    if par.ep > 1 and moe_a2a_overlapped(cluster, rt):
+        return SYNC_DRAINS_UNDER_A2A_OVERLAP[moe_dispatcher(cluster, rt)]
+    return True
+
+
 def dispatcher_syncs_host(rt: Runtime | None) -> bool:
     """Whether the MoE layer's dispatcher blocks the host once per layer forward (``DISPATCHER_HOST_SYNC``):
     every dropless dispatcher does; drop-and-pad (``moe_capacity_factor``) takes every size from the capacity."""

@@ -20,7 +20,7 @@ from cost_models.ep_comm import a2a_overlap_compute_split, a2a_overlap_exposed_s
 from cost_models.layer_cost import layer_cost
 from cost_models.op_cost import op_compute
 from cost_models.memory import graphs_for
-from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, moe_load_imbalance
+from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, host_synced, moe_load_imbalance
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
 
@@ -349,3 +349,28 @@ def test_permutation_passes_are_the_dispatchers_own() -> None:
     deepep = op_compute(disp, graph, model, cluster, JOB, par, _rt(Software(moe_dispatcher="deepep"), cluster, par))
     assert drop.mem_f == pytest.approx(2 * deepep.mem_f)
     assert permutation_passes(cluster, 16, None) == 1  # without a runtime (the intra-op ILP's ops): one pass
+
+
+@pytest.mark.parametrize("dispatcher, drains", [("alltoall", False), ("hybridep", False), ("deepep", True)])
+def test_a2a_overlap_keeps_the_host_sync_where_the_dispatcher_syncs_after_the_backward_experts(
+        dispatcher: str, drains: bool) -> None:
+    """Under the A2A overlap (combined 1F1B) the backward's experts are issued before the forward's dispatch and
+    experts: ``alltoall`` / ``hybridep`` sync in the dispatch node on the forward's attention (the backward's expert
+    work still queued: the host runs ahead, max(device, host)); ``deepep`` syncs in the expert node after it (the
+    device drained before the forward's expert issue: the synced formula, as without overlap)."""
+    model = load_model(QWEN)
+    base_cluster = build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, pp=1, ep=8, micro_batch_size=1)
+    sw = Software(moe_dispatcher=dispatcher, moe_a2a_overlap=True)
+    device = _moe_layer(sw, base_cluster, par)
+    h = 0.9 * device.total_s  # host below the device's time
+    cluster = base_cluster.model_copy(update={"efficiency": base_cluster.efficiency.model_copy(
+        update={"moe_host_s_per_expert": h / (model.num_experts // par.ep)})})
+    layer = _moe_layer(sw, cluster, par)
+    assert host_synced(cluster, par, _rt(sw, cluster, par)) is drains
+    if drains:
+        want = (max(0.0, 0.4 * h - device.sync_window_s)
+                + max(0.0, 0.6 * h - (1 - device.forward_share) * device.total_s))
+        assert layer.host_s == pytest.approx(want) and layer.host_s > 0.0
+    else:
+        assert layer.host_s == 0.0
