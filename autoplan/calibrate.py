@@ -70,6 +70,9 @@ PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
     # Host time per local expert per MoE layer-micro-batch (ep_comm.host_bound_s): 0 (CUDA-graphed / device-bound)
     # to 2 ms (tens of Python-issued kernels per expert at ~10-20 µs each).
     "moe_host_s_per_expert": (0.0, 2e-3),
+    # Host time per MoE layer-micro-batch whatever its experts (router, permutes, all-to-alls, module calls): 0 to
+    # 10 ms (hundreds of host-issued ops at ~10-20 µs each).
+    "moe_host_s_per_layer": (0.0, 1e-2),
     # NVLS all-reduce busbw / nominal NVLink (nccl-tests H100: 480 / 450).
     "nvls_bus": (0.5, 1.5),
     # Relative spread of identical GPUs' sustained speed (cost_models.gemm.straggler_pace): 0 to 5% (Sinha et al.

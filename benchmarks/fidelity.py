@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, MeasuredRun, ResolvedRun,  # noqa: E402
-                                fit, fit_joint, framework_entry, leave_one_out, on_gpu, resolve_run)
+from autoplan.calibrate import (DEFAULT_FIT_FIELDS, FRAMEWORK_FIT_FIELDS, PHYSICAL_BOUNDS, MeasuredRun,  # noqa: E402
+                                ResolvedRun, fit, fit_joint, framework_entry, leave_one_out, on_gpu, resolve_run)
 from autoplan.catalog.registry import (efficiency_catalog, efficiency_for, framework_efficiency,  # noqa: E402
                                        load_gpu, resolve_over)
 from cost_models.attention_cost import ATTN_BWD_FACTOR  # noqa: E402
@@ -721,44 +721,59 @@ def fit_catalog() -> dict[str, dict[str, Any]]:
         on_gen = resolve_over(gen_eff[gen], entry)
         out[f"framework {f}"] = framework_entry({n: round(float(v), 4) for n, v in on_gen.items()}, written,
                                                 ndigits=10)
-    out["framework megatron"] = {HOST_FIELD: round(fit_moe_host([r for _, r in host_calibration_runs()]), 6)}
+    host = fit_moe_host([r for _, r in host_calibration_runs()])
+    out["framework megatron"] = {f: round(v, 6) for f, v in zip(HOST_FIELDS, host)}
     return out
 
 
-# The MoE host cost (Efficiency.moe_host_s_per_expert, cost_models/ep_comm.host_bound_s): host seconds to issue one
-# local expert's work per MoE layer per micro-batch under Megatron-Core + Transformer Engine (GroupedLinear's per-expert
-# loop, the dropless dispatcher's per-layer host sync). A software cost of that stack, one number for every GPU
-# generation (gpus.yaml frameworks.megatron). No public source gives it: fitted, alone, on the MoE rows of the
-# host-calibration releases (host_calibration_runs), every other catalog value held. Bounds as autoplan calibrate's.
-HOST_FIELD = "moe_host_s_per_expert"
-HOST_BOUNDS = (0.0, 2e-3)
-HOST_GRID_S = 2e-5  # coarse grid step before the local refinement (the loss is piecewise smooth: max(device, host))
+# The MoE host cost (cost_models/ep_comm.host_bound_s): host seconds to issue one MoE layer per micro-batch under
+# Megatron-Core + Transformer Engine, Efficiency.moe_host_s_per_layer (the layer's router, permutes, all-to-alls and
+# module calls, one per layer) + moe_host_s_per_expert × local experts (GroupedLinear's per-expert work). A software
+# cost of that stack, the same on every GPU generation (gpus.yaml frameworks.megatron). No public source gives it:
+# fitted, the two jointly and alone, on the MoE rows of the host-calibration releases (host_calibration_runs), every
+# other catalog value held. Bounds as autoplan calibrate's.
+HOST_FIELDS = ("moe_host_s_per_layer", "moe_host_s_per_expert")
+HOST_FIELD = HOST_FIELDS[1]
+HOST_BOUNDS = tuple(PHYSICAL_BOUNDS[f] for f in HOST_FIELDS)
+HOST_GRID = ((0.0, 1e-3, 6), (0.0, 1e-4, 11))  # (start, step, points) per field: a coarse grid before the local
+# refinement (the loss is piecewise smooth: max(device, host) per layer, so it has kinks)
+Host = tuple[float, float]  # (moe_host_s_per_layer, moe_host_s_per_expert)
+ZERO: Host = (0.0, 0.0)
 
 
-def with_host(run: ResolvedRun, value: float) -> float:
+def with_host(run: ResolvedRun, value: Host) -> float:
     """``run``'s predicted step time with the MoE host cost ``value`` and its own efficiency otherwise."""
-    return run.predict(run.cluster.efficiency.model_copy(update={HOST_FIELD: value}))
+    return run.predict(run.cluster.efficiency.model_copy(update=dict(zip(HOST_FIELDS, value))))
 
 
-def host_loss(runs: list[ResolvedRun], value: float) -> float:
+def host_loss(runs: list[ResolvedRun], value: Host) -> float:
     """Σ log(T̂/T)² over ``runs`` at host cost ``value``: fit_params' (calibrate.fit's) loss."""
     return float(sum(math.log(with_host(r, value) / r.measured_step_time_s) ** 2 for r in runs))
 
 
-def fit_moe_host(runs: list[ResolvedRun]) -> float:
-    """The one ``moe_host_s_per_expert`` minimising ``host_loss`` over ``runs`` within ``HOST_BOUNDS``: a grid (the
-    host floor is max(device, host) per layer, so the loss has kinks) then bounded Brent around its best point.
-    Deterministic; 0 where no run is host-bound at any value."""
-    from scipy.optimize import minimize_scalar
+def fit_moe_host(runs: list[ResolvedRun]) -> Host:
+    """The (``moe_host_s_per_layer``, ``moe_host_s_per_expert``) minimising ``host_loss`` over ``runs`` within
+    ``HOST_BOUNDS``: the best point of a coarse grid (``HOST_GRID``), then Nelder-Mead from it, clipped to the bounds.
+    Deterministic; (0, 0) where no run is host-bound at any value."""
+    from scipy.optimize import minimize
 
-    lo, hi = HOST_BOUNDS
-    grid = [lo + i * HOST_GRID_S for i in range(int(round((hi - lo) / HOST_GRID_S)) + 1)]
+    def clip(x: Any) -> Host:
+        return (min(max(float(x[0]), HOST_BOUNDS[0][0]), HOST_BOUNDS[0][1]),
+                min(max(float(x[1]), HOST_BOUNDS[1][0]), HOST_BOUNDS[1][1]))
+
+    (a0, da, na), (b0, db, nb) = HOST_GRID
+    grid = [(a0 + i * da, b0 + j * db) for i in range(na) for j in range(nb)]
     losses = [host_loss(runs, v) for v in grid]
-    i = min(range(len(grid)), key=lambda k: (losses[k], grid[k]))
-    a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-    res = minimize_scalar(lambda v: host_loss(runs, v), bounds=(a, b), method="bounded",
-                          options={"xatol": 1e-8})
-    return float(res.x) if res.fun < losses[i] else grid[i]
+    k = min(range(len(grid)), key=lambda n: (losses[n], grid[n]))
+    scale = (1e-3, 1e-4)  # the optimiser works in ms and 0.1 ms
+    res = minimize(lambda x: host_loss(runs, clip((x[0] * scale[0], x[1] * scale[1]))),
+                   [grid[k][0] / scale[0], grid[k][1] / scale[1]], method="Nelder-Mead",
+                   options={"xatol": 1e-4, "fatol": 1e-9, "initial_simplex": [
+                       [grid[k][0] / scale[0], grid[k][1] / scale[1]],
+                       [grid[k][0] / scale[0] + 0.5, grid[k][1] / scale[1]],
+                       [grid[k][0] / scale[0], grid[k][1] / scale[1] + 0.5]]})
+    best = clip((res.x[0] * scale[0], res.x[1] * scale[1]))
+    return best if host_loss(runs, best) < losses[k] else grid[k]
 
 
 def host_fit_report(runs: list[tuple[dict[str, Any], ResolvedRun]] | None = None,
@@ -772,21 +787,22 @@ def host_fit_report(runs: list[tuple[dict[str, Any], ResolvedRun]] | None = None
     value = fit_moe_host([r for _, r in runs])
     value_all = fit_moe_host([r for _, r in every])
     logo: dict[str, float] = {}
-    logo_value: dict[str, float] = {}
+    logo_value: dict[str, Host] = {}
     for g in sorted({c["logo_group"] for c, _ in runs}):
         logo_value[g] = fit_moe_host([r for c, r in runs if c["logo_group"] != g])
         logo.update({c["id"]: with_host(r, logo_value[g]) / r.measured_step_time_s - 1 for c, r in runs
                      if c["logo_group"] == g})
     mine = {c["id"] for c, _ in runs}
 
-    def err(r: ResolvedRun, v: float) -> float:
+    def err(r: ResolvedRun, v: Host) -> float:
         return with_host(r, v) / r.measured_step_time_s - 1
 
     return {"value": value, "value_all": value_all, "logo_value": logo_value,
-            "rows": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, 0.0), err(r, value), logo[c["id"]])
+            "rows": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, ZERO), err(r, value), logo[c["id"]])
                      for c, r in runs],
             "all_errors": [err(r, value_all) for _, r in every],
-            "others": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, 0.0), err(r, value), err(r, value_all))
+            "others": [(c["id"], c["logo_group"], r.measured_step_time_s, err(r, ZERO), err(r, value),
+                        err(r, value_all))
                        for c, r in every if c["id"] not in mine]}
 
 
@@ -797,16 +813,20 @@ def render_host_fit(rep: dict[str, Any]) -> str:
     lines = ["| case | release | measured s | host 0 | at fit | leave-release-out |", "|---|---|---:|---:|---:|---:|"]
     lines += [f"| {cid} | {g} | {m:.3f} | {e0:+.1%} | {ef:+.1%} | {el:+.1%} |" for cid, g, m, e0, ef, el in rep["rows"]]
     zero, fit_e, logo_e = ([row[i] for row in rep["rows"]] for i in (3, 4, 5))
-    v = rep["value"] * 1e3
-    lines += ["", f"MoE host cost (frameworks.megatron.{HOST_FIELD}) fitted alone on these {len(zero)} rows: {v:.3f} ms "
-              f"per local expert per layer-micro-batch. MAPE at 0: {mape(zero)}; in-sample {mape(fit_e)} (worst "
-              f"{max(map(abs, fit_e)):.1%}); leave-one-release-out {mape(logo_e)} (worst {max(map(abs, logo_e)):.1%}; "
-              + ", ".join(f"fit without {g}: {x * 1e3:.3f} ms" for g, x in rep["logo_value"].items()) + ")",
+
+    def ms(v: Host) -> str:
+        return f"{v[0] * 1e3:.3f} ms per layer + {v[1] * 1e3:.3f} ms per local expert"
+
+    lines += ["", f"MoE host cost (frameworks.megatron.{HOST_FIELDS[0]} + {HOST_FIELDS[1]} × local experts, per "
+              f"layer-micro-batch) fitted alone on these {len(zero)} rows: {ms(rep['value'])}. MAPE at 0: "
+              f"{mape(zero)}; in-sample {mape(fit_e)} (worst {max(map(abs, fit_e)):.1%}); leave-one-release-out "
+              f"{mape(logo_e)} (worst {max(map(abs, logo_e)):.1%}; "
+              + ", ".join(f"fit without {g}: {ms(x)}" for g, x in rep["logo_value"].items()) + ")",
               "", "A2A-overlap rows of the same releases (not fitted on; held out): error at 0 / at the fit / at the fit "
               "with them", "", "| case | release | measured s | host 0 | at fit | fit with them |",
               "|---|---|---:|---:|---:|---:|"]
     lines += [f"| {cid} | {g} | {m:.3f} | {e0:+.1%} | {ef:+.1%} | {ea:+.1%} |" for cid, g, m, e0, ef, ea in rep["others"]]
-    lines += ["", f"With them ({len(rep['all_errors'])} rows): {rep['value_all'] * 1e3:.3f} ms, in-sample "
+    lines += ["", f"With them ({len(rep['all_errors'])} rows): {ms(rep['value_all'])}, in-sample "
               f"{mape(rep['all_errors'])} (worst {max(map(abs, rep['all_errors'])):.1%})"]
     return "\n".join(lines)
 

@@ -4,8 +4,8 @@
    (``efficiency:`` section) and each framework's fields (``frameworks:`` section);
 2. the ``blackwell`` generation, which has no Megatron-Core reference run of its own, re-made from the refitted
    ``hopper`` by ``fidelity.transfer_efficiency`` (h100-sxm → b200);
-3. the MoE host cost ``frameworks.megatron.moe_host_s_per_expert``, fitted alone (``fidelity.fit_moe_host`` on
-   ``fidelity.host_calibration_runs``) with every value above held as refitted.
+3. the MoE host cost ``frameworks.megatron.moe_host_s_per_layer`` / ``moe_host_s_per_expert``, fitted alone
+   (``fidelity.fit_moe_host`` on ``fidelity.host_calibration_runs``) with every value above held as refitted.
 
 Only the numbers change; comments and layout stay. ``gpu_efficiency`` entries are ratios to their generation and
 need nothing. A framework's ``scale`` ratios (``calibrate.FRAMEWORK_RATIO_FIELDS``) are its fitted value, rounded as
@@ -118,13 +118,15 @@ def refit(write: bool) -> list[tuple[str, str, float, float]]:
     if write:
         _write(text)
     # 3. the MoE host cost, fitted alone with every value above held (as written; a dry run: as the catalog is)
-    old = float(registry.framework_efficiency("megatron").get(fidelity.HOST_FIELD, 0.0))
-    new = round(fidelity.fit_moe_host([r for _, r in fidelity.host_calibration_runs()]), 6)
-    if abs(old - new) > 1e-9:
-        changes.append((HOST_KEY, fidelity.HOST_FIELD, old, new))
-        text = set_value(text, "frameworks", "megatron", fidelity.HOST_FIELD, new)
-        if write:
-            _write(text)
+    have = registry.framework_efficiency("megatron")
+    host = fidelity.fit_moe_host([r for _, r in fidelity.host_calibration_runs()])
+    for field, value in zip(fidelity.HOST_FIELDS, host):
+        old, new = float(have.get(field, 0.0)), round(value, 6)
+        if abs(old - new) > 1e-9:
+            changes.append((HOST_KEY, field, old, new))
+            text = set_value(text, "frameworks", "megatron", field, new)
+    if write and any(c[0] == HOST_KEY for c in changes):
+        _write(text)
     return changes
 
 

@@ -21,7 +21,9 @@ def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: 
     forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. ``forward_share`` /
     ``window_s``: ``LayerCost.forward_share`` / ``sync_window_s`` of the layer. The one rule ``layer_cost`` and the
     search's ILP-solved layer times (search.score.layer_pieces) both apply."""
-    if graph.kind != "moe" or cluster.efficiency.moe_host_s_per_expert <= 0 or not moe_layer_host_issued(rt):
+    eff = cluster.efficiency
+    if graph.kind != "moe" or eff.moe_host_s_per_expert + eff.moe_host_s_per_layer <= 0 \
+            or not moe_layer_host_issued(rt):
         return 0.0
     synced = host_synced(cluster, par, rt)
     return host_bound_s(device_s, model, cluster, par, forward_share if synced else None, window_s)
@@ -35,8 +37,9 @@ HOST_FORWARD_SHARE = 4 / 10
 def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
                  forward_share: float | None = None, window_s: float = 0.0) -> float:
     """Wait of one MoE layer (one micro-batch, forward + backward) on its host: the device finishes ``device_s`` of
-    work, the host needs ``moe_host_s_per_expert`` × local experts to issue it (TE's GroupedLinear loops over the
-    rank's experts in Python, transformer_engine/pytorch/module/grouped_linear.py).
+    work, the host needs ``moe_host_s_per_layer`` + ``moe_host_s_per_expert`` × local experts to issue it (TE's
+    GroupedLinear loops over the rank's experts, transformer_engine/pytorch/module/grouped_linear.py; the rest of
+    the layer's issue, its router, permutes, all-to-alls and module calls, is one per layer whatever the experts).
 
     Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap where
     the dispatcher syncs on the attention forward issued before the backward's expert work, ``alltoall`` and
@@ -55,8 +58,9 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     C++, the scale swizzles are one multi-tensor call, pytorch/csrc/extensions/gemm.cpp:502-565) and its Python
     per-expert work (weight workspace, quantizer usage, main_grad / dummy wgrad, grouped_linear.py:106-500 at
     5671fd36) plus Megatron's per-parameter grad hook; the per-layer part (router, permute, dispatch, combine) is
-    not counted here."""
-    host = cluster.efficiency.moe_host_s_per_expert * (model.num_experts // par.ep)
+    the per-layer term (both split forward / backward by ``HOST_FORWARD_SHARE``)."""
+    eff = cluster.efficiency
+    host = eff.moe_host_s_per_layer + eff.moe_host_s_per_expert * (model.num_experts // par.ep)
     if forward_share is None:
         return max(0.0, host - device_s)
     host_f = HOST_FORWARD_SHARE * host

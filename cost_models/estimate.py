@@ -50,8 +50,8 @@ class TimeBreakdown(BaseModel):
     exposed_comm_s: dict[str, float] = Field(description="critical-path communication per dimension")
     optimizer_s: float
     host_bound_s: float = Field(default=0.0, description="the binding stage's MoE layers waiting on their host beyond "
-                                "the device's work (Efficiency.moe_host_s_per_expert: Megatron-Core's fitted value, "
-                                "else 0)")
+                                "the device's work (Efficiency.moe_host_s_per_layer / moe_host_s_per_expert: "
+                                "Megatron-Core's fitted values, else 0)")
 
 
 class Prediction(BaseModel):

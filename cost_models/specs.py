@@ -711,10 +711,17 @@ class Efficiency(_Frozen):
         "(grouped_linear.py) and Megatron-Core's dropless dispatcher syncs host and device in every MoE layer "
         "(token_dispatcher.py preprocess): the forward's expert issue overlaps only the device work after that sync, "
         "the rest runs at max(device time, host time) (ep_comm.host_bound_s); "
-        "only where no CUDA graph holds the experts (cost_models.moe.moe_layer_host_issued). "
-        "Default 0 (not priced); the catalog's Megatron-Core value is a fit on public Megatron-Bridge MoE runs "
+        "only where no CUDA graph holds the experts (cost_models.moe.moe_layer_host_issued); plus "
+        "moe_host_s_per_layer. Default 0 (not priced); the catalog's Megatron-Core value is a fit on public "
+        "Megatron-Bridge MoE runs "
         "(gpus.yaml frameworks.megatron, benchmarks/fidelity.py fit_moe_host); `autoplan calibrate` fits it on "
         "one's own runs")
+    moe_host_s_per_layer: float = Field(
+        default=0.0, ge=0, description="host (CPU) seconds one MoE layer's issue takes per micro-batch, forward + "
+        "backward, whatever its local experts: the dispatcher's permutes, all-to-alls and its per-layer sync, the "
+        "grouped-GEMM modules' per-call setup; added to moe_host_s_per_expert × local experts (ep_comm.host_bound_s), "
+        "priced where that is. Default 0; the catalog's Megatron-Core value is fitted with moe_host_s_per_expert "
+        "(gpus.yaml frameworks.megatron, benchmarks/fidelity.py fit_moe_host)")
     hbm_bus: float = Field(default=0.85, gt=0, le=1, description="achieved fraction of HBM bandwidth by streaming "
                            "(memory-bound) kernels, as BabelStream/STREAM copy measures it")
     tp_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP communication hidden behind "

@@ -133,23 +133,25 @@ def test_catalog_is_the_fit_of_the_published_runs() -> None:
                 continue
             if name == "tp_overlap" and have[name] >= 0.94 and value >= 0.94:
                 continue  # a plateau: every value ≥ 0.94 leaves only the 1/(2t) floor exposed
-            tol = 1e-6 if name == fidelity.HOST_FIELD else 1e-3  # seconds per expert: µs, as written
+            tol = 1e-6 if name in fidelity.HOST_FIELDS else 1e-3  # host seconds: µs, as written
             assert have[name] == pytest.approx(value, rel=0.01, abs=tol), (gen, name)
-    host = fitted["framework megatron"][fidelity.HOST_FIELD]
-    assert host > 0, "the MoE host rows are host-bound: the fit is not 0"
-    assert framework_efficiency("megatron")[fidelity.HOST_FIELD] == pytest.approx(host, abs=1e-6)
+    for name in fidelity.HOST_FIELDS:
+        host = fitted["framework megatron"][name]
+        assert host > 0, f"the MoE host rows are host-bound: the fit of {name} is not 0"
+        assert framework_efficiency("megatron")[name] == pytest.approx(host, abs=1e-6)
 
 
 def test_host_fit_recovers_a_known_value() -> None:
-    """``fit_moe_host`` on rows whose 'measured' step time is the model's own at a known host cost finds that cost:
-    the host-calibration runs, re-measured at 0.9 ms, those of them the floor moves at all."""
+    """``fit_moe_host`` on rows whose 'measured' step time is the model's own at a known host cost finds that cost
+    (both terms): the host-calibration runs, re-measured at 1.2 ms per layer + 0.3 ms per local expert, those of them
+    the floor moves at all."""
     from dataclasses import replace
 
-    known = 9.0e-4  # not the catalog's value
+    known = (1.2e-3, 3.0e-4)  # not the catalog's values
     runs = []
     for _, r in fidelity.host_calibration_runs():
         at = fidelity.with_host(r, known)
-        if at > 1.01 * fidelity.with_host(r, 0.0):
+        if at > 1.01 * fidelity.with_host(r, (0.0, 0.0)):
             runs.append(replace(r, measured_step_time_s=at))
     assert len(runs) >= 3
     assert fidelity.fit_moe_host(runs) == pytest.approx(known, rel=0.01)
@@ -162,13 +164,14 @@ def test_host_floor_changes_no_calibration_prediction() -> None:
     equals its price with the cost at 0 — the fit of every other parameter is untouched by it."""
     from autoplan.catalog.registry import framework_efficiency
 
-    value = framework_efficiency("megatron")[fidelity.HOST_FIELD]
-    assert value > 0
+    values = [framework_efficiency("megatron")[f] for f in fidelity.HOST_FIELDS]
+    assert all(v > 0 for v in values)
     runs = fidelity.calibration_runs()
     megatron = [r for _, r in runs if r.target == "megatron"]
-    assert megatron and all(r.cluster.efficiency.moe_host_s_per_expert == value for r in megatron)
+    assert megatron and all([getattr(r.cluster.efficiency, f) for f in fidelity.HOST_FIELDS] == values
+                            for r in megatron)
     for case, r in runs:
-        assert fidelity.with_host(r, 0.0) == r.predict(), case["id"]
+        assert fidelity.with_host(r, (0.0, 0.0)) == r.predict(), case["id"]
 
 
 def test_host_calibration_rows_are_the_moe_rows_without_overlap_of_their_groups() -> None:

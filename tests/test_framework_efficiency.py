@@ -40,11 +40,14 @@ def test_cluster_resolves_the_framework_parameters_then_the_profile() -> None:
             assert getattr(tt.efficiency, field) == value
     for field, ratio in entry["scale"].items():
         assert getattr(tt.efficiency, field) == pytest.approx(getattr(base.efficiency, field) * ratio, rel=1e-12)
-    # Megatron-Core is the reference the generations are fitted on: its one override is its MoE host cost
-    assert set(framework_efficiency("megatron")) == {"moe_host_s_per_expert"}
+    # Megatron-Core is the reference the generations are fitted on: its one override is its MoE host cost (per layer
+    # and per local expert)
+    host = {"moe_host_s_per_layer", "moe_host_s_per_expert"}
+    assert set(framework_efficiency("megatron")) == host
     mega = req.resolve("megatron")
-    assert mega.efficiency.moe_host_s_per_expert == framework_efficiency("megatron")["moe_host_s_per_expert"] > 0
-    assert mega.efficiency.model_copy(update={"moe_host_s_per_expert": 0.0}) == base.efficiency
+    for field in host:
+        assert getattr(mega.efficiency, field) == framework_efficiency("megatron")[field] > 0
+    assert mega.efficiency.model_copy(update=dict.fromkeys(host, 0.0)) == base.efficiency
     assert mega.model_copy(update={"efficiency": base.efficiency}) == base
     assert req.resolve("any") == base
 

@@ -359,7 +359,8 @@ def test_ilp_solves_are_counted_apart_from_cache_hits() -> None:
 @pytest.mark.parametrize("ep", [1, 8])
 def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
     """The stage DP's layer times (the intra-op ILP's answer) carry the host-bound wait of MoE layers whose experts
-    the host issues (megatron's fitted moe_host_s_per_expert), as ``estimate`` does: with 32 local experts it binds."""
+    the host issues (megatron's fitted moe_host_s_per_layer / _per_expert), as ``estimate`` does: with 32 local
+    experts it binds."""
     from search.space import Layout
 
     model, cluster = load_model("gpt-oss-20b"), build_cluster("h100-sxm", 8, target="megatron")
@@ -371,7 +372,7 @@ def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
     pred = estimate(model, cluster, job, ParallelConfig(**lay.parallel_kwargs()), target="megatron",
                     software=Software(**scorer.chosen_knobs(lay)))
     assert cluster.efficiency.moe_host_s_per_expert > 0
-    # 32 local experts: host-bound; 4: the device's work covers all but the forward's expert issue after the
-    # dispatcher's sync (ep_comm.host_bound_s)
-    assert (pred.time.host_bound_s > 0.1 * pred.step_time_s) == (ep == 1)
+    # 32 local experts: host-bound (about half the step); 4: the device's work covers all but the forward's issue
+    # after the dispatcher's sync (ep_comm.host_bound_s; the per-layer term with it, about an eighth)
+    assert (pred.time.host_bound_s > 0.3 * pred.step_time_s) == (ep == 1)
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
