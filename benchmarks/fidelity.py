@@ -31,7 +31,7 @@ What the model needs to get these right (all in ``cost_models``, each parameter 
 
 The catalog's [fit] values are ``--fit``'s output: pure bounded least squares on log step time over all runs of
 a generation, the same fit ``autoplan calibrate`` runs (``test_fidelity.py`` checks the catalog is its fixed
-point). One more [fit], alone and on its own runs: Megatron-Core's MoE host cost per local expert
+point). One more [fit], alone and on its own runs: Megatron-Core's MoE host cost, per layer and per local expert
 (``fit_moe_host`` on ``host_calibration_runs``, the MoE rows without A2A overlap of the more_runs groups flagged
 ``host_calibration``; printed last with its leave-one-release-out errors).
 """
@@ -733,7 +733,6 @@ def fit_catalog() -> dict[str, dict[str, Any]]:
 # fitted, the two jointly and alone, on the MoE rows of the host-calibration releases (host_calibration_runs), every
 # other catalog value held. Bounds as autoplan calibrate's.
 HOST_FIELDS = ("moe_host_s_per_layer", "moe_host_s_per_expert")
-HOST_FIELD = HOST_FIELDS[1]
 HOST_BOUNDS = tuple(PHYSICAL_BOUNDS[f] for f in HOST_FIELDS)
 HOST_GRID = ((0.0, 1e-3, 6), (0.0, 1e-4, 11))  # (start, step, points) per field: a coarse grid before the local
 # refinement (the loss is piecewise smooth: max(device, host) per layer, so it has kinks)
