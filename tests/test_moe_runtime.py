@@ -374,3 +374,24 @@ def test_a2a_overlap_keeps_the_host_sync_where_the_dispatcher_syncs_after_the_ba
         assert layer.host_s == pytest.approx(want) and layer.host_s > 0.0
     else:
         assert layer.host_s == 0.0
+
+
+def test_host_cost_has_a_per_layer_term_beside_the_per_expert_one() -> None:
+    """``moe_host_s_per_layer`` (the layer's issue whatever its experts) adds to ``moe_host_s_per_expert`` × local
+    experts: drop-and-pad (no sync), the layer waits max(0, host − device) with either term alone or both."""
+    model = load_model(QWEN)
+    base = build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1, account_for_embedding_in_pipeline_split=True,
+                         account_for_loss_in_pipeline_split=True)
+    drop = Software(moe_capacity_factor=1.0)
+    experts = model.num_experts // par.ep
+
+    def at(per_layer: float, per_expert: float):  # noqa: ANN202
+        return base.model_copy(update={"efficiency": base.efficiency.model_copy(
+            update={"moe_host_s_per_layer": per_layer, "moe_host_s_per_expert": per_expert})})
+
+    device = _moe_layer(drop, at(0.0, 0.0), par).total_s
+    h = 1.5 * device
+    assert _moe_layer(drop, at(h, 0.0), par).host_s == pytest.approx(0.5 * device)
+    assert _moe_layer(drop, at(0.0, h / experts), par).host_s == pytest.approx(0.5 * device)
+    assert _moe_layer(drop, at(h / 2, h / 2 / experts), par).host_s == pytest.approx(0.5 * device)
