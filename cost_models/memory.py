@@ -131,6 +131,43 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
     return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
 
 
+def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int) -> Any:
+    """Bytes torch FSDP2's output-layer and embedding units add at the activation peak (the end of the forward and
+    the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest layer),
+    on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
+    ``rt.pp_unsharded_bytes``). Less the rank's own shard, as ``zero3_transient_bytes``; ``largest`` may be an array.
+
+    - ``rt.fsdp_head_unit == "own"`` (torchtitan 0.3.0 distributed/fsdp.py:193-207: ``fully_shard(tok_embeddings)``,
+      ``fully_shard([norm, lm_head])``; Megatron-LM torch_fully_sharded_data_parallel.py:60-65, 127-143 @ core_v0.16.1:
+      LanguageModelEmbedding and the output ColumnParallelLinear): the embedding unit is resharded after its forward
+      and comes back only at the end of the backward, when the activations are gone. The output unit is the first of
+      the backward (torch 2.13 _fully_shard/_fsdp_param_group.py ``post_backward``: reshard, then ``foreach_reduce``
+      copies the unsharded gradient into a reduce-dtype reduce-scatter input, _fsdp_collectives.py:597-606, which
+      stays until the next unit's post-backward, l. 639-658): its weight and gradient beside the prefetched last
+      layer (4·O + 2·L), then the gradient and the reduce-scatter input (2·O + r·O + 2·L), then the last layer's
+      backward beside that input (r·O + 6·L), r = ``gathered_unit_bytes`` − 6 (what a steady-state layer adds to
+      its 6 B of weight, gradient and prefetch). What exceeds the layers' ``g·L`` is added. A tied weight
+      (torchtitan ``fully_shard([tok_embeddings, norm, lm_head])``, not resharded after forward, l. 180-192) is held
+      as the root is.
+    - ``"root"`` (torchtitan before 83e6941, 2025-07-28: ``fully_shard(model)`` holds embedding, norm and output;
+      the fsdp2 target's emitted ``apply_fsdp``): FSDP2 does not reshard the root after forward (``_lazy_init``; with
+      an explicit True the root's post-forward frees it and its pre-backward gathers it again) and, its inputs being
+      token ids, runs its post-backward in the final callback (_fsdp_state.py:395-425): the gathered embedding,
+      norm and output (2 B each) and the output layer's unsharded gradient (2 B) stay through the backward."""
+    group = max(1, group)
+    out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
+    head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
+    if rt.fsdp_head_unit == "root" or model.tied_embeddings:
+        weights = 2.0 * (model.embedding_params / tp + head) if rt.reshard_after_forward is True else 0.0
+        return (weights + 2.0 * out_w) * (1 - 1 / group)  # without resharding the weights are held already
+    g = rt.gathered_unit_bytes
+    r = g - 6.0
+    big = np.asarray(largest, dtype=float)
+    peak = np.maximum.reduce([4.0 * head + 2.0 * big, (r + 2.0) * head + 2.0 * big, r * head + 6.0 * big])
+    out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group)
+    return float(out) if out.ndim == 0 else out  # type: ignore[return-value]
+
+
 def sharded_grad_transient_bytes(rt: Runtime, layer_params: Any, n_layers: Any, vp: int) -> Any:
     """Gradients held unsharded during one model chunk's backward when gradients are sharded and reduced in every
     micro-batch (``rt.grad_reduce_every_microbatch``: Megatron-FSDP ``optim_grads``; the profile cites the code):
@@ -424,6 +461,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if par.zero_stage == 3:
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
+        if par.pp == 1:  # the output layer's and embedding's units (with pp > 1: the unsharded stage above)
+            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)

@@ -43,6 +43,7 @@ from cost_models.memory import (
     inflight_microbatches,
     runtime_overhead_bytes,
     sharded_grad_transient_bytes,
+    zero3_head_unit_bytes,
     zero3_transient_bytes,
 )
 from cost_models.opgraph import DECODER_KINDS, layer_kinds, model_kinds
@@ -573,6 +574,12 @@ class Scorer:
         if lay.recompute == "full":  # the transient one layer re-run holds: with the chosen knobs (lower: floor)
             none = self.act_floor(lay, "none")[0] if lower else self.act_pieces(lay, "none", self.chosen_knobs(lay))[0]
             peak = max(none[k] for k in self.full_peak_kinds)
+        if lay.zero_stage == 3 and lay.pp == 1:  # FSDP2's output-layer and embedding units (memory.stage_memory)
+            big = float(largest.max()) if self.L else 0.0
+            if self.model.arch.mtp_layers:
+                big = max(big, self.mtp_params(lay.tp, lay.ep)[2])
+            last_state = last_state + frag * zero3_head_unit_bytes(
+                self.default_runtime(lay), self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,

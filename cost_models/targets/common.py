@@ -18,6 +18,12 @@ TARGET_NAMES: tuple[TargetName, ...] = ("megatron", "torchtitan", "fsdp2")
 GradDtype = Literal["fp32", "bf16"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 CrossEntropyFusion = Literal["none", "te"]
+# Where a torch FSDP2 (ZeRO-3) run puts the output layer (+ final norm) and the token embedding
+# (``memory.zero3_head_unit_bytes``): "own" = each its own ``fully_shard`` unit (torchtitan from 83e6941, 2025-07-28,
+# to 0.3.0; Megatron-LM --use-torch-fsdp2); "root" = in the root unit, which stays gathered from the first forward to
+# the end of the backward with their gradients unsharded until then (torchtitan before 83e6941; the fsdp2 target's
+# emitted module).
+FsdpHeadUnit = Literal["own", "root"]
 # Megatron-Core 0.16.1 CUDA graphs (transformer_config.py ``cuda_graph_impl`` / ``cuda_graph_scope``; enums.py
 # ``CudaGraphScope``): the capture backend, and what it captures (empty = each whole transformer layer)
 CudaGraphImpl = Literal["none", "local", "transformer_engine"]
@@ -223,6 +229,8 @@ class Runtime:
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).
     pp_unsharded_bytes: float = 0.0
+    # ZeRO-3 (torch FSDP2): which unit holds the output layer and the embedding (``FsdpHeadUnit``)
+    fsdp_head_unit: FsdpHeadUnit = "own"
     # Sharded gradients reduced in every micro-batch's backward (Megatron-FSDP ``optim_grads``): the DP
     # reduce-scatter runs m times per step, and each model chunk's backward holds its gradients unsharded in
     # ``grad_bytes`` until they are reduced (``memory.sharded_grad_transient_bytes``). ``grad_bucket_cap`` bounds
@@ -645,5 +653,5 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

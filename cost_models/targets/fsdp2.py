@@ -99,6 +99,9 @@ class FSDP2Profile(TargetProfile):
             target="fsdp2", grad_reduce_dtype=grad,
             reshard_after_forward=k.get("reshard_after_forward", default_reshard),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0, fused_elementwise=False,
+            # the emitted apply_fsdp shards each block and then the root, which holds embedding, norm and head
+            # (autoplan/emit/fsdp2.py ``apply_fsdp``; memory.zero3_head_unit_bytes)
+            fsdp_head_unit="root",
             fused_loss=False,
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", False) else (),
             **torch_memory_facts(grad),

@@ -12,7 +12,8 @@ running the loss eagerly under compile (below). Same framework efficiency set (`
 
 ``TORCHTITAN_2025`` (target ``torchtitan-2025``): torchtitan from bbb1b616e (2025-04-02, "refactor train_spec.loss_fn
 to build_loss_fn", which compiles the loss with ``--training.compile``: components/loss.py ``build_cross_entropy_loss``)
-until ``tensorwise`` left the recipe Literal: 0.3.0's rules plus ``tensorwise`` (config_manager.py:489 at 820504e,
+until 83e6941 (2025-07-28), where the root FSDP unit still held the embedding and output layer; ``TORCHTITAN_2025_08``
+(target ``torchtitan-2025-08``) from there, with 0.3.0's FSDP units, until ``tensorwise`` left the recipe Literal: 0.3.0's rules plus ``tensorwise`` (config_manager.py:489 at 820504e,
 2025-06-13: ``recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] | None``, None = tensorwise; the same
 at 6fc499f6, 2025-08-14, config/job_config.py:561). What the held-out torchtitan runs of 2025 ran
 (``benchmarks/data/more_runs_torchtitan.json``).
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
-from cost_models.targets.common import TORCH_LOSS_BYTES_PER_LOGIT, Knob, Runtime, Software
+from cost_models.targets.common import TORCH_LOSS_BYTES_PER_LOGIT, FsdpHeadUnit, Knob, Runtime, Software
 from cost_models.targets.torchtitan import TorchtitanProfile
 
 DEEPSEEK = Runtime(
@@ -42,22 +43,39 @@ REFERENCE_RUNTIMES: dict[str, Runtime] = {"deepseek": DEEPSEEK}
 
 
 class Torchtitan2025Profile(TorchtitanProfile):
-    """torchtitan of 2025-04 .. 2025-08: 0.3.0's rules plus the ``tensorwise`` Float8 recipe (torchao dynamic
+    """torchtitan of 2025-04 .. 2025-07-27: 0.3.0's rules plus the ``tensorwise`` Float8 recipe (torchao dynamic
     tensorwise scaling, the recipe torchtitan applies when ``--float8.recipe_name`` is unset), the loss compiled with
-    the model as in 0.3.0."""
+    the model as in 0.3.0, and the FSDP units of before 83e6941 (2025-07-28, "Improve reshard_after_forward logic"):
+    ``apply_fsdp`` shards each block and then ``fully_shard(model)``, whose root unit holds the embedding, final norm
+    and output layer (models/llama3/infra/parallelize.py @ 820504e; ``memory.zero3_head_unit_bytes`` "root")."""
 
-    version = "torchtitan 2025-04..08 (held-out runs of 2025; reference profile, not an emit target)"
+    version = "torchtitan 2025-04..07 (held-out runs of 2025; reference profile, not an emit target)"
     knobs = {**TorchtitanProfile.knobs,
              "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",
                                 "torchtitan 820504e config_manager.py:489 / 6fc499f6 config/job_config.py:561 "
                                 "(tensorwise, rowwise, rowwise_with_gw_hp); 0.3.0: components/quantization/float8.py:58, "
                                 "mx.py:70")}
+    fsdp_head_unit: FsdpHeadUnit = "root"
+
+    def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
+                par: ParallelConfig | None = None) -> Runtime:
+        return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit)
+
+
+class Torchtitan202508Profile(Torchtitan2025Profile):
+    """torchtitan from 83e6941 (2025-07-28) until ``tensorwise`` left the recipe Literal: the 2025 rules with 0.3.0's
+    FSDP units (``fully_shard(tok_embeddings)``, each block, ``fully_shard([norm, output])`` not resharded after
+    forward by default, then the root: models/llama3/infra/parallelize.py @ 83e6941 / 6fc499f6)."""
+
+    version = "torchtitan 2025-07-28..08 (held-out runs of 2025-08; reference profile, not an emit target)"
+    fsdp_head_unit: FsdpHeadUnit = "own"
 
 
 class Torchtitan2024Profile(Torchtitan2025Profile):
     """torchtitan as of the published 2024-12 H100 runs: 0.3.0's rules plus the ``tensorwise`` Float8 recipe
     (torchao dynamic tensorwise scaling, the only Float8 scaling torchtitan ran then: the runs' ``fp8_recipe``), the
-    loss run eagerly."""
+    loss run eagerly, and the root FSDP unit holding embedding, norm and output (parallelisms/parallelize_llama.py
+    @ 9dec370 ``apply_fsdp``: each block, then ``fully_shard(model)``)."""
 
     version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
     knobs = {**Torchtitan2025Profile.knobs,
@@ -77,10 +95,12 @@ class Torchtitan2024Profile(Torchtitan2025Profile):
 
 TORCHTITAN_2024_12 = Torchtitan2024Profile()
 TORCHTITAN_2025 = Torchtitan2025Profile()
+TORCHTITAN_2025_08 = Torchtitan202508Profile()
 # Reference profiles autoplan prices (and checks) but never emits for; their efficiency set is their profile's
 # (``efficiency_set``, inherited: torchtitan's).
 REFERENCE_PROFILES: dict[str, TorchtitanProfile] = {"torchtitan-2024-12": TORCHTITAN_2024_12,
-                                                    "torchtitan-2025": TORCHTITAN_2025}
+                                                    "torchtitan-2025": TORCHTITAN_2025,
+                                                    "torchtitan-2025-08": TORCHTITAN_2025_08}
 
-__all__ = ["DEEPSEEK", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12", "TORCHTITAN_2025",
-           "Torchtitan2024Profile", "Torchtitan2025Profile"]
+__all__ = ["DEEPSEEK", "REFERENCE_PROFILES", "REFERENCE_RUNTIMES", "TORCHTITAN_2024_12", "TORCHTITAN_2025", "TORCHTITAN_2025_08",
+           "Torchtitan2024Profile", "Torchtitan2025Profile", "Torchtitan202508Profile"]

@@ -1,0 +1,90 @@
+"""torch FSDP2 (ZeRO-3) holds the output layer and the embedding as its frameworks wrap them
+(``memory.zero3_head_unit_bytes``): their own units (torchtitan 0.3.0 and from 83e6941; Megatron-LM
+--use-torch-fsdp2), or the root unit that stays gathered through the step (torchtitan before 83e6941; the fsdp2
+target's emitted module). For Llama 3 (vocabulary 128256) the output unit is larger than a decoder layer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.estimate import estimate
+from cost_models.memory import activation_bytes_per_microbatch, graphs_for, stage_memory, zero3_head_unit_bytes
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import Software, runtime_for
+
+
+def test_llama3_output_unit_is_larger_than_a_layer() -> None:
+    m = load_model("llama3-8b")
+    assert m.head_params > 2 * m.layer_params(0)
+
+
+def test_torchtitan_030_output_unit_in_the_backward() -> None:
+    """torchtitan 0.3.0 (own units, fp32 reduce: r = 4): the output unit's gradient and reduce-scatter input beside
+    the prefetched last layer, 6·O + 2·L, exceed a layer's 10·L; what exceeds it is added (7/8: less the shard)."""
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    job = JobSpec(global_batch_size=16, seq_len=8192)
+    par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3, recompute="full")
+    rt = runtime_for("torchtitan", job, cluster, par)
+    assert rt.fsdp_head_unit == "own" and rt.gathered_unit_bytes == 10.0
+    o, big = model.head_params, model.layer_params(0)
+    extra = zero3_head_unit_bytes(rt, model, 1, big, 8)
+    assert extra == pytest.approx((6 * o + 2 * big - 10 * big) * 7 / 8)
+    mem = stage_memory(model, job, par, 8, 0, [model.num_layers], 16, graphs_for(model, 8192), rt)
+    # before: the recomputed layer and the decoder layers' units (10 B per parameter of the largest) alone
+    recomputed = activation_bytes_per_microbatch(graphs_for(model, 8192)["dense"], model, job,
+                                                 par.model_copy(update={"recompute": "none"}), rt)
+    assert mem.transients == pytest.approx(recomputed + 10 * big * 7 / 8 + extra)
+    assert extra > 1.1 * 2**30  # 1.15 GiB at 8 ranks
+
+
+def test_root_unit_holds_embedding_and_output_through_the_step() -> None:
+    """torchtitan of the 2024-12 runs (9dec370: fully_shard(model) holds embedding, norm, output) and the fsdp2
+    target's module: the gathered embedding + norm + output (2 B) and the output layer's gradient (2 B)."""
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    job = JobSpec(global_batch_size=16, seq_len=8192)
+    par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3, recompute="full")
+    vh = model.vocab_size * model.hidden_size
+    want = (2 * (model.embedding_params + model.head_params) + 2 * vh) * 7 / 8
+    for target in ("torchtitan-2024-12", "torchtitan-2025", "fsdp2"):
+        rt = runtime_for(target, job, cluster, par)
+        assert rt.fsdp_head_unit == "root", target
+        assert zero3_head_unit_bytes(rt, model, 1, model.layer_params(0), 8) == pytest.approx(want)
+    assert runtime_for("torchtitan-2025-08", job, cluster, par).fsdp_head_unit == "own"
+    assert runtime_for("megatron", job, cluster, par).fsdp_head_unit == "own"
+
+
+def test_head_units_priced_on_the_one_zero3_stage_only() -> None:
+    """With pp > 1 torchtitan keeps the stage unsharded (pp_unsharded_bytes holds embedding and output already):
+    the head units add nothing there, and the last stage's transients are what they were."""
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 16)
+    job = JobSpec(global_batch_size=16, seq_len=8192)
+    par = ParallelConfig(tp=1, pp=2, micro_batch_size=1, zero_stage=3, recompute="full")
+    rt = runtime_for("torchtitan", job, cluster, par)
+    layers = [model.num_layers // 2] * 2
+    own = stage_memory(model, job, par, 8, 1, layers, 16, graphs_for(model, 8192), rt)
+    root = stage_memory(model, job, par, 8, 1, layers, 16, graphs_for(model, 8192), replace(rt, fsdp_head_unit="root"))
+    assert own.transients == root.transients
+
+
+def test_search_scorer_prices_the_head_units_as_estimate() -> None:
+    """The stage DP's Scorer and ``estimate`` agree on ZeRO-3 layouts without pipelining (one cost model)."""
+    from cost_models.validate import stage_layers
+    from search.planner import to_parallel
+    from search.score import Scorer
+    from search.space import Tally, enumerate_layouts
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 16)
+    job = JobSpec(global_batch_size=32, seq_len=8192)
+    for target in ("torchtitan", "fsdp2", "megatron"):
+        layouts = [lay for lay in enumerate_layouts(model, cluster, job, target, {}, Tally())
+                   if lay.zero_stage == 3 and lay.pp == 1]
+        assert layouts, target
+        scorer = Scorer(model, cluster, job)
+        for lay in layouts[:: max(1, len(layouts) // 4)]:
+            par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
+            fs = scorer.score(lay, tuple(stage_layers(model, par)))
+            pred = estimate(model, cluster, job, par, target=target, software=Software(**scorer.chosen_knobs(lay)))
+            assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9), (target, lay)
