@@ -88,3 +88,23 @@ def test_search_scorer_prices_the_head_units_as_estimate() -> None:
             fs = scorer.score(lay, tuple(stage_layers(model, par)))
             pred = estimate(model, cluster, job, par, target=target, software=Software(**scorer.chosen_knobs(lay)))
             assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9), (target, lay)
+
+
+def test_megatron_torch_fsdp2_reduces_bf16_gradients() -> None:
+    """--use-torch-fsdp2 wraps the bf16 model (Float16Module) with no MixedPrecisionPolicy: bf16 shards and bf16
+    reduce-scatters whatever --accumulate-allreduce-grads-in-fp32 says; Float16OptimizerWithFloat16Params holds the
+    fp32 master and Adam m, v (2 + 2 + 12 B); the gathered units' reduce-scatter input is bf16 (6 B, not 10)."""
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64)
+    job = JobSpec(global_batch_size=64, seq_len=8192)
+    par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3, recompute="full")
+    for sw in (None, Software(grad_reduce_dtype="fp32")):
+        rt = runtime_for("megatron", job, cluster, par, sw)
+        assert (rt.grad_reduce_dtype, rt.reduce_bytes, rt.gathered_unit_bytes) == ("bf16", 2.0, 6.0)
+        assert (rt.weight_bytes, rt.grad_bytes, rt.optimizer_bytes) == (2.0, 2.0, 12.0)
+    assert any("no effect" in n for n in runtime_for("megatron", job, cluster, par,
+                                                     Software(grad_reduce_dtype="fp32")).notes)
+    one = runtime_for("megatron", job, cluster, par.model_copy(update={"zero_stage": 1}))
+    assert (one.grad_reduce_dtype, one.grad_bytes) == ("fp32", 4.0)  # the distributed optimizer: fp32 main grads
+    # the DP reduce-scatter of a zero-3 step moves bf16: half the fp32 payload
+    fsdp = estimate(model, cluster, job, par, target="megatron")
+    assert fsdp.memory_gib["grads"] == pytest.approx(2 * model.num_params / 64 / 2**30)

@@ -44,7 +44,8 @@ def test_megatron_runtime_fp32_main_grads_and_env() -> None:
     bf16 = MEGATRON.resolve(Software(grad_reduce_dtype="bf16"), job, H100, ParallelConfig(tp=8))
     assert (bf16.grad_bytes, bf16.reduce_bytes) == (2, 2)
     fsdp = MEGATRON.resolve(None, job, H100, ParallelConfig(tp=8, zero_stage=3))
-    assert fsdp.env == () and (fsdp.weight_bytes, fsdp.grad_bytes, fsdp.optimizer_bytes) == (4, 4, 8)
+    # --use-torch-fsdp2: the bf16 model sharded with no MixedPrecisionPolicy, Float16Optimizer's fp32 master + m, v
+    assert fsdp.env == () and (fsdp.weight_bytes, fsdp.grad_bytes, fsdp.optimizer_bytes, fsdp.reduce_bytes) == (2, 2, 12, 2)
     # Megatron-FSDP optim_grads: bf16 weights whole, fp32 main weights + Adam and main grads sharded, reduced in
     # every micro-batch; no CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:687); param gather overlapped (:598)
     z2 = MEGATRON.resolve(None, job, H100, ParallelConfig(tp=8, zero_stage=2))

@@ -31,8 +31,16 @@ Run-time semantics:
   ``--use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``; validate_args
   demands the checkpoint format (MLM:690) and no ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (MLM:687), and allows
   pipelining, experts, tied embeddings and ``--overlap-param-gather`` (MLM:598).
-- ZeRO-3 is torch FSDP2 (``--use-torch-fsdp2``): fp32 sharded parameters are the master copy, bf16 gathered
-  for compute, gradients reduce-scattered into fp32 shards (4 + 4 + 8 B, all sharded). Kept, not replaced by
+- ZeRO-3 is torch FSDP2 (``--use-torch-fsdp2``). Float16Module casts the model to bf16 before it is wrapped
+  (training.py:1261-1263) and ``fully_shard`` gets no MixedPrecisionPolicy (torch_fully_sharded_data_parallel.py:82-85,
+  the same at core_v0.12.0..0.19.0: mesh and reshard_after_forward only), so the shards are bf16 and the gradients
+  are reduce-scattered in bf16 into bf16 shards whatever ``--accumulate-allreduce-grads-in-fp32`` says (it reaches
+  only DDP's config, training.py:1287-1293): grad_reduce_dtype resolves to bf16. The optimizer is
+  Float16OptimizerWithFloat16Params (the distributed optimizer is refused, MLM:613; optimizer/__init__.py:461): fp32
+  master copies of the bf16 shards (optimizer.py:674) and Adam m, v; the bf16 gradient shards become fp32 main
+  gradients only inside the step (optimizer.py:754-765), with no activations alive. 2 + 2 + 12 B, all sharded.
+  The embedding and output layer are their own units (torch_fully_sharded_data_parallel.py:60-65;
+  ``memory.zero3_head_unit_bytes``). Kept, not replaced by
   Megatron-FSDP ``optim_grads_params``: that one would lift FSDP2's pp/ep refusals, but its runtime differs
   (per-TransformerLayer units with a 2-unit prefetch, bf16 weight shards beside fp32 main weights,
   mcore_fsdp_adapter.py:96-97, megatron_fsdp.py:377-387) and is not priced here yet; one zero stage = one
@@ -473,8 +481,9 @@ class MegatronProfile(TargetProfile):
                               valid=["precision fp8 (--precision fp8)", "fp8_recipe unset"])
         tp_sp = par is None or (par.tp > 1 and par.sequence_parallel)
         zero = par.zero_stage if par is not None else 1
-        grad = k.get("grad_reduce_dtype", "fp32")
         fsdp = zero == 3
+        # --use-torch-fsdp2 reduce-scatters the bf16 model's gradients in bf16 (module doc); the knob reaches DDP only
+        grad = "bf16" if fsdp else k.get("grad_reduce_dtype", "fp32")
         moments = k.get("adam_moments_dtype", "fp32")
         fp4 = job.precision == "nvfp4"
         # TE runs NVFP4 as an autocast recipe: the runtime carries it where the fp8 recipe goes (module doc)
@@ -550,11 +559,11 @@ class MegatronProfile(TargetProfile):
             muon_tp_mode=k.get("muon_tp_mode", "blockwise"),
             overlap_grad_reduce=k.get("overlap_grad_reduce", optimizer == "adam"),
             overlap_param_gather=k.get("overlap_param_gather", zero in (1, 2) and optimizer == "adam"),
-            # FSDP2: fp32 sharded params are the master copy (4 B), fp32 grads (4 B), Adam m, v (8 B).
-            weight_bytes=4.0 if fsdp else weight,
+            # FSDP2: bf16 shards (2 B), bf16 gradient shards (2 B), fp32 master + Adam m, v (12 B) (module doc)
+            weight_bytes=2.0 if fsdp else weight,
             gather_bytes=1.0 if fp8_params else 2.0,
-            grad_bytes=4.0 if fsdp or grad == "fp32" else 2.0,
-            optimizer_bytes=8.0 if fsdp else optimizer_bytes(moments, None if fp4 else fp8_recipe, fp8_params),
+            grad_bytes=4.0 if grad == "fp32" else 2.0,
+            optimizer_bytes=12.0 if fsdp else optimizer_bytes(moments, None if fp4 else fp8_recipe, fp8_params),
             fp8_saved_bytes=NVFP4_SAVED_BYTES if fp4 else 1.0,
             weight_cache_bytes=NVFP4_WEIGHT_CACHE_BYTES if fp4 else 0.0,
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
@@ -565,6 +574,9 @@ class MegatronProfile(TargetProfile):
             env=env,
             notes=(("zero_stage=2 runs as Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy "
                     "optim_grads): gradients reduce-scattered in every micro-batch",) if mfsdp else ())
+            + (("zero_stage=3 runs torch FSDP2 on the bf16 model with no mixed-precision policy: gradients are "
+                f"reduce-scattered in bf16 (grad_reduce_dtype={k['grad_reduce_dtype']} has no effect there)",)
+               if fsdp and k.get("grad_reduce_dtype") == "fp32" else ())
             + ((f"cpu_offload_layers={k['cpu_offload_layers']}: those layers' activations go to host memory and "
                 "back each micro-batch; the memory is priced, the host-link time is not (taken as hidden)",)
                if k.get("cpu_offload_layers") else ()),
