@@ -28,6 +28,7 @@ from cost_models.op_cost import model_flops_per_token
 from cost_models.op_traffic import memory_traffic_bytes, yarn_rope_notes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer_kind
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
+from cost_models.quant_layout import layer_in_bf16, mtp_in_bf16, mtp_layer_in_bf16, run_as
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Runtime, Software, runtime_for
 from cost_models.validate import check_parallel, pipeline_split
@@ -121,6 +122,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp, runtime) for k, g in graphs.items()
              if k in DECODER_KINDS}
+    bf16_costs: dict[str, LayerCost] = {}  # layers run in bf16 under a quantized job (cost_models.quant_layout)
+
+    def cost_of(kind: str, bf16: bool) -> LayerCost:
+        if not bf16:
+            return costs[kind]
+        if kind not in bf16_costs:
+            job_b, rt_b = run_as(job, runtime, "bf16")
+            bf16_costs[kind] = layer_cost(graphs[kind], model, cluster, job_b, par, dp, rt_b)
+        return bf16_costs[kind]
+
     head = head_cost(graphs["head"], cluster, job, par, runtime)
     strides = RankStrides.megatron(t, c, dp, par.ep)
 
@@ -128,13 +139,15 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
         for i in ids[s]:
-            add_layers(parts, costs[layer_kind(model, i)])
+            add_layers(parts, cost_of(layer_kind(model, i), layer_in_bf16(i, model.num_layers, job, runtime)))
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
-            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, job, par)  # last rank or a layout's
-            for j, k in enumerate(mtp_block_kinds(model)):                       # standalone MTP stage
-                add_layers(parts, costs[k], model.arch.mtp_layers, *((proj_gemm, proj_tp) if j == 0 else ()))
+            mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
+            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
+            for j, k in enumerate(mtp_block_kinds(model)):                                   # MTP stage
+                add_layers(parts, cost_of(k, mtp_layer_in_bf16(j, model.num_layers, job, runtime)),
+                           model.arch.mtp_layers, *((proj_gemm, proj_tp) if j == 0 else ()))
         stage_parts.append(parts)
     if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
         stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}

@@ -52,6 +52,7 @@ from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params,
                              mtp_projection_saved_bytes, mtp_stage_params)
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
+from cost_models.quant_layout import op_precision
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, MambaSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -291,7 +292,9 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    quantized = gemm_precision(op, job.precision) in ("fp8", "nvfp4")  # TE saves its cast
+    # TE saves its cast (a recipe's bf16 module: its bf16 input; quant_layout.op_precision)
+    quantized = (op_precision(op, graph, job.precision, runtime) if graph is not None
+                 else gemm_precision(op, job.precision)) in ("fp8", "nvfp4", "mxfp8")
     fp8 = job.precision == "fp8"
     total = 0.0
     cheap = par.recompute == "selective" and runtime.selective == "cheap"

@@ -17,6 +17,7 @@ from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_effici
 from cost_models.moe import moe_load_imbalance, permutation_passes
 from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision
+from cost_models.quant_layout import op_job
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -109,7 +110,10 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
 def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
              rt: Runtime | None = None) -> OpCompute:
     """Compute time of one layer for one micro-batch on one rank: the sum of ``op_compute`` over its ops."""
-    parts = [op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops]
+    parts = []
+    for op in graph.ops:
+        op_j, op_rt = op_job(op, graph, job, rt)  # a module's own precision under a quantization recipe
+        parts.append(op_compute(op, graph, model, cluster, op_j, par, op_rt))
     total = OpCompute(*(sum(getattr(p, f) for p in parts)
                         for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
                       gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
@@ -165,7 +169,8 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher,
                                      rt.target, rt.tp_gather_bytes,
-                                     rt.tp_grad_gather_bytes)  # the last two: torchao_cast_after_gather
+                                     rt.tp_grad_gather_bytes,  # these two: torchao_cast_after_gather
+                                     rt.module_precision)  # quant_layout.op_job
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 
 

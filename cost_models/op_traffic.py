@@ -13,6 +13,7 @@ from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, fp8_cast_bytes, fp
                                       torchao_cast_after_gather, torchao_casts)
 from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
 from cost_models.opgraph import LayerGraph, Op, gemm_precision, tp_divisor
+from cost_models.quant_layout import op_precision
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
@@ -199,7 +200,11 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             # norm takes part in the cast as the recipe allows (te_fp8.te_cast_bytes)
             cast = fp8_cast_bytes(rt, non_tn_gemm)
             recipe = rt.fp8_recipe if rt is not None and rt.fp8_recipe in TE_RECIPES else None
-            first = next(o for o in graph.ops if o.kind == op.kind and o.inputs[0] == op.inputs[0]) is op
+            # the first GEMM of this precision reading the tensor (a recipe's bf16 module casts nothing:
+            # quant_layout.op_precision)
+            prec = gemm_precision(op, job.precision)
+            first = next(o for o in graph.ops if o.kind == op.kind and o.inputs[0] == op.inputs[0]
+                         and (o is op or op_precision(o, graph, job.precision, rt) == prec)) is op
             norm_fed = prod is not None and prod.kind == "norm"
             column = op.kind == "matmul" and graph.tensors[op.output].dim_kind in COLUMN_KINDS
             row = op.kind == "matmul" and graph.tensors[op.inputs[0]].dim_kind in COLUMN_KINDS

@@ -83,6 +83,11 @@ class Scorer:
         self.model, self.cluster, self.job = model, cluster, job
         self.weights = weights or CostWeights()
         self.software = software or Software()  # the knobs the user set (none: every target's defaults)
+        for knob in ("bf16_layers", "quant_recipe"):  # per layer / per module precision: estimate's (quant_layout)
+            if getattr(self.software, knob) not in (None, (0, 0)):
+                raise ConfigError(f"{knob} is priced for a given layout only (autoplan estimate: "
+                                  "cost_models.quant_layout); the search prices every decoder layer and module in the "
+                                  "job's precision", valid=[f"{knob} unset", "autoplan estimate with the layout"])
         self._runtimes: dict[tuple, Runtime] = {}
         self.graphs = graphs_for(model, job.seq_len)
         self.L = model.num_layers

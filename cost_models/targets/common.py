@@ -49,6 +49,9 @@ Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "b
 # ``megatron_core`` knob. 0.16.1 is the pip package autoplan validates against; a later one gates only the rules that
 # read it (``MegatronProfile.model_runtime_error``).
 MegatronCoreVersion = Literal["0.16.1", "0.17.0rc0", "0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0"]
+# Transformer Engine per-module quantization recipes a run may name (Megatron-Core ``TransformerConfig.quant_recipe``,
+# loaded from a YAML of matchers: ``cost_models.quant_layout.QUANT_RECIPES`` holds what each one says)
+QuantRecipeName = Literal["nemotron_3_super_nvfp4"]
 CORE_RELEASES: tuple[str, ...] = get_args(MegatronCoreVersion)  # in release order
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
@@ -120,6 +123,19 @@ class Software(BaseModel):
     megatron_core: MegatronCoreVersion | None = Field(
         default=None, description="the Megatron-Core release the run uses (tag core_v<version>; default 0.16.1, the "
         "pip package autoplan validates against): a hybrid stack's multi-token prediction needs 0.17.0rc0 or later")
+    bf16_layers: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="megatron (precision fp8 / nvfp4): the first S and last E decoder layers run in bf16, "
+        "[S, E] (Megatron-Core first_last_layers_bf16 with num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16)")
+    quant_recipe: QuantRecipeName | None = Field(
+        default=None, description="megatron (precision nvfp4): a Transformer Engine per-module quantization recipe the "
+        "run loads (Megatron-Core quant_recipe): nemotron_3_super_nvfp4 = Megatron-Bridge's te_quant.cfg for Nemotron 3 "
+        "Super (attention and latent projections and the MTP block in bf16, the Mamba out_proj in MXFP8)")
+
+    @field_validator("bf16_layers", mode="before")
+    @classmethod
+    def _bf16_pair(cls, v: object) -> object:
+        """A JSON list [S, E] is the pair (strict mode takes no list for a tuple)."""
+        return tuple(v) if isinstance(v, list) else v
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod
@@ -139,7 +155,8 @@ KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_redu
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
-              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core")
+              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core", "bf16_layers",
+              "quant_recipe")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -191,6 +208,12 @@ class Runtime:
     optimizer: OptimizerName = "adam"
     muon_tp_mode: MuonTpMode = "blockwise"
     megatron_core: str = CORE_RELEASES[0]  # the Megatron-Core release (megatron target; the rules reading it say which)
+    # Decoder layers run in bf16 under a quantized job: the first S and the last E (``cost_models.quant_layout``)
+    bf16_layers: tuple[int, int] = (0, 0)
+    # Per-module precision of a quantization recipe (``quant_recipe``): (module group, precision) pairs
+    # (``cost_models.quant_layout.MODULE_OPS`` names the groups)
+    quant_recipe: str | None = None
+    module_precision: tuple[tuple[str, str], ...] = ()
     weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
@@ -286,7 +309,9 @@ class Runtime:
                  and (not n.startswith("cuda_graph_") or self.cuda_graph_impl != "none")
                  and (n not in ("optimizer", "muon_tp_mode") or self.optimizer != "adam")
                  # the Megatron-Core release where it is not the validated pip package's (the profile's version)
-                 and (n != "megatron_core" or self.megatron_core != CORE_RELEASES[0])]
+                 and (n != "megatron_core" or self.megatron_core != CORE_RELEASES[0])
+                 and (n != "bf16_layers" or self.bf16_layers != (0, 0))
+                 and (n != "quant_recipe" or self.quant_recipe is not None)]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None

@@ -153,6 +153,20 @@ from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec
 from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, CORE_RELEASES, Knob, Runtime,
                                         Software, TargetProfile, fsdp2_gathered_unit_bytes, nearest)
 
+# Named recipes (the ``quant_recipe`` knob): (module group of cost_models.quant_layout.MODULE_OPS, precision) per matcher.
+# nemotron_3_super_nvfp4: Megatron-Bridge scripts/performance/configs/nemotronh/te_quant.cfg (identical v0.4.0 ..
+# v0.5.1), loaded for Nemotron 3 Super's NVFP4 runs (nemotron_3_llm_pretrain.py set_nemotron_3_super_common_configs):
+# matchers attn_qkv_bf16 "*.linear_qkv", attn_proj_bf16 "*.linear_proj", latent_bf16 "*mlp.fc[12]_latent_proj",
+# mtp_bf16 "mtp.*" -> bf16; mamba_outproj_mxfp8 "*mixer.out_proj" -> mxfp8. Everything else keeps the run's NVFP4.
+QUANT_RECIPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "nemotron_3_super_nvfp4": (("attention_proj", "bf16"), ("moe_latent_proj", "bf16"), ("mtp", "bf16"),
+                               ("mamba_out_proj", "mxfp8")),
+}
+QUANT_RECIPE_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/nemotronh/te_quant.cfg @ v0.4.0..v0.5.1 "
+                       "(nemotron_3_llm_pretrain.py: NVFP4 runs); matchers applied by Megatron-Core "
+                       "extensions/transformer_engine.py:275-323 @ core_v0.18.0")
+
+
 COMMIT = "55ac7082"  # tag core_v0.16.1
 # The first Megatron-Core tag whose MambaModel builds multi-token prediction (model_runtime_error)
 HYBRID_MTP_SINCE = "0.17.0rc0"
@@ -245,6 +259,12 @@ class MegatronProfile(TargetProfile):
         "cuda_graph_scope": Knob("cuda_graph_scope", (), (),
                                  f"{TC}:784-791, 1688-1714 (--cuda-graph-scope; empty = each whole layer); "
                                  "megatron/core/transformer/enums.py:70-79 (CudaGraphScope)"),
+        "bf16_layers": Knob("bf16_layers", (), (0, 0),
+                            f"{TC}:486-493 (first_last_layers_bf16, num_layers_at_start_in_bf16 / _end_in_bf16), "
+                            ":988-1017 (not with delayed scaling; each at most num_layers // pp); "
+                            "megatron/core/fp8_utils.py:513-530, fp4_utils.py:200-217 @ core_v0.18.0"),
+        "quant_recipe": Knob("quant_recipe", (), None,  # the names: Software.quant_recipe, QUANT_RECIPES
+                             f"{TC}:877 (quant_recipe; {MLM} --te-precision-config-file); {QUANT_RECIPE_SOURCE}"),
         "megatron_core": Knob("megatron_core", CORE_RELEASES, "0.16.1",
                               "the Megatron-Core release (tag core_v<version>); the other rules of this profile cite "
                               "core_v0.16.1: the version gates hybrid MTP only (model_runtime_error)"),
@@ -351,13 +371,15 @@ class MegatronProfile(TargetProfile):
             raise err
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
-        """A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):
+        """More bf16 layers than the model has (``bf16_layers_error``). A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):
         core_v0.16.1's MambaModel has no MTP (megatron/core/models/mamba/mamba_model.py, MambaStack only); the
         unified pattern '<main>/<block>/...' and MambaModel's MultiTokenPredictionBlock of hybrid layers arrived
         with commit 9d71cb1c ("Reapply: Add MTP support for hybrid models (#2363)", first tagged core_v0.17.0rc0:
         megatron/core/ssm/mamba_hybrid_layer_allocation.py parse_hybrid_pattern, models/mamba/mamba_model.py:
         173-253), moved to megatron/core/models/hybrid/hybrid_layer_allocation.py:194-277 and hybrid_model.py:
         180-291 at core_v0.18.0."""
+        if (err := bf16_layers_error(model, rt, 1)) is not None:  # the pipeline-free bound (check_runtime: per stage)
+            return err
         hybrid = model.is_hybrid and bool(model.arch.mtp_layers)
         if not (hybrid or model.arch.mtp_repeated):
             return None
@@ -382,6 +404,8 @@ class MegatronProfile(TargetProfile):
             raise err
         if rt.optimizer != "adam":  # first: its refusals name Muon, not the knobs it turns off
             check_muon(par, rt)
+        if (err := bf16_layers_error(model, rt, par.pp)) is not None:
+            raise err
         if model.mamba is not None and job.precision != "bf16" and model.mamba.in_proj_width % 16:
             raise ConfigError(f"precision {job.precision}: Megatron-Core's Mamba in_proj output width "
                               f"{model.mamba.in_proj_width} (2 d_inner + 2 groups state + heads) must be a multiple of "
@@ -523,7 +547,24 @@ class MegatronProfile(TargetProfile):
             bucket = max(MFSDP_MIN_BUCKET, MFSDP_BUCKET_PER_RANK * dp_cp)
             cap = max(MFSDP_RS_QUEUE, bucket) + bucket  # queued reduce-scatters + the bucket being filled
         ce = k.get("cross_entropy_fusion", "none")
+        bf16_layers = tuple(k.get("bf16_layers", (0, 0)))
+        if bf16_layers != (0, 0) and job.precision == "bf16":
+            raise ConfigError(f"bf16_layers={list(bf16_layers)}: first_last_layers_bf16 takes layers out of an fp8 / "
+                              f"fp4 run, and the job is bf16 ({TC}:486-493)", valid=["precision fp8", "precision nvfp4",
+                                                                                  "bf16_layers unset"])
+        if bf16_layers != (0, 0) and fp8_recipe == "delayed":
+            raise ConfigError(f"bf16_layers={list(bf16_layers)} with fp8_recipe=delayed: \"Delayed scaling does not "
+                              f"support first / last layer in BF16\" ({TC}:988-991)",
+                              valid=["fp8_recipe=tensorwise", "fp8_recipe=blockwise", "fp8_recipe=mxfp8",
+                                     "bf16_layers unset"])
+        recipe = k.get("quant_recipe")
+        if recipe is not None and not fp4:
+            raise ConfigError(f"quant_recipe={recipe} is the NVFP4 runs' module recipe ({QUANT_RECIPE_SOURCE}); the "
+                              f"job is {job.precision}", valid=["precision nvfp4", "quant_recipe unset"])
         return Runtime(
+            bf16_layers=bf16_layers,  # type: ignore[arg-type]
+            quant_recipe=recipe,
+            module_precision=QUANT_RECIPES[recipe] if recipe is not None else (),
             target="megatron",
             cross_entropy_fusion=ce,
             loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT[ce],
@@ -802,3 +843,14 @@ def hybrid_pipeline_error(model: ModelSpec, par: ParallelConfig) -> ConfigError 
 
 
 PROFILE = MegatronProfile()
+
+
+def bf16_layers_error(model: ModelSpec, rt: Runtime, pp: int) -> ConfigError | None:
+    """``bf16_layers`` (first_last_layers_bf16) beyond what TransformerConfig accepts: each count between 0 and the
+    decoder layers per pipeline stage, num_layers // pp (TC:993-1017), or None."""
+    per_stage = model.num_layers // pp
+    if all(n <= per_stage for n in rt.bf16_layers):
+        return None
+    return ConfigError(f"bf16_layers={list(rt.bf16_layers)}: each count must be between 0 and the layers per pipeline "
+                       f"stage, {model.num_layers} // pp {pp} = {per_stage} ({TC}:993-1017)",
+                       valid=[f"bf16_layers=[{min(rt.bf16_layers[0], per_stage)}, {min(rt.bf16_layers[1], per_stage)}]"])
