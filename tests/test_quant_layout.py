@@ -106,3 +106,16 @@ def test_search_refuses_per_layer_precision() -> None:
     model, cluster, job, par, sw = _super(bf16_layers=(0, 14))
     with pytest.raises(ConfigError, match="priced for a given layout only"):
         Scorer(model, cluster, job, software=sw)
+
+
+def test_emitter_refuses_what_it_cannot_write() -> None:
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.emit.plan import EmitPlan
+
+    model = load_model("llama3-8b")
+    job = JobSpec(global_batch_size=64, seq_len=4096, precision="fp8")
+    plan = EmitPlan(model, build_cluster("gb200", 8), job, ParallelConfig(tp=1, zero_stage=1),
+                    Software(fp8_recipe="mxfp8", bf16_layers=(1, 1)))
+    with pytest.raises(ConfigError, match="priced .*not emitted"):
+        megatron_args(plan)
+    assert megatron_args(replace(plan, software=Software(fp8_recipe="mxfp8")))  # without it: emitted

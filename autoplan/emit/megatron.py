@@ -50,6 +50,13 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     if (refusal := mtp_not_emitted(m)) is not None:
         raise refusal
     rt = plan.runtime("megatron")  # knobs and run-time semantics the plan was priced with
+    if rt.bf16_layers != (0, 0) or rt.quant_recipe is not None:
+        given = ", ".join(f"{k}={v}" for k, v in (("bf16_layers", list(rt.bf16_layers)), ("quant_recipe", rt.quant_recipe))
+                          if v not in ([0, 0], None))
+        raise ConfigError(f"{given}: priced (cost_models.quant_layout), not emitted: the emitter writes no "
+                          "--first-last-layers-bf16 / --num-layers-at-*-in-bf16 nor a --te-precision-config-file "
+                          "recipe (TransformerConfig fields of Megatron-Core; Megatron-Bridge sets them in its "
+                          "mixed-precision and perf recipes)", valid=["bf16_layers unset", "quant_recipe unset"])
     a: list[str] = []
 
     def add(flag: str, value: Any = None) -> None:
