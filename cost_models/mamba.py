@@ -35,11 +35,11 @@ def cp_a2a_widths(mb: MambaSpec, tp: int, cp: int) -> tuple[float, float]:
 # Mamba-2's fused causal conv1d + chunked SSD scan (Megatron-Core's training path, mamba_mixer.py:659-676:
 # mamba_ssm's mamba_split_conv1d_scan_combined; Dao & Gu 2024, arXiv:2405.21060 §7). No public measurement of these
 # Triton kernels' achieved bandwidth or FLOP rate was found, so the op is priced MEMORY-BOUND by the bytes its kernels
-# move (at HBM bandwidth x hbm_bus, as every other memory-bound kernel): a lower bound where a kernel is compute- or
-# latency-bound. Its tensor-core work (C·Bᵀ, chunk states, intra-chunk outputs: ~2·chunk·G·N + 2·chunk·d_inner +
-# 4·d_inner·N FLOPs per token, a few % of the layer's projections) is not timed. The one public cross-generation
-# measurement found (benchmarks/mamba2_scaling.py, state-spaces/mamba#904) says a Mamba-2 stack gains less from
-# H200 to GB200 than this basis predicts; nothing here is fitted to it. See ssd_traffic_bytes.
+# move (at HBM bandwidth x hbm_bus, as every other memory-bound kernel), or by its tensor-core work (``ssd_flops``) at
+# the rate the Triton kernels sustain (``Efficiency.ssd_tflops``), whichever is longer. That rate is taken from the one
+# public cross-generation measurement found (state-spaces/mamba#904: a Mamba-2 stack trains 1.51x faster on GB200
+# than on H200, while its HBM bandwidth grows 1.67x and its tensor-core peak 2.5x): benchmarks/mamba2_scaling.py
+# solves the one rate, the same on both GPUs, that reproduces the ratio (see gpus.yaml). See ssd_traffic_bytes.
 BF16, FP32 = 2.0, 4.0
 
 
@@ -83,6 +83,21 @@ def ssd_traffic_bytes(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]
            + FP32 * 2 * h + BF16 * 2 * h  # _chunk_cumsum_bwd: ddA, ddt, dt in; ddt out
            + BF16 * 3 * conv)  # causal_conv1d_bwd: xBC, dxBC in; dxBC out
     return fwd, bwd
+
+
+def ssd_flops(mb: MambaSpec, t: int, cp: int = 1) -> tuple[float, float]:
+    """Tensor-core FLOPs per token of the rank's sequence shard (forward, backward) of the chunked SSD scan, kernel by
+    kernel as ``ssd_traffic_bytes`` walks them (mamba_ssm @ v2.2.6.post3 ssd_combined.py :294-345 / :347-465), with
+    ``d`` = d_inner / t, ``G`` groups (``local_groups``), chunk ``Q``, state ``N``. Forward: ``_bmm_chunk_fwd`` C·Bᵀ
+    over the whole chunk square (2·Q·N·G), ``_chunk_state_fwd`` Bᵀ·x (2·d·N), ``_chunk_scan_fwd`` C·states (2·d·N)
+    and the intra-chunk CB·x over the causal half it visits (Q·d). Backward: the recomputed C·Bᵀ and chunk states,
+    ``_chunk_scan_bwd_dstates`` (2·d·N), ``_chunk_scan_chunk_state_bwd_dx`` (causal CBᵀ·dout, Q·d, and B·dstates,
+    2·d·N), ``_chunk_state_bwd_db`` (2·d·N), ``_chunk_scan_bwd_dC`` (2·d·N), ``_chunk_scan_bwd_dcb`` (causal dout·xᵀ,
+    Q·d), two ``_bmm_chunk_bwd`` (2·Q·N·G each) and ``_chunk_scan_bwd_ddAcs_stable`` (causal dout·xᵀ again, Q·d):
+    6·Q·N·G + 10·d·N + 3·Q·d. The causal kernels visit their diagonal blocks in full: a slight undercount."""
+    d, groups, q, n = mb.d_inner / t, local_groups(mb, t, cp), mb.chunk_size, mb.state_dim
+    cb, state, intra = 2 * q * n * groups, 2 * d * n, q * d
+    return cb + 2 * state + intra, 3 * cb + 5 * state + 3 * intra
 
 
 def layout_copy_bytes(mb: MambaSpec, t: int, cp: int, batch: int) -> tuple[float, float]:

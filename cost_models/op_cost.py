@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models.attention_cost import ATTN_BWD_FACTOR, attention_kernel_factor, cp_merge_bytes, unfused_attention_s
-from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s
+from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, straggler_pace
+from cost_models.mamba import ssd_flops
 from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
                                       non_tn_fp8_gemm, ring_steps, wgrad_in_bf16)
 from cost_models.moe import moe_load_imbalance, permutation_passes
@@ -103,8 +104,13 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
     extra = gemm * eff.memory_bound_fraction
-    return OpCompute(gemm, attn_f, attn_b, hbm_time_s(mem_f, cluster) + extra, hbm_time_s(mem_b, cluster) + extra,
-                     wgrad_hp, gemm_fwd_extra=fwd_extra)
+    mem_tf, mem_tb = hbm_time_s(mem_f, cluster), hbm_time_s(mem_b, cluster)
+    if op.kind == "ssm" and model.mamba is not None and eff.ssd_tflops:
+        # the SSD kernels' tensor-core work at the rate they sustain, where it takes longer than their bytes
+        flops_f, flops_b = ssd_flops(model.mamba, t, par.cp)
+        rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
+        mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
+    return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
 
 
 def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

@@ -742,6 +742,10 @@ class Efficiency(_Frozen):
                                               "`attention` is the share at ATTENTION_REF_KEYS and the kernel follows "
                                               "x/(x + half) in the keys it sees (attention_cost.attention_kernel_factor); "
                                               "unset: `attention` holds at every length (ring CP steps aside)")
+    ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
+                                     "(mamba_ssm's Triton chunked scan, forward and backward) sustain: the op takes at "
+                                     "least its FLOPs at this rate (cost_models.mamba.ssd_flops); unset: priced by its "
+                                     "HBM bytes only")
     gpu_speed_sigma: float = Field(default=0.0, ge=0, le=0.2, description="relative standard deviation of the "
                                    "sustained speed of identical GPUs (manufacturing and power-management spread): a "
                                    "synchronous job runs at its slowest GPU's pace (cost_models.gemm.straggler_pace)")

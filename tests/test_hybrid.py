@@ -375,29 +375,68 @@ def test_mamba_activations_are_what_the_mixer_saves() -> None:
         assert got == pytest.approx(want, rel=1e-12), (tp, sp)
 
 
-def test_ssd_scan_is_priced_memory_bound_by_its_bytes() -> None:
-    """The conv1d + SSD op costs its HBM bytes at the GPU's streaming bandwidth, forward and backward, and it shrinks
-    with TP as its heads do."""
+def _bytes_only(cluster):  # type: ignore[no-untyped-def]
+    """``cluster`` with no SSD tensor-core rate: the scan priced by its HBM bytes alone."""
+    return cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(update={"ssd_tflops": None})})
+
+
+def test_ssd_scan_is_priced_by_its_bytes_or_its_flops() -> None:
+    """The conv1d + SSD op costs its HBM bytes at the GPU's streaming bandwidth or its tensor-core FLOPs at the SSD
+    kernels' rate (Efficiency.ssd_tflops), whichever is longer, forward and backward; both shrink with TP as the heads
+    do. Without a rate: the bytes."""
     from autoplan.catalog.cluster import build_cluster
     from cost_models.gemm import hbm_time_s
     from cost_models.op_cost import op_compute
-    from cost_models.mamba import ssd_traffic_bytes
+    from cost_models.mamba import ssd_flops, ssd_traffic_bytes
     from cost_models.opgraph import layer_graph
     from cost_models.specs import JobSpec, ParallelConfig
 
     m = _nano()
     g = layer_graph(m, "mamba", 8192)
     op = g.op("ssd")
-    cluster = build_cluster("h100-sxm", 8)
     job = JobSpec(seq_len=8192)
-    for tp in (1, 2):
-        par = ParallelConfig(tp=tp, micro_batch_size=1)
-        oc = op_compute(op, g, m, cluster, job, par)
-        f, b = ssd_traffic_bytes(m.mamba, tp)
-        assert oc.gemm_f == oc.attn_f == 0.0
-        assert oc.mem_f == pytest.approx(hbm_time_s(f * 8192, cluster), rel=1e-12)
-        assert oc.mem_b == pytest.approx(hbm_time_s(b * 8192, cluster), rel=1e-12)
+    for gpu in ("h100-sxm", "gb300"):
+        cluster = build_cluster(gpu, 8)
+        rate = cluster.efficiency.ssd_tflops * 1e12
+        for tp in (1, 2):
+            par = ParallelConfig(tp=tp, micro_batch_size=1)
+            oc = op_compute(op, g, m, cluster, job, par)
+            f, b = ssd_traffic_bytes(m.mamba, tp)
+            ff, fb = ssd_flops(m.mamba, tp)
+            assert oc.gemm_f == oc.attn_f == 0.0
+            assert oc.mem_f == pytest.approx(max(hbm_time_s(f * 8192, cluster), ff * 8192 / rate), rel=1e-12)
+            assert oc.mem_b == pytest.approx(max(hbm_time_s(b * 8192, cluster), fb * 8192 / rate), rel=1e-12)
+            plain = op_compute(op, g, m, _bytes_only(cluster), job, par)
+            assert plain.mem_f == pytest.approx(hbm_time_s(f * 8192, cluster), rel=1e-12)
     assert ssd_traffic_bytes(m.mamba, 2)[0] == pytest.approx(ssd_traffic_bytes(m.mamba, 1)[0] / 2)
+    assert ssd_flops(m.mamba, 2)[1] == pytest.approx(ssd_flops(m.mamba, 1)[1] / 2)
+
+
+def test_ssd_flops_are_the_kernels_matmuls() -> None:
+    """Nano (Q 128, N 128, 8 groups, d_inner 4096), per token: forward C·Bᵀ 2·128·128·8 + chunk states and C·states
+    2·2·4096·128 + the causal intra-chunk half 128·4096; backward 3 C·Bᵀ-sized (recomputed + two bmm backward),
+    5 state-sized (recomputed states, dstates, B·dstates, dB, dC) and 3 causal intra-chunk products (dx, dCB, ddA)."""
+    from cost_models.mamba import ssd_flops
+
+    assert ssd_flops(_nano().mamba, 1) == (262144 + 2097152 + 524288, 3 * 262144 + 5 * 1048576 + 3 * 524288)
+
+
+def test_ssd_rate_reproduces_mamba904s_generation_ratio() -> None:
+    """gpus.yaml's hopper / blackwell ssd_tflops is benchmarks/mamba2_scaling.py's solve: the one rate at which the
+    predicted GB200/H200 ratio of mamba#904's stack is the measured 1.51x (by bytes alone the model says 2.18x)."""
+    from autoplan.catalog.cluster import build_cluster
+
+    from benchmark_modules import load_benchmark
+
+    scaling = load_benchmark("mamba2_scaling", "mamba2_scaling")
+    rate = scaling.ssd_rate_fit()
+    for gpu in ("h200", "gb200", "h100-sxm", "b200", "gb300", "b300"):
+        assert build_cluster(gpu, 8).efficiency.ssd_tflops == pytest.approx(rate, rel=0.01), gpu
+    measured = scaling.MEASURED_TFLOPS["gb200"] / scaling.MEASURED_TFLOPS["h200"]
+    step = scaling.stack_steps(build_cluster("h200", 1).efficiency.ssd_tflops)
+    assert step["h200"] / step["gb200"] == pytest.approx(measured, rel=0.01)
+    plain = scaling.stack_steps(None)
+    assert plain["h200"] / plain["gb200"] > 2.0
 
 
 def test_ssd_bytes_are_the_kernels_tensors_one_pass_each() -> None:
@@ -465,7 +504,7 @@ def test_layout_copies_around_the_scan_only_at_micro_batch_above_one() -> None:
     assert layout_copy_bytes(mb, 1, 1, 2) == (2.0 * 2 * (10304 + 4096), 2.0 * 2 * 10304) == (57600.0, 41216.0)
     assert layout_copy_bytes(mb, 4, 1, 4)[1] == pytest.approx(41216.0 / 4)
     g = layer_graph(m, "mamba", 8192)
-    cluster = build_cluster("gb200", 8)
+    cluster = _bytes_only(build_cluster("gb200", 8))  # the bytes (the scan's FLOPs may bind: the test above)
     par = ParallelConfig(tp=1, micro_batch_size=2)
     oc = op_compute(g.op("ssd"), g, m, cluster, JobSpec(seq_len=8192), par)
     f, b = ssd_traffic_bytes(mb, 1)
