@@ -104,6 +104,7 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # per layer + per local expert (1.668 + 0.434 ms, fitted jointly on the same 21 rows): more_runs.json 10.1 -> 9.9%
 # (worst 61.0%), bridge2 10.2 -> 9.9% (36.5 -> 36.1%), hybrid MTP rows 39.2 -> 33.5% (worst 73.9 -> 54.2%: Super B300's
 # 64 local experts priced lower); torchtitan, gptoss, amd unchanged.
+# s10-hybrid: bridge2's other rows 10.2% -> 8.5% (its 20 Nemotron 3 Nano rows 16.2% -> 8.1%: the SSD rate).
 GUARDS = {"more_runs.json": (0.099, 0.610), "more_runs_bridge2.json": (0.099, 0.361),
           "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
           "more_runs_amd.json": (0.422, 0.422)}
