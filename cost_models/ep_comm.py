@@ -58,7 +58,8 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     C++, the scale swizzles are one multi-tensor call, pytorch/csrc/extensions/gemm.cpp:502-565) and its Python
     per-expert work (weight workspace, quantizer usage, main_grad / dummy wgrad, grouped_linear.py:106-500 at
     5671fd36) plus Megatron's per-parameter grad hook; the per-layer part (router, permute, dispatch, combine) is
-    the per-layer term (both split forward / backward by ``HOST_FORWARD_SHARE``)."""
+    the per-layer term (both split forward / backward by ``HOST_FORWARD_SHARE``: an assumption inside the joint fit,
+    not measured; the forward's router and preprocess are issued before the sync, yet priced as after it)."""
     eff = cluster.efficiency
     host = eff.moe_host_s_per_layer + eff.moe_host_s_per_expert * (model.num_experts // par.ep)
     if forward_share is None:

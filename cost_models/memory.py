@@ -152,15 +152,19 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
       as the root is.
     - ``"root"`` (torchtitan before 83e6941, 2025-07-28: ``fully_shard(model)`` holds embedding, norm and output;
       the fsdp2 target's emitted ``apply_fsdp``): FSDP2 does not reshard the root after forward (``_lazy_init``; with
-      an explicit True the root's post-forward frees it and its pre-backward gathers it again) and, its inputs being
+      an explicit True or int the root's post-forward reshards it and its pre-backward gathers it again) and, its inputs being
       token ids, runs its post-backward in the final callback (_fsdp_state.py:395-425): the gathered embedding,
       norm and output (2 B each) and the output layer's unsharded gradient (2 B) stay through the backward."""
     group = max(1, group)
     out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
     head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
-        weights = 2.0 * (model.embedding_params / tp + head) if rt.reshard_after_forward is True else 0.0
-        return (weights + 2.0 * out_w) * (1 - 1 / group)  # without resharding the weights are held already
+        # An explicit reshard_after_forward frees the root after forward (True) or keeps 1/r of it (an int r, whose
+        # 1/r - 1/group zero3_transient_bytes counts) and gathers it whole again for backward (torch 2.13
+        # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
+        r = rt.reshard_after_forward
+        regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
+        return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group)
     g = rt.gathered_unit_bytes
     r = g - 6.0
     big = np.asarray(largest, dtype=float)

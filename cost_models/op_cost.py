@@ -106,7 +106,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     extra = gemm * eff.memory_bound_fraction
     mem_tf, mem_tb = hbm_time_s(mem_f, cluster), hbm_time_s(mem_b, cluster)
     if op.kind == "ssm" and model.mamba is not None and eff.ssd_tflops:
-        # the SSD kernels' tensor-core work at the rate they sustain, where it takes longer than their bytes
+        # the SSD kernels' tensor-core work at the rate they sustain, where it takes longer than their bytes: one max
+        # over the whole ssm op (its conv / cumsum / layout bytes included), as ssd_tflops was fitted, not per kernel
         flops_f, flops_b = ssd_flops(model.mamba, t, par.cp)
         rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
         mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)

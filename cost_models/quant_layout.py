@@ -7,7 +7,7 @@ module runs the job's recipe. Two Megatron-Core mechanisms, both of the megatron
   ``i >= num_layers - E`` runs outside the fp8 / fp4 autocast, i.e. in bf16 (fp8_utils.py:513-530
   ``is_first_last_bf16_layer``, fp4_utils.py:200-217 ``get_fp4_context`` @ core_v0.18.0; the hybrid stack enters it per
   layer with ``layer.layer_number - 1``, models/hybrid/hybrid_block.py:321-327). A hybrid stack's MTP block numbers its
-  own layers from 1 (multi_token_prediction.py:861-868, its HybridStack built with ``pp_layer_offset=0``), so the rule
+  own layers from 1 (multi_token_prediction.py:846-851, its HybridStack built with ``pp_layer_offset=0``), so the rule
   sees its layers as 0, 1, ...: the first S of them run bf16 too (E counts from the main stack's end: none of them).
 - a Transformer Engine per-module quantization recipe (``TransformerConfig.quant_recipe``, loaded from a YAML of
   glob matchers on module names, ``--te-precision-config-file``; applied to each TE module at ``finish_init``,
@@ -20,7 +20,9 @@ Priced by running each op (``op_cost``) or layer (``estimate``) as a job of that
 or an MXFP8 GEMM (fp8 with the ``mxfp8`` recipe) inside an NVFP4 job. Activation memory follows the op-level choice
 (``memory.op_activation_bytes``); a whole bf16 layer's saved inputs are still counted at the job's precision (a few %
 of one layer's activations), and the search prices every layer at the job's precision (``bf16_layers`` is refused
-there: ``search.score``)."""
+there: ``search.score``). Also approximate: under NVFP4 the weight cache TE keeps of quantized weights
+(``Runtime.weight_cache_bytes``) is still charged to the bf16 layers and modules (an over-count; Super tp 1 ep 64
+with the last 14 layers bf16: about 1.4 GiB per rank), and an MXFP8 module's cache at the NVFP4 size."""
 
 from __future__ import annotations
 

@@ -294,8 +294,9 @@ class ModelSpec(_Frozen):
     arch: ArchSpec = Field(default_factory=ArchSpec, description="positions, norms, window, routing, MTP")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ModelSpec":
-        """A copy with ``update`` applied and validated again. pydantic's own copy keeps the instance ``__dict__``,
-        where ``functools.cached_property`` stores the derived sizes below: an update would leave them stale."""
+        """A copy with ``update`` applied and validated again (a new instance: ``deep`` is moot). pydantic's own copy
+        keeps the instance ``__dict__``, where ``functools.cached_property`` stores the derived sizes below: an update
+        would leave them stale."""
         if not update:
             return super().model_copy(deep=deep)
         return type(self).model_validate({**{k: getattr(self, k) for k in type(self).model_fields}, **update})

@@ -93,13 +93,13 @@ def test_search_scorer_prices_the_head_units_as_estimate() -> None:
 def test_megatron_torch_fsdp2_reduces_bf16_gradients() -> None:
     """--use-torch-fsdp2 wraps the bf16 model (Float16Module) with no MixedPrecisionPolicy: bf16 shards and bf16
     reduce-scatters whatever --accumulate-allreduce-grads-in-fp32 says; Float16OptimizerWithFloat16Params holds the
-    fp32 master and Adam m, v (2 + 2 + 12 B); the gathered units' reduce-scatter input is bf16 (6 B, not 10)."""
+    fp32 master and Adam m, v (2 + 2 + 12 B); the gathered units' reduce-scatter input is bf16 (8 B, not 10)."""
     model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64)
     job = JobSpec(global_batch_size=64, seq_len=8192)
     par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3, recompute="full")
     for sw in (None, Software(grad_reduce_dtype="fp32")):
         rt = runtime_for("megatron", job, cluster, par, sw)
-        assert (rt.grad_reduce_dtype, rt.reduce_bytes, rt.gathered_unit_bytes) == ("bf16", 2.0, 6.0)
+        assert (rt.grad_reduce_dtype, rt.reduce_bytes, rt.gathered_unit_bytes) == ("bf16", 2.0, 8.0)
         assert (rt.weight_bytes, rt.grad_bytes, rt.optimizer_bytes) == (2.0, 2.0, 12.0)
     assert any("no effect" in n for n in runtime_for("megatron", job, cluster, par,
                                                      Software(grad_reduce_dtype="fp32")).notes)
@@ -108,3 +108,18 @@ def test_megatron_torch_fsdp2_reduces_bf16_gradients() -> None:
     # the DP reduce-scatter of a zero-3 step moves bf16: half the fp32 payload
     fsdp = estimate(model, cluster, job, par, target="megatron")
     assert fsdp.memory_gib["grads"] == pytest.approx(2 * model.num_params / 64 / 2**30)
+
+
+def test_root_unit_regathered_under_an_integer_reshard() -> None:
+    """An int reshard_after_forward r keeps 1/r of the root after forward (zero3_transient_bytes counts 1/r - 1/group
+    of every parameter) and gathers it whole for backward: the embedding + head weights add 1 - 1/r beyond that."""
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 16)
+    job = JobSpec(global_batch_size=16, seq_len=8192)
+    par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3, recompute="full")
+    rt = replace(runtime_for("fsdp2", job, cluster, par), reshard_after_forward=8)
+    assert rt.fsdp_head_unit == "root"
+    vh, eh = model.vocab_size * model.hidden_size, model.embedding_params + model.head_params
+    got = zero3_head_unit_bytes(rt, model, 1, model.layer_params(0), 16)
+    assert got == pytest.approx(2 * eh * (1 - 1 / 8) + 2 * vh * (1 - 1 / 16))
+    assert zero3_head_unit_bytes(replace(rt, reshard_after_forward=False), model, 1, model.layer_params(0), 16) == \
+        pytest.approx(2 * vh * (1 - 1 / 16))

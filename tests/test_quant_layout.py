@@ -94,12 +94,22 @@ def test_estimate_adds_exactly_the_bf16_layers() -> None:
     ("bf16", {"bf16_layers": (0, 2)}, "the job is bf16"),
     ("fp8", {"bf16_layers": (1, 1), "fp8_recipe": "delayed"}, "Delayed scaling"),
     ("fp8", {"quant_recipe": RECIPE, "fp8_recipe": "mxfp8"}, "NVFP4 runs' module recipe"),
-    ("nvfp4", {"bf16_layers": (0, 89)}, "layers per pipeline stage"),
+    ("fp8", {"bf16_layers": (0, 89), "fp8_recipe": "mxfp8"}, "layers per pipeline stage"),
+    ("fp8", {"bf16_layers": (1, 1)}, r"fp8_recipe=delayed \(the default\)"),
 ])
 def test_refusals_name_the_rule(precision: str, knobs: dict, says: str) -> None:
     model, cluster, job, par, sw = _super(precision, **knobs)
     with pytest.raises(ConfigError, match=says):
         estimate(model, cluster, job, par, target="megatron", software=sw)
+
+
+def test_nvfp4_has_no_bf16_layer_bound() -> None:
+    """TransformerConfig bounds the counts under fp8 only (TC:993-1017 sits in ``if self.fp8``); get_fp4_context takes
+    any count, so an NVFP4 run with more bf16 layers than the model has runs every layer in bf16."""
+    model, cluster, job, par, sw = _super("nvfp4", bf16_layers=(0, 89))
+    every = estimate(model, cluster, job, par, target="megatron", software=sw)
+    assert every.step_time_s > estimate(model, cluster, job, par, target="megatron",
+                                        software=sw.model_copy(update={"bf16_layers": (0, 14)})).step_time_s
 
 
 def test_search_refuses_per_layer_precision() -> None:

@@ -28,7 +28,8 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
 - ``weight_bytes``, ``grad_bytes``, ``optimizer_bytes``: bytes per parameter before ZeRO sharding
   (Megatron bf16: 2 + 4 (fp32 main grads) + 12, or 2 + 2 + 12 with ``grad_reduce_dtype=bf16``; optimizer 6 with
   ``adam_moments_dtype=bf16`` (precision-aware optimizer), weights 1-2 with ``fp8_param_gather``;
-  torch FSDP2 / torchtitan: 4 + 4 + 8, fp32 sharded parameters are the master copy);
+  torchtitan / the fsdp2 target (torch FSDP2 with fp32 parameters): 4 + 4 + 8, the fp32 shards are the master copy;
+  Megatron --use-torch-fsdp2: 2 + 2 + 12, bf16 shards, an fp32 master in the optimizer);
 - ``reduce_bytes`` (gradient dtype on the DP wire) and ``gather_bytes`` (bf16 parameter all-gathers; fp8: 1);
 - ``cpu_offload_layers`` (Megatron: activations of the first N layers in host memory, off the peak);
 - ``tp_overlapped`` (Megatron ``--tp-comm-overlap`` or torchtitan async TP), ``overlap_grad_reduce``,

@@ -50,7 +50,7 @@ Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "b
 # read it (``MegatronProfile.model_runtime_error``).
 MegatronCoreVersion = Literal["0.16.1", "0.17.0rc0", "0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0"]
 # Transformer Engine per-module quantization recipes a run may name (Megatron-Core ``TransformerConfig.quant_recipe``,
-# loaded from a YAML of matchers: ``cost_models.quant_layout.QUANT_RECIPES`` holds what each one says)
+# loaded from a YAML of matchers: ``cost_models.targets.megatron.QUANT_RECIPES`` holds what each one says)
 QuantRecipeName = Literal["nemotron_3_super_nvfp4"]
 CORE_RELEASES: tuple[str, ...] = get_args(MegatronCoreVersion)  # in release order
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
@@ -214,7 +214,7 @@ class Runtime:
     # (``cost_models.quant_layout.MODULE_OPS`` names the groups)
     quant_recipe: str | None = None
     module_precision: tuple[tuple[str, str], ...] = ()
-    weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron; fp32 sharded params in torch FSDP2)
+    weight_bytes: float = 2.0  # resident model weights (bf16 in Megatron, --use-torch-fsdp2 too; fp32 sharded params in torchtitan / the fsdp2 target)
     # Quantized weight copies the GEMM library caches beside the weights for the whole step, per parameter (TE's
     # weight workspace under NVFP4: ``te_nvfp4.NVFP4_WEIGHT_CACHE_BYTES``): of the weight each GEMM used, so never
     # sharded (under ZeRO-3 the cached copy is of the gathered weight).
@@ -635,10 +635,11 @@ def reshard_options(cluster: ClusterSpec, par: ParallelConfig, given: dict[str, 
 
 def fsdp2_gathered_unit_bytes(reduce_dtype: GradDtype) -> float:
     """torch FSDP2 (``fully_shard``), per parameter of the largest unit: the gathered bf16 unit (2) and the
-    prefetched next one (2), and in the backward the unit's bf16 gradient (2) and, for an fp32 reduce-scatter, its
-    fp32 copy (4) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``): 10 with the fp32
-    reduce of ``MixedPrecisionPolicy(reduce_dtype=fp32)``, 6 with a bf16 reduce."""
-    return 6.0 + (4.0 if reduce_dtype == "fp32" else 0.0)
+    prefetched next one (2), and in the backward the unit's bf16 gradient (2) and the reduce-scatter input it is
+    copied into, in the reduce dtype whatever it is (torch 2.13 torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py:597-603 ``foreach_reduce``: allocate, then ``foreach_reduce_scatter_copy_in``): 10 with the
+    fp32 reduce of ``MixedPrecisionPolicy(reduce_dtype=fp32)``, 8 with a bf16 reduce."""
+    return 6.0 + (4.0 if reduce_dtype == "fp32" else 2.0)
 
 
 # torch FSDP2 under pipelining (torchtitan apply_fsdp: reshard_after_forward off with PP; torch/distributed/

@@ -553,7 +553,8 @@ class MegatronProfile(TargetProfile):
                               f"fp4 run, and the job is bf16 ({TC}:486-493)", valid=["precision fp8", "precision nvfp4",
                                                                                   "bf16_layers unset"])
         if bf16_layers != (0, 0) and fp8_recipe == "delayed":
-            raise ConfigError(f"bf16_layers={list(bf16_layers)} with fp8_recipe=delayed: \"Delayed scaling does not "
+            said = "" if "fp8_recipe" in k else " (the default)"
+            raise ConfigError(f"bf16_layers={list(bf16_layers)} with fp8_recipe=delayed{said}: \"Delayed scaling does not "
                               f"support first / last layer in BF16\" ({TC}:988-991)",
                               valid=["fp8_recipe=tensorwise", "fp8_recipe=blockwise", "fp8_recipe=mxfp8",
                                      "bf16_layers unset"])
@@ -846,8 +847,11 @@ PROFILE = MegatronProfile()
 
 
 def bf16_layers_error(model: ModelSpec, rt: Runtime, pp: int) -> ConfigError | None:
-    """``bf16_layers`` (first_last_layers_bf16) beyond what TransformerConfig accepts: each count between 0 and the
-    decoder layers per pipeline stage, num_layers // pp (TC:993-1017), or None."""
+    """``bf16_layers`` (first_last_layers_bf16) beyond what TransformerConfig accepts: under fp8 each count between 0
+    and the decoder layers per pipeline stage, num_layers // pp (TC:993-1017, inside ``if self.fp8``; an NVFP4 run,
+    ``fp8_recipe`` "nvfp4", has no such check and get_fp4_context takes any count), or None."""
+    if rt.fp8_recipe in (None, "nvfp4"):
+        return None
     per_stage = model.num_layers // pp
     if all(n <= per_stage for n in rt.bf16_layers):
         return None
