@@ -18,6 +18,7 @@ Cases the model cannot express are listed with why.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from benchmarks import fidelity  # noqa: E402
 from autoplan.calibrate import resolve_run  # noqa: E402
 from cost_models.errors import ConfigError  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
-from cost_models.targets import framework_of  # noqa: E402
+from cost_models.moe import moe_layer_host_issued  # noqa: E402
+from cost_models.targets import framework_of, runtime_for  # noqa: E402
 
 
 def default_files() -> list[Path]:
@@ -72,6 +74,13 @@ class HeldRow:
     # (the prediction's allocated peak alone is over the whole HBM; ``.recipe``: the job / parallel fields of the
     # layout the release's recipe runs, which fits), or ""
     cannot_fit: str = ""
+    # MoE residual view, host side: the catalog's host issue of one MoE layer-micro-batch (moe_host_s_per_layer +
+    # moe_host_s_per_expert x local experts, ms; 0 where a CUDA graph holds the experts), what the prediction prices
+    # of it (host_bound_s over the binding stage's layer-micro-batches, ms), and the pipeline (pp, vp)
+    host_issue_ms: float = 0.0
+    host_priced_ms: float = 0.0
+    pp: int = 1
+    vp: int = 1
 
     @property
     def error(self) -> float:
@@ -170,8 +179,23 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 case["measured"].get("peak_memory_gib") or 0.0, pred.peak_reserved_gib,
                                 pred.peak_allocated_gib,
                                 rules["groups"][case["group"]].get("cases", {}).get(case["id"], {})
-                                .get("layout_cannot_fit", {}).get("why", "")))
+                                .get("layout_cannot_fit", {}).get("why", ""),
+                                *_host_view(run, pred)))
     return rows, skipped, cases
+
+
+def _host_view(run: Any, pred: Any) -> tuple[float, float, int, int]:
+    """(host issue, host priced, pp, vp) of a run for ``moe_residuals``: the catalog's host issue of one MoE
+    layer-micro-batch where the host issues the experts (``moe.moe_layer_host_issued`` of the run's runtime), and the
+    prediction's ``host_bound_s`` over the binding stage's layer-micro-batches, both in ms."""
+    par, cluster = run.parallel, run.cluster_with()
+    local = run.model.num_experts // par.ep if run.model.num_experts else 0
+    rt = runtime_for(run.target, run.job, cluster, par, run.knobs)
+    eff = cluster.efficiency
+    host = (eff.moe_host_s_per_layer + eff.moe_host_s_per_expert * local) * 1e3 \
+        if local and moe_layer_host_issued(rt) else 0.0
+    lm = pred.num_microbatches * max(pred.layers_per_stage)
+    return host, pred.time.host_bound_s / lm * 1e3 if lm else 0.0, par.pp, par.vp or 1
 
 
 def memory_summary(rows: list[HeldRow]) -> str:
@@ -312,12 +336,31 @@ def moe_residuals(rows: list[HeldRow]) -> str:
     """Per MoE run: (measured − predicted) step time spread over the binding stage's layer-micro-batches, in ms — a
     term the cost model lacks shows as an excess that tracks what causes it (here: routed experts per rank, micro-batch
     size and the run's MoE knobs). A diagnostic view, fitted on nothing."""
-    lines = ["| case | mbs | experts / rank | error | excess per layer-micro-batch (ms) | MoE knobs |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = ["| case | mbs | experts / rank | error | excess per layer-micro-batch (ms) | MoE knobs | pp / vp "
+             "| host issue (ms) | host priced (ms) |",
+             "|---|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in sorted((r for r in rows if r.moe), key=lambda r: (r.local_experts, r.mbs, r.id)):
-        excess = (r.measured_s - r.predicted_s) / (r.microbatches * r.stage_layers) * 1e3
-        lines.append(f"| {r.id} | {r.mbs} | {r.local_experts} | {r.error:+.1%} | {excess:+.2f} | {r.moe_knobs} |")
+        lines.append(f"| {r.id} | {r.mbs} | {r.local_experts} | {r.error:+.1%} | {_excess_ms(r):+.2f} | {r.moe_knobs} "
+                     f"| {r.pp} / {r.vp} | {r.host_issue_ms:.2f} | {r.host_priced_ms:.2f} |")
+    # the A2A-overlap runs whose experts the host issues: excess over the host issue the prediction left unpriced
+    hyb = "moe_dispatcher=hybridep"
+    for name, sel in (("alltoall / deepep, pp > 1 (interleaved: combined 1F1B per model chunk)",
+                       lambda r: r.pp > 1 and hyb not in r.moe_knobs),
+                      ("alltoall / deepep, pp = 1", lambda r: r.pp == 1 and hyb not in r.moe_knobs),
+                      ("hybridep", lambda r: hyb in r.moe_knobs)):
+        mine = [r for r in rows if r.moe and "moe_a2a_overlap=True" in r.moe_knobs and r.host_issue_ms > 0 and sel(r)]
+        if mine:
+            ratio = [_excess_ms(r) / (r.host_issue_ms - r.host_priced_ms) for r in mine
+                     if r.host_issue_ms > r.host_priced_ms]
+            lines.append(f"\nA2A overlap with host-issued experts, {name}: {len(mine)} runs, excess / (host issue − "
+                         f"host priced) median {statistics.median(ratio):.2f} "
+                         f"(range {min(ratio):.2f}..{max(ratio):.2f})" if ratio else "")
     return "\n".join(lines)
+
+
+def _excess_ms(r: HeldRow) -> float:
+    """(measured − predicted) over the binding stage's layer-micro-batches, ms."""
+    return (r.measured_s - r.predicted_s) / (r.microbatches * r.stage_layers) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -214,6 +214,16 @@ def test_moe_residuals_spread_the_error_over_layer_micro_batches(heldout, evalua
     assert (r.mbs, r.local_experts, r.microbatches, r.stage_layers) == (1, 128 // 8, 256, 94 // 8 + 1)
     excess = (r.measured_s - r.predicted_s) / (r.microbatches * r.stage_layers) * 1e3
     assert f"| {r.id} | 1 | 16 | {r.error:+.1%} | {excess:+.2f} | moe_force_balance=True |" in table
+    # s11-a2a: the host side of the view: the catalog's host issue per layer-micro-batch where the host issues the
+    # experts (16 local: per layer + 16 x per expert), none where a CUDA graph holds them (25.09's whole-layer graphs)
+    fidelity = heldout.fidelity
+    eff = next(run for c, run in fidelity.host_calibration_runs() if c["id"] == "mb2602_Qwen3_30B_a3B_b200_8gpu_MXFP8"
+               ).cluster_with().efficiency
+    assert r.host_issue_ms == pytest.approx((eff.moe_host_s_per_layer + 16 * eff.moe_host_s_per_expert) * 1e3)
+    assert (r.pp, r.vp) == (8, 1) and 0 < r.host_priced_ms < r.host_issue_ms
+    graphed = next(r for r in moe if r.id == "mb2509_Qwen3_30B_a3B_gb200_8gpu")
+    assert graphed.host_issue_ms == 0.0 and graphed.host_priced_ms == 0.0
+    assert "A2A overlap with host-issued experts, alltoall / deepep, pp > 1" in table
     assert not any(f"| {d.id} |" in table for d in rows if not d.moe)
 
 
