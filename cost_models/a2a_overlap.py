@@ -25,7 +25,11 @@ dispatch → attn → next layer's combine). Overlap happens only between the tw
 The layer step's time is the steady-state period of that two-stream schedule (a max-plus recurrence, run here for a
 few identical steps); what shows of the all-to-alls is the period less the layer's compute. Not modelled:
 ``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as without it);
-concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the caller).
+concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the caller; NCCL's
+all-to-all takes none here). They do contend (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md
+@ 067f987df, pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather, "competing for memory
+bandwidth"; nccl#689: NCCL CTAs never share an SM), but no public source gives a rate for these kernels; and the
+held-out A2A-overlap misses scale with the host-issued experts, not with the overlapped work (issue-12, s11-a2a).
 """
 
 from __future__ import annotations
