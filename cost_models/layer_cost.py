@@ -80,7 +80,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
                                      rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
         ep_s, ep_bytes = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        again = ep_forward_repeats(graph, modules)  # the ``moe`` recompute module re-runs dispatch and combine
+        again = ep_forward_repeats(graph, modules, par, rt)  # a recompute that re-runs dispatch and combine
         ep_s, ep_bytes = ep_s * (1 + again), ep_bytes * (1 + again)
         if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a

@@ -241,13 +241,23 @@ def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
 
 def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
-    other matmul (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
-    everything else is recomputed from them and the block input."""
+    other ``aten.mm`` (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
+    everything else is recomputed from them and the block input.
+
+    The count runs over the layer's ``nn.Linear`` matmuls in forward order, the MoE router's gate among them (an
+    ``nn.Linear``); the routed experts' ``torch._grouped_mm`` is in no save list, so it neither counts nor is kept:
+    the backward re-runs all three expert GEMMs (deepseek_v3/infra/parallelize.py ``_save_list`` @ f738a03^: mm, the
+    SDPA kernels, reduce_scatter, max; torchtitan 0.3.0 distributed/activation_checkpoint.py:31-70 adds linear,
+    flex_attention, topk, all_to_all_single, never ``_grouped_mm``). MLA's key and value up-projection is one
+    ``wkv_b`` matmul (deepseek_v3/model/model.py ``Attention``): the graph's ``k_proj`` / ``v_proj`` pair counts once,
+    both kept or both recomputed."""
     keep: set[tuple[str, str]] = set()
     mm = 0
+    mla = any(op.name == "kv_down" for op in graph.ops)
     for op in graph.ops:
-        if op.kind in ("matmul", "experts"):
-            mm += 1
+        if op.kind in ("matmul", "router"):
+            if not (mla and op.name == "v_proj"):  # wkv_b: counted with k_proj
+                mm += 1
             if mm % 2 == 1:
                 keep.add((op.name, op.output))
         elif op.kind == "attention":

@@ -156,12 +156,17 @@ def moe_load_imbalance(model: ModelSpec, job: JobSpec, par: ParallelConfig, clus
       (mean k/ep, variance k·(1/ep)(1 − 1/ep)(E − k)/(E − 1)); over the T·ep tokens of the EP group the rank's load has
       mean T·k and relative spread σ = sqrt((1 − 1/ep)(E − k)/(E − 1)/(T·k)); the busiest of ep ranks carries
       1 + E[max of ep standard normals]·σ (Blom, ``gemm.expected_max_normal``; normal approximation).
+    - torchtitan's forced balance (``debug.moe_force_load_balance``) is round robin, token i's j-th choice expert
+      (i·k + j) mod E (models/common/moe.py:225-240 @ 0.3.0): every expert, so every EP rank, gets the same count:
+      ρ = 1.
     - Otherwise a learned router: the catalog's measured ``moe_imbalance``.
     ``T`` = tokens one rank routes per micro-batch (split over TP under sequence parallelism)."""
     if rt is not None and rt.moe_capacity_factor is not None:
         return rt.moe_capacity_factor
     if rt is None or not rt.moe_force_balance:
         return cluster.efficiency.moe_imbalance
+    if rt.target == "torchtitan":
+        return 1.0
     e, k, ep = model.num_experts, model.moe_top_k, par.ep
     if ep <= 1 or e <= k:
         return 1.0  # every expert on the rank: its load is all T·k copies

@@ -104,10 +104,23 @@ def is_mla(graph: LayerGraph) -> bool:
     return any(op.name == "kv_down" for op in graph.ops)
 
 
-def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None) -> float:
+def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None, par: ParallelConfig | None = None,
+                       rt: Runtime | None = None) -> float:
     """Share of a MoE layer's four all-to-alls (dispatch and combine, forward and backward) run again: the ``moe``
-    module re-runs the forward pair (MOE:432-446)."""
-    return 0.5 if modules is not None and graph.kind == "moe" and "moe" in modules else 0.0
+    module re-runs the forward pair (MOE:432-446). Under torch's activation checkpointing (``selective`` "op_sac":
+    torchtitan) the backward re-runs the block's forward, dispatch and combine included, under full AC
+    (``checkpoint_wrapper`` around the whole block: torchtitan 0.3.0 distributed/activation_checkpoint.py
+    ``_apply_full_ac``) and under per-op SAC where its save list lacks ``all_to_all_single``
+    (``Runtime.sac_saves_a2a``: torchtitan before c4e2291, whose commit measured the re-run's cost on DeepSeek-V3
+    16B, tps 708 -> 803)."""
+    if graph.kind != "moe":
+        return 0.0
+    if modules is not None and "moe" in modules:
+        return 0.5
+    if par is not None and rt is not None and rt.selective == "op_sac" and (
+            par.recompute == "full" or (par.recompute == "selective" and not rt.sac_saves_a2a)):
+        return 0.5
+    return 0.0
 
 
 def module_errors(model: ModelSpec, par: ParallelConfig, fp8_recipe: str | None) -> str | None:

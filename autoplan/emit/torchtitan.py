@@ -260,7 +260,10 @@ def titan_settings(plan: EmitPlan) -> dict[str, dict[str, Any]]:
     t = {"local_batch_size": local, "global_batch_size": plan.job.global_batch_size, "seq_len": plan.job.seq_len}
     rt = plan.runtime("torchtitan")
     c = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
-    return {"parallelism": p, "training": t, "compile": c}
+    out = {"parallelism": p, "training": t, "compile": c}
+    if rt.moe_force_balance:  # config/configs.py:365 (round-robin routing)
+        out["debug"] = {"moe_force_load_balance": True}
+    return out
 
 
 def notes(plan: EmitPlan) -> list[str]:

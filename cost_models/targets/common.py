@@ -99,7 +99,8 @@ class Software(BaseModel):
         "micro-batch's compute (ep > 1; vp with pp > 1)")
     moe_force_balance: bool | None = Field(
         default=None, description="Megatron --moe-router-force-load-balancing: random router logits (benchmarks): "
-        "tokens spread uniformly over the experts")
+        "tokens spread uniformly over the experts; torchtitan --debug.moe_force_load_balance: round-robin experts, "
+        "every expert the same count")
     moe_capacity_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
         "token drop, every expert padded to C x its mean load")
@@ -194,7 +195,7 @@ class Runtime:
     # MoE (cost_models.moe): None = the catalog efficiency's dispatcher / all-to-all overlap
     moe_dispatcher: MoeDispatcher | None = None
     moe_a2a_overlap: bool | None = None
-    moe_force_balance: bool = False  # random router logits: ρ from the multinomial spread (moe.moe_load_imbalance)
+    moe_force_balance: bool = False  # forced balance: ρ from Megatron's random logits or torchtitan's round robin (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
     # CUDA graphs (Megatron --cuda-graph-impl / --cuda-graph-scope): an MoE layer whose experts run inside a graph
     # is not issued op by op by the host (cost_models.moe.moe_layer_host_issued)
@@ -248,6 +249,11 @@ class Runtime:
     # What "selective" recompute keeps: "attention" (Megatron: drops the attention core's score-sized tensors),
     # "op_sac" (torchtitan's per-op SAC), "cheap" (DeepSeek-V3: norms, MLA up-projections, SwiGLU recomputed).
     selective: Selective = "attention"
+    # torch's per-op SAC (``selective`` "op_sac") keeps the MoE all-to-alls' outputs: torchtitan's save list holds
+    # ``_c10d_functional.all_to_all_single`` (and the token counts' copy to the host) since c4e2291 (2025-09-06,
+    # "Save _to_copy and a2a in selective AC policy"; 0.3.0 distributed/activation_checkpoint.py:61-64, 248-256).
+    # False before: the backward's recompute re-runs the forward's dispatch and combine (recompute.ep_forward_repeats).
+    sac_saves_a2a: bool = True
     # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).

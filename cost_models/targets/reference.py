@@ -59,7 +59,10 @@ class Torchtitan2025Profile(TorchtitanProfile):
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
-        return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit)
+        # per-op SAC saved no all-to-all output before c4e2291 (2025-09-06): deepseek_v3/infra/parallelize.py
+        # ``_save_list`` @ f738a03^ holds mm, the SDPA kernels, reduce_scatter_tensor and max only
+        return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
+                       sac_saves_a2a=False)
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):

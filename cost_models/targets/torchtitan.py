@@ -85,6 +85,11 @@ class TorchtitanProfile(TargetProfile):
         "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
                                       f"{TT}config/configs.py:136 (fsdp_reshard_after_forward: default, always, "
                                       "never; no group size)"),
+        # round-robin routing (token i's j-th choice is expert (i*top_k + j) mod num_experts): every expert gets the
+        # same count, ρ = 1 (cost_models.moe.moe_load_imbalance)
+        "moe_force_balance": Knob("moe_force_balance", (True, False), False,
+                                  f"{TT}config/configs.py:365 (debug.moe_force_load_balance), "
+                                  "models/common/moe.py:225-240 (_debug_force_load_balance_routing)"),
         "expandable_segments": Knob("expandable_segments", (True, False), True,
                                     "torchtitan run_llama_train.sh:22 @ 9dec370 / run_train.sh:43 "
                                     "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"),
@@ -156,6 +161,10 @@ class TorchtitanProfile(TargetProfile):
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
+        if rt.moe_force_balance and not model.is_moe:
+            raise ConfigError(f"moe_force_balance: an MoE setting on {model.name}, a dense model "
+                              f"({TT}config/configs.py:365 debug.moe_force_load_balance routes MoE tokens)",
+                              valid=["moe_force_balance unset"])
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
             raise ConfigError(f"fp8_recipe=mxfp8 needs sm_100 (Blackwell) ({TT}components/quantization/mx.py:70); "
                               f"{cluster.gpu.name} is {cluster.gpu.generation}",
@@ -199,6 +208,7 @@ class TorchtitanProfile(TargetProfile):
             # the model (TT/components/loss.py ``_maybe_compile``)
             fused_loss=compile_on,
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", True) else (),
+            moe_force_balance=bool(k.get("moe_force_balance", False)),
             # the compiled loss keeps the bf16 logits alone; with TP it is vocab-parallel (priced as eager)
             **torch_memory_facts("fp32", compiled_loss=compile_on and par is not None and par.tp == 1),
         )

@@ -1,0 +1,93 @@
+"""torchtitan's activation checkpointing on MoE layers, as its code runs it (s11-ttdata), and its forced balance.
+
+- Per-op SAC counts ``aten.mm`` (``nn.Linear``: projections, the router's gate, the shared experts) for its
+  every-other-mm rule; the routed experts' ``torch._grouped_mm`` is in no save list, so it is never saved and always
+  re-run (deepseek_v3/infra/parallelize.py ``_save_list`` @ f738a03^; 0.3.0 distributed/activation_checkpoint.py).
+  MLA's ``wkv_b`` is one matmul (the graph's k_proj / v_proj pair).
+- The backward re-runs the forward's dispatch and combine all-to-alls under full AC, and under per-op SAC before
+  c4e2291 (2025-09-06), which added ``all_to_all_single`` to the save list.
+- ``debug.moe_force_load_balance`` is round robin: ρ = 1, and the emitter passes the flag.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.emit import EmitPlan
+from autoplan.emit.torchtitan import torchtitan_overrides
+from cost_models.errors import ConfigError
+from cost_models.estimate import estimate
+from cost_models.layer_cost import layer_cost
+from cost_models.memory import activation_bytes_per_microbatch, graphs_for, op_sac_saved
+from cost_models.moe import moe_load_imbalance
+from cost_models.recompute import ep_forward_repeats
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import Software, runtime_for
+from cost_models.targets.torchtitan import PROFILE
+
+JOB = JobSpec(global_batch_size=64, seq_len=4096)
+SEL = ParallelConfig(tp=1, ep=8, micro_batch_size=8, zero_stage=3, recompute="selective")
+
+
+def test_op_sac_never_saves_the_grouped_experts_and_counts_wkv_b_once() -> None:
+    graph = graphs_for(load_model("deepseek-v3"), JOB.seq_len)["moe"]
+    kept = {op for op, _ in op_sac_saved(graph)}
+    assert not any(graph.op(op).kind == "experts" for op in kept)  # was: expert_up_proj (the 7th "mm") kept
+    # torchtitan's mm order: wq_a S, wq_b R, wkv_a S, wkv_b R, wo S, gate R, w1 S, w3 R, w2 S (+ the SDPA output)
+    mm = [op.name for op in graph.ops if op.kind in ("matmul", "router")]
+    assert ("k_proj" in kept) == ("v_proj" in kept)
+    assert "attn_core" in kept and "router" in [m for m in mm]
+    dense = graphs_for(load_model("llama3-8b"), JOB.seq_len)["dense"]  # no experts, no MLA: as before
+    assert {op for op, _ in op_sac_saved(dense)} == {"q_proj", "v_proj", "attn_core", "gate_proj", "down_proj"}
+
+
+def test_op_sac_reruns_the_experts_and_saves_less() -> None:
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 8)
+    graph = graphs_for(model, JOB.seq_len)["moe"]
+    rt = runtime_for("torchtitan", JOB, cluster, SEL, Software(compile=True))
+    full = ParallelConfig(**{**SEL.model_dump(), "recompute": "none"})
+    lc = layer_cost(graph, model, cluster, JOB, SEL, 1, rt)
+    none = layer_cost(graph, model, cluster, JOB, full, 1, rt)
+    assert lc.recompute_s > 0 and none.recompute_s == 0
+    # the experts' three GEMM forwards are all in the recompute
+    from cost_models.op_cost import op_compute
+    experts_f = sum(op_compute(op, graph, model, cluster, JOB, SEL, rt).gemm_f for op in graph.ops
+                    if op.kind == "experts")
+    assert lc.recompute_s >= experts_f
+    saved = activation_bytes_per_microbatch(graph, model, JOB, SEL, rt)
+    assert saved < activation_bytes_per_microbatch(graph, model, JOB, full, rt)
+
+
+@pytest.mark.parametrize("target, recompute, again", [
+    ("torchtitan", "selective", 0.0),            # 0.3.0 saves all_to_all_single
+    ("torchtitan-2025-08", "selective", 0.5),    # before c4e2291: the SAC recompute re-runs dispatch + combine
+    ("torchtitan", "full", 0.5),                 # checkpoint_wrapper re-runs the whole block
+    ("torchtitan-2025-08", "full", 0.5),
+    ("torchtitan", "none", 0.0),
+])
+def test_recompute_reruns_the_forward_all_to_alls(target: str, recompute: str, again: float) -> None:
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 8)
+    par = ParallelConfig(**{**SEL.model_dump(), "recompute": recompute})
+    rt = runtime_for(target, JOB, cluster, par, Software())
+    graph = graphs_for(model, JOB.seq_len)["moe"]
+    assert ep_forward_repeats(graph, None, par, rt) == again
+    assert ep_forward_repeats(graphs_for(model, JOB.seq_len)["dense"], None, par, rt) == 0.0
+
+
+def test_torchtitan_forced_balance_is_round_robin() -> None:
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 64)
+    par = ParallelConfig(tp=1, ep=32, micro_batch_size=1, zero_stage=3, recompute="full")
+    learned = runtime_for("torchtitan", JOB, cluster, par, Software())
+    forced = runtime_for("torchtitan", JOB, cluster, par, Software(moe_force_balance=True))
+    assert moe_load_imbalance(model, JOB, par, cluster, learned) == cluster.efficiency.moe_imbalance > 1.0
+    assert moe_load_imbalance(model, JOB, par, cluster, forced) == 1.0
+    a = estimate(model, cluster, JOB, par, target="torchtitan", check=False)
+    b = estimate(model, cluster, JOB, par, target="torchtitan", software=Software(moe_force_balance=True), check=False)
+    assert b.time.exposed_comm_s["ep"] < a.time.exposed_comm_s["ep"]
+    plan = EmitPlan(model=model, cluster=cluster, job=JOB, parallel=par, software=Software(moe_force_balance=True))
+    assert "--debug.moe_force_load_balance" in torchtitan_overrides(plan)
+    dense, dpar = load_model("llama3-8b"), ParallelConfig(tp=1, zero_stage=3)
+    rt = PROFILE.resolve(Software(moe_force_balance=True), JOB, cluster, dpar)
+    with pytest.raises(ConfigError, match="dense model"):
+        PROFILE.check_runtime(dense, cluster, JOB, dpar, rt)
