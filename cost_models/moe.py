@@ -119,11 +119,26 @@ def dispatcher_syncs_host(rt: Runtime | None) -> bool:
 MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 
 
-def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | None = None) -> int:
-    """HBM passes over the routed token copies per dispatch (and per combine), each priced as
+# The routing scores' weighting torch runs on the routed copies as its own ops (torchtitan's combine:
+# ``(out.to(torch.float32) * scores).to(out.dtype)``): passes of ``op_traffic.PERMUTE_BYTES`` (4 B per element).
+# Inductor fuses it into one read + one write (4 B); eager runs three kernels, cast (read 2, write 4), multiply
+# (read 4, write 4), cast (read 4, write 2): 20 B, five passes.
+TORCH_SCORE_WEIGHT_PASSES = {True: 1, False: 5}
+
+
+def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | None = None, kind: str = "dispatch",
+                       ep: int = 1) -> int:
+    """HBM passes over the routed token copies per dispatch (``kind`` "dispatch") or per combine, each priced as
     ``op_traffic.PERMUTE_BYTES``: Megatron-Core's per dispatcher (``MEGATRON_PERMUTE_PASSES``, plus the sort by
-    local expert of ``alltoall`` when the rank holds more than one); one for every other target and without a
-    runtime (not read from their code here)."""
+    local expert of ``alltoall`` when the rank holds more than one), the same for dispatch and combine; a torch
+    runtime's own count (``Runtime.moe_passes``: torchtitan's gathers / scatters as its version's code runs them,
+    ``ep`` > 1 or not) plus, on the combine, the score weighting (``TORCH_SCORE_WEIGHT_PASSES``); one for every other
+    target and without a runtime (not read from their code here)."""
+    if rt is not None and rt.moe_passes is not None:
+        (d_ep, d_local), (c_ep, c_local) = rt.moe_passes
+        if kind == "dispatch":
+            return d_ep if ep > 1 else d_local
+        return (c_ep if ep > 1 else c_local) + TORCH_SCORE_WEIGHT_PASSES[rt.fused_elementwise]
     if rt is None or rt.target != "megatron":
         return 1
     dispatcher = moe_dispatcher(cluster, rt)

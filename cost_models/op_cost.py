@@ -96,7 +96,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_b = ATTN_BWD_FACTOR * attn_f
         else:
             attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
-    passes = permutation_passes(cluster, model.num_experts // par.ep, rt) \
+    passes = permutation_passes(cluster, model.num_experts // par.ep, rt, op.kind, par.ep) \
         if op.kind in ("dispatch", "combine") else 1
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
                                     non_tn_fp8_gemm(cluster), passes)

@@ -91,3 +91,22 @@ def test_torchtitan_forced_balance_is_round_robin() -> None:
     rt = PROFILE.resolve(Software(moe_force_balance=True), JOB, cluster, dpar)
     with pytest.raises(ConfigError, match="dense model"):
         PROFILE.check_runtime(dense, cluster, JOB, dpar, rt)
+
+
+def test_torchtitan_moe_glue_passes_are_its_codes() -> None:
+    """Beside the all-to-alls torchtitan gathers / scatters the routed copies as its code does (0.3.0: reorder +
+    _permute; _unpermute + scatter_add; 2025-08: gather + vstack + permute at any EP), and weights them by the scores
+    in fp32 (one fused pass compiled, five eager); Megatron's rule is unchanged."""
+    from cost_models.moe import permutation_passes
+
+    cluster = build_cluster("h100-sxm", 8)
+    par = ParallelConfig(tp=1, ep=8, micro_batch_size=1, zero_stage=3)
+    rt = {c: runtime_for("torchtitan", JOB, cluster, par, Software(compile=c)) for c in (True, False)}
+    assert permutation_passes(cluster, 32, rt[True], "dispatch", 8) == 2
+    assert permutation_passes(cluster, 256, rt[True], "dispatch", 1) == 1
+    assert permutation_passes(cluster, 32, rt[True], "combine", 8) == 3
+    assert permutation_passes(cluster, 32, rt[False], "combine", 8) == 7
+    old = runtime_for("torchtitan-2025-08", JOB, cluster, par, Software(compile=False))
+    assert permutation_passes(cluster, 32, old, "dispatch", 1) == 3 and permutation_passes(cluster, 32, old, "combine", 8) == 7
+    meg = runtime_for("megatron", JOB, cluster, par, Software())
+    assert permutation_passes(cluster, 32, meg, "dispatch", 8) == permutation_passes(cluster, 32, meg, "combine", 8) == 2

@@ -197,6 +197,9 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # forced balance: ρ from Megatron's random logits or torchtitan's round robin (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
+    # HBM passes over the routed token copies a torch MoE makes beside its all-to-alls, ((dispatch with EP, without),
+    # (combine with EP, without)), the score weighting apart (moe.permutation_passes); None = Megatron-Core's rule
+    moe_passes: tuple[tuple[int, int], tuple[int, int]] | None = None
     # CUDA graphs (Megatron --cuda-graph-impl / --cuda-graph-scope): an MoE layer whose experts run inside a graph
     # is not issued op by op by the host (cost_models.moe.moe_layer_host_issued)
     cuda_graph_impl: CudaGraphImpl = "none"

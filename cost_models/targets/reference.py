@@ -42,6 +42,15 @@ DEEPSEEK = Runtime(
 REFERENCE_RUNTIMES: dict[str, Runtime] = {"deepseek": DEEPSEEK}
 
 
+# torchtitan's MoE of 2025-08 (f738a03^), ((dispatch with EP, without), (combine with EP, without)): the
+# ``expert_parallel`` wrapper pads and permutes at every EP degree ("3 is needed even for single-device computation",
+# distributed/expert_parallel.py:298-360): dispatch = MoE.forward's ``torch.gather`` of the reordered tokens
+# (models/moe.py:409), ``torch.vstack`` (a copy, expert_parallel.py:350) and ``x[permuted_indices]`` (:352); combine =
+# the ``out_unpermuted[permuted_indices] =`` scatter (:357) and MoE.forward's ``scatter_add`` (models/moe.py:432);
+# the score weighting (models/moe.py:421-424) apart.
+TORCHTITAN_2025_MOE_PASSES = ((3, 3), (2, 2))
+
+
 class Torchtitan2025Profile(TorchtitanProfile):
     """torchtitan of 2025-04 .. 2025-07-27: 0.3.0's rules plus the ``tensorwise`` Float8 recipe (torchao dynamic
     tensorwise scaling, the recipe torchtitan applies when ``--float8.recipe_name`` is unset), the loss compiled with
@@ -62,7 +71,7 @@ class Torchtitan2025Profile(TorchtitanProfile):
         # per-op SAC saved no all-to-all output before c4e2291 (2025-09-06): deepseek_v3/infra/parallelize.py
         # ``_save_list`` @ f738a03^ holds mm, the SDPA kernels, reduce_scatter_tensor and max only
         return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
-                       sac_saves_a2a=False)
+                       sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES)
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):

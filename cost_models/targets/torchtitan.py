@@ -44,6 +44,14 @@ TP_FP8_GATHER_BYTES = 1.0
 
 TT = "torchtitan 0.3.0 torchtitan/"
 
+# The gathers / scatters torchtitan 0.3.0's AllToAllTokenDispatcher makes over the routed token copies
+# (models/common/token_dispatcher.py), ((dispatch with EP, without), (combine with EP, without)): dispatch
+# ``_local_reorder``'s gather ``x_TD[token_indices]`` (:100), with EP ``_permute``'s rank-major -> expert-major
+# gather (:550); combine with EP ``_unpermute``'s scatter (:558), then ``deterministic_scatter_add`` back to the
+# tokens (:623, LocalTokenDispatcher :164). The fp32 score weighting between them (:616-619, :158-161) is
+# ``moe.TORCH_SCORE_WEIGHT_PASSES``.
+TORCHTITAN_MOE_PASSES = ((2, 1), (2, 1))
+
 
 class TorchtitanProfile(TargetProfile):
     name = "torchtitan"
@@ -209,6 +217,7 @@ class TorchtitanProfile(TargetProfile):
             fused_loss=compile_on,
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", True) else (),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
+            moe_passes=TORCHTITAN_MOE_PASSES,
             # the compiled loss keeps the bf16 logits alone; with TP it is vocab-parallel (priced as eager)
             **torch_memory_facts("fp32", compiled_loss=compile_on and par is not None and par.tp == 1),
         )
