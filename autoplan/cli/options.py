@@ -167,7 +167,8 @@ software_options = stack(
                  help="megatron --overlap-moe-expert-parallel-comm: EP all-to-all under another micro-batch's compute "
                       "(ep > 1; interleaved schedule when pp > 1)"),
     click.option("--moe-force-balance/--no-moe-force-balance", "moe_force_balance", default=None,
-                 help="megatron --moe-router-force-load-balancing: random router logits, as benchmarks run"),
+                 help="megatron --moe-router-force-load-balancing: random router logits, as benchmarks run; "
+                      "torchtitan --debug.moe_force_load_balance: round-robin experts"),
     click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True, max=1e3),
                  default=None, help="megatron token drop: --moe-expert-capacity-factor C "
                                     "--moe-pad-expert-input-to-capacity"),
