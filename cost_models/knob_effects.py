@@ -138,7 +138,7 @@ def torchao_casts(rt: Runtime | None, job: JobSpec) -> tuple[float, float, float
     fp8 is not torchao's (Transformer Engine: ``fp8_cast_bytes``)."""
     if job.precision != "fp8" or rt is None or rt.fp8_impl != "torchao" or rt.fp8_recipe not in TORCHAO_ACT_CAST_BYTES:
         return None
-    act = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][1 if rt.compile else 0]
+    act = TORCHAO_ACT_CAST_BYTES[rt.fp8_recipe][1 if rt.model_compiled else 0]
     return (act, *TORCHAO_WEIGHT_CAST_BYTES[rt.fp8_recipe])
 
 

@@ -297,7 +297,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
         total = recompute_input_bytes(model, job, par)  # the block input
         tokens = par.micro_batch_size * job.seq_len / par.cp
         kept = op_sac_saved(graph)
-        if runtime.compile:  # AOTAutograd saves only what the backward reads (unread_by_backward)
+        if runtime.model_compiled:  # AOTAutograd saves only what the backward reads (unread_by_backward)
             kept -= unread_by_backward(graph, kept)
         for op_name, tensor in sorted(kept):
             op = graph.op(op_name)

@@ -172,7 +172,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     """All ``layer_compute`` reads of ``par`` and ``rt`` (``op_compute``, ``op_traffic_bytes``, the ``knob_effects``
     helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
     (callers cache on it; keep it in step with those functions)."""
-    knobs = None if rt is None else (rt.compile, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
+    knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher,
                                      rt.target, rt.tp_gather_bytes,

@@ -193,7 +193,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             gathered_in = graph.tensors[op.output].dim_kind in COLUMN_KINDS and torchao_cast_after_gather(rt, job, sp)
             gathered_dy = graph.tensors[op.inputs[0]].dim_kind in COLUMN_KINDS \
                 and torchao_cast_after_gather(rt, job, sp, backward=True)
-            fwd += (unfused if gathered_in else act) * k * (1.0 if first or not rt.compile else 0.0) \
+            fwd += (unfused if gathered_in else act) * k * (1.0 if first or not rt.model_compiled else 0.0) \
                 + w_fwd * k * n / tokens
             bwd += (unfused if gathered_dy else act) * n + w_bwd * k * n / tokens
         else:  # Transformer Engine: one module per input (fused q/k/v, gate/up) casts it once; LayerNormLinear's

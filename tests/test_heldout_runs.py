@@ -114,11 +114,13 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # 25.8% / 33.2% with torchtitan's AC priced as its code runs MoE layers (op-SAC never saves the experts' grouped_mm
 # and, before c4e2291, nor the all-to-alls; full AC re-runs dispatch and combine) and its round-robin forced balance;
 # 19.8% / 23.1% with its MoE glue's gathers / scatters and fp32 score weighting as its code runs them
-# (moe.permutation_passes: 16B -33.2% -> -23.1%, eager 2025-08 code; 671B -18.3% -> -16.4%).
+# (moe.permutation_passes: 16B -33.2% -> -23.1%, eager 2025-08 code; 671B -18.3% -> -16.4%); 20.0% / 23.6% with the
+# 16B run's loss-only compile priced (torchtitan knob compile_components: the loss fused, 16B -23.6%, peak 93.6 -> 68.6
+# GiB, now predicted to fit).
 GUARDS = {"more_runs.json": (0.099, 0.610), "more_runs_bridge2.json": (0.081, 0.361),
           "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.132, 0.257),
-          "more_runs_torchtitan_moe.json": (0.198, 0.231)}
+          "more_runs_torchtitan_moe.json": (0.200, 0.236)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
 # te_quant.cfg's per-module precision (cost_models.quant_layout): 39.2% -> 37.4% on the 31 rows; the worst, B300 NVFP4

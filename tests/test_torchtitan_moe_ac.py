@@ -110,3 +110,38 @@ def test_torchtitan_moe_glue_passes_are_its_codes() -> None:
     assert permutation_passes(cluster, 32, old, "dispatch", 1) == 3 and permutation_passes(cluster, 32, old, "combine", 8) == 7
     meg = runtime_for("megatron", JOB, cluster, par, Software())
     assert permutation_passes(cluster, 32, meg, "dispatch", 8) == permutation_passes(cluster, 32, meg, "combine", 8) == 2
+
+
+def test_compile_components_loss_alone_compiles_the_loss_only(tmp_path) -> None:  # noqa: ANN001
+    """torchtitan compile.components (configs.py:298): torchtitan's DeepSeek-V3 configs compile the loss alone. The
+    blocks then run eagerly (eager element-wise bytes, eager op-SAC saves) while the loss holds 4 B per logit, not 12;
+    the emitted override parses back through torchtitan's ConfigManager."""
+    pytest.importorskip("torchtitan")
+    from autoplan.emit import write_plan
+    from autoplan.validate.torchtitan_checks import _parse
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    par = ParallelConfig(tp=1, zero_stage=3, recompute="selective")
+    job = JobSpec(global_batch_size=8, seq_len=8192)
+    rt = {c: runtime_for("torchtitan", job, cluster, par, Software(compile=True, compile_components=c))
+          for c in ("loss", "model", "model+loss")}
+    assert (rt["loss"].model_compiled, rt["loss"].fused_elementwise, rt["loss"].fused_loss) == (False, False, True)
+    assert (rt["model"].model_compiled, rt["model"].fused_loss) == (True, False)
+    assert rt["loss"].loss_bytes_per_logit == rt["model+loss"].loss_bytes_per_logit == 4.0
+    assert rt["model"].loss_bytes_per_logit == 12.0
+    eager = runtime_for("torchtitan", job, cluster, par, Software(compile=False))
+    steps = {k: estimate(model, cluster, job, par, target="torchtitan", software=s, check=False).step_time_s
+             for k, s in (("eager", Software(compile=False)), ("loss", Software(compile=True, compile_components="loss")),
+                          ("all", Software(compile=True)))}
+    assert steps["all"] < steps["loss"] < steps["eager"]
+    assert eager.loss_bytes_per_logit == 12.0
+    with pytest.raises(ConfigError, match="needs compile"):
+        runtime_for("torchtitan", job, cluster, par, Software(compile_components="loss"))
+    with pytest.raises(ConfigError, match="async_tp needs compile, with the model compiled"):
+        runtime_for("torchtitan", job, cluster, ParallelConfig(tp=2, zero_stage=3),
+                    Software(compile=True, compile_components="loss", async_tp=True))
+    plan = EmitPlan(model=model, cluster=cluster, job=job, parallel=par,
+                    software=Software(compile=True, compile_components="loss"))
+    write_plan(plan, "torchtitan", tmp_path)
+    _, cfg = _parse(tmp_path)
+    assert cfg.compile.enable and list(cfg.compile.components) == ["loss"]

@@ -160,6 +160,9 @@ software_options = stack(
     click.option("--cp-a2a-size", "cp_a2a_size", type=click.IntRange(min=2), default=None,
                  help="a2a+p2p: ranks of the inner all-to-all group (Megatron --hierarchical-context-parallel-sizes "
                       "A CP/A) [searched]"),
+    click.option("--compile-components", "compile_components", type=click.Choice(["model+loss", "model", "loss"]),
+                 default=None, help="torchtitan --compile.components under --compile: model+loss (default), the "
+                                    "model alone or the loss alone"),
     click.option("--moe-dispatcher", type=click.Choice(["alltoall", "deepep", "hybridep"]), default=None,
                  help="megatron MoE token dispatcher: alltoall, or the flex dispatcher's deepep / hybridep backend "
                       "[default: the cluster profile's or the catalog's, alltoall]"),
@@ -187,7 +190,7 @@ software_options = stack(
                  help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch scripts: the allocator's "
                       "reserve is given back before an OOM, so it need not fit [megatron default off, torchtitan on]"),
 )
-SOFTWARE_KEYS = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
+SOFTWARE_KEYS = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
                  "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",

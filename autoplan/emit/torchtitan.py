@@ -259,7 +259,9 @@ def titan_settings(plan: EmitPlan) -> dict[str, dict[str, Any]]:
         p["module_fqns_per_model_part"] = module_fqns_per_model_part(plan)
     t = {"local_batch_size": local, "global_batch_size": plan.job.global_batch_size, "seq_len": plan.job.seq_len}
     rt = plan.runtime("torchtitan")
-    c = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
+    c: dict[str, Any] = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
+    if rt.compile and rt.compile_components != "model+loss":  # compile.components (configs.py:298)
+        c["components"] = [rt.compile_components]
     out = {"parallelism": p, "training": t, "compile": c}
     if rt.moe_force_balance:  # config/configs.py:365 (round-robin routing)
         out["debug"] = {"moe_force_load_balance": True}
@@ -314,8 +316,8 @@ def router_precision_warnings(model: ModelSpec) -> list[str]:
 def _flag(section: str, key: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [f"--{section}.{key}" if value else f"--{section}.no-{key.replace('_', '-')}"]
-    if isinstance(value, list):
-        return [f"--{section}.{key}", *(",".join(v) for v in value)]
+    if isinstance(value, list):  # list[str] (compile.components): one item each; list[list[str]]: comma-joined
+        return [f"--{section}.{key}", *(v if isinstance(v, str) else ",".join(v) for v in value)]
     return [f"--{section}.{key}", str(value)]
 
 

@@ -62,6 +62,9 @@ class Software(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     compile: bool | None = Field(default=None, description="torch.compile the model and loss (torchtitan)")
+    compile_components: Literal["model+loss", "model", "loss"] | None = Field(
+        default=None, description="torchtitan --compile.components under --compile: what torch.compile covers "
+        "(default model and loss; torchtitan's DeepSeek-V3 configs of 2025-08..2026-03 compile the loss alone)")
     async_tp: bool | None = Field(default=None, description="torchtitan async TP (needs compile and tp > 1)")
     tp_comm_overlap: bool | None = Field(default=None, description="Megatron --tp-comm-overlap (TE userbuffers; "
                                          "needs sequence parallelism)")
@@ -152,7 +155,7 @@ class Software(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-KNOB_NAMES = ("compile", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
+KNOB_NAMES = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
@@ -177,6 +180,7 @@ class Runtime:
 
     target: str  # a TargetName, or a reference runtime autoplan prices but does not emit for ("deepseek")
     compile: bool = False
+    compile_components: str = "model+loss"  # what compile covers (torchtitan compile.components): model_compiled
     async_tp: bool = False
     tp_comm_overlap: bool = True
     fp8_recipe: str | None = None
@@ -272,6 +276,12 @@ class Runtime:
     grad_bucket_cap: float = 0.0
 
     @property
+    def model_compiled(self) -> bool:
+        """torch.compile covers the model's blocks (compile on, "model" in its components): fused element-wise
+        kernels, AOTAutograd's saved tensors, fused fp8 casts."""
+        return self.compile and "model" in self.compile_components
+
+    @property
     def expandable_segments(self) -> bool:
         """The launch environment sets the caching allocator's expandable segments (as Megatron-Core reads it)."""
         return "expandable_segments:True" in dict(self.env).get(ALLOC_CONF_VAR, "").split(",")
@@ -312,6 +322,7 @@ class Runtime:
         prof = PROFILES.get(self.target)
         names = [n for n in KNOB_NAMES if (prof is None or n in prof.knobs)
                  and (n != "cp_a2a_size" or self.cp_comm_type == "a2a+p2p")  # a parameter of a2a+p2p only
+                 and (n != "compile_components" or (self.compile and self.compile_components != "model+loss"))
                  # MoE knobs off their defaults (alltoall, no overlap, dropless learned routing), set by a knob or
                  # by a cluster profile's efficiency
                  and (not n.startswith("moe_") or getattr(self, n) not in (None, False, "alltoall"))

@@ -80,6 +80,10 @@ class TorchtitanProfile(TargetProfile):
     kv_source = f"{TT}models/llama3/infra/parallelize.py (wk/wv ColwiseParallel)"
     knobs = {
         "compile": Knob("compile", (True, False), False, f"{TT}config/configs.py:292 (compile.enable)"),
+        # what compile covers (configs.py:298, default ["model", "loss"]): Runtime.compile / fused_elementwise = the
+        # model compiled, fused_loss = the loss compiled
+        "compile_components": Knob("compile_components", ("model+loss", "model", "loss"), "model+loss",
+                                   f"{TT}config/configs.py:298 (compile.components)"),
         "async_tp": Knob("async_tp", (True, False), False,
                          f"{TT}config/configs.py:295-309 (needs compile.enable)"),
         "fp8_recipe": Knob("fp8_recipe", ("rowwise", "rowwise_with_gw_hp", "mxfp8"), "rowwise",
@@ -181,10 +185,17 @@ class TorchtitanProfile(TargetProfile):
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
-        compile_on = k.get("compile", False)
-        if k.get("async_tp") and not compile_on:
-            raise ConfigError(f"async_tp needs compile ({TT}config/configs.py:304: 'Async TP requires "
-                              "--compile.enable')", valid=["--compile --async-tp", "--no-async-tp"])
+        comps = k.get("compile_components", "model+loss")
+        if "compile_components" in k and not k.get("compile", False):
+            raise ConfigError(f"compile_components={comps} needs compile ({TT}config/configs.py:292-298: the "
+                              "components are what compile.enable compiles)",
+                              valid=["--compile --compile-components ...", "compile_components unset"])
+        model_compiled = k.get("compile", False) and "model" in comps
+        loss_compiled = k.get("compile", False) and "loss" in comps
+        if k.get("async_tp") and not model_compiled:
+            raise ConfigError(f"async_tp needs compile, with the model compiled ({TT}config/configs.py:304-309: 'Async TP requires "
+                              "'model' in --compile.components and --compile.enable')",
+                              valid=["--compile --async-tp", "--no-async-tp"])
         if job.precision == "nvfp4":
             raise ConfigError(f"precision nvfp4 with the torchtitan target: torchtitan runs NVFP4 through torchao's "
                               f"prototype nvfp4_training Triton kernels ({TT}components/quantization/nvfp4.py "
@@ -198,7 +209,8 @@ class TorchtitanProfile(TargetProfile):
         recipe = k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None
         return Runtime(
             target="torchtitan",
-            compile=compile_on,
+            compile=bool(k.get("compile", False)),
+            compile_components=comps,
             async_tp=bool(k.get("async_tp", False)) and tp > 1,
             tp_comm_overlap=False,
             fp8_recipe=recipe,
@@ -211,15 +223,15 @@ class TorchtitanProfile(TargetProfile):
             reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
             tp_gather_bytes=TP_FP8_GATHER_BYTES if recipe == "tensorwise" else 2.0,
-            fused_elementwise=compile_on,
+            fused_elementwise=model_compiled,
             # compile.components defaults to ["model", "loss"] (TT/config/configs.py:298): the loss compiled with
             # the model (TT/components/loss.py ``_maybe_compile``)
-            fused_loss=compile_on,
+            fused_loss=loss_compiled,
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", True) else (),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
             moe_passes=TORCHTITAN_MOE_PASSES,
             # the compiled loss keeps the bf16 logits alone; with TP it is vocab-parallel (priced as eager)
-            **torch_memory_facts("fp32", compiled_loss=compile_on and par is not None and par.tp == 1),
+            **torch_memory_facts("fp32", compiled_loss=loss_compiled and par is not None and par.tp == 1),
         )
 
 
