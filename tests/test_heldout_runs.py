@@ -304,3 +304,20 @@ def test_layouts_that_cannot_fit_are_over_the_whole_hbm(heldout, evaluated) -> N
             run = heldout.resolve_run(heldout.fidelity.to_run(alt, rules))
             assert estimate(run.model, run.cluster_with(), run.job, run.parallel, target=run.target,
                             software=run.knobs, check=False).fits, case["id"]
+
+
+def test_nemotron_3_super_rows_run_without_tp_comm_overlap(heldout) -> None:
+    """Megatron-Bridge's Nemotron 3 Super recipes build no CommOverlapConfig (recipes/common.py _pretrain_common
+    comm_overlap=None; the perf configs set none at v0.4.0..v0.6.0), so Megatron-Core's tp_comm_overlap default False
+    holds: the tp-2 GB200 MXFP8 rows must not take the megatron target's default (True with tp > 1 and SP)."""
+    fidelity = heldout.fidelity
+    from autoplan.calibrate import resolve_run
+    from cost_models.estimate import runtime_for
+
+    cases, rules = fidelity.load_cases(fidelity.DATA / "more_runs_bridge2.json")
+    runs = [resolve_run(fidelity.to_run(c, rules)) for c in cases if "Nemotron_3_Super" in c["id"]]
+    tp2 = [r for r in runs if r.parallel.tp > 1 and r.job.precision != "nvfp4"]
+    assert len(tp2) == 5 and all(r.parallel.sequence_parallel for r in tp2)
+    for r in runs:
+        rt = runtime_for(r.target, r.job, r.cluster_with(), r.parallel, r.knobs)
+        assert rt.tp_comm_overlap is False, r
