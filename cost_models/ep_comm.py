@@ -16,17 +16,19 @@ from cost_models.targets.common import Runtime
 
 
 def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
-                rt: Runtime | None, device_s: float, forward_share: float = 0.5, window_s: float = 0.0) -> float:
+                rt: Runtime | None, device_s: float, forward_share: float = 0.5, window_s: float = 0.0,
+                cover_s: float = 0.0) -> float:
     """The host-bound wait a layer of ``graph``'s kind adds to ``device_s`` of device work (one micro-batch,
     forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. ``forward_share`` /
-    ``window_s``: ``LayerCost.forward_share`` / ``sync_window_s`` of the layer. The one rule ``layer_cost`` and the
-    search's ILP-solved layer times (search.score.layer_pieces) both apply."""
+    ``window_s``: ``LayerCost.forward_share`` / ``sync_window_s`` of the layer; ``cover_s``: the neighbouring non-MoE
+    layers' device work the host runs ahead over (``host_cover.moe_host_cover_s``). The one rule ``layer_cost``,
+    ``estimate`` and the search's ILP-solved layer times (search.score.layer_pieces) apply."""
     eff = cluster.efficiency
     if graph.kind != "moe" or eff.moe_host_s_per_expert + eff.moe_host_s_per_layer <= 0 \
             or not moe_layer_host_issued(rt):
         return 0.0
     synced = host_synced(cluster, par, rt)
-    return host_bound_s(device_s, model, cluster, par, forward_share if synced else None, window_s)
+    return host_bound_s(device_s, model, cluster, par, forward_share if synced else None, window_s, cover_s)
 
 
 # Of the kernels TE's GroupedLinear issues per local expert for fc1 and fc2 (layer-micro-batch), the forward's:
@@ -35,7 +37,7 @@ HOST_FORWARD_SHARE = 4 / 10
 
 
 def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
-                 forward_share: float | None = None, window_s: float = 0.0) -> float:
+                 forward_share: float | None = None, window_s: float = 0.0, cover_s: float = 0.0) -> float:
     """Wait of one MoE layer (one micro-batch, forward + backward) on its host: the device finishes ``device_s`` of
     work, the host needs ``moe_host_s_per_layer`` + ``moe_host_s_per_expert`` × local experts to issue it (TE's
     GroupedLinear loops over the rank's experts, transformer_engine/pytorch/module/grouped_linear.py; the rest of
@@ -59,13 +61,15 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     per-expert work (weight workspace, quantizer usage, main_grad / dummy wgrad, grouped_linear.py:106-500 at
     5671fd36) plus Megatron's per-parameter grad hook; the per-layer part (router, permute, dispatch, combine) is
     the per-layer term (both split forward / backward by ``HOST_FORWARD_SHARE``: an assumption inside the joint fit,
-    not measured; the forward's router and preprocess are issued before the sync, yet priced as after it)."""
+    not measured; the forward's router and preprocess are issued before the sync, yet priced as after it).
+    ``cover_s``: other layers' device work queued where no sync drains it (``host_cover``), run beside the issue:
+    added to the backward's device work (synced) or to the layer's (not synced)."""
     eff = cluster.efficiency
     host = eff.moe_host_s_per_layer + eff.moe_host_s_per_expert * (model.num_experts // par.ep)
     if forward_share is None:
-        return max(0.0, host - device_s)
+        return max(0.0, host - device_s - cover_s)
     host_f = HOST_FORWARD_SHARE * host
-    return max(0.0, host_f - window_s) + max(0.0, host - host_f - (1.0 - forward_share) * device_s)
+    return max(0.0, host_f - window_s) + max(0.0, host - host_f - (1.0 - forward_share) * device_s - cover_s)
 
 
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)

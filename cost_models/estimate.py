@@ -17,12 +17,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.collectives import RankStrides, group_collective_time_s
+from cost_models.ep_comm import host_wait_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
+from cost_models.host_cover import host_light_kinds, moe_host_cover_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
+from cost_models.moe import host_synced
 from cost_models.muon import optimizer_step_s
 from cost_models.op_cost import model_flops_per_token
 from cost_models.op_traffic import memory_traffic_bytes, yarn_rope_notes
@@ -138,8 +141,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     stage_parts: list[dict[str, float]] = []
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
-        for i in ids[s]:
-            add_layers(parts, cost_of(layer_kind(model, i), layer_in_bf16(i, model.num_layers, job, runtime)))
+        rank_layers = [(i, layer_kind(model, i), cost_of(layer_kind(model, i),
+                                                         layer_in_bf16(i, model.num_layers, job, runtime)))
+                       for i in ids[s]]
+        for _, _, lc in rank_layers:
+            add_layers(parts, lc)
+        parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
@@ -251,6 +258,20 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     rest = dp_s - blocking_s
     window = microbatch_s * (m if zero_stage == 3 or every_microbatch else 1)
     return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
+
+
+def host_cover_delta_s(rank_layers: Sequence[tuple[int, str, LayerCost]], graphs: dict[str, LayerGraph],
+                       model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, rt: Runtime) -> float:
+    """What the neighbouring non-MoE layers' device work takes off one rank's MoE host waits (one micro-batch):
+    each MoE layer's ``host_wait_s`` with its ``host_cover.moe_host_cover_s`` less the wait ``layer_cost`` priced
+    without it. ``rank_layers``: (layer id, kind, cost) in forward order."""
+    delta = 0.0
+    covers = moe_host_cover_s(rank_layers, host_synced(cluster, par, rt), host_light_kinds(rt))
+    for (_, kind, lc), cover in zip(rank_layers, covers):
+        if cover > 0.0 and lc.host_s > 0.0:
+            delta += host_wait_s(graphs[kind], model, cluster, par, rt, lc.total_s - lc.host_s, lc.forward_share,
+                                 lc.sync_window_s, cover) - lc.host_s
+    return delta
 
 
 def add_layers(parts: dict[str, float], lc: LayerCost, n: int = 1, proj_gemm: float = 0.0, proj_tp: float = 0.0) -> None:

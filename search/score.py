@@ -29,9 +29,11 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
+from cost_models.host_cover import host_light_kinds, moe_host_cover_s
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
+from cost_models.moe import host_synced
 from cost_models.muon import optimizer_state_bytes
 from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
 from cost_models.memory import (
@@ -292,6 +294,7 @@ class Scorer:
         if hit is not None:
             return hit
         t_kind = {}
+        moe_device, moe_lc = 0.0, None
         acts, head_a = self.act_pieces(lay, rc, chosen)
         for kind in self.kinds:
             if self.model.is_hybrid:
@@ -308,6 +311,7 @@ class Scorer:
             # dispatcher syncs each layer: the layer's forward share and post-sync window, layer_cost's)
             if kind == "moe":
                 lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, chosen)
+                moe_device, moe_lc = device, lc
                 t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster,
                                                     self._bound_par(lay, rc), self._runtime_with(lay, chosen), device,
                                                     lc.forward_share, lc.sync_window_s)
@@ -316,6 +320,16 @@ class Scorer:
         # A target runs one pattern (the ILP's only point): its activations as the target's runtime saves them
         # (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
         per = np.array([t_kind[k] for k in self.kind_of])
+        if moe_lc is not None and t_kind["moe"] > moe_device:
+            # the graphed non-MoE layers' device work the MoE layers' host issue runs beside (cost_models.host_cover,
+            # as estimate applies it; here over the whole stack: the stage split comes later)
+            rt, par = self._runtime_with(lay, chosen), self._bound_par(lay, rc)
+            seq = [(i, k, self._layer_cost(lay, self.bound_key(lay, rc), k, chosen)) for i, k in enumerate(self.kind_of)]
+            covers = moe_host_cover_s(seq, host_synced(self.cluster, par, rt), host_light_kinds(rt))
+            for i, cover in enumerate(covers):
+                if cover > 0.0:
+                    per[i] = moe_device + host_wait_s(self.graphs["moe"], self.model, self.cluster, par, rt,
+                                                      moe_device, moe_lc.forward_share, moe_lc.sync_window_s, cover)
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
         out = (time, head_t, np.array([acts[k] for k in self.kind_of]), head_a)
