@@ -51,7 +51,7 @@ def test_transformer_stacks_get_no_cover() -> None:
 
 
 def test_host_light_kinds_follow_the_graph_scope() -> None:
-    model, cluster = catalog_model("nemotron-3-super-120b-a12b"), build_cluster("b300", 64, target="megatron")
+    cluster = build_cluster("b300", 64, target="megatron")
     job, par = JobSpec(global_batch_size=512, seq_len=8192, precision="fp8"), ParallelConfig(tp=1, ep=8, zero_stage=1)
 
     def kinds(**sw: object) -> frozenset[str]:
