@@ -107,18 +107,23 @@ def is_mla(graph: LayerGraph) -> bool:
 def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None, par: ParallelConfig | None = None,
                        rt: Runtime | None = None) -> float:
     """Share of a MoE layer's four all-to-alls (dispatch and combine, forward and backward) run again: the ``moe``
-    module re-runs the forward pair (MOE:432-446). Under torch's activation checkpointing (``selective`` "op_sac":
-    torchtitan) the backward re-runs the block's forward, dispatch and combine included, under full AC
-    (``checkpoint_wrapper`` around the whole block: torchtitan 0.3.0 distributed/activation_checkpoint.py
-    ``_apply_full_ac``) and under per-op SAC where its save list lacks ``all_to_all_single``
-    (``Runtime.sac_saves_a2a``: torchtitan before c4e2291, whose commit measured the re-run's cost on DeepSeek-V3
-    16B, tps 708 -> 803)."""
+    module re-runs the forward pair (MOE:432-446). Full recompute checkpoints whole layers, so its backward re-runs
+    each MoE layer's forward, dispatch and combine included, in every target: Megatron-Core's
+    ``recompute_granularity='full'`` wraps the layers in ``tensor_parallel.checkpoint`` / ``te_checkpoint``
+    (transformer_block.py:446-560 ``_checkpointed_forward`` @ core_v0.16.1; no MoE exception, and the A2A overlap
+    refuses full recompute, transformer_config.py:1871-1873), torch's full AC a ``checkpoint_wrapper`` around the
+    block (torchtitan 0.3.0 distributed/activation_checkpoint.py ``_apply_full_ac``; the fsdp2 target's plan).
+    Under torch's per-op SAC (``selective`` "op_sac": torchtitan) the re-run happens where its save list lacks
+    ``all_to_all_single`` (``Runtime.sac_saves_a2a``: torchtitan before c4e2291, whose commit measured the re-run's
+    cost on DeepSeek-V3 16B, tps 708 -> 803)."""
     if graph.kind != "moe":
         return 0.0
     if modules is not None and "moe" in modules:
         return 0.5
-    if par is not None and rt is not None and rt.selective == "op_sac" and (
-            par.recompute == "full" or (par.recompute == "selective" and not rt.sac_saves_a2a)):
+    if par is not None and par.recompute == "full":
+        return 0.5
+    if par is not None and rt is not None and rt.selective == "op_sac" and par.recompute == "selective" \
+            and not rt.sac_saves_a2a:
         return 0.5
     return 0.0
 

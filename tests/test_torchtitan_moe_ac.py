@@ -65,10 +65,14 @@ def test_op_sac_reruns_the_experts_and_saves_less() -> None:
     ("torchtitan", "full", 0.5),                 # checkpoint_wrapper re-runs the whole block
     ("torchtitan-2025-08", "full", 0.5),
     ("torchtitan", "none", 0.0),
+    ("megatron", "full", 0.5),                   # _checkpointed_forward re-runs whole layers, MoE ones included
+    ("megatron", "selective", 0.0),              # core_attn only: the all-to-alls' outputs are kept
+    ("fsdp2", "full", 0.5),
 ])
 def test_recompute_reruns_the_forward_all_to_alls(target: str, recompute: str, again: float) -> None:
     model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 8)
-    par = ParallelConfig(**{**SEL.model_dump(), "recompute": recompute})
+    zero = 1 if target == "megatron" else 3
+    par = ParallelConfig(**{**SEL.model_dump(), "recompute": recompute, "zero_stage": zero})
     rt = runtime_for(target, JOB, cluster, par, Software())
     graph = graphs_for(model, JOB.seq_len)["moe"]
     assert ep_forward_repeats(graph, None, par, rt) == again
