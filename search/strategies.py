@@ -397,8 +397,10 @@ class _Eval:
             return []
         ctx = self.ctx
         one, payload = ep_all_to_all(ctx.model, ctx.mesh.cluster, ctx.job, self.par, ctx.mesh.stride(MeshAxis.EP))
-        # ep_comm.EP_ALL_TO_ALLS: one forward, one backward each for dispatch and combine
-        return [Comm("all_to_all", (MeshAxis.EP,), ph, payload, one, 1.0) for ph in ("fwd", "bwd")]
+        # ep_comm.EP_ALL_TO_ALLS: one forward, one backward each for dispatch and combine; full recompute runs the
+        # forward's again (recompute.ep_forward_repeats, as tp_collectives repeats the forward's TP collectives)
+        fwd = 2.0 if ctx.recompute == "full" else 1.0
+        return [Comm("all_to_all", (MeshAxis.EP,), ph, payload, one, calls) for ph, calls in (("fwd", fwd), ("bwd", 1.0))]
 
     def ring_s(self) -> float:
         """Ring attention's K/V traffic over cp (``attention_cost.cp_ring``)."""

@@ -376,3 +376,24 @@ def test_search_prices_the_moe_host_wait_as_estimate(ep: int) -> None:
     # after the dispatcher's sync (ep_comm.host_bound_s; the per-layer term with it, about an eighth)
     assert (pred.time.host_bound_s > 0.3 * pred.step_time_s) == (ep == 1)
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("target, zero", [("megatron", 1), ("torchtitan", 3)])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_search_prices_the_moe_all_to_alls_full_recompute_reruns(target: str, zero: int, recompute: str) -> None:
+    """Full recompute re-runs each MoE layer's forward dispatch and combine (``recompute.ep_forward_repeats``):
+    the intra-op ILP's EP all-to-alls count the forward's twice, as ``estimate`` prices them, so the Scorer's step
+    time is ``estimate``'s (it was below it by the re-run's exposed time)."""
+    from search.space import Layout
+
+    model, cluster = load_model("mixtral-8x7b"), build_cluster("h100-sxm", 16, target=target)
+    job = JobSpec(global_batch_size=256, seq_len=4096)
+    par = ParallelConfig(tp=1, ep=8, pp=1, zero_stage=zero, micro_batch_size=1, recompute=recompute)
+    lay = Layout(tp=1, cp=1, pp=1, dp=16, ep=8, micro_batch_size=1, m=16, recompute=recompute,
+                 zero_stage=zero, hsdp_shard_size=None, schedule="1f1b", vp=1, sequence_parallel=False, target=target)
+    scorer = Scorer(model, cluster, job)
+    fs = scorer.score(lay, (model.num_layers,))
+    pred = estimate(model, cluster, job, par, target=target, software=Software(**scorer.chosen_knobs(lay)), check=False)
+    assert pred.num_microbatches == lay.m
+    assert pred.time.exposed_comm_s["ep"] > 0
+    assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
