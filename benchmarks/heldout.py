@@ -349,12 +349,12 @@ def moe_residuals(rows: list[HeldRow]) -> str:
                       ("alltoall / deepep, pp = 1", lambda r: r.pp == 1 and hyb not in r.moe_knobs),
                       ("hybridep", lambda r: hyb in r.moe_knobs)):
         mine = [r for r in rows if r.moe and "moe_a2a_overlap=True" in r.moe_knobs and r.host_issue_ms > 0 and sel(r)]
-        if mine:
-            ratio = [_excess_ms(r) / (r.host_issue_ms - r.host_priced_ms) for r in mine
-                     if r.host_issue_ms > r.host_priced_ms]
+        ratio = [_excess_ms(r) / (r.host_issue_ms - r.host_priced_ms) for r in mine
+                 if r.host_issue_ms > r.host_priced_ms]
+        if ratio:
             lines.append(f"\nA2A overlap with host-issued experts, {name}: {len(mine)} runs, excess / (host issue − "
                          f"host priced) median {statistics.median(ratio):.2f} "
-                         f"(range {min(ratio):.2f}..{max(ratio):.2f})" if ratio else "")
+                         f"(range {min(ratio):.2f}..{max(ratio):.2f})")
     return "\n".join(lines)
 
 

@@ -244,8 +244,10 @@ def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     other ``aten.mm`` (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
     everything else is recomputed from them and the block input.
 
-    The count runs over the layer's ``nn.Linear`` matmuls in forward order, the MoE router's gate among them (an
-    ``nn.Linear``); the routed experts' ``torch._grouped_mm`` is in no save list, so it neither counts nor is kept:
+    The count runs over the layer's ``nn.Linear`` matmuls in forward order but the MoE router's gate: a matmul of a
+    shape in ``force_recompute_mm_shapes_by_fqns`` (default ``["moe.router.gate"]``) is recomputed before it is
+    counted (0.3.0 distributed/activation_checkpoint.py:196-198, 260-267; f738a03^ models/llama3/infra/
+    parallelize.py:300-304); the routed experts' ``torch._grouped_mm`` is in no save list, so it neither counts nor is kept:
     the backward re-runs all three expert GEMMs (deepseek_v3/infra/parallelize.py ``_save_list`` @ f738a03^: mm, the
     SDPA kernels, reduce_scatter, max; torchtitan 0.3.0 distributed/activation_checkpoint.py:31-70 adds linear,
     flex_attention, topk, all_to_all_single, never ``_grouped_mm``). MLA's key and value up-projection is one
@@ -255,7 +257,7 @@ def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     mm = 0
     mla = any(op.name == "kv_down" for op in graph.ops)
     for op in graph.ops:
-        if op.kind in ("matmul", "router"):
+        if op.kind == "matmul":
             if not (mla and op.name == "v_proj"):  # wkv_b: counted with k_proj
                 mm += 1
             if mm % 2 == 1:

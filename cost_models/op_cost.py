@@ -174,7 +174,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
-                                     rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher,
+                                     rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,
                                      rt.target, rt.tp_gather_bytes,
                                      rt.tp_grad_gather_bytes,  # these two: torchao_cast_after_gather
                                      rt.module_precision)  # quant_layout.op_job

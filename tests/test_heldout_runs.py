@@ -117,10 +117,12 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # (moe.permutation_passes: 16B -33.2% -> -23.1%, eager 2025-08 code; 671B -18.3% -> -16.4%); 20.0% / 23.6% with the
 # 16B run's loss-only compile priced (torchtitan knob compile_components: the loss fused, 16B -23.6%, peak 93.6 -> 68.6
 # GiB, now predicted to fit).
+# review mend: torchtitan never counts the router gate among its alternating matmuls (force-recomputed first):
+# the 16B row -23.6% -> -23.9% (peak 68.6 -> 71.8 GiB vs 78.1 measured): 20.2% / 24.0%.
 GUARDS = {"more_runs.json": (0.099, 0.610), "more_runs_bridge2.json": (0.081, 0.361),
           "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.132, 0.257),
-          "more_runs_torchtitan_moe.json": (0.200, 0.236)}
+          "more_runs_torchtitan_moe.json": (0.202, 0.240)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
 # te_quant.cfg's per-module precision (cost_models.quant_layout): 39.2% -> 37.4% on the 31 rows; the worst, B300 NVFP4

@@ -34,10 +34,10 @@ def test_op_sac_never_saves_the_grouped_experts_and_counts_wkv_b_once() -> None:
     graph = graphs_for(load_model("deepseek-v3"), JOB.seq_len)["moe"]
     kept = {op for op, _ in op_sac_saved(graph)}
     assert not any(graph.op(op).kind == "experts" for op in kept)  # was: expert_up_proj (the 7th "mm") kept
-    # torchtitan's mm order: wq_a S, wq_b R, wkv_a S, wkv_b R, wo S, gate R, w1 S, w3 R, w2 S (+ the SDPA output)
-    mm = [op.name for op in graph.ops if op.kind in ("matmul", "router")]
+    # torchtitan's mm order: wq_a S, wq_b R, wkv_a S, wkv_b R, wo S, then the shared experts' w1 R, w3 S, w2 R (+ the
+    # SDPA output); the router gate is force-recomputed before it is counted (force_recompute_mm_shapes_by_fqns)
     assert ("k_proj" in kept) == ("v_proj" in kept)
-    assert "attn_core" in kept and "router" in [m for m in mm]
+    assert kept == {"q_down", "kv_down", "o_proj", "attn_core", "shared_up_proj"}
     dense = graphs_for(load_model("llama3-8b"), JOB.seq_len)["dense"]  # no experts, no MLA: as before
     assert {op for op, _ in op_sac_saved(dense)} == {"q_proj", "v_proj", "attn_core", "gate_proj", "down_proj"}
 
@@ -149,3 +149,11 @@ def test_compile_components_loss_alone_compiles_the_loss_only(tmp_path) -> None:
     write_plan(plan, "torchtitan", tmp_path)
     _, cfg = _parse(tmp_path)
     assert cfg.compile.enable and list(cfg.compile.components) == ["loss"]
+
+
+def test_forced_balance_is_not_a_knob_of_torchtitan_before_it_existed() -> None:
+    """debug.moe_force_load_balance came with 99fee810b (2025-10-03): the 2025 reference profiles refuse it."""
+    cluster, par = build_cluster("h100-sxm", 8), ParallelConfig(tp=1, ep=8, zero_stage=3)
+    with pytest.raises(ConfigError, match="moe_force_balance"):
+        runtime_for("torchtitan-2025-08", JOB, cluster, par, Software(moe_force_balance=True))
+    assert runtime_for("torchtitan", JOB, cluster, par, Software(moe_force_balance=True)).moe_force_balance

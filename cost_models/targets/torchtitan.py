@@ -80,8 +80,8 @@ class TorchtitanProfile(TargetProfile):
     kv_source = f"{TT}models/llama3/infra/parallelize.py (wk/wv ColwiseParallel)"
     knobs = {
         "compile": Knob("compile", (True, False), False, f"{TT}config/configs.py:292 (compile.enable)"),
-        # what compile covers (configs.py:298, default ["model", "loss"]): Runtime.compile / fused_elementwise = the
-        # model compiled, fused_loss = the loss compiled
+        # what compile covers (configs.py:298, default ["model", "loss"]): Runtime.model_compiled / fused_elementwise
+        # = the model compiled, fused_loss = the loss compiled (Runtime.compile = compile.enable)
         "compile_components": Knob("compile_components", ("model+loss", "model", "loss"), "model+loss",
                                    f"{TT}config/configs.py:298 (compile.components)"),
         "async_tp": Knob("async_tp", (True, False), False,
