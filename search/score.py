@@ -54,6 +54,7 @@ from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from cost_models.targets.common import TargetProfile
+from cost_models.validate import pipeline_split
 from search.inter_op import StageTables
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
@@ -124,6 +125,10 @@ class Scorer:
         self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
+        self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
+        self._moe_device: dict[tuple, float] = {}  # layer_pieces' key: an MoE layer's device time, where covered
+        self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
+        self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
@@ -135,7 +140,8 @@ class Scorer:
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
         for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_ktime", "_acts", "ilp", "_params",
-                     "_inflight", "_zero3"):  # (knob candidates and choices: per cluster)
+                     "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr",
+                     "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
 
@@ -322,27 +328,97 @@ class Scorer:
         per = np.array([t_kind[k] for k in self.kind_of])
         if moe_lc is not None and t_kind["moe"] > moe_device:
             # the graphed non-MoE layers' device work the MoE layers' host issue runs beside (cost_models.host_cover,
-            # as estimate applies it; here over the whole stack: the stage split comes later)
-            rt, par = self._runtime_with(lay, chosen), self._bound_par(lay, rc)
-            seq = [(i, k, self._layer_cost(lay, self.bound_key(lay, rc), k, chosen)) for i, k in enumerate(self.kind_of)]
-            covers = moe_host_cover_s(seq, host_synced(self.cluster, par, rt), host_light_kinds(rt))
-            for i, cover in enumerate(covers):
+            # as estimate applies it; here over the whole stack: the stage split comes later, cover_correction_s)
+            self._moe_device[key] = moe_device
+            for i, cover in enumerate(self.host_covers(lay, rc, chosen)):
                 if cover > 0.0:
-                    per[i] = moe_device + host_wait_s(self.graphs["moe"], self.model, self.cluster, par, rt,
-                                                      moe_device, moe_lc.forward_share, moe_lc.sync_window_s, cover)
+                    per[i] = moe_device + self._moe_wait_s(lay, rc, chosen, moe_device, cover)
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
         out = (time, head_t, np.array([acts[k] for k in self.kind_of]), head_a)
         self._layer[key] = out
         return out
 
+    def host_covers(self, lay: Layout, rc: str, fields: dict[str, Any]) -> list[float]:
+        """Per decoder layer, ``host_cover.moe_host_cover_s`` over the whole stack (one rank holding every layer)
+        with ``fields``' layer costs: ≥ the cover on any rank's own layers (its runs stop at stage and chunk edges),
+        so the wait it leaves is a floor of the wait ``estimate`` prices."""
+        bkey = self.bound_key(lay, rc)
+        key = (bkey, tuple(sorted(fields.items())))
+        hit = self._covers.get(key)
+        if hit is None:
+            rt, par = self._runtime_with(lay, fields), self._bound_par(lay, rc)
+            seq = [(i, k, self._layer_cost(lay, bkey, k, fields)) for i, k in enumerate(self.kind_of)]
+            hit = self._covers[key] = moe_host_cover_s(seq, host_synced(self.cluster, par, rt), host_light_kinds(rt))
+        return hit
+
+    def _moe_wait_s(self, lay: Layout, rc: str, fields: dict[str, Any], device_s: float, cover_s: float) -> float:
+        """An MoE layer's host wait on ``device_s`` of device work with ``cover_s`` of cover (``host_wait_s``)."""
+        lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields)
+        return host_wait_s(self.graphs["moe"], self.model, self.cluster, self._bound_par(lay, rc),
+                           self._runtime_with(lay, fields), device_s, lc.forward_share, lc.sync_window_s, cover_s)
+
+    def cover_correction_s(self, lay: Layout, layers: tuple[int, ...]) -> np.ndarray:
+        """Per pipeline rank of the split ``layers``, seconds per micro-batch to add to its ``layer_pieces`` time:
+        Σ over its MoE layers of the host wait with the cover on the rank's own layers (``moe_host_cover_s`` on
+        its layer ids in forward order, as ``estimate.host_cover_delta_s``: runs stop at stage edges and, with vp,
+        at chunk edges) − with the whole stack's (``layer_pieces``). ≥ 0; non-zero only for MoE layers next to a
+        cut. Once per (bound key, chosen knobs, split, vp)."""
+        chosen = self.chosen_knobs(lay)
+        bkey = self.bound_key(lay)
+        pkey = (bkey, tuple(sorted(chosen.items())))
+        key = (pkey, tuple(layers), lay.vp)
+        hit = self._cover_corr.get(key)
+        if hit is not None:
+            return hit
+        hit = np.zeros(len(layers))
+        self.layer_pieces(lay)  # sets the MoE layers' device time where a cover applies
+        device = self._moe_device.get(pkey)
+        if device is not None and len(layers) > 1:
+            rc = lay.recompute
+            whole = self.host_covers(lay, rc, chosen)
+            rt = self._runtime_with(lay, chosen)
+            synced, light = host_synced(self.cluster, self._bound_par(lay, rc), rt), host_light_kinds(rt)
+            seq = [(i, k, self._layer_cost(lay, bkey, k, chosen)) for i, k in enumerate(self.kind_of)]
+            ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
+            for r, rank_ids in enumerate(ids):
+                local = moe_host_cover_s([seq[i] for i in rank_ids], synced, light)
+                hit[r] = sum(self._moe_wait_s(lay, rc, chosen, device, c) - self._moe_wait_s(lay, rc, chosen, device,
+                                                                                              whole[i])
+                             for i, c in zip(rank_ids, local) if self.kind_of[i] == "moe" and c != whole[i])
+        self._cover_corr[key] = hit
+        return hit
+
     def lower_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
         """``layer_pieces`` with ``bound_pieces``' floors in place of the ILP's answers (no solve): every
         entry is ≤ its ``layer_pieces`` counterpart, so the stage DP on these tables bounds it from below."""
         kinds, head_t, head_a = self.bound_pieces(lay, exact_knobs=True)  # as tight as the chosen knobs allow
-        per = np.array([kinds[k][0] for k in self.kind_of])
+        per = self.floor_per_layer(lay, exact_knobs=True)
         return (np.concatenate([[0.0], np.cumsum(per)]), head_t, np.array([kinds[k][1] for k in self.kind_of]),
                 head_a)
+
+    def floor_per_layer(self, lay: Layout, exact_knobs: bool = False) -> np.ndarray:
+        """Per decoder layer, ``bound_pieces``' time floor, each MoE layer's host wait with the whole stack's cover
+        (``host_covers``: ≥ any rank's, so the wait is ≤ the one ``estimate`` prices on any split). Under the
+        profile's knob floor the knobs are not chosen, so neither is the cover: the wait's floor over every cover."""
+        rc = lay.recompute
+        kinds, _, _ = self.bound_pieces(lay, exact_knobs=exact_knobs)
+        floor = None if exact_knobs else self._knob_floor(lay)
+        fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
+        key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
+        hit = self._floor_layers.get(key)
+        if hit is not None:
+            return hit
+        hit = np.array([kinds[k][0] for k in self.kind_of])
+        lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields) if self.n_moe else None
+        if lc is not None and lc.host_s > 0.0:
+            device = kinds["moe"][0] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
+            covers = self.host_covers(lay, rc, fields) if floor is None else [np.inf] * self.L
+            for i, cover in enumerate(covers):
+                if self.kind_of[i] == "moe":
+                    hit[i] = device + self._moe_wait_s(lay, rc, fields, device, cover)
+        self._floor_layers[key] = hit
+        return hit
 
     def bound_pieces(self, lay: Layout, recompute: str | None = None,
                      exact_knobs: bool = False) -> tuple[dict[str, tuple[float, float]], float, float]:
@@ -630,11 +706,9 @@ class Scorer:
     def time_summary(self, lay: Layout) -> tuple[float, float, float, float]:
         """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, lower bounds of the
         ILP's (``bound_pieces``), for the planner's branch and bound."""
-        kinds, head_t, _ = self.bound_pieces(lay)
-        n = self.kind_count
-        present = [t for k, (t, _) in kinds.items() if n.get(k)]
-        total = sum(n.get(k, 0) * t for k, (t, _) in kinds.items()) + head_t
-        return total, max(present), min(present), head_t
+        head_t = self.bound_pieces(lay)[1]
+        per = self.floor_per_layer(lay)  # the MoE layers' host waits with the whole stack's cover
+        return float(per.sum()) + head_t, float(per.max()), float(per.min()), head_t
 
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
@@ -665,7 +739,7 @@ class Scorer:
     def score(self, lay: Layout, layers: tuple[int, ...], tables: StageTables | None = None) -> FastScore:
         tables = tables or self.tables(lay)
         bounds = np.concatenate([[0], np.cumsum(layers)])
-        stage_t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
+        stage_t = tables.time[bounds[1:]] - tables.time[bounds[:-1]] + self.cover_correction_s(lay, layers)
         stage_t[-1] += tables.last_time
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay)
