@@ -118,3 +118,53 @@ def test_no_cover_without_graphed_neighbours() -> None:
     lc = layer_cost(graphs_for(model, job.seq_len)["moe"], model, cluster, job, par, 64, rt)
     moe_layers = model.hybrid_pattern.count("E") + model.arch.mtp_layers * model.arch.mtp_pattern.count("E")
     assert pred.time.host_bound_s == pytest.approx(lc.host_s * moe_layers * pred.num_microbatches, rel=1e-9)
+
+
+def _super_layout(pp: int, vp: int, m: int) -> object:
+    from search.space import Layout
+    return Layout(tp=1, cp=1, pp=pp, dp=64 // pp, ep=8, micro_batch_size=1, m=m, recompute="none", zero_stage=1,
+                  hsdp_shard_size=None, schedule="1f1b" if vp == 1 else "interleaved", vp=vp, sequence_parallel=False)
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 1), (4, 1), (2, 2)])
+def test_scorer_prices_the_cover_per_split_as_estimate(pp: int, vp: int) -> None:
+    """An MoE layer that ends a stage (or, with vp, a chunk) has no graphed layers after it on its rank: estimate
+    prices its wait with the rank-local cover; the Scorer's whole-stack tables get the same per-split correction."""
+    from search.score import Scorer
+
+    model, cluster, job, par, sw = _super_b300(("attn", "mamba", "moe_router", "moe_preprocess"))
+    par = ParallelConfig(**{**par.model_dump(), "pp": pp, "vp": vp})
+    pred = estimate(model, cluster, job, par, target="megatron", software=sw, check=False)
+    split = pipeline_split(model, par)
+    sc = Scorer(model, cluster, job, software=sw)
+    lay = _super_layout(pp, vp, pred.num_microbatches)
+    layers = tuple(split.rank_layers)
+    assert sc.cover_correction_s(lay, layers).max() > 0.0  # a cut falls after an MoE layer
+    assert sc.score(lay, layers).step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_lower_pieces_floor_the_exact_pieces_under_cover() -> None:
+    """The planner's bounds (lower_pieces, time_summary) price each MoE layer's wait with the whole stack's cover,
+    the most any split leaves it: every entry stays at or below the exact table's, Super's and a transformer
+    MoE's (no cover there) alike."""
+    import numpy as np
+
+    from search.score import Scorer
+    from search.space import Layout
+
+    model, cluster, job, par, sw = _super_b300(("attn", "mamba", "moe_router", "moe_preprocess"))
+    sc = Scorer(model, cluster, job, software=sw)
+    lay = _super_layout(2, 1, 16)
+    lo, ex = np.diff(sc.lower_pieces(lay)[0]), np.diff(sc.layer_pieces(lay)[0])
+    assert (lo <= ex * (1 + 1e-12)).all()
+    total, slowest, fastest, head_t = sc.time_summary(lay)
+    assert total <= (ex.sum() + sc.layer_pieces(lay)[1]) * (1 + 1e-12) and slowest <= ex.max() * (1 + 1e-12)
+
+    mix, h100 = catalog_model("mixtral-8x7b"), build_cluster("h100-sxm", 16, target="megatron")
+    mjob = JobSpec(global_batch_size=64, seq_len=4096, precision="bf16")
+    msc = Scorer(mix, h100, mjob)
+    mlay = Layout(tp=1, cp=1, pp=2, dp=8, ep=8, micro_batch_size=1, m=8, recompute="none", zero_stage=1,
+                  hsdp_shard_size=None, schedule="1f1b", vp=1, sequence_parallel=False)
+    lo, ex = np.diff(msc.lower_pieces(mlay)[0]), np.diff(msc.layer_pieces(mlay)[0])
+    assert (lo <= ex * (1 + 1e-12)).all()
+    assert msc.time_summary(mlay)[0] <= (ex.sum() + msc.layer_pieces(mlay)[1]) * (1 + 1e-12)
