@@ -330,9 +330,11 @@ class Scorer:
             # the graphed non-MoE layers' device work the MoE layers' host issue runs beside (cost_models.host_cover,
             # as estimate applies it; here over the whole stack: the stage split comes later, cover_correction_s)
             self._moe_device[key] = moe_device
-            for i, cover in enumerate(self.host_covers(lay, rc, chosen)):
+            covers = self.host_covers(lay, rc, chosen)
+            wait = self._moe_waits(lay, rc, chosen, moe_device, covers)
+            for i, cover in enumerate(covers):
                 if cover > 0.0:
-                    per[i] = moe_device + self._moe_wait_s(lay, rc, chosen, moe_device, cover)
+                    per[i] = moe_device + wait[cover]
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
         out = (time, head_t, np.array([acts[k] for k in self.kind_of]), head_a)
@@ -352,11 +354,14 @@ class Scorer:
             hit = self._covers[key] = moe_host_cover_s(seq, host_synced(self.cluster, par, rt), host_light_kinds(rt))
         return hit
 
-    def _moe_wait_s(self, lay: Layout, rc: str, fields: dict[str, Any], device_s: float, cover_s: float) -> float:
-        """An MoE layer's host wait on ``device_s`` of device work with ``cover_s`` of cover (``host_wait_s``)."""
+    def _moe_waits(self, lay: Layout, rc: str, fields: dict[str, Any], device_s: float,
+                   covers: list[float]) -> dict[float, float]:
+        """Per distinct value of ``covers``, an MoE layer's host wait on ``device_s`` of device work with that cover
+        (``host_wait_s``)."""
         lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields)
-        return host_wait_s(self.graphs["moe"], self.model, self.cluster, self._bound_par(lay, rc),
-                           self._runtime_with(lay, fields), device_s, lc.forward_share, lc.sync_window_s, cover_s)
+        par, rt = self._bound_par(lay, rc), self._runtime_with(lay, fields)
+        return {c: host_wait_s(self.graphs["moe"], self.model, self.cluster, par, rt, device_s, lc.forward_share,
+                               lc.sync_window_s, c) for c in set(covers)}
 
     def cover_correction_s(self, lay: Layout, layers: tuple[int, ...]) -> np.ndarray:
         """Per pipeline rank of the split ``layers``, seconds per micro-batch to add to its ``layer_pieces`` time:
@@ -383,9 +388,9 @@ class Scorer:
             ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
             for r, rank_ids in enumerate(ids):
                 local = moe_host_cover_s([seq[i] for i in rank_ids], synced, light)
-                hit[r] = sum(self._moe_wait_s(lay, rc, chosen, device, c) - self._moe_wait_s(lay, rc, chosen, device,
-                                                                                              whole[i])
-                             for i, c in zip(rank_ids, local) if self.kind_of[i] == "moe" and c != whole[i])
+                cut = [(c, whole[i]) for i, c in zip(rank_ids, local) if self.kind_of[i] == "moe" and c != whole[i]]
+                wait = self._moe_waits(lay, rc, chosen, device, [c for pair in cut for c in pair])
+                hit[r] = sum(wait[c] - wait[w] for c, w in cut)
         self._cover_corr[key] = hit
         return hit
 
@@ -400,23 +405,27 @@ class Scorer:
     def floor_per_layer(self, lay: Layout, exact_knobs: bool = False) -> np.ndarray:
         """Per decoder layer, ``bound_pieces``' time floor, each MoE layer's host wait with the whole stack's cover
         (``host_covers``: ≥ any rank's, so the wait is ≤ the one ``estimate`` prices on any split). Under the
-        profile's knob floor the knobs are not chosen, so neither is the cover: the wait's floor over every cover."""
+        profile's knob floor the knobs are not chosen, so neither is the cover's size: where there is one, the wait's
+        floor over every cover."""
         rc = lay.recompute
-        kinds, _, _ = self.bound_pieces(lay, exact_knobs=exact_knobs)
         floor = None if exact_knobs else self._knob_floor(lay)
         fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
         key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
         hit = self._floor_layers.get(key)
         if hit is not None:
             return hit
+        kinds, _, _ = self.bound_pieces(lay, exact_knobs=exact_knobs)
         hit = np.array([kinds[k][0] for k in self.kind_of])
         lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields) if self.n_moe else None
         if lc is not None and lc.host_s > 0.0:
             device = kinds["moe"][0] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
-            covers = self.host_covers(lay, rc, fields) if floor is None else [np.inf] * self.L
+            covers = self.host_covers(lay, rc, fields)
+            if floor is not None:  # which layers cover is the stack's and the graph scope's (no searched knob's)
+                covers = [np.inf if c > 0.0 else 0.0 for c in covers]
+            wait = self._moe_waits(lay, rc, fields, device, covers)
             for i, cover in enumerate(covers):
                 if self.kind_of[i] == "moe":
-                    hit[i] = device + self._moe_wait_s(lay, rc, fields, device, cover)
+                    hit[i] = device + wait[cover]
         self._floor_layers[key] = hit
         return hit
 
