@@ -325,8 +325,8 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
     host = sorted(host_calibration_ids())
     if host:
         lines += ["", f"Not held out (the {len(host)} rows the MoE host cost frameworks.megatron.moe_host_s_per_layer "
-                  "/ moe_host_s_per_expert is fitted on: the MoE rows without A2A overlap of the host_calibration "
-                  f"groups; scored by benchmarks/fidelity.py host_fit_report): {', '.join(host)}"]
+                  "/ moe_host_s_per_expert is fitted on: the MoE rows without A2A overlap, hybrid stacks apart, of the "
+                  f"host_calibration groups; scored by benchmarks/fidelity.py host_fit_report): {', '.join(host)}"]
     if skipped:
         lines += ["", "Not priced (the model cannot express them yet):"] + [f"- {cid}: {why}" for cid, why in skipped]
     return "\n".join(lines)

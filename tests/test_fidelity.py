@@ -175,11 +175,16 @@ def test_host_floor_changes_no_calibration_prediction() -> None:
 
 
 def test_host_calibration_rows_are_the_moe_rows_without_overlap_of_their_groups() -> None:
-    """The host fit's rows: every MoE row of the flagged releases (each with a basis) that runs no A2A overlap."""
+    """The host fit's rows: every MoE row of the flagged releases (each with a basis) that runs no A2A overlap and is
+    no hybrid (Mamba) stack; one release, one leave-one-release-out group (26.04.01's rows sit in two files)."""
     rows = fidelity.host_calibration_runs()
     every = fidelity.host_calibration_runs(with_overlap=True)
-    assert {c["logo_group"] for c, _ in rows} == {"megatron_bridge_25.11", "megatron_bridge_26.02"}
-    assert all(r.model.num_experts > 0 and not r.knobs.given().get("moe_a2a_overlap") for _, r in rows)
+    # s11-hostfit: 26.04 / 26.04.01 (TE 2.14) joined 25.11 / 26.02 (TE 2.9 / 2.12): 21 + 26 rows
+    assert {c["logo_group"] for c, _ in rows} == {"megatron_bridge_25.11", "megatron_bridge_26.02",
+                                                   "megatron_bridge_26.04", "megatron_bridge_26.04.01"}
+    assert len(rows) == 47 and sum(c["logo_group"] == "megatron_bridge_26.04.01" for c, _ in rows) == 13
+    assert all(r.model.num_experts > 0 and r.model.hybrid_pattern is None
+               and not r.knobs.given().get("moe_a2a_overlap") for _, r in rows)
     assert {c["id"] for c, _ in rows} < {c["id"] for c, _ in every}
     assert all(r.knobs.given().get("moe_a2a_overlap") for c, r in every if c["id"] not in {x["id"] for x, _ in rows})
     for path in fidelity.more_runs_files():
