@@ -119,9 +119,15 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # GiB, now predicted to fit).
 # review mend: torchtitan never counts the router gate among its alternating matmuls (force-recomputed first):
 # the 16B row -23.6% -> -23.9% (peak 68.6 -> 71.8 GiB vs 78.1 measured): 20.2% / 24.0%.
-GUARDS = {"more_runs.json": (0.099, 0.610), "more_runs_bridge2.json": (0.081, 0.361),
+# s11-hostfit: 26.04 / 26.04.01's 26 transformer MoE rows without A2A overlap calibrate the MoE host cost (with 25.11 /
+# 26.02's 21: 2.648 ms + 0.365 ms/expert, was 1.668 + 0.434): they leave more_runs.json (12 rows, which were at 5.8%:
+# the file 9.9% -> 10.3% on its remaining 106, 10.3% on those at main too) and bridge2 (14 rows: 8.1% -> 8.6% on 78;
+# the same 78 at main 8.7%, worst 36.1 -> 36.8%, mb26.02.01 Qwen3-235B B300 -36.1 -> -36.8%); ep_overlap 13.3 -> 13.8%
+# (the hybridep arm, ep 16: 8 local experts, +13.5 -> +15.7%: below ~14 local experts the new fit issues more);
+# hybrid MTP rows 23.8% -> 20.5%, worst 49.1 -> 34.8% (Super B300, 64 local experts: 29.4 -> 26.0 ms per layer).
+GUARDS = {"more_runs.json": (0.103, 0.610), "more_runs_bridge2.json": (0.086, 0.368),
           "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
-          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.132, 0.257),
+          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.138, 0.257),
           "more_runs_torchtitan_moe.json": (0.202, 0.240)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
@@ -135,7 +141,7 @@ HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s11-super: the graphed Mamba / attention layers' backward covers the MoE layers' backward host issue
 # (cost_models.host_cover): 26.5% -> 23.8%, worst 66.9% -> 49.1% (still mb26.06 Super B300 NVFP4); Super GB200 NVFP4
 # (host wait in the backward removed) -22..-26% -> -25..-29%.
-HYBRID_MTP_GUARD = (0.238, 0.491)
+HYBRID_MTP_GUARD = (0.205, 0.348)
 MARGIN = 0.02
 
 
