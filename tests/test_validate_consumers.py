@@ -55,9 +55,17 @@ MEGATRON_ONLY = {
 }
 
 
+# torchtitan only: MLA (deepseek_v3's Attention.Config has kv_lora_rank and no n_kv_heads / head_dim).
+TORCHTITAN_ONLY = {
+    "deepseek-v3@64 tp1 pp1 ep64": ("deepseek-v3", 64, 64, 4096, dict(tp=1, pp=1, ep=64)),
+}
+
+
 def make(case: str, target: str = "megatron") -> EmitPlan:
     if case in MEGATRON_ONLY:
         model, gpus, gbs, seq, par, precision = MEGATRON_ONLY[case]
+    elif case in TORCHTITAN_ONLY:
+        (model, gpus, gbs, seq, par), precision = TORCHTITAN_ONLY[case], "bf16"
     else:
         (model, gpus, gbs, seq, par), precision = CASES[case], "bf16"
     if target != "megatron":
@@ -83,7 +91,7 @@ def test_megatron_consumers_accept(case: str) -> None:
     assert checks[6].skipped == (megatron_lm.checkout() is None), report(checks)  # real validate_args if present
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("mixtral")])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("mixtral")] + list(TORCHTITAN_ONLY))
 def test_torchtitan_consumers_accept(case: str) -> None:
     pytest.importorskip("torchtitan")
     pytest.importorskip("torch")

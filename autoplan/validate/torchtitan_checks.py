@@ -97,10 +97,21 @@ def _architecture(plan: EmitPlan, cfg: Any) -> str:
     layer = mc.layers[-1]
     att = layer.attention
     m = plan.model
-    names = ["layers", "dim", "heads", "kv_heads", "head_dim", "vocab"]
-    got = [len(mc.layers), mc.dim, att.n_heads, att.n_kv_heads or att.n_heads, att.head_dim or mc.dim // att.n_heads,
-           mc.vocab_size]
-    want = [m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim_resolved, m.vocab_size]
+    names = ["layers", "dim", "heads"]
+    got = [len(mc.layers), mc.dim, att.n_heads]
+    want = [m.num_layers, m.hidden_size, m.num_attention_heads]
+    if hasattr(att, "kv_lora_rank"):  # MLA (deepseek_v3/model.py Attention.Config): no n_kv_heads / head_dim
+        mla_fields = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        names += list(mla_fields)
+        got += [getattr(att, f) for f in mla_fields]
+        want += [getattr(m.mla, f) if m.mla is not None else None for f in mla_fields]
+    else:
+        names += ["kv_heads", "head_dim"]
+        got += [att.n_kv_heads or att.n_heads, att.head_dim or mc.dim // att.n_heads]
+        want += [m.num_kv_heads, m.head_dim_resolved]
+    names.append("vocab")
+    got.append(mc.vocab_size)
+    want.append(m.vocab_size)
     if getattr(layer, "moe", None) is not None:
         moe = layer.moe
         names += ["experts", "top_k", "expert_ffn"]
