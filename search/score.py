@@ -408,9 +408,7 @@ class Scorer:
         profile's knob floor the knobs are not chosen, so neither is the cover's size: where there is one, the wait's
         floor over every cover."""
         rc = lay.recompute
-        floor = None if exact_knobs else self._knob_floor(lay)
-        fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
-        key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
+        floor, fields, key = self._bound_knobs(lay, rc, exact_knobs)
         hit = self._floor_layers.get(key)
         if hit is not None:
             return hit
@@ -429,6 +427,14 @@ class Scorer:
         self._floor_layers[key] = hit
         return hit
 
+    def _bound_knobs(self, lay: Layout, rc: str, exact_knobs: bool) -> tuple[Any, dict[str, Any], tuple]:
+        """(the profile's knob floor or None, the knob fields the bounds price with, their cache key) of
+        ``bound_pieces`` / ``floor_per_layer``: the floor's fields unless ``exact_knobs`` or no floor, else the
+        chosen knobs."""
+        floor = None if exact_knobs else self._knob_floor(lay)
+        fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
+        return floor, fields, (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
+
     def bound_pieces(self, lay: Layout, recompute: str | None = None,
                      exact_knobs: bool = False) -> tuple[dict[str, tuple[float, float]], float, float]:
         """Lower bounds on the ILP's (time, activations) per decoder layer kind, the head's (time, activations),
@@ -439,9 +445,7 @@ class Scorer:
         over them (``TargetProfile.knob_floor``: the choice itself is priced only for the layouts the search
         may visit, ``exact_pieces``); else, or with ``exact_knobs``, the chosen (or only) setting exactly."""
         rc = recompute or lay.recompute
-        floor = None if exact_knobs else self._knob_floor(lay)
-        fields, drop_cp = floor if floor is not None else (self.chosen_knobs(lay), False)
-        key = (self.bound_key(lay, rc), tuple(sorted(fields.items())), drop_cp)
+        floor, fields, key = self._bound_knobs(lay, rc, exact_knobs)
         hit = self._bounds.get(key)
         if hit is not None:
             return hit
@@ -449,7 +453,7 @@ class Scorer:
         if floor is None:
             times, head_t = self.exact_pieces(lay, rc)
         else:
-            times, head_t = self._pieces_with(lay, rc, fields, drop_cp)
+            times, head_t = self._pieces_with(lay, rc, fields, floor[1])  # floor: (fields, drop_cp)
         out = ({kind: (t, acts[kind]) for kind, t in times.items()}, head_t, head_a)
         self._bounds[key] = out
         return out
