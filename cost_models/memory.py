@@ -360,10 +360,14 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
         elif cheap and fp8 and op.kind == "elementwise" and op.name.endswith("act"):
             b *= runtime.fp8_saved_bytes / 2.0  # SwiGLU input cached in fp8
         if op.clamped and runtime.mcore_expert_glue and op.name.startswith("expert_") \
+                and not runtime.moe_fused_grouped_mlp \
                 and not (modules is not None and "moe_act" in modules):
             b *= 2.0  # Megatron-Core's eager clamp keeps the fc1 output and the fused activation its clamped copy
             # (fusions/fused_bias_geglu.py:424-440; op_traffic.MCORE_EXPERT_CLAMP_BYTES); under ``moe_act`` the
-            # checkpoint keeps only the fc1 output
+            # checkpoint keeps only the fc1 output. The fused grouped MLP saves what the graph does: the fc1 output
+            # (bf16 ``c_tensor``, the act's saved inputs), the probs and fc1's / fc2's inputs columnwise MXFP8
+            # (TE ops/fused/grouped_mlp.py @ d0067d0 :1746-1806 ``save_for_backward``: rowwise data dropped, as the
+            # unfused TE GroupedLinear keeps for its wgrad: fp8_saved_bytes), and no clamped copy (clamp in the epilogue)
         total += b * tokens / div
     return total
 

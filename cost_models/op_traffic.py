@@ -15,8 +15,8 @@ from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
 from cost_models.opgraph import LayerGraph, Op, gemm_precision, tp_divisor
 from cost_models.quant_layout import op_precision
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Runtime
-from cost_models.te_fp8 import TE_RECIPES, te_gathered_cast_bytes
+from cost_models.targets.common import CORE_RELEASES as CORE_ORDER, Runtime
+from cost_models.te_fp8 import BF16_BYTES, TE_RECIPES, te_gathered_cast_bytes
 
 
 COLUMN_KINDS = {"q", "kv", "ffn", "expert_ffn", "vocab", "ssm"}  # split by TP (heads / columns)
@@ -90,6 +90,31 @@ MCORE_UNFUSED_ROTARY_BYTES = (24.0, 28.0)
 #   runs, e8977b0 "turning off compile on loss function"): ``float()`` (2 + 4), ``_log_softmax`` (4 + 4), nll
 #   gather; backward nll zero-fill (4), ``_log_softmax_backward_data`` (4 + 4 + 4), to bf16 (4 + 2), per logit.
 TORCH_LOSS_BYTES = (14.0, 22.0)
+# Megatron-Core's fused grouped MLP (``Runtime.moe_fused_grouped_mlp``: TransformerConfig.use_transformer_engine_op_fuser,
+# core_v0.18.0 megatron/core/transformer/moe/experts.py:268-273 ``_with_fused_impl``, :374-530 ``_make_fused_ops``:
+# te.ops GroupedLinear, ScaledSwiGLU / ScaledClampedQGeGLU, GroupedLinear) under MXFP8 on sm_100 is one fused op of
+# Transformer Engine (transformer_engine/pytorch/ops/fused/grouped_mlp.py @ d0067d0 ``fuse_grouped_mlp_ops`` :816-897,
+# ``_GroupedMLP_CuTeGEMMBase`` :901-): forward, cuDNN-frontend's ``grouped_gemm_glu_wrapper_sm100`` runs fc1 and writes
+# from its epilogue the pre-activation ``c_tensor`` (bf16, kept for backward: :1407, :1550, :1793) and the GLU output
+# (probs applied, clamp inside) already quantized, rowwise and columnwise MXFP8 with their scales (``d_tensor``,
+# ``d_col_tensor``: :1358, :1626-1645), which fc2 reads as its input; backward, ``grouped_gemm_dglu_wrapper_sm100``
+# runs fc2's dgrad with the dGLU in its epilogue: it reads the saved ``c_tensor`` and writes fc1's output gradient
+# quantized both ways (``d_row_tensor``, ``d_col_tensor``: :2036, :2064-2080, :2190-2213) and the probs' gradient.
+# What no longer goes through HBM, per routed token, against the unfused path (GLU width F, fc1 output 2F):
+# - forward: the activation kernel (reads the 2F bf16 fc1 output, writes F bf16) and the cast kernel's read of that
+#   bf16 F; the cast's MXFP8 writes are the epilogue's (te_fp8.te_cast_bytes less its bf16 read);
+# - backward: fc2's dgrad (F, bf16) read back by the dGLU kernel, the dGLU's 2F bf16 output and the cast kernel's
+#   read of it; the epilogue still reads the 2F fc1 output.
+# So the activation op keeps its backward read of its inputs only (``FUSED_GLU_BWD_INPUT_READS`` x input bytes), and
+# the two casts it feeds (fc2's input forward, fc1's output gradient backward) lose their bf16 read
+# (``te_fp8.BF16_BYTES``). Megatron's eager expert glue (MCORE_EXPERT_CLAMP_BYTES: the clamp runs in the epilogue,
+# cuDNN ``glu_clamp_max`` :1003-1006; MCORE_EXPERT_BIAS_BYTES: fc2's bias is TE's ``scale_bias`` in the fc2 GEMM,
+# core_v0.19.0 experts.py:545-559, whose gradients ``compute_grouped_dbias_dscales`` reduces in one more read of
+# fc2's bf16 output gradient, grouped_mlp.py :2267-2281, ``FUSED_SCALED_BIAS_SINCE``; before it, core_v0.18.x builds
+# fc2 without ``scale_bias`` and TE reduces the bias gradient inside the output gradient's quantize,
+# ``bgrad_group_quantize`` :1945-1953) does not run either.
+FUSED_SCALED_BIAS_SINCE = "0.19.0"
+FUSED_GLU_BWD_INPUT_READS = 1.0  # the dGLU epilogue reads the saved fc1 output once (bf16)
 # fp8 (Transformer Engine): each GEMM input and output gradient is cast by the recipe's quantizer; what it costs, and
 # what the norm of a LayerNormLinear fuses, per recipe and GPU: te_fp8.te_cast_bytes.
 
@@ -157,7 +182,9 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         bwd = 2.0 * (2 * ins + out) * tf
         if eager and len(op.inputs) == 2:  # silu(gate) * up: the silu output goes through HBM
             fwd, bwd = fwd + EAGER_GATED_ACT_EXTRA[0] * out * tf, bwd + EAGER_GATED_ACT_EXTRA[1] * out * tf
-        if op.name.startswith("expert_") and op.clamped and mcore_glue(rt, model):
+        if op.name.startswith("expert_") and fused_grouped_mlp(rt, model):  # in the GEMM epilogues
+            fwd, bwd = 0.0, BF16_BYTES * FUSED_GLU_BWD_INPUT_READS * ins * tf
+        elif op.name.startswith("expert_") and op.clamped and mcore_glue(rt, model):
             fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
     elif op.kind == "ssm" and model is not None and model.mamba is not None:
         fwd, bwd = ssd_traffic_bytes(model.mamba, t, par.cp)
@@ -174,7 +201,12 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             fwd, bwd = TE_LOSS_BYTES[0] * w, TE_LOSS_BYTES[1] * w
         else:
             fwd, bwd = LOSS_BYTES[0] / 2 * w, LOSS_BYTES[1] / 2 * w  # per element, not per byte
-    if op.kind == "experts" and graph.tensors[op.output].dim_kind == "hidden" and mcore_glue(rt, model) \
+    if op.kind == "experts" and graph.tensors[op.output].dim_kind == "hidden" and model is not None \
+            and model.linear_bias and fused_grouped_mlp(rt, model):  # fc2's probs-scaled bias (FUSED_SCALED_BIAS_SINCE)
+        assert rt is not None
+        if CORE_ORDER.index(rt.megatron_core) >= CORE_ORDER.index(FUSED_SCALED_BIAS_SINCE):
+            bwd += BF16_BYTES * per_rank(op.output) * tf
+    elif op.kind == "experts" and graph.tensors[op.output].dim_kind == "hidden" and mcore_glue(rt, model) \
             and model.linear_bias:  # fc2's bias added per expert outside the GEMM (MCORE_EXPERT_BIAS_BYTES)
         probs = "fp32" if rt.moe_dispatcher in ("deepep", "hybridep") else "bf16"
         w = per_rank(op.output) * tf
@@ -208,11 +240,18 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
             norm_fed = prod is not None and prod.kind == "norm"
             column = op.kind == "matmul" and graph.tensors[op.output].dim_kind in COLUMN_KINDS
             row = op.kind == "matmul" and graph.tensors[op.inputs[0]].dim_kind in COLUMN_KINDS
+            # fused grouped MLP: fc2's input (forward) and fc1's output gradient (backward) are quantized in the
+            # GLU / dGLU epilogues, which write what the cast writes without reading a bf16 copy (FUSED_GLU_*)
+            epi_in = op.kind == "experts" and prod is not None and prod.kind == "elementwise" \
+                and fused_grouped_mlp(rt, model)
+            epi_dy = op.kind == "experts" and fused_grouped_mlp(rt, model) \
+                and any(o.kind == "elementwise" and op.output in o.inputs for o in graph.ops)
             if first:  # SP: a column-parallel input is cast on the local shard, then gathered
-                fwd += (te_gathered_cast_bytes(recipe, non_tn_gemm, t, norm_fed) if sp and column
-                        else cast.norm_input if norm_fed else cast.input) * k * scale
+                fwd += ((te_gathered_cast_bytes(recipe, non_tn_gemm, t, norm_fed) if sp and column
+                         else cast.norm_input if norm_fed else cast.input) - (BF16_BYTES if epi_in else 0.0)) * k * scale
             # SP: a row-parallel output gradient is cast on the local shard, then gathered
-            bwd += (te_gathered_cast_bytes(recipe, non_tn_gemm, t) if sp and row else cast.grad_output) * n * scale
+            bwd += ((te_gathered_cast_bytes(recipe, non_tn_gemm, t) if sp and row else cast.grad_output)
+                    - (BF16_BYTES if epi_dy else 0.0)) * n * scale
         if op.kind == "matmul":  # torchao rowwise: the slow-accum backward GEMMs' separate rescale pass
             dgrad_rescale, wgrad_rescale = fp8_rescale_bytes(rt, job)
             bwd += dgrad_rescale * k + wgrad_rescale * k * n / tokens
@@ -237,6 +276,13 @@ def yarn_rope_notes(rt: Runtime | None, model: ModelSpec) -> list[str]:
             f"concentration factor {factor:.3f}, so TE's fused RoPE is dropped for the op-by-op one "
             "(rope_utils.py:279-284 @ core_v0.16.1); the Megatron-LM 0.16.1 command line autoplan emits has no YaRN "
             "and runs the fused kernel, slightly faster than priced"]
+
+
+def fused_grouped_mlp(rt: Runtime | None, model: ModelSpec | None) -> bool:
+    """Whether the routed experts run Megatron-Core's fused grouped MLP (``FUSED_GLU_BWD_INPUT_READS``): the runtime
+    says so (the megatron target refuses it where TE would not fuse: ``MegatronProfile.check_runtime``) and the model
+    has routed experts."""
+    return rt is not None and rt.moe_fused_grouped_mlp and model is not None and model.num_experts > 0
 
 
 def mcore_glue(rt: Runtime | None, model: ModelSpec | None) -> bool:

@@ -20,6 +20,7 @@ from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
+from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -132,6 +133,9 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         if rt.moe_capacity_factor is not None:
             add("--moe-expert-capacity-factor", rt.moe_capacity_factor)
             add("--moe-pad-expert-input-to-capacity")
+        if rt.moe_fused_grouped_mlp:  # TE's fused grouped MLP (core_v0.18.0+ flags; its env rides Runtime.env)
+            add("--use-transformer-engine-op-fuser")
+            add("--moe-mlp-glu-interleave-size", FUSED_MLP_GLU_INTERLEAVE)
     if rt.cuda_graph_impl != "none":  # CUDA graphs (cost_models.targets.megatron.check_cuda_graphs cites the rules)
         add("--cuda-graph-impl", rt.cuda_graph_impl)
         if rt.cuda_graph_scope:  # none given: each whole layer (Megatron's default)
@@ -435,7 +439,10 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--grad-reduce-in-bf16", "--tp-comm-overlap", "--use-precision-aware-optimizer",
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
-                 "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate"]:
+                 "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
+                 # core_v0.18.0+: TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:2091,
+                 # argument_utils.py:101, :186)
+                 "--use-transformer-engine-op-fuser"]:
         p.add_argument(flag, action="store_true")
     for flag, default in [("--norm-epsilon", 1e-5), ("--attention-dropout", 0.1), ("--hidden-dropout", 0.1),
                           ("--rotary-percent", 1.0), ("--rope-scaling-factor", 8.0), ("--rotary-scaling-factor", 1.0),
@@ -462,6 +469,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"], default="allgather")
     p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"], default="deepep")
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    p.add_argument("--moe-mlp-glu-interleave-size", type=int, default=None)  # core_v0.18.0 transformer_config.py:868
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None, dest="fp8")
     p.add_argument("--fp4-format", choices=["e2m1"], default=None, dest="fp4")
     p.add_argument("--fp4-recipe", choices=["nvfp4", "custom"], default="nvfp4")
@@ -526,6 +534,11 @@ def notes(plan: EmitPlan) -> list[str]:
         out.append("the model states no load-balancing loss coefficient: emitted --moe-router-load-balancing-type none")
     if par.schedule == "zb-h1":
         out.append("schedule zb-h1: Megatron-LM has no ZB-H1 flag; emitted its default 1F1B")
+    rt = plan.runtime("megatron")
+    if rt.moe_fused_grouped_mlp:
+        out.append(f"moe_fused_grouped_mlp: --use-transformer-engine-op-fuser and --moe-mlp-glu-interleave-size "
+                   f"{FUSED_MLP_GLU_INTERLEAVE} are Megatron-LM core_v0.18.0+ flags (the run's megatron_core "
+                   f"{rt.megatron_core}), with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the launch environment")
     n_pos, seq = m.learned_position_embeddings, plan.job.seq_len
     if n_pos and seq > n_pos:
         out.append(f"learned position table: the model has {n_pos} positions and the job runs {seq}-token "

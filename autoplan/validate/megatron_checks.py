@@ -351,10 +351,30 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
     if ns.optimizer != "adam":
         rep.check("megatron-core: OptimizerConfig takes the emitted Muon arguments as autoplan priced them",
                   lambda: _check_optimizer(plan, ns))
-    from autoplan.validate.megatron_lm import checkout, skip_reason
+    from autoplan.validate.megatron_lm import checkout, checkout_version, skip_reason
 
     name = "Megatron-LM: argument validation and setup accept the emitted launch (mock data)"
-    if checkout() is None:
+    path = checkout()
+    if path is None:
         rep.skip(name, skip_reason())
+    elif (why := newer_flags_reason(plan, checkout_version(path))) is not None:
+        rep.skip(name, why)
     else:
         rep.check(name, lambda: _check_megatron_lm(plan, out))
+
+
+def newer_flags_reason(plan: EmitPlan, version: str | None) -> str | None:
+    """Why a Megatron-LM checkout of ``version`` cannot judge the emitted launch: it carries flags a later release
+    introduced (the fused grouped MLP's, core_v0.18.0: ``cost_models.targets.megatron.FUSED_MLP_SINCE``), or None."""
+    from cost_models.targets.common import CORE_RELEASES
+    from cost_models.targets.megatron import FUSED_MLP_SINCE
+
+    rt = plan.runtime("megatron")
+    if not rt.moe_fused_grouped_mlp:
+        return None
+    if version in CORE_RELEASES and CORE_RELEASES.index(version) >= CORE_RELEASES.index(FUSED_MLP_SINCE):
+        return None
+    return (f"the launch carries --use-transformer-engine-op-fuser / --moe-mlp-glu-interleave-size (knob "
+            f"moe_fused_grouped_mlp, megatron_core={rt.megatron_core}), flags from core_v{FUSED_MLP_SINCE}; the "
+            f"checkout is Megatron-Core {version or 'of unknown version'}: point MEGATRON_LM_PATH at a "
+            f"core_v{rt.megatron_core} checkout")

@@ -50,6 +50,20 @@ def checkout() -> Path | None:
     return p if (p / "megatron" / "training" / "arguments.py").is_file() else None
 
 
+def checkout_version(path: Path) -> str | None:
+    """The Megatron-Core release a checkout holds (``megatron/core/package_info.py`` MAJOR.MINOR.PATCH + PRE_RELEASE,
+    as its tags name it: 0.16.1, 0.17.0rc0), or None where the file does not say."""
+    import re
+
+    f = path / "megatron" / "core" / "package_info.py"
+    text = f.read_text() if f.is_file() else ""
+    parts = {k: m.group(1) for k in ("MAJOR", "MINOR", "PATCH", "PRE_RELEASE")
+             if (m := re.search(rf"^{k}\s*=\s*['\"]?([^'\"\n]*)['\"]?\s*$", text, re.M))}
+    if not all(k in parts for k in ("MAJOR", "MINOR", "PATCH")):
+        return None
+    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{parts.get('PRE_RELEASE', '')}"
+
+
 def skip_reason() -> str:
     path = os.environ.get(ENV_VAR)
     if not path:

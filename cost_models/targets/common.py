@@ -107,6 +107,11 @@ class Software(BaseModel):
     moe_capacity_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
         "token drop, every expert padded to C x its mean load")
+    moe_fused_grouped_mlp: bool | None = Field(
+        default=None, description="Megatron-Core's fused MoE grouped MLP (--use-transformer-engine-op-fuser "
+        "--moe-mlp-glu-interleave-size 32, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; megatron_core 0.18.0 or later): "
+        "Transformer Engine's CuTe DSL kernels run fc1 + GLU + MXFP8 quantize and fc2's dgrad + dGLU as one GEMM "
+        "each (Blackwell, fp8_recipe mxfp8)")
     expandable_segments: bool | None = Field(
         default=None, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment: the "
         "caching allocator returns its free pages before an out-of-memory (the reserve need not fit in HBM)")
@@ -158,8 +163,8 @@ class Software(BaseModel):
 KNOB_NAMES = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
-              "moe_force_balance", "moe_capacity_factor", "cross_entropy_fusion", "expandable_segments",
-              "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core", "bf16_layers",
+              "moe_force_balance", "moe_capacity_factor", "moe_fused_grouped_mlp", "cross_entropy_fusion",
+              "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core", "bf16_layers",
               "quant_recipe")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
@@ -201,6 +206,9 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # forced balance: ρ from Megatron's random logits or torchtitan's round robin (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
+    # Megatron-Core's fused grouped MLP (TE op fuser + CuTe DSL grouped GEMM-GLU kernels): the expert activation and
+    # the MXFP8 casts around it ride the GEMM epilogues (op_traffic.FUSED_GROUPED_MLP); the megatron target's knob
+    moe_fused_grouped_mlp: bool = False
     # HBM passes over the routed token copies a torch MoE makes beside its all-to-alls, ((dispatch with EP, without),
     # (combine with EP, without)), the score weighting apart (moe.permutation_passes); None = Megatron-Core's rule
     moe_passes: tuple[tuple[int, int], tuple[int, int]] | None = None

@@ -170,6 +170,22 @@ QUANT_RECIPE_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/
 COMMIT = "55ac7082"  # tag core_v0.16.1
 # The first Megatron-Core tag whose MambaModel builds multi-token prediction (model_runtime_error)
 HYBRID_MTP_SINCE = "0.17.0rc0"
+# Megatron-Core's fused MoE grouped MLP (knob ``moe_fused_grouped_mlp``): TransformerConfig.use_transformer_engine_op_fuser
+# and moe_mlp_glu_interleave_size first appear at tag core_v0.18.0 (transformer_config.py:465, :868; none at
+# core_v0.17.1), where TEGroupedMLP builds the TE op-fuser MLP (moe/experts.py:268-273, :374-530); Megatron-LM makes
+# them --use-transformer-engine-op-fuser / --moe-mlp-glu-interleave-size from the dataclass (training/arguments.py:2091
+# ArgumentGroupFactory(TransformerConfig), argument_utils.py:101 names, :186 store_true for a bool).
+FUSED_MLP_SINCE = "0.18.0"
+FUSED_MLP = ("core_v0.18.0 megatron/core/transformer/moe/experts.py:315-372 _is_fused_impl_supported; "
+             "TransformerEngine transformer_engine/pytorch/ops/fused/grouped_mlp.py @ d0067d0")
+# The GLU interleave TE's fused kernel requires (grouped_mlp.py:809-813 validate_grouped_mlp_dims) and Megatron-Bridge's
+# perf recipes set with it (scripts/performance/utils/overrides.py:238-240 @ v0.5.1), and the environment switch TE
+# reads (grouped_mlp.py:946 ``is_supported``; Megatron-Core requires it for a GLU from core_v0.19.0,
+# experts.py:398; Bridge's perf_plugins.py:308-309 @ v0.5.1 sets it)
+FUSED_MLP_GLU_INTERLEAVE = 32
+FUSED_MLP_ENV = ("NVTE_CUTEDSL_FUSED_GROUPED_MLP", "1")
+# TE's fused kernel takes fc1 / fc2 widths that are multiples of 64 (grouped_mlp.py:783-794); others run unfused
+FUSED_MLP_DIM_MULTIPLE = 64
 MLM = f"Megatron-LM megatron/training/arguments.py@{COMMIT}"
 MF = "megatron-core 0.16.1 megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py"
 TRAINING = f"Megatron-LM megatron/training/training.py@{COMMIT}"
@@ -245,6 +261,10 @@ class MegatronProfile(TargetProfile):
                                   f"{TC}:645-647 (--moe-router-force-load-balancing)"),
         "moe_capacity_factor": Knob("moe_capacity_factor", (), None,
                                     f"{TC}:690-698 (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity)"),
+        "moe_fused_grouped_mlp": Knob("moe_fused_grouped_mlp", (True, False), False,
+                                      f"{FUSED_MLP} (--use-transformer-engine-op-fuser --moe-mlp-glu-interleave-size "
+                                      f"{FUSED_MLP_GLU_INTERLEAVE}, {FUSED_MLP_ENV[0]}=1; megatron_core "
+                                      f"{FUSED_MLP_SINCE} or later)"),
         "expandable_segments": Knob("expandable_segments", (True, False), False,
                                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment "
                                     "(Megatron-LM sets none; megatron/core/distributed/distributed_data_parallel_config"
@@ -482,6 +502,8 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
                               f"does not pad experts to capacity ({TC}:1074-1081)",
                               valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
+        if rt.moe_fused_grouped_mlp and (err := self.fused_grouped_mlp_error(model, cluster, job, par, rt)) is not None:
+            raise err
         check_cuda_graphs(model, par, rt)
         bad = module_errors(model, par, rt.fp8_recipe)  # --recompute-modules (cost_models.recompute cites the code)
         if bad is not None:
@@ -492,6 +514,62 @@ class MegatronProfile(TargetProfile):
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
             raise ConfigError(f"fp8_recipe=mxfp8 runs on Blackwell only ({TC}:441); {cluster.gpu.name} is "
                               f"{cluster.gpu.generation}", valid=["delayed", "tensorwise", "blockwise"])
+
+    def fused_grouped_mlp_error(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                                rt: Runtime) -> ConfigError | None:
+        """Why the fused grouped MLP (knob ``moe_fused_grouped_mlp``) would not run as priced, or None. Megatron-Core
+        asserts ``_is_fused_impl_supported`` (core_v0.18.0 experts.py:268-271): TE >= 2.14, expert-TP 1, no
+        fine-grained offload of expert_fc1 / moe_act, probs not applied on the input, TE GroupedLinear fc1 / fc2, a
+        SwiGLU or quick-GeGLU (or a weighted squared ReLU) activation (:315-372). Transformer Engine then fuses only
+        on sm_100 (``get_device_compute_capability()[0] != 10``: grouped_mlp.py:948), under an MXFP8 or NVFP4 recipe
+        (:842), with fc1 / fc2 widths multiples of 64 (:783-794); elsewhere the op fuser runs its ops one by one.
+        autoplan prices the MXFP8 GLU kernels (op_traffic.FUSED_GLU_BWD_INPUT_READS): NVFP4 (a bf16 GLU output and a
+        separate grouped quantize, :1557-1590) and the squared-ReLU kernels are refused, as is ``moe_act`` recompute
+        (the fused op saves the fc1 output and fc2's input whatever it says: :1746-1806)."""
+        off = "moe_fused_grouped_mlp=false"
+        if not model.is_moe:
+            return ConfigError(f"moe_fused_grouped_mlp on {model.name}, a dense model: it fuses the routed experts' "
+                               f"grouped MLP ({FUSED_MLP})", valid=[off])
+        later = CORE_RELEASES[CORE_RELEASES.index(FUSED_MLP_SINCE):]
+        if rt.megatron_core not in later:
+            return ConfigError(f"moe_fused_grouped_mlp with megatron_core={rt.megatron_core}: "
+                               "--use-transformer-engine-op-fuser and --moe-mlp-glu-interleave-size first appear at "
+                               f"core_v{FUSED_MLP_SINCE} (transformer_config.py:465, :868); set the megatron_core knob "
+                               "to the release the run uses", valid=[f"megatron_core={v}" for v in later] + [off])
+        if self.expert_tensor_parallel != 1:
+            return ConfigError(f"moe_fused_grouped_mlp with expert_tensor_parallel_size={self.expert_tensor_parallel}: "
+                               "the fused grouped MLP runs without expert tensor parallelism (experts.py:330-331)",
+                               valid=["expert_tensor_parallel_size=1", off])
+        if cluster.gpu.generation != "blackwell":
+            return ConfigError(f"moe_fused_grouped_mlp on {cluster.gpu.name} ({cluster.gpu.generation}): Transformer "
+                               "Engine's CuTe DSL grouped MLP kernels run on sm_100 only (grouped_mlp.py:948 "
+                               "get_device_compute_capability()[0] != 10)", valid=["a Blackwell GPU (B200, GB200, "
+                                                                                   "B300, GB300)", off])
+        if job.precision != "fp8" or rt.fp8_recipe != "mxfp8":
+            what = f"fp8_recipe={rt.fp8_recipe}" if job.precision == "fp8" else f"precision {job.precision}"
+            return ConfigError(f"moe_fused_grouped_mlp with {what}: Transformer Engine fuses the grouped MLP under an "
+                               "MXFP8 or NVFP4 recipe only (grouped_mlp.py:842), and autoplan prices the MXFP8 "
+                               "kernels (NVFP4's GLU output is quantized by a separate grouped kernel, :1557-1590)",
+                               valid=["precision fp8 with fp8_recipe=mxfp8", off])
+        if not model.gated_mlp or model.arch.activation not in ("silu", "quick_gelu"):
+            act = (f"gated {model.arch.activation}" if model.gated_mlp else f"non-gated {model.arch.activation}")
+            return ConfigError(f"moe_fused_grouped_mlp on {model.name}'s {act} experts: Megatron-Core fuses SwiGLU and "
+                               "quick-GeGLU (or a weighted squared ReLU, whose kernels autoplan does not price) "
+                               "(experts.py:343-356)", valid=["a SwiGLU or quick-GeGLU MoE model", off])
+        widths = {"expert input (hidden)": model.expert_input_size,
+                  "moe_ffn_hidden_size": model.expert_ffn_hidden_size}
+        bad = {n: w for n, w in widths.items() if w % FUSED_MLP_DIM_MULTIPLE}
+        if bad:
+            n, w = next(iter(bad.items()))
+            return ConfigError(f"moe_fused_grouped_mlp on {model.name}: its {n} width {w} is not a multiple of "
+                               f"{FUSED_MLP_DIM_MULTIPLE}; Transformer Engine's fused kernel refuses it and runs the ops "
+                               "one by one (grouped_mlp.py:783-794 validate_grouped_mlp_dims)", valid=[off])
+        if par.recompute == "selective" and par.recompute_modules is not None and "moe_act" in par.recompute_modules:
+            return ConfigError("moe_fused_grouped_mlp with recompute_modules moe_act: the fused op saves the fc1 "
+                               "output and fc2's input whatever the checkpoint asks (grouped_mlp.py:1746-1806), which "
+                               "autoplan does not price", valid=[m for m in par.recompute_modules if m != "moe_act"]
+                               + [off])
+        return None
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
@@ -534,6 +612,8 @@ class MegatronProfile(TargetProfile):
             # MLM:925-953 (TP/CP before Blackwell, no FSDP: MLM:687; the EP all-to-all overlap wants more
             # connections: only a warning there, MLM:940-948)
             env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
+        if k.get("moe_fused_grouped_mlp", False):  # TE fuses only with it (FUSED_MLP_ENV)
+            env += (FUSED_MLP_ENV,)
         if k.get("expandable_segments", False):
             env += (EXPANDABLE_SEGMENTS_ENV,)
             # MLM:1247-1253 (illegal memory access otherwise); the local graphs assert it before Blackwell
@@ -587,6 +667,7 @@ class MegatronProfile(TargetProfile):
             moe_a2a_overlap=k.get("moe_a2a_overlap", cluster.efficiency.moe_a2a_overlap),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
             moe_capacity_factor=k.get("moe_capacity_factor"),
+            moe_fused_grouped_mlp=bool(k.get("moe_fused_grouped_mlp", False)),
             cuda_graph_impl=k.get("cuda_graph_impl", "none"),
             cuda_graph_scope=tuple(k.get("cuda_graph_scope", ())),
             megatron_core=k.get("megatron_core", "0.16.1"),
