@@ -125,8 +125,15 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # the same 78 at main 8.7%, worst 36.1 -> 36.8%, mb26.02.01 Qwen3-235B B300 -36.1 -> -36.8%); ep_overlap 13.3 -> 13.8%
 # (the hybridep arm, ep 16: 8 local experts, +13.5 -> +15.7%: below ~14 local experts the new fit issues more);
 # hybrid MTP rows 23.8% -> 20.5%, worst 49.1 -> 34.8% (Super B300, 64 local experts: 29.4 -> 26.0 ms per layer).
-GUARDS = {"more_runs.json": (0.103, 0.610), "more_runs_bridge2.json": (0.086, 0.368),
-          "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.251, 0.529),
+# s12-fusedmlp: the 24 rows whose Bridge recipe sets cutedsl_fused_grouped_mlp run the megatron knob
+# moe_fused_grouped_mlp (TE's fused grouped MLP: the act pass and the casts' bf16 reads in the GEMM epilogues):
+# Qwen3 13 rows 9.4% -> 6.2%, DeepSeek-V3 5 rows 16.1% -> 14.4% (all still over-predicted); more_runs.json 10.3% ->
+# 10.2%, bridge2 8.6% -> 8.2%. GPT-OSS's 6 MXFP8 rows -9.8% -> -33.4% (mean signed): the fused op also drops
+# Megatron-Core's eager clamp and per-expert fc2 bias (op_traffic.MCORE_EXPERT_*), which these rows were priced
+# with though their recipe bypasses that code; they join the file's BF16 rows (-28..-35%, still with the glue):
+# the file 25.1% -> 28.7%, worst 52.9% -> 53.3% (mb26.06.01 GPT-OSS GB200, measured 1.6x its 26.06 twin).
+GUARDS = {"more_runs.json": (0.102, 0.610), "more_runs_bridge2.json": (0.082, 0.368),
+          "more_runs_torchtitan.json": (0.183, 0.550), "more_runs_gptoss.json": (0.287, 0.533),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.138, 0.257),
           "more_runs_torchtitan_moe.json": (0.202, 0.240)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
