@@ -175,7 +175,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,
-                                     rt.moe_fused_grouped_mlp,  # op_traffic.fused_grouped_mlp
+                                     rt.moe_fused_grouped_mlp, rt.megatron_core,  # op_traffic.fused_grouped_mlp
                                      rt.target, rt.tp_gather_bytes,
                                      rt.tp_grad_gather_bytes,  # these two: torchao_cast_after_gather
                                      rt.module_precision)  # quant_layout.op_job

@@ -198,3 +198,15 @@ def test_heldout_rows_of_recipes_with_cutedsl_fused_grouped_mlp() -> None:
     assert "fp8_dot_product_attention" in fused["mb26.06.01_DeepSeekV3_gb300_256gpu_MXFP8"]["unpriced"]
     assert "unpriced" not in fused["mb26.06.01_DeepSeekV3_gb200_256gpu_MXFP8"]  # its only unpriced item
     assert not [cid for cid, c in rows.items() if "cutedsl_fused_grouped_mlp" in c.get("unpriced", "")]
+
+
+def test_the_compute_key_holds_what_the_fused_pricing_reads() -> None:
+    """layer_compute's cache key (op_cost.layer_compute_key) changes with the knob and, under it, with the release
+    (core_v0.19.0's scaled fc2 bias), as the compute part does."""
+    from cost_models.op_cost import layer_compute, layer_compute_key
+
+    model, cluster, graph, rt = _layer("gpt-oss-120b")
+    for other in (replace(rt, moe_fused_grouped_mlp=False), replace(rt, megatron_core="0.19.0")):
+        assert layer_compute_key(PAR, other) != layer_compute_key(PAR, rt)
+        assert layer_compute(graph, model, cluster, JOB, PAR, other) != layer_compute(graph, model, cluster, JOB,
+                                                                                      PAR, rt)

@@ -27,6 +27,7 @@ RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss"
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
           "mcore_expert_glue", "moe_dispatcher",  # GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
           "mcore_yarn_unfused_rope",  # YaRN's op-by-op RoPE (op_traffic.MCORE_UNFUSED_ROTARY_BYTES)
+          "moe_fused_grouped_mlp", "megatron_core",  # the fused grouped MLP (op_traffic.FUSED_GLU_BWD_INPUT_READS)
           "tp_gather_bytes", "tp_grad_gather_bytes"}  # a torchao cast after a bf16 TP all-gather runs unfused
 
 
