@@ -133,7 +133,7 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # with though their recipe bypasses that code; they join the file's BF16 rows (-28..-35%, still with the glue):
 # the file 25.1% -> 28.7%, worst 52.9% -> 53.3% (mb26.06.01 GPT-OSS GB200, measured 1.6x its 26.06 twin).
 # s12-data: more_runs_bridge_cards.json, Megatron-Bridge's model verification cards (card.yaml @ cc59a637a): 11 rows
-# priced as they came, 8 outside the hybrid MTP guard at 23.7% / 61.1% (the worst: GPT-OSS-120B's real-data
+# priced as they came (6 more listed unpriced), 8 outside the hybrid MTP guard at 23.7% / 61.1% (the worst: GPT-OSS-120B's real-data
 # functional run on 64 H100, -61.1%; its GB200 BF16 performance run -40.9%, as the table rows of more_runs_gptoss.json);
 # its 3 Nemotron 3 Super rows join the hybrid MTP rows: 20.5% -> 19.4% on 34 (worst unchanged).
 GUARDS = {"more_runs.json": (0.102, 0.610), "more_runs_bridge2.json": (0.082, 0.368),
@@ -359,9 +359,11 @@ def test_bridge_card_rows_run_their_recipes_routing(heldout) -> None:
 
     cases, rules = fidelity.load_cases(fidelity.DATA / "more_runs_bridge_cards.json")
     assert not fidelity.calibration_groups(rules) and not fidelity.host_calibration_groups(rules)
-    assert len(cases) == 11 and all("card.yaml" in c["source"] for c in cases)
+    assert len(cases) == 17 and all("card.yaml" in c["source"] for c in cases)
+    skipped = {cid for cid, _ in fidelity.skipped_cases(fidelity.DATA / "more_runs_bridge_cards.json")}
+    assert len(skipped) == 6  # GLM-5.2 (DSA), DeepSeek-V4 Flash, the Qwen3.6 / 3.8 Gated-DeltaNet VLM jobs
     seen = set()
-    for c in cases:
+    for c in (c for c in cases if c["id"] not in skipped):
         run = resolve_run(fidelity.to_run(c, rules))
         rt = runtime_for(run.target, run.job, run.cluster_with(), run.parallel, run.knobs)
         if run.model.num_experts:
