@@ -306,8 +306,11 @@ def _efficiency_key(target: str) -> str | None:
     """The efficiency set a target's cluster takes (``target_efficiency``); None: the generation's. Targets that
     share a set share resolved specs and scorers."""
     from autoplan.catalog.cluster import target_efficiency
-    from cost_models.targets import framework_of
-    return framework_of(target) if target_efficiency(target) else None
+    from cost_models.targets import framework_of, sdpa_cudnn_first
+    if not target_efficiency(target):
+        return None
+    cudnn = sdpa_cudnn_first(target)  # profiles of one set differ in the attention kernel they run
+    return f"{framework_of(target)}/cudnn:{','.join(cudnn)}" if cudnn else framework_of(target)
 
 
 def _job_key(req: SearchRequest | EstimateRequest) -> str:

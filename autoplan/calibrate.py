@@ -383,9 +383,14 @@ def on_gpu(eff: Efficiency, run: ResolvedRun) -> Efficiency:
     (gpus.yaml ``gpu_efficiency``, e.g. MI325X's sustained-clock GEMM ratio to MI300X), as ``build_cluster`` resolves
     a cluster. ``fit_joint`` fits generation values; a run on a GPU with such an entry sees them through it. The
     entry's ratios and a framework's multiply, and their absolute fields are disjoint, so applying the GPU's entry
-    after the framework's gives what the catalog's order (GPU, then framework) gives."""
+    after the framework's gives what the catalog's order (GPU, then framework) gives. The run's target profile's
+    kernel facts on its generation (``cluster.target_kernel_fields``: cuDNN SDPA where the profile runs it) last."""
+    from autoplan.catalog.cluster import target_kernel_fields
+
     own = gpu_efficiency(run.cluster.gpu.name)
-    return _over(eff, own) if own else eff
+    eff = _over(eff, own) if own else eff
+    kernel = target_kernel_fields(run.target, run.cluster.gpu.generation)
+    return eff.model_copy(update=kernel) if kernel else eff
 
 
 def framework_entry(values: dict[str, float], base: Efficiency, ndigits: int | None = None) -> dict[str, Any]:

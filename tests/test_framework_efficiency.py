@@ -7,7 +7,8 @@ import pytest
 
 from autoplan import api
 from autoplan.calibrate import MeasuredRun, resolve_run
-from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu
+from autoplan.catalog.cluster import target_kernel_fields
+from autoplan.catalog.registry import efficiency_for_gpu, framework_efficiency, load_gpu, resolve_over
 from autoplan.emit.plan import priced_software
 from autoplan.request import ClusterRequest
 from cost_models.targets import PROFILES, framework_of
@@ -35,7 +36,9 @@ def test_cluster_resolves_the_framework_parameters_then_the_profile() -> None:
     req = ClusterRequest(gpu="h100-sxm", num_gpus=8)
     base, tt = req.resolve(), req.resolve("torchtitan")
     entry = framework_efficiency("torchtitan")
-    for field, value in entry.items():
+    kernel = target_kernel_fields("torchtitan", "hopper")  # 0.3.0 runs cuDNN SDPA on H100: attention_fa2 off
+    assert kernel == {"attention_fa2": False}
+    for field, value in {**entry, **kernel}.items():
         if field != "scale":
             assert getattr(tt.efficiency, field) == value
     for field, ratio in entry["scale"].items():
@@ -193,3 +196,46 @@ def test_the_generation_fit_sees_a_gpus_own_facts(gpu: str) -> None:
     run = resolve_run(MeasuredRun(**{**CASE, "cluster": {"gpu": gpu, "num_gpus": 64}}, measured_step_time_s=1.0))
     res = fit_joint([run], efficiency_for(load_gpu(gpu).generation), fields=(), fw_fields=())
     assert res.mape_before == pytest.approx(abs(run.predict() - 1.0), rel=1e-12)
+
+
+def test_torchtitan_runs_cudnn_attention_where_its_profile_puts_it_first() -> None:
+    """torchtitan's SDPA wrapper puts CUDNN_ATTENTION first (sdpa_kernel(set_priority=True)) on sm100 from 3b85aa31f
+    (2025-05-14; models/attention.py:204-211 @ 6fc499f6, the B200 torchao run's commit) and on every CUDA GPU from
+    6a3a9da95 (2025-10-09; 0.3.0): there the attention core is priced at the generation's cuDNN figure, 1/FA2_VS_CUDNN
+    = 1/0.62 as fast as the FlashAttention-2 its 2024-12 runs (flash first: H100) and every ROCm build (no cuDNN)
+    run. The held-out B200 group states no attention_fa2 of its own: the profile decides."""
+    from autoplan.calibrate import on_gpu
+    from autoplan.catalog.registry import efficiency_for
+    from cost_models.gemm import attention_time_s
+    from cost_models.specs import FA2_VS_CUDNN
+
+    def cluster(gpu: str, target: str):
+        return ClusterRequest(gpu=gpu, num_gpus=8).resolve(target)
+
+    fa2 = {(g, t): cluster(g, t).efficiency.attention_fa2 for g in ("b200", "gb300", "h100-sxm", "mi300x")
+           for t in ("torchtitan-2024-12", "torchtitan-2025-08", "torchtitan")}
+    assert fa2 == {("b200", "torchtitan-2024-12"): True, ("b200", "torchtitan-2025-08"): False,
+                   ("b200", "torchtitan"): False, ("gb300", "torchtitan-2024-12"): True,
+                   ("gb300", "torchtitan-2025-08"): False, ("gb300", "torchtitan"): False,
+                   ("h100-sxm", "torchtitan-2024-12"): True, ("h100-sxm", "torchtitan-2025-08"): True,
+                   ("h100-sxm", "torchtitan"): False, ("mi300x", "torchtitan-2024-12"): True,
+                   ("mi300x", "torchtitan-2025-08"): True, ("mi300x", "torchtitan"): True}
+    old, new = cluster("b200", "torchtitan-2024-12"), cluster("b200", "torchtitan-2025-08")
+    assert attention_time_s(1e12, new) == pytest.approx(attention_time_s(1e12, old) * FA2_VS_CUDNN, rel=1e-12)
+    # the fit's view of a run (generation + framework entry, then calibrate.on_gpu) sees the same kernel
+    run = resolve_run(MeasuredRun(**{**CASE, "cluster": {"gpu": "b200", "num_gpus": 64}}, measured_step_time_s=1.0,
+                                  target="torchtitan-2025-08", knobs={"compile": True}))
+    eff = efficiency_for("blackwell")
+    assert on_gpu(eff.model_copy(update=resolve_over(eff, framework_efficiency("torchtitan"))), run).attention_fa2 is False
+    # targets of one efficiency set that run different attention kernels do not share resolved specs
+    assert api._efficiency_key("torchtitan-2025-08") != api._efficiency_key("torchtitan-2024-12")
+    cases, rules = load_cases_heldout()
+    assert "attention_fa2" not in rules["groups"]["torchao_mx_b200_2025_08"]["software"]
+
+
+def load_cases_heldout():
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/data/more_runs_torchtitan.json").read_text())
+    return data["cases"], {"groups": data["groups"]}

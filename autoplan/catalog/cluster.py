@@ -55,16 +55,28 @@ def load_profile(path: str | Path) -> ClusterProfile:
     return _read_profile(str(resolved), resolved.stat().st_mtime_ns, str(path))
 
 
-def target_efficiency(target: str | None) -> dict[str, Any]:
+def target_efficiency(target: str | None, generation: str | None = None) -> dict[str, Any]:
     """The Efficiency fields ``target`` sets over its GPU's, as gpus.yaml ``frameworks`` writes them (``scale``:
     ratios to the GPU's value; ``registry.resolve_over`` applies them): the set its profile names
-    (``cost_models.targets.framework_of``, i.e. ``TargetProfile.efficiency_set``).
+    (``cost_models.targets.framework_of``, i.e. ``TargetProfile.efficiency_set``); on a ``generation`` where the
+    profile's attention call puts cuDNN first (``TargetProfile.sdpa_cudnn_first``), ``attention_fa2`` off: SDPA
+    runs cuDNN's kernel there, the one the generation's ``attention`` figure measures.
     ``None``/``any``/a runtime without a profile: none (the generation's, fitted on Megatron-Core runs). Lives here,
     not in cost_models, because the numbers are catalog data (ARCHITECTURE.md: cost_models loads no YAML)."""
     from cost_models.targets import framework_of
 
     name = framework_of(target)
-    return framework_efficiency(name) if name else {}
+    fields = framework_efficiency(name) if name else {}
+    return {**fields, **target_kernel_fields(target, generation)} if fields else fields
+
+
+def target_kernel_fields(target: str | None, generation: str | None) -> dict[str, Any]:
+    """Efficiency facts of the kernel ``target``'s profile runs on a GPU ``generation``, over its framework set:
+    ``attention_fa2`` off where its attention call puts cuDNN SDPA first (``TargetProfile.sdpa_cudnn_first``).
+    The one rule ``build_cluster`` (through ``target_efficiency``) and the fit's view (``calibrate.on_gpu``) apply."""
+    from cost_models.targets import sdpa_cudnn_first
+
+    return {"attention_fa2": False} if generation in sdpa_cudnn_first(target) else {}
 
 
 def job_nvlink_domain(rack: int, node: int, num_gpus: int) -> int:
@@ -101,7 +113,7 @@ def build_cluster(
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise UserInputError(f"num_gpus ({num_gpus!r}) must be a positive integer")
     efficiency = efficiency_for_gpu(spec.name)
-    overrides = target_efficiency(target)
+    overrides = target_efficiency(target, spec.generation)
     if overrides:  # the framework's ratios apply to this GPU's own values (its generation's and its own facts)
         efficiency = efficiency.model_copy(update=resolve_over(efficiency, overrides))
     prof = load_profile(profile) if profile is not None else ClusterProfile(gpu=spec.name)

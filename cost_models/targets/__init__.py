@@ -95,5 +95,12 @@ def framework_of(target: str | None) -> str | None:
     return prof.efficiency_set if prof is not None else None
 
 
-__all__ = ["DEEPSEEK", "framework_of", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+def sdpa_cudnn_first(target: str | None) -> tuple[str, ...]:
+    """The GPU generations on which ``target``'s attention runs cuDNN fused attention ahead of SDPA's
+    FlashAttention-2 (``TargetProfile.sdpa_cudnn_first``); () for ``any``, no target or a reference runtime."""
+    prof = REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+    return tuple(prof.sdpa_cudnn_first) if prof is not None else ()
+
+
+__all__ = ["DEEPSEEK", "framework_of", "sdpa_cudnn_first", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
            "Software", "TargetName", "TargetProfile", "get_profile"]

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cost_models.errors import ConfigError, divisors
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, MoeDispatcher, ParallelConfig
+from cost_models.specs import ClusterSpec, Generation, JobSpec, ModelSpec, MoeDispatcher, ParallelConfig
 
 TargetName = Literal["megatron", "torchtitan", "fsdp2"]
 Selective = Literal["attention", "op_sac", "cheap"]
@@ -366,6 +366,13 @@ class TargetProfile:
     # fitted on that framework's published runs) this target's kernels run with. The profile names the set; the
     # numbers are catalog data (``autoplan.catalog.cluster.target_efficiency`` reads them: cost_models loads no YAML).
     efficiency_set: str = ""
+    # GPU generations on which the stack's attention call puts cuDNN fused attention first in PyTorch's SDPA
+    # dispatch (``sdpa_kernel(backends, set_priority=True)``; sdp_utils.cpp ``select_sdp_backend`` runs the first
+    # backend whose checks pass, and cuDNN SDPA's pass for causal bf16 head-dim-128 attention on sm80-sm121,
+    # ``check_cudnn_hardware_support``). There SDPA runs cuDNN's kernel, priced at the generation's ``attention``
+    # figure (itself a cuDNN measurement), not at FlashAttention-2's ``FA2_VS_CUDNN`` share of it (the framework
+    # set's ``attention_fa2``): ``autoplan.catalog.cluster.target_efficiency``. ROCm builds have no cuDNN backend.
+    sdpa_cudnn_first: tuple[Generation, ...] = ()
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     zero_stages: tuple[int, ...] = (0, 1, 3)  # search order
     cp_comm_types: tuple[str, ...] = ("p2p",)

@@ -66,6 +66,11 @@ class Torchtitan2025Profile(TorchtitanProfile):
                                 "(tensorwise, rowwise, rowwise_with_gw_hp); 0.3.0: components/quantization/float8.py:58, "
                                 "mx.py:70")}
     fsdp_head_unit: FsdpHeadUnit = "root"
+    # 3b85aa31f (2025-05-14, "Use cudnn backend on B200", #1196): models/attention.py ScaledDotProductAttention puts
+    # CUDNN_ATTENTION first under ``sdpa_kernel(..., set_priority=True)`` where ``has_cuda_capability(10, 0)``
+    # (sm100+: B200/GB200/B300/GB300), flash first elsewhere (models/attention.py:204-211 @ 6fc499f6, 2025-08-14;
+    # the same at 2c8b5947). The window's H100 runs are FlashAttention-2; a B200 run before 2025-05-14 would be too.
+    sdpa_cudnn_first = ("blackwell",)
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
@@ -91,6 +96,9 @@ class Torchtitan2024Profile(Torchtitan2025Profile):
     @ 9dec370 ``apply_fsdp``: each block, then ``fully_shard(model)``)."""
 
     version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
+    # models/llama/model.py:209 @ 9dec370 calls F.scaled_dot_product_attention in torch's own order: flash first, cuDNN
+    # last since torch 2.5.1 (pytorch#138522): FlashAttention-2 (the framework set's attention_fa2)
+    sdpa_cudnn_first = ()
     knobs = {**Torchtitan2025Profile.knobs,
              "fp8_recipe": Knob("fp8_recipe", Torchtitan2025Profile.knobs["fp8_recipe"].values, "rowwise",
                                 "torchtitan 2024-12 torchtitan/float8.py: torchao tensorwise dynamic scaling; "

@@ -56,6 +56,11 @@ TORCHTITAN_MOE_PASSES = ((2, 1), (2, 1))
 class TorchtitanProfile(TargetProfile):
     name = "torchtitan"
     efficiency_set = "torchtitan"
+    # models/common/attention.py ScaledDotProductAttention: ``sdpa_backends = [CUDNN_ATTENTION, FLASH_ATTENTION,
+    # MATH]`` under ``sdpa_kernel(..., set_priority=True)`` on every GPU (since 6a3a9da95, 2025-10-09, "Refactor
+    # attention": models/attention.py:89-93 there; unchanged through the mirror's head b5bcd76c6, 2026-08-21,
+    # models/common/attention.py:388-393). Volta runs the unfused path (cuDNN SDPA needs sm80); ROCm has no cuDNN.
+    sdpa_cudnn_first = ("ampere", "hopper", "blackwell")
     # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
     hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
     optimizer_refusal = ("torchtitan 0.3.0's Muon is DistMuon (torchtitan/distributed/flex_shard/dist_muon.py, factory "
