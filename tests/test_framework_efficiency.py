@@ -220,6 +220,9 @@ def test_torchtitan_runs_cudnn_attention_where_its_profile_puts_it_first() -> No
                    ("h100-sxm", "torchtitan-2024-12"): True, ("h100-sxm", "torchtitan-2025-08"): True,
                    ("h100-sxm", "torchtitan"): False, ("mi300x", "torchtitan-2024-12"): True,
                    ("mi300x", "torchtitan-2025-08"): True, ("mi300x", "torchtitan"): True}
+    # plain FSDP2 on torch 2.13: torch's own order prefers cuDNN on sm90/sm100 (cuDNN > 9.15.0), flash on A100
+    assert [cluster(g, "fsdp2").efficiency.attention_fa2 for g in ("a100-80g", "h100-sxm", "b200", "mi300x")] == [
+        True, False, False, True]
     old, new = cluster("b200", "torchtitan-2024-12"), cluster("b200", "torchtitan-2025-08")
     assert attention_time_s(1e12, new) == pytest.approx(attention_time_s(1e12, old) * FA2_VS_CUDNN, rel=1e-12)
     # the fit's view of a run (generation + framework entry, then calibrate.on_gpu) sees the same kernel

@@ -29,6 +29,12 @@ class FSDP2Profile(TargetProfile):
     optimizer_refusal = ("the fsdp2 target prices torch FSDP2's fp32 sharded parameters with Adam (8 B of moments); "
                          "its launch leaves the optimizer to the user's loop and autoplan prices no Muon there")
     efficiency_set = "fsdp2"
+    # The model's own F.scaled_dot_product_attention in torch's default order: cuDNN first on sm90 / sm100 / sm103
+    # when the runtime cuDNN is newer than 9.15.0 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+    # ``check_prefer_cudnn_attention``: ``cudnn_version > 91500 && (major == 9 || major == 10)``, minor 0 or 3 on CUDA
+    # 12 builds; pytorch#162073 2025-09, gated to cuDNN 9.15.1 by #171627 2026-01), which the cu128 / cu13 wheels ship
+    # since pytorch#172680 / #171189. A100 keeps flash (FlashAttention-2) first.
+    sdpa_cudnn_first = ("hopper", "blackwell")
     version = "torch 2.13 FSDP2 + DTensor (autoplan_parallelize.py)"
     schedules = ("1f1b", "interleaved")
     zero_stages = (3,)
