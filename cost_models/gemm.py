@@ -79,8 +79,8 @@ def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
     """Flash-attention core (always bf16 here): FLOPs at the attention efficiency (cuDNN / TE fused attention;
     FlashAttention-2 at ``FA2_VS_CUDNN`` of it where the stack runs that kernel)."""
     eff = cluster.efficiency
-    return (flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * (FA2_VS_CUDNN if eff.attention_fa2 else 1.0))
-            * straggler_pace(cluster))
+    fa2 = FA2_VS_CUDNN if eff.attention_fa2 and not eff.attention_measures_fa2 else 1.0
+    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * fa2) * straggler_pace(cluster)
 
 
 def hbm_time_s(nbytes: float, cluster: ClusterSpec) -> float:

@@ -736,6 +736,9 @@ class Efficiency(_Frozen):
                            "cost_models/op_traffic.py EAGER_*)")
     attention_fa2: bool = Field(default=False, description="the fused attention is FlashAttention-2 (PyTorch SDPA's "
                                 "flash backend) rather than cuDNN / Transformer Engine fused attention: × FA2_VS_CUDNN")
+    attention_measures_fa2: bool = Field(default=False, description="the generation's ``attention`` figure is itself "
+                                         "FlashAttention-2's (not a cuDNN measurement): a stack running FA2 takes it "
+                                         "as it is, without × FA2_VS_CUDNN")
     flash_attention: bool = Field(default=True, description="fused attention kernel; false = the unfused path (QKᵀ "
                                   "and AV as batched GEMMs over the full s×s scores, softmax/dropout through HBM)")
     attention_half_keys: float | None = Field(default=None, gt=0, description="keys per query at which the fused "

@@ -242,3 +242,21 @@ def load_cases_heldout():
 
     data = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/data/more_runs_torchtitan.json").read_text())
     return data["cases"], {"groups": data["groups"]}
+
+
+def test_fa2_stack_on_ampere_takes_the_fa2_figure_once() -> None:
+    """Ampere's ``attention`` is a FlashAttention-2 prior (Dao 2023 §4.1, ``attention_measures_fa2``): a PyTorch
+    stack running SDPA's FA2 there (fsdp2 on A100: flash first) is priced at it, not at FA2_VS_CUDNN (a Hopper
+    FA2/cuDNN ratio) of it again; on Hopper, whose figure is cuDNN's, the ratio still applies to an FA2 stack."""
+    from cost_models.gemm import attention_time_s
+    from cost_models.specs import FA2_VS_CUDNN
+
+    a100 = ClusterRequest(gpu="a100-80g", num_gpus=8)
+    fsdp2, megatron = a100.resolve("fsdp2"), a100.resolve("megatron")
+    assert fsdp2.efficiency.attention_fa2 and fsdp2.efficiency.attention_measures_fa2
+    assert attention_time_s(1e12, fsdp2) == pytest.approx(attention_time_s(1e12, megatron), rel=1e-12)
+    h100 = ClusterRequest(gpu="h100-sxm", num_gpus=8)
+    old = h100.resolve("torchtitan-2024-12")  # flash first on H100: FA2 below the cuDNN figure
+    assert not old.efficiency.attention_measures_fa2
+    assert attention_time_s(1e12, old) == pytest.approx(attention_time_s(1e12, h100.resolve("megatron")) / FA2_VS_CUDNN,
+                                                        rel=1e-12)
