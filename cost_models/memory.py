@@ -310,6 +310,30 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
     return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba) for op in graph.ops)
 
 
+# Selective modules whose checkpoint wraps a whole block (cost_models.recompute): ``mlp`` and ``shared_experts``
+# (tensor_parallel.checkpoint / te_checkpoint) and ``moe`` (the whole MoE layer, moe_layer.py:694-708 @ core_v0.19.0).
+_BLOCK_MODULES = frozenset({"mlp", "moe", "shared_experts"})
+
+
+def block_recompute_transient_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig,
+                                    graphs: dict[str, LayerGraph], runtime: Runtime, kinds: set[str]) -> float:
+    """What one layer's backward holds beyond its kept activations while a block-wide selective checkpoint (``mlp``,
+    ``moe``, ``shared_experts``) re-runs: ``CheckpointFunction.backward`` runs the block's forward again with grad
+    enabled and backpropagates through it (megatron/core/tensor_parallel/random.py ``CheckpointFunction.backward`` @
+    core_v0.19.0), so every tensor the block saves exists at once for that one layer and micro-batch (for ``moe``:
+    the dispatched tokens, the experts' fc1 output, padded to capacity under drop-and-pad), as under full recompute
+    (``stage_memory``'s transient). The finer modules inside the block (``moe_act``, ``layernorm``) still discard
+    theirs. The largest over the stage's layer kinds; 0 without such a module."""
+    modules = modules_in_effect(par, runtime)
+    if modules is None or not modules & _BLOCK_MODULES:
+        return 0.0
+    rest = tuple(m for m in (par.recompute_modules or ()) if m not in _BLOCK_MODULES)
+    rerun = par.model_copy(update={"recompute_modules": rest})  # model_copy: an empty tuple stays "selective"
+    return max((activation_bytes_per_microbatch(graphs[k], model, job, rerun, runtime)
+                - activation_bytes_per_microbatch(graphs[k], model, job, par, runtime)
+                for k in kinds if k in graphs), default=0.0)
+
+
 def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:
     """What a layer keeps under full recompute: its bf16 input, ÷ cp, ÷ t with sequence parallelism."""
     sp = par.sequence_parallel and par.tp > 1
@@ -348,9 +372,14 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
             total += 2.0 * cp_a2a_widths(mamba, t, par.cp)[0] * tokens
             continue
         div = (tp_divisor(t, s.heads) if s.split == "tp" else t) if (s.split == "tp" or sp) else 1
+        b = s.bytes_per_token
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
-        b = s.bytes_per_token
+            if runtime.moe_capacity_factor is not None and op.tokens_factor > 1:
+                # drop-and-pad: every rank's experts receive ceil(T·k/E·c) rows from each source rank, padding
+                # included (moe.moe_load_imbalance; token_dispatcher.py:1105-1119 _HybridEPManager.setup_metadata
+                # ``num_permuted_tokens = capacity · ep · local experts`` @ core_v0.19.0): c × the routed copies
+                b *= runtime.moe_capacity_factor
         if op.kind == "loss":
             b *= runtime.loss_bytes_per_logit / GRAPH_LOSS_BYTES_PER_LOGIT
         elif quantized and op.kind in ("matmul", "experts") and s.tensor in op.inputs:
@@ -489,6 +518,11 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         full = par.model_copy(update={"recompute": "none"})
         kinds = model_kinds(model) if model.is_hybrid else ["dense"]  # a hybrid stack: its largest layer kind
         transient += max(activation_bytes_per_microbatch(graphs[k], model, job, full, runtime) for k in kinds)
+    elif n:  # a block-wide selective checkpoint re-run: the stage's layer kinds (+ its MTP blocks')
+        kinds_here = {layer_kind(model, i) for i in ids}
+        if model.arch.mtp_layers and stage == mtp_at:
+            kinds_here |= set(mtp_block_kinds(model))
+        transient += block_recompute_transient_bytes(model, job, par, graphs, runtime, kinds_here)
     head = 0.0
     if last or (dual and first):
         head = activation_bytes_per_microbatch(graphs["head"], model, job, par, runtime)
