@@ -14,7 +14,7 @@ from cost_models.layer_cost import layer_cost
 from cost_models.op_cost import op_compute
 from cost_models.memory import activation_bytes_per_microbatch, graphs_for
 from cost_models.specs import JobSpec, ParallelConfig
-from cost_models.targets import runtime_for
+from cost_models.targets import Software, runtime_for
 from tests.cli_emit import emitted_megatron_args
 
 JOB = JobSpec(global_batch_size=2048, seq_len=4096)
@@ -132,3 +132,32 @@ def test_refusals(args: list[str], match: str) -> None:
     assert "Traceback" not in res.output
     import re
     assert re.search(match, res.output), res.output
+
+
+def test_moe_module_rerun_holds_the_layer_once_padded_to_capacity() -> None:
+    """The backward of a ``moe``-checkpointed layer re-runs its forward with grad (CheckpointFunction.backward): the
+    stage's peak holds that layer's saved tensors once (``memory.block_recompute_transient_bytes``), the expert rows
+    padded to capacity under drop-and-pad (``_HybridEPManager.setup_metadata``: capacity · ep · local experts)."""
+    from cost_models.memory import block_recompute_transient_bytes, op_activation_bytes
+
+    model, cluster, graphs = _setup("deepseek-v3", "h100-sxm", 256)
+    g = graphs["moe"]
+    par = _par(recompute_modules=("moe_act", "moe", "core_attn"))
+    rt = runtime_for("megatron", JOB, cluster, par)
+    rerun = _par(recompute_modules=("moe_act", "core_attn"))
+    layer = activation_bytes_per_microbatch(g, model, JOB, rerun, rt) - activation_bytes_per_microbatch(
+        g, model, JOB, par, rt)
+    assert layer > 0.1 * 2**30
+    assert block_recompute_transient_bytes(model, JOB, par, graphs, rt, {"dense", "moe"}) == pytest.approx(layer)
+    assert block_recompute_transient_bytes(model, JOB, _par(), graphs, rt, {"dense", "moe"}) == 0.0
+    dense_1 = estimate(model, cluster, JOB, _par(recompute_modules=("moe_act", "core_attn")), target="megatron")
+    dense_2 = estimate(model, cluster, JOB, par, target="megatron")
+    assert dense_2.memory_gib["transients"] == pytest.approx(layer / 2**30, rel=1e-9)
+    assert dense_1.memory_gib["transients"] == 0.0
+    # capacity padding: every routed row × c, the rest unchanged
+    padded = runtime_for("megatron", JOB, cluster, rerun, Software(moe_capacity_factor=1.1))
+    for op in g.ops:
+        a = op_activation_bytes(op, JOB, rerun, rt, g)
+        b = op_activation_bytes(op, JOB, rerun, padded, g)
+        assert b == pytest.approx(a * (1.1 if op.tokens_factor > 1 else 1.0))
+    assert any(op.tokens_factor > 1 and op_activation_bytes(op, JOB, rerun, rt, g) > 0 for op in g.ops)
