@@ -54,7 +54,11 @@ def modules_in_effect(par: ParallelConfig, rt: Runtime | None) -> frozenset[str]
 
 
 def _in_moe(op: Op) -> bool:
-    return (op.kind in ("router", "dispatch", "experts", "combine") or op.name.startswith(("expert_", "shared_")))
+    """Ops inside the ``moe`` module's checkpoint (MoELayer.forward's ``custom_forward``, moe_layer.py:556-597 @
+    core_v0.17.0): router, dispatch, experts, combine, shared experts, and a latent MoE's ``fc1_latent_proj`` /
+    ``fc2_latent_proj`` (run by ``preprocess`` / ``postprocess`` inside it, :420-425, :506-511)."""
+    return (op.kind in ("router", "dispatch", "experts", "combine") or op.name.startswith(("expert_", "shared_"))
+            or op.name in ("fc1_latent_proj", "fc2_latent_proj"))
 
 
 def _in_shared(op: Op) -> bool:

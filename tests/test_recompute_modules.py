@@ -161,3 +161,17 @@ def test_moe_module_rerun_holds_the_layer_once_padded_to_capacity() -> None:
         b = op_activation_bytes(op, JOB, rerun, padded, g)
         assert b == pytest.approx(a * (1.1 if op.tokens_factor > 1 else 1.0))
     assert any(op.tokens_factor > 1 and op_activation_bytes(op, JOB, rerun, rt, g) > 0 for op in g.ops)
+
+
+def test_moe_module_reruns_a_latent_moes_projections() -> None:
+    """A latent MoE's ``fc1_latent_proj`` / ``fc2_latent_proj`` run inside the ``moe`` checkpoint (MoELayer's
+    ``preprocess`` / ``postprocess`` in ``custom_forward``, moe_layer.py:420-425, 506-511, 556-597 @ core_v0.17.0):
+    the backward re-runs them and their outputs are not kept (Nemotron 3 Super's MoE layers)."""
+    from cost_models.recompute import reruns
+
+    model = load_model("nemotron-3-super-120b-a12b")
+    g = graphs_for(model, JOB.seq_len)["moe"]
+    latent = [op for op in g.ops if op.name in ("fc1_latent_proj", "fc2_latent_proj")]
+    assert len(latent) == 2
+    assert all(reruns(op, g, frozenset({"moe"})) for op in latent)
+    assert not any(reruns(op, g, frozenset({"moe_act", "layernorm"})) for op in latent)
