@@ -10,7 +10,11 @@ keeping between forward and backward; the op names are ``cost_models.opgraph``'s
   and dropout tensors); re-runs the core's forward. Megatron's default module list (transformer_config.py:1193-1194)
   and what autoplan's plain ``selective`` has always priced (the core's kernel time, ``attn_f``).
 - ``layernorm`` (TL:383-444): ``input_layernorm`` and ``pre_mlp_layernorm`` under ``CheckpointWithoutOutput``: their
-  outputs (``attn_in``, ``mlp_in``) are discarded after use and recomputed; the norms' forward re-runs.
+  outputs (``attn_in``, ``mlp_in``) are discarded after use and recomputed; the norms' forward re-runs. Only a norm
+  that is its own module (TL:384, 432: not ``IdentityOp``): Transformer Engine's layer specs fuse the others into the
+  next linear (``TELayerNormColumnParallelLinear``), which keeps its input as before. A separate ``input_layernorm``
+  only under MLA, a separate ``pre_mlp_layernorm`` only in MoE layers (gpt_layer_specs.py:248, 265, 279, 291;
+  mamba_layer_specs.py:45, 61, 78, 87): ``separate_norm``.
 - ``mla_up_proj`` (MLA:119-122, 838-847, 344-347): the q/kv up-projections and RoPE under ``CheckpointWithoutOutput``,
   their outputs discarded once the attention core has run: the core's saved q, k, v are dropped, the latents
   (checkpoint inputs) stay; the up-projection GEMMs and the rotary kernel re-run.
@@ -36,7 +40,17 @@ from cost_models.specs import ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 _NORMS = ("attn_norm", "mlp_norm")
-_NORM_OUTPUTS = ("attn_in", "mlp_in")
+_NORM_OUTPUTS = {"attn_in": "attn_norm", "mlp_in": "mlp_norm"}  # the norm whose output each is
+
+
+def separate_norm(norm: str, graph_kind: str, mla: bool) -> bool:
+    """Whether Megatron-Core's Transformer Engine layer spec builds ``norm`` (``attn_norm`` / ``mlp_norm``) as its
+    own module, which the ``layernorm`` recompute module checkpoints (module docstring): the input norm under MLA
+    (its q / kv down-projections are plain linears), the pre-MLP norm of a MoE layer (the router reads its output);
+    every other norm rides the next linear's fused LayerNormLinear."""
+    if norm == "attn_norm":
+        return mla and graph_kind in ("dense", "moe")
+    return norm == "mlp_norm" and graph_kind == "moe"
 _MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-projections from the latents + RoPE
 _DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
 # layers with a dense MLP: a transformer layer, or a hybrid stack's MLP layer (megatron/core/ssm/mlp_layer.py: a
@@ -69,7 +83,7 @@ def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
     """Whether the backward re-runs ``op``'s forward under ``modules``."""
     if op.kind == "attention":
         return "core_attn" in modules
-    if "layernorm" in modules and op.name in _NORMS:
+    if "layernorm" in modules and op.name in _NORMS and separate_norm(op.name, graph.kind, is_mla(graph)):
         return True
     if "mla_up_proj" in modules and is_mla(graph) and op.name in _MLA_UP:
         return True
@@ -88,7 +102,7 @@ def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bo
             return True
         if "mla_up_proj" in modules and mla and tensor in op.inputs:
             return True
-    if "layernorm" in modules and tensor in _NORM_OUTPUTS:
+    if "layernorm" in modules and tensor in _NORM_OUTPUTS and separate_norm(_NORM_OUTPUTS[tensor], graph_kind, mla):
         return True
     if tensor == "mlp_in":
         return False  # the checkpointed mlp / moe / shared experts keep their input

@@ -52,7 +52,8 @@ def _saved(graph, model, par, rt, pairs: set[tuple[str, str]]) -> float:
     ("mla_up_proj", "moe", ("q_proj", "k_proj", "v_proj", "rotary"),
      {("attn_core", "q_rot"), ("attn_core", "k"), ("attn_core", "v")}),
     ("moe_act", "moe", ("expert_act",), {("expert_down_proj", "expert_act")}),
-    ("layernorm", "dense", ("attn_norm", "mlp_norm"), {("q_down", "attn_in"), ("gate_proj", "mlp_in")}),
+    # MLA's input norm is its own module; a dense layer's pre-MLP norm rides fc1's LayerNormLinear (separate_norm)
+    ("layernorm", "dense", ("attn_norm",), {("q_down", "attn_in")}),
     ("mlp", "dense", ("gate_proj", "up_proj", "act", "down_proj"), {("act", "gate"), ("act", "up"),
                                                                    ("down_proj", "act")}),
     ("shared_experts", "moe", ("shared_gate_proj", "shared_up_proj", "shared_act", "shared_down_proj"),
@@ -175,3 +176,33 @@ def test_moe_module_reruns_a_latent_moes_projections() -> None:
     assert len(latent) == 2
     assert all(reruns(op, g, frozenset({"moe"})) for op in latent)
     assert not any(reruns(op, g, frozenset({"moe_act", "layernorm"})) for op in latent)
+
+
+def test_layernorm_module_skips_the_norms_transformer_engine_fuses() -> None:
+    """Megatron-Core's ``layernorm`` recompute checkpoints only a norm that is its own module (transformer_layer.py:384,
+    432 @ core_v0.16.1: not IdentityOp). Transformer Engine's GPT spec fuses the input norm into linear_qkv unless MLA
+    and the pre-MLP norm into fc1 unless the layer is MoE (gpt_layer_specs.py:265, 291): on GPT-OSS (GQA, MoE) only
+    the pre-MLP norm re-runs and only ``mlp_in`` is dropped; on a dense Llama nothing changes."""
+    from cost_models.recompute import separate_norm
+
+    assert [separate_norm(n, k, mla) for n, k, mla in (("attn_norm", "moe", False), ("attn_norm", "dense", True),
+                                                        ("mlp_norm", "moe", False), ("mlp_norm", "dense", True),
+                                                        ("attn_norm", "attention", False), ("mlp_norm", "mlp", False))
+            ] == [False, True, True, False, False, False]
+    model, cluster = load_model("gpt-oss-120b"), build_cluster("b200", 64)
+    g = graphs_for(model, JOB.seq_len)["moe"]
+    par, none = ParallelConfig(tp=1, ep=8, recompute_modules=("layernorm",)), ParallelConfig(tp=1, ep=8)
+    rt = runtime_for("megatron", JOB, cluster, par)
+    lc = layer_cost(g, model, cluster, JOB, par, 16, rt)
+    assert lc.recompute_s == pytest.approx(_rerun_s(g, model, cluster, par, rt, ("mlp_norm",)), rel=1e-12)
+    kept = {(op.name, s.tensor) for op in g.ops for s in op.saved if s.tensor == "attn_in"}  # linear_qkv's ln_out
+    assert kept  # saved by the fused LayerNormLinear, and kept: only the norm outputs of separate norms go
+    dropped = {(op.name, s.tensor) for op in g.ops for s in op.saved if s.tensor == "mlp_in"}
+    drop = (activation_bytes_per_microbatch(g, model, JOB, none, rt)
+            - activation_bytes_per_microbatch(g, model, JOB, par, rt))
+    assert drop == pytest.approx(_saved(g, model, par, rt, dropped), rel=1e-12, abs=1.0)
+    assert drop < _saved(g, model, par, rt, kept)
+    dense, cl8 = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    gd, p8 = graphs_for(dense, JOB.seq_len)["dense"], ParallelConfig(tp=1, recompute_modules=("layernorm",))
+    rt8 = runtime_for("megatron", JOB, cl8, p8)
+    assert layer_cost(gd, dense, cl8, JOB, p8, 16, rt8).recompute_s == 0.0
