@@ -669,3 +669,19 @@ def test_megatron_router_dtype_follows_the_published_gate(model: str, fp32: bool
     args = model_args(EmitPlan(model=m, cluster=build_cluster("h100-sxm", 8),
                                job=JobSpec(global_batch_size=8, seq_len=4096), parallel=ParallelConfig()))
     assert parse_megatron_args(args).moe_router_dtype == ("fp32" if fp32 else None)
+
+
+def test_fsdp2_selective_recompute_keeps_the_cudnn_attention_core() -> None:
+    """torch 2.13's SDPA runs cuDNN first on sm90 / sm100 (the fsdp2 profile's sdpa_cudnn_first): the emitted
+    selective-recompute policy keeps that kernel's output as it keeps flash's (what memory.op_sac_saved prices)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    text = emit(plan(**L70_VP2, zero_stage=3), "fsdp2").files["autoplan_parallelize.py"]
+    scope: dict = {}
+    exec(compile(text, "autoplan_parallelize", "exec"), scope)  # noqa: S102 - autoplan's own emitted module
+    policy = scope["_sac_policy"]
+    for op in (torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+               torch.ops.aten._scaled_dot_product_flash_attention.default, torch.ops.aten.mm.default):
+        assert policy(None, op) == CheckpointPolicy.MUST_SAVE
+    assert policy(None, torch.ops.aten.silu.default) == CheckpointPolicy.PREFER_RECOMPUTE

@@ -135,6 +135,11 @@ def test_accepted_where_te_fuses() -> None:
     (dict(model_name="qwen3-235b-a22b", par=ParallelConfig(tp=1, pp=1, ep=8, micro_batch_size=1,
                                                           recompute="selective", recompute_modules=("moe_act",))),
      "recompute_modules moe_act", "moe_fused_grouped_mlp=false"),
+    (dict(model_name="qwen3-235b-a22b", par=ParallelConfig(tp=1, pp=1, ep=8, micro_batch_size=1, recompute="selective",
+                                                          recompute_modules=("moe_act", "layernorm"))),
+     "recompute_modules moe_act", "recompute_modules=layernorm"),
+    # TE fuses only under a block-scaled recipe: the bf16 layers would run the op fuser's ops one by one
+    (dict(model_name="qwen3-235b-a22b", bf16_layers=(1, 1)), "bf16_layers=1,1", "bf16_layers=0,0"),
 ])
 def test_refusals_name_the_constraint(case: dict, said: str, valid: str) -> None:
     err = _refusal(**case)

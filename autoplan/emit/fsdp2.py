@@ -241,6 +241,7 @@ def _sac_policy(ctx, op, *args, **kwargs):
     keep = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten._scaled_dot_product_flash_attention.default,
             torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_cudnn_attention.default,  # torch's first choice on sm90 / sm100
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
     return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -565,10 +565,17 @@ class MegatronProfile(TargetProfile):
                                f"{FUSED_MLP_DIM_MULTIPLE}; Transformer Engine's fused kernel refuses it and runs the ops "
                                "one by one (grouped_mlp.py:783-794 validate_grouped_mlp_dims)", valid=[off])
         if par.recompute == "selective" and par.recompute_modules is not None and "moe_act" in par.recompute_modules:
+            rest = [m for m in par.recompute_modules if m != "moe_act"]
             return ConfigError("moe_fused_grouped_mlp with recompute_modules moe_act: the fused op saves the fc1 "
                                "output and fc2's input whatever the checkpoint asks (grouped_mlp.py:1746-1806), which "
-                               "autoplan does not price", valid=[m for m in par.recompute_modules if m != "moe_act"]
-                               + [off])
+                               "autoplan does not price",
+                               valid=[f"recompute_modules={','.join(rest)}" if rest else "recompute_modules unset",
+                                      off])
+        if rt.bf16_layers != (0, 0):
+            return ConfigError(f"moe_fused_grouped_mlp with bf16_layers={rt.bf16_layers[0]},{rt.bf16_layers[1]}: "
+                               "Transformer Engine fuses the grouped MLP only under an MXFP8 / NVFP4 recipe "
+                               "(grouped_mlp.py:842); in the bf16 layers its op fuser runs the ops one by one, which "
+                               "autoplan does not price", valid=["bf16_layers=0,0", off])
         return None
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
