@@ -366,13 +366,18 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
 def newer_flags_reason(plan: EmitPlan, version: str | None) -> str | None:
     """Why a Megatron-LM checkout of ``version`` cannot judge the emitted launch: it carries flags a later release
     introduced (the fused grouped MLP's, core_v0.18.0: ``cost_models.targets.megatron.FUSED_MLP_SINCE``), or None."""
-    from cost_models.targets.common import CORE_RELEASES
+    import re
+
     from cost_models.targets.megatron import FUSED_MLP_SINCE
+
+    def release(v: str) -> tuple[int, ...]:  # "0.20.0rc0" -> (0, 20, 0)
+        m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", v)
+        return tuple(int(x or 0) for x in m.groups()) if m else ()
 
     rt = plan.runtime("megatron")
     if not rt.moe_fused_grouped_mlp:
         return None
-    if version in CORE_RELEASES and CORE_RELEASES.index(version) >= CORE_RELEASES.index(FUSED_MLP_SINCE):
+    if version is not None and release(version) >= release(FUSED_MLP_SINCE):  # 0.19.1, 0.20.0rc0, ... included
         return None
     return (f"the launch carries --use-transformer-engine-op-fuser / --moe-mlp-glu-interleave-size (knob "
             f"moe_fused_grouped_mlp, megatron_core={rt.megatron_core}), flags from core_v{FUSED_MLP_SINCE}; the "
