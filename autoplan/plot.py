@@ -11,10 +11,14 @@ FORMATS = (".png", ".svg")
 
 
 def check_plot_path(path: str) -> None:
-    """Refuse an unknown format or a missing matplotlib before any work is done."""
+    """Refuse an unknown format, an unwritable path (missing folder, no permission) or a missing matplotlib
+    before any work is done."""
+    from autoplan.outputs import output_target
+
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise UserInputError(f"--plot {path!r:.80}: the file must end in .png or .svg, got {suffix or 'no suffix'!r}")
+    output_target(path, what="plot")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -61,5 +65,9 @@ def plot_scale(result: Any, path: str) -> None:
     ax.set_title(f"{result.model.name} on {result.cluster.gpu}: {result.scaling} scaling "
                  "(dotted: best layout changes)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except OSError as err:  # what the up-front check cannot see (e.g. /proc, which refuses new files even to root)
+        raise UserInputError(f"cannot write plot '{path}': {err.strerror or err}") from None
+    finally:
+        plt.close(fig)

@@ -101,3 +101,12 @@ def test_bad_and_infeasible_sizes_in_the_cli():
     assert out.exit_code == 0 and "100 GPUs: num_gpus (100) must be a multiple of gpus_per_node (8)" in out.output
     none = runner.invoke(cli, ["scale", "--model", "llama3-405b", "--gpus", "1,2"])
     assert none.exit_code == 3 and "infeasible" in none.output
+
+
+def test_cli_plot_to_an_unwritable_path_is_one_line(tmp_path):
+    """--plot into a missing folder: refused before the sweep (was FileNotFoundError from savefig after it,
+    an "internal error")."""
+    pytest.importorskip("matplotlib")
+    args = ["scale", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "8", "--seq-len", "1024"]
+    bad = CliRunner().invoke(cli, args + ["--plot", str(tmp_path / "no" / "s.png")])
+    assert bad.exit_code == 2 and "cannot write plot" in bad.output and "does not exist" in bad.output, bad.output
