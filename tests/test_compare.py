@@ -54,3 +54,21 @@ def test_cli_errors_are_one_line(args, needle):
     assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
     no_model = CliRunner().invoke(cli, ["compare", "tp=8", "tp=4"])
     assert no_model.exit_code == 2 and "need --model" in no_model.output
+
+
+def test_cli_file_plan_out_of_range_or_malformed(tmp_path):
+    """FILE#K past the file's plans, or a plan whose prediction is not an object: one line, exit 2 (were an
+    IndexError and an AttributeError, "internal error")."""
+    est = api.estimate({"model": "llama3-8b", "cluster": {"num_gpus": 16},
+                        "job": {"global_batch_size": 128, "seq_len": 4096}, "parallel": {"tp": 8, "pp": 2}})
+    data = est.model_dump(mode="json")
+    saved = {k: data[k] for k in ("model", "cluster", "job")}
+    saved["plans"] = [{"parallel": data["parallel"], "prediction": data["prediction"]}]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(saved))
+    res = CliRunner().invoke(cli, ["compare", f"{path}#1", f"{path}#3"])
+    assert res.exit_code == 2 and "holds 1 plan(s) (valid: 1..1)" in res.output, res.output
+    saved["plans"][0]["prediction"] = "x"
+    path.write_text(json.dumps(saved))
+    res = CliRunner().invoke(cli, ["compare", str(path), "tp=8", *JOB])
+    assert res.exit_code == 2 and "plans[0].prediction must be an object, not str" in res.output, res.output

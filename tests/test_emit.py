@@ -441,6 +441,51 @@ def test_load_plan_estimate_and_search_forms(tmp_path: Path) -> None:
         load_plan(tmp_path / "nope.json")
 
 
+def _search_file(tmp_path: Path, name: str, **entry: object) -> Path:
+    """A one-plan search result (llama3-8b on 8 GPUs) with ``entry``'s fields in plans[0]."""
+    d = _plan_json(plan("llama3-8b", 8, 8, tp=8, pp=1))
+    d["plans"] = [{"parallel": d.pop("parallel"), "prediction": {"software": {"target": "megatron"}}, **entry}]
+    f = tmp_path / name
+    f.write_text(json.dumps(d))
+    return f
+
+
+@pytest.mark.parametrize(("entry", "needle"), [
+    ({"prediction": "x"}, "plans[0].prediction must be an object, not str"),
+    ({"prediction": {"software": [1]}}, "plans[0].prediction.software must be an object, not list"),
+    ({"prediction": {"software": {"target": "megatron", "tp_comm_overlap": "yes"}}},
+     "plans[0].prediction.software: tp_comm_overlap: Input should be a valid boolean (got 'yes')"),
+    ({"target": "deepspeed"}, "plans[0].target='deepspeed' is not a target autoplan emits; valid: megatron, "
+                              "torchtitan, fsdp2"),
+])
+def test_cli_emit_malformed_plan_file_is_one_line(tmp_path: Path, entry: dict, needle: str) -> None:
+    """A malformed plan in a plan file: one line naming where (was an AttributeError, a silently coerced knob,
+    or "Missing option '--target'" that hid the file's own error)."""
+    f = _search_file(tmp_path, "plan.json", **entry)
+    for cmd in ("emit", "validate"):
+        code, _, err = run(cmd, "--plan", str(f), "-o", str(tmp_path / "out"))
+        assert code == 2 and needle in err and "Traceback" not in err and "internal error" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_emit_without_target_names_the_plan_file_error(tmp_path: Path) -> None:
+    """Without --target the plan file's own error speaks (was: Missing option '--target')."""
+    f = _search_file(tmp_path, "empty.json")
+    d = json.loads(f.read_text())
+    d["plans"] = []
+    f.write_text(json.dumps(d))
+    code, _, err = run("emit", "--plan", str(f), "-o", str(tmp_path / "out"))
+    assert code == 2 and "holds no plans" in err, err
+    d["plans"] = ["x"]
+    f.write_text(json.dumps(d))
+    code, _, err = run("emit", "--plan", str(f), "-o", str(tmp_path / "out"))
+    assert code == 2 and "plans[0] must be an object, not str" in err, err
+    d = _plan_json(plan("llama3-8b", 8, 8, tp=8, pp=1))  # a well-formed estimate naming no target
+    f.write_text(json.dumps(d))
+    code, _, err = run("emit", "--plan", str(f), "-o", str(tmp_path / "out"))
+    assert code == 2 and "Missing option '--target'" in err, err
+
+
 def test_write_emitted_public(tmp_path: Path) -> None:
     p = plan(**MIXTRAL)
     paths = write_emitted(p.model, p.cluster, p.job, p.parallel, "megatron", tmp_path / "m")

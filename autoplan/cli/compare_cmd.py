@@ -11,7 +11,6 @@ import click
 
 from autoplan import api
 from autoplan.cli import cli
-from cost_models.targets import PROFILES
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.goodput_options import failure_model, failure_options
 from autoplan.cli.options import (cluster_flags, cluster_request, format_option, job_options, job_spec,
@@ -52,14 +51,9 @@ def _degrees(text: str) -> dict[str, Any]:
 def _estimate_of(path: str, index: int) -> dict[str, Any]:
     """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
     from autoplan.emit import load_plan
+    from autoplan.emit.plan import plan_target
 
-    from autoplan.emit.plan import _read_json
-
-    data = _read_json(path)
-    entry = (data.get("plans") or [{}])[index - 1] if isinstance(data.get("plans"), list) else data
-    target = (entry.get("target") or ((entry.get("prediction") or {}).get("software") or {}).get("target")
-              if isinstance(entry, dict) else None)
-    target = target if target in PROFILES else "megatron"  # the target it was priced for
+    target = plan_target(path, index) or "megatron"  # the target it was priced for
     plan = load_plan(path, index, target)
     return {"model": plan.model.model_dump(exclude_none=True), "target": target, "cluster": {
         "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,

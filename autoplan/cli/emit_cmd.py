@@ -45,9 +45,10 @@ def pick_target(target: str | None, kw: dict[str, Any]) -> str:
     if target is not None:
         return target
     if kw.get("plan_file") is not None:
-        found = plan_target(kw["plan_file"], kw.get("index"))
+        found = plan_target(kw["plan_file"], kw.get("index"))  # a malformed file or --index speaks first
         if found is not None:
             return found
+        load_plan(kw["plan_file"], kw.get("index"))  # the file's own errors before the missing --target
     raise click.UsageError(f"Missing option '--target'. Choose from: {', '.join(TARGETS)}")
 
 

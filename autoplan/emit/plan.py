@@ -98,29 +98,19 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     cluster = creq.resolve(target)
     job = strict(JobSpec, _require(data, "job", source), f"plan file '{source}': job")
 
-    if "plans" in data:
-        plans = _require(data, "plans", source, list)
-        if not plans:
-            raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
-        i = _plan_index(index, len(plans), source)
-        entry = plans[i]
-        par = entry.get("parallel") if isinstance(entry, dict) else None
-        if not isinstance(par, dict):
-            raise UserInputError(f"plan file '{source}': plans[{i}] has no \"parallel\" object")
-        knobs = (entry.get("prediction") or {}).get("software") or {}
-        shardings = entry.get("op_shardings") or {}
-        if not (isinstance(shardings, dict) and all(isinstance(v, dict) and all(
-                isinstance(a, str) and isinstance(b, str) for a, b in v.items()) for v in shardings.values())):
-            raise UserInputError(f"plan file '{source}': plans[{i}].op_shardings must map layer kinds to "
-                                 "{op: mode} objects")
-    else:
-        shardings = {}
-        if index not in (None, 1):
-            raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
-        par = _require(data, "parallel", source)
-        knobs = (data.get("prediction") or {}).get("software") or {}
+    entry, where = _plan_entry(data, index, source)
+    par = entry.get("parallel")
+    if not isinstance(par, dict):
+        raise UserInputError(f"plan file '{source}': {where or 'the plan'} has no \"parallel\" object")
+    knobs = _priced_knobs(entry, source, where)
+    shardings = (entry.get("op_shardings") or {}) if where else {}
+    if not (isinstance(shardings, dict) and all(isinstance(v, dict) and all(
+            isinstance(a, str) and isinstance(b, str) for a, b in v.items()) for v in shardings.values())):
+        raise UserInputError(f"plan file '{source}': {_at(where, 'op_shardings')} must map layer kinds to "
+                             "{op: mode} objects")
     parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
-    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=priced_software(knobs),
+    software = priced_software(knobs, f"plan file '{source}': {_at(where, 'prediction.software')}")
+    return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=software,
                     op_shardings=shardings)
 
 
@@ -135,25 +125,67 @@ def _plan_index(index: int | None, n: int, source: str) -> int:
 
 def plan_target(path: str | Path, index: int | None = None) -> str | None:
     """The target a plan file's plan was priced for (``plans[i].target`` / ``prediction.software.target``), so that
-    ``emit``/``validate --plan`` without ``--target`` write for the framework the plan was found for."""
+    ``emit``/``validate --plan`` without ``--target`` write for the framework the plan was found for; None when the
+    plan names none. A malformed file, an ``index`` out of range or a target autoplan does not know is refused."""
     data = _read_json(path)
-    entry: Any = data
-    if isinstance(data.get("plans"), list) and data["plans"]:
-        entry = data["plans"][_plan_index(index, len(data["plans"]), str(path))]
-    if not isinstance(entry, dict):
-        return None
-    soft = (entry.get("prediction") or {}).get("software") if isinstance(entry.get("prediction"), dict) else None
-    found = entry.get("target") or (soft.get("target") if isinstance(soft, dict) else None)
-    return found if found in TARGETS else None
+    entry, where = _plan_entry(data, index, str(path))
+    found = entry.get("target")
+    if found is None:
+        found = _priced_knobs(entry, str(path), where).get("target")
+    if found is not None and found not in TARGETS:
+        raise UserInputError(f"plan file '{path}': {_at(where, 'target')}={found!r:.40} is not a target autoplan "
+                             f"emits; valid: {', '.join(TARGETS)}")
+    return found
 
 
-def priced_software(knobs: dict[str, Any]) -> Software:
+def _plan_entry(data: dict[str, Any], index: int | None, source: str) -> tuple[dict[str, Any], str]:
+    """The plan object ``index`` names (``plans[i]`` of a search result, or the whole estimate result) and where
+    it sits (for messages)."""
+    if "plans" not in data:
+        if index not in (None, 1):
+            raise UserInputError(f"--index {index} needs a search result (\"plans\"); '{source}' holds one plan")
+        return data, ""
+    plans = _require(data, "plans", source, list)
+    if not plans:
+        raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
+    i = _plan_index(index, len(plans), source)
+    if not isinstance(plans[i], dict):
+        raise UserInputError(f"plan file '{source}': plans[{i}] must be an object, not {type(plans[i]).__name__}")
+    return plans[i], f"plans[{i}]"
+
+
+def _at(where: str, key: str) -> str:
+    """``key`` inside the plan object at ``where`` ("" for an estimate result), as a message names it."""
+    return f"{where}.{key}" if where else key
+
+
+def _priced_knobs(entry: dict[str, Any], source: str, where: str) -> dict[str, Any]:
+    """``entry["prediction"]["software"]`` (the knobs the plan was priced with), each level checked to be an object."""
+    pred = entry.get("prediction")
+    if pred is None:
+        return {}
+    if not isinstance(pred, dict):
+        raise UserInputError(f"plan file '{source}': {_at(where, 'prediction')} must be an object, "
+                             f"not {type(pred).__name__}")
+    knobs = pred.get("software")
+    if knobs is None:
+        return {}
+    if not isinstance(knobs, dict):
+        raise UserInputError(f"plan file '{source}': {_at(where, 'prediction.software')} must be an object, "
+                             f"not {type(knobs).__name__}")
+    return knobs
+
+
+def priced_software(knobs: dict[str, Any], what: str | None = None) -> Software:
     """The knobs a plan was priced with (``prediction.software``), as the user would set them: the priced target's
-    own knobs only (another target's defaults are not requests)."""
+    own knobs only (another target's defaults are not requests), validated strictly (``"yes"`` is not true);
+    errors name ``what``."""
+    from autoplan.inputs import strict
+
     prof = PROFILES.get(str(knobs.get("target", "")))
     if prof is None:
         return Software()
-    return Software(**{k: v for k, v in knobs.items() if k in prof.knobs and v is not None})
+    return strict(Software, {k: v for k, v in knobs.items() if k in prof.knobs and v is not None}, what)
 
 
 def load_plan(path: str | Path, index: int | None = None, target: str | None = None) -> EmitPlan:
