@@ -48,6 +48,8 @@ def test_cli_files_indices_and_degrees(tmp_path):
     (["tp=8", "tq=2"], "not a degree"),
     (["tp=8", "tp=x"], "must be an integer"),
     (["#99", "tp=1"], "K must be in 1..50"),
+    (["tp=8,tp=4", "tp=1"], "tp is given twice"),  # was read as tp=4
+    (["tp=8,sp=maybe", "tp=1"], "sp='maybe' must be true or false"),  # was read as sp off
 ])
 def test_cli_errors_are_one_line(args, needle):
     res = CliRunner().invoke(cli, ["compare", *args, *JOB])

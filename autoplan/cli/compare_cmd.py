@@ -26,6 +26,7 @@ KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "mbs": "micr
         "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split"}
 _INDEX = re.compile(r"^#?(\d+)$")
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
 def _degrees(text: str) -> dict[str, Any]:
@@ -36,9 +37,14 @@ def _degrees(text: str) -> dict[str, Any]:
         if field is None or not value:
             raise UserInputError(f"plan {text!r:.60}: {key.strip()!r:.30} is not a degree; use KEY=VALUE with KEY "
                                  f"in {', '.join(sorted(set(KEYS) - {'micro_batch_size', 'zero_stage'}))}")
+        if field in out:
+            raise UserInputError(f"plan {text!r:.60}: {key.strip()} is given twice (which one is meant?)")
         v: Any = value.strip()
         if field == "sequence_parallel":
-            v = v.lower() in ("1", "true", "on", "yes")
+            if v.lower() not in _TRUE + _FALSE:
+                raise UserInputError(f"plan {text!r:.60}: {key}={value!r:.20} must be true or false; "
+                                     f"valid: {', '.join(_TRUE + _FALSE)}")
+            v = v.lower() in _TRUE
         elif field not in ("recompute", "schedule"):
             try:
                 v = int(v)
