@@ -8,7 +8,7 @@ one line naming the value and the limit (:class:`~autoplan.errors.UserInputError
   ``MAX_FILE_BYTES``, UTF-8 (a UTF-16 or binary file is named as such);
 - JSON: no ``NaN``/``Infinity``, no number that overflows to infinity (``1e400``), no integer of more than
   ``MAX_INT_DIGITS`` digits; YAML: ``safe_load`` tags only, at most ``MAX_YAML_ALIASES`` alias uses (an
-  alias bomb expands exponentially);
+  alias bomb expands exponentially); in both, no key twice in one object (the parsers keep the last);
 - parsed data (:func:`check_tree`): at most ``MAX_DEPTH`` levels and ``MAX_NODES`` values, finite floats,
   integers within ±2**53, strings that are valid Unicode (no lone surrogate escapes);
 - typed models (:func:`strict`): pydantic strict mode, so ``true`` is not 1, ``8.9`` is not 8 and
@@ -128,11 +128,22 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: ``{"tp": 8, "tp": 4}`` would silently keep the last value."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {_short(key, 40)} appears twice in one object (which one is meant?)")
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, where: str = "input", *, one_line: bool = False) -> Any:
-    """Strict JSON: finite numbers, bounded integers, bounded depth; errors name ``where`` (and the
+    """Strict JSON: finite numbers, bounded integers, bounded depth, unique keys; errors name ``where`` (and the
     character position only, for ``one_line`` text such as a batch line)."""
     try:
-        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
+                          object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         at = f"character {err.pos + 1}" if one_line else f"line {err.lineno}, column {err.colno}"
         raise UserInputError(f"invalid JSON in {where}: {err.msg} ({at})") from None
@@ -157,6 +168,25 @@ class _BoundedLoader(yaml.SafeLoader):
             if self._aliases > MAX_YAML_ALIASES:
                 raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases (a YAML alias bomb?)")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """Refuse a key given twice in one mapping (YAML 1.2 §3.2.1.1: keys are unique; PyYAML keeps the last)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: PyYAML's own error names it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {_short(key, 40)} appears twice in one mapping (which one is meant?)",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_yaml(text: str, where: str = "input") -> Any:

@@ -74,6 +74,21 @@ def test_json_refuses_non_finite_huge_and_deep(text: str, why: str) -> None:
         parse_json(text)
 
 
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    """A key given twice (a spec edited in two places) was silently read as its last value."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text("num_layers: 8\nhidden_size: 1024\nffn_hidden_size: 4096\nnum_attention_heads: 16\n"
+                    "num_kv_heads: 4\nvocab_size: 32000\nnum_layers: 9\n")
+    err = _one_line_error(*_cli(*EST, "--model", str(spec)))
+    assert "key 'num_layers' appears twice" in err and "(line 7)" in err, err
+    with pytest.raises(UserInputError, match="key 'tp' appears twice in one object"):
+        parse_json('{"parallel": {"tp": 8, "tp": 4}}', "request")
+    with pytest.raises(UserInputError, match="key 'b' appears twice"):
+        parse_yaml("a:\n  b: 1\n  b: 2\n")
+    # a YAML merge key may restate what it merges (the mapping's own value wins), as before
+    assert parse_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
+
+
 def test_tree_checks() -> None:
     with pytest.raises(UserInputError, match="surrogate"):
         check_tree({"id": "\ud800"})
