@@ -272,7 +272,12 @@ def describe_validation_error(err: ValidationError) -> str:
         elif e["type"] == "missing":
             msg = "required field missing"
         else:
-            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+                # not "a valid dictionary or instance of ClusterRequestBounded": the class is ours, not the user's
+                msg = "must be an object (a mapping of fields)" + (", not a list" if isinstance(e.get("input"), list)
+                                                                    else "")
+            else:
+                msg = e["msg"].removeprefix("Value error, ")
             if loc and not isinstance(e.get("input"), (dict, list)):
                 msg = f"{msg} (got {_short(e.get('input'))})"
         parts.append(f"{loc}: {msg}" if loc else msg)

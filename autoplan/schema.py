@@ -23,9 +23,9 @@ nothing in a request is ever executed.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer,
                       field_validator)
 
 from autoplan import __version__
@@ -76,7 +76,16 @@ class ClusterRequestBounded(ClusterRequest):
     num_gpus: int = Field(gt=0, le=MAX_NUM_GPUS, description="number of GPUs", examples=[8, 64])
 
 
-ModelSource = Union[str, dict[str, Any]]
+def _model_source(value: Any) -> Any:
+    """A model is a name/path or a mapping; anything else is one message in those terms (not pydantic's two
+    union branches, ``model.str: ...; model.dict[str,any]: ...``)."""
+    if isinstance(value, (str, dict)):
+        return value
+    raise ValueError("must be a catalog name (see `autoplan models`), a model file path or a mapping of model "
+                     "fields" + (", not a list" if isinstance(value, list) else ""))
+
+
+ModelSource = Annotated[Union[str, dict[str, Any]], BeforeValidator(_model_source)]
 MODEL_DESCRIPTION = ("catalog name (see `autoplan models`), path to a Hugging Face config.json or an autoplan "
                      "spec YAML/JSON, or an inline mapping of ModelSpec fields (or of a parsed HF config)")
 

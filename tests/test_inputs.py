@@ -89,6 +89,23 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
     assert parse_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
 
 
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"model": None}, "model: must be a catalog name (see `autoplan models`), a model file path or a mapping of "
+                      "model fields (got None)"),
+    ({"model": ["llama3-8b"]}, "model: must be a catalog name (see `autoplan models`), a model file path or a "
+                               "mapping of model fields, not a list"),
+    ({"cluster": "h100"}, "cluster: must be an object (a mapping of fields) (got 'h100')"),
+    ({"parallel": "tp=8"}, "parallel: must be an object (a mapping of fields) (got 'tp=8')"),
+])
+def test_type_errors_read_in_the_request_terms(change: dict, needle: str) -> None:
+    """Not pydantic's union branches ("model.str: ...; model.dict[str,any]: ...") or our class names ("a valid
+    dictionary or instance of ClusterRequestBounded")."""
+    req = {"model": "llama3-8b", "cluster": {"num_gpus": 8}, "parallel": {"tp": 8, "pp": 1}, **change}
+    with pytest.raises(UserInputError) as err:
+        autoplan.estimate(req)
+    assert str(err.value) == needle
+
+
 def test_tree_checks() -> None:
     with pytest.raises(UserInputError, match="surrogate"):
         check_tree({"id": "\ud800"})
