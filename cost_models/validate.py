@@ -76,11 +76,16 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
 
     if job.global_batch_size % (par.micro_batch_size * dp):
         per = job.global_batch_size // dp if job.global_batch_size >= dp else 0
+        q = par.micro_batch_size * dp  # else: the nearest batch sizes below and above that this layout runs
+        k = job.global_batch_size // q
+        below = next((j * q for j in range(k, 0, -1) if microbatches_ok(j)), 0)
+        above = next(j * q for j in range(k + 1, k + 2 * p + 2) if microbatches_ok(j))
         raise ConfigError(
             f"global_batch_size={job.global_batch_size} is not divisible by micro_batch_size*dp = "
-            f"{par.micro_batch_size}*{dp} = {par.micro_batch_size * dp}",
-            valid=[f"mbs={x}" for x in divisors(per) if microbatches_ok(per // x)] or None
-            if per and job.global_batch_size % dp == 0 else None)
+            f"{par.micro_batch_size}*{dp} = {q}",
+            valid=([f"mbs={x}" for x in divisors(per) if microbatches_ok(per // x)] or None
+                   if per and job.global_batch_size % dp == 0 else None)
+            or [f"global_batch_size={b}" for b in (below, above) if b > 0])
     m = job.global_batch_size // (par.micro_batch_size * dp)
     if par.schedule == "interleaved" and m % p:
         raise ConfigError(f"interleaved schedule needs micro-batches m={m} divisible by pp={p} (Megatron)")

@@ -79,7 +79,10 @@ def test_not_fitting_is_reported_not_an_error() -> None:
     ([*BASE, "--tp", "8", "--pp", "7"], "does not divide num_gpus=1024"),
     (["estimate", "--model", "llama3-8b", "--gpus", "256", "--tp", "1", "--pp", "8", "--vp", "8",
       "--global-batch-size", "256"], "exceed num_layers=32"),
-    ([*BASE, "--tp", "8", "--pp", "8", "--global-batch-size", "100"], "not divisible by micro_batch_size*dp"),
+    ([*BASE, "--tp", "8", "--pp", "8", "--global-batch-size", "100"],  # the nearest batch 1F1B on pp 8 runs (m >= 8)
+     "not divisible by micro_batch_size*dp = 1*16 = 16; valid: global_batch_size=128"),
+    ([*BASE, "--tp", "8", "--pp", "8", "--vp", "2", "--global-batch-size", "300"],  # interleaved: m a multiple of pp
+     "valid: global_batch_size=256, global_batch_size=384"),
     (["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "1", "--ep", "3",
       "--global-batch-size", "96"], "ep=3 does not divide num_experts=8"),
     ([*BASE, "--tp", "0", "--pp", "8"], "tp"),
