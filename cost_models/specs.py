@@ -776,14 +776,17 @@ class ClusterSpec(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
-        if self.nvlink_domain_size % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain_size:
+        g = self.gpus_per_node
+        if self.nvlink_domain_size % g and g % self.nvlink_domain_size:
             raise ValueError(
-                f"nvlink_domain_size ({self.nvlink_domain_size}) and gpus_per_node ({self.gpus_per_node}) "
-                "must divide one another"
+                f"nvlink_domain_size ({self.nvlink_domain_size}) and gpus_per_node ({g}) must divide one another; "
+                f"valid: {', '.join(str(d) for d in range(1, g + 1) if g % d == 0)} or a multiple of {g}"
             )
-        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+        if self.num_gpus > g and self.num_gpus % g:
+            below = self.num_gpus // g * g
             raise ValueError(
-                f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+                f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node ({g}); valid: num_gpus={below}, "
+                f"num_gpus={below + g} (or a gpus_per_node that divides {self.num_gpus})"
             )
         return self
 

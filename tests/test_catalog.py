@@ -206,9 +206,13 @@ def test_build_cluster_smaller_than_a_node_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        ({"num_gpus": 12}, r"num_gpus \(12\) must be a multiple of gpus_per_node \(8\)"),
+        ({"num_gpus": 12}, r"num_gpus \(12\) must be a multiple of gpus_per_node \(8\); valid: num_gpus=8, "
+                           r"num_gpus=16 \(or a gpus_per_node that divides 12\)"),
+        ({"num_gpus": 8, "gpus_per_node": 3}, r"valid: num_gpus=6, num_gpus=9"),
         ({"num_gpus": 0}, r"num_gpus \(0\) must be a positive integer"),
-        ({"num_gpus": 16, "nvlink_domain_size": 3}, r"nvlink_domain_size \(3\) and gpus_per_node \(8\)"),
+        ({"num_gpus": 16, "nvlink_domain_size": 3},
+         r"nvlink_domain_size \(3\) and gpus_per_node \(8\) must divide one another; valid: 1, 2, 4, 8 or a "
+         r"multiple of 8"),
         ({"num_gpus": 16, "inter_node_gbps": -1}, r"inter_node_gbps: Input should be greater than 0"),
     ],
 )
