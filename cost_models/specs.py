@@ -256,7 +256,7 @@ class ArchSpec(_Frozen):
 class ModelSpec(_Frozen):
     """A decoder-only transformer. Dense when ``num_experts == 0``."""
 
-    name: str = Field(description="display name")
+    name: str = Field(min_length=1, description="display name")
     num_layers: int = Field(gt=0, description="decoder layers L")
     hidden_size: int = Field(gt=0, description="model width h")
     ffn_hidden_size: int = Field(gt=0, description="dense MLP width f")

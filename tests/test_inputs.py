@@ -205,3 +205,15 @@ def test_error_hierarchy_is_exported() -> None:
 def test_missing_gpus_and_usage_errors_are_one_line() -> None:
     assert "Missing option '--gpus'" in _one_line_error(*_cli("search", "--model", "llama3-8b"))
     assert "No such command" in _one_line_error(*_cli("frobnicate"))
+
+
+def test_empty_model_name_is_refused(tmp_path: Path) -> None:
+    """``name: ''`` in a spec printed every table and plan file with a blank model (omit it for the file stem)."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: ''\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 128\nnum_attention_heads: 4\n"
+                    "num_kv_heads: 4\nvocab_size: 100\n")
+    err = _one_line_error(*_cli(*EST, "--model", str(spec)))
+    assert "name: String should have at least 1 character (got '')" in err, err
+    spec.write_text("\n".join(spec.read_text().splitlines()[1:]) + "\n")
+    assert autoplan.estimate({"model": str(spec), "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8},
+                              "parallel": {"tp": 1, "pp": 1}}).model.name == "m"
