@@ -239,6 +239,13 @@ def test_zero_divisors_rejected_before_use() -> None:
         spec_from_hf_config(fixture("deepseek-v3") | {"moe_layer_freq": 0})
 
 
+@pytest.mark.parametrize("name", ["deepseek-v3", "glm-4.5"])
+def test_negative_first_k_dense_replace_is_refused(name: str) -> None:
+    """-1 made every layer MoE, silently (HF compares layer_idx >= first_k_dense_replace); a count is >= 0."""
+    with pytest.raises(UserInputError, match=r"key 'first_k_dense_replace' must be >= 0, got -1"):
+        spec_from_hf_config(fixture(name) | {"first_k_dense_replace": -1})
+
+
 _JSON_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-4, 300), st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=4), st.lists(st.integers(-2, 40), max_size=4), st.dictionaries(st.text(max_size=3), st.none()),

@@ -441,7 +441,7 @@ def _deepseek(c: _Config) -> dict[str, Any]:
         f"{c.source} (MLA)",
     )
     n, experts = c.layers("num_hidden_layers"), c.int("n_routed_experts", default=0)
-    first_k, freq = c.int("first_k_dense_replace", default=0), c.int("moe_layer_freq", default=1, minimum=1)
+    first_k, freq = c.int("first_k_dense_replace", default=0, minimum=0), c.int("moe_layer_freq", default=1, minimum=1)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k and i % freq == 0]
     if c.get("attention_bias", False):
         raise c.error("attention_bias", True, "MLA projections without biases only")
@@ -539,7 +539,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
                             "attention_dropout": c.float("attention_dropout", 0.0),
                             "mtp_layers": c.int("num_nextn_predict_layers", "num_mtp_layers", default=1)}
     experts, top_k = c.int("n_routed_experts", "num_local_experts", default=128), c.int("num_experts_per_tok", default=8)
-    first_k = c.int("first_k_dense_replace", default=1)
+    first_k = c.int("first_k_dense_replace", default=1, minimum=0)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k]
     if moe_layers:
         groups, group_k = c.int("n_group", default=1, minimum=1), c.int("topk_group", default=1)
