@@ -912,7 +912,9 @@ class ParallelConfig(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
         if self.schedule == "interleaved" and self.pp == 1:
-            raise ValueError("schedule 'interleaved' needs pp > 1")
+            raise ValueError(f"vp={self.vp} virtual stages per pipeline rank (the interleaved schedule) need pp > 1; "
+                             "valid: vp=1, or pp >= 2" if self.vp > 1 else
+                             "schedule 'interleaved' needs pp > 1; valid: schedule 1f1b, or pp >= 2")
         if self.recompute_modules is not None and self.recompute != "selective":
             raise ValueError(f"recompute_modules with recompute '{self.recompute}': Megatron recomputes modules only "
                              "under --recompute-granularity selective (transformer_config.py:1196); use recompute "

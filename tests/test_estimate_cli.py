@@ -90,6 +90,9 @@ def test_not_fitting_is_reported_not_an_error() -> None:
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80g", "--tp", "1", "--pp", "1",
       "--precision", "fp8", "--global-batch-size", "8"], "fp8 is impossible on a100-80g"),
     ([*BASE, "--gpus", "-8", "--tp", "8", "--pp", "8"], "num_gpus"),
+    # virtual stages with one pipeline stage: named as the user set them (was "schedule 'interleaved' needs pp > 1")
+    ([*BASE, "--tp", "8", "--pp", "1", "--vp", "2"],
+     "vp=2 virtual stages per pipeline rank (the interleaved schedule) need pp > 1; valid: vp=1, or pp >= 2"),
     # interleaved without virtual stages would be priced as 1F1B: refused, naming the missing vp
     ([*BASE, "--tp", "8", "--pp", "8", "--schedule", "interleaved"], "needs vp >= 2"),
 ])
