@@ -200,6 +200,16 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
             goodput=g.goodput, goodput_tokens_per_s=g.tokens_per_s, train_days=days, gpu_hours=gpu_hours, cost=cost,
             plan=plan))
         prev = label
+    last = rows[-1] if rows else None
+    if last is not None and last.status == "infeasible" and last.hint is None and not any(
+            r.status == "ok" for r in rows):  # no size has a plan: say where one starts, as search does
+        from search.planner import smallest_feasible_gpus
+
+        size = cluster0.model_copy(update={"num_gpus": last.num_gpus})
+        n = smallest_feasible_gpus(model, size, points[-1].job, req.target, req.parallel.given())
+        rows[-1] = last.model_copy(update={"hint": f"smallest {size.gpu.name} cluster with a plan: {n} GPUs" if n else
+                                           "no cluster of this GPU up to 65536 GPUs has a plan at this batch size "
+                                           "and sequence length"})
     return ScaleResult(model=_model_record(model), cluster=_cluster_record(cluster0, req), scaling=(
         "weak" if req.tokens_per_gpu is not None else req.scaling), train_tokens=req.train_tokens,
         gpu_hour_price=req.gpu_hour_price, rows=rows, wall_time_s=time.perf_counter() - t0)

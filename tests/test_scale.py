@@ -110,3 +110,14 @@ def test_cli_plot_to_an_unwritable_path_is_one_line(tmp_path):
     args = ["scale", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "8", "--seq-len", "1024"]
     bad = CliRunner().invoke(cli, args + ["--plot", str(tmp_path / "no" / "s.png")])
     assert bad.exit_code == 2 and "cannot write plot" in bad.output and "does not exist" in bad.output, bad.output
+
+
+def test_no_size_with_a_plan_names_the_smallest_cluster():
+    """Every size infeasible (memory): the largest says where plans start, the hint `search` gives (the sweep
+    itself skips that probe per size)."""
+    args = ["--model", "llama3-70b", "--gpus", "8", "--global-batch-size", "8", "--seq-len", "1024"]
+    res = CliRunner().invoke(cli, ["scale", *args])
+    searched = CliRunner().invoke(cli, ["search", *args])
+    assert res.exit_code == 3 and searched.exit_code == 3
+    assert "smallest h100-sxm cluster with a plan: 16 GPUs" in res.output
+    assert "smallest h100-sxm cluster with a plan: 16 GPUs" in searched.output
