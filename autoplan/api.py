@@ -393,7 +393,9 @@ def resolve(request: RequestLike) -> Resolved:
 
 def load_request(path: str | Path) -> SearchRequest | EstimateRequest:
     """A request from a JSON or YAML file (YAML through ``safe_load``)."""
-    return parse_request(read_mapping(Path(path)))
+    from autoplan.inputs import user_path
+
+    return parse_request(read_mapping(user_path(path)))
 
 
 # ==== outcomes as statuses (batch lines) ==========================================================

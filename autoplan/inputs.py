@@ -53,7 +53,10 @@ def _short(value: Any, limit: int = 60) -> str:
 
 # ==== files =========================================================================================
 def user_path(text: str | Path) -> Path:
-    """``text`` as a path, ``~`` expanded; an unknown ``~user`` or an absurdly long name is a user error."""
+    """``text`` as a path, ``~`` expanded; an unknown ``~user``, an absurdly long name or a value that is no path
+    (``None``, a number) is a user error."""
+    if not isinstance(text, (str, os.PathLike)):
+        raise UserInputError(f"a path must be a string, not {type(text).__name__}")
     raw = str(text)
     if not raw.strip():
         raise UserInputError("empty path")

@@ -197,3 +197,10 @@ def test_searches_of_one_job_share_planner_subresults() -> None:
         a["search"].pop(key)
         b["search"].pop(key)
     assert a == b
+
+
+@pytest.mark.parametrize("path", [None, 5])
+def test_load_request_of_no_path_is_a_user_error(path: object) -> None:
+    """Not a raw TypeError from pathlib ("expected str, bytes or os.PathLike object, not NoneType")."""
+    with pytest.raises(autoplan.UserInputError, match=f"a path must be a string, not {type(path).__name__}"):
+        autoplan.load_request(path)  # type: ignore[arg-type]
