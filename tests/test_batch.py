@@ -224,3 +224,16 @@ def test_ray_backend_without_ray_is_one_clear_line(monkeypatch: pytest.MonkeyPat
     path.write_text('{"model": "llama3-8b", "cluster": {"num_gpus": 8}}\n')
     r = CliRunner().invoke(cli, ["batch", str(path), "--backend", "ray", "--no-progress"])
     assert r.exit_code == 2 and "pip install 'autoplan[ray]'" in r.stderr
+
+
+def test_ray_address_without_the_ray_backend_is_refused(tmp_path: Path) -> None:
+    """--address auto with the default local backend was silently ignored (the batch ran here)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "a", "kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8},
+                                "parallel": {"tp": 8, "pp": 1}}) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(cli, ["batch", str(path), "--address", "auto", "-o", str(out), "--no-progress"])
+    assert r.exit_code == 2 and "address 'auto' is a Ray cluster's; it needs backend 'ray'" in r.stderr, r.output
+    assert not out.exists()
+    with pytest.raises(UserInputError, match=r"backend 'dask' is not one autoplan runs; valid: local, ray"):
+        BatchRun([], backend="dask")  # type: ignore[arg-type]

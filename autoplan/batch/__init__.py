@@ -49,6 +49,13 @@ class BatchRun:
     wall_s: float = field(default=0.0, init=False)
     _backend: Any = field(default=None, init=False)
 
+    def __post_init__(self) -> None:
+        if self.backend not in ("local", "ray"):
+            raise UserInputError(f"backend {self.backend!r:.40} is not one autoplan runs", valid=["local", "ray"])
+        if self.address is not None and self.backend != "ray":  # it would be ignored: the batch runs here
+            raise UserInputError(f"address {self.address!r:.80} is a Ray cluster's; it needs backend 'ray' "
+                                 "(--backend ray), the local backend runs on this machine")
+
     def answers(self) -> Iterator[Answer]:
         if self.backend == "ray":
             from autoplan.batch.ray_backend import RayBackend
