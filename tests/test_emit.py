@@ -543,6 +543,17 @@ def test_cli_validate_without_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 1 and "pip install 'autoplan[validate]'" in err and "torchtitan" in err
 
 
+def test_validate_into_an_uncreatable_folder_is_a_user_error(tmp_path: Path) -> None:
+    """validate -o under a file: one line, exit 2 (was a FAIL check "autoplan can emit this plan", exit 1, as if the
+    plan were at fault); nothing is run."""
+    from autoplan.validate import run_checks
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserInputError, match=r"cannot create output folder '.*file/sub': Not a directory"):
+        run_checks(plan("llama3-8b", 8, 8, tp=8, pp=1), "megatron", blocker / "sub")
+
+
 def test_bash_available() -> None:
     assert shutil.which("bash")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoplan.emit import EmitPlan, Target, write_plan
-from autoplan.errors import ConfigError
+from autoplan.errors import ConfigError, UserInputError
 
 EXTRA_HINT = "pip install 'autoplan[validate]'  (torch==2.13.0, torchtitan==0.3.0, triton, megatron-core)"
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -81,6 +81,11 @@ def run_checks(plan: EmitPlan, target: Target, emitted_dir: str | Path | None = 
     with tempfile.TemporaryDirectory(prefix="autoplan-validate-") as tmp:
         # Absolute: the checker runs with the temporary folder as its working directory.
         out = Path(emitted_dir).resolve() if emitted_dir is not None else Path(tmp) / "emitted"
+        if emitted_dir is not None:  # a folder the user named that cannot be made is their error, not the plan's
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise UserInputError(f"cannot create output folder '{emitted_dir}': {err.strerror or err}") from None
         try:
             write_plan(plan, target, out)
         except ConfigError as e:
