@@ -85,6 +85,21 @@ def test_missing_model_sources(source: str, pattern: str) -> None:
         load_model(source)
 
 
+@pytest.mark.parametrize(("hub_id", "close"), [
+    ("meta-llama/Meta-Llama-3-70B", "llama3-70b, llama3.1-70b, llama2-70b"),
+    ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b"),
+])
+def test_hub_id_names_the_config_and_the_catalog_entry(hub_id: str, close: str) -> None:
+    """A Hugging Face Hub id (what a new user types first) said only "model file '...' does not exist"."""
+    with pytest.raises(UserInputError) as info:
+        load_model(hub_id)
+    assert str(info.value) == (f"model '{hub_id}' is no file here and looks like a Hugging Face Hub id (autoplan "
+                               "does not download): pass its config.json (or the folder holding it), or a catalog "
+                               f"name; did you mean: {close}? (see 'autoplan models')")
+    assert info.value.valid == close.split(", ")
+
+
 def test_folder_without_config(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match=r"model folder '.*' has no config.json"):
         load_model(str(tmp_path))

@@ -9,6 +9,7 @@ own spec; ``.yaml``/``.yml`` files are always autoplan specs. Files are parsed o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -54,9 +55,26 @@ def load_model(source: str | Path | Mapping[str, Any]) -> ModelSpec:
     if path.exists():
         read_bytes(path, what="model file")  # a pipe or device: refused by name
     text = str(source)
+    if _HUB_ID.match(text) and path.suffix.lower() not in _PATH_SUFFIXES:
+        raise _hub_id_error(text)
     if path.suffix.lower() in _PATH_SUFFIXES or "/" in text or "\\" in text:
         raise UserInputError(f"model file '{text}' does not exist")
     raise unknown_name_error("model", text, model_catalog(), "autoplan models")
+
+
+# "org/name" as the Hugging Face Hub names a repository (huggingface_hub validate_repo_id: letters, digits, - _ .)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _hub_id_error(text: str) -> UserInputError:
+    """``meta-llama/Meta-Llama-3-70B`` is a Hub repository, not a file here: say so, and name the catalog entries
+    closest to its name."""
+    close = model_catalog().suggestions(text.rsplit("/", 1)[1])
+    err = UserInputError(f"model '{text}' is no file here and looks like a Hugging Face Hub id (autoplan does not "
+                         "download): pass its config.json (or the folder holding it), or a catalog name"
+                         + (f"; did you mean: {', '.join(close)}?" if close else "") + " (see 'autoplan models')")
+    err.valid = close or model_names()
+    return err
 
 
 @lru_cache(maxsize=64)
