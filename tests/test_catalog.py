@@ -312,6 +312,8 @@ def test_models_unknown_source(run) -> None:
     res = run("models", "llama3-7b")
     assert res.exit_code == 2
     assert "unknown model 'llama3-7b'; did you mean: " in res.output
+    # one line, one pointer (was "Invalid value for MODEL: ... (see 'autoplan models') (see 'autoplan models --help')")
+    assert res.output.count("(see '") == 1 and "Invalid value for MODEL" not in res.output, res.output
 
 
 def test_hardware(run) -> None:

@@ -10,7 +10,7 @@ import click
 
 from autoplan.catalog import gpu_names, load_gpu, load_model, model_aliases, model_names
 from autoplan.cli import cli
-from autoplan.errors import UserInputError
+from autoplan.cli.options import user_errors
 from cost_models.specs import GPUSpec, ModelSpec
 
 _FORMAT = click.option(
@@ -63,12 +63,10 @@ def _model_row(m: ModelSpec) -> list[object]:
 @cli.command()
 @click.argument("sources", nargs=-1, metavar="[MODEL]...")
 @_FORMAT
+@user_errors
 def models(sources: tuple[str, ...], fmt: str) -> None:
     """List catalog models, or describe MODEL(s): names, HF config.json paths or spec files."""
-    try:
-        specs = [load_model(s) for s in sources] if sources else [load_model(n) for n in model_names()]
-    except UserInputError as err:
-        raise click.BadParameter(str(err), param_hint="MODEL") from None
+    specs = [load_model(s) for s in sources] if sources else [load_model(n) for n in model_names()]
     by_target: dict[str, list[str]] = {}
     if not sources:
         for alias, target in model_aliases().items():
