@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoplan.catalog import load_model
 from autoplan.catalog.registry import gpu_efficiency, resolve_over
-from autoplan.errors import UserInputError
+from autoplan.errors import AutoplanError, UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
@@ -151,12 +151,19 @@ class ResolvedRun:
                         target=self.target, software=self.knobs).step_time_s
 
 
-def resolve_run(run: MeasuredRun) -> ResolvedRun:
-    """Resolve names and check the configuration like ``autoplan estimate`` does."""
-    model = load_model(run.model)
-    cluster = run.cluster.resolve(run.target)  # the efficiency set the target's profile names, over the generation's
-    estimate(model, cluster, run.job, run.parallel, target=run.target,
-             software=run.knobs)  # raises ConfigError on an invalid layout
+def resolve_run(run: MeasuredRun, where: str | None = None) -> ResolvedRun:
+    """Resolve names and check the configuration like ``autoplan estimate`` does; errors start with ``where``
+    (the run's place in its file) and the run's name, so the bad one of many runs is found."""
+    try:
+        model = load_model(run.model)
+        cluster = run.cluster.resolve(run.target)  # the efficiency set the target's profile names
+        estimate(model, cluster, run.job, run.parallel, target=run.target,
+                 software=run.knobs)  # raises ConfigError on an invalid layout
+    except AutoplanError as err:
+        if where is None:
+            raise
+        named = f"{where} (run '{run.name}')" if run.name else where
+        raise type(err)(f"{named}: {err}") from None  # the message already holds its valid choices / hint
     return ResolvedRun(run.name or model.name, model, cluster, run.job, run.parallel, run.measured_step_time_s,
                        dict(run.software), run.target, run.knobs)
 
@@ -165,19 +172,24 @@ MAX_RUNS_LINES = 10_000
 
 
 def load_runs(path: str | Path) -> list[MeasuredRun]:
-    """Parse a runs file; errors name the line."""
+    """Parse a runs file; errors name the line (``run_lines`` gives each run's, for later errors)."""
+    return [run for _, run in run_lines(path)]
+
+
+def run_lines(path: str | Path) -> list[tuple[int, MeasuredRun]]:
+    """The runs of a runs file with their line numbers; errors name the line."""
     from autoplan.inputs import parse_json, read_text, strict
 
     lines = read_text(path, what="runs file").splitlines()
     if len(lines) > MAX_RUNS_LINES:
         raise UserInputError(f"runs file '{path}' has {len(lines)} lines; the limit is {MAX_RUNS_LINES}")
-    runs = []
+    runs: list[tuple[int, MeasuredRun]] = []
     for i, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         data = parse_json(text, f"{path}:{i}")
-        runs.append(strict(MeasuredRun, data, f"{path}:{i}"))
+        runs.append((i, strict(MeasuredRun, data, f"{path}:{i}")))
     if not runs:
         raise UserInputError(f"runs file '{path}' holds no runs")
     return runs

@@ -146,6 +146,15 @@ def test_bad_run_files(tmp_path: Path, content: str, message: str) -> None:
     assert message in r.stderr and "Traceback" not in r.output
 
 
+def test_a_bad_run_among_good_ones_is_named(tmp_path: Path, synthetic_lines: list[dict]) -> None:
+    """The run whose layout is refused is named by line and name (was the bare 'tp=3 does not divide ...', with
+    nothing saying which of the file's runs)."""
+    bad = {**synthetic_lines[1], "name": "the-bad-one", "parallel": {**synthetic_lines[1]["parallel"], "tp": 3}}
+    path = _write(tmp_path, [synthetic_lines[0], bad])  # a comment and a blank line first: the run is on line 4
+    r = CliRunner().invoke(cli, ["calibrate", str(path), "-o", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and f"{path}:4 (run 'the-bad-one'): tp=3 does not divide" in r.stderr, r.output
+
+
 def test_bad_fit_field_and_gpu_mismatch(tmp_path: Path, synthetic_lines: list[dict]) -> None:
     runs_file = _write(tmp_path, synthetic_lines[:2])
     r = CliRunner().invoke(cli, ["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"), "--fit", "speed"])

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from autoplan.calibrate import (DEFAULT_FIT_FIELDS, PHYSICAL_BOUNDS, PRIOR_WEIGHT, fit, leave_one_out, load_runs,
+from autoplan.calibrate import (DEFAULT_FIT_FIELDS, PHYSICAL_BOUNDS, PRIOR_WEIGHT, fit, leave_one_out, run_lines,
                                 profile_mapping, resolve_run, write_profile)
 from autoplan.catalog import load_gpu
 from autoplan.catalog.cluster import build_cluster
@@ -54,7 +54,7 @@ def calibrate_cmd(runs_file: str, gpu: str | None, output: str, fit_fields: str 
     """Fit efficiency parameters to measured runs (JSON Lines) and write a cluster profile for --cluster."""
     fields = _fields(fit_fields)
     output_target(output, what="cluster profile")  # refuse an unwritable -o before the fit
-    runs = [resolve_run(r) for r in load_runs(runs_file)]
+    runs = [resolve_run(r, f"{runs_file}:{i}") for i, r in run_lines(runs_file)]
     names = {r.cluster.gpu.name for r in runs}
     gpu_name = load_gpu(gpu).name if gpu else (next(iter(names)) if len(names) == 1 else None)
     if gpu_name is None:
