@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from autoplan import __version__
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
@@ -70,6 +70,13 @@ class ScaleRequest(_Strict):
         if bad:
             raise ValueError(f"GPU counts must be in 1..{MAX_NUM_GPUS}, got {bad[0]}")
         return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _price_needs_tokens(self) -> "ScaleRequest":
+        if self.gpu_hour_price is not None and self.train_tokens is None:  # the cost is GPU-hours to train x price
+            raise ValueError(f"gpu_hour_price={self.gpu_hour_price:g} prices the GPU-hours to train, which need "
+                             "train_tokens (--train-tokens, e.g. 15T); give both or neither")
+        return self
 
     def jobs(self) -> list[tuple[int, JobSpec]]:
         """(GPU count, job) of every size."""

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from autoplan import api
 from autoplan.capacity import ScaleRequest, parse_gpus
 from autoplan.cli import cli
+from autoplan.errors import UserInputError
 
 BASE = {"model": "llama3-8b", "gpus": [16, 32, 64], "job": {"global_batch_size": 128, "seq_len": 4096}}
 
@@ -121,3 +122,13 @@ def test_no_size_with_a_plan_names_the_smallest_cluster():
     assert res.exit_code == 3 and searched.exit_code == 3
     assert "smallest h100-sxm cluster with a plan: 16 GPUs" in res.output
     assert "smallest h100-sxm cluster with a plan: 16 GPUs" in searched.output
+
+
+def test_price_without_train_tokens_is_refused():
+    """--gpu-hour-price alone printed no cost and said nothing (the cost is GPU-hours to train x price)."""
+    res = CliRunner().invoke(cli, ["scale", "--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "8",
+                                   "--seq-len", "1024", "--gpu-hour-price", "2"])
+    assert res.exit_code == 2, res.output
+    assert "gpu_hour_price=2 prices the GPU-hours to train, which need train_tokens" in res.output
+    with pytest.raises(UserInputError, match="need train_tokens"):
+        api.scale({"model": "llama3-8b", "gpus": [8], "gpu_hour_price": 2.0})
