@@ -34,8 +34,13 @@ class ConfigError(AutoplanError, ValueError):
         self.valid = list(valid) if valid is not None else None
         self.reason = one_line(message)  # the broken rule alone, without the valid choices (to quote in another error)
         if self.valid:
-            message = f"{message}; valid: {', '.join(str(v) for v in self.valid)}"
+            message = f"{message}; valid: {', '.join(_shown(v) for v in self.valid)}"
         super().__init__(message)
+
+
+def _shown(value: object) -> str:
+    """A valid choice as the user writes it: booleans as in JSON and on the command line (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class InfeasibleError(AutoplanError):

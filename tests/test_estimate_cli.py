@@ -93,6 +93,9 @@ def test_not_fitting_is_reported_not_an_error() -> None:
     # virtual stages with one pipeline stage: named as the user set them (was "schedule 'interleaved' needs pp > 1")
     ([*BASE, "--tp", "8", "--pp", "1", "--vp", "2"],
      "vp=2 virtual stages per pipeline rank (the interleaved schedule) need pp > 1; valid: vp=1, or pp >= 2"),
+    # boolean choices as the flag takes them (was "valid: True, False")
+    (["estimate", "--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "16", "--target", "fsdp2", "--tp",
+      "8", "--pp", "1", "--reshard-after-forward", "3"], "valid: true, false"),
     # interleaved without virtual stages would be priced as 1F1B: refused, naming the missing vp
     ([*BASE, "--tp", "8", "--pp", "8", "--schedule", "interleaved"], "needs vp >= 2"),
 ])
