@@ -337,9 +337,27 @@ def _as(data: Any, cls: type[BaseModel]) -> Any:
     return validate_request(cls, data)
 
 
+def check_listen(host: str, port: int) -> None:
+    """Refuse an address this machine cannot listen on (an unknown host name, a port in use, a privileged port)
+    before the server starts: uvicorn would log it and exit 3, which autoplan's exit codes read as infeasible."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, addr = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(addr)
+    except (OSError, UnicodeError) as err:  # socket.gaierror is an OSError; an over-long label a UnicodeError
+        why = getattr(err, "strerror", None) or str(err)
+        raise UserInputError(f"cannot listen on {host}:{port}: {why}") from None
+
+
 def serve(host: str, port: int, cfg: ServeConfig, *, log_level: str = "info") -> None:
     """Run the server until interrupted."""
     import uvicorn
+
+    check_listen(host, port)
 
     uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, limit_concurrency=None,
                 timeout_keep_alive=5)

@@ -119,3 +119,18 @@ def test_time_limit_gives_504():
         r = httpx.post(u + "/v1/search", json={"model": "llama3-405b", "cluster": {"num_gpus": 16384}}, timeout=120)
         assert r.status_code == 504 and "time limit of 0.05 s" in r.json()["message"]
         assert httpx.get(u + "/healthz").status_code == 200
+
+
+def test_serve_on_an_address_it_cannot_listen_on_is_one_line() -> None:
+    """A port in use or an unknown host: exit 2 with one line (uvicorn logged it and exited 3, autoplan's
+    'infeasible')."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = CliRunner().invoke(cli, ["serve", "--port", str(port)])
+    assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.output
+    r = CliRunner().invoke(cli, ["serve", "--host", "no-such-host.invalid", "--port", "8123"])
+    assert r.exit_code == 2 and "cannot listen on no-such-host.invalid:8123" in r.stderr, r.output
