@@ -41,7 +41,7 @@ from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layer
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import ANY_TARGETS, Layout, Tally, Target, enumerate_layouts, tp_choices
+from search.space import ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices
 
 Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
@@ -451,6 +451,12 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                 err = next((e for t in scorers if (e := PROFILES[t].hybrid_layout_error(model, tp, cp)) is not None),
                            None)
                 why = f" ({err.reason})" if err is not None else ""
+            c = int(pins.get("cp", 1))
+            if key == "cp" and why == "" and (job.seq_len % (2 * c) or job.seq_len // c < MIN_CP_TOKENS):
+                why = (f" (the search tries cp={c} only where seq_len is divisible by 2*cp = {2 * c} and each CP rank "
+                       f"holds at least {MIN_CP_TOKENS} tokens: seq_len={job.seq_len})")
+            if key == "ep" and not model.is_moe:
+                why = f" (ep needs a MoE model; {model.name} is dense)"
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
                                f"{pins} and passes the hard constraints (target {target}; cut: {cut}); "
                                + (f"no layout keeps {key}={pins[key]}{why}" if valid else "relax the pins"),

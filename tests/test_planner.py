@@ -397,3 +397,17 @@ def test_search_prices_the_moe_all_to_alls_full_recompute_reruns(target: str, ze
     assert pred.num_microbatches == lay.m
     assert pred.time.exposed_comm_s["ep"] > 0
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
+def test_pin_no_layout_keeps_names_why() -> None:
+    """--ep on a dense model and --cp the search never tries say why (were "no layout keeps ep=2; valid: 1")."""
+    from cost_models.errors import ConfigError
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 8)
+    with pytest.raises(ConfigError, match=r"no layout keeps ep=2 \(ep needs a MoE model; llama3-8b is dense\); "
+                                          r"valid: 1$"):
+        search(model, cluster, JobSpec(global_batch_size=8, seq_len=1024), pins={"ep": 2})
+    with pytest.raises(ConfigError, match=r"no layout keeps cp=8 \(the search tries cp=8 only where seq_len is "
+                                          r"divisible by 2\*cp = 16 and each CP rank holds at least 1024 tokens: "
+                                          r"seq_len=1000\); valid: 1$"):
+        search(model, cluster, JobSpec(global_batch_size=8, seq_len=1000), pins={"cp": 8})
