@@ -164,6 +164,7 @@ class _BoundedLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._aliases = 0
+        self._unique_checked: set[int] = set()  # mappings whose own keys were checked (flatten_mapping)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -172,9 +173,13 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases (a YAML alias bomb?)")
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        """Refuse a key given twice in one mapping (YAML 1.2 §3.2.1.1: keys are unique; PyYAML keeps the last)."""
-        if isinstance(node, yaml.MappingNode):
+    def flatten_mapping(self, node: Any) -> None:
+        """Refuse a key given twice in one mapping (YAML 1.2 §3.2.1.1: keys are unique; PyYAML keeps the last). Checked
+        on each mapping's own keys the first time PyYAML flattens it, before its merge keys (``<<``) copy other
+        mappings' keys into it in place (``SafeConstructor.flatten_mapping``): a merged mapping's overrides are not
+        duplicates, whichever mapping is built first."""
+        if id(node) not in self._unique_checked:
+            self._unique_checked.add(id(node))
             seen: set[Any] = set()
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
@@ -189,7 +194,7 @@ class _BoundedLoader(yaml.SafeLoader):
                         None, None, f"key {_short(key, 40)} appears twice in one mapping (which one is meant?)",
                         key_node.start_mark)
                 seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        super().flatten_mapping(node)
 
 
 def parse_yaml(text: str, where: str = "input") -> Any:

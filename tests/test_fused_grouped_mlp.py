@@ -184,6 +184,7 @@ def test_validate_needs_a_checkout_with_the_flags() -> None:
     assert newer_flags_reason(on, "0.18.2") is None and newer_flags_reason(on, "0.19.0") is None
     assert newer_flags_reason(on, "0.20.0rc0") is None and newer_flags_reason(on, "0.19.1") is None
     assert newer_flags_reason(on, "0.17.1") is not None and newer_flags_reason(on, None) is not None
+    assert newer_flags_reason(on, "0.18.0rc0") is not None  # a pre-release of the first release with the flags
     assert newer_flags_reason(_plan(fp8_recipe="mxfp8"), "0.16.1") is None
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 import autoplan
@@ -87,6 +88,13 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
         parse_yaml("a:\n  b: 1\n  b: 2\n")
     # a YAML merge key may restate what it merges (the mapping's own value wins), as before
     assert parse_yaml("a: &x {b: 1}\nc:\n  <<: *x\n  b: 2\n") == {"a": {"b": 1}, "c": {"b": 2}}
+    # ... also where a merged mapping with its own override is merged before it is built itself (PyYAML copies the
+    # merged keys into a merge source in place): read as safe_load reads it, no false duplicate
+    for text in ("x:\n  i: &i\n    <<: {k: 1}\n    k: 2\ny:\n  <<: *i\n",
+                 "a:\n  <<: &b\n    <<: {x: 1}\n    x: 2\n  y: 3\nc: *b\n"):
+        assert parse_yaml(text) == yaml.safe_load(text)
+    with pytest.raises(UserInputError, match="key 'y' appears twice"):
+        parse_yaml("b: &b {x: 1}\nc:\n  <<: *b\n  y: 2\n  y: 3\n")
 
 
 @pytest.mark.parametrize(("change", "needle"), [

@@ -370,9 +370,9 @@ def newer_flags_reason(plan: EmitPlan, version: str | None) -> str | None:
 
     from cost_models.targets.megatron import FUSED_MLP_SINCE
 
-    def release(v: str) -> tuple[int, ...]:  # "0.20.0rc0" -> (0, 20, 0)
-        m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", v)
-        return tuple(int(x or 0) for x in m.groups()) if m else ()
+    def release(v: str) -> tuple[int, ...]:  # "0.20.0" -> (0, 20, 0, 1); a pre-release "0.18.0rc0" -> (0, 18, 0, 0)
+        m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(\D)?", v)
+        return (*(int(x or 0) for x in m.groups()[:3]), 0 if m.group(4) else 1) if m else ()
 
     rt = plan.runtime("megatron")
     if not rt.moe_fused_grouped_mlp:
