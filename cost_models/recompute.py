@@ -41,6 +41,11 @@ from cost_models.targets.common import Runtime
 
 _NORMS = ("attn_norm", "mlp_norm")
 _NORM_OUTPUTS = {"attn_in": "attn_norm", "mlp_in": "mlp_norm"}  # the norm whose output each is
+_MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-projections from the latents + RoPE
+_DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
+# layers with a dense MLP: a transformer layer, or a hybrid stack's MLP layer (megatron/core/ssm/mlp_layer.py: a
+# TransformerLayer holding only the MLP, whose ``mlp`` recompute module applies the same way)
+_DENSE_MLP_KINDS = ("dense", "mlp")
 
 
 def separate_norm(norm: str, graph_kind: str, mla: bool) -> bool:
@@ -51,11 +56,6 @@ def separate_norm(norm: str, graph_kind: str, mla: bool) -> bool:
     if norm == "attn_norm":
         return mla and graph_kind in ("dense", "moe")
     return norm == "mlp_norm" and graph_kind == "moe"
-_MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-projections from the latents + RoPE
-_DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
-# layers with a dense MLP: a transformer layer, or a hybrid stack's MLP layer (megatron/core/ssm/mlp_layer.py: a
-# TransformerLayer holding only the MLP, whose ``mlp`` recompute module applies the same way)
-_DENSE_MLP_KINDS = ("dense", "mlp")
 
 
 def modules_in_effect(par: ParallelConfig, rt: Runtime | None) -> frozenset[str] | None:
