@@ -161,19 +161,18 @@ def _at(where: str, key: str) -> str:
 
 def _priced_knobs(entry: dict[str, Any], source: str, where: str) -> dict[str, Any]:
     """``entry["prediction"]["software"]`` (the knobs the plan was priced with), each level checked to be an object."""
-    pred = entry.get("prediction")
-    if pred is None:
+    pred = _object_at(entry, "prediction", source, where)
+    return _object_at(pred, "software", source, _at(where, "prediction")) if pred else {}
+
+
+def _object_at(parent: dict[str, Any], key: str, source: str, where: str) -> dict[str, Any]:
+    """``parent[key]`` of the plan file ``source`` ({} when absent), refused naming where it is unless an object."""
+    value = parent.get(key)
+    if value is None:
         return {}
-    if not isinstance(pred, dict):
-        raise UserInputError(f"plan file '{source}': {_at(where, 'prediction')} must be an object, "
-                             f"not {type(pred).__name__}")
-    knobs = pred.get("software")
-    if knobs is None:
-        return {}
-    if not isinstance(knobs, dict):
-        raise UserInputError(f"plan file '{source}': {_at(where, 'prediction.software')} must be an object, "
-                             f"not {type(knobs).__name__}")
-    return knobs
+    if not isinstance(value, dict):
+        raise UserInputError(f"plan file '{source}': {_at(where, key)} must be an object, not {type(value).__name__}")
+    return value
 
 
 def priced_software(knobs: dict[str, Any], what: str | None = None) -> Software:
