@@ -69,6 +69,32 @@ GB300_ATTENTION_SWEEP: tuple[str, dict[int, tuple[float, float]]] = ("gb300", {
     32768: (2007.0, 1438.0), 65536: (1951.0, 1399.0), 131072: (1821.0, 1360.0),
 })
 
+# cuDNN SDPA at head dim 64 against head dim 128, one GPU, one cuDNN (9.19.1, cudnn-frontend 1.19.0), bf16,
+# non-deterministic backward, 64 query / 8 KV heads: NVIDIA/cudnn-frontend
+# benchmark/sdpa_benchmark_training/results/<gpu>_919_only_cudnn/ @ afa9f7c (2026-03-09; removed in 50c8aeb):
+# gpt_oss_*.csv "gpt_oss,...,bfloat16,top_left,2,8192,8192,64,8,64,64,both,False" (batch 2, causal with a 1024-token
+# sliding window, sliding_window_size 1024) and llama3.1_*.csv "llama3.1,...,bfloat16,top_left,1,2048,2048,64,8,128,128,
+# both,False" (batch 1, causal 2048 tokens): both kernels see ~1000 keys per query (960 and 1024.5; the benchmark
+# counts only unmasked scores, as the model does; backward FLOPs 2.5x the forward's, benchmark_single_sdpa.py flops()).
+# gpu -> ((tokens, window, fwd, bwd) at d 64, (tokens, fwd, bwd) at d 128), TFLOP/s.
+ATTENTION_HEAD_DIM_BENCH: dict[str, tuple[tuple[int, int, float, float], tuple[int, float, float]]] = {
+    "h200": ((8192, 1024, 349.0, 300.0), (2048, 484.0, 370.0)),
+    "gb200": ((8192, 1024, 609.0, 646.0), (2048, 1042.0, 836.0)),
+    "gb300": ((8192, 1024, 718.0, 668.0), (2048, 1266.0, 906.0)),
+}
+# Cross-checks (not used to make a value): FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) Fig. 5, H100, cuDNN
+# forward, non-causal, 4k / 16k tokens: d 64 408 / 413, d 128 609 / 595 TFLOP/s (0.67 / 0.69, forward only, whose
+# ratio the 9.19.1 H200 rows above share: 349/484 = 0.72); and the GPT-OSS shape with its own 128-token window on
+# Blackwell, cuDNN 9.22 (cudnn-frontend 1.21.1), batch 2, 128 MHA heads, d 64, 8192 tokens (127 keys per query):
+# results/gpt_oss/<gpu>/gpt_oss_20260424_*.csv @ fb682ce (2026-04-29) — gpu -> (fwd, bwd) TFLOP/s. The kernel skips
+# the masked tiles (its time is linear in the tokens: GB200 fwd 0.109 / 0.210 / 0.414 / 0.822 ms at 2k-16k) but runs
+# far below the causal d-128 kernel's saturation x/(x + attention_half_keys) fitted on 4k-128k tokens
+# (``swa128_crosscheck``).
+SWA128_D64_BENCH: dict[str, tuple[float, float]] = {"gb200": (165.0, 187.0), "gb300": (172.0, 198.0)}
+# The d-128 causal reference of that commit, same GPUs and cuDNN, 8192 tokens, batch 2, 64 query / 8 KV heads
+# (results/llama3.1/<gpu>/llama3.1_20260424_*.csv @ fb682ce): gpu -> (fwd, bwd) TFLOP/s.
+D128_8K_BENCH_922: dict[str, tuple[float, float]] = {"gb200": (1574.0, 1332.0), "gb300": (1856.0, 1435.0)}
+
 # nccl-tests all_reduce_perf bus bandwidth, GB/s, one 8-GPU NVSwitch node: GPU -> (NVLS off = ring, NVLS on).
 # NVIDIA/nccl#2140 (2026-04-28, NCCL 2.30.4+cuda13.1), one reporter, both systems: 8x H100 370 -> 480 (hopper's
 # catalog link_bus / nvls_bus, measured earlier, are exactly these), 8x B300 695 -> 845. Blackwell's NVLink 5 (18
@@ -173,6 +199,52 @@ def attention_share_ratio() -> float:
             / kernel_share(*s0[tokens], load_gpu(g0).peak_bf16_tflops))
 
 
+def swa_keys_per_query(tokens: int, window: int | None) -> float:
+    """Unmasked scores per query of a top-left causal kernel with a ``window``-key band (None: plain causal), as the
+    cudnn-frontend benchmark counts them (benchmark_single_sdpa.py flops())."""
+    w = window if window is not None and window < tokens else tokens
+    return (w * (w + 1) / 2 + (tokens - w) * w) / tokens
+
+
+def _half_keys(gpu: str) -> float:
+    """The GPU's catalog saturation in keys per query (hopper has none: ATTN_HALF_KEYS, the H100 FA3 fit)."""
+    from autoplan.catalog.registry import efficiency_for_gpu
+    from cost_models.attention_cost import ATTN_HALF_KEYS
+
+    return efficiency_for_gpu(gpu).attention_half_keys or ATTN_HALF_KEYS
+
+
+def attention_d64_ratio(gpu: str) -> float:
+    """``Efficiency.attention_d64`` from ``ATTENTION_HEAD_DIM_BENCH``: the d-64 kernel's fwd+bwd throughput over the
+    d-128 kernel's, the latter moved to the d-64 row's keys per query on the GPU's own saturation x/(x + h) (960 vs
+    1024.5 keys: a 1-2% correction)."""
+    from benchmarks.fidelity import kernel_share
+
+    (t64, window, f64, b64), (t128, f128, b128) = ATTENTION_HEAD_DIM_BENCH[gpu]
+    x64, x128 = swa_keys_per_query(t64, window), swa_keys_per_query(t128, None)
+    h = _half_keys(gpu)
+    at_x64 = kernel_share(f128, b128, 1.0) * (x64 / (x64 + h)) / (x128 / (x128 + h))
+    return kernel_share(f64, b64, 1.0) / at_x64
+
+
+def swa128_crosscheck() -> list[tuple[str, float, float]]:
+    """(GPU, measured, model) throughput of GPT-OSS's 128-token-window d-64 kernel as a share of the same commit's
+    d-128 causal kernel at 8k tokens (fwd + 2.5x bwd): the model's is its saturation x/(x + h) at 127 vs 4096.5 keys
+    per query times the d-64 factor (attention_cost.head_dim_factor)."""
+    from autoplan.catalog import build_cluster
+    from autoplan.catalog.registry import catalog_model
+    from benchmarks.fidelity import kernel_share
+    from cost_models.attention_cost import head_dim_factor
+
+    rows = []
+    x, ref = swa_keys_per_query(8192, 128), swa_keys_per_query(8192, None)
+    for gpu, (fwd, bwd) in SWA128_D64_BENCH.items():
+        h = _half_keys(gpu)
+        model = (x / (x + h)) / (ref / (ref + h)) / head_dim_factor(catalog_model("gpt-oss-120b"), build_cluster(gpu, 8))
+        rows.append((gpu, kernel_share(fwd, bwd, 1.0) / kernel_share(*D128_8K_BENCH_922[gpu], 1.0), model))
+    return rows
+
+
 def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
     """gpus.yaml ``gpu_efficiency`` for GB300 and B300 over the ``blackwell`` generation (whose GEMM and attention
     figures stand for GB200/B200), ratios under ``scale``:
@@ -181,6 +253,7 @@ def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
       bf16 as fp8; the GEMM benchmark is FP8, the only precision Azure ran on both);
     - gb300 ``attention`` × ``attention_share_ratio`` and its own ``attention_half_keys`` (the same x/(x + h) fit
       to its own sweep that made Blackwell's from GB200's);
+    - gb300 its own ``attention_d64`` (``attention_d64_ratio``; the generation's is GB200's);
     - b300: the attention facts only — the same Blackwell Ultra SM (2x SFU), measured on GB300; no B300-vs-B200
       GEMM benchmark is public, so its GEMMs stay the generation's (a prior, as B200's)."""
     from benchmarks.fidelity import attention_half_keys_fit
@@ -189,10 +262,11 @@ def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
     gpu, sweep = GB300_ATTENTION_SWEEP
     _, half = attention_half_keys_fit(sweep, load_gpu(gpu).peak_bf16_tflops)
     attention = round(attention_share_ratio(), 4)
+    d64 = round(attention_d64_ratio("gb300"), 3)
     return {
         "gb300": {"scale": {"gemm_max": round(sustained_gemm_ratio(), 4), "attention": attention},
-                  "attention_half_keys": round(half)},
-        "b300": {"scale": {"attention": attention}, "attention_half_keys": round(half)},
+                  "attention_half_keys": round(half), "attention_d64": d64},
+        "b300": {"scale": {"attention": attention}, "attention_half_keys": round(half), "attention_d64": d64},
     }
 
 
@@ -201,6 +275,10 @@ if __name__ == "__main__":
           f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
     for name, fields in blackwell_ultra_efficiency().items():
         print(f"  {name}: {fields}")
+    print("attention_d64 (cuDNN 9.19.1, d 64 / d 128 at ~1000 keys per query): "
+          + ", ".join(f"{g} {attention_d64_ratio(g):.3f}" for g in ATTENTION_HEAD_DIM_BENCH))
+    print("GPT-OSS 128-window d-64 kernel / d-128 causal 8k kernel (cuDNN 9.22): "
+          + ", ".join(f"{g} measured {m:.3f} model {p:.3f}" for g, m, p in swa128_crosscheck()))
     from autoplan.catalog.registry import efficiency_for
 
     print(f"cdna3 from AMD's MI300X MAF (half-dim {efficiency_for('cdna3').gemm_half_dim:g}): "

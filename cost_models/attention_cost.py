@@ -1,14 +1,15 @@
 """The attention core's kernel time factors and context parallelism's ring (COST_MODEL.md §2, §4): FlashAttention's
 backward ≈ 2.5× its forward (Dao 2023, FlashAttention-2 §3.2: recomputes P); the fused kernel's saturation in the
-keys each query sees (windows, ring-CP steps); Megatron's unfused path (batched GEMMs + softmax/dropout through HBM)
-where ``flash_attention`` is off; ring attention's K/V traffic and its per-step merges."""
+keys each query sees (windows, ring-CP steps) and in its head dim; Megatron's unfused path (batched GEMMs +
+softmax/dropout through HBM) where ``flash_attention`` is off; ring attention's K/V traffic and its per-step merges."""
 
 from __future__ import annotations
 
 from cost_models.collectives import group_collective_time_s
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, LayerKind, Op, mean_keys_per_query, tp_divisor
-from cost_models.specs import ATTENTION_REF_KEYS, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import (ATTENTION_REF_HEAD_DIM, ATTENTION_REF_KEYS, ClusterSpec, JobSpec, ModelSpec,
+                               ParallelConfig)
 
 
 ATTN_BWD_FACTOR = 2.5
@@ -83,6 +84,33 @@ def cp_kernel_slowdown(job: JobSpec, par: ParallelConfig, cluster: ClusterSpec, 
     return sat(job.seq_len / 2) / sat(job.seq_len / (2 * n))
 
 
+def kernel_head_dim(model: ModelSpec) -> float:
+    """Head dim the fused kernel's per-score work scales with: the mean of its QKᵀ and PV contraction widths
+    (FLOPs per score ∝ d_qk + d_v; MLA: (192 + 128)/2 = 160 on DeepSeek-V3), else the model's head dim."""
+    if model.mla is not None:
+        return (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim) / 2
+    return float(model.head_dim_resolved)
+
+
+def head_dim_factor(model: ModelSpec, cluster: ClusterSpec) -> float:
+    """Time factor of the fused attention kernel at the model's head dim against ``ATTENTION_REF_HEAD_DIM`` (where
+    the generation's ``attention`` share is measured), at equal FLOPs.
+
+    Per score the kernel pays its softmax (exponential, row max, rescale: SFU / ALU work) once and its MMAs in
+    proportion to d, so its throughput goes as d/(d + d½), d½ the head dim at which both take equal time; the
+    generation's measured d-64/d-128 ratio r = ``attention_d64`` sets d½ = 128·(1 − r)/(2r − 1) (cuDNN SDPA,
+    benchmarks/gpu_facts.py ATTENTION_HEAD_DIM_BENCH: Hopper 0.80 → d½ 44; Blackwell 0.73 → 76). Head dims >= 128
+    keep the reference share: there the same benchmarks measure no gain (Blackwell MLA 192/128 and d 256 within ±10%
+    of d 128; FlashAttention-3 Fig. 5, H100 cuDNN d 256 ≈ d 128), so nothing is extrapolated upwards."""
+    r = cluster.efficiency.attention_d64
+    d = kernel_head_dim(model)
+    if r is None or d >= ATTENTION_REF_HEAD_DIM:
+        return 1.0
+    ref = float(ATTENTION_REF_HEAD_DIM)
+    half = ref * (1.0 - r) / (2.0 * r - 1.0)
+    return (ref / (ref + half)) / (d / (d + half))
+
+
 def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
                             steps: int, kind: LayerKind = "dense") -> float:
     """Time factor of the fused attention kernel against the one the generation's ``attention`` share describes.
@@ -92,12 +120,14 @@ def attention_kernel_factor(model: ModelSpec, job: JobSpec, par: ParallelConfig,
     ``ATTENTION_REF_KEYS`` (an 8192-token causal sequence, where ``ATTENTION_KERNEL_BENCH`` is measured): a kernel
     over ``x = keys_per_query / n`` keys (``n`` ring-CP steps, each on one K/V chunk) runs
     ``sat(ATTENTION_REF_KEYS) / sat(x)`` times as long. Without it (the generation's fitted share holds at every
-    length), only ring CP's shorter per-step kernels are slower: ``cp_kernel_slowdown``."""
+    length), only ring CP's shorter per-step kernels are slower: ``cp_kernel_slowdown``. Either way times the
+    head-dim factor (``head_dim_factor``)."""
     half = cluster.efficiency.attention_half_keys
+    head = head_dim_factor(model, cluster)
     if half is None:
-        return cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0
+        return head * (cp_kernel_slowdown(job, par, cluster, steps) if steps > 1 else 1.0)
     keys = mean_keys_per_query(model, kind, job.seq_len) / max(steps, 1)  # layers of ``kind``, each its window
-    return (ATTENTION_REF_KEYS / (ATTENTION_REF_KEYS + half)) / (keys / (keys + half))
+    return head * (ATTENTION_REF_KEYS / (ATTENTION_REF_KEYS + half)) / (keys / (keys + half))
 
 
 def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig,

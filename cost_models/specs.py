@@ -661,6 +661,9 @@ ATTENTION_KERNEL_BENCH: dict[str, tuple[str, float, float]] = {
     "hopper": ("h200", 572.9, 463.5),
     "blackwell": ("gb200", 1584.0, 1211.0),
 }
+# Head dim of those benchmarks (and of nearly every calibration run): a generation's ``attention`` share is stated
+# there; ``Efficiency.attention_d64`` moves a smaller head dim off it (attention_cost.head_dim_factor).
+ATTENTION_REF_HEAD_DIM = 128
 # Keys per query of that benchmark (8192 tokens, causal): where a generation's ``attention`` share is stated when its
 # kernel's saturation in sequence length is modelled (``Efficiency.attention_half_keys``, attention_cost.attention_kernel_factor).
 ATTENTION_REF_KEYS = 4096.0
@@ -746,6 +749,12 @@ class Efficiency(_Frozen):
                                               "`attention` is the share at ATTENTION_REF_KEYS and the kernel follows "
                                               "x/(x + half) in the keys it sees (attention_cost.attention_kernel_factor); "
                                               "unset: `attention` holds at every length (ring CP steps aside)")
+    attention_d64: float | None = Field(default=None, gt=0.5, le=1, description="fused attention kernel throughput "
+                                        "at head dim 64 over head dim 128 (ATTENTION_REF_HEAD_DIM) at equal keys per "
+                                        "query, forward + backward: per score the kernel pays the softmax (exp, max, "
+                                        "scale: SFU/ALU) once and the MMAs in proportion to d, so throughput ∝ "
+                                        "d/(d + d½); this ratio sets d½ (attention_cost.head_dim_factor). Head dims "
+                                        ">= 128 keep the measured d-128 share; unset: no head-dim dependence")
     ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
                                      "(mamba_ssm's Triton chunked scan, forward and backward) sustain: the op takes at "
                                      "least its FLOPs at this rate (cost_models.mamba.ssd_flops); unset: priced by its "

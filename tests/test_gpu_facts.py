@@ -25,6 +25,7 @@ def test_catalog_gpu_efficiency_is_recomputed_from_the_benchmarks() -> None:
         assert set(have) == set(fields), gpu
         assert have["scale"] == pytest.approx(fields["scale"], abs=1e-4), gpu
         assert have["attention_half_keys"] == fields["attention_half_keys"], gpu
+        assert have["attention_d64"] == pytest.approx(fields["attention_d64"], abs=1e-3), gpu
         blackwell, resolved = efficiency_catalog()["blackwell"], efficiency_for_gpu(gpu)
         for name, ratio in have["scale"].items():
             assert getattr(resolved, name) == pytest.approx(getattr(blackwell, name) * ratio), (gpu, name)
