@@ -150,7 +150,7 @@ def test_blackwell_attention_follows_its_kernels_saturation_in_keys(seq: int, c:
     ~180): with ``attention_half_keys`` set, the kernel over x keys per query (s/2 unsplit, s/(2c) per ring-CP step)
     takes sat(4096)/sat(x) of the time the 8k-token share says, per FLOP; Hopper (unset) keeps its share at every
     length and only CP's shorter steps slow down."""
-    from cost_models.attention_cost import attention_kernel_factor, cp_kernel_slowdown
+    from cost_models.attention_cost import attention_kernel_factor, cp_kernel_slowdown, head_dim_factor
     from cost_models.op_cost import op_compute
     from cost_models.specs import ATTENTION_REF_KEYS
 
@@ -165,10 +165,13 @@ def test_blackwell_attention_follows_its_kernels_saturation_in_keys(seq: int, c:
         return k / (k + half)
 
     want = sat(ATTENTION_REF_KEYS) / sat(x)
-    assert attention_kernel_factor(GPT, job, par, b200, c) == pytest.approx(want)
-    assert attention_kernel_factor(GPT, ref, ParallelConfig(), b200, 1) == pytest.approx(1.0)
+    # GPT's head dim is 64: both factors also carry its head-dim factor (attention_cost.head_dim_factor), a constant
+    head_b, head_h = head_dim_factor(GPT, b200), head_dim_factor(GPT, h100)
+    assert head_b > 1.0 and head_h > 1.0
+    assert attention_kernel_factor(GPT, job, par, b200, c) == pytest.approx(want * head_b)
+    assert attention_kernel_factor(GPT, ref, ParallelConfig(), b200, 1) == pytest.approx(head_b)
     assert attention_kernel_factor(GPT, job, par, h100, c) == pytest.approx(
-        cp_kernel_slowdown(job, par, h100, c) if c > 1 else 1.0)
+        (cp_kernel_slowdown(job, par, h100, c) if c > 1 else 1.0) * head_h)
     # the op's time per attention FLOP, against the 8k-token unsplit kernel's
     per_flop = []
     for j, p in ((job, par), (ref, ParallelConfig())):
