@@ -125,40 +125,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     graphs = graphs_for(model, job.seq_len)
     costs = {k: layer_cost(g, model, cluster, job, par, dp, runtime) for k, g in graphs.items()
              if k in DECODER_KINDS}
-    bf16_costs: dict[str, LayerCost] = {}  # layers run in bf16 under a quantized job (cost_models.quant_layout)
-
-    def cost_of(kind: str, bf16: bool) -> LayerCost:
-        if not bf16:
-            return costs[kind]
-        if kind not in bf16_costs:
-            job_b, rt_b = run_as(job, runtime, "bf16")
-            bf16_costs[kind] = layer_cost(graphs[kind], model, cluster, job_b, par, dp, rt_b)
-        return bf16_costs[kind]
-
     head = head_cost(graphs["head"], cluster, job, par, runtime)
     strides = RankStrides.megatron(t, c, dp, par.ep)
-
-    stage_parts: list[dict[str, float]] = []
-    for s in range(p):
-        parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
-        rank_layers = [(i, layer_kind(model, i), cost_of(layer_kind(model, i),
-                                                         layer_in_bf16(i, model.num_layers, job, runtime)))
-                       for i in ids[s]]
-        for _, _, lc in rank_layers:
-            add_layers(parts, lc)
-        parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
-        if s == p - 1:
-            parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
-        if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
-            mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
-            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
-            for j, k in enumerate(mtp_block_kinds(model)):                                   # MTP stage
-                add_layers(parts, cost_of(k, mtp_layer_in_bf16(j, model.num_layers, job, runtime)),
-                           model.arch.mtp_layers, *((proj_gemm, proj_tp) if j == 0 else ()))
-        stage_parts.append(parts)
-    if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
-        stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}
-                       for a, b in (dualpipe_rank_share(s, p) for s in range(p))]
+    stage_parts = stage_time_parts(model, cluster, job, par, runtime, dp, graphs, costs, head)
     stage_t = [sum(parts.values()) for parts in stage_parts]
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
@@ -227,6 +196,59 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         software=runtime.knobs(),
         notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model)],
     )
+
+
+
+def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, runtime: Runtime,
+                     dp: int, graphs: dict[str, LayerGraph] | None = None, costs: dict[str, LayerCost] | None = None,
+                     head: float | None = None) -> list[dict[str, float]]:
+    """Per pipeline rank, its time per micro-batch by part (compute, recompute, tp, ep, cp, host): its decoder
+    layers (``layer_cost``; bf16 ones under a quantized job, ``quant_layout``), the MoE host cover its own layers
+    give (``host_cover_delta_s``), the heads and losses on the last rank and the MTP blocks on the MTP rank
+    (``cost_models.mtp``); dualpipe averages each rank's two stages. ``estimate``'s stage times are the sums; the
+    search's stage DP is held to them (tests/test_stage_dp_estimate.py). ``graphs`` / ``costs`` / ``head``: what
+    ``estimate`` already priced (None: priced here)."""
+    p = par.pp
+    split = pipeline_split(model, par)
+    ids = split.layer_ids
+    graphs = graphs if graphs is not None else graphs_for(model, job.seq_len)
+    if costs is None:
+        costs = {k: layer_cost(g, model, cluster, job, par, dp, runtime) for k, g in graphs.items()
+                 if k in DECODER_KINDS}
+    if head is None:
+        head = head_cost(graphs["head"], cluster, job, par, runtime)
+    bf16_costs: dict[str, LayerCost] = {}  # layers run in bf16 under a quantized job (cost_models.quant_layout)
+
+    def cost_of(kind: str, bf16: bool) -> LayerCost:
+        if not bf16:
+            return costs[kind]
+        if kind not in bf16_costs:
+            job_b, rt_b = run_as(job, runtime, "bf16")
+            bf16_costs[kind] = layer_cost(graphs[kind], model, cluster, job_b, par, dp, rt_b)
+        return bf16_costs[kind]
+
+    stage_parts: list[dict[str, float]] = []
+    for s in range(p):
+        parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
+        rank_layers = [(i, layer_kind(model, i), cost_of(layer_kind(model, i),
+                                                         layer_in_bf16(i, model.num_layers, job, runtime)))
+                       for i in ids[s]]
+        for _, _, lc in rank_layers:
+            add_layers(parts, lc)
+        parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
+        if s == p - 1:
+            parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
+        if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
+            mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
+            proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
+            for j, k in enumerate(mtp_block_kinds(model)):                                   # MTP stage
+                add_layers(parts, cost_of(k, mtp_layer_in_bf16(j, model.num_layers, job, runtime)),
+                           model.arch.mtp_layers, *((proj_gemm, proj_tp) if j == 0 else ()))
+        stage_parts.append(parts)
+    if par.schedule == "dualpipe":  # each rank runs half the micro-batches through each of its two stages
+        stage_parts = [{k: (stage_parts[a][k] + stage_parts[b][k]) / 2 for k in stage_parts[a]}
+                       for a, b in (dualpipe_rank_share(s, p) for s in range(p))]
+    return stage_parts
 
 
 def pp_activation_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -> float:

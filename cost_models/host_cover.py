@@ -17,7 +17,10 @@ get no cover: a dense-first layer runs after every MoE layer in the backward. On
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from cost_models.layer_cost import LayerCost
 from cost_models.targets.common import Runtime
@@ -60,23 +63,71 @@ def moe_host_cover_s(layers: Sequence[tuple[int, str, LayerCost]], synced: bool,
     forward, those before it back to the previous MoE layer. 0 for non-MoE entries. A run stops at a layer whose
     kind is not in ``light`` (``host_light_kinds``) and where the layer ids are not consecutive (an interleaved
     schedule's chunk boundary: other micro-batches run between)."""
-    n = len(layers)
-    out = [0.0] * n
+    out = [0.0] * len(layers)
+    for run in cover_runs(layers, synced, light):
+        out[run.at] = run.cover_s()
+    return out
+
+
+@dataclass(frozen=True)
+class CoverRun:
+    """One MoE entry's cover (``moe_host_cover_s``) as a function of where a rank's contiguous share of the entries
+    starts and ends: ``after[t]`` is the backward work of the first ``t`` run layers after it, ``before[t]`` the
+    forward work of the ``t`` run layers before it (nearest first; ``(0.0,)`` where ``synced``)."""
+
+    at: int
+    after: tuple[float, ...]
+    before: tuple[float, ...]
+
+    def cover_s(self, start: int = 0, end: int | None = None) -> float:
+        """The cover on a rank holding entries ``start ≤ at < end`` only (``end`` None: to the last): its runs
+        stop at the rank's edges, as ``moe_host_cover_s`` on ``layers[start:end]`` stops them."""
+        n_after = len(self.after) - 1 if end is None else min(len(self.after) - 1, end - self.at - 1)
+        return self.after[n_after] + self.before[min(len(self.before) - 1, self.at - start)]
+
+
+def cover_runs(layers: Sequence[tuple[int, str, LayerCost]], synced: bool, light: frozenset[str]) -> list[CoverRun]:
+    """Per MoE entry of ``layers`` (``moe_host_cover_s``'s arguments), its ``CoverRun``: the running sums of the
+    run of ``light`` layers with consecutive ids after it (``backward_device_s``) and, unless ``synced``, before it
+    (``forward_device_s``)."""
+    out = []
     for j, (i, kind, _) in enumerate(layers):
         if kind != "moe":
             continue
-        cover, prev = 0.0, i
-        for k in range(j + 1, n):
-            i_k, kind_k, lc_k = layers[k]
-            if kind_k not in light or i_k != prev + 1:
-                break
-            cover, prev = cover + backward_device_s(lc_k), i_k
-        if not synced:
-            prev = i
-            for k in range(j - 1, -1, -1):
-                i_k, kind_k, lc_k = layers[k]
-                if kind_k not in light or i_k != prev - 1:
-                    break
-                cover, prev = cover + forward_device_s(lc_k), i_k
-        out[j] = cover
+        out.append(CoverRun(j, _run(layers, j, 1, light, backward_device_s),
+                            (0.0,) if synced else _run(layers, j, -1, light, forward_device_s)))
     return out
+
+
+def _run(layers: Sequence[tuple[int, str, LayerCost]], j: int, step: int, light: frozenset[str],
+         work: Callable[[LayerCost], float]) -> tuple[float, ...]:
+    """Running sums of ``work`` over the entries next to ``j`` in direction ``step`` while their kind is in
+    ``light`` and their ids stay consecutive (0 first)."""
+    sums, prev, k = [0.0], layers[j][0], j + step
+    while 0 <= k < len(layers):
+        i_k, kind_k, lc_k = layers[k]
+        if kind_k not in light or i_k != prev + step:
+            break
+        sums.append(sums[-1] + work(lc_k))
+        prev, k = i_k, k + step
+    return tuple(sums)
+
+
+def range_wait_table(runs: Sequence[CoverRun], n: int, wait: Callable[[float], float]) -> np.ndarray:
+    """``T[i, j]`` (``0 ≤ i < j ≤ n``): Σ over the MoE entries of ``layers[i:j]`` (``runs = cover_runs(layers, …)``,
+    ``n = len(layers)``) of ``wait`` at the cover a rank holding just those entries gives it (``CoverRun.cover_s``)
+    less ``wait`` at the cover of the whole sequence: what a contiguous pipeline stage's own edges add to the
+    whole stack's waits. ``wait``: an MoE layer's host wait given its cover (``ep_comm.host_wait_s``). Only an MoE
+    entry whose run an edge cuts adds anything: its first ``len(before) − 1`` starts and ``len(after) − 1`` ends."""
+    table = np.zeros((n + 1, n + 1))
+    for run in runs:
+        k, n_after, n_before = run.at, len(run.after) - 1, len(run.before) - 1
+        full = wait(run.cover_s())
+        # starts: each cut one (i > k − n_before), then every uncut one at once; likewise the ends
+        starts = [(i, i + 1) for i in range(k - n_before + 1, k + 1)] + [(0, k - n_before + 1)]
+        ends = [(j, j + 1) for j in range(k + 1, k + n_after + 1)] + [(k + n_after + 1, n + 1)]
+        for i0, i1 in starts:
+            for j0, j1 in ends:
+                if i0 < i1 and j0 < j1:
+                    table[i0:i1, j0:j1] += wait(run.cover_s(i0, j0)) - full
+    return table
