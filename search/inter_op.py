@@ -187,6 +187,24 @@ class StageTables:
     last_act: float
     stage_static: float = 0.0  # bytes every stage holds once (CUDA context, buffers, the recompute peak)
     range_static: np.ndarray | None = None  # (L+1, L+1) non-additive bytes of range [i, j) (ZeRO-3 buffers)
+    range_time: np.ndarray | None = None  # (L+1, L+1) non-additive seconds of range [i, j) (MoE host cover cut at
+    #                                       the stage's edges: search.score.Scorer.cover_table)
+
+
+def range_costs(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Seconds per micro-batch of the stages ``[start, end)`` (arrays of any shape): the layers' prefix sums, the
+    head on the stage that ends at L, and ``range_time``. The one stage cost the DP, its scan and the Scorer read."""
+    L = tables.time.size - 1
+    cost = tables.time[end] - tables.time[start] + np.where(end == L, tables.last_time, 0.0)
+    if tables.range_time is not None:
+        cost = cost + tables.range_time[start, end]
+    return cost
+
+
+def stage_costs(tables: StageTables, layers: Sequence[int]) -> np.ndarray:
+    """``range_costs`` of the split with ``layers`` decoder layers per stage, in pipeline order."""
+    bounds = np.concatenate([[0], np.cumsum(layers)]).astype(np.int64)
+    return range_costs(tables, bounds[:-1], bounds[1:])
 
 
 def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> StageEdges:
@@ -213,7 +231,7 @@ def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> Stage
     st = np.array([a for a, _ in pairs], dtype=np.int64)
     en = np.array([b for _, b in pairs], dtype=np.int64)
     is_first, is_last = st == 0, en == L
-    cost = tables.time[en] - tables.time[st] + np.where(is_last, tables.last_time, 0.0)
+    cost = range_costs(tables, st, en)
     static = (tables.static[en] - tables.static[st] + np.where(is_first, tables.first_static, 0.0)
               + np.where(is_last, tables.last_static + tables.last_act, 0.0) + tables.stage_static)
     if tables.range_static is not None:
@@ -258,8 +276,7 @@ class _Paths:
         if not bounds.shape[0]:
             return
         st, en = bounds[:, :-1], bounds[:, 1:]
-        cost = time[en] - time[st]
-        cost[:, -1] += tables.last_time  # megatron_edges adds 0.0 elsewhere: exact
+        cost = range_costs(tables, st, en)  # the edges' costs, by the same float operations
         static = tables.static[en] - tables.static[st]
         static[:, 0] += tables.first_static
         static[:, -1] += tables.last_static + tables.last_act  # the head's activations: held once
@@ -332,7 +349,7 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
                mem_limit: float, alpha: float, solver: SplitSolver | None = None) -> tuple[list[int], float] | None:
     """The Megatron-expressible split minimising the pipeline time under the memory limit:
     (layers per stage, objective). Middle sizes are tried in order of a lower bound and cut once the
-    bound reaches the best found (each middle stage costs ≥ q · cheapest layer). Every middle size's paths
+    bound reaches the best found (each middle stage costs ≥ q · cheapest layer; ``range_time`` ≥ 0 only adds). Every middle size's paths
     are scanned in one pass (``megatron_scan``'s answer per size); ``solver`` answers one size at a time
     instead (``megatron_scan`` or ``megatron_dp``, the same answers from the stage DP, for the tests)."""
     L = tables.time.size - 1

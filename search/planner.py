@@ -39,7 +39,7 @@ from cost_models.pipeline_split import candidates
 from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
-from search.inter_op import StageTables, best_split
+from search.inter_op import StageTables, best_split, stage_costs
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices
 
@@ -131,9 +131,7 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
                            mem_limit=limit, alpha=alpha)
         lb = np.inf if found is None else found[1]
         if min(default) >= 1 and float(scorer.stage_memory(lay, default, tables).max()) <= limit:
-            bounds = np.concatenate([[0], np.cumsum(default)])
-            t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
-            t[-1] += tables.last_time
+            t = stage_costs(tables, default)
             lb = min(lb, alpha * float(t.sum()) + (lay.m - alpha) * float(t.max()))
         return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
     splits = ([tuple(sp.rank_layers) for sp in candidates(model.num_layers, lay.pp, lay.vp)] if lay.vp > 1
@@ -142,9 +140,7 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
     for layers in splits:
         if float(scorer.stage_memory(lay, layers, tables).max()) > limit:
             continue
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
-        t[-1] += tables.last_time
+        t = stage_costs(tables, layers)
         dp_s, _, opt_s, blocking = scorer.data_parallel(lay, layers)
         hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster, blocking)  # falls as stages grow
         pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
@@ -198,9 +194,7 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any],
     # Among equally fast splits prefer Megatron's default (no first/last-stage flags to emit).
     default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
     if default != tuple(found[0]) and min(default) >= 1:
-        bounds = np.concatenate([[0], np.cumsum(default)])
-        t = tables.time[bounds[1:]] - tables.time[bounds[:-1]]
-        t[-1] += tables.last_time
+        t = stage_costs(tables, default)  # the DP's own stage costs
         obj = alpha * float(t.sum()) + (lay.m - alpha) * float(t.max())
         if (obj <= found[1] * (1 + 1e-12)
                 and float(scorer.stage_memory(lay, default, tables).max()) <= scorer.limit_bytes):

@@ -29,7 +29,7 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.host_cover import host_light_kinds, moe_host_cover_s
+from cost_models.host_cover import cover_runs, host_light_kinds, moe_host_cover_s, range_wait_table
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
@@ -55,7 +55,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from cost_models.targets.common import TargetProfile
 from cost_models.validate import pipeline_split
-from search.inter_op import StageTables
+from search.inter_op import StageTables, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
 from search.space import Layout
@@ -128,6 +128,7 @@ class Scorer:
         self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
         self._moe_device: dict[tuple, float] = {}  # layer_pieces' key: an MoE layer's device time, where covered
         self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
+        self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
 
@@ -140,7 +141,7 @@ class Scorer:
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
         for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_ktime", "_acts", "ilp", "_params",
-                     "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr",
+                     "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr", "_cover_tab",
                      "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
@@ -393,6 +394,35 @@ class Scorer:
                 hit[r] = sum(wait[c] - wait[w] for c, w in cut)
         self._cover_corr[key] = hit
         return hit
+
+    def cover_table(self, lay: Layout) -> np.ndarray | None:
+        """(L+1, L+1): seconds per micro-batch a contiguous stage of layers ``[i, j)`` adds to its ``layer_pieces``
+        time — its MoE layers' host waits with the cover its own layers give less with the whole stack's
+        (``host_cover.range_wait_table`` over ``cover_runs``: the runs ``estimate``'s ``moe_host_cover_s`` stops at a
+        rank's edges; ``cover_correction_s`` for a vp = 1 split, read per stage). What the stage DP adds to each
+        range (``StageTables.range_time``). None where no MoE layer is covered. Once per (bound key, chosen knobs)."""
+        chosen = self.chosen_knobs(lay)
+        bkey = self.bound_key(lay)
+        pkey = (bkey, tuple(sorted(chosen.items())))
+        if pkey in self._cover_tab:
+            return self._cover_tab[pkey]
+        self.layer_pieces(lay)  # sets the MoE layers' device time where a cover applies
+        device = self._moe_device.get(pkey)
+        table = None
+        if device is not None:
+            rc, rt = lay.recompute, self._runtime_with(lay, chosen)
+            seq = [(i, k, self._layer_cost(lay, bkey, k, chosen)) for i, k in enumerate(self.kind_of)]
+            runs = cover_runs(seq, host_synced(self.cluster, self._bound_par(lay, rc), rt), host_light_kinds(rt))
+            waits: dict[float, float] = {}
+
+            def wait(cover: float) -> float:
+                if cover not in waits:
+                    waits[cover] = self._moe_waits(lay, rc, chosen, device, [cover])[cover]
+                return waits[cover]
+
+            table = range_wait_table(runs, self.L, wait)
+        self._cover_tab[pkey] = table
+        return table
 
     def lower_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float, float, float]:
         """``layer_pieces`` with ``bound_pieces``' floors in place of the ILP's answers (no solve): every
@@ -693,6 +723,8 @@ class Scorer:
             first_static=first_state, last_static=last_state, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
             range_static=self._range_static(lay, largest, per_largest),
+            # contiguous stages (vp = 1): the cover their edges cut, per range (lower: the whole stack's, a floor)
+            range_time=self.cover_table(lay) if lay.pp > 1 and lay.vp == 1 and not lower else None,
         )
 
     def _range_static(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray | None:
@@ -751,9 +783,9 @@ class Scorer:
 
     def score(self, lay: Layout, layers: tuple[int, ...], tables: StageTables | None = None) -> FastScore:
         tables = tables or self.tables(lay)
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        stage_t = tables.time[bounds[1:]] - tables.time[bounds[:-1]] + self.cover_correction_s(lay, layers)
-        stage_t[-1] += tables.last_time
+        stage_t = stage_costs(tables, layers)  # the stage DP's costs
+        if tables.range_time is None:  # vp > 1: chunk edges cut the cover too
+            stage_t = stage_t + self.cover_correction_s(lay, layers)
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
