@@ -114,8 +114,8 @@ def _run(layers: Sequence[tuple[int, str, LayerCost]], j: int, step: int, light:
 
 
 def range_wait_table(runs: Sequence[CoverRun], n: int, wait: Callable[[float], float]) -> np.ndarray:
-    """``T[i, j]`` (``0 ≤ i < j ≤ n``): Σ over the MoE entries of ``layers[i:j]`` (``runs = cover_runs(layers, …)``,
-    ``n = len(layers)``) of ``wait`` at the cover a rank holding just those entries gives it (``CoverRun.cover_s``)
+    """``T[i, j]`` (``0 ≤ i < j ≤ n``): Σ over the MoE entries of ``layers[i:j]``
+    (``runs = cover_runs(layers, …)``, ``n = len(layers)``) of ``wait`` at the cover a rank holding just those entries gives it (``CoverRun.cover_s``)
     less ``wait`` at the cover of the whole sequence: what a contiguous pipeline stage's own edges add to the
     whole stack's waits. ``wait``: an MoE layer's host wait given its cover (``ep_comm.host_wait_s``). Only an MoE
     entry whose run an edge cuts adds anything: its first ``len(before) − 1`` starts and ``len(after) − 1`` ends."""

@@ -349,9 +349,10 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
                mem_limit: float, alpha: float, solver: SplitSolver | None = None) -> tuple[list[int], float] | None:
     """The Megatron-expressible split minimising the pipeline time under the memory limit:
     (layers per stage, objective). Middle sizes are tried in order of a lower bound and cut once the
-    bound reaches the best found (each middle stage costs ≥ q · cheapest layer; ``range_time`` ≥ 0 only adds). Every middle size's paths
-    are scanned in one pass (``megatron_scan``'s answer per size); ``solver`` answers one size at a time
-    instead (``megatron_scan`` or ``megatron_dp``, the same answers from the stage DP, for the tests)."""
+    bound reaches the best found (each middle stage costs ≥ q · cheapest layer; ``range_time`` ≥ 0 only adds).
+    Every middle size's paths are scanned in one pass (``megatron_scan``'s answer per size); ``solver`` answers
+    one size at a time instead (``megatron_scan`` or ``megatron_dp``, the same answers from the stage DP, for
+    the tests)."""
     L = tables.time.size - 1
     m = n_microbatches
     per_layer = np.diff(tables.time)

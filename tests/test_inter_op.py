@@ -69,14 +69,16 @@ def test_dp_equals_brute_force(problem) -> None:  # type: ignore[no-untyped-def]
     assert sol.objective == pytest.approx(a * sum(sol.stage_costs) + (m - a) * max(sol.stage_costs), rel=1e-12)
 
 
-def _tables(rng: np.random.Generator, L: int) -> StageTables:
+def _tables(rng: np.random.Generator, L: int, range_time: bool = False) -> StageTables:
     per = rng.integers(1, 6, size=L) / 4.0
     stat = rng.random(L)
     act = rng.random(L) * 0.2
     cum = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
+    # a non-additive stage time ≥ 0 per range (the MoE host cover a stage's edges cut: Scorer.cover_table), coarse
+    rt = np.triu(rng.integers(0, 3, size=(L + 1, L + 1)) / 4.0, 1) if range_time else None
     return StageTables(time=cum(per), static=cum(stat), act=cum(act), last_time=float(rng.integers(0, 8)) / 4,
                        first_static=float(rng.random()), last_static=float(rng.random()),
-                       last_act=float(rng.random() * 0.3), stage_static=0.1)
+                       last_act=float(rng.random() * 0.3), stage_static=0.1, range_time=rt)
 
 
 def _split_objective(t: StageTables, layers: list[int], m: int, alpha: float, inflight: list[float],
@@ -86,7 +88,8 @@ def _split_objective(t: StageTables, layers: list[int], m: int, alpha: float, in
     costs, ok = [], True
     for s in range(p):
         i, j = b[s], b[s + 1]
-        c = t.time[j] - t.time[i] + (t.last_time if j == L else 0)
+        c = t.time[j] - t.time[i] + (t.last_time if j == L else 0) + (t.range_time[i, j] if t.range_time is not None
+                                                                       else 0)
         mem = (t.static[j] - t.static[i] + (t.first_static if i == 0 else 0) + (t.last_static if j == L else 0)
                + t.stage_static + (t.act[j] - t.act[i] + (t.last_act if j == L else 0)) * inflight[p - s])
         ok &= mem <= limit
@@ -101,7 +104,7 @@ def test_best_split_equals_enumeration_of_megatron_splits(seed: int) -> None:
     p = int(rng.integers(1, min(L, 6) + 1))
     m = int(rng.integers(p, 3 * p + 2))
     alpha = float(rng.choice(ALPHAS))
-    t = _tables(rng, L)
+    t = _tables(rng, L, range_time=seed % 2 == 1)
     inflight = [0.0] + [float(min(s, m)) for s in range(1, p + 1)]
     limit = float(rng.choice([np.inf, 2.0, 4.0, 8.0]))
     got = best_split(t, n_stages=p, n_microbatches=m, inflight=inflight, mem_limit=limit, alpha=alpha)
@@ -156,19 +159,19 @@ def test_early_break_keeps_the_optimum_when_t_max_is_not_the_bottleneck() -> Non
 @pytest.mark.parametrize("seed", range(60))
 def test_megatron_scan_gives_the_stage_dps_answer_ties_included(seed: int) -> None:
     # megatron_scan (the planner's path) must return the DP's split and objective bit for bit, on coarse
-    # tables where many splits tie (equal sums, equal maxima), with and without ZeRO-3 range terms.
+    # tables where many splits tie (equal sums, equal maxima), with and without ZeRO-3 range terms and range times.
     from search.inter_op import megatron_dp, megatron_scan
 
     rng = np.random.default_rng(1000 + seed)
     L = int(rng.integers(2, 17))
-    t = _tables(rng, L)
+    t = _tables(rng, L, range_time=seed % 2 == 1)
     if seed % 3 == 0:
         largest = rng.integers(1, 4, size=L) / 8.0
         rs = np.zeros((L + 1, L + 1))
         for i in range(L):
             rs[i, i + 1:] = np.maximum.accumulate(largest[i:])
         t = StageTables(t.time, t.static, t.act, t.last_time, t.first_static, t.last_static, t.last_act,
-                        t.stage_static, rs)
+                        t.stage_static, rs, t.range_time)
     for p in range(1, min(L, 7) + 1):
         m = int(rng.integers(p, 3 * p + 2))
         inflight = [0.0] + [float(min(s, m)) for s in range(1, p + 1)]

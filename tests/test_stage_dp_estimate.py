@@ -19,8 +19,9 @@ from cost_models.estimate import estimate, stage_time_parts
 from cost_models.host_cover import CoverRun, cover_runs, moe_host_cover_s, range_wait_table
 from cost_models.layer_cost import LayerCost
 from cost_models.pipeline import pipeline_time_s
-from cost_models.specs import JobSpec
+from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software
+from cost_models.validate import pipeline_split, stage_layers
 
 from autoplan.catalog.cluster import build_cluster
 from autoplan.catalog.registry import catalog_model
@@ -65,10 +66,11 @@ CASES = [  # (model, pp, synced): the first two a cover-blind DP got wrong; the 
 def test_stage_dp_split_is_the_one_estimate_prices_best(name: str, pp: int, synced: bool) -> None:
     """Brute force over every expressible split with ``estimate``. The DP minimises the pipeline time
     (``pipeline_time_s`` of the stage times) under the memory limit: its split must reach the least one estimate
-    finds, to 1e-9. Its step time is within 0.5% of estimate's least step: the DP does not weigh the DP / optimizer
-    terms the split moves (the heaviest stage's parameters, and the compute window that hides the gradient
-    reduce), which are second order — stated, not hidden. Before the DP read the cover its stage edges cut
-    (``Scorer.cover_table``) it missed the best split in the first two cases (``CASES``)."""
+    finds, to 1e-9. Here its step time is estimate's least too (to 1e-9), though the DP does not weigh the DP /
+    optimizer terms a split moves (the heaviest stage's parameters; the one micro-batch of compute that hides the
+    gradient reduce): at ZeRO-1 with most of the step in the pipeline they do not change the choice. Were a case
+    to make them, the pipeline-time assertion still holds and this one needs that stated tolerance. Before the DP
+    read the cover its stage edges cut (``Scorer.cover_table``) it missed the best split in the first two cases."""
     model, cluster, job, sc, lay = _setup(name, pp, synced)
     assert sc.cover_table(lay) is not None and sc.cover_table(lay).max() > 0.0  # edges do cut covers here
     tables = sc.tables(lay)
@@ -91,7 +93,7 @@ def test_stage_dp_split_is_the_one_estimate_prices_best(name: str, pp: int, sync
     assert pipes[chosen] <= pipes[best] * (1 + 1e-9), (chosen, pipes[chosen], best, pipes[best])
     # the DP prices its choice as estimate does, stage by stage
     np.testing.assert_allclose(stage_costs(tables, chosen), chosen_t, rtol=1e-9, atol=0.0)
-    assert steps[chosen] <= min(steps.values()) * 1.005
+    assert steps[chosen] <= min(steps.values()) * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name,pp,synced", CASES + [("nemotron-3-nano-30b-a3b", 3, True)])
@@ -137,3 +139,29 @@ def test_cover_run_reads_the_slice_cover() -> None:
     run = CoverRun(at=3, after=(0.0, 5.0, 9.0), before=(0.0, 1.0))
     assert run.cover_s() == 10.0
     assert run.cover_s(3, 4) == 0.0 and run.cover_s(2, 5) == 6.0 and run.cover_s(0, 9) == 10.0
+
+
+@pytest.mark.parametrize("name,gpus,tp,ep,pp", [("deepseek-v3", 256, 4, 8, 8), ("glm-4.5-air", 64, 2, 8, 4),
+                                                ("llama3-8b", 32, 2, 1, 4)])
+def test_stage_costs_are_estimates_stage_times_dense_first_mtp_and_dense(name: str, gpus: int, tp: int, ep: int,
+                                                                        pp: int) -> None:
+    """The other per-stage terms ``estimate`` adds, on the DP's tables: dense-first layers then MoE layers (their
+    kinds per layer), the head and losses on the last stage, the MTP blocks there (DeepSeek-V3, GLM-4.5-Air: one
+    MTP layer each) — once, not twice — and nothing extra on the first stage (the embedding's time is priced by
+    neither). Megatron's default split and two uneven ones."""
+    model, cluster = catalog_model(name), build_cluster("h100-sxm", gpus, target="megatron")
+    job = JobSpec(global_batch_size=256, seq_len=4096)
+    dp = gpus // (tp * pp)
+    lay = Layout(tp=tp, cp=1, pp=pp, dp=dp, ep=ep, micro_batch_size=1, m=256 // dp, recompute="selective",
+                 zero_stage=1, hsdp_shard_size=None, schedule="1f1b", vp=1, sequence_parallel=True)
+    sc = Scorer(model, cluster, job)
+    tables, rt, L = sc.tables(lay), sc.runtime(lay), model.num_layers
+    mid = (L - 2) // pp
+    default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+    rest = L - 1 - mid * (pp - 2)
+    for layers in [default, (1, *[mid] * (pp - 2), rest), (rest, *[mid] * (pp - 2), 1)]:
+        par = to_parallel(model, lay, layers)
+        assert tuple(pipeline_split(model, par).rank_layers) == layers
+        got = stage_costs(tables, layers)
+        want = [sum(p.values()) for p in stage_time_parts(model, cluster, job, par, rt, dp)]
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=0.0)
