@@ -16,7 +16,7 @@ from autoplan.emit.plan import priced_software
 from cost_models.errors import InfeasibleError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Software
+from cost_models.targets import PROFILES, Software
 from cost_models.validate import check_parallel, stage_layers
 from search.exhaustive import exhaustive_search
 from search.planner import search
@@ -56,8 +56,13 @@ def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> Non
     from search.space import kv_replication
 
     par, pred = plan.parallel, plan.prediction
-    rep = kv_replication(target)  # Megatron / fsdp2 / any replicate KV heads when tp is a multiple of them
-    check_parallel(model, cluster, job, par, allow_kv_replication=rep)  # raises on any broken hard constraint
+    ran = pred.software["target"]  # the framework the plan runs on (a search over ``any`` picks one per plan)
+    if target != "any":
+        assert ran == target
+    rep = kv_replication(ran)  # Megatron / fsdp2 replicate KV heads when tp is a multiple of them
+    # raises on any broken hard constraint, by the rules of the plan's own target (torchtitan's DTensor sequence
+    # parallelism shards unevenly: TargetProfile.sp_even_tokens)
+    check_parallel(model, cluster, job, par, allow_kv_replication=rep, profile=PROFILES[ran])
     dp = pred.dp
     assert dp * par.tp * par.pp * par.cp == cluster.num_gpus
     g = model.num_kv_heads
@@ -272,7 +277,7 @@ def test_catalog_models_plans_obey_constraints(name, hw, seq, batch, target) -> 
         return
     assert 1 <= len(res.plans) <= 2
     for p in res.plans:
-        _check_plan_constraints(model, cluster, job, p)
+        _check_plan_constraints(model, cluster, job, p, target)
         if target == "megatron":
             assert p.parallel.schedule != "zb-h1" and (p.parallel.zero_stage != 3 or p.parallel.pp == 1)
         if target == "torchtitan":
