@@ -23,13 +23,26 @@ across the two streams (forward: attn → dispatch → mlp → combine → next 
 dispatch → attn → next layer's combine). Overlap happens only between the two micro-batches' chains.
 
 The layer step's time is the steady-state period of that two-stream schedule (a max-plus recurrence, run here for a
-few identical steps); what shows of the all-to-alls is the period less the layer's compute. Not modelled:
-``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as without it);
-concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the caller; NCCL's
-all-to-all takes none here). They do contend (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md
-@ 067f987df, pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather, "competing for memory
-bandwidth"; nccl#689: NCCL CTAs never share an SM), but no public source gives a rate for these kernels; and the
-held-out A2A-overlap misses scale with the host-issued experts, not with the overlapped work (issue-12, s11-a2a).
+few identical steps); what shows of the all-to-alls is the period less the layer's compute.
+
+The host issues both micro-batches' nodes in that order, one thread. A dropless dispatcher blocks it once per layer
+step, in the forward's dispatch node, on device work up to the forward's attention node (``HOST_SYNC_NODE``,
+``HOST_SYNC_WAITS_FOR``: alltoall's D2H event, DeepEP's CPU wait for the routed counts, HybridEP's blocking
+dispatch); the backward's experts, issued between the two, stay queued (``queued_at_host_sync``), so the sync does
+not drain the device and the host's issue runs beside the device's work: ``ep_comm.host_bound_s`` prices the host
+as max(device, host) here (``moe.host_synced``). On the 44 held-out A2A-overlap rows a three-resource version of the
+recurrence (host, comp, comm; a node's device work neither starts before its issue starts nor ends before it ends;
+that sync edge) gave the same period, and one whose sync drained every queued node would not explain their misses
+either: host-bound, the device trails the host by about one node (issue-12, s13-a2app).
+
+Not modelled: ``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as
+without it); concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the
+caller; NCCL's all-to-all takes none here). They do contend (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-
+overlap/SKILL.md @ 067f987df, pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather,
+"competing for memory bandwidth"; nccl#689: NCCL CTAs never share an SM), but no public source gives a rate for these
+kernels; and the held-out A2A-overlap misses of the alltoall / DeepEP rows scale with the host-issued experts, not
+with the overlapped work (issue-12, s11-a2a): they look like device + host, a serialisation no sync in this code
+path explains (s13-a2app).
 """
 
 from __future__ import annotations
@@ -42,6 +55,19 @@ ISSUE_ORDER: tuple[tuple[str, str], ...] = (
     ("b", "moe_dispatch"), ("f", "mlp"), ("f", "moe_combine"), ("b", "attn"),
 )
 NODE_STREAM = {"attn": "comp", "mlp": "comp", "moe_dispatch": "comm", "moe_combine": "comm"}
+# Where a dropless dispatcher's once-per-layer host sync falls in the step, the same for the three (megatron-core
+# 0.16.1; the same lines' code at core_v0.17.1 / 0.18.0 / 0.19.0): in the forward's dispatch node, waiting on device
+# work up to the forward's attention node. ``alltoall``: the D2H copies of the split sizes are ordered after the
+# compute stream inside the attention node's preprocess (token_dispatcher.py:629-631 "before_permutation_1",
+# :873 ``cuda_dtoh_stream.wait_stream(current_stream())``), the host waits on that copy's event in the dispatch
+# node (:663-665 "before_ep_alltoall", :897-899 ``d2h_event.synchronize()``: one event, not the device).
+# ``deepep``: the CPU waits inside DeepEP's ``Buffer.dispatch`` for the routed counts (fused_a2a.py:103-105), whose
+# kernels follow the dispatch node's stream (its wait on the forward micro-batch's event: the attention node), and
+# returns them as a host list (:135 ``torch.tensor(num_recv_tokens_per_expert_list)``, so the expert node's
+# ``.item()``, token_dispatcher.py:1302, reads a CPU tensor and does not sync). ``hybridep``: the blocking
+# ``dispatch_with_permute`` in the dispatch node (fused_a2a.py:365-383).
+HOST_SYNC_NODE = ("f", "moe_dispatch")
+HOST_SYNC_WAITS_FOR = ("f", "attn")
 _STEPS = 8  # identical layer steps simulated; the period is the mean of the last half
 
 
@@ -60,6 +86,14 @@ class OverlapNodes:
     @property
     def compute_s(self) -> float:
         return self.attn_f + self.attn_b + self.mlp_f + self.mlp_b + self.comb_f + self.comb_b
+
+
+def queued_at_host_sync() -> tuple[tuple[str, str], ...]:
+    """The nodes the host has issued when it blocks at ``HOST_SYNC_NODE`` whose device work the sync does not wait
+    for: those issued after ``HOST_SYNC_WAITS_FOR`` (the backward's experts, ``("b", "mlp")``). Their device work is
+    queued while the host resumes, so the sync does not leave the device idle (``moe.host_synced``)."""
+    i, j = ISSUE_ORDER.index(HOST_SYNC_WAITS_FOR), ISSUE_ORDER.index(HOST_SYNC_NODE)
+    return ISSUE_ORDER[i + 1:j]
 
 
 def layer_step_s(a2a: list[float], nodes: OverlapNodes) -> float:

@@ -43,9 +43,9 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     GroupedLinear loops over the rank's experts, transformer_engine/pytorch/module/grouped_linear.py; the rest of
     the layer's issue, its router, permutes, all-to-alls and module calls, is one per layer whatever the experts).
 
-    Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap where
-    the dispatcher syncs on the attention forward issued before the backward's expert work, ``alltoall`` and
-    ``hybridep``: ``moe.SYNC_DRAINS_UNDER_A2A_OVERLAP``) the host runs ahead: the layer takes max(device, host),
+    Without a per-layer sync (drop-and-pad dispatch: ``moe.dispatcher_syncs_host``; or under the A2A overlap, where
+    every dispatcher syncs on the forward's attention with the backward's expert work issued after it still queued:
+    ``moe.host_synced``, ``a2a_overlap.queued_at_host_sync``) the host runs ahead: the layer takes max(device, host),
     i.e. device + this. With it (``forward_share`` given: ``moe.host_synced``, dropless, ``moe.DISPATCHER_HOST_SYNC``)
     the sync blocks the host until the device has run the layer up to its experts, so the device queue is empty when
     the host starts issuing them: the forward's expert issue (``HOST_FORWARD_SHARE`` of the host work) overlaps only

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from cost_models.a2a_overlap import queued_at_host_sync
 from cost_models.gemm import expected_max_normal
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -63,35 +64,26 @@ DISPATCHER_HOST_SYNC = {
     # sync point before_ep_alltoall (before_finish without EP: 571-573), d2h_event.synchronize(); drop-and-pad
     # takes every size from the capacity (495-508)
     "alltoall": "token_dispatcher.py:562-564, 897-899 d2h_event.synchronize()",
-    "deepep": "token_dispatcher.py:1302 tokens_per_expert.sum().item()",
+    # DeepEP's Buffer.dispatch: the CPU waits for the routed counts and gets them as a host list (:135), so the
+    # .item() of token_dispatcher.py:1302 reads a CPU tensor
+    "deepep": "fused_a2a.py:103-105 the CPU will wait for GPU's signal",
     # num_permuted_tokens unknown: a blocking dispatch ("causes a D2H synchronization", 477-479); drop-and-pad
     # passes it from the capacity (token_dispatcher.py:1007-1020)
     "hybridep": "fused_a2a.py:365-367 non_blocking=False",
 }
 
 
-# Where that sync falls under Megatron-Core's A2A overlap (combined 1F1B). The step issues, in this order, the
-# backward micro-batch's combine, the forward's attention + router + dispatch preprocess, the backward's experts
-# (``mlp.backward``, ``backward_dw``), the forward's dispatch, then the forward's experts (``mlp.forward``)
-# (models/common/model_chunk_schedule_plan.py:215-247 @ core_v0.16.1; the same order at core_v0.15.0..core_v0.19.0).
-# ``alltoall`` syncs in the dispatch node on a D2H event recorded in the preprocess (token_dispatcher.py:629, 663
-# ``_maybe_dtoh_and_synchronize``; the preprocess runs in the attention node, fine_grained_callables.py:478-481),
-# ``hybridep`` in the dispatch node's blocking dispatch: both wait on the forward's attention only, with the
-# backward's experts still queued on the compute stream behind it, so the device is not drained and the host's issue
-# overlaps that work (no per-layer sync). ``deepep`` syncs in the expert node (``.item()`` in dispatch_postprocess,
-# token_dispatcher.py:1302 via moe_layer.py:313-321, fine_grained_callables.py:520-532), on the compute stream after
-# the backward's experts: the host reaches the forward's expert issue with the device drained, as without overlap.
-SYNC_DRAINS_UNDER_A2A_OVERLAP = {"alltoall": False, "deepep": True, "hybridep": False}
-
-
 def host_synced(cluster: ClusterSpec, par: ParallelConfig, rt: Runtime | None) -> bool:
     """Whether the host waits on a drained device before issuing the forward's experts, each MoE layer
-    (``ep_comm.host_bound_s``'s ``forward_share`` case): a dropless dispatcher (``dispatcher_syncs_host``), and under
-    the A2A overlap only where its sync sits after the backward's experts (``SYNC_DRAINS_UNDER_A2A_OVERLAP``)."""
+    (``ep_comm.host_bound_s``'s ``forward_share`` case): a dropless dispatcher (``dispatcher_syncs_host``), except
+    under the A2A overlap (combined 1F1B). There every dispatcher syncs in the forward's dispatch node on device work
+    up to the forward's attention node, after which the step has issued the backward's experts
+    (``a2a_overlap.HOST_SYNC_NODE``, ``HOST_SYNC_WAITS_FOR``, ``queued_at_host_sync``): their device work is queued
+    when the host resumes, the device is not drained, the host runs ahead (max(device, host))."""
     if not dispatcher_syncs_host(rt):
         return False
     if par.ep > 1 and moe_a2a_overlapped(cluster, rt):
-        return SYNC_DRAINS_UNDER_A2A_OVERLAP[moe_dispatcher(cluster, rt)]
+        return not queued_at_host_sync()
     return True
 
 

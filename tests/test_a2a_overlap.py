@@ -1,6 +1,6 @@
 """The A2A-overlap layer step (cost_models.a2a_overlap) against the installed megatron-core's combined 1F1B code:
-issue order, streams, per-micro-batch event chains and what the combine node runs; and worked cases of the
-two-stream schedule."""
+issue order, streams, per-micro-batch event chains, what the combine node runs and where the dispatchers' host sync
+falls in the step; and worked cases of the two-stream schedule, with and without the host as a third resource."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from cost_models.a2a_overlap import ISSUE_ORDER, NODE_STREAM, OverlapNodes, exposed_s, layer_step_s
+from cost_models.a2a_overlap import (HOST_SYNC_NODE, HOST_SYNC_WAITS_FOR, ISSUE_ORDER, NODE_STREAM, OverlapNodes,
+                                     exposed_s, layer_step_s, queued_at_host_sync)
 
 plan = pytest.importorskip("megatron.core.models.common.model_chunk_schedule_plan")
 
@@ -76,3 +77,79 @@ def test_compute_bound_step_hides_every_all_to_all_and_comm_bound_step_is_the_co
     assert layer_step_s([5.0, 5.0, 5.0, 5.0], nodes) == pytest.approx(20.0)
     # the combine node's post-processing sits on the comm stream behind its all-to-all
     assert layer_step_s([5.0, 5.0, 5.0, 5.0], OverlapNodes(2.0, 4.0, 2.0, 4.0, 0.5, 0.5)) == pytest.approx(21.0)
+
+
+def test_host_sync_sits_in_the_dispatch_node_and_waits_on_the_attention_node() -> None:
+    """Each dropless dispatcher's once-per-layer host sync (``moe.DISPATCHER_HOST_SYNC``) as the combined step runs
+    it: the attention node runs the dispatcher's preprocess (alltoall: the D2H copies of the split sizes, ordered
+    after the compute stream there), the dispatch node the sync (alltoall: that copy's event, not the device;
+    DeepEP: its CPU wait for the routed counts, returned as a host list, so the expert node's ``.item()`` does not
+    sync; HybridEP: its blocking dispatch). The backward's experts, issued between the two nodes, stay queued."""
+    fgc = pytest.importorskip("megatron.core.models.gpt.fine_grained_callables")
+    td = pytest.importorskip("megatron.core.transformer.moe.token_dispatcher")
+    fa = pytest.importorskip("megatron.core.transformer.moe.fused_a2a")
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    src = inspect.getsource(fgc.build_transformer_layer_callables)
+    attn = src[src.index("def submodule_attn_forward"):src.index("def submodule_dispatch_forward")]
+    disp = src[src.index("def submodule_dispatch_forward"):src.index("def submodule_moe_forward")]
+    assert "layer.mlp.preprocess(" in attn and "layer.mlp.dispatch(" in disp
+    assert "token_dispatcher.dispatch_preprocess(" in inspect.getsource(MoELayer.preprocess)
+    assert "token_dispatcher.token_dispatch(" in inspect.getsource(MoELayer.dispatch)
+    # alltoall: D2H in the preprocess (the default dtoh point), event sync before the EP all-to-all
+    a2a = td.MoEAlltoAllTokenDispatcher
+    assert 'self.cuda_dtoh_point = "before_permutation_1"' in inspect.getsource(a2a.__init__)
+    at = r'_maybe_dtoh_and_synchronize\(\s*"{}"'
+    assert re.search(at.format("before_permutation_1"), inspect.getsource(a2a.dispatch_preprocess))
+    assert re.search(at.format("before_ep_alltoall"), inspect.getsource(a2a.token_dispatch))
+    assert '_maybe_update_cuda_sync_point("before_ep_alltoall")' in inspect.getsource(a2a.preprocess)
+    sync = inspect.getsource(a2a._maybe_dtoh_and_synchronize)
+    assert sync.index("wait_stream(torch.cuda.current_stream())") < sync.index("record_event()")
+    assert "self.d2h_event.synchronize()" in sync and "torch.cuda.synchronize(" not in sync
+    # deepep: the CPU waits inside the dispatch and gets the counts on the host
+    deepep = inspect.getsource(fa.FusedDispatch.forward)
+    assert "CPU will wait for GPU's signal" in deepep and "torch.tensor(num_recv_tokens_per_expert_list)" in deepep
+    assert "self.tokens_per_expert = num_tokens_per_expert" in inspect.getsource(td._DeepepManager.dispatch)
+    assert "self._comm_manager.dispatch(" in inspect.getsource(td.MoEFlexTokenDispatcher.token_dispatch)
+    # hybridep: dropless leaves num_permuted_tokens None, so the dispatch blocks
+    assert "non_blocking = num_permuted_tokens is not None" in inspect.getsource(fa.HybridEPDispatch.forward)
+    assert "self.num_permuted_tokens = None" in inspect.getsource(td._HybridEPManager.__init__)
+    # the model: the sync in the forward's dispatch node, on the forward's attention; the backward's experts between
+    assert (HOST_SYNC_NODE, HOST_SYNC_WAITS_FOR) == (("f", "moe_dispatch"), ("f", "attn"))
+    assert queued_at_host_sync() == (("b", "mlp"),)
+
+
+def _step_with_host(cost: dict, host: dict, drain: bool = False, steps: int = 16) -> float:
+    """Steady-state period of the step with the host as a third resource: the host issues the nodes in ISSUE_ORDER
+    (``host`` seconds each), a node's device work neither starts before its issue starts nor ends before its issue
+    ends, and the host blocks at HOST_SYNC_NODE until HOST_SYNC_WAITS_FOR has run (``drain``: until every stream
+    has run all it was given, the sync the code does not have)."""
+    stream, event, ends, marks, h = {"comp": 0.0, "comm": 0.0}, {"f": 0.0, "b": 0.0}, {}, [], 0.0
+    for _ in range(steps):
+        marks.append(max(h, *stream.values()))
+        for node in ISSUE_ORDER:
+            if node == HOST_SYNC_NODE:
+                h = max(h, *stream.values()) if drain else max(h, ends[HOST_SYNC_WAITS_FOR])
+            h0, h = h, h + host[node]
+            s = NODE_STREAM[node[1]]
+            stream[s] = event[node[0]] = ends[node] = max(max(stream[s], event[node[0]], h0) + cost[node], h)
+    half = steps // 2
+    return (marks[-1] - marks[half]) / (steps - 1 - half)
+
+
+@pytest.mark.parametrize("host_mlp, drained", [((0.5, 1.0), 6.5), ((2.0, 3.0), 7.75), ((3.0, 4.5), 9.0)])
+def test_host_runs_beside_the_queued_backward_experts(host_mlp: tuple[float, float], drained: float) -> None:
+    """attn 1 / 2, mlp 1 / 2, each all-to-all 0.25 (device period 6); the host issues each node in 0.25 but the
+    experts, forward / backward ``host_mlp``. With the code's sync (on the forward's attention, the backward's
+    experts queued) the step is max(device, host): what ep_comm.host_bound_s prices under the overlap. A sync that
+    drained the device would cost more where the host is not far behind (6.5 against 6; 7.75 against 6.5), and
+    nothing more where it is (9: the device trails the host by one node), never device + host (15)."""
+    nodes = OverlapNodes(attn_f=1.0, attn_b=2.0, mlp_f=1.0, mlp_b=2.0)
+    a2a = [0.25, 0.25, 0.25, 0.25]
+    cost = {("f", "attn"): 1.0, ("b", "attn"): 2.0, ("f", "mlp"): 1.0, ("b", "mlp"): 2.0,
+            ("f", "moe_dispatch"): 0.25, ("b", "moe_dispatch"): 0.25, ("f", "moe_combine"): 0.25,
+            ("b", "moe_combine"): 0.25}
+    host = {node: 0.25 for node in ISSUE_ORDER} | {("f", "mlp"): host_mlp[0], ("b", "mlp"): host_mlp[1]}
+    assert layer_step_s(a2a, nodes) == pytest.approx(6.0)
+    assert _step_with_host(cost, host) == pytest.approx(max(6.0, sum(host.values())))
+    assert _step_with_host(cost, host, drain=True) == pytest.approx(drained)

@@ -228,7 +228,8 @@ def test_dispatcher_host_syncs_are_where_the_code_says() -> None:
     assert "before_ep_alltoall" in lines("token_dispatcher.py", 562, 564)
     assert "d2h_event.synchronize()" in lines("token_dispatcher.py", 897, 899)
     assert "capacity" in lines("token_dispatcher.py", 495, 508)  # drop-and-pad: sizes from the capacity, no sync
-    assert ".item()" in lines("token_dispatcher.py", 1302, 1302)
+    assert "CPU will wait for GPU's signal" in lines("fused_a2a.py", 103, 105)  # DeepEP: the counts on the host
+    assert "torch.tensor(num_recv_tokens_per_expert_list)" in lines("fused_a2a.py", 135, 135)
     assert "non_blocking = num_permuted_tokens is not None" in lines("fused_a2a.py", 365, 367)
     assert "num_permuted_tokens = self.capacity" in lines("token_dispatcher.py", 1007, 1020)
     for name, cite in DISPATCHER_HOST_SYNC.items():  # each cites the file it is read from above

@@ -144,7 +144,11 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # d 128 at equal keys per query, H200 0.796, GB200 0.728, GB300 0.706; d >= 128 unchanged) prices GPT-OSS's d-64
 # attention core 1.26x (Hopper) / 1.37-1.42x (Blackwell) longer: more_runs_gptoss.json 28.8% -> 26.5%, worst 53.3% ->
 # 51.9% (mb25.11 B200); the cards file 24.0% -> 23.6%, worst 61.1% -> 60.8% (GPT-OSS-120B's functional H100 run).
-GUARDS = {"more_runs.json": (0.102, 0.610), "more_runs_bridge2.json": (0.082, 0.368),
+# s13-a2app: DeepEP's host sync under the A2A overlap read where the code has it (the dispatch node: the CPU waits
+# inside Buffer.dispatch, fused_a2a.py:103-105; the expert node's .item() reads the CPU tensor it returned, :135), so
+# it does not drain the device there either (was priced as draining): mb2602 Qwen3-30B H100 deepep -36.8% -> -45.0%,
+# mb2604 DeepSeek-V3 B200 -12.0% -> -13.8%; more_runs.json 10.18% -> 10.28% (worst unchanged).
+GUARDS = {"more_runs.json": (0.103, 0.610), "more_runs_bridge2.json": (0.082, 0.368),
           "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.265, 0.519),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.138, 0.257),
           "more_runs_torchtitan_moe.json": (0.202, 0.240), "more_runs_bridge_cards.json": (0.236, 0.608)}
