@@ -24,6 +24,7 @@ The module-level functions share one default engine per process.
 from __future__ import annotations
 
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -327,7 +328,11 @@ def _as(request: RequestLike, cls: type[SearchRequest] | type[EstimateRequest]) 
     if isinstance(request, (SearchRequest, EstimateRequest)):
         raise UserInputError(f"expected a {cls.__name__}, got a {type(request).__name__}")
     if not isinstance(request, Mapping):
-        raise UserInputError(f"a request must be a mapping, got {type(request).__name__}")
+        hint = ""
+        if isinstance(request, (str, os.PathLike)):  # a model name or file where the request was meant
+            hint = (f"; a model goes in it as {{\"model\": {json.dumps(str(request)[:80])}, \"cluster\": {{\"num_gpus\": ...}}}} "
+                    "and a request file is read with autoplan.load_request(path)")
+        raise UserInputError(f"a request must be a mapping, got {type(request).__name__}{hint}")
     data = dict(request)
     kind = cls.model_fields["kind"].default
     if data.setdefault("kind", kind) != kind:

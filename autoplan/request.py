@@ -6,9 +6,10 @@ size and NIC)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoplan.catalog import build_cluster, load_model
 from autoplan.errors import ConfigError
@@ -36,6 +37,12 @@ class ClusterRequest(BaseModel):
     memory_headroom: float | None = Field(default=None, ge=0, le=MAX_GBPS,
                                           description="HBM every plan keeps free: a fraction of HBM when < 1, GiB "
                                           "when >= 1; None: the default (5% of HBM)")
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _profile_path(cls, v: object) -> object:
+        """A ``pathlib.Path`` names the file as its text does (the API takes either)."""
+        return os.fspath(v) if isinstance(v, os.PathLike) and isinstance(os.fspath(v), str) else v
 
     def resolve(self, target: str | None = None) -> ClusterSpec:
         """The cluster as ``target`` runs on it (``build_cluster``: the efficiency set its profile names)."""

@@ -23,6 +23,7 @@ nothing in a request is ever executed.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer,
@@ -81,8 +82,10 @@ def _model_source(value: Any) -> Any:
     union branches, ``model.str: ...; model.dict[str,any]: ...``)."""
     if isinstance(value, (str, dict)):
         return value
-    raise ValueError("must be a catalog name (see `autoplan models`), a model file path or a mapping of model "
-                     "fields" + (", not a list" if isinstance(value, list) else ""))
+    if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):  # a pathlib.Path: the file it names
+        return os.fspath(value)
+    raise ValueError("must be a catalog name (see `autoplan models`), a model file path (str or pathlib.Path) or a "
+                     "mapping of model fields" + (", not a list" if isinstance(value, list) else ""))
 
 
 ModelSource = Annotated[Union[str, dict[str, Any]], BeforeValidator(_model_source)]

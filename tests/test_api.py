@@ -204,3 +204,23 @@ def test_load_request_of_no_path_is_a_user_error(path: object) -> None:
     """Not a raw TypeError from pathlib ("expected str, bytes or os.PathLike object, not NoneType")."""
     with pytest.raises(autoplan.UserInputError, match=f"a path must be a string, not {type(path).__name__}"):
         autoplan.load_request(path)  # type: ignore[arg-type]
+
+
+def test_a_model_file_may_be_a_path_object(tmp_path: Path) -> None:
+    """A pathlib.Path names the file as its text does (model and cluster profile), as ``--model PATH`` on the CLI."""
+    hf = Path(__file__).parent / "data" / "hf" / "gpt2.json"
+    req = {"model": hf, "cluster": {"num_gpus": 8}, "parallel": {"tp": 1}}
+    assert autoplan.estimate(req) == autoplan.estimate({**req, "model": str(hf)})
+    with pytest.raises(UserInputError, match=r"^model file '.*nonexistent.json' does not exist$"):
+        autoplan.estimate({**req, "model": tmp_path / "nonexistent.json"})
+    with pytest.raises(UserInputError, match=r"^cluster profile '.*nope.yaml' does not exist$"):
+        autoplan.estimate({**req, "cluster": {"num_gpus": 8, "profile": tmp_path / "nope.yaml"}})
+
+
+@pytest.mark.parametrize("request_", [Path("config.json"), "llama3-8b"])
+def test_a_model_in_place_of_the_request_says_how_to_pass_it(request_: object) -> None:
+    with pytest.raises(UserInputError) as err:
+        autoplan.search(request_)  # type: ignore[arg-type]
+    assert str(err.value) == (f"a request must be a mapping, got {type(request_).__name__}; a model goes in it as "
+                              f'{{"model": "{request_}", "cluster": {{"num_gpus": ...}}}} and a request file is read '
+                              "with autoplan.load_request(path)")

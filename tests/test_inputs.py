@@ -98,10 +98,12 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"model": None}, "model: must be a catalog name (see `autoplan models`), a model file path or a mapping of "
-                      "model fields (got None)"),
-    ({"model": ["llama3-8b"]}, "model: must be a catalog name (see `autoplan models`), a model file path or a "
-                               "mapping of model fields, not a list"),
+    ({"model": None}, "model: must be a catalog name (see `autoplan models`), a model file path (str or "
+                      "pathlib.Path) or a mapping of model fields (got None)"),
+    ({"model": ["llama3-8b"]}, "model: must be a catalog name (see `autoplan models`), a model file path (str or "
+                               "pathlib.Path) or a mapping of model fields, not a list"),
+    ({"model": b"llama3-8b"}, "model: must be a catalog name (see `autoplan models`), a model file path (str or "
+                              "pathlib.Path) or a mapping of model fields (got b'llama3-8b')"),
     ({"cluster": "h100"}, "cluster: must be an object (a mapping of fields) (got 'h100')"),
     ({"parallel": "tp=8"}, "parallel: must be an object (a mapping of fields) (got 'tp=8')"),
 ])
