@@ -851,6 +851,15 @@ def _vp_from_layout(data: dict) -> dict:
         return data
 
 
+def interleave_pp_error(pp: int, vp: int, schedule: str) -> str | None:
+    """Why an interleaved schedule (``vp`` > 1 virtual stages per rank) cannot run on ``pp`` ranks: it needs pp > 1
+    (megatron-core: virtual pipeline stages split one rank's layers between pipeline peers); None when it can."""
+    if schedule != "interleaved" or pp != 1:
+        return None
+    return (f"vp={vp} virtual stages per pipeline rank (the interleaved schedule) need pp > 1; valid: vp=1, or pp >= 2"
+            if vp > 1 else "schedule 'interleaved' needs pp > 1; valid: schedule 1f1b, or pp >= 2")
+
+
 class ParallelConfig(_Frozen):
     """One parallel layout. Checks that need the model or cluster live in ``cost_models.validate``."""
 
@@ -920,10 +929,9 @@ class ParallelConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
-        if self.schedule == "interleaved" and self.pp == 1:
-            raise ValueError(f"vp={self.vp} virtual stages per pipeline rank (the interleaved schedule) need pp > 1; "
-                             "valid: vp=1, or pp >= 2" if self.vp > 1 else
-                             "schedule 'interleaved' needs pp > 1; valid: schedule 1f1b, or pp >= 2")
+        err = interleave_pp_error(self.pp, self.vp, self.schedule)
+        if err is not None:
+            raise ValueError(err)
         if self.recompute_modules is not None and self.recompute != "selective":
             raise ValueError(f"recompute_modules with recompute '{self.recompute}': Megatron recomputes modules only "
                              "under --recompute-granularity selective (transformer_config.py:1196); use recompute "

@@ -146,3 +146,19 @@ def test_zero_help_says_what_each_stage_is_on_each_target() -> None:
     code, out, _ = _cli("estimate", "--help")
     text = " ".join(out.split())
     assert code == 0 and "2 Megatron-FSDP optim_grads" in text and "torchtitan 0 replicate, 3 FSDP2" in text
+
+
+@pytest.mark.parametrize("pins,line", [
+    (["--vp", "2"], "Error: vp=2 virtual stages per pipeline rank (the interleaved schedule) need pp > 1; valid: "
+                    "vp=1, or pp >= 2"),
+    (["--schedule", "interleaved"], "Error: schedule 'interleaved' needs pp > 1; valid: schedule 1f1b, or pp >= 2"),
+])
+@pytest.mark.parametrize("target", ["megatron", "any"])
+def test_search_interleaving_on_one_pipeline_rank_says_the_rule_as_estimate_does(pins: list[str], line: str,
+                                                                                 target: str) -> None:
+    """``search --pp 1 --vp 2`` said "no layout keeps pp=1; valid: 2, 4, ..." (as if pp were the mistake); it says
+    vp > 1 needs pp > 1, the line estimate gives ("invalid parallel: ..." there)."""
+    code, _, err = _cli("search", "--model", "llama3-70b", "--gpus", "64", "--pp", "1", *pins, "--target", target)
+    assert code == 2 and err.strip().splitlines() == [line], err
+    code, _, err = _cli("estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "1", *pins)
+    assert code == 2 and err.strip().splitlines() == [line.replace("Error: ", "Error: invalid parallel: ")], err
