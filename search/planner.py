@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from cost_models.errors import ConfigError, InfeasibleError
+from cost_models.errors import ConfigError, InfeasibleError, divisors
 from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error
 from cost_models.pipeline import pipeline_time_s
@@ -41,7 +41,8 @@ from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layer
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split, stage_costs
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices
+from search.space import (ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices,
+                          zero_choices)
 
 Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
@@ -492,11 +493,32 @@ def _pin_choices(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: T
     the other pins take (the legal neighbours of a pin); ("", []) when no single pin is the cause."""
     for key in pins:
         rest = {k: v for k, v in pins.items() if k != key}
-        values = {getattr(lay, key, None) for lay in enumerate_layouts(model, cluster, job, target, rest, Tally())}
+        if key == "hsdp_shard_size":  # the search offers few groups unpinned; a pin may take any that divides dp*cp
+            values: set[Any] = set(_hsdp_sizes(model, cluster, job, target, rest))
+        else:
+            values = {getattr(lay, key, None) for lay in enumerate_layouts(model, cluster, job, target, rest, Tally())}
         values.discard(None)
         if values:
             return key, sorted(values, key=lambda v: (str(type(v)), v))
     return "", []
+
+
+def _hsdp_sizes(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                pins: dict[str, Any]) -> list[int]:
+    """The HSDP shard-group sizes a pin may take under ``pins``: each divisor > 1 of a layout's dp*cp that one of
+    its target's ZeRO stages shards in (``zero_choices`` with that pin)."""
+    sizes: set[int] = set()
+    seen: set[tuple[Any, ...]] = set()
+    for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
+        key = (lay.target, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep)
+        if key in seen:
+            continue
+        seen.add(key)
+        dp_cp = lay.dp * lay.cp
+        sizes.update(d for d in divisors(dp_cp) if d > 1 and d not in sizes and zero_choices(
+            lay.target, cluster, dp_cp, lay.pp, {**pins, "hsdp_shard_size": d}, Tally(), model, lay.tp, lay.cp,
+            lay.ep))
+    return sorted(sizes)
 
 
 def _nearest_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target) -> list[int]:

@@ -241,9 +241,12 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
         if dp_cp > 1 and z == 3:
             out += [(z, shard) for shard in prof.hsdp_choices(cluster, dp_cp, cp)]
     if "hsdp_shard_size" in pins:
-        kept = [x for x in out if x[1] == pins["hsdp_shard_size"]]
-        if not kept and any(z == 3 for z, _ in out) and dp_cp % pins["hsdp_shard_size"] == 0:
-            kept = [(3, pins["hsdp_shard_size"])]
+        shard = pins["hsdp_shard_size"]
+        kept = [x for x in out if x[1] == shard]
+        if dp_cp % shard == 0:  # a pinned group, offered or not: each stage that shards in it (layout_error's rule;
+            # Megatron: the distributed optimizer's instances, --num-distributed-optimizer-instances)
+            kept += [(z, shard) for z in dict.fromkeys(z for z, _ in out) if (z, shard) not in kept
+                     and (z == 3 or (0 < z and (shard == dp_cp or prof.hsdp_error(z, shard, cp, dp_cp) is None)))]
         tally.cut("pin", max(0, len(out) - len(kept)))
         out = kept
     if model is not None:

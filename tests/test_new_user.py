@@ -162,3 +162,21 @@ def test_search_interleaving_on_one_pipeline_rank_says_the_rule_as_estimate_does
     assert code == 2 and err.strip().splitlines() == [line], err
     code, _, err = _cli("estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "1", *pins)
     assert code == 2 and err.strip().splitlines() == [line.replace("Error: ", "Error: invalid parallel: ")], err
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_an_hsdp_pin_no_layout_keeps_names_the_shard_sizes_that_work(target: str) -> None:
+    """``search --model llama3-70b --gpus 1024 --hsdp 3`` said "relax the pins" with no valid value (Megatron's search
+    offers no HSDP group unpinned); it names the shard sizes a pin can take, and each one named gives plans
+    (Megatron: the distributed optimizer's instances, which estimate accepts and the search did not try)."""
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--hsdp", "3", "--target", target)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "no layout keeps hsdp_shard_size=3; valid: " in line, err
+    valid = [int(x) for x in line.split("; valid: ")[1].split(", ")]
+    assert valid == [2, 4, 8, 16, 32, 64]  # every divisor of dp*cp above 1 (tp=1 pp=1: dp*cp = 64)
+    for v in (2, 16):
+        code, out, err = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--hsdp", str(v), "--target", target,
+                              "--top", "1")
+        assert code == 0 and f"hsdp={v}" in out, err
+    code, out, err = _cli("search", "--model", "llama3-70b", "--gpus", "1024", "--hsdp", "3", "--tp", "8", "--pp", "4")
+    assert code == 2 and err.strip().endswith("no layout keeps hsdp_shard_size=3; valid: 2, 4, 8, 16, 32"), err
