@@ -61,11 +61,13 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if n % mp:
         split = (par.first_stage_layers, par.last_stage_layers, par.account_for_embedding_in_pipeline_split,
                  par.account_for_loss_in_pipeline_split)
+        pps = [f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0
+               and (x > 1 or v == 1)  # interleaving needs pp > 1
+               and split_ok(model.num_layers, x, v, *split)][:12] if n % t == 0 else []
+        cps = [f"cp={x}" for x in divisors(n // (t * p)) if x == 1 or job.seq_len % (2 * x) == 0][:12] \
+            if n % (t * p) == 0 else []  # pp and tp divide: cp is the factor too many
         raise ConfigError(f"tp*pp*cp = {t}*{p}*{c} = {mp} does not divide num_gpus={n}",
-                          valid=[f"pp={x}" for x in divisors(n // t) if (n // t) % (x * c) == 0
-                                 and (x > 1 or v == 1)  # interleaving needs pp > 1
-                                 and split_ok(model.num_layers, x, v, *split)][:12]
-                          if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
+                          valid=(cps or pps) if n % t == 0 else [f"tp={x}" for x in tp_ok if n % x == 0])
     dp = n // mp
     if par.pipeline_layout is None:
         split_chunks_error(model, par)

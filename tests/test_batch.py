@@ -237,3 +237,25 @@ def test_ray_address_without_the_ray_backend_is_refused(tmp_path: Path) -> None:
     assert not out.exists()
     with pytest.raises(UserInputError, match=r"backend 'dask' is not one autoplan runs; valid: local, ray"):
         BatchRun([], backend="dask")  # type: ignore[arg-type]
+
+
+def test_a_reused_id_is_refused_on_its_line() -> None:
+    """Output lines are matched to requests by id: a second request under one id was planned silently, so two
+    answers carried the same id. The first line with an id is planned; a later one is answered invalid, the id
+    echoed and the first line named; lines without an id, and equal requests under other ids, are unaffected."""
+    est = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8}}
+    reqs = [{**est, "id": "a"}, {**est, "id": "a", "parallel": {"tp": 2}}, {**est, "id": "b"}, {**est, "id": "a"},
+            est, est, {**est, "id": "x" * 300}, {**est, "id": "x" * 256}]
+    out = [json.loads(t) for _, _, t in BatchRun(read_lines(io.BytesIO(
+        "".join(json.dumps(r) + "\n" for r in reqs).encode()))).answers()]
+    assert [(o["id"], o["line"], o["status"]) for o in out] == [
+        ("a", 1, "ok"), ("a", 2, "invalid"), ("b", 3, "ok"), ("a", 4, "invalid"), (None, 5, "ok"), (None, 6, "ok"),
+        ("x" * 256, 7, "invalid"), ("x" * 256, 8, "ok")]  # an over-long id claims none (invalid for its length)
+    assert out[1]["message"] == out[3]["message"] == ("id 'a' is already the id of line 1; each request of a batch "
+                                                      "needs its own id")
+    assert "at most 256 characters" in out[6]["message"]
+    assert [o.status for o in run_batch([{**est, "id": "a"}, {**est, "id": "a"}])] == ["ok", "invalid"]
+    r = CliRunner().invoke(cli, ["batch", "-", "--no-progress"],
+                           input="".join(json.dumps({**est, "id": "a"}) + "\n" for _ in range(2)))
+    assert r.exit_code == 0 and [json.loads(t)["status"] for t in r.stdout.splitlines()] == ["ok", "invalid"]
+    assert "invalid 1" in r.stderr

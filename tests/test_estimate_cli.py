@@ -98,6 +98,14 @@ def test_not_fitting_is_reported_not_an_error() -> None:
       "8", "--pp", "1", "--reshard-after-forward", "3"], "valid: true, false"),
     # interleaved without virtual stages would be priced as 1F1B: refused, naming the missing vp
     ([*BASE, "--tp", "8", "--pp", "8", "--schedule", "interleaved"], "needs vp >= 2"),
+    # a cp that tp*pp leaves no room for names the cp values that fit (was no valid list: it listed pp only)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--cp", "3"],
+     "tp*pp*cp = 2*2*3 = 12 does not divide num_gpus=8; valid: cp=1, cp=2"),
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "3", "--cp", "2"],
+     "tp*pp*cp = 2*3*2 = 12 does not divide num_gpus=8; valid: pp=1, pp=2"),
+    # a percentage out of range says so (was "'100%' is neither GiB nor a fraction of HBM"); inf/nan are no amount
+    ([*BASE, "--tp", "8", "--pp", "8", "--memory-headroom", "100%"], "'100%' must be at least 0% and below 100% of HBM"),
+    ([*BASE, "--tp", "8", "--pp", "8", "--memory-headroom", "inf"], "'inf' is not a finite amount"),
 ])
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     code, out, err = run(*args)

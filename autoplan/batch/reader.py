@@ -2,7 +2,8 @@
 
 Limits (``Limits``) guard a planning service against abuse: a line longer than ``max_line_bytes`` is
 answered ``invalid`` without being parsed; more than ``max_lines`` requests or ``max_total_bytes`` of input
-refuse the whole batch before anything runs (``UserInputError``, one clear line). JSON only: no YAML, no
+refuse the whole batch before anything runs (``UserInputError``, one clear line). Ids are unique: a line with
+an earlier line's id is answered ``invalid`` (output lines are matched to requests by id). JSON only: no YAML, no
 ``NaN``/``Infinity``, nothing evaluated.
 """
 
@@ -35,10 +36,12 @@ class Line:
     number: int
     text: str | None
     refused: str | None = None
+    id: str | None = None  # the id a refused line echoes (a line refused for reusing an id)
 
 
 def read_lines(stream: IO[bytes], limits: Limits = Limits(), *, name: str = "input") -> list[Line]:
-    """Every non-blank line of ``stream`` (blank lines are skipped but keep their numbers)."""
+    """Every non-blank line of ``stream`` (blank lines are skipped but keep their numbers); a line reusing an
+    earlier line's id is refused (:func:`refuse_reused_ids`)."""
     lines: list[Line] = []
     total = 0
     number = 0
@@ -61,7 +64,24 @@ def read_lines(stream: IO[bytes], limits: Limits = Limits(), *, name: str = "inp
             raise UserInputError(f"{name} is larger than {limits.max_total_bytes} bytes (--max-bytes); split it")
         if len(lines) > limits.max_lines:
             raise UserInputError(f"{name} has more than {limits.max_lines} requests (--max-lines); split it")
-    return lines
+    return refuse_reused_ids(lines)
+
+
+def refuse_reused_ids(lines: list[Line]) -> list[Line]:
+    """``lines`` with each line whose id an earlier line has refused (answered ``invalid``, the id echoed): an output
+    line is matched to its request by the id, so two requests under one id could not be told apart. The first
+    line with the id is planned; lines without an id are not matched by one and may be many."""
+    first: dict[str, int] = {}
+    out: list[Line] = []
+    for line in lines:
+        rid = _whole_id(line.text) if line.refused is None else None
+        if rid is not None and rid in first:
+            line = Line(line.number, None, f"id {rid!r:.80} is already the id of line {first[rid]}; each request of "
+                                           "a batch needs its own id", id=rid)
+        elif rid is not None:
+            first[rid] = line.number
+        out.append(line)
+    return out
 
 
 def _skip_rest_of_line(stream: IO[bytes], budget: int) -> int:
@@ -89,10 +109,20 @@ def line_id(text: str | None) -> str | None:
         return None
 
 
+def _whole_id(text: str | None) -> str | None:
+    """The id of a line as a request takes it (an id over the length limit, which ``line_id`` cuts, claims none)."""
+    try:
+        data = json.loads(text or "")
+    except (ValueError, RecursionError):
+        return None
+    rid = peek_id(data)
+    return rid if rid is not None and rid == data.get("id") else None
+
+
 def answer(engine: Engine, line: Line) -> tuple[int, Status, str]:
     """The output line (compact JSON) for one input line; never raises (one bad line never stops a batch)."""
     if line.refused is not None:
-        out = BatchLine(id=None, line=line.number, status="invalid", message=line.refused)
+        out = BatchLine(id=line.id, line=line.number, status="invalid", message=line.refused)
     else:
         try:
             data = parse_json(line.text or "")

@@ -38,7 +38,8 @@ def batch_cmd(requests: IO[bytes], output: str, workers: int, backend: str, addr
     """Plan every request of REQUESTS (JSONL; '-' for stdin) and write one result line per request.
 
     Each line is a request as `autoplan schema` describes it, with an `id`: {"id": "job-1", "kind":
-    "search" | "estimate", "model": ..., "cluster": {...}, "job": {...}, "parallel": {...}}. Each output
+    "search" | "estimate", "model": ..., "cluster": {...}, "job": {...}, "parallel": {...}}; a line reusing an
+    earlier line's id is answered invalid. Each output
     line has the same `id`, its `line` number, a `status` (ok | infeasible | invalid | error) and the
     `result` or a `message`, in input order. A bad line never stops the batch."""
     target = output_target(output)

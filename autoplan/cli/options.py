@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import functools
 import os
 import sys
@@ -79,14 +81,15 @@ def _headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         return None
     text = value.strip().lower()
     try:
-        if text.endswith("%"):
-            out = float(text[:-1]) / 100
-            if not 0 <= out < 1:
-                raise ValueError
-            return out
-        out = float(text.removesuffix("gib").strip())
+        out = float(text[:-1]) / 100 if text.endswith("%") else float(text.removesuffix("gib").strip())
     except ValueError:
         raise click.BadParameter(f"'{value}' is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)") from None
+    if not math.isfinite(out):
+        raise click.BadParameter(f"'{value}' is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
+    if text.endswith("%"):
+        if not 0 <= out < 1:
+            raise click.BadParameter(f"'{value}' must be at least 0% and below 100% of HBM")
+        return out
     if out < 0:
         raise click.BadParameter(f"'{value}' must be ≥ 0")
     return out
