@@ -231,8 +231,10 @@ def parse_gpus(text: str) -> list[int]:
             if ".." in part:
                 lo_s, hi_s = part.split("..", 1)
                 lo, hi = int(lo_s), int(hi_s)
-                if not 0 < lo <= hi:
-                    raise ValueError
+                if lo <= 0:
+                    raise UserInputError(f"--gpus {text!r:.60}: a range starts at a positive GPU count, not {lo}")
+                if lo > hi:
+                    raise UserInputError(f"--gpus {text!r:.60}: the range {lo}..{hi} runs downwards; valid: {hi}..{lo}")
                 n = lo
                 while n <= hi:
                     out.append(n)
@@ -241,6 +243,8 @@ def parse_gpus(text: str) -> list[int]:
                         break
             else:
                 out.append(int(part))
+        except UserInputError:
+            raise
         except ValueError:
             raise UserInputError(f"--gpus {text!r:.60}: expected a list like 256,512,1024 or a range like "
                                  "64..8192 (powers of two)") from None

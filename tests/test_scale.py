@@ -60,6 +60,11 @@ def test_parse_gpus():
     assert parse_gpus("64..8192") == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
     assert parse_gpus("8, 24,64..128") == [8, 24, 64, 128]
     assert ScaleRequest(model="x", gpus=[64, 8, 8]).gpus == [8, 64]
+    # a range the wrong way round, or from no GPUs, says which (was "expected a list like ... or a range like ...")
+    with pytest.raises(UserInputError, match=r"^--gpus '8\.\.4': the range 8\.\.4 runs downwards; valid: 4\.\.8$"):
+        parse_gpus("8..4")
+    with pytest.raises(UserInputError, match=r"^--gpus '0\.\.8': a range starts at a positive GPU count, not 0$"):
+        parse_gpus("0..8")
 
 
 def test_cli_table_json_plot_and_errors(tmp_path):
