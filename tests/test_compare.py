@@ -50,6 +50,12 @@ def test_cli_files_indices_and_degrees(tmp_path):
     (["#99", "tp=1"], "K must be in 1..50"),
     (["tp=8,tp=4", "tp=1"], "tp is given twice"),  # was read as tp=4
     (["tp=8,sp=maybe", "tp=1"], "sp='maybe' must be true or false"),  # was read as sp off
+    # a known key without a value, a typo, a missing file, a bad #K: each says which (were all "'X' is not a degree")
+    (["tp=8", "tp="], "plan 'tp=': tp has no value; write tp=VALUE"),
+    (["tp=8", "recompte=full"], "'recompte' is not a degree (did you mean recompute?)"),
+    (["tp=8", "nofile.json#2"], "plan 'nofile.json#2': no such file (a PLAN is FILE[#K], #K or KEY=VALUE,...)"),
+    (["tp=8", "#-1"], "plan '#-1': K must be in 1..50"),
+    (["tp=8", "#x"], "plan '#x': #K takes a plan number of the search, 1..50"),
 ])
 def test_cli_errors_are_one_line(args, needle):
     res = CliRunner().invoke(cli, ["compare", *args, *JOB])

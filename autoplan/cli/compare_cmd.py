@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,8 @@ KEYS = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vp": "vp", "mbs": "micr
         "first_stage_layers": "first_stage_layers", "last_stage_layers": "last_stage_layers",
         "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split"}
-_INDEX = re.compile(r"^#?(\d+)$")
+SHOWN_KEYS = sorted(set(KEYS) - {"micro_batch_size", "zero_stage"})
+_INDEX = re.compile(r"^#(-?\d+)$")
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
@@ -33,10 +35,15 @@ def _degrees(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in text.split(","):
         key, _, value = item.strip().partition("=")
-        field = KEYS.get(key.strip())
-        if field is None or not value:
-            raise UserInputError(f"plan {text!r:.60}: {key.strip()!r:.30} is not a degree; use KEY=VALUE with KEY "
-                                 f"in {', '.join(sorted(set(KEYS) - {'micro_batch_size', 'zero_stage'}))}")
+        key = key.strip()
+        field = KEYS.get(key)
+        if field is None:
+            close = difflib.get_close_matches(key, list(KEYS), n=2)
+            raise UserInputError(f"plan {text!r:.60}: {key!r:.30} is not a degree"
+                                 + (f" (did you mean {' or '.join(close)}?)" if close else "")
+                                 + f"; use KEY=VALUE with KEY in {', '.join(SHOWN_KEYS)}")
+        if not value.strip():
+            raise UserInputError(f"plan {text!r:.60}: {key} has no value; write {key}=VALUE")
         if field in out:
             raise UserInputError(f"plan {text!r:.60}: {key.strip()} is given twice (which one is meant?)")
         v: Any = value.strip()
@@ -112,13 +119,17 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
                 raise UserInputError(f"plan {text!r:.80}: #{k} must be a plan number from 1")
             requests.append({**_estimate_of(str(Path(path).expanduser()), idx), "failures": failures})
             continue
+        if path and "=" not in text and not text.startswith("#"):  # neither #K nor degrees: a file is meant
+            raise UserInputError(f"plan {text!r:.80}: no such file (a PLAN is FILE[#K], #K or KEY=VALUE,...)")
         if context is None:
             raise UserInputError(f"plan {text!r:.80} is not a file; #K and degree plans need --model and --gpus")
         m = _INDEX.match(text) if text.startswith("#") else None
+        if text.startswith("#") and not m:
+            raise UserInputError(f"plan {text!r:.80}: #K takes a plan number of the search, 1..50")
         if m:
             k_i = int(m.group(1))
             if k_i < 1 or k_i > 50:
-                raise UserInputError(f"plan {text!r}: K must be in 1..50")
+                raise UserInputError(f"plan {text!r}: K must be in 1..50 (the search's plans are numbered from 1)")
             if searched is None or len(searched.plans) < k_i:
                 searched = api.search({**context, "top": max(k_i, 3), "target": target, "failures": failures,
                                        "software": knobs})
