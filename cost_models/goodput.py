@@ -48,6 +48,9 @@ DEFAULT_RESTART_S = 600.0  # re-schedule + launch + NCCL init before reading the
 CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIM_BYTES  # bf16 weight + fp32 master, Adam m and v
 
 
+MAX_RESTART_S = 1e6  # a relaunch of over 11 days is no input anyone means
+
+
 class FailureModel(BaseModel):
     """Inputs of the goodput model (every field has a documented default; see the module docstring)."""
 
@@ -61,7 +64,7 @@ class FailureModel(BaseModel):
     async_save: bool = Field(default=False, description="async checkpoint save (stall only for the host copy)")
     staging_gbps: float = Field(default=DEFAULT_STAGING_GBPS, gt=0, le=1e4,
                                 description="device-to-host copy bandwidth per GPU for async saves, GB/s")
-    restart_s: float = Field(default=DEFAULT_RESTART_S, ge=0, le=1e6,
+    restart_s: float = Field(default=DEFAULT_RESTART_S, ge=0, le=MAX_RESTART_S,
                              description="time to relaunch after an interruption, before loading the checkpoint")
 
     def job_mtbf_hours(self, num_gpus: int) -> float:
@@ -100,8 +103,12 @@ def daly_interval_s(stall_s: float, mtbf_s: float) -> float:
 
 
 def goodput_fraction(interval_s: float, stall_s: float, restart_s: float, mtbf_s: float) -> float:
-    """``τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))``: Daly (2006)'s wall time inverted (work per unit wall time)."""
-    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + stall_s) / mtbf_s))
+    """``τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))``: Daly (2006)'s wall time inverted (work per unit wall time). Where the
+    denominator overflows a float (a restart or save hundreds of MTBFs long) the fraction is below 1e-300: 0."""
+    try:
+        return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + stall_s) / mtbf_s))
+    except OverflowError:
+        return 0.0
 
 
 def checkpoint_bytes_per_rank(model: ModelSpec, par: ParallelConfig, num_gpus: int, layers: list[int]) -> list[float]:

@@ -124,3 +124,19 @@ def test_cli_reports_goodput_and_takes_the_failure_flags():
     assert table.exit_code == 0 and "goodput" in table.output and "async stall" in table.output
     bad = CliRunner().invoke(cli, args + ["--checkpoint-gbps", "0"])
     assert bad.exit_code == 2 and "--checkpoint-gbps" in bad.output
+
+
+def test_an_mtbf_far_below_the_restart_is_no_goodput_not_an_overflow():
+    """``search --rank-by goodput --mtbf-hours 1e-9`` was "internal error (OverflowError: math range error)": e^{R/M}
+    overflows a float. The fraction is then below 1e-300: 0."""
+    assert goodput_fraction(60.0, 1.0, 600.0, 3.6e-6) == 0.0
+    assert goodput_fraction(60.0, 1.0, 0.0, 0.01) == 0.0  # e^{(τ+δ)/M} overflows alone
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    r = CliRunner().invoke(cli, ["search", "--model", "llama3-8b", "--gpus", "8", "--rank-by", "goodput",
+                                 "--mtbf-hours", "1e-9", "--top", "1"])
+    assert r.exit_code == 0 and "goodput          0.0% -> 0 tokens/s" in r.stdout, r.output
+    r = CliRunner().invoke(cli, ["search", "--model", "llama3-8b", "--gpus", "8", "--restart-minutes", "1e9"])
+    assert r.exit_code == 2 and "'--restart-minutes': 1000000000.0 is not in the range 0<=x<=16666" in r.stderr

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from autoplan.cli.options import stack
-from cost_models.goodput import DEFAULT_CHECKPOINT_GBPS, DEFAULT_RESTART_S, FailureModel, Goodput
+from cost_models.goodput import DEFAULT_CHECKPOINT_GBPS, DEFAULT_RESTART_S, MAX_RESTART_S, FailureModel, Goodput
 
 failure_options = stack(
     click.option("--mtbf-hours", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -17,7 +17,8 @@ failure_options = stack(
                  show_default=True, help="aggregate checkpoint storage bandwidth, GB/s"),
     click.option("--async-save/--blocking-save", default=False, show_default=True,
                  help="async checkpoint save (training stalls only for the device-to-host copy)"),
-    click.option("--restart-minutes", type=click.FloatRange(min=0), default=DEFAULT_RESTART_S / 60,
+    click.option("--restart-minutes", type=click.FloatRange(min=0, max=MAX_RESTART_S // 60),
+                 default=DEFAULT_RESTART_S / 60,
                  show_default=True, help="relaunch time after an interruption, before reading the checkpoint"),
 )
 
