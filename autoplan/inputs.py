@@ -20,13 +20,14 @@ files themselves.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -269,14 +270,42 @@ def check_text(text: str, where: str) -> None:
 
 
 # ==== typed models ==================================================================================
-def describe_validation_error(err: ValidationError) -> str:
+def _model_at(model: type[BaseModel] | None, path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model a validation error's location (less its last part) points into, through optional,
+    list and mapping fields; None where the path leaves models."""
+    for part in path:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue  # a list element: the list field's item model was taken already
+        field = model.model_fields.get(str(part))
+        model = _model_in(field.annotation) if field is not None else None
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_in(a)) is not None), None)
+
+
+def _unknown_field(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
+    """``unknown field``, with the nearest field names of the model it was given to (a typo's fix)."""
+    where = _model_at(model, loc[:-1])
+    names, key = (list(where.model_fields) if where else []), str(loc[-1]) if loc else ""
+    close = difflib.get_close_matches(key, names, n=2) or [n for n in names if key and n.startswith(key)][:2]
+    return "unknown field" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+
+
+def describe_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
     """Compact one-line form of a pydantic error, e.g.
-    ``num_layers: Input should be greater than 0 (got -1); foo: unknown field``."""
+    ``num_layers: Input should be greater than 0 (got -1); foo: unknown field``; with ``model`` (the class
+    validated) an unknown field names the nearest known ones."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = _unknown_field(model, tuple(e["loc"]))
         elif e["type"] == "missing":
             msg = "required field missing"
         else:
@@ -319,7 +348,7 @@ def strict(model: type[M], data: Any, what: str | None = None) -> M:
         return model.model_validate(integral_floats_as_ints(data), strict=True)
     except ValidationError as err:
         prefix = f"invalid {what}: " if what else ""
-        raise UserInputError(prefix + describe_validation_error(err)) from None
+        raise UserInputError(prefix + describe_validation_error(err, model)) from None
     except TypeError as err:  # a "before" validator met a value of the wrong type (e.g. vp: "2")
         prefix = f"invalid {what}: " if what else ""
         raise UserInputError(f"{prefix}a field has the wrong type ({err})") from None

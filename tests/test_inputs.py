@@ -227,3 +227,18 @@ def test_empty_model_name_is_refused(tmp_path: Path) -> None:
     spec.write_text("\n".join(spec.read_text().splitlines()[1:]) + "\n")
     assert autoplan.estimate({"model": str(spec), "cluster": {"num_gpus": 8}, "job": {"global_batch_size": 8},
                               "parallel": {"tp": 1, "pp": 1}}).model.name == "m"
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"software": {"tp_comm_overlapp": True}}, "software.tp_comm_overlapp: unknown field (did you mean tp_comm_overlap?)"),
+    ({"job": {"seq_length": 4096}}, "job.seq_length: unknown field (did you mean seq_len?)"),
+    ({"failures": {"mtbf": 3}}, "failures.mtbf: unknown field (did you mean mtbf_hours?)"),  # a prefix of the name
+    ({"parallel": {"tpp": 2}}, "parallel.tpp: unknown field (did you mean tp or pp?)"),
+    ({"xyzzy": 1}, "xyzzy: unknown field"),  # nothing near: no guess
+])
+def test_an_unknown_field_names_the_nearest_known_ones(change: dict, needle: str) -> None:
+    """A typo in a request field (``tp_comm_overlapp``) said only "unknown field"; the CLI's flags say "Did you
+    mean"; a request names the nearest fields of the object it sits in."""
+    with pytest.raises(UserInputError) as err:
+        autoplan.search({"model": "llama3-8b", "cluster": {"num_gpus": 8}, **change})
+    assert str(err.value) == needle
