@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from autoplan import __version__
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
+from autoplan.inputs import json_type
 from autoplan.request import ClusterRequest
 from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_GPUS, MODEL_DESCRIPTION, ClusterRecord, JobRequest, ModelRecord,
                              ModelSource, ParallelPins, Plan, RankBy, Status, Target, _Strict, validate_request)
@@ -257,7 +258,7 @@ def as_scale_request(data: Any) -> ScaleRequest:
     if isinstance(data, ScaleRequest):
         return data
     if not isinstance(data, dict):
-        raise UserInputError(f"a scale request must be a JSON object, got {type(data).__name__}")
+        raise UserInputError(f"a scale request must be a JSON object, got {json_type(data)}")
     kind = data.get("kind", "scale")
     if kind != "scale":
         raise UserInputError(f"request kind is {kind!r:.40}; a scale request has kind 'scale'")

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
+from autoplan.inputs import json_type
 from autoplan.schema import Estimate, EstimateRequest, RankBy, _Strict, validate_request
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def as_compare_request(data: Any) -> CompareRequest:
     if isinstance(data, CompareRequest):
         return data
     if not isinstance(data, dict):
-        raise UserInputError(f"a compare request must be a JSON object, got {type(data).__name__}")
+        raise UserInputError(f"a compare request must be a JSON object, got {json_type(data)}")
     data = dict(data)
     plans = data.get("plans")
     if isinstance(plans, list):

@@ -227,6 +227,13 @@ def read_mapping(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     return data
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (``null``, not ``NoneType``; ``array``, not ``list``)."""
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+             dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
 # ==== parsed data ===================================================================================
 def check_tree(data: Any, where: str = "input") -> None:
     """Refuse what no typed field should ever see: deep nesting, huge documents, non-finite floats,

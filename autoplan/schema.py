@@ -31,7 +31,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerF
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
-from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS  # noqa: F401  (checked when a model is loaded)
+from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS, json_type  # noqa: F401  (limits: checked when a model is loaded)
 from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
 from cost_models.goodput import FailureModel, Goodput
@@ -180,7 +180,7 @@ def parse_request(data: Any) -> SearchRequest | EstimateRequest:
     if isinstance(data, (SearchRequest, EstimateRequest)):
         return data
     if not isinstance(data, dict):
-        raise UserInputError(f"a request must be a JSON object, got {type(data).__name__}")
+        raise UserInputError(f"a request must be a JSON object, got {json_type(data)}")
     kind = data.get("kind", "search")
     cls = REQUEST_KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:

@@ -32,7 +32,7 @@ from autoplan.api import Engine, classify
 from autoplan.batch.reader import Limits, Line, answer, read_lines
 from autoplan.capacity import ScaleRequest, ScaleResult
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
-from autoplan.inputs import decode_text, parse_json
+from autoplan.inputs import decode_text, json_type, parse_json
 from autoplan.schema import BatchLine, Estimate, EstimateRequest, SearchRequest, SearchResult, validate_request
 
 MIB = 1 << 20
@@ -329,7 +329,7 @@ def _strip_hint(message: str, hint: str | None) -> str:
 
 def _as(data: Any, cls: type[BaseModel]) -> Any:
     if not isinstance(data, dict):
-        raise UserInputError(f"a request must be a JSON object, got {type(data).__name__}")
+        raise UserInputError(f"a request must be a JSON object, got {json_type(data)}")
     kind = data.get("kind")
     want = cls.model_fields["kind"].default
     if kind != want:

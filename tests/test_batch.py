@@ -259,3 +259,11 @@ def test_a_reused_id_is_refused_on_its_line() -> None:
                            input="".join(json.dumps({**est, "id": "a"}) + "\n" for _ in range(2)))
     assert r.exit_code == 0 and [json.loads(t)["status"] for t in r.stdout.splitlines()] == ["ok", "invalid"]
     assert "invalid 1" in r.stderr
+
+
+def test_a_line_that_is_no_object_names_its_json_type() -> None:
+    """``null`` was "got NoneType", ``[]`` "got list": the Python names of what the user wrote in JSON."""
+    out = [json.loads(t) for _, _, t in BatchRun(read_lines(io.BytesIO(b"null\n[]\n\"x\"\n4.5\ntrue\n"))).answers()]
+    assert [o["message"] for o in out] == [f"a request must be a JSON object, got {t}"
+                                          for t in ("null", "array", "string", "number", "boolean")]
+    assert all(o["status"] == "invalid" for o in out)
