@@ -457,6 +457,13 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                        f"holds at least {MIN_CP_TOKENS} tokens: seq_len={job.seq_len})")
             if key == "ep" and not model.is_moe:
                 why = f" (ep needs a MoE model; {model.name} is dense)"
+            t = int(pins.get("tp", 1))
+            if key == "tp" and why == "" and model.is_moe and (job.seq_len // c) % t:  # check_parallel's SP rule
+                why = (f" (MoE with tp > 1 runs sequence parallelism, which splits the seq_len/cp = {job.seq_len // c} "
+                       f"tokens of a CP rank over tp={t})")
+            if key == "pp" and job.global_batch_size < int(pins["pp"]):  # 1F1B: m >= pp (check_parallel)
+                why = (f" (a pipeline of pp={pins['pp']} needs at least {pins['pp']} micro-batches; global_batch_size="
+                       f"{job.global_batch_size} makes at most {job.global_batch_size})")
             return ConfigError(f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs keeps the pins "
                                f"{pins} and passes the hard constraints (target {target}; cut: {cut}); "
                                + (f"no layout keeps {key}={pins[key]}{why}" if valid else "relax the pins"),

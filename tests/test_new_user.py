@@ -180,3 +180,18 @@ def test_an_hsdp_pin_no_layout_keeps_names_the_shard_sizes_that_work(target: str
         assert code == 0 and f"hsdp={v}" in out, err
     code, out, err = _cli("search", "--model", "llama3-70b", "--gpus", "1024", "--hsdp", "3", "--tp", "8", "--pp", "4")
     assert code == 2 and err.strip().endswith("no layout keeps hsdp_shard_size=3; valid: 2, 4, 8, 16, 32"), err
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--model", "mixtral-8x7b", "--seq-len", "1001", "--tp", "8"],
+     "no layout keeps tp=8 (MoE with tp > 1 runs sequence parallelism, which splits the seq_len/cp = 1001 tokens of a "
+     "CP rank over tp=8); valid: 1"),
+    (["--model", "llama3-8b", "--global-batch-size", "3", "--pp", "4"],
+     "no layout keeps pp=4 (a pipeline of pp=4 needs at least 4 micro-batches; global_batch_size=3 makes at most 3); "
+     "valid: 1, 2"),
+])
+def test_a_pin_no_layout_keeps_says_the_rule_it_breaks(args: list[str], why: str) -> None:
+    """``--tp 8`` on an MoE model whose sequence tp does not divide, or ``--pp 4`` with a batch of 3, said only
+    "no layout keeps tp=8; valid: 1": the valid value without the reason."""
+    code, _, err = _cli("search", "--gpus", "8", *args)
+    assert code == 2 and err.strip().splitlines()[-1].endswith(why), err
