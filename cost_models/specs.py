@@ -930,6 +930,10 @@ class ParallelConfig(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
         err = interleave_pp_error(self.pp, self.vp, self.schedule)
+        if err is not None and self.pipeline_layout is not None:  # vp was read from the layout, not given
+            raise ValueError(f"pipeline_layout {self.pipeline_layout!r:.60} lists {self.vp} stages: on pp=1 that is "
+                             f"vp={self.vp} virtual stages per rank, which need pp > 1; valid: pp >= 2, or a layout of "
+                             "one stage (no '|')")
         if err is not None:
             raise ValueError(err)
         if self.recompute_modules is not None and self.recompute != "selective":

@@ -98,6 +98,11 @@ def test_not_fitting_is_reported_not_an_error() -> None:
       "8", "--pp", "1", "--reshard-after-forward", "3"], "valid: true, false"),
     # interleaved without virtual stages would be priced as 1F1B: refused, naming the missing vp
     ([*BASE, "--tp", "8", "--pp", "8", "--schedule", "interleaved"], "needs vp >= 2"),
+    # a layout of several stages on one pipeline rank: named as the user wrote it (was "vp=2 virtual stages ...",
+    # a vp the user never gave)
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--pipeline-layout", "Et|tL"],
+     "pipeline_layout 'Et|tL' lists 2 stages: on pp=1 that is vp=2 virtual stages per rank, which need pp > 1; valid: "
+     "pp >= 2, or a layout of one stage (no '|')"),
     # a cp that tp*pp leaves no room for names the cp values that fit (was no valid list: it listed pp only)
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--cp", "3"],
      "tp*pp*cp = 2*2*3 = 12 does not divide num_gpus=8; valid: cp=1, cp=2"),
