@@ -8,8 +8,9 @@ on the device. So a backward queues each non-MoE layer's device work (a hybrid s
 a dense layer between MoE layers) ahead of the next MoE layer in backward order — the one before it in forward
 order — and that layer's backward issue runs beside it: the host's excess over the MoE layer's own backward is
 covered by it too. The forward gets no such cover (the next MoE layer's sync drains whatever the host queued).
-Where no sync exists at all (drop-and-pad, or the A2A overlap's dispatchers that do not drain), the host runs ahead
-in both passes: the forward of the non-MoE layers before the MoE layer covers it as well.
+Where no sync drains the device (drop-and-pad; or the A2A overlap, whose one sync waits on the forward's attention
+node while the other micro-batch's backward experts stay queued: ``a2a_overlap.queued_at_host_sync``), the host runs
+ahead in both passes: the forward of the non-MoE layers before the MoE layer covers it as well.
 
 Transformer stacks whose decoder layers are all MoE layers (or whose dense layers come first: DeepSeek's, Kimi's)
 get no cover: a dense-first layer runs after every MoE layer in the backward. Only layers a CUDA graph holds count

@@ -239,6 +239,16 @@ def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
     return max(1, tp * cp * dp // ep)
 
 
+def expert_shard_group(tp: int, cp: int, dp: int, ep: int, zero_stage: int, hsdp: int | None) -> int:
+    """Ranks the routed experts' ZeRO state is sharded over: the expert data-parallel group, split by the distributed
+    optimizer's dp*cp/hsdp instances under zero 1 with ``hsdp`` < dp*cp (megatron/core/parallel_state.py:1263-1268 @
+    core_v0.16.1, ``intra_partial_expert_data_parallel_size``)."""
+    edp = expert_data_parallel_size(tp, cp, dp, ep)
+    if zero_stage == 1 and hsdp and hsdp < dp * cp:
+        return max(1, edp // (dp * cp // hsdp))
+    return edp
+
+
 def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
     other ``aten.mm`` (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
@@ -495,7 +505,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer),
                          sp.outside_te + mp.outside_te)
     group = par.hsdp_shard_size or dp * par.cp
-    expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
+    expert_group = expert_shard_group(par.tp, par.cp, dp, par.ep, par.zero_stage, par.hsdp_shard_size)
     w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group, uncached=sp.outside_te)
     w2, g2, o2 = runtime.state_bytes(sp.expert, par.zero_stage, expert_group)
     if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)

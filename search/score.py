@@ -39,7 +39,7 @@ from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
 from cost_models.memory import (
     GIB,
     activation_bytes_per_microbatch,
-    expert_data_parallel_size,
+    expert_shard_group,
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
@@ -638,7 +638,7 @@ class Scorer:
         Model state: the user's knobs alone (the knobs the search chooses change layer time and at most the
         activations, ``act_pieces``)."""
         group = lay.hsdp_shard_size or lay.dp * lay.cp
-        edp = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
+        edp = expert_shard_group(lay.tp, lay.cp, lay.dp, lay.ep, lay.zero_stage, lay.hsdp_shard_size)
         # what it reads: the default runtime (by its key: ``_runtime_with``), the shard groups, zero stage and pp
         key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.knobs, group, edp)
         hit = self._state.get(key)
@@ -662,7 +662,7 @@ class Scorer:
         (``Runtime.optimizer``) each layer's optimizer bytes as ``estimate`` prices them
         (``muon.optimizer_state_bytes``: linear over layers; the embedding and output layer are Adam's)."""
         group = lay.hsdp_shard_size or lay.dp * lay.cp
-        edp = expert_data_parallel_size(lay.tp, lay.cp, lay.dp, lay.ep)
+        edp = expert_shard_group(lay.tp, lay.cp, lay.dp, lay.ep, lay.zero_stage, lay.hsdp_shard_size)
         key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.ep, lay.sequence_parallel, lay.knobs,
                lay.kv_replication, lay.schedule, group, edp)
         hit = self._state_pieces.get(key)

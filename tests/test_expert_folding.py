@@ -176,3 +176,22 @@ def _cli():  # type: ignore[no-untyped-def]
     from autoplan.cli import cli
 
     return cli
+
+
+def test_distributed_optimizer_instances_split_the_expert_group() -> None:
+    """Megatron's distributed-optimizer instances (zero 1, hsdp < dp·cp) must divide the expert data-parallel size
+    (parallel_state.py:1263-1265 @ core_v0.16.1), and they shard the expert state over edp / instances (:1266-1268):
+    an ep-64 layout whose edp is 1 is refused with the shard sizes that work; at ep 8 (edp 8, 8 instances) every rank
+    holds the whole expert Adam state, as with no sharding."""
+    olmoe = load_model("olmoe-1b-7b")
+    cluster, job = build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256, seq_len=4096)
+    with pytest.raises(ConfigError, match=r"8 distributed-optimizer instances .* expert data-parallel size "
+                                          r"tp\*dp\*cp/ep = 1 .*valid: hsdp_shard_size=64"):
+        estimate(olmoe, cluster, job, ParallelConfig(ep=64, zero_stage=1, hsdp_shard_size=8), target="megatron")
+    sharded = estimate(olmoe, cluster, job, ParallelConfig(ep=8, zero_stage=1), target="megatron")
+    grouped = estimate(olmoe, cluster, job, ParallelConfig(ep=8, zero_stage=1, hsdp_shard_size=8), target="megatron")
+    unsharded = estimate(olmoe, cluster, job, ParallelConfig(ep=8, zero_stage=0), target="megatron")
+    assert grouped.memory_gib["optimizer"] > 5 * sharded.memory_gib["optimizer"]
+    # the expert part as zero 0 holds it (fp32 master + Adam moments: the same 12 B per parameter), the dense part
+    # (about a third of zero 0's bytes here) sharded over the 8 ranks of an instance
+    assert 0.6 * unsharded.memory_gib["optimizer"] < grouped.memory_gib["optimizer"] < unsharded.memory_gib["optimizer"]
