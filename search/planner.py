@@ -458,7 +458,8 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
             if key == "ep" and not model.is_moe:
                 why = f" (ep needs a MoE model; {model.name} is dense)"
             t = int(pins.get("tp", 1))
-            if key == "tp" and why == "" and model.is_moe and (job.seq_len // c) % t:  # check_parallel's SP rule
+            if (key == "tp" and why == "" and model.is_moe and (job.seq_len // c) % t
+                    and any(PROFILES[s].sp_even_tokens for s in scorers)):  # check_parallel's SP rule
                 why = (f" (MoE with tp > 1 runs sequence parallelism, which splits the seq_len/cp = {job.seq_len // c} "
                        f"tokens of a CP rank over tp={t})")
             if key == "pp" and job.global_batch_size < int(pins["pp"]):  # 1F1B: m >= pp (check_parallel)
