@@ -82,14 +82,31 @@ ATTENTION_HEAD_DIM_BENCH: dict[str, tuple[tuple[int, int, float, float], tuple[i
     "gb200": ((8192, 1024, 609.0, 646.0), (2048, 1042.0, 836.0)),
     "gb300": ((8192, 1024, 718.0, 668.0), (2048, 1266.0, 906.0)),
 }
+# The d-128 causal kernel's sequence sweep from the same 9.19.1 files (llama3.1_*.csv rows "llama3.1,llama3.1,cudnn,
+# bfloat16,top_left,1,N,N,64,8,128,128,both,False", N = 2048..32768; the 2048 row is ATTENTION_HEAD_DIM_BENCH's d-128
+# row): gpu -> tokens -> (fwd, bwd) TFLOP/s. Its a·x/(x + h) fit (``attention_half_keys``) sets the catalog's
+# ``attention_half_keys`` (blackwell: GB200's; gb300 / b300: GB300's): x/(x + h) follows every point within 2% (GB200
+# h 837, GB300 777; H200 618, not used: hopper has no saturation field). The older cuDNN 9.17 sweep
+# (cost_models.specs.BLACKWELL_ATTENTION_SWEEP, 128 query heads) fitted on 4k-128k gave 334 / 486: its 64k-128k points
+# fall (0.50 of peak at 128k vs 0.57 at 32k), which a rising x/(x + h) can only meet with a small h; on 4k-32k alone
+# it gives 648 / 676, and its own 2k row (736 TFLOP/s fwd+bwd) sits 1.44x below the 334 curve.
+ATTENTION_SWEEP_919: dict[str, dict[int, tuple[float, float]]] = {
+    "h200": {2048: (484.0, 370.0), 4096: (591.0, 474.0), 8192: (644.0, 541.0), 16384: (673.0, 579.0),
+             32768: (688.0, 581.0)},
+    "gb200": {2048: (1042.0, 836.0), 4096: (1335.0, 1132.0), 8192: (1598.0, 1311.0), 16384: (1687.0, 1402.0),
+              32768: (1720.0, 1473.0)},
+    "gb300": {2048: (1266.0, 906.0), 4096: (1672.0, 1195.0), 8192: (1887.0, 1385.0), 16384: (1968.0, 1490.0),
+              32768: (2014.0, 1549.0)},
+}
 # Cross-checks (not used to make a value): FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) Fig. 5, H100, cuDNN
 # forward, non-causal, 4k / 16k tokens: d 64 408 / 413, d 128 609 / 595 TFLOP/s (0.67 / 0.69, forward only, whose
 # ratio the 9.19.1 H200 rows above share: 349/484 = 0.72); and the GPT-OSS shape with its own 128-token window on
 # Blackwell, cuDNN 9.22 (cudnn-frontend 1.21.1), batch 2, 128 MHA heads, d 64, 8192 tokens (127 keys per query):
 # results/gpt_oss/<gpu>/gpt_oss_20260424_*.csv @ fb682ce (2026-04-29) — gpu -> (fwd, bwd) TFLOP/s. The kernel skips
-# the masked tiles (its time is linear in the tokens: GB200 fwd 0.109 / 0.210 / 0.414 / 0.822 ms at 2k-16k) but runs
-# far below the causal d-128 kernel's saturation x/(x + attention_half_keys) fitted on 4k-128k tokens
-# (``swa128_crosscheck``).
+# the masked tiles (its time is linear in the tokens: GB200 fwd 0.109 / 0.210 / 0.414 / 0.822 ms at 2k-16k) and runs
+# near the causal d-128 kernel's saturation x/(x + attention_half_keys) (``swa128_crosscheck``): measured 0.129 / 0.124 of
+# the d-128 8k kernel's fwd+bwd throughput, the model's curve times the d-64 factor 0.116 / 0.118 (the 2k-32k fit,
+# h 837 / 777; the former 4k-128k cuDNN 9.17 fit, h 334 / 486, said 0.217 / 0.164: 1.68x / 1.32x too fast).
 SWA128_D64_BENCH: dict[str, tuple[float, float]] = {"gb200": (165.0, 187.0), "gb300": (172.0, 198.0)}
 # The d-128 causal reference of that commit, same GPUs and cuDNN, 8192 tokens, batch 2, 64 query / 8 KV heads
 # (results/llama3.1/<gpu>/llama3.1_20260424_*.csv @ fb682ce): gpu -> (fwd, bwd) TFLOP/s.
@@ -206,6 +223,15 @@ def swa_keys_per_query(tokens: int, window: int | None) -> float:
     return (w * (w + 1) / 2 + (tokens - w) * w) / tokens
 
 
+def attention_half_keys(gpu: str) -> float:
+    """``Efficiency.attention_half_keys`` from ``ATTENTION_SWEEP_919``: h of a·x/(x + h) fitted to the GPU's cuDNN
+    9.19.1 d-128 causal sweep, 2k-32k tokens, fwd + 2.5x bwd (benchmarks/fidelity.py attention_half_keys_fit)."""
+    from autoplan.catalog.registry import load_gpu
+    from benchmarks.fidelity import attention_half_keys_fit
+
+    return attention_half_keys_fit(ATTENTION_SWEEP_919[gpu], load_gpu(gpu).peak_bf16_tflops)[1]
+
+
 def _half_keys(gpu: str) -> float:
     """The GPU's catalog saturation in keys per query (hopper has none: ATTN_HALF_KEYS, the H100 FA3 fit)."""
     from autoplan.catalog.registry import efficiency_for_gpu
@@ -252,15 +278,11 @@ def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
     - gb300 ``gemm_max`` × ``sustained_gemm_ratio`` (every GEMM: the sustained tensor clock is the power budget's,
       bf16 as fp8; the GEMM benchmark is FP8, the only precision Azure ran on both);
     - gb300 ``attention`` × ``attention_share_ratio`` and its own ``attention_half_keys`` (the same x/(x + h) fit
-      to its own sweep that made Blackwell's from GB200's);
+      to its own cuDNN 9.19.1 sweep that makes Blackwell's from GB200's, ``attention_half_keys``);
     - gb300 its own ``attention_d64`` (``attention_d64_ratio``; the generation's is GB200's);
     - b300: the attention facts only — the same Blackwell Ultra SM (2x SFU), measured on GB300; no B300-vs-B200
       GEMM benchmark is public, so its GEMMs stay the generation's (a prior, as B200's)."""
-    from benchmarks.fidelity import attention_half_keys_fit
-    from autoplan.catalog.registry import load_gpu
-
-    gpu, sweep = GB300_ATTENTION_SWEEP
-    _, half = attention_half_keys_fit(sweep, load_gpu(gpu).peak_bf16_tflops)
+    half = attention_half_keys("gb300")
     attention = round(attention_share_ratio(), 4)
     d64 = round(attention_d64_ratio("gb300"), 3)
     return {

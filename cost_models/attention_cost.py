@@ -99,7 +99,7 @@ def head_dim_factor(model: ModelSpec, cluster: ClusterSpec) -> float:
     Per score the kernel pays its softmax (exponential, row max, rescale: SFU / ALU work) once and its MMAs in
     proportion to d, so its throughput goes as d/(d + d½), d½ the head dim at which both take equal time; the
     generation's measured d-64/d-128 ratio r = ``attention_d64`` sets d½ = 128·(1 − r)/(2r − 1) (cuDNN SDPA,
-    benchmarks/gpu_facts.py ATTENTION_HEAD_DIM_BENCH: Hopper 0.80 → d½ 44; Blackwell 0.73 → 76). Head dims >= 128
+    benchmarks/gpu_facts.py ATTENTION_HEAD_DIM_BENCH: Hopper 0.80 → d½ 44; Blackwell 0.74 → 70). Head dims >= 128
     keep the reference share: there the same benchmarks measure no gain (Blackwell MLA 192/128 and d 256 within ±10%
     of d 128; FlashAttention-3 Fig. 5, H100 cuDNN d 256 ≈ d 128), so nothing is extrapolated upwards."""
     r = cluster.efficiency.attention_d64

@@ -669,7 +669,9 @@ ATTENTION_REF_HEAD_DIM = 128
 ATTENTION_REF_KEYS = 4096.0
 # The Blackwell benchmark's sweep, 4k-128k tokens (GB200, the CSV above): tokens -> (forward, backward) TFLOP/s. Its
 # fwd+bwd share of peak rises 0.45 (4k) -> 0.52 (8k) -> 0.57 (32k), then falls to 0.50 at 128k (H200's, same file @
-# b740542: 0.47 -> 0.50 -> 0.53, flat on): a x/(x + h) fit in keys per query sets ``attention_half_keys``.
+# b740542: 0.47 -> 0.50 -> 0.53, flat on). Its 8k row is GB200's side of gpu_facts.attention_share_ratio; the
+# saturation ``attention_half_keys`` is fitted to the newer cuDNN 9.19.1 sweep, 2k-32k (benchmarks/gpu_facts.py
+# ATTENTION_SWEEP_919: this one's x/(x + h) fit on 4k-128k, 334, is bent by the 64k-128k fall and priced 2k 1.27x fast).
 BLACKWELL_ATTENTION_SWEEP: tuple[str, dict[int, tuple[float, float]]] = ("gb200", {
     4096: (1386.0, 1054.0), 8192: (1584.0, 1211.0), 16384: (1668.0, 1304.0),
     32768: (1681.0, 1348.0), 65536: (1573.0, 1229.0), 131072: (1467.0, 1188.0),

@@ -118,11 +118,12 @@ def test_gpt_oss_step_slows_and_d128_models_do_not_move() -> None:
 
 
 def test_swa128_crosscheck_is_reported_not_fitted() -> None:
-    """The GPT-OSS 128-window d-64 kernel (cuDNN 9.22) runs slower than the model's saturation x/(x + h) at 127 keys
-    per query times the d-64 factor prices it (GB200: 0.13 of the d-128 8k kernel's throughput measured vs 0.22
-    modelled): a documented gap of the keys-per-query fit (made on 4k-128k tokens), not folded into attention_d64."""
+    """The GPT-OSS 128-window d-64 kernel (cuDNN 9.22) against the model's saturation x/(x + h) at 127 keys per query
+    times the d-64 factor (GB200: 0.129 of the d-128 8k kernel's throughput measured vs 0.116 modelled): a check of
+    the keys-per-query fit (made on 2k-32k tokens, cuDNN 9.19.1) far below its range, not folded into attention_d64.
+    The former 4k-128k fit (h 334 / 486) priced it 1.68x / 1.32x fast; this one within 15%."""
     rows = {g: (meas, model) for g, meas, model in facts.swa128_crosscheck()}
     assert set(rows) == {"gb200", "gb300"}
     for gpu, (meas, model) in rows.items():
         assert 0.10 < meas < 0.15, gpu
-        assert model > meas, gpu
+        assert model == pytest.approx(meas, rel=0.15), gpu
