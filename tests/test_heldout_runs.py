@@ -148,10 +148,16 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # inside Buffer.dispatch, fused_a2a.py:103-105; the expert node's .item() reads the CPU tensor it returned, :135), so
 # it does not drain the device there either (was priced as draining): mb2602 Qwen3-30B H100 deepep -36.8% -> -45.0%,
 # mb2604 DeepSeek-V3 B200 -12.0% -> -13.8%; more_runs.json 10.18% -> 10.28% (worst unchanged).
-GUARDS = {"more_runs.json": (0.103, 0.610), "more_runs_bridge2.json": (0.082, 0.368),
-          "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.265, 0.519),
-          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.138, 0.257),
-          "more_runs_torchtitan_moe.json": (0.202, 0.240), "more_runs_bridge_cards.json": (0.236, 0.608)}
+# s13-attncurve: Blackwell's attention_half_keys refit on cuDNN 9.19.1's 2k-32k sweeps (GB200 334 -> 837, GB300/B300
+# 486 -> 777: 4k-token kernels 1.09x slower, 16k+ faster) and the MoE host cost refit with it (2.648 + 0.365 -> 2.430 +
+# 0.370 ms): more_runs.json 10.3% -> 9.8% (NeMo long-sequence B200 rows +9..16% -> +3..6%); gptoss 26.5% -> 25.5%, worst
+# 51.9% -> 51.1%; bridge2 8.2% -> 8.6%, worst 36.8% -> 37.5% (its 4k-token MoE rows, already predicted slow, slower);
+# cards 23.6% -> 23.4%, worst 60.8% -> 61.0% (GPT-OSS H100: the host cost); hybrid MTP rows 19.4% -> 19.8%, worst 34.8%
+# -> 35.2% (Super B300 NVFP4, predicted slow; both changes). Stated, not compensated.
+GUARDS = {"more_runs.json": (0.099, 0.610), "more_runs_bridge2.json": (0.086, 0.375),
+          "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.255, 0.512),
+          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.136, 0.257),
+          "more_runs_torchtitan_moe.json": (0.202, 0.240), "more_runs_bridge_cards.json": (0.234, 0.611)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
 # te_quant.cfg's per-module precision (cost_models.quant_layout): 39.2% -> 37.4% on the 31 rows; the worst, B300 NVFP4
@@ -164,7 +170,7 @@ HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s11-super: the graphed Mamba / attention layers' backward covers the MoE layers' backward host issue
 # (cost_models.host_cover): 26.5% -> 23.8%, worst 66.9% -> 49.1% (still mb26.06 Super B300 NVFP4); Super GB200 NVFP4
 # (host wait in the backward removed) -22..-26% -> -25..-29%.
-HYBRID_MTP_GUARD = (0.194, 0.348)
+HYBRID_MTP_GUARD = (0.198, 0.352)  # s13-attncurve: see GUARDS
 MARGIN = 0.02
 
 
