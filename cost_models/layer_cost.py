@@ -84,10 +84,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         ep_s, ep_bytes = ep_s * (1 + again), ep_bytes * (1 + again)
         if par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt):
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
-            # backward chunk; Megatron-Core's 1F1B A2A overlap merges them). DeepEP's / HybridEP's kernels run on
-            # SMs taken from compute (20 of 132 on H800, DeepSeek-V3 report §3.2.2; moe.dispatcher_sm_fraction): the
-            # layer's compute slows by that share.
-            slow = 1.0 / (1.0 - dispatcher_sm_fraction(dispatcher, cluster))
+            # backward chunk; Megatron-Core's 1F1B A2A overlap merges them). The dispatcher's kernels run on SMs
+            # taken from compute (DeepEP 20 of 132 on H800, DeepSeek-V3 report §3.2.2; NCCL's all-to-all one CTA per
+            # p2p channel: moe.dispatcher_sm_fraction): the layer's compute slows by that share, as if the
+            # all-to-alls held it throughout the step (they run for most of it where the overlap matters).
+            slow = 1.0 / (1.0 - dispatcher_sm_fraction(dispatcher, cluster, e, strides.ep))
             forward, backward = forward * slow, backward * slow
             if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
                 ep_s = max(0.0, ep_s - (forward + backward))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from cost_models.a2a_overlap import queued_at_host_sync
+from cost_models.collectives import place_group
 from cost_models.gemm import expected_max_normal
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -21,6 +22,13 @@ from cost_models.targets.common import Runtime
 # and 16 for HybridEP ("In pure NVL scenarios, 16 SMs can generally achieve good bandwidth": transformer_config.py
 # ``moe_deepep_num_sms`` / ``moe_hybridep_num_sms`` @ core_v0.16.1, lines 722-726).
 DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
+# NCCL's all-to-all (the ``alltoall`` dispatcher) holds SMs too: NCCL launches one CTA per channel that has work
+# (src/enqueue.cc ``ncclLaunchKernel``: grid = the plan's channel count; NCCL CTAs never share an SM with compute,
+# NVIDIA/nccl#689) and spreads an all-to-all's sends / receives over the communicator's p2p channels, each peer on
+# ``p2pnChannelsPerPeer`` of them (src/graph/paths.cc ``ncclTopoComputeP2pChannels``). Over the network that is 2 per
+# remote peer ("start from 2 channels per NIC", ``ncclTopoGetNchannels``; the H100 two-node log "16 p2p channels, 2 p2p
+# channels per peer", gpus.yaml); inside an NVLink domain every channel serves every peer.
+NCCL_NET_CHANNELS_PER_PEER = 2
 
 
 def moe_dispatcher(cluster: ClusterSpec, rt: Runtime | None = None) -> str:
@@ -137,9 +145,27 @@ def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | N
     return MEGATRON_PERMUTE_PASSES[dispatcher] + (1 if dispatcher == "alltoall" and local_experts > 1 else 0)
 
 
-def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec) -> float:
-    """Share of the GPU's SMs the dispatcher's kernels take from compute (0 for NCCL's all-to-all: its kernels are
-    not counted against compute here, as before)."""
+def nccl_alltoall_ctas(cluster: ClusterSpec, ep: int, stride: int) -> int:
+    """CTAs (so SMs) NCCL's all-to-all kernel runs over an EP group of ``ep`` ranks at rank ``stride``: the
+    communicator's p2p channels as NCCL logs them on the GPU's systems (``GPUSpec.nccl_p2p_channels_nvlink`` /
+    ``_net``: inside one NVLink domain / across nodes, ``collectives.place_group``), fewer where the remote peers
+    cannot fill them (``NCCL_NET_CHANNELS_PER_PEER`` each); 0 where the catalog has no log (not priced, as before)."""
+    if ep <= 1:
+        return 0
+    gpu = cluster.gpu
+    if place_group(ep, stride, cluster).crosses_domain:
+        channels = gpu.nccl_p2p_channels_net
+        return min(channels, NCCL_NET_CHANNELS_PER_PEER * (ep - 1)) if channels else 0
+    return gpu.nccl_p2p_channels_nvlink or 0
+
+
+def dispatcher_sm_fraction(dispatcher: str, cluster: ClusterSpec, ep: int = 1, stride: int = 1) -> float:
+    """Share of the GPU's SMs the dispatcher's kernels take from compute while they run beside it: DeepEP's /
+    HybridEP's configured SMs (``DISPATCHER_SMS``), NCCL's all-to-all CTAs over the EP group of ``ep`` ranks at
+    ``stride`` (``nccl_alltoall_ctas``; 0 on a GPU without NCCL channel counts in the catalog)."""
+    if dispatcher == "alltoall":
+        ctas = nccl_alltoall_ctas(cluster, ep, stride)
+        return ctas / cluster.gpu.sm_count if ctas and cluster.gpu.sm_count else 0.0
     sms = DISPATCHER_SMS.get(dispatcher)
     if not sms:
         return 0.0

@@ -20,7 +20,8 @@ from cost_models.ep_comm import a2a_overlap_compute_split, a2a_overlap_exposed_s
 from cost_models.layer_cost import layer_cost
 from cost_models.op_cost import op_compute
 from cost_models.memory import graphs_for
-from cost_models.moe import DISPATCHER_SMS, dispatcher_sm_fraction, host_synced, moe_load_imbalance
+from cost_models.moe import (DISPATCHER_SMS, dispatcher_sm_fraction, host_synced, moe_load_imbalance,
+                             nccl_alltoall_ctas)
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import MEGATRON, Software
 
@@ -109,6 +110,10 @@ def test_a2a_overlap_is_priced_as_the_schedule_runs() -> None:
     stride = RankStrides.megatron(par.tp, par.cp, par.dp(cluster.num_gpus)).ep
     parts = moe_all_to_all_parts(model, cluster, JOB, 4096 / 2, 32, stride, rho=cluster.efficiency.moe_imbalance)
     nodes = a2a_overlap_compute_split(graph, model, cluster, JOB, par, rt)
+    # NCCL's all-to-all over four nodes holds 16 of the H100's 132 SMs (its p2p channels: gpus.yaml) beside compute
+    slow = 1 / (1 - 16 / 132)
+    nodes = OverlapNodes(*(x * slow for x in (nodes.attn_f, nodes.attn_b, nodes.mlp_f, nodes.mlp_b, nodes.comb_f,
+                                              nodes.comb_b)))
     cost = _moe_layer(sw, cluster, par)
     assert cost.forward_s == pytest.approx(nodes.attn_f + nodes.mlp_f + nodes.comb_f)
     assert cost.ep_s == pytest.approx(a2a_overlap_exposed_s([p[0] for p in parts], nodes))
@@ -276,6 +281,37 @@ def test_a2a_overlap_mtp_refusals() -> None:
 def test_capacity_factor_must_be_finite() -> None:
     with pytest.raises(ValueError):
         Software(moe_capacity_factor=math.inf)
+
+
+def test_nccl_alltoall_takes_its_p2p_channels_sms() -> None:
+    """NCCL runs one CTA per p2p channel with work; an all-to-all fills the communicator's p2p channels (H100: 32
+    inside a node, 16 across nodes, as NCCL logs them on p5.48xlarge; H800: 16 in a node, nccl#892), fewer across
+    nodes where 2 per remote peer cannot fill them. GPUs without a public log price none (as before)."""
+    h100 = build_cluster("h100-sxm", 256)
+    assert nccl_alltoall_ctas(h100, 8, 1) == 32  # one node
+    assert nccl_alltoall_ctas(h100, 32, 2) == 16  # ep 32 at stride 2: eight nodes
+    assert nccl_alltoall_ctas(h100, 2, 8) == 2  # one remote peer: 2 channels
+    assert nccl_alltoall_ctas(h100, 1, 1) == 0
+    assert nccl_alltoall_ctas(build_cluster("h800", 8), 8, 1) == 16
+    assert nccl_alltoall_ctas(build_cluster("gb200", 64), 64, 1) == 0
+    assert dispatcher_sm_fraction("alltoall", h100, 16, 1) == pytest.approx(16 / 132)
+    assert dispatcher_sm_fraction("hybridep", h100, 16, 1) == pytest.approx(DISPATCHER_SMS["hybridep"] / 132)
+
+
+def test_nccl_alltoall_slows_compute_only_under_the_overlap() -> None:
+    """The all-to-all's SMs cost compute only where the two run side by side (the A2A overlap): Qwen3-235B on H100,
+    ep 16 over two nodes, the layer's compute 1/(1 - 16/132) slower with the overlap, unchanged without it."""
+    cluster = build_cluster("h100-sxm", 256)
+    par = ParallelConfig(tp=1, pp=8, vp=4, ep=16, micro_batch_size=1, schedule="interleaved")
+    plain = _moe_layer(Software(moe_dispatcher="alltoall"), cluster, par)
+    over = _moe_layer(Software(moe_dispatcher="alltoall", moe_a2a_overlap=True), cluster, par)
+    slow = 1 / (1 - 16 / 132)
+    assert over.forward_s == pytest.approx(plain.forward_s * slow)
+    assert over.backward_s == pytest.approx(plain.backward_s * slow)
+    gb200 = build_cluster("gb200", 256)  # no NCCL channel log in the catalog: compute unchanged
+    par = par.model_copy(update={"ep": 32})
+    assert _moe_layer(Software(moe_dispatcher="alltoall", moe_a2a_overlap=True), gb200, par).forward_s == \
+        pytest.approx(_moe_layer(Software(moe_dispatcher="alltoall"), gb200, par).forward_s)
 
 
 def test_sm_based_dispatcher_needs_the_gpus_sm_count() -> None:
