@@ -36,13 +36,13 @@ that sync edge) gave the same period, and one whose sync drained every queued no
 either: host-bound, the device trails the host by about one node (issue-12, s13-a2app).
 
 Not modelled: ``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as
-without it); concurrent kernels are assumed not to slow each other (the dispatcher's SM share is priced by the
-caller; NCCL's all-to-all takes none here). They do contend (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-
-overlap/SKILL.md @ 067f987df, pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather,
-"competing for memory bandwidth"; nccl#689: NCCL CTAs never share an SM), but no public source gives a rate for these
-kernels; and the held-out A2A-overlap misses of the alltoall / DeepEP rows scale with the host-issued experts, not
-with the overlapped work (issue-12, s11-a2a): they look like device + host, a serialisation no sync in this code
-path explains (s13-a2app).
+without it); concurrent kernels slow each other only by the SMs the dispatcher's kernels hold (priced by the caller:
+DeepEP's / HybridEP's configured SMs, NCCL's all-to-all one CTA per p2p channel: moe.dispatcher_sm_fraction). They
+also contend for memory bandwidth (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md @ 067f987df,
+pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather, "competing for memory bandwidth";
+nccl#689: NCCL CTAs never share an SM), but no public source gives a rate for these kernels; and the held-out
+A2A-overlap misses of the alltoall / DeepEP rows scale with the host-issued experts, not with the overlapped work
+(issue-12, s11-a2a): they look like device + host, a serialisation no sync in this code path explains (s13-a2app).
 """
 
 from __future__ import annotations

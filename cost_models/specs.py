@@ -632,8 +632,8 @@ class GPUSpec(_Frozen):
         default=None, gt=0, description="NCCL p2p channels (one CTA each: the SMs an all-to-all kernel holds) of a "
         "communicator inside one NVLink domain, as NCCL logs them on this GPU's systems; None: no public log")
     nccl_p2p_channels_net: int | None = Field(
-        default=None, gt=0, description="NCCL p2p channels of a communicator spanning nodes (NCCL_NET_CHANNELS_PER_PEER "
-        "per remote peer); None: no public log")
+        default=None, gt=0, description="NCCL p2p channels of a communicator spanning nodes "
+        "(moe.NCCL_NET_CHANNELS_PER_PEER per remote peer); None: no public log")
     hbm_gib: float = Field(gt=0)
     hbm_tbytes_per_s: float = Field(gt=0)
     link_gbytes_per_s: float = Field(gt=0, description="scale-up (NVLink/xGMI) bandwidth per direction, GB/s")
