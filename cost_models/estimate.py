@@ -22,7 +22,7 @@ from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.host_cover import host_light_kinds, moe_host_cover_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_data_parallel_size, graphs_for,
+from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_shard_group, graphs_for, hsdp_replicas,
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.moe import host_synced
@@ -320,6 +320,25 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
+def hsdp_all_reduce(shard_bytes: float, replicas: int, calls: int,
+                    stride: int) -> tuple[str, float, int, int, int]:
+    """The all-reduce of one rank's reduce-scattered gradient shard across the ``replicas`` copies of its shard
+    group, (collective, payload, group, calls per step, rank stride), dense and routed-expert gradients alike.
+    Megatron (zero 1, ``--num-distributed-optimizer-instances`` > 1): after each bucket group's reduce-scatter in the
+    instance, an all-reduce of that shard on ``inter_distributed_optimizer_instance_group``
+    (megatron/core/distributed/param_and_grad_buffer.py:459-486 @ core_v0.16.1) for the dense and the expert buffers
+    (distributed_data_parallel.py:226-235: every bucket group gets the one group), which is the inter-partial expert
+    data-parallel group (parallel_state.py:2012-2022, built at :1287-1309: the outer level of edp = intra × instances,
+    so its ranks step over whole instances: tp*hsdp). Both run on one communication stream that waits on the
+    backward's compute (param_and_grad_buffer.py:411-422), so they overlap the backward as the reduce-scatter does,
+    once per step (``finish_grad_sync`` waits for the stream, :528-530). FSDP2 HSDP (zero 3): ``foreach_reduce``
+    all-reduces the reduce-scatter output on the replicate group on its own stream (torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-672), each time the reduce-scatter runs (torchtitan
+    does not call ``set_requires_all_reduce(False)``), experts on ("dp_replicate", "efsdp") (``expert_shard_group``).
+    Payload: the reduce dtype's shard (fp32 ``grad_data`` in Megatron, FSDP2's ``reduce_dtype``)."""
+    return "all_reduce", shard_bytes, replicas, calls, stride
+
+
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
                        strides: RankStrides, m: int = 1, layer_ids: Sequence[Sequence[int]] | None = None,
                        rt: Runtime = DEFAULT_RUNTIME, mtp_rank: int | None = None) -> tuple[float, float, float, float]:
@@ -333,9 +352,11 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
     unless ``--grad-reduce-in-bf16``, megatron/training/arguments.py:716-723; fp32 in torch FSDP2's
     ``MixedPrecisionPolicy(reduce_dtype=fp32)``), weights in bf16 (``rt.gather_bytes``). FSDP2
     ``reshard_after_forward``: False drops the backward all-gather, an int ``r`` runs it inside groups of ``r``
-    ranks (``fully_shard`` docstring). HSDP adds an all-reduce of the shard across replicas."""
+    ranks (``fully_shard`` docstring). Sharded in groups (``memory.hsdp_replicas``), each shard's gradient is also
+    all-reduced across the replicas, dense and expert alike (``hsdp_all_reduce``)."""
     group = par.hsdp_shard_size or dp * par.cp
-    expert_group = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
+    expert_group = expert_shard_group(par.tp, par.cp, dp, par.ep, par.zero_stage, par.hsdp_shard_size)
+    replicas = hsdp_replicas(dp * par.cp, par.hsdp_shard_size)
     worst = (0.0, 0.0, 0.0, 0.0)
     every = rt.grad_reduce_every_microbatch and par.zero_stage == 2
     bounds = [sum(layers[:s]) for s in range(len(layers) + 1)]
@@ -346,7 +367,7 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         total_s = total_b = blocking = 0.0
         # The dp·cp group is contiguous at stride tp; the expert-data-parallel group at stride ep.
         for params, g, stride in ((sp.dense, group, strides.cp), (sp.expert, expert_group, strides.edp)):
-            if params <= 0 or g <= 1:
+            if params <= 0 or g * replicas <= 1:
                 continue
             grad, weight = rt.reduce_bytes * params, rt.gather_bytes * params
             ops: list[tuple[str, float, int, int]]  # (collective, payload, group, calls per step)
@@ -364,16 +385,16 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 r = True if par.pp > 1 else rt.reshard_after_forward
                 again = [] if r is False else [("all_gather", weight, g if r is True else min(int(r), g), m)]
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
-            for kind, payload, n, calls in ops:
-                op_s = calls * group_collective_time_s(kind, payload, n, stride, cluster)  # type: ignore[arg-type]
+            placed = [(kind, payload, n, calls, stride) for kind, payload, n, calls in ops]
+            if replicas > 1:
+                calls = next((c for kind, _, _, c in ops if kind == "reduce_scatter"), 1)  # zero 0: once
+                placed.append(hsdp_all_reduce(grad / g, replicas, calls, strides.cp * group))
+            for kind, payload, n, calls, at in placed:
+                op_s = calls * group_collective_time_s(kind, payload, n, at, cluster)  # type: ignore[arg-type]
                 total_s += op_s
                 total_b += calls * (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
                 if every and kind == "reduce_scatter":
                     blocking += op_s * (par.vp - 1) / par.vp
-            replicas = (dp * par.cp) // g if g == par.hsdp_shard_size else 1
-            if replicas > 1:
-                total_s += group_collective_time_s("all_reduce", grad / g, replicas, stride * g, cluster)
-                total_b += 2 * (replicas - 1) / replicas * grad / g
         if not rt.overlap_grad_reduce and par.zero_stage < 2:
             # Megatron without --overlap-grad-reduce reduces after the backward (and gathers in the step): exposed
             blocking = total_s

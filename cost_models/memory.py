@@ -239,13 +239,25 @@ def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
     return max(1, tp * cp * dp // ep)
 
 
+def hsdp_replicas(dp_cp: int, hsdp: int | None) -> int:
+    """Copies of each ZeRO shard when the state is sharded in groups of ``hsdp`` < dp*cp ranks: Megatron's
+    distributed-optimizer instances (``--num-distributed-optimizer-instances`` = dp*cp/hsdp, zero 1;
+    megatron/core/parallel_state.py:838-840 @ core_v0.16.1) or torchtitan's / FSDP2's ``dp_replicate`` (zero 3;
+    torchtitan 0.3.0 distributed/parallel_dims.py build_mesh). 1: one shard group spans dp*cp."""
+    return dp_cp // hsdp if hsdp and hsdp < dp_cp else 1
+
+
 def expert_shard_group(tp: int, cp: int, dp: int, ep: int, zero_stage: int, hsdp: int | None) -> int:
-    """Ranks the routed experts' ZeRO state is sharded over: the expert data-parallel group, split by the distributed
-    optimizer's dp*cp/hsdp instances under zero 1 with ``hsdp`` < dp*cp (megatron/core/parallel_state.py:1263-1268 @
-    core_v0.16.1, ``intra_partial_expert_data_parallel_size``)."""
+    """Ranks the routed experts' ZeRO state is sharded over (and their gradients reduce-scattered in): the expert
+    data-parallel group, split into the ``hsdp_replicas`` copies when sharded in groups — under zero 1 Megatron's
+    ``intra_partial_expert_data_parallel_size`` = edp / instances (megatron/core/parallel_state.py:1263-1268 @
+    core_v0.16.1), under zero 3 torchtitan's ``efsdp`` = dp_shard*cp*tp/ep of the sparse mesh
+    (dp_replicate, efsdp, ep), experts fully_shard on ["dp_replicate", "efsdp"] (torchtitan @ b5bcd76
+    distributed/parallel_dims.py:280-282, 326-329; models/qwen3/parallelize.py:77-83): the same tp*dp*cp/ep /
+    (dp*cp/hsdp)."""
     edp = expert_data_parallel_size(tp, cp, dp, ep)
-    if zero_stage == 1 and hsdp and hsdp < dp * cp:
-        return max(1, edp // (dp * cp // hsdp))
+    if zero_stage in (1, 3):
+        return max(1, edp // hsdp_replicas(dp * cp, hsdp))
     return edp
 
 
