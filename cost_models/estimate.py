@@ -333,10 +333,21 @@ def hsdp_all_reduce(shard_bytes: float, replicas: int, calls: int,
     backward's compute (param_and_grad_buffer.py:411-422), so they overlap the backward as the reduce-scatter does,
     once per step (``finish_grad_sync`` waits for the stream, :528-530). FSDP2 HSDP (zero 3): ``foreach_reduce``
     all-reduces the reduce-scatter output on the replicate group on its own stream (torch 2.13
-    distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-672), each time the reduce-scatter runs (torchtitan
-    does not call ``set_requires_all_reduce(False)``), experts on ("dp_replicate", "efsdp") (``expert_shard_group``).
+    distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-672) each time FSDP2 syncs gradients
+    (``hsdp_reduces_per_step``; torchtitan does not call ``set_requires_all_reduce(False)``), experts on
+    ("dp_replicate", "efsdp") (``expert_shard_group``).
     Payload: the reduce dtype's shard (fp32 ``grad_data`` in Megatron, FSDP2's ``reduce_dtype``)."""
     return "all_reduce", shard_bytes, replicas, calls, stride
+
+
+def hsdp_reduces_per_step(par: ParallelConfig, m: int, every: bool) -> int:
+    """Times per step the shard's gradient is all-reduced across HSDP replicas: Megatron once (``finish_grad_sync``
+    per step; ``m`` where sharded gradients are reduced in every micro-batch, ``every``); FSDP2 (zero 3) in every
+    micro-batch's ``post_backward`` without pipelining, once under it (torch 2.13 distributed/pipelining/stage.py:
+    844-848 sets ``set_requires_gradient_sync(False)`` for each backward, :1164-1177 syncs in ``perform_reduce_grad``)."""
+    if par.zero_stage == 3:
+        return 1 if par.pp > 1 else m
+    return m if every else 1
 
 
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
@@ -387,8 +398,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
             placed = [(kind, payload, n, calls, stride) for kind, payload, n, calls in ops]
             if replicas > 1:
-                calls = next((c for kind, _, _, c in ops if kind == "reduce_scatter"), 1)  # zero 0: once
-                placed.append(hsdp_all_reduce(grad / g, replicas, calls, strides.cp * group))
+                placed.append(hsdp_all_reduce(grad / g, replicas, hsdp_reduces_per_step(par, m, every),
+                                              strides.cp * group))
             for kind, payload, n, calls, at in placed:
                 op_s = calls * group_collective_time_s(kind, payload, n, at, cluster)  # type: ignore[arg-type]
                 total_s += op_s

@@ -28,6 +28,7 @@ JOB = JobSpec(global_batch_size=256, seq_len=4096)
 
 def _expected(model, cluster, par: ParallelConfig, target: str) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(DP seconds, bytes sent) of a pp-1 HSDP plan, collective by collective as the frameworks issue them."""
+    assert par.pp == 1
     dp = par.dp(cluster.num_gpus)
     rt = runtime_for(target, JOB, cluster, par)
     m = JOB.global_batch_size // (par.micro_batch_size * dp)
@@ -47,7 +48,7 @@ def _expected(model, cluster, par: ParallelConfig, target: str) -> tuple[float, 
         sent += (g - 1) / g * (calls * grad + gathers * weight)
         # the all-reduce across the replicas, on the shard; its group steps over whole shard groups (tp*hsdp ranks)
         seconds += calls * group_collective_time_s("all_reduce", grad / g, replicas, par.tp * hsdp, cluster)
-        sent += calls * 2 * (replicas - 1) / replicas * grad / g
+        sent += calls * 2 * (replicas - 1) / replicas * grad / g  # (pp 1: FSDP2 syncs in every micro-batch)
     return seconds, sent
 
 
@@ -96,6 +97,7 @@ def test_torchtitan_hsdp_all_reduces_expert_shards_every_microbatch() -> None:
     ("olmoe-1b-7b", 64, 1, 2, 4, 1, 8, "megatron"),
     ("mixtral-8x7b", 64, 2, 2, 8, 1, 8, "megatron"),
     ("olmoe-1b-7b", 64, 1, 1, 8, 3, 16, "torchtitan"),
+    ("olmoe-1b-7b", 64, 1, 2, 8, 3, 16, "torchtitan"),
 ])
 def test_search_scores_hsdp_ep_plans_as_estimate(name: str, gpus: int, tp: int, pp: int, ep: int, zero: int,
                                                  hsdp: int, target: str) -> None:
@@ -115,3 +117,13 @@ def test_search_scores_hsdp_ep_plans_as_estimate(name: str, gpus: int, tp: int, 
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
     assert fs.peak_memory_bytes / GIB == pytest.approx(pred.peak_memory_gib, rel=1e-9)
     assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
+
+
+def test_replica_all_reduces_per_step_follow_when_the_framework_syncs() -> None:
+    """Megatron's instances all-reduce once per step; FSDP2 in every micro-batch without pipelining, once with it
+    (torch's pipelining stage turns gradient sync off until ``perform_reduce_grad``)."""
+    from cost_models.estimate import hsdp_reduces_per_step
+
+    assert hsdp_reduces_per_step(ParallelConfig(zero_stage=1, hsdp_shard_size=8), 8, False) == 1
+    assert hsdp_reduces_per_step(ParallelConfig(zero_stage=3, hsdp_shard_size=8), 8, False) == 8
+    assert hsdp_reduces_per_step(ParallelConfig(zero_stage=3, hsdp_shard_size=8, pp=2), 8, False) == 1
