@@ -132,3 +132,23 @@ def range_wait_table(runs: Sequence[CoverRun], n: int, wait: Callable[[float], f
                 if i0 < i1 and j0 < j1:
                     table[i0:i1, j0:j1] += wait(run.cover_s(i0, j0)) - full
     return table
+
+
+def consecutive_ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """The maximal ranges ``[a, b)`` of consecutive layer ids in ``ids`` (one pipeline rank's, forward order): where
+    ``moe_host_cover_s`` stops a run besides a layer kind (an interleaved rank's chunks, with other micro-batches run
+    between them). One range for a contiguous stage."""
+    out: list[tuple[int, int]] = []
+    for i in ids:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def rank_wait_delta_s(table: np.ndarray, ids: Sequence[int]) -> float:
+    """What one rank's own edges add to its MoE layers' host waits, from ``range_wait_table``: Σ over its
+    ``consecutive_ranges`` of ``table[a, b]`` — a contiguous stage's entry, or an interleaved rank's chunks'."""
+    return float(sum(table[a, b] for a, b in consecutive_ranges(ids)))
+

@@ -29,7 +29,8 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.host_cover import cover_runs, host_light_kinds, moe_host_cover_s, range_wait_table
+from cost_models.host_cover import (cover_runs, host_light_kinds, moe_host_cover_s, range_wait_table,
+                                    rank_wait_delta_s)
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
@@ -368,30 +369,19 @@ class Scorer:
         """Per pipeline rank of the split ``layers``, seconds per micro-batch to add to its ``layer_pieces`` time:
         Σ over its MoE layers of the host wait with the cover on the rank's own layers (``moe_host_cover_s`` on
         its layer ids in forward order, as ``estimate.host_cover_delta_s``: runs stop at stage edges and, with vp,
-        at chunk edges) − with the whole stack's (``layer_pieces``). ≥ 0; non-zero only for MoE layers next to a
-        cut. Once per (bound key, chosen knobs, split, vp)."""
+        at chunk edges) − with the whole stack's (``layer_pieces``): ``cover_table`` read over the rank's chunks
+        (``host_cover.rank_wait_delta_s``; at vp = 1 one entry per stage, what the stage DP adds). ≥ 0; non-zero
+        only for MoE layers next to a cut. Once per (bound key, chosen knobs, split, vp)."""
         chosen = self.chosen_knobs(lay)
-        bkey = self.bound_key(lay)
-        pkey = (bkey, tuple(sorted(chosen.items())))
-        key = (pkey, tuple(layers), lay.vp)
+        key = ((self.bound_key(lay), tuple(sorted(chosen.items()))), tuple(layers), lay.vp)
         hit = self._cover_corr.get(key)
         if hit is not None:
             return hit
         hit = np.zeros(len(layers))
-        self.layer_pieces(lay)  # sets the MoE layers' device time where a cover applies
-        device = self._moe_device.get(pkey)
-        if device is not None and len(layers) > 1:
-            rc = lay.recompute
-            whole = self.host_covers(lay, rc, chosen)
-            rt = self._runtime_with(lay, chosen)
-            synced, light = host_synced(self.cluster, self._bound_par(lay, rc), rt), host_light_kinds(rt)
-            seq = [(i, k, self._layer_cost(lay, bkey, k, chosen)) for i, k in enumerate(self.kind_of)]
+        table = self.cover_table(lay)
+        if table is not None and len(layers) > 1:
             ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
-            for r, rank_ids in enumerate(ids):
-                local = moe_host_cover_s([seq[i] for i in rank_ids], synced, light)
-                cut = [(c, whole[i]) for i, c in zip(rank_ids, local) if self.kind_of[i] == "moe" and c != whole[i]]
-                wait = self._moe_waits(lay, rc, chosen, device, [c for pair in cut for c in pair])
-                hit[r] = sum(wait[c] - wait[w] for c, w in cut)
+            hit = np.array([rank_wait_delta_s(table, rank_ids) for rank_ids in ids])
         self._cover_corr[key] = hit
         return hit
 
@@ -399,8 +389,8 @@ class Scorer:
         """(L+1, L+1): seconds per micro-batch a contiguous stage of layers ``[i, j)`` adds to its ``layer_pieces``
         time — its MoE layers' host waits with the cover its own layers give less with the whole stack's
         (``host_cover.range_wait_table`` over ``cover_runs``: the runs ``estimate``'s ``moe_host_cover_s`` stops at a
-        rank's edges; ``cover_correction_s`` for a vp = 1 split, read per stage). What the stage DP adds to each
-        range (``StageTables.range_time``). None where no MoE layer is covered. Once per (bound key, chosen knobs)."""
+        rank's edges). What the stage DP adds to each range (``StageTables.range_time``) and ``cover_correction_s``
+        reads per rank. None where no MoE layer is covered. Once per (bound key, chosen knobs)."""
         chosen = self.chosen_knobs(lay)
         bkey = self.bound_key(lay)
         pkey = (bkey, tuple(sorted(chosen.items())))

@@ -11,13 +11,18 @@ on ``Scorer.tables``) must be ``estimate``'s stage times (``estimate.stage_time_
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from cost_models.ep_comm import host_wait_s
+from cost_models.errors import ConfigError
 from cost_models.estimate import estimate, stage_time_parts
-from cost_models.host_cover import CoverRun, cover_runs, moe_host_cover_s, range_wait_table
+from cost_models.host_cover import (CoverRun, consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
+                                   range_wait_table, rank_wait_delta_s)
 from cost_models.layer_cost import LayerCost
+from cost_models.moe import host_synced
 from cost_models.pipeline import pipeline_time_s
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software
@@ -96,17 +101,58 @@ def test_stage_dp_split_is_the_one_estimate_prices_best(name: str, pp: int, sync
     assert steps[chosen] <= min(steps.values()) * (1 + 1e-9)
 
 
+def _rank_local_correction(sc: Scorer, lay: Layout, layers: tuple[int, ...]) -> np.ndarray:
+    """Per rank, Σ over its MoE layers of the host wait with ``moe_host_cover_s`` on the rank's own layer ids (as
+    ``estimate.host_cover_delta_s`` prices it; runs stop at id gaps: stage and chunk edges) − with the whole stack's:
+    computed directly, layer by layer, without ``range_wait_table``."""
+    chosen = sc.chosen_knobs(lay)
+    rt, par = sc.runtime(lay), sc._bound_par(lay, lay.recompute)
+    synced, light = host_synced(sc.cluster, par, rt), host_light_kinds(rt)
+    seq = [(i, k, sc._layer_cost(lay, sc.bound_key(lay), k, chosen)) for i, k in enumerate(sc.kind_of)]
+    whole = moe_host_cover_s(seq, synced, light)
+    lc = seq[sc.kind_of.index("moe")][2]
+    device = lc.total_s - lc.host_s
+
+    def wait(cover: float) -> float:
+        return host_wait_s(sc.graphs["moe"], sc.model, sc.cluster, par, rt, device, lc.forward_share,
+                           lc.sync_window_s, cover)
+
+    out = []
+    for ids in pipeline_split(sc.model, to_parallel(sc.model, lay, layers)).layer_ids:
+        local = moe_host_cover_s([seq[i] for i in ids], synced, light)
+        out.append(sum(wait(c) - wait(whole[i]) for i, c in zip(ids, local) if sc.kind_of[i] == "moe"))
+    return np.array(out)
+
+
+def _refused(sc: Scorer, lay: Layout, layers: tuple[int, ...]) -> bool:
+    try:
+        pipeline_split(sc.model, to_parallel(sc.model, lay, layers))
+    except ConfigError:
+        return True
+    return False
+
+
 @pytest.mark.parametrize("name,pp,synced", CASES + [("nemotron-3-nano-30b-a3b", 3, True)])
-def test_cover_table_is_the_per_split_correction(name: str, pp: int, synced: bool) -> None:
-    """``Scorer.cover_table`` (what the DP adds per range) is ``cover_correction_s`` (estimate's rank-local cover
-    less the whole stack's) on every expressible split, ≥ 0 everywhere (so the DP's bounds stay bounds)."""
+def test_cover_correction_is_the_rank_local_cover_at_vp_1_and_2(name: str, pp: int, synced: bool) -> None:
+    """``Scorer.cover_table`` (what the DP adds per range) is ≥ 0 everywhere (so the DP's bounds stay bounds), and
+    ``cover_correction_s``, which reads it over each rank's chunks (``host_cover.rank_wait_delta_s``), is the
+    rank-local cover's wait less the whole stack's, priced layer by layer, on expressible vp-1 splits and on the
+    vp-2 splits Megatron builds (first / last stage counts divisible by vp): one function for both."""
     model, _, _, sc, lay = _setup(name, pp, synced)
     table = sc.cover_table(lay)
     assert table is not None and (table >= 0.0).all()
-    for layers in _expressible(model.num_layers, pp)[::7]:
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        np.testing.assert_allclose(table[bounds[:-1], bounds[1:]], sc.cover_correction_s(lay, layers),
-                                   rtol=1e-12, atol=1e-15)
+    cut = checked = 0
+    for vp, step in ((1, 7), (2, 3)):
+        lv = replace(lay, vp=vp, schedule="1f1b" if vp == 1 else "interleaved")
+        default = tuple(stage_layers(model, to_parallel(model, lv, (model.num_layers,))))
+        for layers in [default, *_expressible(model.num_layers, pp)[::step]]:
+            if any(n % vp for n in layers) or _refused(sc, lv, layers):
+                continue
+            got = sc.cover_correction_s(lv, layers)
+            np.testing.assert_allclose(got, _rank_local_correction(sc, lv, layers), rtol=1e-12, atol=1e-15)
+            checked += vp > 1
+            cut += vp > 1 and got.max() > 0.0
+    assert checked > 0 and (cut > 0 or pp == 2), (checked, cut)  # at pp > 2 chunk edges cut covers in some vp-2 split
 
 
 def _lc(f: float, b: float) -> LayerCost:
@@ -132,6 +178,29 @@ def test_range_wait_table_is_moe_host_cover_on_every_slice(synced: bool) -> None
         expect = sum(wait(c) - wait(whole[i + a]) for a, c in enumerate(local) if seq[i + a][1] == "moe")
         assert table[i, j] == pytest.approx(expect, abs=1e-9), (i, j)
     assert not table[np.tril_indices(len(seq) + 1)].any()  # only i < j is a range
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_rank_wait_delta_reads_the_table_over_any_ids(synced: bool) -> None:
+    """``rank_wait_delta_s`` on any increasing id set (an interleaved rank's chunks; chunks that touch, as when the
+    ranks between hold no decoder layer, are one run for ``moe_host_cover_s`` and one range here) is Σ wait(cover on
+    those ids) − wait(whole cover) over their MoE entries; ``consecutive_ranges`` cuts at the id gaps only."""
+    assert consecutive_ranges([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
+    assert consecutive_ranges([3, 4, 5, 6]) == [(3, 7)] and consecutive_ranges([]) == []
+    kinds = ["mamba", "moe", "mamba", "attention", "moe", "moe", "mamba", "dense", "mamba", "moe", "mamba"]
+    seq = [(i, k, _lc(1.0 + i, 3.0 * (i + 1))) for i, k in enumerate(kinds)]
+    light = frozenset({"mamba", "attention"})
+
+    def wait(c: float) -> float:
+        return max(0.0, 40.0 - c) ** 1.5
+
+    whole = moe_host_cover_s(seq, synced, light)
+    table = range_wait_table(cover_runs(seq, synced, light), len(seq), wait)
+    for mask in range(1, 2 ** len(seq), 5):
+        ids = [i for i in range(len(seq)) if mask >> i & 1]
+        local = moe_host_cover_s([seq[i] for i in ids], synced, light)
+        expect = sum(wait(c) - wait(whole[i]) for i, c in zip(ids, local) if kinds[i] == "moe")
+        assert rank_wait_delta_s(table, ids) == pytest.approx(expect, abs=1e-9), ids
 
 
 def test_cover_run_reads_the_slice_cover() -> None:
