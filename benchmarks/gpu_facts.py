@@ -122,6 +122,38 @@ NCCL_ALLREDUCE_BUSBW: dict[str, tuple[float, float]] = {"h100-sxm": (370.0, 480.
 # 680.45 GB/s (NCCL 2.25.1); NVIDIA/nccl#1807: 8x B200, NCCL 2.27.1, default algorithm, "830+".
 NCCL_RING_ALLREDUCE_CROSSCHECK: dict[str, float] = {"gb200": 679.61, "gb300": 680.45}
 
+# nccl-tests alltoall_perf, out-of-place busbw (= algbw·(n−1)/n, nccl-tests src/alltoall.cu AlltoAllGetBw; the bytes
+# a rank sends to its n−1 peers over the time, which is what ep_comm / collectives price at link·a2a_link_bus), one
+# NVLink domain, the largest size each run printed: (gpu, ranks, bytes per rank, busbw GB/s, NCCL, source).
+# OCI = oracle-quickstart/oci-gpu-quickstarts @ 6a0abdc (2026-04-10), nvidia/<GPU>/README-<GPU>.md "NCCL All-to-All"
+# sections (smaller sizes truncated there): GB200 NVL72 (NCCL 2.27.3, per the page's all-reduce runs) 1 tray / 2 trays
+# / 16 trays of one rack; GB300 NVL72 (NCCL 2.28.7) the same; B300 HGX (NCCL 2.28.9) one node. NVIDIA/nccl#2169
+# (2026-05-11): 4x H100 80GB HBM3 of one node, NCCL 2.30.4, 524288000 B (the reporter's point: busbw falls 12-15%
+# above 512 MiB; 500 MiB is below it). Rank count moves it little (GB200 4 / 8 / 64 ranks: 0.68 / 0.74 / 0.69 of 900).
+OCI_GPU_QUICKSTARTS = "https://github.com/oracle-quickstart/oci-gpu-quickstarts/blob/6a0abdc/nvidia"
+NCCL_ALLTOALL_NVLINK: tuple[tuple[str, int, int, float, str, str], ...] = (
+    ("gb200", 4, 8589934592, 615.30, "2.27.3", f"{OCI_GPU_QUICKSTARTS}/GB200/README-GB200.md"),
+    ("gb200", 8, 17179869184, 662.27, "2.27.3", f"{OCI_GPU_QUICKSTARTS}/GB200/README-GB200.md"),
+    ("gb200", 64, 8589934592, 622.92, "2.27.3", f"{OCI_GPU_QUICKSTARTS}/GB200/README-GB200.md"),
+    ("gb300", 4, 17179869184, 627.69, "2.28.7", f"{OCI_GPU_QUICKSTARTS}/GB300/README-GB300.md"),
+    ("gb300", 8, 17179869184, 685.06, "2.28.7", f"{OCI_GPU_QUICKSTARTS}/GB300/README-GB300.md"),
+    ("gb300", 64, 17179869184, 666.92, "2.28.7", f"{OCI_GPU_QUICKSTARTS}/GB300/README-GB300.md"),
+    ("b300", 8, 8589934592, 675.55, "2.28.9", f"{OCI_GPU_QUICKSTARTS}/B300/README-B300.md"),
+    ("h100-sxm", 4, 524288000, 334.90, "2.30.4", "https://github.com/NVIDIA/nccl/issues/2169"),
+)
+# The same pages' all-to-alls across NVLink domains (not used to make a value; ``alltoall_nic_crosscheck``): (gpu,
+# ranks, domains, bytes, algbw GB/s, NIC Gb/s per GPU, source). Megatron's alltoall dispatcher (and NCCL's alltoall)
+# sends (d−1)/d of a rank's bytes to other domains, each GPU through its own NIC (sjeaugey, NVIDIA/nccl-tests#130,
+# #267: "alltoall cannot aggregate the bandwidth of multiple NICs"), so NIC rate = algbw·(d−1)/d. GB200: 4 x 400 Gb/s
+# IB per 4-GPU tray (the page's NCCL_IB_HCA list); B300: 8 x 2 x 400 Gb/s RoCE per node (CX-8, 800 Gb/s per GPU);
+# GB300: 8 x 400 Gb/s RoCE per 4-GPU tray.
+NCCL_ALLTOALL_ACROSS_DOMAINS: tuple[tuple[str, int, int, int, float, float, str], ...] = (
+    ("b300", 16, 2, 8589934592, 193.04, 800.0, f"{OCI_GPU_QUICKSTARTS}/B300/README-B300.md"),
+    ("gb200", 128, 2, 8589934592, 90.40, 400.0, f"{OCI_GPU_QUICKSTARTS}/GB200/README-GB200.md"),
+    ("gb200", 192, 3, 8589934592, 62.82, 400.0, f"{OCI_GPU_QUICKSTARTS}/GB200/README-GB200.md"),
+    ("gb300", 128, 2, 17179869184, 48.04, 800.0, f"{OCI_GPU_QUICKSTARTS}/GB300/README-GB300.md"),
+)
+
 # BF16 GEMM on B300, autocast mode (BF16 has no quantization), Fprop rows of TE's GEMM profiling guide, M = 31 x 512
 # tokens: NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst @ 1609c890e (TE#2863), "GEMM
 # Benchmark (Model Config Mode) on NVIDIA B300 SXM6 AC": (m, k, n) -> ms. A cross-check of the generation's GEMM curve
@@ -196,6 +228,25 @@ def nvlink_bus_efficiency(gpu: str) -> tuple[float, float]:
     ring, nvls = NCCL_ALLREDUCE_BUSBW[gpu]
     link = load_gpu(gpu).link_gbytes_per_s
     return ring / link, nvls / link
+
+
+def alltoall_link_efficiency(generation: str) -> float:
+    """``Efficiency.a2a_link_bus`` of ``generation``: the mean of its ``NCCL_ALLTOALL_NVLINK`` rows' busbw over the
+    row GPU's nominal per-direction NVLink bandwidth."""
+    from autoplan.catalog.registry import load_gpu
+
+    shares = [busbw / load_gpu(gpu).link_gbytes_per_s for gpu, _, _, busbw, _, _ in NCCL_ALLTOALL_NVLINK
+              if load_gpu(gpu).generation == generation]
+    if not shares:
+        raise ValueError(f"no all-to-all row for generation {generation!r}")
+    return sum(shares) / len(shares)
+
+
+def alltoall_nic_crosscheck() -> list[tuple[str, int, int, float]]:
+    """(GPU, ranks, domains, achieved / line rate) of each ``NCCL_ALLTOALL_ACROSS_DOMAINS`` row: the per-GPU NIC rate
+    algbw·(d−1)/d over the NIC's line rate, to hold against the catalog's ``nic_bus``."""
+    return [(gpu, n, d, algbw * (d - 1) / d / (gbps / 8))
+            for gpu, n, d, _, algbw, gbps, _ in NCCL_ALLTOALL_ACROSS_DOMAINS]
 
 
 def sustained_gemm_ratio() -> float:
@@ -301,6 +352,10 @@ if __name__ == "__main__":
           + ", ".join(f"{g} {attention_d64_ratio(g):.3f}" for g in ATTENTION_HEAD_DIM_BENCH))
     print("GPT-OSS 128-window d-64 kernel / d-128 causal 8k kernel (cuDNN 9.22): "
           + ", ".join(f"{g} measured {m:.3f} model {p:.3f}" for g, m, p in swa128_crosscheck()))
+    print("NCCL alltoall busbw / nominal NVLink (a2a_link_bus): "
+          + ", ".join(f"{g} {alltoall_link_efficiency(g):.4f}" for g in ("hopper", "blackwell")))
+    print("alltoall across domains, NIC rate / line rate: "
+          + ", ".join(f"{g} {n} ranks / {d} domains {r:.3f}" for g, n, d, r in alltoall_nic_crosscheck()))
     from autoplan.catalog.registry import efficiency_for
 
     print(f"cdna3 from AMD's MI300X MAF (half-dim {efficiency_for('cdna3').gemm_half_dim:g}): "
