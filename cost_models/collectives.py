@@ -109,6 +109,15 @@ def link_bandwidth(cluster: ClusterSpec) -> float:
     return cluster.gpu.link_gbytes_per_s * 1e9 * cluster.efficiency.link_bus
 
 
+def link_all_to_all_bandwidth(cluster: ClusterSpec) -> float:
+    """Achieved NCCL all-to-all bus bandwidth per GPU per direction inside one NVLink domain, bytes/s: nccl-tests
+    alltoall_perf busbw (algbw·(n−1)/n: the bytes a rank sends to its n−1 peers over the time) is below the ring
+    all-reduce's on the same NVLink (``Efficiency.a2a_link_bus``; benchmarks/gpu_facts.py NCCL_ALLTOALL_NVLINK);
+    ``link_bandwidth`` where the generation has no all-to-all figure."""
+    eff = cluster.efficiency
+    return cluster.gpu.link_gbytes_per_s * 1e9 * (eff.a2a_link_bus if eff.a2a_link_bus else eff.link_bus)
+
+
 def nic_bandwidth(cluster: ClusterSpec) -> float:
     """Achieved scale-out bandwidth per GPU, bytes/s (Gbit/s → bytes/s)."""
     return cluster.inter_node_gbps / 8 * 1e9 * cluster.efficiency.nic_bus
@@ -127,6 +136,8 @@ def group_collective_time_s(kind: CollectiveKind, payload_bytes: float, n: int, 
             # NVLink SHARP: the switch reduces, each GPU sends S once and receives S once; NCCL reports it as
             # bus bandwidth (nccl-tests H100 HGX: ≈ 480 GB/s NVLS vs ≈ 370 GB/s ring, COST_MODEL.md §1).
             bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * cluster.efficiency.nvls_bus
+        elif kind == "all_to_all":
+            bw_in = link_all_to_all_bandwidth(cluster)
         return collective_time_s(kind, payload_bytes, n, bw_in, lat_in)
     if place.n_inner == 1 or kind in ("all_to_all", "send_recv"):
         # Every byte that leaves the domain goes through the rank's own NIC.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
-from cost_models.collectives import place_group
+from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth, nic_bandwidth, place_group
 from cost_models.moe import host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance
 from cost_models.op_cost import op_compute
 from cost_models.opgraph import LayerGraph
@@ -160,8 +160,10 @@ def moe_all_to_all_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, l
     fp8 = job.precision == "fp8" and dispatcher == "deepep"
     elem = [FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0, FP8_DISPATCH_BYTES if fp8 else 2.0, 2.0]
     tok = local_tokens * h * (eff.moe_imbalance if rho is None else rho)
-    bw_in = cluster.gpu.link_gbytes_per_s * 1e9 * eff.link_bus
-    bw_out = cluster.inter_node_gbps / 8 * 1e9 * eff.nic_bus
+    # NCCL's all-to-all (the alltoall dispatcher: torch all_to_all_single) at its own NVLink busbw; DeepEP / HybridEP
+    # forward over NVLink with their own kernels, not NCCL's: priced at the ring's (no measurement of theirs is used)
+    bw_in = link_all_to_all_bandwidth(cluster) if not deepep else link_bandwidth(cluster)
+    bw_out = nic_bandwidth(cluster)
     lat = (n - 1) * cluster.gpu.link_latency_us * 1e-6 + (d - 1) * cluster.gpu.nic_latency_us * 1e-6
     parts = []
     for b in elem:
