@@ -864,6 +864,22 @@ def _vp_from_layout(data: dict) -> dict:
         return data
 
 
+def vp_schedule_error(vp: int, schedule: str) -> str | None:
+    """Why ``vp`` virtual stages per pipeline rank and ``schedule`` contradict, None when they agree. Megatron has no
+    schedule flag: a virtual pipeline size selects the interleaved schedule and its absence the plain 1F1B one
+    (megatron-core pipeline_parallel/schedules.py:144-148 @ core_v0.16.1), so vp > 1 is interleaved and
+    interleaved is vp > 1. Other schedules (zb-h1, dualpipe) are the targets' own rules."""
+    if vp > 1 and schedule == "1f1b":
+        return (f"vp={vp} virtual stages per pipeline rank run the interleaved schedule (megatron-core picks it "
+                "whenever a virtual pipeline size is set, schedules.py:144-148), not schedule '1f1b'; valid: schedule "
+                "interleaved (or omit it), or vp=1")
+    if vp == 1 and schedule == "interleaved":
+        # vp = 1 would be priced as 1F1B while the user asked for interleaving: refuse, never price it silently
+        return ("schedule 'interleaved' needs vp >= 2 virtual stages per pipeline rank (Megatron "
+                "--num-virtual-stages-per-pipeline-rank); pass vp (e.g. --vp 2), or schedule '1f1b'")
+    return None
+
+
 def interleave_pp_error(pp: int, vp: int, schedule: str) -> str | None:
     """Why an interleaved schedule (``vp`` > 1 virtual stages per rank) cannot run on ``pp`` ranks: it needs pp > 1
     (megatron-core: virtual pipeline stages split one rank's layers between pipeline peers); None when it can."""
@@ -924,8 +940,13 @@ class ParallelConfig(_Frozen):
             data = {**data, "recompute": "none", "recompute_modules": None}
         if isinstance(data, dict) and data.get("recompute_modules") is not None and data.get("recompute") is None:
             data = {**data, "recompute": "selective"}  # the modules are Megatron's selective recompute
-        if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1 and data.get("schedule", "1f1b") == "1f1b":
-            data = {**data, "schedule": "interleaved"}
+        if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1:
+            if data.get("schedule") is None:  # vp > 1 is the interleaved schedule (vp_schedule_error)
+                data = {**data, "schedule": "interleaved"}
+            elif (err := vp_schedule_error(data["vp"], str(data["schedule"]))) is not None:
+                if data.get("pipeline_layout") is not None:  # vp was read from the layout, not given
+                    err = f"pipeline_layout {data['pipeline_layout']!r:.60} gives vp={data['vp']}: " + err
+                raise ValueError(err)
         return data
 
     @field_validator("recompute_modules", mode="before")
@@ -967,10 +988,8 @@ class ParallelConfig(_Frozen):
             if fixed:
                 raise ValueError(f"pipeline_layout cannot be set with {', '.join(fixed)}: the layout places every "
                                  "layer itself (megatron-core transformer_config.py:1307-1324)")
-        if self.schedule == "interleaved" and self.vp == 1:
-            # vp = 1 would be priced as 1F1B while the user asked for interleaving: refuse, never price it silently
-            raise ValueError("schedule 'interleaved' needs vp >= 2 virtual stages per pipeline rank (Megatron "
-                             "--num-virtual-stages-per-pipeline-rank); pass vp (e.g. --vp 2), or schedule '1f1b'")
+        if (err := vp_schedule_error(self.vp, self.schedule)) is not None:
+            raise ValueError(err)
         return self
 
     @property

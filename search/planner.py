@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cost_models.errors import ConfigError, InfeasibleError, divisors
 from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error, vp_schedule_error
 from cost_models.pipeline import pipeline_time_s
 from cost_models.pipeline_split import candidates
 from cost_models.targets import PROFILES, get_profile, runtime_for
@@ -316,6 +316,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if pins["schedule"] not in offered:
             raise ConfigError(f"schedule {pins['schedule']}: {' or '.join(scorers)} has no such schedule (pipeline "
                               f"schedules: {', '.join(offered)})", valid=offered)
+    if "vp" in pins and "schedule" in pins:  # vp > 1 is interleaved: estimate's rule, not "valid: vp 1"
+        why = vp_schedule_error(int(pins["vp"]), str(pins["schedule"]))
+        if why is not None:
+            raise ConfigError(why)
     if pins.get("pp") == 1:  # interleaving on one pipeline rank: the rule itself (as estimate says), not "valid pp"
         vp = int(pins.get("vp", 1))
         why = interleave_pp_error(1, vp, "interleaved" if vp > 1 else str(pins.get("schedule", "1f1b")))

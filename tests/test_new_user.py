@@ -164,6 +164,28 @@ def test_search_interleaving_on_one_pipeline_rank_says_the_rule_as_estimate_does
     assert code == 2 and err.strip().splitlines() == [line.replace("Error: ", "Error: invalid parallel: ")], err
 
 
+@pytest.mark.parametrize("pins,line", [
+    (["--vp", "2", "--schedule", "1f1b"],
+     "vp=2 virtual stages per pipeline rank run the interleaved schedule (megatron-core picks it whenever a virtual "
+     "pipeline size is set, schedules.py:144-148), not schedule '1f1b'; valid: schedule interleaved (or omit it), or "
+     "vp=1"),
+    (["--vp", "1", "--schedule", "interleaved"],
+     "schedule 'interleaved' needs vp >= 2 virtual stages per pipeline rank (Megatron "
+     "--num-virtual-stages-per-pipeline-rank); pass vp (e.g. --vp 2), or schedule '1f1b'"),
+])
+def test_vp_and_schedule_that_contradict_are_one_rule_in_search_and_estimate(pins: list[str], line: str) -> None:
+    """``estimate --vp 2 --schedule 1f1b`` silently priced the interleaved schedule while ``search`` with the same
+    pins said "no layout keeps vp=2; valid: 1". Megatron has no schedule flag: a virtual pipeline size is the
+    interleaved schedule. Both now refuse the contradiction with that rule; vp 2 alone still means interleaved."""
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "64", "--tp", "1", "--pp", "4", *pins)
+    assert code == 2 and err.strip().splitlines() == [f"Error: {line}"], err
+    code, _, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--tp", "1", "--pp", "4", *pins)
+    assert code == 2 and err.strip().splitlines() == [f"Error: invalid parallel: {line}"], err
+    code, out, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "64", "--tp", "1", "--pp", "4", "--vp", "2",
+                          "--format", "json")
+    assert code == 0 and '"schedule": "interleaved"' in out, err
+
+
 @pytest.mark.parametrize("target", ["megatron", "torchtitan"])
 def test_an_hsdp_pin_no_layout_keeps_names_the_shard_sizes_that_work(target: str) -> None:
     """``search --model llama3-70b --gpus 1024 --hsdp 3`` said "relax the pins" with no valid value (Megatron's search
