@@ -56,6 +56,13 @@ def test_cli_files_indices_and_degrees(tmp_path):
     (["tp=8", "nofile.json#2"], "plan 'nofile.json#2': no such file (a PLAN is FILE[#K], #K or KEY=VALUE,...)"),
     (["tp=8", "#-1"], "plan '#-1': K must be in 1..50"),
     (["tp=8", "#x"], "plan '#x': #K takes a plan number of the search, 1..50"),
+    # a bare key (or key and value without '='), a bare number: the form meant (were "no such file")
+    (["tp=8", "tp"], "Error: plan 'tp': a degree is written KEY=VALUE (e.g. tp=VALUE), several joined by commas as "
+                     "tp=8,pp=4; a PLAN is FILE[#K], #K or KEY=VALUE,...\n"),
+    (["tp=8", "pp2"], "Error: plan 'pp2': a degree is written KEY=VALUE (e.g. pp=2), several joined by commas as "
+                      "tp=8,pp=4; a PLAN is FILE[#K], #K or KEY=VALUE,...\n"),
+    (["tp=8", "2"], "Error: plan '2': no such file; plan K of the search is written #K (e.g. #2); a PLAN is "
+                    "FILE[#K], #K or KEY=VALUE,...\n"),
 ])
 def test_cli_errors_are_one_line(args, needle):
     res = CliRunner().invoke(cli, ["compare", *args, *JOB])

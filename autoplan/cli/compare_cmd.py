@@ -61,6 +61,22 @@ def _degrees(text: str) -> dict[str, Any]:
     return out
 
 
+_BARE = re.compile(r"\s*([A-Za-z_]+)\s*[:\s]?\s*(-?\d*)\s*")
+
+
+def _not_a_plan(text: str) -> str:
+    """Why ``text`` (no '=', no '#', no file) is no PLAN, with the form meant where it reads as one: a bare degree
+    key ('tp', 'tp8', 'tp:8') is KEY=VALUE, a bare number is #K."""
+    form = "a PLAN is FILE[#K], #K or KEY=VALUE,..."
+    if (m := _BARE.fullmatch(text)) and (m.group(1) in KEYS or difflib.get_close_matches(m.group(1), list(KEYS), n=1)):
+        key = m.group(1) if m.group(1) in KEYS else difflib.get_close_matches(m.group(1), list(KEYS), n=1)[0]
+        return (f"plan {text!r:.80}: a degree is written KEY=VALUE (e.g. {key}={m.group(2) or 'VALUE'}), several "
+                f"joined by commas as tp=8,pp=4; {form}")
+    if text.strip().lstrip("-").isdigit():
+        return f"plan {text!r:.80}: no such file; plan K of the search is written #K (e.g. #{text.strip()}); {form}"
+    return f"plan {text!r:.80}: no such file ({form})"
+
+
 def _estimate_of(path: str, index: int) -> dict[str, Any]:
     """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
     from autoplan.emit import load_plan
@@ -120,7 +136,7 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
             requests.append({**_estimate_of(str(Path(path).expanduser()), idx), "failures": failures})
             continue
         if path and "=" not in text and not text.startswith("#"):  # neither #K nor degrees: a file is meant
-            raise UserInputError(f"plan {text!r:.80}: no such file (a PLAN is FILE[#K], #K or KEY=VALUE,...)")
+            raise UserInputError(_not_a_plan(text))
         if context is None:
             raise UserInputError(f"plan {text!r:.80} is not a file; #K and degree plans need --model and --gpus")
         m = _INDEX.match(text) if text.startswith("#") else None
