@@ -106,12 +106,10 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if moe_sp and t > 1 and not par.sequence_parallel:
         raise ConfigError(f"MoE with tp={t} needs sequence_parallel on ({prof.name}: {prof.moe_sp_source})",
                           valid=["sequence_parallel on", "tp=1"])
-    if prof.sp_even_tokens and t > 1 and par.sequence_parallel and (job.seq_len // c) % t:
-        raise ConfigError(f"sequence_parallel with tp={t} splits the {job.seq_len // c} tokens of a CP rank over tp: "
-                          f"seq_len/cp must be divisible by tp (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70"
-                          f"{'; MoE with tp > 1 needs sequence parallelism' if moe_sp else ''})",
+    if t > 1 and par.sequence_parallel and (why := prof.sp_split_error(job.seq_len, t, c)) is not None:
+        raise ConfigError(why + ("; MoE with tp > 1 needs sequence parallelism" if moe_sp else ""),
                           valid=([] if moe_sp else ["sequence_parallel off"])
-                          + [f"tp={x}" for x in divisors(n) if x < t and (job.seq_len // c) % x == 0][-3:])
+                          + [f"tp={x}" for x in divisors(n) if x < t and prof.sp_split_error(job.seq_len, x, c) is None][-3:])
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
                           valid=divisors(dp * c))

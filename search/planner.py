@@ -462,10 +462,9 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
             if key == "ep" and not model.is_moe:
                 why = f" (ep needs a MoE model; {model.name} is dense)"
             t = int(pins.get("tp", 1))
-            if (key == "tp" and why == "" and model.is_moe and (job.seq_len // c) % t
-                    and any(PROFILES[s].sp_even_tokens for s in scorers)):  # check_parallel's SP rule
-                why = (f" (MoE with tp > 1 runs sequence parallelism, which splits the seq_len/cp = {job.seq_len // c} "
-                       f"tokens of a CP rank over tp={t})")
+            split = next((e for s in scorers if (e := PROFILES[s].sp_split_error(job.seq_len, t, c)) is not None), None)
+            if key == "tp" and why == "" and model.is_moe and split is not None:  # check_parallel's SP rule
+                why = f" (MoE with tp > 1 runs sequence parallelism: {split})"
             if key == "pp" and job.global_batch_size < int(pins["pp"]):  # 1F1B: m >= pp (check_parallel)
                 why = (f" (a pipeline of pp={pins['pp']} needs at least {pins['pp']} micro-batches; global_batch_size="
                        f"{job.global_batch_size} makes at most {job.global_batch_size})")

@@ -320,7 +320,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             continue
         for cp in cp_choices(job, N // tp, pins, tally):
             # the target's SP splits a CP rank's tokens over tp (check_parallel): where tp does not divide them, no SP
-            seq_split = not PROFILES[target].sp_even_tokens or (job.seq_len // cp) % tp == 0
+            seq_split = PROFILES[target].sp_split_error(job.seq_len, tp, cp) is None
             if tp > 1 and not seq_split and (moe_sp or pins.get("sequence_parallel") is True):
                 tally.cut("moe_needs_sp" if moe_sp else "pin")
                 continue

@@ -265,7 +265,9 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
         modes = ["row", "row_sp"]
     else:  # hidden → hidden matmuls (MLA down-projections): Megatron's "duplicated" linears
         modes = ["R", "seq"]
-    seq_ok = ctx.seq_len % (t * ctx.mesh.size(MeshAxis.CP)) == 0
+    cp = ctx.mesh.size(MeshAxis.CP)
+    prof = PROFILES.get(ctx.target)  # the target's own SP rule (DTensor shards unevenly where it has none)
+    seq_ok = prof.sp_split_error(ctx.seq_len, t, cp) is None if prof is not None else ctx.seq_len % (t * cp) == 0
     sp = ctx.sequence_parallel
     if strategies.sequence_parallel == "forced" and sp is None:
         sp = True  # torchtitan's TP plan is sequence-parallel whenever tp > 1

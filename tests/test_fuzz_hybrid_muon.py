@@ -384,8 +384,8 @@ def test_moe_sequence_parallel_needs_tokens_divisible_by_tp() -> None:
 
 def test_the_sequence_split_rule_is_megatrons_only() -> None:
     """The search's own estimate of a torchtitan plan applied Megatron's SP rule (estimate with a resolved runtime
-    and no target named fell back to Megatron's profile): gpt3-175b on 144 GB200 at seq 2048 found tp 3 with
-    torchtitan's sequence parallelism (DTensor shards unevenly) and then refused it. The runtime's target decides."""
+    and no target named fell back to Megatron's profile): gpt3-175b on 144 GB200 at seq 2048 found a torchtitan plan
+    and then refused it by Megatron's rule. The runtime's target decides (torchtitan's own: TargetProfile.sp_split_error)."""
     req = {"model": "gpt3-175b", "cluster": {"gpu": "gb200", "num_gpus": 144},
            "job": {"global_batch_size": 256, "seq_len": 2048}, "target": "torchtitan"}
     found = autoplan.search({**req, "top": 3})

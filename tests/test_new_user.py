@@ -206,8 +206,14 @@ def test_an_hsdp_pin_no_layout_keeps_names_the_shard_sizes_that_work(target: str
 
 @pytest.mark.parametrize("args,why", [
     (["--model", "mixtral-8x7b", "--seq-len", "1001", "--tp", "8"],
-     "no layout keeps tp=8 (MoE with tp > 1 runs sequence parallelism, which splits the seq_len/cp = 1001 tokens of a "
-     "CP rank over tp=8); valid: 1"),
+     "no layout keeps tp=8 (MoE with tp > 1 runs sequence parallelism: sequence_parallel with tp=8 splits the 1001 "
+     "tokens of a CP rank over tp: seq_len/cp must be divisible by tp (megatron-core 0.16.1 "
+     "tensor_parallel/mappings.py:69-70)); valid: 1"),
+    # torchtitan's own rule (was the internal "no torchtitan strategy for expert_gate_proj+expert_up_proj on tp8")
+    (["--model", "mixtral-8x7b", "--seq-len", "1001", "--tp", "8", "--target", "torchtitan"],
+     "no layout keeps tp=8 (MoE with tp > 1 runs sequence parallelism: sequence_parallel with tp=8 needs "
+     "seq_len=1001 divisible by tp = 8 (torchtitan 0.3.0 torchtitan/trainer.py:306-315, "
+     "parallelism.enable_sequence_parallel)); valid: 1"),
     (["--model", "llama3-8b", "--global-batch-size", "3", "--pp", "4"],
      "no layout keeps pp=4 (a pipeline of pp=4 needs at least 4 micro-batches; global_batch_size=3 makes at most 3); "
      "valid: 1, 2"),

@@ -60,8 +60,8 @@ def _check_plan_constraints(model, cluster, job, plan, target="megatron") -> Non
     if target != "any":
         assert ran == target
     rep = kv_replication(ran)  # Megatron / fsdp2 replicate KV heads when tp is a multiple of them
-    # raises on any broken hard constraint, by the rules of the plan's own target (torchtitan's DTensor sequence
-    # parallelism shards unevenly: TargetProfile.sp_even_tokens)
+    # raises on any broken hard constraint, by the rules of the plan's own target (fsdp2's DTensor sequence
+    # parallelism shards unevenly: TargetProfile.sp_split_error)
     check_parallel(model, cluster, job, par, allow_kv_replication=rep, profile=PROFILES[ran])
     dp = pred.dp
     assert dp * par.tp * par.pp * par.cp == cluster.num_gpus

@@ -384,8 +384,6 @@ class TargetProfile:
     # split evenly, output all-gathered, one KV head per rank: Megatron-Core), "replicate" (K/V weights
     # replicated on every TP rank, each rank keeps its query heads' KV heads: a DTensor Replicate module).
     sequence_parallel: Literal["flag", "forced"] = "flag"
-    # Whether its sequence parallelism needs each CP rank's tokens divisible by tp (False: DTensor shards unevenly)
-    sp_even_tokens: bool = False
     # Why MoE layers under TP need sequence parallelism on every target (validate.check_parallel, search.space): the
     # target's own rule, or (default) what autoplan can price: routed experts at expert-TP 1 with their tokens split
     # over TP by SP (op_cost.op_compute, "experts")
@@ -591,6 +589,12 @@ class TargetProfile:
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """Why this target, run with ``rt``'s knobs (its software version), cannot build ``model``; None: it can.
         ``estimate``, ``check_runtime`` (search, emit, validate) and the planner ask it."""
+        return None
+
+    def sp_split_error(self, seq_len: int, tp: int, cp: int) -> str | None:
+        """Why this target's sequence parallelism cannot split a sequence of ``seq_len`` tokens over ``tp`` ranks
+        (with ``cp``), None when it can (the default: DTensor shards unevenly). Read by validate.check_parallel,
+        search.space and search.planner's pin reasons."""
         return None
 
     def interleave_error(self, model: ModelSpec) -> ConfigError | None:

@@ -213,9 +213,6 @@ class MegatronProfile(TargetProfile):
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
-    # SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
-    # (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70): validate.check_parallel, search.space
-    sp_even_tokens = True
     # MoELayer.forward raises in training when the attention TP group has > 1 rank and SP is off
     moe_sp_source = "megatron-core 0.16.1 transformer/moe/moe_layer.py:379-383"
     zero_stages = (1, 0, 2, 3)
@@ -299,6 +296,14 @@ class MegatronProfile(TargetProfile):
     expert_rule = (f"{PS}:786-806: the expert RankGenerator needs world_size % (expert_tensor_parallel_size*ep*pp) "
                    "== 0, with expert_tensor_parallel_size 1")
     expert_count_rule = f"{MLM}:1025-1028"
+
+    def sp_split_error(self, seq_len: int, tp: int, cp: int) -> str | None:
+        """SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
+        (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70)."""
+        if (seq_len // cp) % tp == 0:
+            return None
+        return (f"sequence_parallel with tp={tp} splits the {seq_len // cp} tokens of a CP rank over tp: seq_len/cp "
+                "must be divisible by tp (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70)")
 
     def expert_ranks(self, *, tp: int, cp: int, dp_cp: int, zero: int, hsdp: int | None) -> tuple[int, str] | None:
         return tp * dp_cp, f"tp*cp*dp = {tp}*{cp}*{dp_cp // cp}"

@@ -134,6 +134,16 @@ class TorchtitanProfile(TargetProfile):
         traffic shows less than exposed (``knob_effects``); no knob setting is cheaper."""
         return {"compile": True, "async_tp": True}, False
 
+    def sp_split_error(self, seq_len: int, tp: int, cp: int) -> str | None:
+        """The trainer refuses a seq_len that (tp with parallelism.enable_sequence_parallel) x (2*cp with CP) does
+        not divide, before building the model (trainer.py:306-315 of the 0.3.0 wheel)."""
+        div = tp * (2 * cp if cp > 1 else 1)
+        if seq_len % div == 0:
+            return None
+        return (f"sequence_parallel with tp={tp} needs seq_len={seq_len} divisible by "
+                + (f"tp*2*cp = {tp}*2*{cp} = {div}" if cp > 1 else f"tp = {tp}")
+                + f" ({TT}trainer.py:306-315, parallelism.enable_sequence_parallel)")
+
     def zero_reason(self, zero_stage: int) -> str:
         return ("torchtitan shards with FSDP2 (zero_stage=3, or 0 = replicate) and has no ZeRO-1/2 "
                 f"({TT}models/llama3/parallelize.py:68-88)")
