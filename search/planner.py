@@ -408,6 +408,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             text += f" (#{i + 2} runs on {nxt[4].target})"
         note = _knob_note(scorers[lay.target], lay, par, pred, weights)
         text += f". {note[0].upper()}{note[1:]}" if note else ""
+        par, runs = PROFILES[lay.target].runs_as(par, cluster.num_gpus)  # a pinned HSDP group of all dp*cp ranks
+        if runs is not None:  # is the plain sharding (priced the same): the plan says what runs, and why
+            text += f". Runs as: {runs}"
+            pred = pred.model_copy(update={"software": {**pred.software, "runs_as": runs}})
         plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
                                 op_shardings=op_shardings(scorers[lay.target], lay), target=lay.target))
     return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),

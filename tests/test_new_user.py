@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -223,3 +224,40 @@ def test_a_pin_no_layout_keeps_says_the_rule_it_breaks(args: list[str], why: str
     "no layout keeps tp=8; valid: 1": the valid value without the reason."""
     code, _, err = _cli("search", "--gpus", "8", *args)
     assert code == 2 and err.strip().splitlines()[-1].endswith(why), err
+
+
+@pytest.mark.parametrize("target,plain", [("megatron", "ZeRO-1"), ("torchtitan", "FSDP (zero_stage=3)"),
+                                          ("fsdp2", "FSDP (zero_stage=3)")])
+def test_an_hsdp_group_of_all_dp_ranks_runs_as_the_plain_sharding(target: str, plain: str) -> None:
+    """``search --hsdp 8`` where dp*cp = 8 returned plans labelled hsdp=8 with no replica groups. Every target runs
+    one shard group of all dp*cp ranks as its plain ZeRO/FSDP (torchtitan dp_replicate=1, Megatron one
+    distributed-optimizer instance, fsdp2 a 1-D mesh): the plan says that, with a note; estimate notes it too."""
+    code, out, err = _cli("search", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--hsdp", "8",
+                          "--target", target, "--top", "2", "--format", "json")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    assert plans and all(p["parallel"].get("hsdp_shard_size") is None for p in plans), plans
+    note = (f"hsdp_shard_size=8 is the whole dp*cp group (one shard group, no replicas): {target} runs it as plain "
+            f"{plain} over dp*cp = 8 (")
+    assert all(p["prediction"]["software"]["runs_as"].startswith(note) for p in plans)
+    zero = "1" if target == "megatron" else "3"
+    code, out, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--hsdp", "8",
+                          "--zero", zero, "--target", target, "--format", "json")
+    assert code == 0 and json.loads(out)["prediction"]["software"]["runs_as"].startswith(note), err
+
+
+@pytest.mark.parametrize("target,line", [
+    ("megatron", "Error: hsdp_shard_size=8 with zero_stage=0: Megatron-LM shards in groups only with the distributed "
+                 "optimizer (--num-distributed-optimizer-instances, Megatron-LM megatron/training/arguments.py@"
+                 "55ac7082:2333); --use-torch-fsdp2 always shards over the whole dp*cp group; valid: zero_stage=1, "
+                 "hsdp_shard_size unset"),
+    ("torchtitan", "Error: hsdp_shard_size=8 needs zero_stage=3 (torchtitan's dp_replicate x dp_shard); valid: "
+                   "zero_stage=3"),
+])
+def test_an_hsdp_group_of_all_dp_ranks_under_zero_0_is_refused(target: str, line: str) -> None:
+    """``--hsdp 8 --zero 0`` with dp*cp = 8 was priced (hsdp_error was asked only for groups below dp*cp): ZeRO-0
+    shards nothing, so a shard group contradicts it at any size; the rule the target gives below dp*cp."""
+    code, _, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--hsdp", "8",
+                        "--zero", "0", "--target", target)
+    assert code == 2 and err.strip().splitlines() == [line], err
+

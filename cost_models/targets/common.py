@@ -525,7 +525,7 @@ class TargetProfile:
         if schedule not in self.schedules:
             return ConfigError(f"schedule {schedule}: {self.name} has no such schedule (its pipeline schedules: "
                                + ", ".join(self.schedules) + ")", valid=self.schedules)
-        if hsdp is not None and hsdp < dp_cp:
+        if hsdp is not None and (hsdp < dp_cp or zero == 0):  # the whole group under ZeRO-0 still shards nothing
             err = self.hsdp_error(zero, hsdp, cp, dp_cp)
             if err is not None:
                 return err  # (a target that takes this HSDP group still applies its other rules below)
@@ -630,7 +630,21 @@ class TargetProfile:
     def runs_as(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
         """The layout the framework really runs for ``par`` (e.g. torchtitan runs ZeRO-0 with cp > 1 as FSDP
         over cp), and a note saying so; ``par`` itself when it runs as written."""
-        return par, None
+        return self.whole_group_as_plain(par, num_gpus)
+
+    # Where an HSDP shard group of all dp*cp ranks (one group, no replicas) is the target's plain sharding
+    whole_group_source: str = ""
+
+    def whole_group_as_plain(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
+        """``hsdp_shard_size`` = dp*cp leaves one shard group and nothing to replicate over: every target runs its
+        plain ZeRO/FSDP (``whole_group_source``), so that is the layout, with a note (priced the same)."""
+        h = par.hsdp_shard_size
+        if h is None or h != par.dp(num_gpus) * par.cp:
+            return par, None
+        kind = "FSDP (zero_stage=3)" if par.zero_stage == 3 else f"ZeRO-{par.zero_stage}"
+        return par.model_copy(update={"hsdp_shard_size": None}), (
+            f"hsdp_shard_size={h} is the whole dp*cp group (one shard group, no replicas): {self.name} runs it as "
+            f"plain {kind} over dp*cp = {h} ({self.whole_group_source})")
 
     def with_defaults(self, par: ParallelConfig, software: Software | None = None) -> ParallelConfig:
         """``par`` with the target's own ZeRO stage where the user left it unset and the generic default (1) is

@@ -68,6 +68,8 @@ class FSDP2Profile(TargetProfile):
         return ("the fsdp2 target always runs fully_shard (zero_stage=3); keep parameters gathered between "
                 "forward and backward with reshard_after_forward=false instead")
 
+    whole_group_source = f"a 1-D mesh of the dp ranks, no dp_replicate dimension: {FULLY_SHARD}"
+
     def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
         return None  # dp_replicate x dp_shard mesh, written by the emitter
 

@@ -297,6 +297,9 @@ class MegatronProfile(TargetProfile):
                    "== 0, with expert_tensor_parallel_size 1")
     expert_count_rule = f"{MLM}:1025-1028"
 
+    whole_group_source = (f"dp*cp/hsdp = 1 distributed-optimizer instance: --num-distributed-optimizer-instances 1, "
+                          f"its default, {MLM}:2333")
+
     def sp_split_error(self, seq_len: int, tp: int, cp: int) -> str | None:
         """SP scatters each CP rank's [s/cp, b, h] activations over TP along s and asserts it divides
         (megatron-core 0.16.1 tensor_parallel/mappings.py:69-70)."""

@@ -176,7 +176,10 @@ class TorchtitanProfile(TargetProfile):
             note = (f"torchtitan runs zero_stage=0 with cp={par.cp} as FSDP over dp_shard x cp = {par.cp} "
                     f"(replicated over dp_replicate = {dp})")
             return par.model_copy(update={"zero_stage": 3, "hsdp_shard_size": shard}), note
-        return par, None
+        return self.whole_group_as_plain(par, num_gpus)
+
+    whole_group_source = (f"dp_replicate=1, dp_shard*cp = the group: HSDP only where dp_replicate > 1, "
+                          f"{TT}distributed/parallel_dims.py:676-677, models/llama3/parallelize.py:75")
 
     def runs_as_written(self, zero: int, cp: int) -> bool:
         return not (zero == 0 and cp > 1)
