@@ -223,7 +223,7 @@ def read_data(path: str | Path, *, what: str = "file", max_bytes: int = MAX_FILE
 def read_mapping(path: str | Path, *, what: str = "file") -> dict[str, Any]:
     data = read_data(path, what=what)
     if not isinstance(data, dict):
-        raise UserInputError(f"{_named(what, path)} must contain a mapping of fields, got {type(data).__name__}")
+        raise UserInputError(f"{_named(what, path)} must contain a mapping of fields, got {json_type(data)}")
     return data
 
 

@@ -165,7 +165,7 @@ def test_malformed_spec_files(tmp_path: Path) -> None:
         load_model(str(bad_yaml))
     a_list = tmp_path / "b.yaml"
     a_list.write_text("- 1\n- 2\n")
-    with pytest.raises(UserInputError, match=r"'.*b.yaml' must contain a mapping of fields, got list"):
+    with pytest.raises(UserInputError, match=r"'.*b.yaml' must contain a mapping of fields, got array"):
         load_model(str(a_list))
     no_tags = tmp_path / "c.yaml"
     no_tags.write_text("!!python/object/apply:os.system ['true']\n")

@@ -261,3 +261,17 @@ def test_an_hsdp_group_of_all_dp_ranks_under_zero_0_is_refused(target: str, line
                         "--zero", "0", "--target", target)
     assert code == 2 and err.strip().splitlines() == [line], err
 
+
+def test_model_and_plan_files_of_the_wrong_json_shape_say_so_in_json_words(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A config.json holding ``null`` said "got NoneType", a plan file "not NoneType", and a plan whose "plans" is
+    a number "must be a list": Python's names for what the user wrote in JSON."""
+    null = tmp_path / "config.json"
+    null.write_text("null")
+    code, _, err = _cli("estimate", "--model", str(null), "--gpus", "8", "--tp", "1", "--pp", "1")
+    assert code == 2 and err.strip() == f"Error: '{null}' must contain a mapping of fields, got null", err
+    code, _, err = _cli("validate", "--target", "megatron", "--plan", str(null))
+    assert code == 2 and err.strip() == f"Error: plan file '{null}' must hold one JSON object, not null", err
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"model": 5}')
+    code, _, err = _cli("emit", "--target", "megatron", "--plan", str(plan), "-o", str(tmp_path / "out"))
+    assert code == 2 and err.strip() == f"Error: plan file '{plan}': \"model\" must be an object, not number", err

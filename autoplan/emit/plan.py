@@ -57,11 +57,11 @@ class EmitPlan:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
-    from autoplan.inputs import parse_json, read_text
+    from autoplan.inputs import json_type, parse_json, read_text
 
     data = parse_json(read_text(path, what="plan file"), f"plan file '{path}'")
     if not isinstance(data, dict):
-        raise UserInputError(f"plan file '{path}' must hold one JSON object, not {type(data).__name__}")
+        raise UserInputError(f"plan file '{path}' must hold one JSON object, not {json_type(data)}")
     return data
 
 
@@ -69,7 +69,10 @@ def _require(data: dict[str, Any], key: str, path: str | Path, kind: type = dict
     if key not in data:
         raise UserInputError(f"plan file '{path}' has no \"{key}\"")
     if not isinstance(data[key], kind):
-        raise UserInputError(f"plan file '{path}': \"{key}\" must be a {kind.__name__}")
+        from autoplan.inputs import json_type
+
+        raise UserInputError(f"plan file '{path}': \"{key}\" must be an {'array' if kind is list else 'object'}, "
+                             f"not {json_type(data[key])}")
     return data[key]
 
 
@@ -150,7 +153,9 @@ def _plan_entry(data: dict[str, Any], index: int | None, source: str) -> tuple[d
         raise UserInputError(f"plan file '{source}' holds no plans (the search found none)")
     i = _plan_index(index, len(plans), source)
     if not isinstance(plans[i], dict):
-        raise UserInputError(f"plan file '{source}': plans[{i}] must be an object, not {type(plans[i]).__name__}")
+        from autoplan.inputs import json_type
+
+        raise UserInputError(f"plan file '{source}': plans[{i}] must be an object, not {json_type(plans[i])}")
     return plans[i], f"plans[{i}]"
 
 
@@ -171,7 +176,9 @@ def _object_at(parent: dict[str, Any], key: str, source: str, where: str) -> dic
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserInputError(f"plan file '{source}': {_at(where, key)} must be an object, not {type(value).__name__}")
+        from autoplan.inputs import json_type
+
+        raise UserInputError(f"plan file '{source}': {_at(where, key)} must be an object, not {json_type(value)}")
     return value
 
 
