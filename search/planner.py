@@ -478,12 +478,15 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                                valid=valid or None)
         near = _nearest_legal_gpus(model, cluster, job, target)
         fewer = _fewer_legal_gpus(model, cluster, job, target) if not near else None
+        batches = _nearest_legal_batches(model, cluster, job, target)
+        on_batch = (f"; on {cluster.num_gpus} GPUs, global batch sizes with a layout: "
+                    + " and ".join(str(b) for b in batches)) if batches else ""
         return InfeasibleError(
             f"no parallel layout of {model.name} on {cluster.num_gpus} GPUs passes the hard constraints "
             f"(target {target}, pins {pins or 'none'}; cut: {cut})",
-            hint=("nearest GPU counts with a layout: " + " and ".join(f"{n} GPUs" for n in near) if near else
-                  f"no GPU count within {NEAREST_PROBES} nodes of it has a layout; halving it, {fewer} GPUs does"
-                  if fewer else "change the global batch size or the GPU count"))
+            hint=("nearest GPU counts with a layout: " + " and ".join(f"{n} GPUs" for n in near) + on_batch if near
+                  else f"no GPU count within {NEAREST_PROBES} nodes of it has a layout; halving it, {fewer} GPUs does"
+                  + on_batch if fewer else "change the global batch size or the GPU count"))
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
     peak, lay = min(((float(scorers[lay.target].stage_memory(
@@ -546,6 +549,18 @@ def _nearest_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, ta
     # at most NEAREST_PROBES counts each way: past a million GPUs a full scan would try ~10^5 counts (minutes)
     below = next((k for k in islice(range(n - (n % step or step), 0, -step), NEAREST_PROBES) if legal(k)), None)
     above = next((k for k in islice(range(n + step - n % step, 4 * n + 1, step), NEAREST_PROBES) if legal(k)), None)
+    return [k for k in (below, above) if k is not None]
+
+
+def _nearest_legal_batches(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target) -> list[int]:
+    """The nearest global batch sizes below and above ``job.global_batch_size`` (at most ``NEAREST_PROBES`` each
+    way) whose layouts on ``cluster`` pass the hard constraints: the other way out of an infeasible-by-shape job."""
+    def legal(b: int) -> bool:
+        j = job.model_copy(update={"global_batch_size": b})
+        return next(iter(enumerate_layouts(model, cluster, j, target, {}, Tally())), None) is not None
+    b = job.global_batch_size
+    below = next((k for k in islice(range(b - 1, 0, -1), NEAREST_PROBES) if legal(k)), None)
+    above = next((k for k in range(b + 1, b + NEAREST_PROBES + 1) if legal(k)), None)
     return [k for k in (below, above) if k is not None]
 
 

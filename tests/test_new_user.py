@@ -58,7 +58,7 @@ def test_a_gpu_count_no_layout_divides_names_the_nearest_counts_that_do() -> Non
     GPU counts that have a layout."""
     code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "1000")
     assert code == 3 and "Traceback" not in err
-    near = [int(x) for x in re.findall(r"(\d+) GPUs", err.split("nearest GPU counts with a layout:")[1])]
+    near = [int(x) for x in re.findall(r"(\d+) GPUs", err.split("nearest GPU counts with a layout:")[1].split(";")[0])]
     assert len(near) == 2 and near[0] < 1000 < near[1]
     for n in near:  # each one really has a plan
         assert _cli("search", "--model", "llama3-8b", "--gpus", str(n), "--top", "1")[0] == 0
@@ -275,3 +275,23 @@ def test_model_and_plan_files_of_the_wrong_json_shape_say_so_in_json_words(tmp_p
     plan.write_text('{"model": 5}')
     code, _, err = _cli("emit", "--target", "megatron", "--plan", str(plan), "-o", str(tmp_path / "out"))
     assert code == 2 and err.strip() == f"Error: plan file '{plan}': \"model\" must be an object, not number", err
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["--model", "llama3-8b", "--gpus", "1000"],
+     "nearest GPU counts with a layout: 992 GPUs and 1024 GPUs; on 1000 GPUs, global batch sizes with a layout: 1020 "
+     "and 1025"),
+    # only 1 GPU "had a layout" (where mixtral does not fit): the batch is the way out on these 8 GPUs
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--seq-len", "1", "--global-batch-size", "1"],
+     "nearest GPU counts with a layout: 1 GPUs; on 8 GPUs, global batch sizes with a layout: 8"),
+])
+def test_a_job_no_layout_shapes_names_the_batch_sizes_that_do(args: list[str], hint: str) -> None:
+    """An infeasible-by-shape job named only other GPU counts; it names the nearest global batch sizes that have a
+    layout on the user's cluster too (``search.planner._nearest_legal_batches``)."""
+    code, _, err = _cli("search", *args)
+    assert code == 3 and err.strip().splitlines()[-1].endswith(hint), err
+    batch = hint.rsplit(" ", 1)[1]
+    code, _, err = _cli("search", *args[:4], *(["--seq-len", "1"] if "--seq-len" in args else []),
+                        "--global-batch-size", batch, "--top", "1")
+    assert "passes the hard constraints" not in err, err  # a layout exists (it may still not fit in memory)
+
