@@ -320,6 +320,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         why = vp_schedule_error(int(pins["vp"]), str(pins["schedule"]))
         if why is not None:
             raise ConfigError(why)
+    if int(pins.get("vp", 1)) > 1 or pins.get("schedule") == "interleaved":  # a target that cannot interleave the
+        builds = [t for t in scorers if PROFILES[t].model_error(model) is None]  # model: its rule
+        errs = [e for t in builds if (e := PROFILES[t].interleave_error(model)) is not None]
+        if errs and len(errs) == len(builds):
+            raise errs[0]
     if pins.get("pp") == 1:  # interleaving on one pipeline rank: the rule itself (as estimate says), not "valid pp"
         vp = int(pins.get("vp", 1))
         why = interleave_pp_error(1, vp, "interleaved" if vp > 1 else str(pins.get("schedule", "1f1b")))
@@ -465,6 +470,11 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                        f"holds at least {MIN_CP_TOKENS} tokens: seq_len={job.seq_len})")
             if key == "ep" and not model.is_moe:
                 why = f" (ep needs a MoE model; {model.name} is dense)"
+            elif key == "ep":  # the target's expert rule at the most expert ranks a stage can have (tp*dp*cp = N/pp)
+                ranks = cluster.num_gpus // int(pins.get("pp", 1))
+                err = next((e for t in scorers if (e := PROFILES[t].expert_layout_error(
+                    model, tp=1, cp=1, dp_cp=ranks, ep=int(pins["ep"]), zero=3, hsdp=None)) is not None), None)
+                why = f" ({err.reason})" if err is not None else ""
             t = int(pins.get("tp", 1))
             split = next((e for s in scorers if (e := PROFILES[s].sp_split_error(job.seq_len, t, c)) is not None), None)
             if key == "tp" and why == "" and model.is_moe and split is not None:  # check_parallel's SP rule

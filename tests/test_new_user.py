@@ -215,6 +215,15 @@ def test_an_hsdp_pin_no_layout_keeps_names_the_shard_sizes_that_work(target: str
      "no layout keeps tp=8 (MoE with tp > 1 runs sequence parallelism: sequence_parallel with tp=8 needs "
      "seq_len=1001 divisible by tp = 8 (torchtitan 0.3.0 torchtitan/trainer.py:306-315, "
      "parallelism.enable_sequence_parallel)); valid: 1"),
+    # an expert-parallel pin: the target's expert rule (was "no layout keeps ep=64; valid: 1, 2, 4, 8")
+    (["--model", "olmoe-1b-7b", "--ep", "64"],
+     "no layout keeps ep=64 (ep=64 must divide tp*cp*dp = 1*1*8 = 8: megatron cuts the expert layers' ep x edp from "
+     "those ranks of a pipeline stage (Megatron-LM megatron/core/parallel_state.py@55ac7082:786-806: the expert "
+     "RankGenerator needs world_size % (expert_tensor_parallel_size*ep*pp) == 0, with expert_tensor_parallel_size "
+     "1)); valid: 1, 2, 4, 8"),
+    (["--model", "olmoe-1b-7b", "--ep", "3"],
+     "no layout keeps ep=3 (ep=3 does not divide num_experts=64 (Megatron-LM megatron/training/arguments.py@55ac7082:"
+     "1025-1028)); valid: 1, 2, 4, 8"),
     (["--model", "llama3-8b", "--global-batch-size", "3", "--pp", "4"],
      "no layout keeps pp=4 (a pipeline of pp=4 needs at least 4 micro-batches; global_batch_size=3 makes at most 3); "
      "valid: 1, 2"),
@@ -295,3 +304,14 @@ def test_a_job_no_layout_shapes_names_the_batch_sizes_that_do(args: list[str], h
                         "--global-batch-size", batch, "--top", "1")
     assert "passes the hard constraints" not in err, err  # a layout exists (it may still not fit in memory)
 
+
+@pytest.mark.parametrize("pins", [["--vp", "2"], ["--schedule", "interleaved"], ["--vp", "2", "--target", "any"]])
+def test_search_interleaving_a_hybrid_says_megatrons_mamba_rule_as_estimate_does(pins: list[str]) -> None:
+    """``search --model nemotron-h-8b --vp 2`` said "no layout keeps vp=2; valid: 1"; estimate names the rule
+    (MambaBlock has no virtual pipeline stages). Search now gives that line (``any``: of the targets that build it)."""
+    line = ("Error: nemotron-h-8b: the Mamba hybrid model does not support virtual/interleaved pipeline parallelism "
+            "(megatron-core 0.16.1 megatron/core/ssm/mamba_block.py:173-176); valid: vp=1")
+    code, _, err = _cli("search", "--model", "nemotron-h-8b", "--gpus", "8", *pins)
+    assert code == 2 and err.strip().splitlines() == [line], err
+    code, _, err = _cli("estimate", "--model", "nemotron-h-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--vp", "2")
+    assert code == 2 and err.strip().splitlines() == [line], err
