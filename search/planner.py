@@ -335,6 +335,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if pins["zero_stage"] not in stages:
             why = "; ".join(PROFILES[t].zero_reason(pins["zero_stage"]) for t in scorers)
             raise ConfigError(f"zero_stage={pins['zero_stage']}: {why}", valid=stages)
+    if pins.get("zero_stage") == 0 and "hsdp_shard_size" in pins:  # ZeRO-0 shards in no group of any size
+        errs = [PROFILES[t].hsdp_error(0, int(pins["hsdp_shard_size"]), 1, 2 * int(pins["hsdp_shard_size"]))
+                for t in scorers]  # (layout_error asks it for the whole dp*cp group too under ZeRO-0): estimate's rule
+        if all(e is not None for e in errs):
+            raise errs[0]  # type: ignore[misc]
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally)]  # type: ignore[arg-type]

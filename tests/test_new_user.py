@@ -269,6 +269,10 @@ def test_an_hsdp_group_of_all_dp_ranks_under_zero_0_is_refused(target: str, line
     code, _, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "1", "--hsdp", "8",
                         "--zero", "0", "--target", target)
     assert code == 2 and err.strip().splitlines() == [line], err
+    # search gives the same line (was "no layout keeps zero_stage=0; valid: 1, 2, 3")
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "16", "--hsdp", "8", "--zero", "0", "--target",
+                        target)
+    assert code == 2 and err.strip().splitlines() == [line], err
 
 
 def test_model_and_plan_files_of_the_wrong_json_shape_say_so_in_json_words(tmp_path) -> None:  # type: ignore[no-untyped-def]
