@@ -261,6 +261,10 @@ def test_profile_overrides_catalog_and_kwargs_override_profile(tmp_path: Path) -
         ({"gpu": "h100-sxm", "nodes": 2}, r"invalid cluster profile '.*': nodes: unknown field"),
         ({"efficiency": {}}, r"gpu: required field missing"),
         ({"gpu": "h100"}, r"unknown GPU 'h100'"),
+        # the size of the cluster is the request's, not the profile's (was "num_gpus: unknown field")
+        ({"gpu": "h100-sxm", "num_gpus": 8}, r"^cluster profile '.*': num_gpus is not a profile field \(a profile "
+         r"describes the GPU and its links, not how many\); give the count with --gpus \(a request's "
+         r"cluster.num_gpus\)$"),
     ],
 )
 def test_bad_profiles(tmp_path: Path, data: dict, pattern: str) -> None:

@@ -41,7 +41,11 @@ class ClusterProfile(BaseModel):
 @lru_cache(maxsize=16)
 def _read_profile(resolved: str, mtime_ns: int, shown: str) -> ClusterProfile:
     del resolved, mtime_ns
-    return validate(ClusterProfile, read_mapping(Path(shown)), f"cluster profile '{shown}'")
+    data = read_mapping(Path(shown))
+    if "num_gpus" in data:  # the one field a user reaches for that a profile does not hold
+        raise UserInputError(f"cluster profile '{shown}': num_gpus is not a profile field (a profile describes the GPU "
+                             "and its links, not how many); give the count with --gpus (a request's cluster.num_gpus)")
+    return validate(ClusterProfile, data, f"cluster profile '{shown}'")
 
 
 def load_profile(path: str | Path) -> ClusterProfile:
