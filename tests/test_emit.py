@@ -451,8 +451,8 @@ def _search_file(tmp_path: Path, name: str, **entry: object) -> Path:
 
 
 @pytest.mark.parametrize(("entry", "needle"), [
-    ({"prediction": "x"}, "plans[0].prediction must be an object, not str"),
-    ({"prediction": {"software": [1]}}, "plans[0].prediction.software must be an object, not list"),
+    ({"prediction": "x"}, "plans[0].prediction must be an object, not string"),
+    ({"prediction": {"software": [1]}}, "plans[0].prediction.software must be an object, not array"),
     ({"prediction": {"software": {"target": "megatron", "tp_comm_overlap": "yes"}}},
      "plans[0].prediction.software: tp_comm_overlap: Input should be a valid boolean (got 'yes')"),
     ({"target": "deepspeed"}, "plans[0].target='deepspeed' is not a target autoplan emits; valid: megatron, "
@@ -479,7 +479,7 @@ def test_cli_emit_without_target_names_the_plan_file_error(tmp_path: Path) -> No
     d["plans"] = ["x"]
     f.write_text(json.dumps(d))
     code, _, err = run("emit", "--plan", str(f), "-o", str(tmp_path / "out"))
-    assert code == 2 and "plans[0] must be an object, not str" in err, err
+    assert code == 2 and "plans[0] must be an object, not string" in err, err
     d = _plan_json(plan("llama3-8b", 8, 8, tp=8, pp=1))  # a well-formed estimate naming no target
     f.write_text(json.dumps(d))
     code, _, err = run("emit", "--plan", str(f), "-o", str(tmp_path / "out"))

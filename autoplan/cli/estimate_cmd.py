@@ -44,7 +44,7 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
         opt("--recompute", type=click.Choice(["none", "selective", "full"]), default=None, help=default("none")),
         opt("--sequence-parallel/--no-sequence-parallel", default=None, help=f"Megatron SP {default('on')}"),
         opt("--schedule", type=click.Choice(["1f1b", "interleaved", "zb-h1"]), default=None,
-            help=default("1f1b")),
+            help="pipeline schedule; vp > 1 is the interleaved one (Megatron) " + default("1f1b, interleaved with --vp > 1")),
         opt("--first-stage-layers", type=INT, default=None,
             help=f"decoder layers on pipeline stage 0 {default('even split')}"),
         opt("--last-stage-layers", type=INT, default=None,
