@@ -133,7 +133,8 @@ def test_scorer_prices_the_cover_per_split_as_estimate(pp: int, vp: int) -> None
     from search.score import Scorer
 
     model, cluster, job, par, sw = _super_b300(("attn", "mamba", "moe_router", "moe_preprocess"))
-    par = ParallelConfig(**{**par.model_dump(), "pp": pp, "vp": vp})
+    par = ParallelConfig(**{**par.model_dump(), "pp": pp, "vp": vp,
+                                            "schedule": "interleaved" if vp > 1 else "1f1b"})
     pred = estimate(model, cluster, job, par, target="megatron", software=sw, check=False)
     split = pipeline_split(model, par)
     sc = Scorer(model, cluster, job, software=sw)
