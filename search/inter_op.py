@@ -207,6 +207,13 @@ def stage_costs(tables: StageTables, layers: Sequence[int]) -> np.ndarray:
     return range_costs(tables, bounds[:-1], bounds[1:])
 
 
+def chunked_costs(tables: StageTables, ranges: Sequence[Sequence[tuple[int, int]]]) -> np.ndarray:
+    """``range_costs`` summed over each rank's layer ranges ``[a, b)`` (``host_cover.consecutive_ranges`` of its
+    ids): an interleaved rank's chunks, priced as ``estimate`` sums them, where ``stage_costs`` would read one
+    contiguous range of the rank's layer count (equal only where every layer costs the same)."""
+    return np.array([float(sum(range_costs(tables, np.array([a]), np.array([b]))[0] for a, b in r)) for r in ranges])
+
+
 def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> StageEdges:
     """Edges for splits ``[first, mid_layers × (p − 2), last]`` with ``first, last ≥ 1`` (what
     ``ParallelConfig.first_stage_layers/last_stage_layers`` can say). ``p ≤ 2`` ignores ``mid_layers``."""

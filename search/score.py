@@ -29,8 +29,8 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
-from cost_models.host_cover import (cover_runs, host_light_kinds, moe_host_cover_s, range_wait_table,
-                                    rank_wait_delta_s)
+from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
+                                    range_wait_table, rank_wait_delta_s)
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
@@ -56,7 +56,7 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from cost_models.targets.common import TargetProfile
 from cost_models.validate import pipeline_split
-from search.inter_op import StageTables, stage_costs
+from search.inter_op import StageTables, chunked_costs, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
 from search.space import Layout
@@ -129,6 +129,7 @@ class Scorer:
         self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
         self._moe_device: dict[tuple, float] = {}  # layer_pieces' key: an MoE layer's device time, where covered
         self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
+        self._chunks: dict[tuple, list[list[tuple[int, int]]]] = {}  # (split, pp, vp): rank_chunks
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
@@ -383,6 +384,17 @@ class Scorer:
             ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
             hit = np.array([rank_wait_delta_s(table, rank_ids) for rank_ids in ids])
         self._cover_corr[key] = hit
+        return hit
+
+    def rank_chunks(self, lay: Layout, layers: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        """Per pipeline rank of the split ``layers``, the ranges ``[a, b)`` of layer ids it holds
+        (``host_cover.consecutive_ranges`` of ``pipeline_split``'s ``layer_ids``): one per rank at vp = 1, its
+        chunks with vp > 1 — what ``estimate`` prices a rank's layers, time and memory, from."""
+        key = (tuple(layers), lay.pp, lay.vp)
+        hit = self._chunks.get(key)
+        if hit is None:
+            ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
+            hit = self._chunks[key] = [consecutive_ranges(rank_ids) for rank_ids in ids]
         return hit
 
     def cover_table(self, lay: Layout) -> np.ndarray | None:
@@ -762,20 +774,25 @@ class Scorer:
     def data_parallel(self, lay: Layout, layers: tuple[int, ...]) -> tuple[float, float, float, float]:
         rt = self.default_runtime(lay)  # DP traffic: the user's knobs (the searched ones change none)
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero_stage, lay.hsdp_shard_size, layers, lay.m,
-               lay.kv_replication, rt, lay.vp if rt.grad_reduce_every_microbatch else 1)
+               lay.kv_replication, rt, lay.vp)  # vp: the unbucketed chunks, and a rank's chunks' layer ids
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
+            ids = None if lay.vp == 1 else [[i for a, b in chunks for i in range(a, b)]
+                                            for chunks in self.rank_chunks(lay, layers)]
             hit = data_parallel_cost(self.model, self.cluster, par, list(layers), lay.dp,
-                                     RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m, rt=rt)
+                                     RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m, ids, rt=rt)
             self._dp[key] = hit
         return hit
 
     def score(self, lay: Layout, layers: tuple[int, ...], tables: StageTables | None = None) -> FastScore:
         tables = tables or self.tables(lay)
-        stage_t = stage_costs(tables, layers)  # the stage DP's costs
-        if tables.range_time is None:  # vp > 1: chunk edges cut the cover too
-            stage_t = stage_t + self.cover_correction_s(lay, layers)
+        if lay.vp == 1:
+            stage_t = stage_costs(tables, layers)  # the stage DP's costs
+            if tables.range_time is None:
+                stage_t = stage_t + self.cover_correction_s(lay, layers)
+        else:  # an interleaved rank: its chunks' layers (chunk edges cut the cover too)
+            stage_t = chunked_costs(tables, self.rank_chunks(lay, layers)) + self.cover_correction_s(lay, layers)
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
@@ -795,10 +812,10 @@ class Scorer:
         if w.comm == w.compute:
             return 0.0
         slowest = int(np.argmax(stage_t))
-        start = sum(layers[:slowest])
+        ids = [i for a, b in self.rank_chunks(lay, layers)[slowest] for i in range(a, b)]
         comm = 0.0
         for kind in self.kinds:
-            n = int(sum(1 for i in range(start, start + layers[slowest]) if self.kind_of[i] == kind))
+            n = int(sum(1 for i in ids if self.kind_of[i] == kind))
             if self.model.is_hybrid:
                 lc = self._layer_cost(lay, self.bound_key(lay, lay.recompute), kind, self.chosen_knobs(lay))
                 comm += n * (lc.tp_s + lc.ep_s + lc.cp_exposed_s)
@@ -809,18 +826,39 @@ class Scorer:
 
     def stage_memory(self, lay: Layout, layers: tuple[int, ...], tables: StageTables) -> np.ndarray:
         """Peak bytes of every stage (``memory.stage_memory``) from the tables."""
-        bounds = np.concatenate([[0], np.cumsum(layers)])
-        st, en = bounds[:-1], bounds[1:]
         p = lay.pp
-        static = tables.static[en] - tables.static[st] + tables.stage_static
+        if lay.vp == 1:
+            bounds = np.concatenate([[0], np.cumsum(layers)])
+            st, en = bounds[:-1], bounds[1:]
+            static = tables.static[en] - tables.static[st] + tables.stage_static
+            if tables.range_static is not None:
+                static += tables.range_static[st, en]
+            act = tables.act[en] - tables.act[st]
+        else:  # an interleaved rank holds its chunks' layers (memory.stage_memory on its layer ids)
+            chunks = self.rank_chunks(lay, layers)
+            static = np.array([sum(tables.static[b] - tables.static[a] for a, b in r) for r in chunks])
+            static = static + tables.stage_static
+            if tables.range_static is not None:
+                static += self._chunked_range_static(lay, tables, chunks)
+            act = np.array([sum(tables.act[b] - tables.act[a] for a, b in r) for r in chunks])
         static[0] += tables.first_static
         static[-1] += tables.last_static
-        if tables.range_static is not None:
-            static += tables.range_static[st, en]
         static[-1] += tables.last_act  # the head's activations: held once (memory.stage_memory)
-        act = tables.act[en] - tables.act[st]
         infl = self.inflight(lay)
         return static + act * infl[p - np.arange(p)]
+
+    def _chunked_range_static(self, lay: Layout, tables: StageTables,
+                              chunks: list[list[tuple[int, int]]]) -> np.ndarray:
+        """``_range_static`` of each interleaved rank over its chunks: ZeRO-3's units follow the largest layer of
+        them all (the max of its chunks' entries); the per-micro-batch gradient bucket, their parameters and layer
+        count together (``memory.sharded_grad_transient_bytes``, as ``stage_memory`` prices the rank's body)."""
+        assert tables.range_static is not None
+        if lay.zero_stage == 3:
+            return np.array([max(float(tables.range_static[a, b]) for a, b in r) for r in chunks])
+        _, _, params = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
+        rt = self.default_runtime(lay)
+        return np.array([self.reserve_factor(lay) * float(sharded_grad_transient_bytes(
+            rt, float(sum(params[a:b].sum() for a, b in r)), sum(b - a for a, b in r), lay.vp)) for r in chunks])
 
     def memory_lower_bound(self, lay: Layout) -> float:
         """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean

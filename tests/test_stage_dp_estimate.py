@@ -236,13 +236,10 @@ def test_stage_costs_are_estimates_stage_times_dense_first_mtp_and_dense(name: s
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=0.0)
 
 
-@pytest.mark.xfail(strict=True, reason="Scorer.score / stage_memory price an interleaved rank's layers as one "
-                   "contiguous range of its count (stage_costs on rank_layers); estimate sums its chunks' ids. Equal "
-                   "on uniform and dense-first stacks, not where kinds alternate (left for the lead, issue-12 hsdp)")
 def test_interleaved_scorer_sums_each_ranks_chunks_as_estimate() -> None:
     """Mixtral 8x7B with every other layer dense (a model file's moe_layer_freq 2), pp 2, vp 16: each chunk is one
     layer, so rank 0 holds the 16 even layers and rank 1 the 16 odd ones; the contiguous ranges [0, 16), [16, 32)
-    hold 8 of each. Measured: Scorer 2.254 s / 52.3 GiB against estimate's 2.901 s / 61.1 GiB."""
+    hold 8 of each. Before Scorer.rank_chunks: Scorer 2.254 s / 52.3 GiB against estimate's 2.901 s / 61.1 GiB."""
     from cost_models.specs import ModelSpec
 
     model = ModelSpec(**{**catalog_model("mixtral-8x7b").model_dump(), "name": "mixtral-alt", "moe_layer_freq": 2})
