@@ -236,18 +236,21 @@ def test_stage_costs_are_estimates_stage_times_dense_first_mtp_and_dense(name: s
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=0.0)
 
 
-def test_interleaved_scorer_sums_each_ranks_chunks_as_estimate() -> None:
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_interleaved_scorer_sums_each_ranks_chunks_as_estimate(zero: int) -> None:
     """Mixtral 8x7B with every other layer dense (a model file's moe_layer_freq 2), pp 2, vp 16: each chunk is one
     layer, so rank 0 holds the 16 even layers and rank 1 the 16 odd ones; the contiguous ranges [0, 16), [16, 32)
-    hold 8 of each. Before Scorer.rank_chunks: Scorer 2.254 s / 52.3 GiB against estimate's 2.901 s / 61.1 GiB."""
+    hold 8 of each. Before Scorer.rank_chunks: zero 1 Scorer 2.254 s / 52.3 GiB against estimate's 2.911 s /
+    61.1 GiB; zero 2 (the per-micro-batch grad bucket) 3.200 / 41.2 vs 4.330 / 51.3; zero 3 (the gathered units)
+    2.753 / 35.3 vs 3.656 / 45.4."""
     from cost_models.specs import ModelSpec
 
     model = ModelSpec(**{**catalog_model("mixtral-8x7b").model_dump(), "name": "mixtral-alt", "moe_layer_freq": 2})
     cluster, job = build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256, seq_len=4096)
-    par = ParallelConfig(pp=2, vp=16, ep=8, schedule="interleaved")
+    par = ParallelConfig(pp=2, vp=16, ep=8, schedule="interleaved", zero_stage=zero)
     pred = estimate(model, cluster, job, par, target="megatron")
     lay = Layout(tp=1, cp=1, pp=2, dp=32, ep=8, micro_batch_size=1, m=pred.num_microbatches, recompute=par.recompute,
-                 zero_stage=1, hsdp_shard_size=None, schedule="interleaved", vp=16, sequence_parallel=False)
+                 zero_stage=zero, hsdp_shard_size=None, schedule="interleaved", vp=16, sequence_parallel=False)
     fs = Scorer(model, cluster, job).score(lay, tuple(pipeline_split(model, par).rank_layers))
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
     assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
