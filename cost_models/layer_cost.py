@@ -55,6 +55,16 @@ class LayerCost:
                 + self.host_s)
 
 
+
+def a2a_sm_slowdown(sm_share: float, compute_s: float, a2a_s: float) -> float:
+    """Factor on a layer's ``compute_s`` of compute run beside ``a2a_s`` of all-to-all whose kernels hold
+    ``sm_share`` of the SMs while they run (``moe.dispatcher_sm_fraction``): during the all-to-all the compute
+    progresses at 1 − f, so it ends f·min(A, C/(1 − f)) later; 1/(1 − f) once the all-to-all outlasts it."""
+    if sm_share <= 0.0 or compute_s <= 0.0:
+        return 1.0
+    return 1.0 + sm_share * min(a2a_s, compute_s / (1.0 - sm_share)) / compute_s
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, dp: int, rt: Runtime | None = None, compute: OpCompute | None = None) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:
@@ -86,9 +96,13 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
             # Dispatch/combine of one micro-batch run under another's compute (DualPipe pairs a forward and a
             # backward chunk; Megatron-Core's 1F1B A2A overlap merges them). The dispatcher's kernels run on SMs
             # taken from compute (DeepEP 20 of 132 on H800, DeepSeek-V3 report §3.2.2; NCCL's all-to-all one CTA per
-            # p2p channel: moe.dispatcher_sm_fraction): the layer's compute slows by that share, as if the
-            # all-to-alls held it throughout the step (they run for most of it where the overlap matters).
-            slow = 1.0 / (1.0 - dispatcher_sm_fraction(dispatcher, cluster, e, strides.ep))
+            # p2p channel: moe.dispatcher_sm_fraction) while they run: compute beside them goes at 1 − f of its
+            # rate, so C seconds of compute with A seconds of all-to-all beside it take C + f·min(A, C/(1 − f))
+            # (C/(1 − f) once the all-to-alls outlast the compute). Under Megatron's overlap A is the four
+            # overlapped all-to-alls; a ``moe`` recompute's re-run ones run exposed, outside its phases (below).
+            beside = ep_s if par.schedule == "dualpipe" else sum(p[0] for p in parts)
+            slow = a2a_sm_slowdown(dispatcher_sm_fraction(dispatcher, cluster, e, strides.ep), forward + backward,
+                                   beside)
             forward, backward = forward * slow, backward * slow
             if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
                 ep_s = max(0.0, ep_s - (forward + backward))

@@ -148,8 +148,9 @@ def permutation_passes(cluster: ClusterSpec, local_experts: int, rt: Runtime | N
 def nccl_alltoall_ctas(cluster: ClusterSpec, ep: int, stride: int) -> int:
     """CTAs (so SMs) NCCL's all-to-all kernel runs over an EP group of ``ep`` ranks at rank ``stride``: the
     communicator's p2p channels as NCCL logs them on the GPU's systems (``GPUSpec.nccl_p2p_channels_nvlink`` /
-    ``_net``: inside one NVLink domain / across nodes, ``collectives.place_group``), fewer where the remote peers
-    cannot fill them (``NCCL_NET_CHANNELS_PER_PEER`` each); 0 where the catalog has no log (not priced, as before)."""
+    ``_net``: inside one NVLink domain / across nodes, ``collectives.place_group``), fewer where the peers cannot
+    fill them (``NCCL_NET_CHANNELS_PER_PEER`` for each of the ep − 1 peers, counted whether or not a peer shares
+    the rank's NVLink domain: p2pnChannelsPerPeer applies to every peer); 0 where the catalog has no log."""
     if ep <= 1:
         return 0
     gpu = cluster.gpu

@@ -136,8 +136,11 @@ def test_a2a_overlap_hides_behind_compute(dsv3) -> None:  # type: ignore[no-unty
     plain = layer_cost(g, dsv3, _h800("alltoall"), job, par, 128)
     over = layer_cost(g, dsv3, _h800("alltoall", overlap=True), job, par, 128)
     # NCCL's all-to-all over eight nodes holds its 16 p2p channels' SMs beside compute (gpus.yaml h800
-    # nccl_p2p_channels_net; moe.nccl_alltoall_ctas): the overlapped layer's compute runs on 116 of 132 SMs
-    slow = 132 / 116
+    # nccl_p2p_channels_net; moe.nccl_alltoall_ctas) while it runs: the compute beside its A seconds goes at 116/132,
+    # C seconds of it end f·min(A, C/(1 − f)) later (layer_cost.a2a_sm_slowdown)
+    f, compute, a2a = 16 / 132, plain.forward_s + plain.backward_s, plain.ep_s
+    slow = 1 + f * min(a2a, compute / (1 - f)) / compute
+    assert 1 < slow <= 132 / 116
     assert over.forward_s == approx(plain.forward_s * slow)
     # Megatron-Core's overlap as its schedule runs (ep_comm.a2a_overlap_exposed_s): at least what the whole
     # layer's compute cannot cover shows, and exactly what the two-stream layer step leaves
@@ -148,8 +151,22 @@ def test_a2a_overlap_hides_behind_compute(dsv3) -> None:  # type: ignore[no-unty
                                               nodes.comb_b)))
     assert over.ep_s == approx(a2a_overlap_exposed_s([x[0] for x in parts], nodes))
     assert over.ep_s < plain.ep_s
+    deep_plain = layer_cost(g, dsv3, _h800("deepep"), job, par, 128)
     deep = layer_cost(g, dsv3, _h800("deepep", overlap=True), job, par, 128)
-    assert deep.forward_s == approx(plain.forward_s * 132 / 112)  # 20 of 132 SMs run DeepEP
+    f, a2a = 20 / 132, deep_plain.ep_s  # 20 of 132 SMs run DeepEP while its all-to-alls run
+    assert deep.forward_s == approx(plain.forward_s * (1 + f * min(a2a, compute / (1 - f)) / compute))
+
+
+def test_a2a_sm_slowdown_only_while_the_all_to_all_runs() -> None:
+    """Compute beside an all-to-all holding f of the SMs: none without it, f·A later while A < C/(1 − f), and
+    1/(1 − f) (the whole compute on 1 − f of the SMs) once the all-to-all outlasts it."""
+    from cost_models.layer_cost import a2a_sm_slowdown
+
+    assert a2a_sm_slowdown(0.25, 1.0, 0.0) == 1.0
+    assert a2a_sm_slowdown(0.0, 1.0, 5.0) == 1.0
+    assert a2a_sm_slowdown(0.25, 1.0, 0.4) == approx(1.1)
+    assert a2a_sm_slowdown(0.25, 1.0, 10.0) == approx(1 / 0.75)
+    assert a2a_sm_slowdown(0.25, 1.0, 4 / 3) == approx(1 / 0.75)
 
 
 def test_dualpipe_bubble_and_two_stage_copies(dsv3) -> None:  # type: ignore[no-untyped-def]

@@ -165,10 +165,16 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # hybrid MTP 19.78% -> 19.71% (worst 35.2% -> 34.7%); the others unchanged.
 # s14 combined (hopmoe + a2a, measured on the merged tree): more_runs.json 9.6% / 49.9%, gptoss 25.2% / 50.9%,
 # ep_overlap 12.1% / 19.9%, torchtitan_moe 19.8% / 23.2%.
-GUARDS = {"more_runs.json": (0.096, 0.499), "more_runs_bridge2.json": (0.085, 0.375),
-          "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.253, 0.509),
-          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.121, 0.199),
-          "more_runs_torchtitan_moe.json": (0.199, 0.233), "more_runs_bridge_cards.json": (0.234, 0.611)}
+# s14 lead (reviewer): the dispatcher's SMs slow only the compute beside its all-to-alls while they run
+# (layer_cost.a2a_sm_slowdown: C + f·min(A, C/(1 − f)), was C/(1 − f) for the whole layer): all rows 13.5% -> 13.2%;
+# rows predicted slow gain (DeepSeek-V3 GB300 HybridEP +21% -> +12%, Qwen3-30B GB200/B300 +13..17% -> +3..9%; bridge2
+# 8.5% -> 7.4%, ep_overlap 12.1% -> 10.5%), rows predicted fast lose (mb2511 Qwen3-30B H100 FP8-CS -49.9% -> -58.9%:
+# more_runs worst 49.9% -> 58.9%; GPT-OSS GB200/GB300 overlap rows 4-6 points: gptoss 25.2% -> 26.5%, worst 50.9% ->
+# 53.1%; the mbskill2605 overlap arm -19.9% -> -21.2%). Stated, not compensated.
+GUARDS = {"more_runs.json": (0.096, 0.589), "more_runs_bridge2.json": (0.075, 0.375),
+          "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.265, 0.531),
+          "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.105, 0.212),
+          "more_runs_torchtitan_moe.json": (0.199, 0.233), "more_runs_bridge_cards.json": (0.226, 0.611)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
 # te_quant.cfg's per-module precision (cost_models.quant_layout): 39.2% -> 37.4% on the 31 rows; the worst, B300 NVFP4

@@ -17,7 +17,7 @@ from cost_models.estimate import estimate
 from cost_models.gemm import expected_max_normal
 from cost_models.a2a_overlap import OverlapNodes
 from cost_models.ep_comm import a2a_overlap_compute_split, a2a_overlap_exposed_s, moe_all_to_all, moe_all_to_all_parts
-from cost_models.layer_cost import layer_cost
+from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.op_cost import op_compute
 from cost_models.memory import graphs_for
 from cost_models.moe import (DISPATCHER_SMS, dispatcher_sm_fraction, host_synced, moe_load_imbalance,
@@ -80,14 +80,22 @@ def test_imbalance_scales_expert_compute_and_all_to_all_bytes() -> None:
                               _rt(Software(moe_capacity_factor=1.25), cluster, par)) == 1.25
 
 
+def _sm_slow(share: float, plain: LayerCost) -> float:
+    """The compute factor of a layer whose all-to-alls (``plain``'s, run without the overlap) hold ``share`` of the
+    SMs beside its compute while they run: C + f·min(A, C/(1 − f)) over C (layer_cost.a2a_sm_slowdown)."""
+    compute = plain.forward_s + plain.backward_s
+    return 1 + share * min(plain.ep_s, compute / (1 - share)) / compute
+
+
 def test_a2a_overlap_hides_ep_behind_compute_and_hybridep_takes_its_sms() -> None:
     """``--overlap-moe-expert-parallel-comm``: the layer's EP time shows only past its compute; HybridEP's kernels
-    hold 16 of the GPU's SMs (TC ``moe_hybridep_num_sms``), slowing that compute by 1/(1 − 16/148) on GB200."""
+    hold 16 of the GPU's SMs (TC ``moe_hybridep_num_sms``) while they run, slowing the compute beside them."""
     cluster = build_cluster("gb200", 256)
     par = ParallelConfig(tp=1, pp=8, vp=3, ep=32, micro_batch_size=1, schedule="interleaved")
     plain = _moe_layer(Software(moe_dispatcher="hybridep"), cluster, par)
     over = _moe_layer(Software(moe_dispatcher="hybridep", moe_a2a_overlap=True), cluster, par)
-    slow = 1 / (1 - DISPATCHER_SMS["hybridep"] / 148)  # Blackwell: 148 SMs (NVIDIA, "Inside Blackwell Ultra")
+    slow = _sm_slow(DISPATCHER_SMS["hybridep"] / 148, plain)  # Blackwell: 148 SMs (NVIDIA, "Inside Blackwell Ultra")
+    assert 1 < slow <= 1 / (1 - DISPATCHER_SMS["hybridep"] / 148)
     assert over.forward_s == pytest.approx(plain.forward_s * slow)
     assert over.ep_s < plain.ep_s
     assert over.ep_s >= max(0.0, plain.ep_s - (plain.forward_s + plain.backward_s) * slow)
@@ -111,7 +119,9 @@ def test_a2a_overlap_is_priced_as_the_schedule_runs() -> None:
     parts = moe_all_to_all_parts(model, cluster, JOB, 4096 / 2, 32, stride, rho=cluster.efficiency.moe_imbalance)
     nodes = a2a_overlap_compute_split(graph, model, cluster, JOB, par, rt)
     # NCCL's all-to-all over four nodes holds 16 of the H100's 132 SMs (its p2p channels: gpus.yaml) beside compute
-    slow = 1 / (1 - 16 / 132)
+    f, a2a = 16 / 132, sum(p[0] for p in parts)
+    compute = nodes.attn_f + nodes.attn_b + nodes.mlp_f + nodes.mlp_b + nodes.comb_f + nodes.comb_b
+    slow = 1 + f * min(a2a, compute / (1 - f)) / compute  # while the all-to-alls run (layer_cost.a2a_sm_slowdown)
     nodes = OverlapNodes(*(x * slow for x in (nodes.attn_f, nodes.attn_b, nodes.mlp_f, nodes.mlp_b, nodes.comb_f,
                                               nodes.comb_b)))
     cost = _moe_layer(sw, cluster, par)
@@ -304,12 +314,14 @@ def test_nccl_alltoall_takes_its_p2p_channels_sms() -> None:
 
 def test_nccl_alltoall_slows_compute_only_under_the_overlap() -> None:
     """The all-to-all's SMs cost compute only where the two run side by side (the A2A overlap): Qwen3-235B on H100,
-    ep 16 over two nodes, the layer's compute 1/(1 - 16/132) slower with the overlap, unchanged without it."""
+    ep 16 over two nodes, the layer's compute slower by 16 of 132 SMs for as long as its all-to-alls run with the
+    overlap, unchanged without it."""
     cluster = build_cluster("h100-sxm", 256)
     par = ParallelConfig(tp=1, pp=8, vp=4, ep=16, micro_batch_size=1, schedule="interleaved")
     plain = _moe_layer(Software(moe_dispatcher="alltoall"), cluster, par)
     over = _moe_layer(Software(moe_dispatcher="alltoall", moe_a2a_overlap=True), cluster, par)
-    slow = 1 / (1 - 16 / 132)
+    slow = _sm_slow(16 / 132, plain)
+    assert 1 < slow <= 1 / (1 - 16 / 132)
     assert over.forward_s == pytest.approx(plain.forward_s * slow)
     assert over.backward_s == pytest.approx(plain.backward_s * slow)
     gb200 = build_cluster("gb200", 256)  # no NCCL channel log in the catalog: compute unchanged
