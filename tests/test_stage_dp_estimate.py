@@ -11,6 +11,7 @@ on ``Scorer.tables``) must be ``estimate``'s stage times (``estimate.stage_time_
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -160,21 +161,29 @@ def _lc(f: float, b: float) -> LayerCost:
                      tp_bytes=0.0, ep_bytes=0.0, cp_bytes=0.0)
 
 
+def _wait(c: float) -> float:  # a host wait that is not linear in the cover
+    return max(0.0, 40.0 - c) ** 1.5
+
+
+LIGHT = frozenset({"mamba", "attention"})
+
+
+def _cover_case(synced: bool) -> tuple[list, Callable[[float], float], list[float], np.ndarray]:
+    """A hybrid stack's (id, kind, cost) sequence, the wait, its whole-stack cover (host-light kinds ``LIGHT``) and
+    ``range_wait_table``."""
+    kinds = ["mamba", "moe", "mamba", "attention", "moe", "moe", "mamba", "dense", "mamba", "moe", "mamba"]
+    seq = [(i, k, _lc(1.0 + i, 3.0 * (i + 1))) for i, k in enumerate(kinds)]
+    whole = moe_host_cover_s(seq, synced, LIGHT)
+    return seq, _wait, whole, range_wait_table(cover_runs(seq, synced, LIGHT), len(seq), _wait)
+
+
 @pytest.mark.parametrize("synced", [True, False])
 def test_range_wait_table_is_moe_host_cover_on_every_slice(synced: bool) -> None:
     """``range_wait_table[i, j]`` = Σ over the MoE entries of ``layers[i:j]`` of wait(``moe_host_cover_s`` on that
     slice) − wait(its cover on the whole), for every ``i < j``, with a wait that is not linear in the cover."""
-    kinds = ["mamba", "moe", "mamba", "attention", "moe", "moe", "mamba", "dense", "mamba", "moe", "mamba"]
-    seq = [(i, k, _lc(1.0 + i, 3.0 * (i + 1))) for i, k in enumerate(kinds)]
-    light = frozenset({"mamba", "attention"})
-
-    def wait(c: float) -> float:
-        return max(0.0, 40.0 - c) ** 1.5
-
-    whole = moe_host_cover_s(seq, synced, light)
-    table = range_wait_table(cover_runs(seq, synced, light), len(seq), wait)
+    seq, wait, whole, table = _cover_case(synced)
     for i, j in itertools.combinations(range(len(seq) + 1), 2):
-        local = moe_host_cover_s(seq[i:j], synced, light)
+        local = moe_host_cover_s(seq[i:j], synced, LIGHT)
         expect = sum(wait(c) - wait(whole[i + a]) for a, c in enumerate(local) if seq[i + a][1] == "moe")
         assert table[i, j] == pytest.approx(expect, abs=1e-9), (i, j)
     assert not table[np.tril_indices(len(seq) + 1)].any()  # only i < j is a range
@@ -187,19 +196,11 @@ def test_rank_wait_delta_reads_the_table_over_any_ids(synced: bool) -> None:
     those ids) − wait(whole cover) over their MoE entries; ``consecutive_ranges`` cuts at the id gaps only."""
     assert consecutive_ranges([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
     assert consecutive_ranges([3, 4, 5, 6]) == [(3, 7)] and consecutive_ranges([]) == []
-    kinds = ["mamba", "moe", "mamba", "attention", "moe", "moe", "mamba", "dense", "mamba", "moe", "mamba"]
-    seq = [(i, k, _lc(1.0 + i, 3.0 * (i + 1))) for i, k in enumerate(kinds)]
-    light = frozenset({"mamba", "attention"})
-
-    def wait(c: float) -> float:
-        return max(0.0, 40.0 - c) ** 1.5
-
-    whole = moe_host_cover_s(seq, synced, light)
-    table = range_wait_table(cover_runs(seq, synced, light), len(seq), wait)
+    seq, wait, whole, table = _cover_case(synced)
     for mask in range(1, 2 ** len(seq), 5):
         ids = [i for i in range(len(seq)) if mask >> i & 1]
-        local = moe_host_cover_s([seq[i] for i in ids], synced, light)
-        expect = sum(wait(c) - wait(whole[i]) for i, c in zip(ids, local) if kinds[i] == "moe")
+        local = moe_host_cover_s([seq[i] for i in ids], synced, LIGHT)
+        expect = sum(wait(c) - wait(whole[i]) for i, c in zip(ids, local) if seq[i][1] == "moe")
         assert rank_wait_delta_s(table, ids) == pytest.approx(expect, abs=1e-9), ids
 
 
