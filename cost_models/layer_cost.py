@@ -55,7 +55,6 @@ class LayerCost:
                 + self.host_s)
 
 
-
 def a2a_sm_slowdown(sm_share: float, compute_s: float, a2a_s: float) -> float:
     """Factor on a layer's ``compute_s`` of compute run beside ``a2a_s`` of all-to-all whose kernels hold
     ``sm_share`` of the SMs while they run (``moe.dispatcher_sm_fraction``): during the all-to-all the compute
