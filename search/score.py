@@ -129,6 +129,7 @@ class Scorer:
         self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
         self._moe_device: dict[tuple, float] = {}  # layer_pieces' key: an MoE layer's device time, where covered
         self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
+        self._rank_ids: dict[tuple, list[list[int]]] = {}  # (split, pp, vp): rank_layer_ids
         self._chunks: dict[tuple, list[list[tuple[int, int]]]] = {}  # (split, pp, vp): rank_chunks
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
@@ -381,20 +382,28 @@ class Scorer:
         hit = np.zeros(len(layers))
         table = self.cover_table(lay)
         if table is not None and len(layers) > 1:
-            ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
-            hit = np.array([rank_wait_delta_s(table, rank_ids) for rank_ids in ids])
+            hit = np.array([rank_wait_delta_s(table, rank_ids) for rank_ids in self.rank_layer_ids(lay, layers)])
         self._cover_corr[key] = hit
+        return hit
+
+    def rank_layer_ids(self, lay: Layout, layers: tuple[int, ...]) -> list[list[int]]:
+        """Per pipeline rank of the split ``layers``, the layer ids it holds in forward order (``pipeline_split``'s
+        ``layer_ids``: its chunks' layers with vp > 1). Once per (split, pp, vp)."""
+        key = (tuple(layers), lay.pp, lay.vp)
+        hit = self._rank_ids.get(key)
+        if hit is None:
+            split = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp)))
+            hit = self._rank_ids[key] = [list(rank_ids) for rank_ids in split.layer_ids]
         return hit
 
     def rank_chunks(self, lay: Layout, layers: tuple[int, ...]) -> list[list[tuple[int, int]]]:
         """Per pipeline rank of the split ``layers``, the ranges ``[a, b)`` of layer ids it holds
-        (``host_cover.consecutive_ranges`` of ``pipeline_split``'s ``layer_ids``): one per rank at vp = 1, its
-        chunks with vp > 1 — what ``estimate`` prices a rank's layers, time and memory, from."""
+        (``host_cover.consecutive_ranges`` of ``rank_layer_ids``): one per rank at vp = 1, its chunks with
+        vp > 1 — what ``estimate`` prices a rank's layers, time and memory, from."""
         key = (tuple(layers), lay.pp, lay.vp)
         hit = self._chunks.get(key)
         if hit is None:
-            ids = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp))).layer_ids
-            hit = self._chunks[key] = [consecutive_ranges(rank_ids) for rank_ids in ids]
+            hit = self._chunks[key] = [consecutive_ranges(ids) for ids in self.rank_layer_ids(lay, layers)]
         return hit
 
     def cover_table(self, lay: Layout) -> np.ndarray | None:
@@ -778,8 +787,7 @@ class Scorer:
         hit = self._dp.get(key)
         if hit is None:
             par = self._par(lay, **split_fields(layers, lay.vp))
-            ids = None if lay.vp == 1 else [[i for a, b in chunks for i in range(a, b)]
-                                            for chunks in self.rank_chunks(lay, layers)]
+            ids = None if lay.vp == 1 else self.rank_layer_ids(lay, layers)
             hit = data_parallel_cost(self.model, self.cluster, par, list(layers), lay.dp,
                                      RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m, ids, rt=rt)
             self._dp[key] = hit
@@ -812,7 +820,7 @@ class Scorer:
         if w.comm == w.compute:
             return 0.0
         slowest = int(np.argmax(stage_t))
-        ids = [i for a, b in self.rank_chunks(lay, layers)[slowest] for i in range(a, b)]
+        ids = self.rank_layer_ids(lay, layers)[slowest]
         comm = 0.0
         for kind in self.kinds:
             n = int(sum(1 for i in ids if self.kind_of[i] == kind))
