@@ -25,7 +25,7 @@ What the model needs to get these right (all in ``cost_models``, each parameter 
 - Attention: fused (``attention`` of peak on causal FLOPs), or — for the 2021 SC'21 runs, a documented software
   fact of those runs — Megatron's unfused path, whose s×s score traffic dominates small-``h`` layers.
 - Collectives: ring α-β at nccl-tests bus bandwidth (``link_bus``, ``nic_bus``), NVLS all-reduce (``nvls_bus``),
-  NCCL all-to-all over NVLink at alltoall_perf's (``a2a_link_bus``),
+  NCCL all-to-all over NVLink at alltoall_perf's (``a2a_link_ratio`` of ``link_bus``),
   hierarchical across nodes; Megatron's TP traffic hidden per collective behind its own GEMM (TE userbuffers:
   ``cost_models/te_userbuffers.py``), torchtitan async TP's by a share (``tp_overlap``), DP traffic hidden
   under backward but for its tail (``dp_overlap``); pipeline bubbles per schedule with uneven stages.

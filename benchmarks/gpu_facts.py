@@ -123,7 +123,7 @@ NCCL_ALLREDUCE_BUSBW: dict[str, tuple[float, float]] = {"h100-sxm": (370.0, 480.
 NCCL_RING_ALLREDUCE_CROSSCHECK: dict[str, float] = {"gb200": 679.61, "gb300": 680.45}
 
 # nccl-tests alltoall_perf, out-of-place busbw (= algbw·(n−1)/n, nccl-tests src/alltoall.cu AlltoAllGetBw; the bytes
-# a rank sends to its n−1 peers over the time, which is what ep_comm / collectives price at link·a2a_link_bus), one
+# a rank sends to its n−1 peers over the time, which is what ep_comm / collectives price at link·link_bus·a2a_link_ratio), one
 # NVLink domain, the largest size each run printed: (gpu, ranks, bytes per rank, busbw GB/s, NCCL, source).
 # OCI = oracle-quickstart/oci-gpu-quickstarts @ 6a0abdc (2026-04-10), nvidia/<GPU>/README-<GPU>.md "NCCL All-to-All"
 # sections (smaller sizes truncated there): GB200 NVL72 (NCCL 2.27.3, per the page's all-reduce runs) 1 tray / 2 trays
@@ -231,8 +231,8 @@ def nvlink_bus_efficiency(gpu: str) -> tuple[float, float]:
 
 
 def alltoall_link_efficiency(generation: str) -> float:
-    """``Efficiency.a2a_link_bus`` of ``generation``: the mean of its ``NCCL_ALLTOALL_NVLINK`` rows' busbw over the
-    row GPU's nominal per-direction NVLink bandwidth."""
+    """NCCL all-to-all busbw / nominal NVLink of ``generation``: the mean of its ``NCCL_ALLTOALL_NVLINK`` rows' busbw
+    over the row GPU's nominal per-direction NVLink bandwidth (``alltoall_ring_ratio`` over the ring's)."""
     from autoplan.catalog.registry import load_gpu
 
     shares = [busbw / load_gpu(gpu).link_gbytes_per_s for gpu, _, _, busbw, _, _ in NCCL_ALLTOALL_NVLINK
@@ -240,6 +240,15 @@ def alltoall_link_efficiency(generation: str) -> float:
     if not shares:
         raise ValueError(f"no all-to-all row for generation {generation!r}")
     return sum(shares) / len(shares)
+
+
+def alltoall_ring_ratio(generation: str) -> float:
+    """``Efficiency.a2a_link_ratio`` of ``generation``: its all-to-all busbw share (``alltoall_link_efficiency``) over
+    its ring all-reduce's, the catalog's ``link_bus`` (``NCCL_ALLREDUCE_BUSBW``): the all-to-all is priced at
+    link·link_bus·ratio, so it follows a profile's or calibration's link_bus."""
+    from autoplan.catalog.registry import efficiency_for
+
+    return alltoall_link_efficiency(generation) / efficiency_for(generation).link_bus
 
 
 def alltoall_nic_crosscheck() -> list[tuple[str, int, int, float]]:
@@ -352,8 +361,9 @@ if __name__ == "__main__":
           + ", ".join(f"{g} {attention_d64_ratio(g):.3f}" for g in ATTENTION_HEAD_DIM_BENCH))
     print("GPT-OSS 128-window d-64 kernel / d-128 causal 8k kernel (cuDNN 9.22): "
           + ", ".join(f"{g} measured {m:.3f} model {p:.3f}" for g, m, p in swa128_crosscheck()))
-    print("NCCL alltoall busbw / nominal NVLink (a2a_link_bus): "
-          + ", ".join(f"{g} {alltoall_link_efficiency(g):.4f}" for g in ("hopper", "blackwell")))
+    print("NCCL alltoall busbw / nominal NVLink: "
+          + ", ".join(f"{g} {alltoall_link_efficiency(g):.4f} (/ link_bus: a2a_link_ratio {alltoall_ring_ratio(g):.4f})"
+                      for g in ("hopper", "blackwell")))
     print("alltoall across domains, NIC rate / line rate: "
           + ", ".join(f"{g} {n} ranks / {d} domains {r:.3f}" for g, n, d, r in alltoall_nic_crosscheck()))
     from autoplan.catalog.registry import efficiency_for

@@ -112,10 +112,12 @@ def link_bandwidth(cluster: ClusterSpec) -> float:
 def link_all_to_all_bandwidth(cluster: ClusterSpec) -> float:
     """Achieved NCCL all-to-all bus bandwidth per GPU per direction inside one NVLink domain, bytes/s: nccl-tests
     alltoall_perf busbw (algbw·(n−1)/n: the bytes a rank sends to its n−1 peers over the time) is below the ring
-    all-reduce's on the same NVLink (``Efficiency.a2a_link_bus``; benchmarks/gpu_facts.py NCCL_ALLTOALL_NVLINK);
-    ``link_bandwidth`` where the generation has no all-to-all figure."""
-    eff = cluster.efficiency
-    return cluster.gpu.link_gbytes_per_s * 1e9 * (eff.a2a_link_bus if eff.a2a_link_bus else eff.link_bus)
+    all-reduce's on the same NVLink, by ``Efficiency.a2a_link_ratio`` of it (benchmarks/gpu_facts.py
+    NCCL_ALLTOALL_NVLINK over NCCL_ALLREDUCE_BUSBW): a ratio to ``link_bus``, so a cluster profile or calibration
+    that lowers the ring's rate lowers the all-to-all's with it; ``link_bandwidth`` where the generation has no
+    all-to-all figure."""
+    ratio = cluster.efficiency.a2a_link_ratio
+    return link_bandwidth(cluster) * (ratio if ratio else 1.0)
 
 
 def nic_bandwidth(cluster: ClusterSpec) -> float:

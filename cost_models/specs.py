@@ -742,11 +742,13 @@ class Efficiency(_Frozen):
                               "0 = no TP overlap in this stack: all on the critical path")
     nvls_bus: float = Field(default=0.0, ge=0, le=1.5, description="NVLink SHARP (NVLS) all-reduce bus bandwidth "
                             "/ nominal link, inside one NVLink domain; 0 = no NVLS (ring at link_bus)")
-    a2a_link_bus: float | None = Field(default=None, gt=0, le=1, description="NCCL all-to-all bus bandwidth "
-                                       "(nccl-tests alltoall_perf busbw = algbw·(n−1)/n) / nominal link, inside one "
-                                       "NVLink domain: the rate of Megatron's alltoall dispatcher and of Ulysses / "
-                                       "Mamba all-to-alls over NVLink (ep_comm.moe_all_to_all_parts, "
-                                       "collectives.link_all_to_all_bandwidth); unset: link_bus (the ring's)")
+    a2a_link_ratio: float | None = Field(default=None, gt=0, le=1.2, description="NCCL all-to-all bus bandwidth "
+                                         "(nccl-tests alltoall_perf busbw = algbw·(n−1)/n) over the ring all-reduce's "
+                                         "(link_bus) inside one NVLink domain: the rate of Megatron's alltoall "
+                                         "dispatcher and of Ulysses / Mamba all-to-alls over NVLink is link·link_bus·"
+                                         "this (ep_comm.moe_all_to_all_parts, collectives.link_all_to_all_bandwidth), "
+                                         "so a profile or calibration that moves link_bus moves it too; unset: 1 (the "
+                                         "ring's)")
     compiled: bool = Field(default=True, description="element-wise kernels fused (TE / torch.compile); false = "
                            "PyTorch eager, whose norms, rotary and SwiGLU make several HBM passes (counted per op: "
                            "cost_models/op_traffic.py EAGER_*)")

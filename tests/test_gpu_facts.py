@@ -3,7 +3,10 @@ the public benchmark numbers it cites, reaches the cluster every path builds, an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from autoplan.catalog import build_cluster, load_model
 from autoplan.catalog.registry import efficiency_catalog, efficiency_for, efficiency_for_gpu, gpu_efficiency
@@ -211,22 +214,48 @@ def test_the_gemm_model_runs_amds_maf_shapes_at_the_measured_throughput(gpu: str
 
 
 def test_alltoall_bus_efficiencies_are_the_cited_nccl_tests() -> None:
-    """``a2a_link_bus`` of hopper / blackwell == the mean busbw / nominal NVLink of their cited alltoall_perf rows
-    (OCI GB200 / GB300 NVL72 and B300 pages; nccl#2169 4x H100), recomputed here from the rows; both sit below the
-    ring all-reduce's ``link_bus`` on the same NVLink, and a 64-rank NVL72 all-to-all is not the ~half of it a what-if
-    on the GPT-OSS rows suggested (issue #12): 0.69 / 0.74 of 900 GB/s vs the ring's 0.77."""
+    """``link_bus · a2a_link_ratio`` of hopper / blackwell == the mean busbw / nominal NVLink of their cited
+    alltoall_perf rows (OCI GB200 / GB300 NVL72 and B300 pages; nccl#2169 4x H100), recomputed here from the rows, and
+    the ratio == ``alltoall_ring_ratio``; both sit below the ring all-reduce's ``link_bus`` on the same NVLink, and a
+    64-rank NVL72 all-to-all is not the ~half of it a what-if on the GPT-OSS rows suggested (issue #12): 0.69 / 0.74
+    of 900 GB/s vs the ring's 0.77."""
     cat = efficiency_catalog()
+    share = {gen: cat[gen].link_bus * cat[gen].a2a_link_ratio for gen in ("hopper", "blackwell")}
     rows = facts.NCCL_ALLTOALL_NVLINK
     blackwell = [busbw / 900 for gpu, _, _, busbw, _, _ in rows if gpu in ("gb200", "gb300", "b300")]
-    assert len(blackwell) == 7 and cat["blackwell"].a2a_link_bus == pytest.approx(sum(blackwell) / 7, abs=1e-4)
-    assert cat["hopper"].a2a_link_bus == pytest.approx(334.90 / 450, abs=1e-4)
+    assert len(blackwell) == 7 and share["blackwell"] == pytest.approx(sum(blackwell) / 7, abs=1e-4)
+    assert share["hopper"] == pytest.approx(334.90 / 450, abs=1e-4)
     for gen in ("hopper", "blackwell"):
-        assert cat[gen].a2a_link_bus == pytest.approx(facts.alltoall_link_efficiency(gen), abs=1e-4)
-        assert cat[gen].a2a_link_bus < cat[gen].link_bus
+        assert share[gen] == pytest.approx(facts.alltoall_link_efficiency(gen), abs=1e-4)
+        assert cat[gen].a2a_link_ratio == pytest.approx(facts.alltoall_ring_ratio(gen), abs=1e-4)
+        assert cat[gen].a2a_link_ratio < 1
     nvl72_64 = [busbw / 900 for gpu, n, _, busbw, _, _ in rows if n == 64]
     assert len(nvl72_64) == 2 and min(nvl72_64) > 0.85 * cat["blackwell"].link_bus
     with pytest.raises(ValueError, match="no all-to-all row"):
         facts.alltoall_link_efficiency("cdna3")
+
+
+def test_alltoall_rate_follows_link_bus(tmp_path: Path) -> None:
+    """The all-to-all's NVLink rate is a ratio to the ring's: at the catalog's values it is the measured share of
+    nominal it was before the ratio (hopper 0.7442, blackwell 0.7231 of the link, to 1e-9), and a cluster profile or
+    a calibration that lowers ``link_bus`` lowers it in proportion (it stayed at the catalog's rate when it was an
+    absolute ``a2a_link_bus``)."""
+    from autoplan.calibrate import PHYSICAL_BOUNDS
+    from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth
+
+    for gpu, measured in (("h100-sxm", 0.7442), ("gb200", 0.7231)):
+        c = build_cluster(gpu, 8)
+        assert link_all_to_all_bandwidth(c) == pytest.approx(c.gpu.link_gbytes_per_s * 1e9 * measured, rel=1e-9)
+        lowered = 0.6
+        assert PHYSICAL_BOUNDS["link_bus"][0] <= lowered  # a value calibrate may fit
+        prof = tmp_path / f"{gpu}.yaml"
+        prof.write_text(yaml.safe_dump({"gpu": gpu, "efficiency": {"link_bus": lowered}}))
+        profiled = build_cluster(gpu, 8, profile=str(prof))
+        fitted = c.model_copy(update={"efficiency": c.efficiency.model_copy(update={"link_bus": lowered})})
+        for other in (profiled, fitted):  # calibrate's fit sets link_bus by model_copy (calibrate._with)
+            assert link_bandwidth(other) / link_bandwidth(c) == pytest.approx(lowered / c.efficiency.link_bus)
+            assert link_all_to_all_bandwidth(other) / link_all_to_all_bandwidth(c) == pytest.approx(
+                lowered / c.efficiency.link_bus, rel=1e-12), gpu
 
 
 def test_alltoall_across_domains_runs_near_nic_bus() -> None:
@@ -244,15 +273,16 @@ def test_alltoall_across_domains_runs_near_nic_bus() -> None:
 
 def test_alltoall_bus_efficiency_prices_nccl_all_to_alls_only() -> None:
     """The alltoall dispatcher's NVLink all-to-all and a Ulysses / Mamba all_to_all inside one domain run at
-    ``a2a_link_bus``; DeepEP / HybridEP (their own NVLink kernels) and the ring collectives keep ``link_bus``."""
+    ``link_bus · a2a_link_ratio``; DeepEP / HybridEP (their own NVLink kernels) and the ring collectives keep
+    ``link_bus``."""
     from cost_models.collectives import group_collective_time_s
     from cost_models.ep_comm import moe_all_to_all_parts
 
     c = build_cluster("gb200", 64)
-    ring = c.model_copy(update={"efficiency": c.efficiency.model_copy(update={"a2a_link_bus": None})})
+    ring = c.model_copy(update={"efficiency": c.efficiency.model_copy(update={"a2a_link_ratio": None})})
     model, job = load_model("gpt-oss-120b"), JobSpec(global_batch_size=64, seq_len=8192)
     lat = 63 * c.gpu.link_latency_us * 1e-6
-    for dispatcher, ratio in (("alltoall", c.efficiency.link_bus / c.efficiency.a2a_link_bus), ("hybridep", 1.0)):
+    for dispatcher, ratio in (("alltoall", 1 / c.efficiency.a2a_link_ratio), ("hybridep", 1.0)):
         now = moe_all_to_all_parts(model, c, job, 16384, 64, dispatcher=dispatcher)[0][0]
         before = moe_all_to_all_parts(model, ring, job, 16384, 64, dispatcher=dispatcher)[0][0]
         assert (now - lat) / (before - lat) == pytest.approx(ratio), dispatcher
