@@ -393,6 +393,9 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 # backward_maybe_with_nosync; the memory model holds it so: pp_unsharded_bytes), yet this prices a
                 # forward and a backward gather per micro-batch, as before: with one gather per step the published
                 # torchtitan 405B pp=8 run is predicted 40% fast (benchmarks/fidelity.py). Left to the calibration.
+                # The reduce-scatter likewise: torch reduces once per step, in perform_reduce_grad after the last
+                # backward, blocking (stage.py:844-848, 1164-1177 @ torch 2.13); priced so, that run goes +0.5% ->
+                # -18.0% (s15-fixes; tests/test_hsdp_grad_sync.py strict xfail).
                 r = True if par.pp > 1 else rt.reshard_after_forward
                 again = [] if r is False else [("all_gather", weight, g if r is True else min(int(r), g), m)]
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
