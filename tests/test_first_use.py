@@ -155,6 +155,27 @@ def test_hsdp_without_zero3_is_priced_as_megatron_runs_it_and_refused_elsewhere(
     assert code == 2 and "num-distributed-optimizer-instances" in err, err
 
 
+@pytest.mark.parametrize("target, zero, plain, valid", [
+    ("megatron", "1", "zero_stage=0", "zero_stage=0, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
+    ("torchtitan", "3", "zero_stage=0", "zero_stage=0, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
+    ("fsdp2", "3", "which fsdp2 does not run: it always shards",
+     "hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
+])
+def test_hsdp_of_one_rank_is_refused_as_plain_data_parallelism(target: str, zero: str, plain: str,
+                                                               valid: str) -> None:
+    """``--hsdp 1`` on dp 16: one-rank shard groups shard nothing and all-reduce whole gradients over 16 replicas,
+    ZeRO-0 (Megatron's dp*cp one-rank optimizer instances, torchtitan's dp_shard 1 x dp_replicate 16, FSDP2's (16, 1)
+    mesh): refused with the rule and the nearest valid choices; it was priced as a one-rank shard group. On one GPU
+    the group of 1 is the whole dp*cp group and still runs as the plain layout (``whole_group_as_plain``)."""
+    base = ["estimate", "--model", "llama3-8b", "--tp", "1", "--pp", "1", "--zero", zero, "--target", target]
+    code, out, err = _cli(*base, "--gpus", "16", "--hsdp", "1")
+    assert code == 2 and err.strip() == (
+        "Error: hsdp_shard_size=1 shards nothing: one-rank shard groups replicated over dp*cp = 16 ranks are plain "
+        f"data parallelism, {plain}; valid: {valid}, hsdp_shard_size unset"), err
+    code, out, err = _cli(*base, "--gpus", "1", "--hsdp", "1")
+    assert code == 0 and "runs_as=hsdp_shard_size=1 is the whole dp*cp group" in out, err
+
+
 def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:
     """--top shapes the output, so it may be given with --request (the file's "top" is replaced); a job flag
     beside --request is still refused (the file holds the job)."""

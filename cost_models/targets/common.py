@@ -525,6 +525,8 @@ class TargetProfile:
         if schedule not in self.schedules:
             return ConfigError(f"schedule {schedule}: {self.name} has no such schedule (its pipeline schedules: "
                                + ", ".join(self.schedules) + ")", valid=self.schedules)
+        if hsdp == 1 and dp_cp > 1 and zero != 0:
+            return self.one_rank_group_error(zero, cp, dp_cp)
         if hsdp is not None and (hsdp < dp_cp or zero == 0):  # the whole group under ZeRO-0 still shards nothing
             err = self.hsdp_error(zero, hsdp, cp, dp_cp)
             if err is not None:
@@ -617,6 +619,20 @@ class TargetProfile:
 
     def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
         return ConfigError(f"hsdp_shard_size={hsdp}: {self.name} has no hybrid sharding")
+
+    def one_rank_group_error(self, zero: int, cp: int, dp_cp: int) -> ConfigError:
+        """``hsdp_shard_size`` = 1 under dp*cp > 1: shard groups of one rank shard nothing, and every rank
+        all-reduces whole gradients over its dp*cp replicas — plain data parallelism. The frameworks would run it
+        (Megatron: dp*cp distributed-optimizer instances of one rank, parallel_state.py:833-840 @ core_v0.16.1 only
+        asks that they divide dp*cp; torchtitan: dp_shard 1 x dp_replicate dp is its replicate-only layout; FSDP2: a
+        (dp, 1) mesh), but as ZeRO-0, not as sharding: refused, naming zero_stage=0 where the target runs it and the
+        smallest shard groups that shard."""
+        sizes = [s for s in range(2, dp_cp) if dp_cp % s == 0 and self.hsdp_error(zero, s, cp, dp_cp) is None][:3]
+        plain = "zero_stage=0" if 0 in self.zero_stages else f"which {self.name} does not run: it always shards"
+        return ConfigError(f"hsdp_shard_size=1 shards nothing: one-rank shard groups replicated over dp*cp = {dp_cp} "
+                           f"ranks are plain data parallelism, {plain}",
+                           valid=(["zero_stage=0"] if 0 in self.zero_stages else [])
+                           + [f"hsdp_shard_size={s}" for s in sizes] + ["hsdp_shard_size unset"])
 
     def legal(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
               rt: Runtime | None = None) -> str | None:
