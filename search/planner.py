@@ -509,7 +509,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                           scorers[lay.target].tables(lay)).max()) / 2**30, lay)
                      for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.memory_limit_gib
-    msg = (f"no layout of {model.name} fits in {limit:.0f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "
+    msg = (f"no layout of {model.name} fits in {limit:.1f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "
            f"closest: tp={lay.tp} pp={lay.pp} cp={lay.cp} ep={lay.ep} dp={lay.dp} mbs={lay.micro_batch_size} "
            f"recompute={lay.recompute} zero={lay.zero_stage} needs {peak:.1f} GiB ({peak - limit:+.1f} GiB)")
     hint = None

@@ -90,6 +90,30 @@ def test_cli_memory_headroom() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "'lots'" in bad.stderr
 
 
+def test_headroom_that_leaves_no_room_is_refused() -> None:
+    """``--memory-headroom 79.9`` on an 80 GiB GPU left 0.1 GiB and the search said "fits in 0 GiB": a headroom
+    that leaves no more than the CUDA context and NCCL buffers every plan holds (memory.runtime_overhead_bytes) is
+    refused, in GiB or as a fraction, naming the largest valid values; one just inside runs and shows its limit."""
+    from autoplan.errors import UserInputError
+    from cost_models.memory import GIB, runtime_overhead_bytes
+
+    floor = runtime_overhead_bytes() / GIB
+    base = [sys.executable, "-m", "autoplan", "estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1",
+            "--pp", "1", "--global-batch-size", "8"]
+    bad = subprocess.run(base + ["--memory-headroom", "79.9"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        f"Error: memory headroom 79.9 leaves 0.10 GiB of h100-sxm's 80 GiB, no more than the {floor:g} GiB of CUDA "
+        f"context and NCCL buffers every plan holds: give less than {80 - floor:g} GiB or a fraction below "
+        f"{int((80 - floor) / 80 * 1e4) / 1e4:g} (default 0.05)"), bad.stderr
+    for h in (80 - floor, 1 - floor / 80 + 1e-6):  # exactly the floor left (GiB), just under it (fraction)
+        with pytest.raises(UserInputError, match="no more than the"):
+            build_cluster("h100-sxm", 8, memory_headroom=h)
+    inside = 80 - floor - 0.1
+    assert build_cluster("h100-sxm", 8, memory_headroom=inside).memory_limit_gib == approx(floor + 0.1)
+    ok = subprocess.run(base + ["--memory-headroom", f"{inside:g}"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and f"/ {floor + 0.1:.1f} GiB" in ok.stdout, ok.stderr
+
+
 # --- MoE all-to-all --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dsv3():  # type: ignore[no-untyped-def]
