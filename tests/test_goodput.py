@@ -77,6 +77,31 @@ def test_checkpoint_bytes_follow_the_sharding():
     assert half[1] == pytest.approx(per[1] / 2, rel=1e-12)
 
 
+@pytest.mark.parametrize("name, gpus, par", [
+    ("olmoe-1b-7b", 64, ParallelConfig(tp=1, pp=1, ep=8)),
+    ("mixtral-8x7b", 64, ParallelConfig(tp=2, pp=2, ep=8)),
+    ("mixtral-8x7b", 64, ParallelConfig(tp=4, pp=1, cp=2, ep=2)),
+])
+def test_moe_checkpoint_writes_every_expert_once(name: str, gpus: int, par: ParallelConfig) -> None:
+    """A rank writes its EP shard (experts/ep) split over the edp ranks that replicate it: experts/(ep*edp) =
+    experts/(tp*cp*dp), so the stage's tp*cp*dp ranks write each expert once and the whole checkpoint is the model's
+    state (norms replicated over TP aside); dividing by edp is the per-rank share, not a loss of expert state."""
+    from cost_models.memory import GIB, expert_data_parallel_size, stage_params
+
+    model, cluster = load_model(name), ClusterRequest(num_gpus=gpus).resolve()
+    layers = stage_layers(model, par)
+    per = checkpoint_bytes_per_rank(model, par, gpus, layers)
+    assert sum(per) * (gpus // par.pp) == pytest.approx(CHECKPOINT_BYTES_PER_PARAM * model.num_params, rel=2e-5)
+    dp = gpus // (par.tp * par.pp * par.cp)
+    edp = expert_data_parallel_size(par.tp, par.cp, dp, par.ep)
+    sp = stage_params(model, par, range(layers[0]), first=True, last=par.pp == 1)
+    assert sp.expert == pytest.approx(sum(model.layer_expert_params(i) for i in range(layers[0])) / par.ep)
+    assert edp * par.ep == par.tp * par.cp * dp  # the stage's ranks: ep shards, each replicated edp times
+    g = goodput(model, cluster, par, layers, 10.0, 1e6)
+    assert g.checkpoint_gib_per_rank * GIB == pytest.approx(max(per))
+    assert g.checkpoint_write_s == pytest.approx(gpus * max(per) / (FailureModel().checkpoint_gbps * 1e9))
+
+
 def test_goodput_monotone_in_mtbf_and_blocking_costs_more():
     model, cluster, par, layers = _llama(16384, ParallelConfig(tp=8, pp=16))
     values = [goodput(model, cluster, par, layers, 6.0, 1e6, FailureModel(mtbf_hours=h)).goodput
