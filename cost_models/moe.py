@@ -119,6 +119,38 @@ def dispatcher_syncs_host(rt: Runtime | None) -> bool:
 MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 
 
+# Megatron-Core's grouped experts (TEGroupedMLP) under fp8 / fp4 run Transformer Engine's Fp8Padding before fc1 and
+# Fp8Unpadding after fc2 (megatron/core/transformer/moe/experts.py:603-606, 645-654, 760-762 @ core_v0.16.1; the same
+# at core_v0.14.0-0.19.0, since 0.18 skipped where ``skip_routed_expert_padding`` says the rows come aligned): the
+# quantized grouped GEMM takes each expert's rows in blocks of 16 (32 under MXFP8). Where every count already is a
+# multiple TE hands the input back ("no padding needed"); otherwise it copies all the routed rows into the padded
+# layout (``tex.fused_multi_row_padding``) and fc2's output back (``_unpadding``), and the backward copies the two
+# gradients the other way (NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py @ 001b2b1e,
+# ``Fp8Padding.forward``, ``_Fp8Padding.backward``; fp8_unpadding.py the mirror). The counts come aligned where
+# HybridEP's permute pads them (``pad_multiple``, token_dispatcher.py:1035-1047), where the router pads them
+# (``moe_router_padding_for_quantization``: not a knob here; off by default, transformer_config.py:589-596, and in
+# the Megatron-Bridge Qwen3 recipes, recipes/qwen/qwen3_moe.py:97 @ v0.4.2 ``moe_router_padding_for_fp8 = False``),
+# or where drop-and-pad gives every local expert capacity·tp·ep rows (token_dispatcher.py:485-500) that are a
+# multiple. A dropless router's per-expert counts (learned or forced-balance random) are not: copied every time.
+TE_PAD_ALIGN = {"mxfp8": 32}  # TE's Fp8Padding ``align_size``: 32 for MXFP8, 16 for every other recipe
+
+
+def quantization_padded(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
+                        rt: Runtime | None) -> bool:
+    """Whether TE copies the routed rows into (and out of) per-expert blocks aligned for the quantized grouped GEMM
+    around Megatron-Core's experts (the comment above; ``op_traffic.QUANT_PADDING_BYTES`` prices the copies)."""
+    if rt is None or rt.target != "megatron" or job.precision == "bf16" or not model.num_experts:
+        return False
+    if moe_dispatcher(cluster, rt) == "hybridep":
+        return False
+    if rt.moe_capacity_factor is not None:
+        align = TE_PAD_ALIGN.get(rt.fp8_recipe or "", 16)
+        tokens = par.micro_batch_size * job.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
+        capacity = math.ceil(tokens * model.moe_top_k / model.num_experts * rt.moe_capacity_factor)
+        return capacity * par.tp * par.ep % align != 0
+    return True
+
+
 # The routing scores' weighting torch runs on the routed copies as its own ops (torchtitan's combine:
 # ``(out.to(torch.float32) * scores).to(out.dtype)``): passes of ``op_traffic.PERMUTE_BYTES`` (4 B per element).
 # Inductor fuses it into one read + one write (4 B); eager runs three kernels, cast (read 2, write 4), multiply

@@ -15,7 +15,7 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, stragg
 from cost_models.mamba import ssd_flops
 from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
                                       non_tn_fp8_gemm, ring_steps, wgrad_in_bf16)
-from cost_models.moe import moe_load_imbalance, permutation_passes
+from cost_models.moe import moe_load_imbalance, permutation_passes, quantization_padded
 from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision
 from cost_models.quant_layout import op_job
@@ -98,8 +98,9 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
     passes = permutation_passes(cluster, model.num_experts // par.ep, rt, op.kind, par.ep) \
         if op.kind in ("dispatch", "combine") else 1
+    pad = op.kind == "experts" and quantization_padded(model, job, par, cluster, rt)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
-                                    non_tn_fp8_gemm(cluster), passes)
+                                    non_tn_fp8_gemm(cluster), passes, pad)
     if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b

@@ -9,6 +9,8 @@ tensors are split across TP only with sequence parallelism."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, fp8_cast_bytes, fp8_rescale_bytes,
                                       torchao_cast_after_gather, torchao_casts)
 from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
@@ -80,6 +82,11 @@ MCORE_EXPERT_CLAMP_BYTES = (8.0, 13.5)
 #   (hidden wide), by the dtype of the routing probs: bf16 from the alltoall dispatcher (the router's dtype), fp32
 #   from DeepEP / HybridEP, which upcast them (token_dispatcher.py:1028-1034, 1173-1179).
 MCORE_EXPERT_BIAS_BYTES = {"bf16": (12.0, 16.0), "fp32": (28.0, 40.0)}
+# TE's copies of the routed rows into and out of the per-expert blocks the quantized grouped GEMM needs
+# (``moe.quantization_padded``): before fc1, read each bf16 row and write it padded (forward), the gradient back the
+# other way (backward); the mirror after fc2. Per element of fc1's input / fc2's output (the pad rows, under 16 per
+# expert, and the fp32 routing probs padded beside them are left out).
+QUANT_PADDING_BYTES = (2 * BF16_BYTES, 2 * BF16_BYTES)
 # - RoPE under YaRN (``Runtime.mcore_yarn_unfused_rope``): with a concentration factor != 1 (GPT-OSS: 1.347)
 #   ``apply_rotary_pos_emb`` falls back from TE's fused RoPE to ``_apply_rotary_pos_emb_bshd``
 #   (models/common/embeddings/rope_utils.py:279-284, 97-125) for q and for k: t*cos (4), rotate_half's neg and cat
@@ -135,14 +142,29 @@ def memory_traffic_bytes(graph: LayerGraph, model: ModelSpec | None, job: JobSpe
     return fwd, bwd
 
 
+def _add_quant_padding(op: Op, graph: LayerGraph, per_rank: Callable[[str], float], fwd: float,
+                       bwd: float) -> tuple[float, float]:
+    """``fwd`` / ``bwd`` plus TE's padding copies (``QUANT_PADDING_BYTES``) where ``op`` is the grouped fc1 (the
+    first experts op reading the dispatched rows: gate and up are one GroupedLinear) or fc2 (the one the combine
+    reads)."""
+    prod = next((o for o in graph.ops if o.output == op.inputs[0]), None)
+    fc1 = prod is not None and prod.kind == "dispatch" \
+        and next(o for o in graph.ops if o.kind == "experts" and o.inputs[0] == op.inputs[0]) is op
+    fc2 = any(o.kind == "combine" and op.output in o.inputs for o in graph.ops)
+    w = (per_rank(op.inputs[0]) if fc1 else 0.0) + (per_rank(op.output) if fc2 else 0.0)
+    return fwd + QUANT_PADDING_BYTES[0] * w * op.tokens_factor, bwd + QUANT_PADDING_BYTES[1] * w * op.tokens_factor
+
+
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                      par: ParallelConfig, rt: Runtime | None = None,
-                     eager: bool = False, non_tn_gemm: bool = False, permute_passes: int = 1) -> tuple[float, float]:
+                     eager: bool = False, non_tn_gemm: bool = False, permute_passes: int = 1,
+                     quant_padding: bool = False) -> tuple[float, float]:
     """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank. ``eager``:
     norms, rotary and the gated activation run op by op (``EAGER_*``); the loss is torch's op-by-op cross-entropy
     (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``). ``non_tn_gemm``: the GPU's
     fp8 GEMM takes any layout (``knob_effects.non_tn_fp8_gemm``: no fp8 transposes). ``permute_passes``: the
-    dispatcher's passes over the routed copies per dispatch / combine (``moe.permutation_passes``).
+    dispatcher's passes over the routed copies per dispatch / combine (``moe.permutation_passes``). ``quant_padding``
+    (an experts op): TE pads the routed rows per expert for the quantized grouped GEMM (``moe.quantization_padded``).
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
     the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
@@ -211,6 +233,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         probs = "fp32" if rt.moe_dispatcher in ("deepep", "hybridep") else "bf16"
         w = per_rank(op.output) * tf
         fwd, bwd = fwd + MCORE_EXPERT_BIAS_BYTES[probs][0] * w, bwd + MCORE_EXPERT_BIAS_BYTES[probs][1] * w
+    if quant_padding and op.kind == "experts":
+        fwd, bwd = _add_quant_padding(op, graph, per_rank, fwd, bwd)
     if gemm_precision(op, job.precision) in ("fp8", "nvfp4") and op.kind in ("matmul", "experts"):
         k, n = local_widths(op, graph, t)
         scale = tf / (t if sp else 1) if op.kind == "experts" else 1.0  # routed copies on this rank

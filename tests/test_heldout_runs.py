@@ -171,10 +171,18 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # 8.5% -> 7.4%, ep_overlap 12.1% -> 10.5%), rows predicted fast lose (mb2511 Qwen3-30B H100 FP8-CS -49.9% -> -58.9%:
 # more_runs worst 49.9% -> 58.9%; GPT-OSS GB200/GB300 overlap rows 4-6 points: gptoss 25.2% -> 26.5%, worst 50.9% ->
 # 53.1%; the mbskill2605 overlap arm -19.9% -> -21.2%). Stated, not compensated.
-GUARDS = {"more_runs.json": (0.096, 0.589), "more_runs_bridge2.json": (0.075, 0.375),
+# s15-hopmoe: TE's Fp8Padding / Fp8Unpadding copies of the routed rows around Megatron-Core's fp8 / fp4 grouped
+# experts where the counts come unaligned (alltoall / DeepEP dropless; moe.quantization_padded) and the MoE host cost
+# refit with them (2.442 + 0.368 -> 2.477 + 0.352 ms): the Hopper alltoall / DeepEP fp8 rows 1.5-2.4 points closer
+# (Qwen3-235B H100 -20..-26% -> -18..-24%, mb2511 Qwen3-30B H100 FP8-CS -58.9% -> -56.5%, DeepSeek-V3 H100 1024
+# -18.1% -> -15.8%), the over-predicted Super B300 rows 3.5-4 points closer (the lower per-expert cost); host-bound
+# rows predicted fast lose 0.2-2 points (mb26.02.01 Qwen3-235B B300 -37.5% -> -38.7%: bridge2 worst 37.5% -> 38.7%;
+# GPT-OSS H100 card -61.0% -> -61.2%). All rows 13.24% -> 13.16%; more_runs.json 9.6% / 58.9% -> 9.5% / 56.5%, hybrid
+# MTP 19.7% / 34.7% -> 19.2% / 30.7%.
+GUARDS = {"more_runs.json": (0.095, 0.566), "more_runs_bridge2.json": (0.075, 0.388),
           "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.265, 0.531),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.105, 0.212),
-          "more_runs_torchtitan_moe.json": (0.199, 0.233), "more_runs_bridge_cards.json": (0.226, 0.611)}
+          "more_runs_torchtitan_moe.json": (0.199, 0.233), "more_runs_bridge_cards.json": (0.227, 0.612)}
 HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s10-hybrid: the NVFP4 Super rows priced with their recipe's bf16 layers (first_last_layers_bf16, the last 14) and
 # te_quant.cfg's per-module precision (cost_models.quant_layout): 39.2% -> 37.4% on the 31 rows; the worst, B300 NVFP4
@@ -187,7 +195,7 @@ HYBRID_MTP_ROWS = ("Nemotron_3_Super", "Nemotron_3_5_Lightning")
 # s11-super: the graphed Mamba / attention layers' backward covers the MoE layers' backward host issue
 # (cost_models.host_cover): 26.5% -> 23.8%, worst 66.9% -> 49.1% (still mb26.06 Super B300 NVFP4); Super GB200 NVFP4
 # (host wait in the backward removed) -22..-26% -> -25..-29%.
-HYBRID_MTP_GUARD = (0.198, 0.348)  # s14-a2a: see GUARDS
+HYBRID_MTP_GUARD = (0.193, 0.307)  # s14-a2a, s15-hopmoe: see GUARDS
 MARGIN = 0.02
 
 

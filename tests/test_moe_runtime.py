@@ -449,3 +449,71 @@ def test_host_cost_has_a_per_layer_term_beside_the_per_expert_one() -> None:
     assert _moe_layer(drop, at(h, 0.0), par).host_s == pytest.approx(0.5 * device)
     assert _moe_layer(drop, at(0.0, h / experts), par).host_s == pytest.approx(0.5 * device)
     assert _moe_layer(drop, at(h / 2, h / 2 / experts), par).host_s == pytest.approx(0.5 * device)
+
+
+def _megatron_core_lines(module: str) -> list[str] | None:
+    """Lines of an installed megatron-core 0.16.1 module (dotted name), or None."""
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec(module)
+        from megatron.core import package_info
+    except ModuleNotFoundError:
+        return None
+    if spec is None or spec.origin is None or package_info.__version__ != "0.16.1":
+        return None
+    return Path(spec.origin).read_text().splitlines()
+
+
+def test_fp8_experts_pad_the_routed_rows_unless_they_come_aligned() -> None:
+    """``moe.quantization_padded``: under fp8 Megatron-Core's TEGroupedMLP wraps fc1 / fc2 in TE's Fp8Padding /
+    Fp8Unpadding (a copy of every routed row each way, forward and backward) unless the per-expert counts come
+    aligned: HybridEP pads them in its permute, drop-and-pad gives capacity·tp·ep rows per expert (aligned or not).
+    The copies are priced on fc1 (its input) and fc2 (its output) only, QUANT_PADDING_BYTES per element."""
+    from cost_models.moe import quantization_padded
+    from cost_models.op_traffic import QUANT_PADDING_BYTES, op_traffic_bytes
+
+    experts = _megatron_core_lines("megatron.core.transformer.moe.experts")
+    dispatcher = _megatron_dispatcher_source()
+    if experts is not None and dispatcher is not None:
+        assert "Fp8Padding(self.num_local_experts)" in experts[604] and "Fp8Unpadding" in experts[605]
+        assert "self.config.fp8 or self.config.fp4" in experts[645] and "quantization_padding(" in experts[647]
+        assert "self.quantization_unpadding(output" in experts[761]
+        assert "pad_multiple = get_align_size_for_quantization" in dispatcher[1035]  # HybridEP, under fp8 / fp4
+        assert "self.capacity * self.tp_size * self.ep_size" in dispatcher[496]  # drop-and-pad's rows per expert
+
+    model = load_model(QWEN)
+    cluster = build_cluster("h100-sxm", 64)
+    fp8 = JobSpec(global_batch_size=1024, seq_len=4096, precision="fp8")
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1)
+
+    def padded(sw: Software, job: JobSpec = fp8) -> bool:
+        return quantization_padded(model, job, par, cluster, _rt(sw, cluster, par, job))
+
+    assert padded(Software(moe_dispatcher="alltoall")) and padded(Software(moe_dispatcher="deepep"))
+    assert not padded(Software(moe_dispatcher="hybridep"))
+    assert not padded(Software(moe_dispatcher="alltoall"), JOB)  # bf16: no TE padding
+    # drop-and-pad: 4096 tokens x 8 / 128 experts = 256 per expert, x c, x ep 8 rows per local expert
+    assert not padded(Software(moe_capacity_factor=1.0))  # 256 x 8 = 2048: a multiple of 16
+    assert padded(Software(moe_capacity_factor=1.01))  # ceil(258.56) = 259, x 8 = 2072: not one
+    assert not quantization_padded(model, fp8, par, cluster, None)
+
+    graph = graphs_for(model, fp8.seq_len)["moe"]
+    rt = _rt(Software(moe_dispatcher="alltoall"), cluster, par, fp8)
+    copies = 4096 * model.moe_top_k  # routed rows on this rank, one micro-batch (tp 1)
+    extra = {}
+    for op in (o for o in graph.ops if o.kind == "experts"):
+        with_pad = op_traffic_bytes(op, graph, model, fp8, par, rt, quant_padding=True)
+        without = op_traffic_bytes(op, graph, model, fp8, par, rt)
+        extra[op.name] = (with_pad[0] - without[0], with_pad[1] - without[1])
+    row = copies * model.hidden_size  # fc1's input and fc2's output are hidden wide
+    assert extra["expert_gate_proj"] == pytest.approx((QUANT_PADDING_BYTES[0] * row, QUANT_PADDING_BYTES[1] * row))
+    assert extra["expert_up_proj"] == (0.0, 0.0)  # one GroupedLinear with gate: its input is padded once
+    assert extra["expert_down_proj"] == pytest.approx((QUANT_PADDING_BYTES[0] * row, QUANT_PADDING_BYTES[1] * row))
+    # and op_compute prices them where the rule says so: HybridEP's fc1 lacks exactly the padding's HBM time
+    fc1 = next(o for o in graph.ops if o.name == "expert_gate_proj")
+    a2a = op_compute(fc1, graph, model, cluster, fp8, par, rt)
+    hyb = op_compute(fc1, graph, model, cluster, fp8, par, _rt(Software(moe_dispatcher="hybridep"), cluster, par, fp8))
+    from cost_models.gemm import hbm_time_s
+    assert a2a.mem_f - hyb.mem_f == pytest.approx(hbm_time_s(QUANT_PADDING_BYTES[0] * row, cluster), rel=1e-6)
