@@ -320,26 +320,6 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
-def hsdp_all_reduce(shard_bytes: float, replicas: int, calls: int,
-                    stride: int) -> tuple[str, float, int, int, int]:
-    """The all-reduce of one rank's reduce-scattered gradient shard across the ``replicas`` copies of its shard
-    group, (collective, payload, group, calls per step, rank stride), dense and routed-expert gradients alike.
-    Megatron (zero 1, ``--num-distributed-optimizer-instances`` > 1): after each bucket group's reduce-scatter in the
-    instance, an all-reduce of that shard on ``inter_distributed_optimizer_instance_group``
-    (megatron/core/distributed/param_and_grad_buffer.py:459-486 @ core_v0.16.1) for the dense and the expert buffers
-    (distributed_data_parallel.py:226-235: every bucket group gets the one group), which is the inter-partial expert
-    data-parallel group (parallel_state.py:2012-2022, built at :1287-1309: the outer level of edp = intra × instances,
-    so its ranks step over whole instances: tp*hsdp). Both run on one communication stream that waits on the
-    backward's compute (param_and_grad_buffer.py:411-422), so they overlap the backward as the reduce-scatter does,
-    once per step (``finish_grad_sync`` waits for the stream, :528-530). FSDP2 HSDP (zero 3): ``foreach_reduce``
-    all-reduces the reduce-scatter output on the replicate group on its own stream (torch 2.13
-    distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-672) each time FSDP2 syncs gradients
-    (``hsdp_reduces_per_step``; torchtitan does not call ``set_requires_all_reduce(False)``), experts on
-    ("dp_replicate", "efsdp") (``expert_shard_group``).
-    Payload: the reduce dtype's shard (fp32 ``grad_data`` in Megatron, FSDP2's ``reduce_dtype``)."""
-    return "all_reduce", shard_bytes, replicas, calls, stride
-
-
 def hsdp_reduces_per_step(par: ParallelConfig, m: int, every: bool) -> int:
     """Times per step the shard's gradient is all-reduced across HSDP replicas: Megatron once (``finish_grad_sync``
     per step; ``m`` where sharded gradients are reduced in every micro-batch, ``every``); FSDP2 (zero 3) in every
@@ -364,7 +344,7 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
     ``MixedPrecisionPolicy(reduce_dtype=fp32)``), weights in bf16 (``rt.gather_bytes``). FSDP2
     ``reshard_after_forward``: False drops the backward all-gather, an int ``r`` runs it inside groups of ``r``
     ranks (``fully_shard`` docstring). Sharded in groups (``memory.hsdp_replicas``), each shard's gradient is also
-    all-reduced across the replicas, dense and expert alike (``hsdp_all_reduce``)."""
+    all-reduced across the replicas, dense and expert alike (Megatron's and torch's code cited where it is priced)."""
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_shard_group(par.tp, par.cp, dp, par.ep, par.zero_stage, par.hsdp_shard_size)
     replicas = hsdp_replicas(dp * par.cp, par.hsdp_shard_size)
@@ -401,8 +381,24 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
             placed = [(kind, payload, n, calls, stride) for kind, payload, n, calls in ops]
             if replicas > 1:
-                placed.append(hsdp_all_reduce(grad / g, replicas, hsdp_reduces_per_step(par, m, every),
-                                              strides.cp * group))
+                # Sharded in groups: each rank's reduce-scattered gradient shard is all-reduced across the replicas of
+                # its shard group, dense and routed-expert gradients alike. Megatron (zero 1,
+                # ``--num-distributed-optimizer- instances`` > 1): after each bucket group's reduce-scatter in the
+                # instance, an all-reduce of that shard on ``inter_distributed_optimizer_instance_group``
+                # (megatron/core/distributed/param_and_grad_buffer.py:459-486 @ core_v0.16.1) for the dense and the
+                # expert buffers (distributed_data_parallel.py:226-235: every bucket group gets the one group), which
+                # is the inter-partial expert data-parallel group (parallel_state.py:2012-2022, built at :1287-1309:
+                # the outer level of edp = intra × instances, so its ranks step over whole instances: tp*hsdp). Both
+                # run on one communication stream that waits on the backward's compute
+                # (param_and_grad_buffer.py:411-422), so they overlap the backward as the reduce-scatter does, once
+                # per step (``finish_grad_sync`` waits for the stream, :528-530). FSDP2 HSDP (zero 3):
+                # ``foreach_reduce`` all-reduces the reduce-scatter output on the replicate group on its own stream
+                # (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-672) each time FSDP2 syncs
+                # gradients (``hsdp_reduces_per_step``; torchtitan does not call ``set_requires_all_reduce(False)``),
+                # experts on ("dp_replicate", "efsdp") (``expert_shard_group``). Payload: the reduce dtype's shard
+                # (fp32 ``grad_data`` in Megatron, FSDP2's ``reduce_dtype``).
+                placed.append(("all_reduce", grad / g, replicas, hsdp_reduces_per_step(par, m, every),
+                               strides.cp * group))
             for kind, payload, n, calls, at in placed:
                 op_s = calls * group_collective_time_s(kind, payload, n, at, cluster)  # type: ignore[arg-type]
                 total_s += op_s

@@ -6,7 +6,7 @@ Megatron (zero 1, ``--num-distributed-optimizer-instances`` = dp*cp/hsdp): the r
 inter-instance group every bucket group gets (megatron/core/distributed/param_and_grad_buffer.py:459-486,
 distributed_data_parallel.py:226-235, parallel_state.py:1287-1309, 2012-2022 @ core_v0.16.1). torchtitan (zero 3,
 FSDP2 on (dp_replicate, fsdp) and experts on (dp_replicate, efsdp)): the same, in every micro-batch
-(torch distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``). ``estimate.hsdp_all_reduce``."""
+(torch distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``). ``estimate.data_parallel_cost``."""
 
 from __future__ import annotations
 
