@@ -130,9 +130,13 @@ MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 # HybridEP's permute pads them (``pad_multiple``, token_dispatcher.py:1035-1047), where the router pads them
 # (``moe_router_padding_for_quantization``: not a knob here; off by default, transformer_config.py:589-596, and in
 # the Megatron-Bridge Qwen3 recipes, recipes/qwen/qwen3_moe.py:97 @ v0.4.2 ``moe_router_padding_for_fp8 = False``),
-# or where drop-and-pad gives every local expert capacity·tp·ep rows (token_dispatcher.py:485-500) that are a
-# multiple. A dropless router's per-expert counts (learned or forced-balance random) are not: copied every time.
-TE_PAD_ALIGN = {"mxfp8": 32}  # TE's Fp8Padding ``align_size``: 32 for MXFP8, 16 for every other recipe
+# or where drop-and-pad gives every local expert capacity·etp·ep rows (token_dispatcher.py:485-500; its tp_size is the
+# expert-TP group's, :73-76, which autoplan's Megatron runs at 1: ``MegatronProfile.expert_tensor_parallel``) that are
+# a multiple. A dropless router's per-expert counts (learned or forced-balance random) are not: copied every time.
+# TE's Fp8Padding ``align_size``: 32 for MXFP8, 128 for NVFP4, 16 for every other recipe
+# (transformer_engine/pytorch/quantization.py ``get_align_size_for_quantization``; NVFP4's was 32 at TE 2.10, 64 at
+# 2.11). Megatron-Core >= 0.18's fused grouped MLP pads to 256 (not the 0.16.1 this target names).
+TE_PAD_ALIGN = {"mxfp8": 32, "nvfp4": 128}
 
 
 def quantization_padded(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
@@ -144,10 +148,10 @@ def quantization_padded(model: ModelSpec, job: JobSpec, par: ParallelConfig, clu
     if moe_dispatcher(cluster, rt) == "hybridep":
         return False
     if rt.moe_capacity_factor is not None:
-        align = TE_PAD_ALIGN.get(rt.fp8_recipe or "", 16)
+        align = TE_PAD_ALIGN.get("nvfp4" if job.precision == "nvfp4" else rt.fp8_recipe or "", 16)
         tokens = par.micro_batch_size * job.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
         capacity = math.ceil(tokens * model.moe_top_k / model.num_experts * rt.moe_capacity_factor)
-        return capacity * par.tp * par.ep % align != 0
+        return capacity * par.ep % align != 0  # expert-TP 1: ep ranks' capacity rows per local expert
     return True
 
 

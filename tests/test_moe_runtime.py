@@ -498,6 +498,15 @@ def test_fp8_experts_pad_the_routed_rows_unless_they_come_aligned() -> None:
     assert not padded(Software(moe_capacity_factor=1.0))  # 256 x 8 = 2048: a multiple of 16
     assert padded(Software(moe_capacity_factor=1.01))  # ceil(258.56) = 259, x 8 = 2072: not one
     assert not quantization_padded(model, fp8, par, cluster, None)
+    # tp 2 with SP: each rank routes 2048 tokens, 128 per expert, x ep 8 = 1024 rows (expert-TP 1: the dispatcher's
+    # tp_size is expert-TP's, not TP's); 1.01: ceil(129.28) = 130 x 8 = 1040, a multiple of 16, not of MXFP8's 32
+    tp2 = ParallelConfig(tp=2, pp=4, ep=8, micro_batch_size=1, sequence_parallel=True)
+    b200 = build_cluster("b200", 64)
+    for gpu, recipe, want in ((cluster, "tensorwise", False), (b200, "mxfp8", True)):
+        sw = Software(moe_capacity_factor=1.01, fp8_recipe=recipe)
+        assert quantization_padded(model, fp8, tp2, gpu, _rt(sw, gpu, tp2, fp8)) is want, recipe
+    if dispatcher is not None:
+        assert "tp_size" in dispatcher[73] + dispatcher[74] + dispatcher[75] + dispatcher[76]
 
     graph = graphs_for(model, fp8.seq_len)["moe"]
     rt = _rt(Software(moe_dispatcher="alltoall"), cluster, par, fp8)
