@@ -112,7 +112,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
                           + [f"tp={x}" for x in divisors(n) if x < t and prof.sp_split_error(job.seq_len, x, c) is None][-3:])
     if par.hsdp_shard_size is not None and (dp * c) % par.hsdp_shard_size:
         raise ConfigError(f"hsdp_shard_size={par.hsdp_shard_size} must divide dp*cp = {dp * c}",
-                          valid=divisors(dp * c))
+                          valid=[d for d in divisors(dp * c) if d > 1 or dp * c == 1])  # 1 shards nothing
     check_precision(job, cluster)
 
 

@@ -103,7 +103,7 @@ def test_headroom_that_leaves_no_room_is_refused() -> None:
     bad = subprocess.run(base + ["--memory-headroom", "79.9"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.strip() == (
         f"Error: memory headroom 79.9 leaves 0.10 GiB of h100-sxm's 80 GiB, no more than the {floor:g} GiB of CUDA "
-        f"context and NCCL buffers every plan holds: give less than {80 - floor:g} GiB or a fraction below "
+        f"context and NCCL buffers every plan holds: give less than {80 - floor:g} GiB or a fraction of at most "
         f"{int((80 - floor) / 80 * 1e4) / 1e4:g} (default 0.05)"), bad.stderr
     for h in (80 - floor, 1 - floor / 80 + 1e-6):  # exactly the floor left (GiB), just under it (fraction)
         with pytest.raises(UserInputError, match="no more than the"):

@@ -156,8 +156,10 @@ def test_hsdp_without_zero3_is_priced_as_megatron_runs_it_and_refused_elsewhere(
 
 
 @pytest.mark.parametrize("target, zero, plain, valid", [
-    ("megatron", "1", "zero_stage=0", "zero_stage=0, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
-    ("torchtitan", "3", "zero_stage=0", "zero_stage=0, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
+    ("megatron", "1", "zero_stage=0",
+     "zero_stage=0 with hsdp_shard_size unset, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
+    ("torchtitan", "3", "zero_stage=0",
+     "zero_stage=0 with hsdp_shard_size unset, hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
     ("fsdp2", "3", "which fsdp2 does not run: it always shards",
      "hsdp_shard_size=2, hsdp_shard_size=4, hsdp_shard_size=8"),
 ])
@@ -174,6 +176,19 @@ def test_hsdp_of_one_rank_is_refused_as_plain_data_parallelism(target: str, zero
         f"data parallelism, {plain}; valid: {valid}, hsdp_shard_size unset"), err
     code, out, err = _cli(*base, "--gpus", "1", "--hsdp", "1")
     assert code == 0 and "runs_as=hsdp_shard_size=1 is the whole dp*cp group" in out, err
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_hsdp_of_one_rank_under_zero0_says_drop_it(target: str) -> None:
+    """``--zero 0 --hsdp 1`` names the one way out (leave hsdp unset); it used to suggest a ZeRO stage whose error
+    then suggested zero 0 back (reviewer). A group size that does not divide dp*cp no longer lists 1 as valid."""
+    base = ["estimate", "--model", "llama3-8b", "--tp", "1", "--pp", "1", "--gpus", "16", "--target", target]
+    code, out, err = _cli(*base, "--zero", "0", "--hsdp", "1")
+    assert code == 2 and err.strip() == (
+        "Error: hsdp_shard_size=1 shards nothing: one-rank shard groups replicated over dp*cp = 16 ranks are plain "
+        "data parallelism, which zero_stage=0 runs without it; valid: hsdp_shard_size unset"), err
+    code, out, err = _cli(*base, "--zero", "1" if target == "megatron" else "3", "--hsdp", "3")
+    assert code == 2 and "must divide dp*cp = 16; valid: 2, 4, 8, 16" in err, err
 
 
 def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:

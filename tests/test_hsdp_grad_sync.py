@@ -92,7 +92,7 @@ def test_torchtitan_hsdp_all_reduces_expert_shards_every_microbatch() -> None:
     assert dp_s == pytest.approx(seconds, rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="not priced so: the per-micro-batch reduce-scatter (like the per-micro-batch "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not priced so: the per-micro-batch reduce-scatter (like the per-micro-batch "
                    "gathers, estimate.data_parallel_cost) is what holds the one FSDP2 + PP calibration run; priced once "
                    "per step and blocking, torchtitan_405B_t5_3d_1f1b goes +0.5% -> -18.0%, calibration 2.9% -> 3.2%, "
                    "and refit_catalog would take torchtitan dp_overlap 0.47 -> 0 (bound), scale.gemm_max 0.848 -> "

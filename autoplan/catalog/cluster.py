@@ -109,7 +109,7 @@ def headroom_room_check(headroom: float, gpu: str, hbm_gib: float) -> None:
     frac = math.floor((hbm_gib - floor) / hbm_gib * 1e4) / 1e4
     raise UserInputError(f"memory headroom {headroom:g} leaves {left:.2f} GiB of {gpu}'s {hbm_gib:g} GiB, no more than "
                          f"the {floor:g} GiB of CUDA context and NCCL buffers every plan holds: give less than "
-                         f"{hbm_gib - floor:g} GiB or a fraction below {frac:g} (default 0.05)")
+                         f"{hbm_gib - floor:g} GiB or a fraction of at most {frac:g} (default 0.05)")
 
 
 def build_cluster(

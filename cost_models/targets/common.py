@@ -525,7 +525,7 @@ class TargetProfile:
         if schedule not in self.schedules:
             return ConfigError(f"schedule {schedule}: {self.name} has no such schedule (its pipeline schedules: "
                                + ", ".join(self.schedules) + ")", valid=self.schedules)
-        if hsdp == 1 and dp_cp > 1 and zero != 0:
+        if hsdp == 1 and dp_cp > 1:
             return self.one_rank_group_error(zero, cp, dp_cp)
         if hsdp is not None and (hsdp < dp_cp or zero == 0):  # the whole group under ZeRO-0 still shards nothing
             err = self.hsdp_error(zero, hsdp, cp, dp_cp)
@@ -627,11 +627,14 @@ class TargetProfile:
         asks that they divide dp*cp; torchtitan: dp_shard 1 x dp_replicate dp is its replicate-only layout; FSDP2: a
         (dp, 1) mesh), but as ZeRO-0, not as sharding: refused, naming zero_stage=0 where the target runs it and the
         smallest shard groups that shard."""
+        head = (f"hsdp_shard_size=1 shards nothing: one-rank shard groups replicated over dp*cp = {dp_cp} ranks are "
+                "plain data parallelism")
+        if zero == 0:  # already plain: the group size only misleads
+            return ConfigError(f"{head}, which zero_stage=0 runs without it", valid=["hsdp_shard_size unset"])
         sizes = [s for s in range(2, dp_cp) if dp_cp % s == 0 and self.hsdp_error(zero, s, cp, dp_cp) is None][:3]
         plain = "zero_stage=0" if 0 in self.zero_stages else f"which {self.name} does not run: it always shards"
-        return ConfigError(f"hsdp_shard_size=1 shards nothing: one-rank shard groups replicated over dp*cp = {dp_cp} "
-                           f"ranks are plain data parallelism, {plain}",
-                           valid=(["zero_stage=0"] if 0 in self.zero_stages else [])
+        return ConfigError(f"{head}, {plain}",
+                           valid=(["zero_stage=0 with hsdp_shard_size unset"] if 0 in self.zero_stages else [])
                            + [f"hsdp_shard_size={s}" for s in sizes] + ["hsdp_shard_size unset"])
 
     def legal(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
