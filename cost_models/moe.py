@@ -122,7 +122,7 @@ MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 # Megatron-Core's grouped experts (TEGroupedMLP) under fp8 / fp4 run Transformer Engine's Fp8Padding before fc1 and
 # Fp8Unpadding after fc2 (megatron/core/transformer/moe/experts.py:603-606, 645-654, 760-762 @ core_v0.16.1; the same
 # at core_v0.14.0-0.19.0, since 0.18 skipped where ``skip_routed_expert_padding`` says the rows come aligned): the
-# quantized grouped GEMM takes each expert's rows in blocks of 16 (32 under MXFP8). Where every count already is a
+# quantized grouped GEMM takes each expert's rows in aligned blocks (``TE_PAD_ALIGN``). Where every count already is a
 # multiple TE hands the input back ("no padding needed"); otherwise it copies all the routed rows into the padded
 # layout (``tex.fused_multi_row_padding``) and fc2's output back (``_unpadding``), and the backward copies the two
 # gradients the other way (NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py @ 001b2b1e,
