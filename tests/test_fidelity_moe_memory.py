@@ -108,6 +108,11 @@ def test_headroom_that_leaves_no_room_is_refused() -> None:
     for h in (80 - floor, 1 - floor / 80 + 1e-6):  # exactly the floor left (GiB), just under it (fraction)
         with pytest.raises(UserInputError, match="no more than the"):
             build_cluster("h100-sxm", 8, memory_headroom=h)
+    for h in (80, 120):  # all the HBM or more: the same rule, its limit is 0 (one check, not two with gaps)
+        with pytest.raises(UserInputError, match=f"memory headroom {h} leaves 0.00 GiB of h100-sxm's 80 GiB"):
+            build_cluster("h100-sxm", 8, memory_headroom=h)
+    with pytest.raises(UserInputError, match="memory headroom -1 must be at least 0"):
+        build_cluster("h100-sxm", 8, memory_headroom=-1)
     inside = 80 - floor - 0.1
     assert build_cluster("h100-sxm", 8, memory_headroom=inside).memory_limit_gib == approx(floor + 0.1)
     ok = subprocess.run(base + ["--memory-headroom", f"{inside:g}"], capture_output=True, text=True, cwd=ROOT)

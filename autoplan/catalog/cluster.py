@@ -96,20 +96,20 @@ def job_nvlink_domain(rack: int, node: int, num_gpus: int) -> int:
     return node * max(s for s in range(per_rack, 0, -1) if nodes % s == 0)
 
 
-def headroom_room_check(headroom: float, gpu: str, hbm_gib: float) -> None:
-    """Refuse a headroom that leaves no more than the CUDA context and NCCL buffers every plan holds outside the
-    allocator (``cost_models.memory.runtime_overhead_bytes``): no plan could fit, and the limit read "0 GiB". Names
-    the largest valid value, in GiB and as a fraction (``ClusterSpec.memory_headroom_gib``: < 1 is a fraction)."""
+def headroom_room_check(cluster: ClusterSpec) -> None:
+    """Refuse a headroom whose ``memory_limit_gib`` leaves no more than the CUDA context and NCCL buffers every plan
+    holds outside the allocator (``cost_models.memory.runtime_overhead_bytes``): no plan could fit, and the limit read
+    "0 GiB". A headroom of all the HBM or more is the same case (its limit is 0). Names the largest valid value, in
+    GiB and as a fraction (``ClusterSpec.memory_headroom_gib``: < 1 is a fraction)."""
     from cost_models.memory import GIB, runtime_overhead_bytes
 
-    floor = runtime_overhead_bytes() / GIB
-    left = hbm_gib - (headroom * hbm_gib if headroom < 1 else headroom)
+    floor, left, hbm = runtime_overhead_bytes() / GIB, cluster.memory_limit_gib, cluster.gpu.hbm_gib
     if left > floor:
         return
-    frac = math.floor((hbm_gib - floor) / hbm_gib * 1e4) / 1e4
-    raise UserInputError(f"memory headroom {headroom:g} leaves {left:.2f} GiB of {gpu}'s {hbm_gib:g} GiB, no more than "
-                         f"the {floor:g} GiB of CUDA context and NCCL buffers every plan holds: give less than "
-                         f"{hbm_gib - floor:g} GiB or a fraction of at most {frac:g} (default 0.05)")
+    frac = math.floor((hbm - floor) / hbm * 1e4) / 1e4
+    raise UserInputError(f"memory headroom {cluster.memory_headroom:g} leaves {left:.2f} GiB of {cluster.gpu.name}'s "
+                         f"{hbm:g} GiB, no more than the {floor:g} GiB of CUDA context and NCCL buffers every plan "
+                         f"holds: give less than {hbm - floor:g} GiB or a fraction of at most {frac:g} (default 0.05)")
 
 
 def build_cluster(
@@ -162,9 +162,11 @@ def build_cluster(
         "efficiency": efficiency,
     }
     if memory_headroom is not None:
-        if memory_headroom >= spec.hbm_gib or memory_headroom < 0:
-            raise UserInputError(f"memory headroom {memory_headroom:g} must be a fraction in [0, 1) or GiB below "
-                                 f"{spec.name}'s {spec.hbm_gib:g} GiB of HBM (default 0.05)")
-        headroom_room_check(memory_headroom, spec.name, spec.hbm_gib)
+        if not memory_headroom >= 0:
+            raise UserInputError(f"memory headroom {memory_headroom:g} must be at least 0: a fraction of HBM below 1 "
+                                 f"or GiB (default 0.05)")
         fields["memory_headroom"] = memory_headroom
-    return validate(ClusterSpec, fields, f"cluster of {num_gpus} x {spec.name}")
+    cluster = validate(ClusterSpec, fields, f"cluster of {num_gpus} x {spec.name}")
+    if memory_headroom is not None:
+        headroom_room_check(cluster)
+    return cluster
