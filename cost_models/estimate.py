@@ -135,7 +135,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime,
                                                          mtp_rank=split.mtp_rank)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
-                              runtime.grad_reduce_every_microbatch)
+                              dp_sync_every_microbatch(runtime, par.zero_stage, par.pp))
     step = pipe + pp_fill + dp_exposed + opt_s
 
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s], split.mtp_rank) for s in range(p)]
@@ -320,6 +320,14 @@ def head_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parall
     return 3 * gemm * (1 + cluster.efficiency.memory_bound_fraction) + hbm_time_s(mem_f + mem_b, cluster)
 
 
+def dp_sync_every_microbatch(rt: Runtime, zero_stage: int, pp: int) -> bool:
+    """Whether the gradient reduce ZeRO-0/1/2 price once per step runs in each of the ``m`` micro-batches instead
+    (``dp_exposed_s``: behind the whole step's backward): Megatron-FSDP ``optim_grads`` (zero 2,
+    ``rt.grad_reduce_every_microbatch``), or ZeRO-0 without pipelining where the trainer never turns the sync off
+    (``rt.zero0_sync_every_microbatch``: torchtitan; the profile cites the code)."""
+    return rt.grad_reduce_every_microbatch or (zero_stage == 0 and pp == 1 and rt.zero0_sync_every_microbatch)
+
+
 def hsdp_reduces_per_step(par: ParallelConfig, m: int, every: bool) -> int:
     """Times per step the shard's gradient is all-reduced across HSDP replicas: Megatron once (``finish_grad_sync``
     per step; ``m`` where sharded gradients are reduced in every micro-batch, ``every``); FSDP2 (zero 3) in every
@@ -362,8 +370,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 continue
             grad, weight = rt.reduce_bytes * params, rt.gather_bytes * params
             ops: list[tuple[str, float, int, int]]  # (collective, payload, group, calls per step)
-            if par.zero_stage == 0:
-                ops = [("all_reduce", grad, g, 1)]
+            if par.zero_stage == 0:  # once per step (DDP no_sync), or per micro-batch (``dp_sync_every_microbatch``)
+                ops = [("all_reduce", grad, g, m if dp_sync_every_microbatch(rt, 0, par.pp) else 1)]
                 if rt.optimizer == "dist_muon":  # the updated bf16 parameters, all-gathered in the step (cost_models.muon)
                     ops.append(("all_gather", weight, g, 1))
             elif par.zero_stage in (1, 2):

@@ -28,7 +28,8 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
-from cost_models.estimate import CostWeights, data_parallel_cost, dp_exposed_s, head_cost, pp_fill_s
+from cost_models.estimate import (CostWeights, data_parallel_cost, dp_exposed_s, dp_sync_every_microbatch, head_cost,
+                                  pp_fill_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.layer_cost import LayerCost, layer_cost
@@ -805,7 +806,7 @@ class Scorer:
         fill = self.p2p_fill_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
-                                  self.default_runtime(lay).grad_reduce_every_microbatch)
+                                  dp_sync_every_microbatch(self.default_runtime(lay), lay.zero_stage, lay.pp))
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)

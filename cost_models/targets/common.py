@@ -282,6 +282,11 @@ class Runtime:
     # bucket, and the compute stream waits for its reduce-scatter at the end of its backward: exposed.
     grad_reduce_every_microbatch: bool = False
     grad_bucket_cap: float = 0.0
+    # ZeRO-0's gradient all-reduce runs in every micro-batch's backward without pipelining, as the gradients are
+    # accumulated (the trainer never turns the data-parallel sync off): m all-reduces per step, each behind its own
+    # micro-batch's backward. False: DDP's ``no_sync`` (Megatron: once per step). Under pp > 1 torch's pipelining
+    # stage turns the sync off for every backward but the last (distributed/pipelining/stage.py:844-848): once.
+    zero0_sync_every_microbatch: bool = False
 
     @property
     def model_compiled(self) -> bool:

@@ -16,7 +16,11 @@ until 83e6941 (2025-07-28), where the root FSDP unit still held the embedding an
 (target ``torchtitan-2025-08``) from there, with 0.3.0's FSDP units, until ``tensorwise`` left the recipe Literal: 0.3.0's rules plus ``tensorwise`` (config_manager.py:489 at 820504e,
 2025-06-13: ``recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] | None``, None = tensorwise; the same
 at 6fc499f6, 2025-08-14, config/job_config.py:561). What the held-out torchtitan runs of 2025 ran
-(``benchmarks/data/more_runs_torchtitan.json``).
+(``benchmarks/data/more_runs_torchtitan.json``). ZeRO-0 syncs in every micro-batch there too (the inherited
+``zero0_sync_every_microbatch``): at 820504e it is torch's composable ``replicate`` (DDP: models/llama3/
+parallelize_llama.py:110-118, 370-386), whose ``require_backward_grad_sync`` stays on unless
+``set_requires_gradient_sync(False)`` (torch distributed/_composable/replicate.py:134, 166), which train.py's
+accumulation loop (:423-426) never calls.
 """
 
 from __future__ import annotations

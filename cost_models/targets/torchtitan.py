@@ -7,6 +7,15 @@ Run-time semantics:
   docstring: "when cp is used, FSDP is also applied"). So ZeRO-3 is FSDP (HSDP with a shard group), and
   "ZeRO-0" is ``dp_replicate = dp`` with the parameters still sharded over ``cp``: with cp > 1 it runs as FSDP
   over cp (``runs_as``). There is no ZeRO-1/2.
+- Gradient accumulation (no PP): ``train_step`` runs ``forward_backward_step`` (``loss.backward()``) once per
+  micro-batch (TT/trainer.py:885-929, 806-828) and never turns FSDP2's gradient sync off (no
+  ``set_requires_gradient_sync(False)`` outside the chunked loss's output layer, TT/components/loss.py:731-771), so
+  every backward reduces: ZeRO-0 = ``fully_shard`` over (dp_replicate, fsdp = 1) (TT/models/llama3/parallelize.py:69-90;
+  the default ``spmd_types`` backend names the same axes, TT/distributed/full_dtensor.py ``resolve_fsdp_mesh``) is
+  HSDP with one-rank shards, whose ``foreach_reduce`` all-reduces the fp32 gradient over dp_replicate in each
+  micro-batch (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:634-660, ``all_reduce_grads`` True by
+  default, _fsdp_param_group.py:216-220): ``Runtime.zero0_sync_every_microbatch``
+  (tests/test_torchtitan_grad_sync.py counts them on torch's real modules).
 - Parameters are fp32 (``training.dtype``), gathered in bf16 (``mixed_precision_param``); gradients are
   reduced in fp32 (``mixed_precision_reduce``, a Literal["float32"]: TT/config/configs.py:93); Adam m, v fp32:
   4 + 4 + 8 bytes per parameter, all sharded over the FSDP group.
@@ -237,6 +246,7 @@ class TorchtitanProfile(TargetProfile):
             cp_comm_type=k.get("cp_comm_type", "allgather"),
             overlap_grad_reduce=True,
             overlap_param_gather=True,
+            zero0_sync_every_microbatch=True,  # the module docstring: FSDP2 HSDP, no sync toggled off
             # "default": reshard after forward unless pipelining (torchtitan apply_fsdp: not pp_enabled)
             reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
