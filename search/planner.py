@@ -335,7 +335,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if pins["zero_stage"] not in stages:
             why = "; ".join(PROFILES[t].zero_reason(pins["zero_stage"]) for t in scorers)
             raise ConfigError(f"zero_stage={pins['zero_stage']}: {why}", valid=stages)
-    if pins.get("zero_stage") == 0 and "hsdp_shard_size" in pins:  # ZeRO-0 shards in no group of any size
+    if pins.get("zero_stage") == 0 and pins.get("hsdp_shard_size", 1) != 1:  # ZeRO-0 shards in no group of any size
+        # (a group of 1 breaks the one-rank rule first, as estimate says: ``_one_rank_group_error``)
         errs = [PROFILES[t].hsdp_error(0, int(pins["hsdp_shard_size"]), 1, 2 * int(pins["hsdp_shard_size"]))
                 for t in scorers]  # (layout_error asks it for the whole dp*cp group too under ZeRO-0): estimate's rule
         if all(e is not None for e in errs):
@@ -462,6 +463,9 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
+            rule = _one_rank_group_error(model, cluster, job, target, pins)
+            if rule is not None:
+                return rule
             key, valid = _pin_choices(model, cluster, job, target, pins)
             why = ""
             if key in ("tp", "cp"):  # a target's hybrid-mixer rule names the reason (TargetProfile.hybrid_layout_error)
@@ -518,6 +522,24 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
         hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
                 "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
     return InfeasibleError(msg, hint=hint, closest=lay)
+
+
+def _one_rank_group_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                          pins: dict[str, Any]) -> ConfigError | None:
+    """A pinned ``hsdp_shard_size`` of 1 that no layout keeps: the target rule it breaks (``TargetProfile.layout_error``:
+    ``one_rank_group_error``, as estimate says it) on the first layout the other pins keep with dp*cp > 1, at the
+    pinned ZeRO stage or the one the target runs unset (``default_zero_stage``); None when there is none."""
+    if pins.get("hsdp_shard_size") != 1:
+        return None
+    rest = {k: v for k, v in pins.items() if k != "hsdp_shard_size"}
+    lay = next((lay for lay in enumerate_layouts(model, cluster, job, target, rest, Tally()) if lay.dp * lay.cp > 1),
+               None)
+    if lay is None:
+        return None
+    prof = PROFILES[lay.target]
+    zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage, None)))
+    return prof.layout_error(model, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=zero, hsdp=1,
+                             dp_cp=lay.dp * lay.cp, schedule=lay.schedule)
 
 
 def _pin_choices(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,

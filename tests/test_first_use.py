@@ -191,6 +191,21 @@ def test_hsdp_of_one_rank_under_zero0_says_drop_it(target: str) -> None:
     assert code == 2 and "must divide dp*cp = 16; valid: 2, 4, 8, 16" in err, err
 
 
+@pytest.mark.parametrize("target,zero", [("megatron", None), ("megatron", "0"), ("torchtitan", None),
+                                         ("torchtitan", "0"), ("fsdp2", None)])
+def test_search_with_hsdp_of_one_rank_gives_estimates_rule(target: str, zero: str | None) -> None:
+    """``search --hsdp 1`` with pins (tp 8, pp 2 on 64 GPUs: dp*cp = 4) says the one-rank rule that estimate says for
+    the same flags (``TargetProfile.one_rank_group_error``), one line, exit 2; it said the generic "no layout keeps
+    hsdp_shard_size=1; valid: 2, 4" (and under zero 0 Megatron's group-sharding rule instead)."""
+    flags = ["--model", "llama3-8b", "--gpus", "64", "--tp", "8", "--pp", "2", "--hsdp", "1", "--target", target,
+             *(["--zero", zero] if zero else [])]
+    code, out, err = _cli("search", *flags)
+    e_code, _, e_err = _cli("estimate", *flags)
+    assert code == e_code == 2 and err.strip() == e_err.strip(), (err, e_err)
+    assert err.count("\n") == 1 and "shards nothing: one-rank shard groups replicated over dp*cp = 4" in err
+    assert "Traceback" not in err and "no layout keeps" not in err
+
+
 def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:
     """--top shapes the output, so it may be given with --request (the file's "top" is replaced); a job flag
     beside --request is still refused (the file holds the job)."""
