@@ -341,7 +341,8 @@ def hsdp_reduces_per_step(par: ParallelConfig, m: int, every: bool) -> int:
 def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, layers: list[int], dp: int,
                        strides: RankStrides, m: int = 1, layer_ids: Sequence[Sequence[int]] | None = None,
                        rt: Runtime = DEFAULT_RUNTIME, mtp_rank: int | None = None) -> tuple[float, float, float, float]:
-    """(DP time s, bytes sent, optimizer s, blocking s) of the heaviest stage. ZeRO-0 all-reduces gradients;
+    """(DP time s, bytes sent, optimizer s, blocking s) of the heaviest stage. ZeRO-0 all-reduces gradients (once per
+    step, or in each of the ``m`` micro-batches where ``dp_sync_every_microbatch``: torchtitan without PP);
     ZeRO-1/2 reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the
     forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does
     under gradient accumulation. Where the runtime reduces sharded gradients in every micro-batch

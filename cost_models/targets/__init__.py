@@ -33,7 +33,8 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
 - ``reduce_bytes`` (gradient dtype on the DP wire) and ``gather_bytes`` (bf16 parameter all-gathers; fp8: 1);
 - ``cpu_offload_layers`` (Megatron: activations of the first N layers in host memory, off the peak);
 - ``tp_overlapped`` (Megatron ``--tp-comm-overlap`` or torchtitan async TP), ``overlap_grad_reduce``,
-  ``overlap_param_gather``, ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
+  ``overlap_param_gather``, ``zero0_sync_every_microbatch`` (ZeRO-0's all-reduce in every micro-batch without PP:
+  torchtitan), ``cp_comm_type``, ``reshard_after_forward`` (bool or a group size),
   ``fused_elementwise`` (TE / Inductor fused norms, SwiGLU, loss vs eager op by op), ``compile``,
   ``fp8_recipe``;
 - ``cross_entropy_fusion`` (Megatron: ``te`` = Transformer Engine's fused loss, its bytes ``op_traffic.TE_LOSS_BYTES``);
