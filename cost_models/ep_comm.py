@@ -8,7 +8,8 @@ import math
 
 from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth, nic_bandwidth, place_group
-from cost_models.moe import host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance
+from cost_models.moe import (host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance,
+                             router_padding_share)
 from cost_models.op_cost import op_compute
 from cost_models.opgraph import LayerGraph
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -75,13 +76,21 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
 EP_ALL_TO_ALLS = 4  # per MoE layer per micro-batch: dispatch and combine, forward and backward (§4)
 
 
+def a2a_rows(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
+             rt: Runtime | None = None) -> float:
+    """Token copies the busiest rank's all-to-all moves per routed copy: the imbalance ρ, plus the router's padded
+    copies where they are padded before it (``moe.router_padding_share`` with ``a2a``: alltoall)."""
+    rho = moe_load_imbalance(model, job, par, cluster, rt)
+    return rho + router_padding_share(model, job, par, cluster, rt, a2a=True)
+
+
 def ep_all_to_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                   stride: int, rt: Runtime | None = None) -> tuple[float, float]:
     """(seconds, bf16 payload bytes) of one dispatch or combine all-to-all over the ``par.ep`` ranks at
     ``stride``: the mean of ``moe_all_to_all``'s four (tokens split over TP with SP), × imbalance ρ (§4)."""
     tokens = par.micro_batch_size * job.seq_len / par.cp
     local_tokens = tokens / (par.tp if par.sequence_parallel else 1)
-    rho = moe_load_imbalance(model, job, par, cluster, rt)
+    rho = a2a_rows(model, job, par, cluster, rt)
     payload = local_tokens * model.moe_top_k * model.hidden_size * 2.0 * rho
     total_s, _ = moe_all_to_all(model, cluster, job, local_tokens, par.ep, stride, rho=rho,
                                 dispatcher=moe_dispatcher(cluster, rt))

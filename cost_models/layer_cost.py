@@ -9,9 +9,10 @@ from dataclasses import dataclass, replace
 from cost_models.a2a_overlap import OverlapNodes
 from cost_models.attention_cost import ring_exposed_s
 from cost_models.collectives import RankStrides
-from cost_models.ep_comm import a2a_overlap_compute_split, a2a_overlap_exposed_s, host_wait_s, moe_all_to_all_parts
+from cost_models.ep_comm import (a2a_overlap_compute_split, a2a_overlap_exposed_s, a2a_rows, host_wait_s,
+                                 moe_all_to_all_parts)
 from cost_models.knob_effects import cp_comm
-from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher, moe_load_imbalance
+from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher
 from cost_models.op_cost import OpCompute, _compute, op_compute
 from cost_models.opgraph import DECODER_KINDS, LayerGraph
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
@@ -87,7 +88,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         dispatcher = moe_dispatcher(cluster, rt)
         parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
-                                     rho=moe_load_imbalance(model, job, par, cluster, rt), dispatcher=dispatcher)
+                                     rho=a2a_rows(model, job, par, cluster, rt), dispatcher=dispatcher)
         ep_s, ep_bytes = sum(p[0] for p in parts), sum(p[1] for p in parts)
         again = ep_forward_repeats(graph, modules, par, rt)  # a recompute that re-runs dispatch and combine
         ep_s, ep_bytes = ep_s * (1 + again), ep_bytes * (1 + again)

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from cost_models.mamba import cp_a2a_widths
+from cost_models.moe import router_padding_share
 from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params,
                              mtp_projection_saved_bytes, mtp_stage_params)
@@ -329,7 +330,8 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
             split_tp = ten.dim_kind in ("q", "kv", "ffn", "vocab") or (op.kind != "experts" and sp)
             total += ten.width * 2.0 * op.tokens_factor * tokens / (tp_divisor(t, ten.heads) if split_tp else 1)
         return total
-    return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba) for op in graph.ops)
+    rows = 1.0 + router_padding_share(model, job, par, None, runtime)  # the router's padded copies, saved too
+    return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba, rows) for op in graph.ops)
 
 
 # Selective modules whose checkpoint wraps a whole block (cost_models.recompute): ``mlp`` and ``shared_experts``
@@ -363,12 +365,19 @@ def recompute_input_bytes(model: ModelSpec, job: JobSpec, par: ParallelConfig) -
 
 
 def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runtime = DEFAULT_RUNTIME,
-                        graph: LayerGraph | None = None, mamba: MambaSpec | None = None) -> float:
+                        graph: LayerGraph | None = None, mamba: MambaSpec | None = None,
+                        routed_rows: float = 1.0) -> float:
     """Bytes one op saves for backward for one micro-batch on one rank, sharded as ``par`` says (no full
     recompute: that keeps only the layer input, ``recompute_input_bytes``). The loss holds the runtime's
     bytes per logit (the graph's saved logits are Megatron's 2 + 4); under fp8 a GEMM's saved input takes the
     runtime's ``fp8_saved_bytes`` per element. ``mamba``: the Mamba-2 scan's saved ``zxbcdt`` is the tensor after
-    megatron-core's CP all-to-all, B and C repeated (``mamba.cp_a2a_widths``; = in_proj_width / t without CP)."""
+    megatron-core's CP all-to-all, B and C repeated (``mamba.cp_a2a_widths``; = in_proj_width / t without CP).
+    ``routed_rows``: routed token copies per routed copy the experts run (``moe.router_padding_share`` + 1).
+
+    TE's padding copies around Megatron-Core's quantized experts (``moe.quantization_padded``) add nothing here:
+    ``_Fp8Padding`` / ``_Fp8Unpadding`` keep only the split lists for backward (ctx.m_splits, ctx.padded_m_splits:
+    transformer_engine/pytorch/module/fp8_padding.py:41-44, fp8_unpadding.py:40-43 @ 001b2b1e), and the padded
+    tensor fc1 saves is its own quantized input, counted as that (under align rows more per local expert, left out)."""
     t = par.tp
     sp = par.sequence_parallel and t > 1
     tokens = par.micro_batch_size * job.seq_len / par.cp
@@ -397,6 +406,7 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
         b = s.bytes_per_token
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks
+            b *= routed_rows if op.tokens_factor > 1 else 1.0  # the router's padded copies (routed ops only)
             if runtime.moe_capacity_factor is not None and op.tokens_factor > 1:
                 # drop-and-pad: every rank's experts receive ceil(T·k/E·c) rows from each source rank, padding
                 # included (moe.moe_load_imbalance; token_dispatcher.py:1105-1119 _HybridEPManager.setup_metadata

@@ -128,31 +128,99 @@ MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
 # gradients the other way (NVIDIA/TransformerEngine transformer_engine/pytorch/module/fp8_padding.py @ 001b2b1e,
 # ``Fp8Padding.forward``, ``_Fp8Padding.backward``; fp8_unpadding.py the mirror). The counts come aligned where
 # HybridEP's permute pads them (``pad_multiple``, token_dispatcher.py:1035-1047), where the router pads them
-# (``moe_router_padding_for_quantization``: not a knob here; off by default, transformer_config.py:589-596, and in
-# the Megatron-Bridge Qwen3 recipes, recipes/qwen/qwen3_moe.py:97 @ v0.4.2 ``moe_router_padding_for_fp8 = False``),
-# or where drop-and-pad gives every local expert capacity·etp·ep rows (token_dispatcher.py:485-500; its tp_size is the
-# expert-TP group's, :73-76, which autoplan's Megatron runs at 1: ``MegatronProfile.expert_tensor_parallel``) that are
-# a multiple. A dropless router's per-expert counts (learned or forced-balance random) are not: copied every time.
+# (``Runtime.moe_router_padding``, ``router_padding_share``), or where drop-and-pad gives every local expert
+# capacity·etp·ep rows (token_dispatcher.py:485-500; its tp_size is the expert-TP group's, :73-76, which autoplan's
+# Megatron runs at 1: ``MegatronProfile.expert_tensor_parallel``) that are a multiple. A dropless router's
+# per-expert counts (learned or forced-balance random) are not: copied every time.
 # TE's Fp8Padding ``align_size``: 32 for MXFP8, 128 for NVFP4, 16 for every other recipe
 # (transformer_engine/pytorch/quantization.py ``get_align_size_for_quantization``; NVFP4's was 32 at TE 2.10, 64 at
 # 2.11). Megatron-Core >= 0.18's fused grouped MLP pads to 256 (not the 0.16.1 this target names).
 TE_PAD_ALIGN = {"mxfp8": 32, "nvfp4": 128}
 
 
+def run_pad_align(job: JobSpec, rt: Runtime | None) -> int:
+    """Rows each expert's block is aligned to in Megatron-Core's quantized experts (``TE_PAD_ALIGN``, 16 for the
+    other recipes), 0 in a bf16 run. The run's, also in its bf16 layers (``first_last_layers_bf16``) and bf16
+    modules (``Runtime.quantized_run``): TEGroupedMLP pads on ``config.fp8 or config.fp4`` (experts.py:603-606,
+    645-654 @ core_v0.16.1), the run's global setting, which a bf16 layer keeps (it only runs outside the autocast:
+    fp8_utils.py:596-616 ``get_fp8_context`` returns a null context for ``is_first_last_bf16_layer``), and TE's
+    ``Fp8Padding`` pads whether or not an autocast is active (fp8_padding.py:96-137 @ 001b2b1e); so do the router
+    (``get_align_size_for_quantization`` reads ``config.fp8`` / ``config.fp4``, moe_utils.py:1263-1276) and
+    HybridEP (token_dispatcher.py:1035-1036)."""
+    if rt is None:
+        return 0
+    if job.precision != "bf16":
+        recipe = "nvfp4" if job.precision == "nvfp4" else rt.fp8_recipe or ""
+    elif rt.quantized_run is not None:
+        recipe = rt.quantized_run
+    else:
+        return 0
+    return TE_PAD_ALIGN.get(recipe, 16)
+
+
 def quantization_padded(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec,
                         rt: Runtime | None) -> bool:
     """Whether TE copies the routed rows into (and out of) per-expert blocks aligned for the quantized grouped GEMM
-    around Megatron-Core's experts (the comment above; ``op_traffic.QUANT_PADDING_BYTES`` prices the copies)."""
-    if rt is None or rt.target != "megatron" or job.precision == "bf16" or not model.num_experts:
+    around Megatron-Core's experts (the comment above; ``op_traffic.QUANT_PADDING_BYTES`` prices the copies), in
+    every layer of a quantized run, its bf16 layers too (``run_pad_align``)."""
+    align = run_pad_align(job, rt)
+    if rt is None or rt.target != "megatron" or not align or not model.num_experts:
         return False
-    if moe_dispatcher(cluster, rt) == "hybridep":
+    if moe_dispatcher(cluster, rt) == "hybridep" or rt.moe_router_padding:
         return False
     if rt.moe_capacity_factor is not None:
-        align = TE_PAD_ALIGN.get("nvfp4" if job.precision == "nvfp4" else rt.fp8_recipe or "", 16)
         tokens = par.micro_batch_size * job.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
         capacity = math.ceil(tokens * model.moe_top_k / model.num_experts * rt.moe_capacity_factor)
         return capacity * par.ep % align != 0  # expert-TP 1: ep ranks' capacity rows per local expert
     return True
+
+
+# Router padding (``Runtime.moe_router_padding``: --moe-router-padding-for-quantization, Megatron-Core
+# transformer_config.py:589-592 @ core_v0.16.1, the same through core_v0.19.0). ``pad_routing_map``
+# (moe_utils.py:573-605) turns, per expert, the first (−count) mod align unrouted tokens of a routing map into routed
+# ones (probability 0: the combine weights them out) with align = ``get_align_size_for_quantization``
+# (moe_utils.py:1263-1276: 32 under MXFP8, 16 under the other fp8 recipes; 128 under NVFP4, fp4_utils.py:51-79),
+# so each expert's count arrives a multiple of TE's block and ``Fp8Padding`` copies nothing (``quantization_padded``).
+# The padded tokens are real rows: they are moved, permuted and multiplied like the routed ones. Where it pads:
+# - alltoall: each source rank's [tokens, experts] map, before the permutation and the all-to-all
+#   (token_dispatcher.py:617-623): every local expert receives the pad of each of the ep source ranks (expert-TP 1);
+# - deepep: the received map after the dispatch, per local expert (token_dispatcher.py:1291-1294, ``_pad_routing_map``
+#   :1251-1280): no extra all-to-all bytes;
+# - hybridep: not read (``_HybridEPManager`` pads in its own permute, token_dispatcher.py:1035-1047; from core_v0.18
+#   ``skip_routed_expert_padding``, moe_utils.py:1360-1372, skips TE's padding for either): nothing changes.
+# With counts many blocks wide (the mean is T·k/E per source) the residue mod align is taken as uniform: the mean pad
+# per (map, expert) is (align − 1) / 2.
+
+
+def router_padding_share(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec | None,
+                         rt: Runtime | None, a2a: bool = False) -> float:
+    """Padded token copies the router adds per routed copy (the comment above), on a rank's local experts, or with
+    ``a2a`` in its all-to-all (alltoall pads before it, DeepEP after it); 0 without router padding, under HybridEP
+    or drop-and-pad (``router_padding_error`` refuses the last). ``cluster`` None: the runtime's dispatcher (the
+    megatron target resolves it)."""
+    if rt is None or not rt.moe_router_padding or not model.num_experts or rt.moe_capacity_factor is not None:
+        return 0.0
+    dispatcher = moe_dispatcher(cluster, rt) if cluster is not None else rt.moe_dispatcher or "alltoall"
+    if dispatcher == "hybridep" or (a2a and dispatcher != "alltoall"):
+        return 0.0
+    align = run_pad_align(job, rt)
+    if not align:
+        return 0.0
+    tokens = par.micro_batch_size * job.seq_len / par.cp / (par.tp if par.sequence_parallel else 1)
+    maps = par.ep if dispatcher == "alltoall" else 1  # maps padded per local expert: each source's, or the received
+    # per local expert: pad maps·(align − 1)/2 over a mean of tokens·k·ep/E routed copies
+    return maps * (align - 1) / 2 / (tokens * model.moe_top_k * par.ep / model.num_experts)
+
+
+def routed_rows(model: ModelSpec, job: JobSpec, par: ParallelConfig, cluster: ClusterSpec | None,
+                rt: Runtime | None) -> float:
+    """Token copies a rank's routed-row kernels (permutations, TE's padding copies, the experts' casts and
+    activation) run per routed copy: the capacity factor c under drop-and-pad, whose dispatcher hands every local
+    expert its capacity rows, padding included (token_dispatcher.py:485-500; as ``moe_load_imbalance`` prices the
+    GEMMs and ``memory`` the saved rows), else 1 plus the router's padded copies (``router_padding_share``)."""
+    if rt is not None and rt.moe_capacity_factor is not None:
+        return rt.moe_capacity_factor
+    return 1.0 + router_padding_share(model, job, par, cluster, rt)
 
 
 # The routing scores' weighting torch runs on the routed copies as its own ops (torchtitan's combine:

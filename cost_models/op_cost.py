@@ -15,7 +15,8 @@ from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, stragg
 from cost_models.mamba import ssd_flops
 from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
                                       non_tn_fp8_gemm, ring_steps, wgrad_in_bf16)
-from cost_models.moe import moe_load_imbalance, permutation_passes, quantization_padded
+from cost_models.moe import (moe_load_imbalance, permutation_passes, quantization_padded, router_padding_share,
+                             routed_rows)
 from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision
 from cost_models.quant_layout import op_job
@@ -85,7 +86,9 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     elif op.kind == "experts":
         local_experts = model.num_experts // par.ep
         routed = tokens / (t if par.sequence_parallel else 1) * op.tokens_factor * par.ep
-        per_expert = routed / model.num_experts * moe_load_imbalance(model, job, par, cluster, rt)
+        # the router's padded copies ride on every rank's experts, the busiest's too (moe.router_padding_share)
+        per_expert = routed / model.num_experts * (moe_load_imbalance(model, job, par, cluster, rt)
+                                                   + router_padding_share(model, job, par, cluster, rt))
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
             * fp8_gemm_time_ratio(rt, job)
     elif op.kind == "attention":
@@ -101,6 +104,9 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     pad = op.kind == "experts" and quantization_padded(model, job, par, cluster, rt)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
                                     non_tn_fp8_gemm(cluster), passes, pad)
+    if routed_rows_op(op):  # capacity rows or the router's padded copies: moved, padded, activated like the routed
+        rows = routed_rows(model, job, par, cluster, rt)
+        mem_f, mem_b = mem_f * rows, mem_b * rows
     if op.kind == "attention" and par.cp > 1 and ring_steps(par, rt) > 1:
         merge_f, merge_b = cp_merge_bytes(op, graph, job, par, ring_steps(par, rt))
         mem_f, mem_b = mem_f + merge_f, mem_b + merge_b
@@ -113,6 +119,12 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
         mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
     return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
+
+
+def routed_rows_op(op: Op) -> bool:
+    """Whether ``op``'s memory-bound work scales with the routed token copies: the dispatch / combine permutations,
+    the experts and their activation."""
+    return op.kind in ("dispatch", "combine", "experts") or (op.kind == "elementwise" and op.name.startswith("expert_"))
 
 
 def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
@@ -175,6 +187,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
+                                     rt.moe_router_padding, rt.quantized_run,  # moe.router_padding_share, run_pad_align
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,
                                      rt.moe_fused_grouped_mlp, rt.megatron_core,  # op_traffic.fused_grouped_mlp
                                      rt.target, rt.tp_gather_bytes,

@@ -69,7 +69,8 @@ def run_as(job: JobSpec, rt: Runtime | None, precision: str) -> tuple[JobSpec, R
         return job, rt
     if precision == "bf16":
         return job.model_copy(update={"precision": "bf16"}), (None if rt is None else replace(
-            rt, fp8_recipe=None, tp_gather_bytes=2.0, tp_grad_gather_bytes=2.0))
+            rt, fp8_recipe=None, tp_gather_bytes=2.0, tp_grad_gather_bytes=2.0,
+            quantized_run=rt.quantized_run or rt.fp8_recipe))
     if precision == "mxfp8":
         fwd, bwd = te_tp_gather_bytes("mxfp8")
         return job.model_copy(update={"precision": "fp8"}), (None if rt is None else replace(

@@ -25,6 +25,8 @@ PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["n
            "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
+          "moe_router_padding",  # the router's padded rows (moe.router_padding_share)
+          "quantized_run",  # a bf16 layer's experts still pad for the run's recipe (moe.run_pad_align)
           "mcore_expert_glue", "moe_dispatcher",  # GPT-OSS's expert glue (op_traffic.MCORE_EXPERT_*)
           "mcore_yarn_unfused_rope",  # YaRN's op-by-op RoPE (op_traffic.MCORE_UNFUSED_ROTARY_BYTES)
           "moe_fused_grouped_mlp", "megatron_core",  # the fused grouped MLP (op_traffic.FUSED_GLU_BWD_INPUT_READS)

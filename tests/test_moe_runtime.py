@@ -526,3 +526,47 @@ def test_fp8_experts_pad_the_routed_rows_unless_they_come_aligned() -> None:
     hyb = op_compute(fc1, graph, model, cluster, fp8, par, _rt(Software(moe_dispatcher="hybridep"), cluster, par, fp8))
     from cost_models.gemm import hbm_time_s
     assert a2a.mem_f - hyb.mem_f == pytest.approx(hbm_time_s(QUANT_PADDING_BYTES[0] * row, cluster), rel=1e-6)
+
+
+def test_padding_copies_run_on_capacity_rows_and_in_bf16_layers_of_a_quantized_run() -> None:
+    """Drop-and-pad hands every local expert its capacity rows (token_dispatcher.py:485-500), so TE's padding copies,
+    like the other routed-row kernels, run on c x the routed copies (``moe.routed_rows``). A bf16 layer of an fp8 run
+    (``first_last_layers_bf16``) still pads: TEGroupedMLP reads the global ``config.fp8`` and the layer only leaves
+    the autocast (``moe.run_pad_align``); a bf16 run does not."""
+    from dataclasses import replace
+
+    from cost_models.gemm import hbm_time_s
+    from cost_models.moe import quantization_padded, routed_rows, run_pad_align
+    from cost_models.op_traffic import QUANT_PADDING_BYTES, op_traffic_bytes
+    from cost_models.quant_layout import run_as
+
+    model = load_model(QWEN)
+    cluster = build_cluster("h100-sxm", 64)
+    fp8 = JobSpec(global_batch_size=1024, seq_len=4096, precision="fp8")
+    par = ParallelConfig(tp=1, pp=8, ep=8, micro_batch_size=1)
+    graph = graphs_for(model, fp8.seq_len)["moe"]
+    fc1 = next(o for o in graph.ops if o.name == "expert_gate_proj")
+    row = 4096 * model.moe_top_k * model.hidden_size  # fc1's input: the routed copies, hidden wide (tp 1)
+
+    cap = _rt(Software(moe_capacity_factor=1.01, fp8_recipe="tensorwise"), cluster, par, fp8)
+    assert quantization_padded(model, fp8, par, cluster, cap) and routed_rows(model, fp8, par, cluster, cap) == 1.01
+    got = op_compute(fc1, graph, model, cluster, fp8, par, cap)
+    copies = op_traffic_bytes(fc1, graph, model, fp8, par, cap, quant_padding=True)[0]
+    assert copies - op_traffic_bytes(fc1, graph, model, fp8, par, cap)[0] == pytest.approx(QUANT_PADDING_BYTES[0] * row)
+    assert got.mem_f == pytest.approx(hbm_time_s(copies * 1.01, cluster)
+                                      + got.gemm_f * cluster.efficiency.memory_bound_fraction, rel=1e-9)
+
+    for gpu, recipe, align in (("h100-sxm", "tensorwise", 16), ("b200", "mxfp8", 32)):
+        c = build_cluster(gpu, 64)
+        rt = _rt(Software(moe_dispatcher="alltoall", fp8_recipe=recipe), c, par, fp8)
+        job_b, rt_b = run_as(fp8, rt, "bf16")
+        assert job_b.precision == "bf16" and rt_b.fp8_recipe is None and rt_b.quantized_run == recipe
+        assert run_pad_align(job_b, rt_b) == run_pad_align(fp8, rt) == align
+        assert quantization_padded(model, job_b, par, c, rt_b)
+        bare = replace(rt_b, quantized_run=None)  # what a bf16 run's layer is
+        assert run_pad_align(job_b, bare) == 0 and not quantization_padded(model, job_b, par, c, bare)
+        extra = op_compute(fc1, graph, model, c, job_b, par, rt_b).mem_f \
+            - op_compute(fc1, graph, model, c, job_b, par, bare).mem_f
+        assert extra == pytest.approx(hbm_time_s(QUANT_PADDING_BYTES[0] * row, c), rel=1e-9)
+    bf16 = _rt(Software(moe_dispatcher="alltoall"), cluster, par, JOB)
+    assert not quantization_padded(model, JOB, par, cluster, bf16)

@@ -178,6 +178,9 @@ software_options = stack(
     click.option("--moe-capacity-factor", "moe_capacity_factor", type=click.FloatRange(min=0, min_open=True, max=1e3),
                  default=None, help="megatron token drop: --moe-expert-capacity-factor C "
                                     "--moe-pad-expert-input-to-capacity"),
+    click.option("--moe-router-padding/--no-moe-router-padding", "moe_router_padding", default=None,
+                 help="megatron --moe-router-padding-for-quantization (fp8 / fp4): the router pads each expert's "
+                      "tokens to the quantized GEMM's alignment; the experts skip TE's padding copies"),
     click.option("--moe-fused-grouped-mlp/--no-moe-fused-grouped-mlp", "moe_fused_grouped_mlp", default=None,
                  help="megatron: Megatron-Core's Transformer Engine fused grouped MLP (--use-transformer-engine-op-fuser, "
                       "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): fc1 + GLU + MXFP8 quantize in one kernel (Blackwell, "
@@ -200,8 +203,9 @@ software_options = stack(
 SOFTWARE_KEYS = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
-                 "moe_capacity_factor", "moe_fused_grouped_mlp", "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl",
-                 "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core")
+                 "moe_capacity_factor", "moe_router_padding", "moe_fused_grouped_mlp", "cross_entropy_fusion",
+                 "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode",
+                 "megatron_core")
 
 
 def pop_software(kw: dict[str, Any]) -> Software:

@@ -133,6 +133,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
         if rt.moe_capacity_factor is not None:
             add("--moe-expert-capacity-factor", rt.moe_capacity_factor)
             add("--moe-pad-expert-input-to-capacity")
+        if rt.moe_router_padding:  # a TransformerConfig field made a flag (arguments.py:1621 @ core_v0.16.1)
+            add("--moe-router-padding-for-quantization")
         if rt.moe_fused_grouped_mlp:  # TE's fused grouped MLP (core_v0.18.0+ flags; its env rides Runtime.env)
             add("--use-transformer-engine-op-fuser")
             add("--moe-mlp-glu-interleave-size", FUSED_MLP_GLU_INTERLEAVE)
@@ -440,6 +442,9 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
                  "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
+                 # TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:1621, argument_utils.py:166
+                 # @ core_v0.16.1)
+                 "--moe-router-padding-for-quantization",
                  # core_v0.18.0+: TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:2091,
                  # argument_utils.py:101, :186)
                  "--use-transformer-engine-op-fuser"]:

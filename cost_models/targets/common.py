@@ -107,6 +107,10 @@ class Software(BaseModel):
     moe_capacity_factor: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=None, description="Megatron --moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity: "
         "token drop, every expert padded to C x its mean load")
+    moe_router_padding: bool | None = Field(
+        default=None, description="Megatron --moe-router-padding-for-quantization (fp8 / fp4 jobs): the router "
+        "routes extra tokens so every expert's count is a multiple of the quantized GEMM's alignment, and the "
+        "experts skip Transformer Engine's padding copies")
     moe_fused_grouped_mlp: bool | None = Field(
         default=None, description="Megatron-Core's fused MoE grouped MLP (--use-transformer-engine-op-fuser "
         "--moe-mlp-glu-interleave-size 32, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; megatron_core 0.18.0 or later): "
@@ -163,9 +167,9 @@ class Software(BaseModel):
 KNOB_NAMES = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
               "cp_a2a_size", "overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward",
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
-              "moe_force_balance", "moe_capacity_factor", "moe_fused_grouped_mlp", "cross_entropy_fusion",
-              "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode", "megatron_core", "bf16_layers",
-              "quant_recipe")
+              "moe_force_balance", "moe_capacity_factor", "moe_router_padding", "moe_fused_grouped_mlp",
+              "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
+              "muon_tp_mode", "megatron_core", "bf16_layers", "quant_recipe")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -206,6 +210,8 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # forced balance: ρ from Megatron's random logits or torchtitan's round robin (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
+    # the router pads each expert's count to the quantized GEMM's alignment (moe.router_padding_rows)
+    moe_router_padding: bool = False
     # Megatron-Core's fused grouped MLP (TE op fuser + CuTe DSL grouped GEMM-GLU kernels): the expert activation and
     # the MXFP8 casts around it ride the GEMM epilogues (op_traffic.FUSED_GROUPED_MLP); the megatron target's knob
     moe_fused_grouped_mlp: bool = False
@@ -226,6 +232,9 @@ class Runtime:
     megatron_core: str = CORE_RELEASES[0]  # the Megatron-Core release (megatron target; the rules reading it say which)
     # Decoder layers run in bf16 under a quantized job: the first S and the last E (``cost_models.quant_layout``)
     bf16_layers: tuple[int, int] = (0, 0)
+    # Where this runtime prices a bf16 layer or module inside a quantized job (``quant_layout.run_as``): that job's
+    # recipe (its fp8 recipe, or "nvfp4"), which Megatron-Core's grouped experts still pad for (``moe.run_pad_align``)
+    quantized_run: str | None = None
     # Per-module precision of a quantization recipe (``quant_recipe``): (module group, precision) pairs
     # (``cost_models.quant_layout.MODULE_OPS`` names the groups)
     quant_recipe: str | None = None

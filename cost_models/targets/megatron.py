@@ -113,8 +113,12 @@ Run-time semantics:
   virtual pipeline when pp > 1, no full recompute), the all-to-all hidden under another micro-batch's compute;
   ``moe_force_balance`` = ``--moe-router-force-load-balancing`` (random router logits, router.py:655-657);
   ``moe_capacity_factor`` = ``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity`` (token drop: each
-  expert padded to its capacity, token_dispatcher.py ``preprocess``). Unset: the catalog's dispatcher and overlap
-  (``Efficiency``), dropless routing with the catalog's load imbalance.
+  expert padded to its capacity, token_dispatcher.py ``preprocess``); ``moe_router_padding`` =
+  ``--moe-router-padding-for-quantization`` (TC:589-592, a flag from the dataclass, MLM:1621; fp8 / fp4 only and not
+  the allgather dispatcher, TC:1621-1631): the dispatcher pads the routing map so each expert's count is a multiple
+  of the quantized GEMM's alignment, and the experts skip TE's padding copies
+  (``cost_models.moe.router_padding_share``).
+  Unset: the catalog's dispatcher and overlap (``Efficiency``), dropless routing with the catalog's load imbalance.
 - CUDA graphs (knobs ``cuda_graph_impl`` none / local / transformer_engine = ``--cuda-graph-impl``, TC:776-782;
   ``cuda_graph_scope`` = ``--cuda-graph-scope``, TC:784-791, empty = each whole layer; rules in
   ``check_cuda_graphs``): what a graph holds is replayed without the host issuing it op by op. Priced on MoE layers
@@ -258,6 +262,8 @@ class MegatronProfile(TargetProfile):
                                   f"{TC}:645-647 (--moe-router-force-load-balancing)"),
         "moe_capacity_factor": Knob("moe_capacity_factor", (), None,
                                     f"{TC}:690-698 (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity)"),
+        "moe_router_padding": Knob("moe_router_padding", (True, False), False,
+                                   f"{TC}:589-592, :1621-1631 (--moe-router-padding-for-quantization; {MLM}:1621)"),
         "moe_fused_grouped_mlp": Knob("moe_fused_grouped_mlp", (True, False), False,
                                       f"{FUSED_MLP} (--use-transformer-engine-op-fuser --moe-mlp-glu-interleave-size "
                                       f"{FUSED_MLP_GLU_INTERLEAVE}, {FUSED_MLP_ENV[0]}=1; megatron_core "
@@ -496,7 +502,8 @@ class MegatronProfile(TargetProfile):
         moe_knobs = [n for n, v in (("moe_dispatcher", rt.moe_dispatcher not in (None, "alltoall")),
                                     ("moe_a2a_overlap", bool(rt.moe_a2a_overlap)),
                                     ("moe_force_balance", rt.moe_force_balance),
-                                    ("moe_capacity_factor", rt.moe_capacity_factor is not None)) if v]
+                                    ("moe_capacity_factor", rt.moe_capacity_factor is not None),
+                                    ("moe_router_padding", rt.moe_router_padding)) if v]
         if moe_knobs and not model.is_moe:
             raise ConfigError(f"{', '.join(moe_knobs)}: MoE settings on {model.name}, a dense model",
                               valid=[f"{n} unset" for n in moe_knobs])
@@ -528,6 +535,8 @@ class MegatronProfile(TargetProfile):
             raise ConfigError(f"moe_capacity_factor with moe_dispatcher=deepep: the flex dispatcher's DeepEP backend "
                               f"does not pad experts to capacity ({TC}:1074-1081)",
                               valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
+        if rt.moe_router_padding and (err := router_padding_error(job, rt)) is not None:
+            raise err
         if rt.moe_fused_grouped_mlp and (err := self.fused_grouped_mlp_error(model, cluster, job, par, rt)) is not None:
             raise err
         check_cuda_graphs(model, par, rt)
@@ -700,6 +709,7 @@ class MegatronProfile(TargetProfile):
             moe_a2a_overlap=k.get("moe_a2a_overlap", cluster.efficiency.moe_a2a_overlap),
             moe_force_balance=bool(k.get("moe_force_balance", False)),
             moe_capacity_factor=k.get("moe_capacity_factor"),
+            moe_router_padding=bool(k.get("moe_router_padding", False)),
             moe_fused_grouped_mlp=bool(k.get("moe_fused_grouped_mlp", False)),
             cuda_graph_impl=k.get("cuda_graph_impl", "none"),
             cuda_graph_scope=tuple(k.get("cuda_graph_scope", ())),
@@ -849,6 +859,30 @@ def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> Non
         raise ConfigError(f"moe_a2a_overlap with cuda_graph_impl={impl} scope {names}: the EP overlap takes "
                           f"transformer_engine graphs without the moe or mlp scope ({TC}:1898-1906)",
                           valid=[_te_scope(impl, ROUTER_GRAPHS), "moe_a2a_overlap=false"])
+
+
+def router_padding_error(job: JobSpec, rt: Runtime) -> ConfigError | None:
+    """Why ``moe_router_padding`` (--moe-router-padding-for-quantization) is refused, or None: Megatron-Core pads to
+    the fp8 / fp4 alignment and raises without fp8 or fp4 (TC:1621-1625); with token drop and padding to capacity
+    every count is the capacity (token_dispatcher.py:485-500), a case autoplan does not price with it; the
+    alltoall dispatcher then syncs device and host in its preprocess (token_dispatcher.py:514-520), which Megatron
+    asserts the moe_preprocess graph cannot hold (TC:1770-1778, under the flag's alias moe_router_padding_for_fp8)."""
+    off = "moe_router_padding=false"
+    if job.precision == "bf16":
+        return ConfigError("moe_router_padding with precision bf16: the router pads to the fp8 / fp4 GEMM's "
+                           f"alignment and Megatron-Core refuses it without fp8 or fp4 ({TC}:1621-1625)",
+                           valid=["precision fp8", "precision nvfp4", off])
+    if rt.moe_capacity_factor is not None:
+        return ConfigError(f"moe_router_padding with moe_capacity_factor={rt.moe_capacity_factor}: drop-and-pad "
+                           "already sets every expert's count to its capacity (token_dispatcher.py:485-500); "
+                           "autoplan prices router padding on dropless routing only",
+                           valid=["moe_capacity_factor unset", off])
+    if (rt.moe_dispatcher or "alltoall") == "alltoall" and "moe_preprocess" in rt.cuda_graph_scope:
+        return ConfigError("moe_router_padding with the alltoall dispatcher and cuda_graph_scope moe_preprocess: "
+                           "the padded counts are copied to the host in the preprocess (token_dispatcher.py:514-520), "
+                           f"which the moe_preprocess graph cannot hold ({TC}:1770-1778)",
+                           valid=["cuda_graph_scope without moe_preprocess", "moe_dispatcher=hybridep", off])
+    return None
 
 
 # What Megatron-Bridge's dropless MoE recipes graph: attention, router and the dispatcher's preprocess (the
