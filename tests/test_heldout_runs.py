@@ -179,6 +179,9 @@ def test_catalog_models_and_moe_load(heldout) -> None:
 # rows predicted fast lose 0.2-2 points (mb26.02.01 Qwen3-235B B300 -37.5% -> -38.7%: bridge2 worst 37.5% -> 38.7%;
 # GPT-OSS H100 card -61.0% -> -61.2%). All rows 13.24% -> 13.16%; more_runs.json 9.6% / 58.9% -> 9.5% / 56.5%, hybrid
 # MTP 19.7% / 34.7% -> 19.2% / 30.7%.
+# s16-padding: routed-row kernels on the capacity rows under drop-and-pad (moe.routed_rows): the two Nemotron 3 Super
+# H100 BF16 card rows at capacity 1.1 move +0.6 / +0.6 points (+0.6% -> +1.2%, -5.5% -> -4.9%): more_runs_bridge_cards
+# 18.8% unchanged; router padding (moe_router_padding) on the HybridEP Super rows prices nothing. Guards unchanged.
 GUARDS = {"more_runs.json": (0.095, 0.566), "more_runs_bridge2.json": (0.075, 0.388),
           "more_runs_torchtitan.json": (0.191, 0.596), "more_runs_gptoss.json": (0.265, 0.531),
           "more_runs_amd.json": (0.422, 0.422), "more_runs_ep_overlap.json": (0.105, 0.212),
