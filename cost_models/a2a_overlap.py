@@ -36,7 +36,14 @@ that sync edge) gave the same period, and one whose sync drained every queued no
 either: host-bound, the device trails the host by about one node (issue-12, s13-a2app).
 
 Not modelled: ``delay_wgrad_compute`` (its weight gradients move out of mlp_bwd / attn_bwd: priced inside them, as
-without it); concurrent kernels slow each other only by the SMs the dispatcher's kernels hold (priced by the caller:
+without it). The Megatron-Bridge perf recipes set it with the overlap (scripts/performance/utils/overrides.py:148-153
+@ v0.3.0); it issues the experts' wgrad after the forward's dispatch node (model_chunk_schedule_plan.py:231), so only
+their dgrad is queued at the host sync. With the host as a third resource the host then shows only near host ≈ device,
+by less than the wgrad's device time (tests/test_a2a_overlap.py); at the held-out rows' node times (B300 Qwen3-235B
+host-bound, the H100 rows device-bound) the period did not move (one split of the host over the nodes tried). The one
+public A/B measures 31.31 s → 31.20 s (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md @
+067f987df), where splitting the wgrad out of the two-stream step would price its layer step −4% (issue-12, s16-moevp).
+Concurrent kernels slow each other only by the SMs the dispatcher's kernels hold (priced by the caller:
 DeepEP's / HybridEP's configured SMs, NCCL's all-to-all one CTA per p2p channel: moe.dispatcher_sm_fraction). They
 also contend for memory bandwidth (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md @ 067f987df,
 pitfall 6; NVIDIA/nccl#1428: an A100 GEMM 1.18 -> 2.08 ms beside an all-gather, "competing for memory bandwidth";

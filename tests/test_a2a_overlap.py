@@ -119,18 +119,23 @@ def test_host_sync_sits_in_the_dispatch_node_and_waits_on_the_attention_node() -
     assert queued_at_host_sync() == (("b", "mlp"),)
 
 
-def _step_with_host(cost: dict, host: dict, drain: bool = False, steps: int = 16) -> float:
-    """Steady-state period of the step with the host as a third resource: the host issues the nodes in ISSUE_ORDER
-    (``host`` seconds each), a node's device work neither starts before its issue starts nor ends before its issue
-    ends, and the host blocks at HOST_SYNC_NODE until HOST_SYNC_WAITS_FOR has run (``drain``: until every stream
-    has run all it was given, the sync the code does not have)."""
+def _step_with_host(cost: dict, host: dict, drain: bool = False, steps: int = 16,
+                    order: tuple = ISSUE_ORDER) -> float:
+    """Steady-state period of the step with the host as a third resource: the host issues the nodes in ``order``
+    (default ISSUE_ORDER; ``host`` seconds each), a node's device work neither starts before its issue starts nor
+    ends before its issue ends, and the host blocks at HOST_SYNC_NODE until HOST_SYNC_WAITS_FOR has run (``drain``:
+    until every stream has run all it was given, the sync the code does not have). A node not in ISSUE_ORDER
+    (``DW``, the delayed weight gradients) runs on the compute stream without the micro-batch's event."""
     stream, event, ends, marks, h = {"comp": 0.0, "comm": 0.0}, {"f": 0.0, "b": 0.0}, {}, [], 0.0
     for _ in range(steps):
         marks.append(max(h, *stream.values()))
-        for node in ISSUE_ORDER:
+        for node in order:
             if node == HOST_SYNC_NODE:
                 h = max(h, *stream.values()) if drain else max(h, ends[HOST_SYNC_WAITS_FOR])
             h0, h = h, h + host[node]
+            if node not in ISSUE_ORDER:
+                stream["comp"] = ends[node] = max(max(stream["comp"], h0) + cost[node], h)
+                continue
             s = NODE_STREAM[node[1]]
             stream[s] = event[node[0]] = ends[node] = max(max(stream[s], event[node[0]], h0) + cost[node], h)
     half = steps // 2
@@ -153,3 +158,45 @@ def test_host_runs_beside_the_queued_backward_experts(host_mlp: tuple[float, flo
     assert layer_step_s(a2a, nodes) == pytest.approx(6.0)
     assert _step_with_host(cost, host) == pytest.approx(max(6.0, sum(host.values())))
     assert _step_with_host(cost, host, drain=True) == pytest.approx(drained)
+
+
+DW = ("b", "mlp_dw")  # the backward experts' delayed weight gradients (``b_layer.mlp.backward_dw()``)
+
+
+def test_delay_wgrad_issues_the_expert_wgrad_after_the_host_sync() -> None:
+    """``delay_wgrad_compute`` (the Megatron-Bridge perf recipes set it with the overlap: scripts/performance/utils/
+    overrides.py:148-153 @ v0.3.0 ``_set_moe_a2a_overlap_overrides``) issues the experts' weight gradients after
+    the forward's dispatch node, where the host syncs (model_chunk_schedule_plan.py:231 @ core_v0.16.1), on the
+    ambient compute stream without the micro-batch's event (TransformerLayerNode.backward_dw has no
+    stream_acquire_context): the work queued at the sync is the backward experts' dgrad only."""
+    fgc = pytest.importorskip("megatron.core.models.gpt.fine_grained_callables")
+    src = inspect.getsource(plan.TransformerLayerSchedulePlan.run)
+    assert src.index("f_layer.moe_dispatch.forward(") < src.index("b_layer.mlp.backward_dw()") \
+        < src.index("b_layer.moe_dispatch.backward(")
+    assert "stream_acquire_context" not in inspect.getsource(fgc.TransformerLayerNode.backward_dw)
+
+
+@pytest.mark.parametrize("host_mlp", [(0.5, 1.0), (2.0, 3.0), (3.0, 4.5)])
+def test_delayed_wgrad_never_serialises_the_host(host_mlp: tuple[float, float]) -> None:
+    """The worked cases of ``test_host_runs_beside_the_queued_backward_experts`` under delay_wgrad_compute: the
+    backward experts' device work (2) and host issue split evenly into dgrad (issued before the sync, queued at it)
+    and wgrad (``DW``, issued after it). Device-bound (host 3 against device 6) or host-bound (host 9) the step stays
+    max(device, host); near balance (host 6.5) less is queued at the sync and the host shows, by less than the
+    wgrad's own device time (1), never device + host. So the delayed wgrad cannot be the device + host-sized misses
+    of the held-out alltoall / DeepEP A2A-overlap rows (issue 12, s16-moevp), and stays unpriced (a2a_overlap.py)."""
+    cost = {("f", "attn"): 1.0, ("b", "attn"): 2.0, ("f", "mlp"): 1.0, ("b", "mlp"): 1.0, DW: 1.0,
+            ("f", "moe_dispatch"): 0.25, ("b", "moe_dispatch"): 0.25, ("f", "moe_combine"): 0.25,
+            ("b", "moe_combine"): 0.25}
+    host = {node: 0.25 for node in ISSUE_ORDER} | {("f", "mlp"): host_mlp[0], ("b", "mlp"): host_mlp[1] / 2,
+                                                    DW: host_mlp[1] / 2}
+    at = ISSUE_ORDER.index(HOST_SYNC_NODE) + 1
+    order = ISSUE_ORDER[:at] + (DW,) + ISSUE_ORDER[at:]
+    # device: the compute stream's work (6, the all-to-alls run beside it); issue: the host's
+    device = sum(t for node, t in cost.items() if node == DW or NODE_STREAM[node[1]] == "comp")
+    issue = sum(host.values())
+    period = _step_with_host(cost, host, order=order)
+    if abs(issue - device) > 1.0:
+        assert period == pytest.approx(max(device, issue))
+    else:
+        assert max(device, issue) < period < max(device, issue) + cost[DW]
+    assert period < device + issue - 2.0
