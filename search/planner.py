@@ -463,7 +463,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
-            rule = _one_rank_group_error(model, cluster, job, target, pins)
+            rule = _one_rank_group_error(model, cluster, job, target, pins, scorers)
             if rule is not None:
                 return rule
             key, valid = _pin_choices(model, cluster, job, target, pins)
@@ -525,10 +525,11 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
 
 
 def _one_rank_group_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
-                          pins: dict[str, Any]) -> ConfigError | None:
+                          pins: dict[str, Any], scorers: Mapping[str, Scorer]) -> ConfigError | None:
     """A pinned ``hsdp_shard_size`` of 1 that no layout keeps: the target rule it breaks (``TargetProfile.layout_error``:
     ``one_rank_group_error``, as estimate says it) on the first layout the other pins keep with dp*cp > 1, at the
-    pinned ZeRO stage or the one the target runs unset (``default_zero_stage``); None when there is none."""
+    pinned ZeRO stage or the one the target runs unset with the user's knobs (``default_zero_stage``: Megatron's Muon
+    runs 0); None when there is none."""
     if pins.get("hsdp_shard_size") != 1:
         return None
     rest = {k: v for k, v in pins.items() if k != "hsdp_shard_size"}
@@ -537,7 +538,8 @@ def _one_rank_group_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, 
     if lay is None:
         return None
     prof = PROFILES[lay.target]
-    zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage, None)))
+    zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage,
+                                                                  scorers[lay.target].software)))
     return prof.layout_error(model, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=zero, hsdp=1,
                              dp_cp=lay.dp * lay.cp, schedule=lay.schedule)
 

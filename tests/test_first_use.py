@@ -191,14 +191,17 @@ def test_hsdp_of_one_rank_under_zero0_says_drop_it(target: str) -> None:
     assert code == 2 and "must divide dp*cp = 16; valid: 2, 4, 8, 16" in err, err
 
 
-@pytest.mark.parametrize("target,zero", [("megatron", None), ("megatron", "0"), ("torchtitan", None),
-                                         ("torchtitan", "0"), ("fsdp2", None)])
-def test_search_with_hsdp_of_one_rank_gives_estimates_rule(target: str, zero: str | None) -> None:
+@pytest.mark.parametrize("target,zero,muon", [("megatron", None, False), ("megatron", "0", False),
+                                              ("megatron", None, True), ("torchtitan", None, False),
+                                              ("torchtitan", "0", False), ("fsdp2", None, False)])
+def test_search_with_hsdp_of_one_rank_gives_estimates_rule(target: str, zero: str | None, muon: bool) -> None:
     """``search --hsdp 1`` with pins (tp 8, pp 2 on 64 GPUs: dp*cp = 4) says the one-rank rule that estimate says for
     the same flags (``TargetProfile.one_rank_group_error``), one line, exit 2; it said the generic "no layout keeps
-    hsdp_shard_size=1; valid: 2, 4" (and under zero 0 Megatron's group-sharding rule instead)."""
+    hsdp_shard_size=1; valid: 2, 4" (and under zero 0 Megatron's group-sharding rule instead). With Muon, Megatron's
+    unset ZeRO stage is 0 (``default_zero_stage`` reads the user's knobs): the search said the zero-1 form of the rule
+    and offered hsdp_shard_size=2, which Muon cannot run."""
     flags = ["--model", "llama3-8b", "--gpus", "64", "--tp", "8", "--pp", "2", "--hsdp", "1", "--target", target,
-             *(["--zero", zero] if zero else [])]
+             *(["--zero", zero] if zero else []), *(["--optimizer", "muon"] if muon else [])]
     code, out, err = _cli("search", *flags)
     e_code, _, e_err = _cli("estimate", *flags)
     assert code == e_code == 2 and err.strip() == e_err.strip(), (err, e_err)

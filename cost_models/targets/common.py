@@ -210,7 +210,7 @@ class Runtime:
     moe_a2a_overlap: bool | None = None
     moe_force_balance: bool = False  # forced balance: ρ from Megatron's random logits or torchtitan's round robin (moe.moe_load_imbalance)
     moe_capacity_factor: float | None = None  # token drop with padding to capacity: ρ = the factor
-    # the router pads each expert's count to the quantized GEMM's alignment (moe.router_padding_rows)
+    # the router pads each expert's count to the quantized GEMM's alignment (moe.router_padding_share)
     moe_router_padding: bool = False
     # Megatron-Core's fused grouped MLP (TE op fuser + CuTe DSL grouped GEMM-GLU kernels): the expert activation and
     # the MXFP8 casts around it ride the GEMM epilogues (op_traffic.FUSED_GROUPED_MLP); the megatron target's knob
