@@ -14,7 +14,7 @@ from cost_models.a2a_overlap import queued_at_host_sync
 from cost_models.collectives import place_group
 from cost_models.gemm import expected_max_normal
 from cost_models.errors import ConfigError
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 # SMs a dispatcher's kernels occupy while compute runs beside them (under the all-to-all overlap): DeepSeek-V3 gives
@@ -31,10 +31,15 @@ DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
 NCCL_NET_CHANNELS_PER_PEER = 2
 
 
-def moe_dispatcher(cluster: ClusterSpec, rt: Runtime | None = None) -> str:
+def moe_dispatcher(cluster: ClusterSpec | None, rt: Runtime | None = None) -> str:
     """``alltoall`` (every routed copy sent to its GPU), ``deepep`` or ``hybridep`` (one copy per remote NVLink
-    domain, forwarded inside it; ``ep_comm.moe_all_to_all``): the run's knob, else the catalog's."""
-    return rt.moe_dispatcher if rt is not None and rt.moe_dispatcher is not None else cluster.efficiency.moe_dispatcher
+    domain, forwarded inside it; ``ep_comm.moe_all_to_all``): the run's knob, else the catalog's (``cluster`` None:
+    the ``Efficiency`` field's default, for a runtime checked without its cluster)."""
+    if rt is not None and rt.moe_dispatcher is not None:
+        return rt.moe_dispatcher
+    if cluster is not None:
+        return cluster.efficiency.moe_dispatcher
+    return str(Efficiency.model_fields["moe_dispatcher"].default)
 
 
 def moe_a2a_overlapped(cluster: ClusterSpec, rt: Runtime | None = None) -> bool:
@@ -200,7 +205,7 @@ def router_padding_share(model: ModelSpec, job: JobSpec, par: ParallelConfig, cl
     megatron target resolves it)."""
     if rt is None or not rt.moe_router_padding or not model.num_experts or rt.moe_capacity_factor is not None:
         return 0.0
-    dispatcher = moe_dispatcher(cluster, rt) if cluster is not None else rt.moe_dispatcher or "alltoall"
+    dispatcher = moe_dispatcher(cluster, rt)
     if dispatcher == "hybridep" or (a2a and dispatcher != "alltoall"):
         return 0.0
     align = run_pad_align(job, rt)

@@ -149,6 +149,29 @@ def test_the_knob_is_emitted_and_megatron_core_takes_it_as_it_refuses_it(tmp_pat
         MEGATRON.check_runtime(dense, cluster, FP8, PAR.model_copy(update={"ep": 1}), rt)
 
 
+def test_alltoall_moe_preprocess_graph_refused_where_megatron_core_checks_only_the_old_alias() -> None:
+    """megatron-core's moe_preprocess assertion (TC:1770-1778) reads only the deprecated moe_router_padding_for_fp8:
+    the same settings under moe_router_padding_for_quantization pass its validation, though the preprocess then
+    syncs (token_dispatcher.py:513-520). autoplan refuses both spellings' case, and says why Megatron would not."""
+    pytest.importorskip("megatron.core.transformer")
+    from megatron.core.transformer import TransformerConfig
+
+    from autoplan.validate.megatron_lm import stand_in_te_version
+
+    stand_in_te_version()
+    kw = dict(num_layers=4, hidden_size=256, num_attention_heads=8, num_moe_experts=8, moe_router_topk=2,
+              moe_token_dispatcher_type="alltoall", fp8="hybrid", moe_grouped_gemm=True,
+              cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "moe_router", "moe_preprocess"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        TransformerConfig(**kw, moe_router_padding_for_quantization=True)  # accepted: the assertion misses it
+        with pytest.raises(AssertionError, match="moe_preprocess cuda graph is not supported"):
+            TransformerConfig(**kw, moe_router_padding_for_fp8=True)
+    with pytest.raises(ConfigError, match="only for the deprecated --moe-router-padding-for-fp8"):
+        _rt(Software(moe_router_padding=True, moe_dispatcher="alltoall", cuda_graph_impl="transformer_engine",
+                     cuda_graph_scope=("attn", "moe_router", "moe_preprocess")), build_cluster("h100-sxm", 64))
+
+
 def test_held_out_rows_carry_their_recipes_router_padding() -> None:
     """The Nemotron 3 Super MXFP8 / NVFP4 rows of the releases whose recipe sets it carry the knob with its source,
     and, run over HybridEP, are priced exactly as without it."""

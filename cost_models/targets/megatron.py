@@ -821,13 +821,13 @@ def check_cuda_graphs(model: ModelSpec, par: ParallelConfig, rt: Runtime) -> Non
             raise ConfigError(f"cuda_graph_scope={names}: the moe graph needs token drop with padding "
                               f"(moe_capacity_factor; {TC}:1764-1770)", valid=["moe_capacity_factor=1.0",
                                                                                "moe_router,moe_preprocess"])
-        from cost_models.moe import DISPATCHER_HOST_SYNC, experts_graphed
+        from cost_models.moe import DISPATCHER_HOST_SYNC, experts_graphed, moe_dispatcher
 
         if dropless and experts_graphed(rt):  # the moe scope is refused above: a whole layer or iteration here
             what = "whole-iteration" if scope else "whole-layer"
             raise ConfigError(f"cuda_graph_impl={impl} with a {what} graph on dropless MoE layers: the dispatcher "
                               f"syncs host and device in every MoE layer "
-                              f"({DISPATCHER_HOST_SYNC[rt.moe_dispatcher or 'alltoall']}), which a CUDA graph cannot "
+                              f"({DISPATCHER_HOST_SYNC[moe_dispatcher(None, rt)]}), which a CUDA graph cannot "
                               f"capture; Megatron states it for the moe scope ({TC}:1764-1770)",
                               valid=["moe_capacity_factor=1.0", _te_scope(impl, ROUTER_GRAPHS)])
     if par.recompute == "full" and scope != ("full_iteration",):
@@ -866,7 +866,11 @@ def router_padding_error(job: JobSpec, rt: Runtime) -> ConfigError | None:
     the fp8 / fp4 alignment and raises without fp8 or fp4 (TC:1621-1625); with token drop and padding to capacity
     every count is the capacity (token_dispatcher.py:485-500), a case autoplan does not price with it; the
     alltoall dispatcher then syncs device and host in its preprocess (token_dispatcher.py:514-520), which Megatron
-    asserts the moe_preprocess graph cannot hold (TC:1770-1778, under the flag's alias moe_router_padding_for_fp8)."""
+    asserts the moe_preprocess graph cannot hold (TC:1770-1778). That assertion reads only the deprecated alias
+    moe_router_padding_for_fp8, so Megatron-Core lets --moe-router-padding-for-quantization through to a capture that
+    syncs: autoplan refuses it before launch."""
+    from cost_models.moe import moe_dispatcher
+
     off = "moe_router_padding=false"
     if job.precision == "bf16":
         return ConfigError("moe_router_padding with precision bf16: the router pads to the fp8 / fp4 GEMM's "
@@ -877,10 +881,11 @@ def router_padding_error(job: JobSpec, rt: Runtime) -> ConfigError | None:
                            "already sets every expert's count to its capacity (token_dispatcher.py:485-500); "
                            "autoplan prices router padding on dropless routing only",
                            valid=["moe_capacity_factor unset", off])
-    if (rt.moe_dispatcher or "alltoall") == "alltoall" and "moe_preprocess" in rt.cuda_graph_scope:
+    if moe_dispatcher(None, rt) == "alltoall" and "moe_preprocess" in rt.cuda_graph_scope:
         return ConfigError("moe_router_padding with the alltoall dispatcher and cuda_graph_scope moe_preprocess: "
-                           "the padded counts are copied to the host in the preprocess (token_dispatcher.py:514-520), "
-                           f"which the moe_preprocess graph cannot hold ({TC}:1770-1778)",
+                           "the preprocess syncs to copy the padded counts to the host (token_dispatcher.py:513-520), "
+                           "which a CUDA graph cannot capture; Megatron-Core asserts this only for the deprecated "
+                           f"--moe-router-padding-for-fp8 ({TC}:1770-1778), so the run would fail at capture",
                            valid=["cuda_graph_scope without moe_preprocess", "moe_dispatcher=hybridep", off])
     return None
 
