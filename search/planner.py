@@ -336,7 +336,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             why = "; ".join(PROFILES[t].zero_reason(pins["zero_stage"]) for t in scorers)
             raise ConfigError(f"zero_stage={pins['zero_stage']}: {why}", valid=stages)
     if pins.get("zero_stage") == 0 and pins.get("hsdp_shard_size", 1) != 1:  # ZeRO-0 shards in no group of any size
-        # (a group of 1 breaks the one-rank rule first, as estimate says: ``_one_rank_group_error``)
+        # (a group of 1 breaks the one-rank rule first, as estimate says: ``_pinned_rule_error``)
         errs = [PROFILES[t].hsdp_error(0, int(pins["hsdp_shard_size"]), 1, 2 * int(pins["hsdp_shard_size"]))
                 for t in scorers]  # (layout_error asks it for the whole dp*cp group too under ZeRO-0): estimate's rule
         if all(e is not None for e in errs):
@@ -463,7 +463,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     if not misses:
         cut = ", ".join(f"{k} {v}" for k, v in tally.as_dict().items())
         if pins:  # the pins themselves are what no layout can satisfy: bad input (exit 2), as estimate says
-            rule = _one_rank_group_error(model, cluster, job, target, pins, scorers)
+            rule = _pinned_rule_error(model, cluster, job, target, pins, scorers)
             if rule is not None:
                 return rule
             key, valid = _pin_choices(model, cluster, job, target, pins)
@@ -524,24 +524,38 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     return InfeasibleError(msg, hint=hint, closest=lay)
 
 
-def _one_rank_group_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
-                          pins: dict[str, Any], scorers: Mapping[str, Scorer]) -> ConfigError | None:
-    """A pinned ``hsdp_shard_size`` of 1 that no layout keeps: the target rule it breaks (``TargetProfile.layout_error``:
-    ``one_rank_group_error``, as estimate says it) on the first layout the other pins keep with dp*cp > 1, at the
-    pinned ZeRO stage or the one the target runs unset with the user's knobs (``default_zero_stage``: Megatron's Muon
-    runs 0); None when there is none."""
-    if pins.get("hsdp_shard_size") != 1:
+# Pins that choose how a layout holds its state rather than its shape: what a target rule may refuse on every layout
+# the shape pins leave (``_pinned_rule_error``).
+STATE_PINS = ("zero_stage", "hsdp_shard_size")
+# Layouts ``_pinned_rule_error`` asks before it gives up on a rule as the cause (the rules are integer checks).
+RULE_PROBES = 256
+
+
+def _pinned_rule_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
+                       pins: dict[str, Any], scorers: Mapping[str, Scorer]) -> ConfigError | None:
+    """A pinned ZeRO stage or HSDP group that no layout keeps because a target rule refuses it with the shape pins
+    (``zero_stage=3`` with ``pp=2`` on Megatron, ``hsdp_shard_size=1`` on dp*cp > 1): that rule as estimate says it
+    (``TargetProfile.layout_error``) on the first layout the shape pins keep, at the pinned ZeRO stage or the one the
+    target runs unset with the user's knobs (``default_zero_stage``: Megatron's Muon runs 0). None when some layout
+    among the first ``RULE_PROBES`` passes the rule (the cause is elsewhere) or none is left."""
+    if not any(k in pins for k in STATE_PINS):
         return None
-    rest = {k: v for k, v in pins.items() if k != "hsdp_shard_size"}
-    lay = next((lay for lay in enumerate_layouts(model, cluster, job, target, rest, Tally()) if lay.dp * lay.cp > 1),
-               None)
-    if lay is None:
-        return None
-    prof = PROFILES[lay.target]
-    zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage,
-                                                                  scorers[lay.target].software)))
-    return prof.layout_error(model, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=zero, hsdp=1,
-                             dp_cp=lay.dp * lay.cp, schedule=lay.schedule)
+    rest = {k: v for k, v in pins.items() if k not in STATE_PINS}
+    hsdp = pins.get("hsdp_shard_size")
+    first: ConfigError | None = None
+    for lay in islice(enumerate_layouts(model, cluster, job, target, rest, Tally()), RULE_PROBES):
+        if hsdp == 1 and lay.dp * lay.cp == 1:
+            continue  # one rank in all: a group of 1 is the whole group, no rule to break
+        prof = PROFILES[lay.target]
+        zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage,
+                                                                      scorers[lay.target].software)))
+        err = prof.layout_error(model, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=zero,
+                                hsdp=None if hsdp is None else int(hsdp), dp_cp=lay.dp * lay.cp,
+                                schedule=lay.schedule)
+        if err is None:
+            return None
+        first = first or err
+    return first
 
 
 def _pin_choices(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,

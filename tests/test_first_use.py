@@ -209,6 +209,22 @@ def test_search_with_hsdp_of_one_rank_gives_estimates_rule(target: str, zero: st
     assert "Traceback" not in err and "no layout keeps" not in err
 
 
+@pytest.mark.parametrize("extra", [(), ("--hsdp", "1")])
+def test_search_with_a_zero_stage_the_pipeline_pin_refuses_gives_estimates_rule(extra: tuple[str, ...]) -> None:
+    """``search --zero 3 --pp 2`` (Megatron: torch FSDP2 refuses pipelining) says the target rule estimate says for the
+    same flags, one line, exit 2; it said "no layout keeps pp=2; valid: 1" (and with ``--hsdp 1`` "no layout keeps
+    zero_stage=3; valid: 1"), blaming a pin without the reason."""
+    flags = ["--model", "llama3-8b", "--gpus", "16", "--tp", "1", "--pp", "2", "--zero", "3", *extra]
+    code, out, err = _cli("search", *flags)
+    e_code, _, e_err = _cli("estimate", *flags)
+    assert code == e_code == 2 and err.strip() == e_err.strip(), (err, e_err)
+    assert err.count("\n") == 1 and "no layout keeps" not in err and "Traceback" not in err
+    if not extra:
+        assert "zero_stage=3 with pp=2" in err and "valid: zero_stage=1, pp=1" in err
+    code, _, err = _cli("search", "--model", "llama3-8b", "--gpus", "16", "--pp", "2", "--zero", "3")
+    assert code == 2 and "zero_stage=3 with pp=2" in err, err  # tp left to the search: the same rule
+
+
 def test_top_beside_request_overrides_the_file(tmp_path: Path) -> None:
     """--top shapes the output, so it may be given with --request (the file's "top" is replaced); a job flag
     beside --request is still refused (the file holds the job)."""
