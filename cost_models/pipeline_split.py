@@ -117,15 +117,18 @@ class PipelineSplit:
             return "first/last-stage layer counts"
         return "even"
 
-    def describe(self) -> str:
-        """One line: the per-rank layers, the rule and the Megatron flags (``estimate`` prints it)."""
+    def describe(self, framework: str | None = "megatron") -> str:
+        """One line: the per-rank layers, the rule and how ``framework`` is told it (``estimate`` prints it): Megatron's
+        flags, or torchtitan's ``module_fqns_per_model_part``, which its emitter writes for every split."""
         ranks = _runs(self.rank_layers)
         text = f"{ranks} layers per pipeline rank"
         if self.vp > 1:
             text += f" ({self.vp} virtual stages each)"
         text += f"; {self.rule}"
         flags = " ".join(f if v is None else f"{f} {v}" for f, v in self.megatron_flags())
-        if flags and self.layout is not None:
+        if framework == "torchtitan":
+            text += " (torchtitan parallelism.module_fqns_per_model_part, one module list per stage, as emitted)"
+        elif flags and self.layout is not None:
             text += f" (Megatron --pipeline-model-parallel-layout '{self.layout.text}')"
         elif flags:
             text += f" (Megatron {flags})"

@@ -164,7 +164,9 @@ def test_mtp_priced_where_the_layout_puts_it() -> None:
      "pipeline_layout cannot be set with first_stage_layers"),
     (["--pp", "16", "--pipeline-layout", "Et*4|(x*4|)*14tmL"], r"invalid layer character 'x'"),
     (["--pp", "16", "--pipeline-layout", "Et*4|(t*4|)*14tmL", "--target", "torchtitan"],
-     r"pipeline_layout: torchtitan has no such setting"),
+     r"places MTP layers \('m'\): torchtitan's module_fqns_per_model_part has no MTP module"),  # E/t/L layouts run
+    (["--pp", "16", "--recompute-modules", "mla_up_proj", "--target", "torchtitan"],
+     r"recompute_modules: torchtitan has no such setting \(it is Megatron-LM's --recompute-modules\)"),
 ])
 def test_refusals_name_megatrons_rule(args: list[str], match: str) -> None:
     res = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "b200", "--tp", "1",

@@ -59,7 +59,8 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
                      "[the model's]"),
             opt("--pipeline-layout", "pipeline_layout", type=str, default=None, metavar="LAYOUT",
                 help="Megatron --pipeline-model-parallel-layout: E embedding, t decoder layer, m MTP, L loss, '|' "
-                     "between the pp*vp stages, e.g. 'Et|(tt|)*30mL' (sets vp) [even split]"),
+                     "between the pp*vp stages, e.g. 'Et|(tt|)*30mL' (sets vp; torchtitan: E, t and L only, emitted as "
+                     "module_fqns_per_model_part) [even split]"),
             opt("--recompute-modules", "recompute_modules", type=str, default=None, callback=_modules,
                 metavar="M1,M2", help="Megatron --recompute-modules (implies --recompute selective): "
                 "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; '' for none [core_attn]")]),

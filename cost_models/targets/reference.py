@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
+from cost_models.errors import ConfigError
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import TORCH_LOSS_BYTES_PER_LOGIT, FsdpHeadUnit, Knob, Runtime, Software
 from cost_models.targets.torchtitan import TorchtitanProfile
 
@@ -75,6 +76,26 @@ class Torchtitan2025Profile(TorchtitanProfile):
     # (sm100+: B200/GB200/B300/GB300), flash first elsewhere (models/attention.py:204-211 @ 6fc499f6, 2025-08-14;
     # the same at 2c8b5947). The window's H100 runs are FlashAttention-2; a B200 run before 2025-05-14 would be too.
     sdpa_cudnn_first = ("blackwell",)
+
+    def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
+                     dp_cp: int, schedule: str) -> ConfigError | None:
+        """0.3.0's rules, and ZeRO-0 on a mesh of one dimension: these releases replicate with DDP (``apply_ddp``,
+        torch's composable ``replicate``) where dp_replicate > 1 and neither dp_shard nor cp is, and raise on any
+        other mesh dimension (models/llama3/parallelize_llama.py:110-112 @ 820504e, infra/parallelize.py:126-128 @
+        6fc499f6 / 2c8b5947, parallelisms/parallelize_llama.py:106-108 @ 9dec370: "DDP has not supported > 1D
+        parallelism"); 0.3.0 runs it as FSDP2 with one-rank shards on any mesh."""
+        err = super().layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, hsdp=hsdp, dp_cp=dp_cp,
+                                   schedule=schedule)
+        if err is not None or zero != 0 or cp > 1 or dp_cp == 1:
+            return err  # (ZeRO-0 with cp > 1 is FSDP over cp: runs_as)
+        other = {k: v for k, v in (("tp", tp), ("pp", pp), ("ep", ep)) if v > 1}
+        if not other:
+            return None
+        shape = ", ".join(f"{k}={v}" for k, v in other.items())
+        return ConfigError(f"zero_stage=0 with {shape}: {self.name} of these releases replicates with DDP, which "
+                           "refuses a device mesh of more than one dimension (torchtitan parallelize_llama.py:110-112 "
+                           "@ 820504e: 'DDP has not supported > 1D parallelism')",
+                           valid=["zero_stage=3", " ".join(f"{k}=1" for k in other)])
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from cost_models.errors import ConfigError
+from cost_models.pipeline_layout import parse_chunks
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
                                         reshard_options, torch_memory_facts)
@@ -122,6 +123,28 @@ class TorchtitanProfile(TargetProfile):
     }
 
     searched_knobs = ("compile", "async_tp")
+
+    # An explicit pipeline split in Megatron's layout notation (``cost_models.pipeline_layout``), which torchtitan runs
+    # as ``parallelism.module_fqns_per_model_part`` (TT/config/configs.py:181; TT/distributed/pipeline_parallel.py:88-97
+    # takes the list as given, ``_pipeline_module_split`` builds each part from its FQNs): the emitter writes one FQN
+    # list per chunk from ``pipeline_split`` (``autoplan.emit.torchtitan.module_fqns_per_model_part``).
+    megatron_fields = ("pipeline_layout",)
+
+    def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
+        """The shared rules, and a ``pipeline_layout`` torchtitan's FQN parts can hold: every chunk builds something
+        (autoplan emits no part without modules) and none an MTP layer (torchtitan's pipeline split has none)."""
+        super().check_layout(model, cluster, job, par)
+        if par.pipeline_layout is None:
+            return
+        chunks = parse_chunks(par.pipeline_layout)
+        if any("m" in c for c in chunks):
+            raise ConfigError(f"pipeline_layout {par.pipeline_layout!r} places MTP layers ('m'): torchtitan's "
+                              f"module_fqns_per_model_part has no MTP module ({TT}distributed/pipeline_parallel.py)",
+                              valid=["a layout of E, t and L only"])
+        if empty := [i for i, c in enumerate(chunks) if not c]:
+            raise ConfigError(f"pipeline_layout {par.pipeline_layout!r}: stage {empty[0]} builds nothing; torchtitan "
+                              "runs the layout as module_fqns_per_model_part, one list of modules per stage, and "
+                              "autoplan emits no empty one", valid=["a layout whose every stage holds E, t or L"])
 
     def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                      given: dict[str, Any]) -> tuple[dict[str, Any], ...]:
