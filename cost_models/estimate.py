@@ -115,6 +115,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
                        allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
         if prof is not None:  # the target's layout rules (ZeRO stages, HSDP groups, its own: what the search reads)
             prof.check_layout(model, cluster, job, par)
+            prof.check_runtime(model, cluster, job, par, runtime)  # and its knobs' rules with the layout
         # a model the target's software version cannot build (a hybrid stack's MTP before Megatron-Core 0.17)
         if prof is not None and (err := prof.model_runtime_error(model, runtime)) is not None:
             raise err
