@@ -73,3 +73,15 @@ def test_estimate_checks_the_targets_layout_rules() -> None:
             estimate(model, cluster, JOB, ddp_tp, target=ref)
         estimate(model, cluster, JOB, ParallelConfig(tp=1, zero_stage=0), target=ref)  # DDP alone: runs
         estimate(model, cluster, JOB, ParallelConfig(tp=1, cp=2, zero_stage=0), target=ref)  # FSDP over cp
+
+
+def test_estimate_checks_the_targets_knob_rules() -> None:
+    """``estimate(check=True)`` applies the target's knob rules with the layout (``check_runtime``) as the API does:
+    Megatron-LM refuses --tp-comm-overlap without sequence parallelism (arguments.py:916)."""
+    from cost_models.targets import Software
+
+    model, cluster = load_model("llama3-8b"), build_cluster("h100-sxm", 16)
+    par = ParallelConfig(tp=2, sequence_parallel=False)
+    with pytest.raises(ConfigError, match="tp_comm_overlap needs tp > 1 with sequence parallelism"):
+        estimate(model, cluster, JOB, par, target="megatron", software=Software(tp_comm_overlap=True))
+    estimate(model, cluster, JOB, par, target="megatron", software=Software(tp_comm_overlap=True), check=False)
