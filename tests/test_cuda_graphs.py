@@ -43,6 +43,9 @@ def _check(sw: Software, par: ParallelConfig = PAR, model: str = QWEN, gpus: int
 def _config(**kw):  # noqa: ANN003, ANN202
     """megatron-core's TransformerConfig of a small MoE model with ``kw`` (its __post_init__ runs the rules)."""
     TransformerConfig = pytest.importorskip("megatron.core.transformer").TransformerConfig
+    from autoplan.validate.megatron_lm import stand_in_te_version
+
+    stand_in_te_version()  # what the validate path does first: no Transformer Engine on this CPU machine
     base = dict(num_layers=4, hidden_size=256, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
                 moe_ffn_hidden_size=128, moe_token_dispatcher_type="alltoall", bf16=True)
     with warnings.catch_warnings():

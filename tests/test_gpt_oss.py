@@ -153,7 +153,9 @@ def test_megatron_arguments_build_gpt_oss_in_megatron_core() -> None:
 
     from autoplan.emit.megatron import megatron_args, parse_megatron_args
     from autoplan.validate.megatron_checks import transformer_config_kwargs
+    from autoplan.validate.megatron_lm import stand_in_te_version
 
+    stand_in_te_version()  # what the validate path does first: no Transformer Engine on this CPU machine
     plan = _plan()
     args = megatron_args(plan)
     text = " ".join(args)

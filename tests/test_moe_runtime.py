@@ -191,7 +191,9 @@ def test_emitted_flags_reach_megatron_core(tmp_path) -> None:  # noqa: ANN001
     TransformerConfig = pytest.importorskip("megatron.core.transformer").TransformerConfig
 
     from autoplan.validate.megatron_checks import transformer_config_kwargs
+    from autoplan.validate.megatron_lm import stand_in_te_version
 
+    stand_in_te_version()  # what the validate path does first: no Transformer Engine on this CPU machine
     ns = emitted_megatron_args(["--model", QWEN, "--gpu", "gb200", "--gpus", "256", "--tp", "1", "--pp", "8",
                                 "--vp", "3", "--ep", "32", "--mbs", "1", "--global-batch-size", "8192",
                                 "--seq-len", "4096", "--schedule", "interleaved",

@@ -330,6 +330,12 @@ def model_args(plan: EmitPlan) -> list[str]:
         if r.aux_loss != "none" and r.aux_loss_coeff:
             add("--moe-aux-loss-coeff", r.aux_loss_coeff)
         add("--moe-grouped-gemm")
+        # TE's fused permute / unpermute / sort-by-expert (moe_utils.fused_*): the dispatch and combine passes
+        # cost_models.moe prices (MEGATRON_PERMUTE_PASSES) and what every Megatron-Bridge MoE recipe runs, so the
+        # rows the MoE host cost is fitted on (qwen_provider.py:375 @ v0.1.0rc4, :397 @ v0.3.0; deepseek_v3.py:109 @
+        # v0.1.0rc4, :266 @ v0.3.0). Megatron-LM's default is off (transformer_config.py:708 @ core_v0.16.1): torch
+        # index_select / scatter_add / split-and-cat by expert instead, sized from host copies of the counts.
+        add("--moe-permute-fusion")
         if m.moe_latent_size:
             add("--moe-latent-size", m.moe_latent_size)
     if m.is_hybrid:
@@ -444,7 +450,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
                  # TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:1621, argument_utils.py:166
                  # @ core_v0.16.1)
-                 "--moe-router-padding-for-quantization",
+                 "--moe-router-padding-for-quantization", "--moe-permute-fusion",
                  # core_v0.18.0+: TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:2091,
                  # argument_utils.py:101, :186)
                  "--use-transformer-engine-op-fuser"]:

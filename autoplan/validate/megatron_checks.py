@@ -86,6 +86,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
                   moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
                   moe_router_padding_for_quantization=ns.moe_router_padding_for_quantization,
+                  moe_permute_fusion=ns.moe_permute_fusion,
                   moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
                   moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity)
     if ns.multi_latent_attention:

@@ -176,13 +176,30 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
 def stand_in_te_version() -> None:
     """No Transformer Engine on this CPU machine: megatron-core's ``is_te_min_version`` (megatron/core/utils.py:312-349,
     asked by ``validate_args`` and ``TransformerConfig.__post_init__``, e.g. for fp8 with TE CUDA graphs) answers with
-    ``TE_VERSION``, the version the cluster's Megatron-LM runs with, instead of failing on ``None``."""
+    ``TE_VERSION``, the version the cluster's Megatron-LM runs with, instead of failing on ``None``; and TE's fused MoE
+    permutation kernels, which ``TransformerConfig.__post_init__`` only looks up for ``moe_permute_fusion``
+    (transformer_config.py:1834-1850 @ core_v0.16.1) and nothing here calls, are stood in for where TE is absent."""
     import megatron.core.utils as mcore_utils
 
     if mcore_utils.get_te_version() is None:
         from packaging.version import Version
 
         mcore_utils._te_version = Version(TE_VERSION)
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    for name in FUSED_PERMUTE_KERNELS:
+        if getattr(moe_utils, name, None) is None:
+            setattr(moe_utils, name, _not_called)
+
+
+# TE's fused MoE permutation kernels TransformerConfig checks for under moe_permute_fusion (transformer_config.py:
+# 1834-1850 @ core_v0.16.1; moe_utils.py imports them from transformer_engine.pytorch.permutation).
+FUSED_PERMUTE_KERNELS = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                         "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+
+
+def _not_called(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("a stand-in for a Transformer Engine kernel, only looked up by the config on this machine")
 
 
 def _child() -> int:  # pragma: no cover - runs in the child process

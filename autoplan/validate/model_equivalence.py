@@ -143,7 +143,8 @@ def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
               num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
               recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
               # the dispatcher moves tokens, it is not part of the model; alltoall allocates a CUDA stream at build
-              moe_token_dispatcher_type="allgather", moe_grouped_gemm=False)  # grouped GEMM: same parameters
+              moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,  # grouped GEMM: same parameters
+              moe_permute_fusion=False)  # nor is the permutation (TE's fused one: a kernel this machine lacks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
