@@ -122,6 +122,28 @@ def dispatcher_syncs_host(rt: Runtime | None) -> bool:
 #   csrc/hybrid_ep/executor/executor.cu @ 2313535 ``Executor::dispatch_postprocess`` ``permute_launcher``,
 #   ``Executor::combine_preprocess`` ``unpermute_launcher``).
 MEGATRON_PERMUTE_PASSES = {"alltoall": 1, "deepep": 1, "hybridep": 1}
+# Checked as causes of the held-out non-HybridEP misses and refuted (issue 12, s17-dispatch; excess = measured −
+# predicted per layer-micro-batch, benchmarks/heldout.py --moe-residuals). The 12 drop-and-pad rows (Bridge 25.09 /
+# core 0.14.0; NeMo 25.02 / 25.04 Mixtral / core 0.11.1 / 0.12.0) miss by +0.8..+7.6 ms, 7-19 points below the dense
+# rows of their release and GPU generation:
+# - unfused permutation: Bridge sets moe_permute_fusion (autoplan.emit.megatron cites it), NeMo's MixtralConfig does
+#   not (v2.2.1 / v2.3.0). Core 0.12.0's drop-and-pad permute + unpermute (probs applied in unpermute), run on CPU and
+#   counted per aten op, move ~34.5 B per routed element forward + backward against the 16 priced: +0.18 ms on
+#   Mixtral-8x7B B200 (excess 2.05 ms), +0.14 ms on 8x22B (6.69 / 3.31 ms). Core 0.16.1's dropless unfused path is
+#   ~35 B against the 32 priced with its sort by expert.
+# - capacity padding: at factor 1.0 every row's T·k/E is whole, so no row is padded; the sort by local expert is one
+#   transpose copy (core_v0.14.0 token_dispatcher.py:666-690), priced as alltoall's second pass; Fp8Padding skips.
+# - fp32 router (Bridge deepseek_provider.py:77 @ v0.1.0rc4): DeepSeek-V3 only, as in its accurate HybridEP rows.
+# - SequentialMLP: only the NeMo Mixtral rows leave moe_grouped_gemm off, with one local expert (the same GEMMs).
+# - dropless count all-gather and core 0.14's second all-to-all (the probs): latency-bound, under 0.1 ms.
+# - NCCL all-to-all rate: at half the measured large-message busbw (a2a_link_ratio 0.47; 2-67 MB per peer here, not
+#   measured at those sizes) the Blackwell drop-and-pad rows go −18% → −8%, Qwen3-30B H100 −5% → +12%: a what-if.
+# - one device cost per MoE layer (the graphed drop-and-pad rows miss by +1.0..+2.8 ms with no host priced): 1 ms of
+#   it takes the 21 Blackwell HybridEP A2A-overlap rows +1.0% → +10.7%; per local expert it cannot give the 1- and
+#   2-expert rows their +1.8 / +1.0 ms.
+# - the MoE host fit: 41 of its 47 rows run HybridEP (the 39 Blackwell ones signed +2.6%), 6 alltoall (Blackwell,
+#   −6.9%); those want ~0 more (Qwen3-30B B200, 16 experts) and +5.7 ms (DeepSeek-V3 B200, 32): neither per layer
+#   nor per expert.
 
 
 # Megatron-Core's grouped experts (TEGroupedMLP) under fp8 / fp4 run Transformer Engine's Fp8Padding before fc1 and
