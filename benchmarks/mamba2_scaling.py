@@ -40,16 +40,18 @@ def mamba2_stack() -> ModelSpec:
                      hybrid_pattern="M" * 48, mamba=mixer)
 
 
-def stack_steps(ssd_tflops: float | None = None) -> dict[str, float]:
-    """Predicted step seconds of the stack on one H200 and one GB200, the SSD at ``ssd_tflops`` (None: by its bytes)."""
+def stack_steps(ssd_tflops: float | None = None, gb200_tflops: float | None | str = "same") -> dict[str, float]:
+    """Predicted step seconds of the stack on one H200 and one GB200, the SSD at ``ssd_tflops`` (None: by its bytes);
+    ``gb200_tflops``: GB200's own rate ("same": ``ssd_tflops``)."""
     model = mamba2_stack()
     job = JobSpec(global_batch_size=4, seq_len=4096, precision="bf16")
     par = ParallelConfig(tp=1, pp=1, cp=1, micro_batch_size=4, zero_stage=0)
     step = {}
     for gpu in MEASURED_TFLOPS:
+        rate = ssd_tflops if gpu == "h200" or gb200_tflops == "same" else gb200_tflops
         cluster = build_cluster(gpu, 1)
         cluster = cluster.model_copy(update={"efficiency": cluster.efficiency.model_copy(
-            update={"ssd_tflops": ssd_tflops})})
+            update={"ssd_tflops": rate})})
         rt = runtime_for(None, job, cluster, par, None)
         step[gpu] = estimate(model, cluster, job, par, check=False, runtime=rt).step_time_s
     return step
@@ -67,6 +69,23 @@ def ssd_rate_fit() -> float:
             hi = mid
         else:
             lo = mid
+    return (lo * hi) ** 0.5
+
+
+def hopper_rate_for(blackwell_tflops: float) -> float:
+    """The H200 SSD rate that, with GB200's at ``blackwell_tflops``, reproduces mamba#904's 1.51x: where the two
+    generations' rates may differ, the measurement ties one to the other (the predicted ratio falls as H200's rate
+    rises at a fixed GB200 rate). A Blackwell-only cut of the rate has to be paid by Hopper's: the held-out Nemotron 3
+    Blackwell rows' --what-if blackwell.ssd_tflops=25 is consistent with mamba#904 only with Hopper at ~20 TFLOP/s."""
+    measured = MEASURED_TFLOPS["gb200"] / MEASURED_TFLOPS["h200"]
+    lo, hi = 1.0, 5000.0
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        step = stack_steps(mid, blackwell_tflops)
+        if step["h200"] / step["gb200"] > measured:
+            lo = mid
+        else:
+            hi = mid
     return (lo * hi) ** 0.5
 
 
@@ -94,6 +113,12 @@ def main() -> None:
     bytes_only = stack_steps(None)
     print(f"SSD by its HBM bytes only: predicted {bytes_only['h200'] / bytes_only['gb200']:.2f}x; the rate that "
           f"reproduces {measured:.2f}x: {ssd_rate_fit():.1f} TFLOP/s (gpus.yaml hopper / blackwell ssd_tflops)")
+    hopper = build_cluster("h200", 1).efficiency.ssd_tflops
+    for blackwell in (25.0, 35.0):
+        cut = stack_steps(hopper, blackwell)
+        print(f"GB200 at {blackwell:.0f} TFLOP/s, H200 at the catalog's {hopper:.1f}: predicted "
+              f"{cut['h200'] / cut['gb200']:.2f}x; the H200 rate mamba#904 then needs: "
+              f"{hopper_rate_for(blackwell):.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

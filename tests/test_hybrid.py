@@ -439,6 +439,27 @@ def test_ssd_rate_reproduces_mamba904s_generation_ratio() -> None:
     assert plain["h200"] / plain["gb200"] > 2.0
 
 
+def test_a_blackwell_only_ssd_rate_cut_contradicts_mamba904() -> None:
+    """The held-out Nemotron 3 Blackwell rows are under-predicted; ``--what-if blackwell.ssd_tflops=25`` closes Nano's
+    gap. mamba#904 measured the same kernels (Megatron-Core trains through mamba_ssm's mamba_split_conv1d_scan_combined
+    at core_v0.16.1-0.19.0) 1.51x faster on GB200 than on H200: with Hopper kept at the catalog's rate, a GB200 rate of
+    25 predicts GB200 slower than H200, and the Hopper rate that measurement then needs is below the Blackwell one
+    (the Hopper hybrid rows, within -0.6..+3.3% at 47.3, would move ~+10%: benchmarks/heldout.py --what-if)."""
+    from autoplan.catalog.cluster import build_cluster
+
+    from benchmark_modules import load_benchmark
+
+    scaling = load_benchmark("mamba2_scaling", "mamba2_scaling")
+    hopper = build_cluster("h200", 1).efficiency.ssd_tflops
+    cut = scaling.stack_steps(hopper, 25.0)
+    measured = scaling.MEASURED_TFLOPS["gb200"] / scaling.MEASURED_TFLOPS["h200"]
+    assert cut["h200"] / cut["gb200"] < 1.0 < measured
+    needed = scaling.hopper_rate_for(25.0)
+    assert needed < 25.0 < hopper
+    step = scaling.stack_steps(needed, 25.0)
+    assert step["h200"] / step["gb200"] == pytest.approx(measured, rel=0.01)
+
+
 def test_ssd_bytes_are_the_kernels_tensors_one_pass_each() -> None:
     """Nano tp1 per token (d 4096, heads 64, B/C 1024 each, conv 6144, chunk states 4096, C·Bᵀ 1024): each kernel of
     mamba_ssm's MambaSplitConv1dScanCombinedFn reads and writes its tensors once (bf16 2 B, fp32 4 B). Forward:
