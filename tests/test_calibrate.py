@@ -186,3 +186,16 @@ def test_every_fittable_parameter_is_an_efficiency_field() -> None:
     for gen, eff in efficiency_catalog().items():
         for name, (lo, hi) in PHYSICAL_BOUNDS.items():
             assert lo <= getattr(eff, name) <= hi or name == "nvls_bus" and getattr(eff, name) == 0.0, (gen, name)
+
+
+@pytest.mark.parametrize("target,knobs,zero", [("torchtitan", {}, 3), ("fsdp2", {}, 3),
+                                               ("megatron", {"optimizer": "muon"}, 0), ("megatron", {}, 1)])
+def test_a_run_without_zero_stage_takes_its_targets_default(target: str, knobs: dict, zero: int) -> None:
+    """A runs-file line that leaves zero_stage unset is resolved as ``autoplan estimate`` resolves the same flags
+    (``TargetProfile.with_defaults``): torchtitan / fsdp2 run FSDP (3), Megatron's Muon 0; the check then passes
+    and the run is priced at that stage, not at the generic default 1 that torchtitan has no form of."""
+    line = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 8}, "target": target, "knobs": knobs,
+            "job": {"global_batch_size": 16, "seq_len": 4096}, "parallel": {"tp": 1, "pp": 1},
+            "measured_step_time_s": 1.0}
+    run = resolve_run(MeasuredRun.model_validate(line))
+    assert run.parallel.zero_stage == zero
