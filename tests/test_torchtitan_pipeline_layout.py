@@ -73,6 +73,10 @@ def test_estimate_checks_the_targets_layout_rules() -> None:
             estimate(model, cluster, JOB, ddp_tp, target=ref)
         estimate(model, cluster, JOB, ParallelConfig(tp=1, zero_stage=0), target=ref)  # DDP alone: runs
         estimate(model, cluster, JOB, ParallelConfig(tp=1, cp=2, zero_stage=0), target=ref)  # FSDP over cp
+    # an MoE model with EP on takes the FSDP branch (deepseek_v3/infra/parallelize.py:100 @ 6fc499f6): it runs
+    moe = load_model("olmoe-1b-7b")
+    estimate(moe, build_cluster("h100-sxm", 8), JOB, ParallelConfig(tp=2, ep=2, zero_stage=0, sequence_parallel=True),
+             target="torchtitan-2025-08")
 
 
 def test_estimate_checks_the_targets_knob_rules() -> None:

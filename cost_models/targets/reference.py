@@ -77,25 +77,28 @@ class Torchtitan2025Profile(TorchtitanProfile):
     # the same at 2c8b5947). The window's H100 runs are FlashAttention-2; a B200 run before 2025-05-14 would be too.
     sdpa_cudnn_first = ("blackwell",)
 
+    # Where this release's ZeRO-0 (dp_replicate alone) goes to DDP and raises on a mesh of more than one dimension
+    ddp_source = "models/llama3/parallelize_llama.py:110-112 @ 820504e"
+
     def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
                      dp_cp: int, schedule: str) -> ConfigError | None:
         """0.3.0's rules, and ZeRO-0 on a mesh of one dimension: these releases replicate with DDP (``apply_ddp``,
-        torch's composable ``replicate``) where dp_replicate > 1 and neither dp_shard nor cp is, and raise on any
-        other mesh dimension (models/llama3/parallelize_llama.py:110-112 @ 820504e, infra/parallelize.py:126-128 @
-        6fc499f6 / 2c8b5947, parallelisms/parallelize_llama.py:106-108 @ 9dec370: "DDP has not supported > 1D
-        parallelism"); 0.3.0 runs it as FSDP2 with one-rank shards on any mesh."""
+        torch's composable ``replicate``) where dp_replicate > 1 and neither dp_shard nor cp is, and raise
+        "DDP has not supported > 1D parallelism" on a tp or pp dimension (``ddp_source``); 0.3.0 runs it as FSDP2
+        with one-rank shards on any mesh. An MoE model with ep > 1 takes the FSDP branch whenever EP is on
+        (deepseek_v3/infra/parallelize.py:100 @ 6fc499f6, :97 @ 2c8b5947: ``fsdp_enabled or ep_enabled``): HSDP
+        with one-rank shards, as priced."""
         err = super().layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, hsdp=hsdp, dp_cp=dp_cp,
                                    schedule=schedule)
-        if err is not None or zero != 0 or cp > 1 or dp_cp == 1:
+        if err is not None or zero != 0 or cp > 1 or dp_cp == 1 or (model.is_moe and ep > 1):
             return err  # (ZeRO-0 with cp > 1 is FSDP over cp: runs_as)
-        other = {k: v for k, v in (("tp", tp), ("pp", pp), ("ep", ep)) if v > 1}
+        other = {k: v for k, v in (("tp", tp), ("pp", pp)) if v > 1}
         if not other:
             return None
         shape = ", ".join(f"{k}={v}" for k, v in other.items())
-        return ConfigError(f"zero_stage=0 with {shape}: {self.name} of these releases replicates with DDP, which "
-                           "refuses a device mesh of more than one dimension (torchtitan parallelize_llama.py:110-112 "
-                           "@ 820504e: 'DDP has not supported > 1D parallelism')",
-                           valid=["zero_stage=3", " ".join(f"{k}=1" for k in other)])
+        return ConfigError(f"zero_stage=0 with {shape}: {self.version} replicates with DDP, which refuses a device "
+                           f"mesh of more than one dimension (torchtitan {self.ddp_source}: 'DDP has not supported "
+                           "> 1D parallelism')", valid=["zero_stage=3", " ".join(f"{k}=1" for k in other)])
 
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
@@ -112,6 +115,7 @@ class Torchtitan202508Profile(Torchtitan2025Profile):
 
     version = "torchtitan 2025-07-28..08 (held-out runs of 2025-08; reference profile, not an emit target)"
     fsdp_head_unit: FsdpHeadUnit = "own"
+    ddp_source = "models/llama3/infra/parallelize.py:126-128 @ 6fc499f6 (the same at 2c8b5947)"
 
 
 class Torchtitan2024Profile(Torchtitan2025Profile):
@@ -121,6 +125,7 @@ class Torchtitan2024Profile(Torchtitan2025Profile):
     @ 9dec370 ``apply_fsdp``: each block, then ``fully_shard(model)``)."""
 
     version = "torchtitan 2024-12 (published H100 runs; reference profile, not an emit target)"
+    ddp_source = "parallelisms/parallelize_llama.py:106-108 @ 9dec370"
     # models/llama/model.py:209 @ 9dec370 calls F.scaled_dot_product_attention in torch's own order: flash first, cuDNN
     # last since torch 2.5.1 (pytorch#138522): FlashAttention-2 (the framework set's attention_fa2)
     sdpa_cudnn_first = ()
