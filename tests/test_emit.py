@@ -204,7 +204,7 @@ def test_torchtitan_405b_bf16_gets_a_config_module() -> None:
 def test_torchtitan_says_which_moe_balancing_it_cannot_train(model: str, said: list[str]) -> None:
     """torchtitan 0.3.0's MoE has no auxiliary loss, always an expert bias and an fp32 gate: what the published
     model routes differently is a WARNING in the notes (README.txt, stderr), one per fact."""
-    gpus, par = {"qwen3-235b-a22b": (1024, dict(tp=4, pp=8, ep=8)), "deepseek-v3": (2048, dict(tp=2, pp=16, ep=64)),
+    gpus, par = {"qwen3-235b-a22b": (1024, dict(tp=4, pp=8, ep=8)), "deepseek-v3": (2048, dict(tp=2, ep=64)),  # pp 1: its MTP
                  "llama3-8b": (64, dict(tp=2))}[model]
     e = emit(plan(model, gpus, gpus, seq=4096, zero_stage=3, **par), "torchtitan")
     warned = [n for n in e.notes if n.startswith("WARNING: ")]

@@ -47,7 +47,8 @@ def test_torchtitans_pipelining_builds_the_layouts_chunks() -> None:
     assert "rank 0 holds 2 chunk(s) as planned" in built.detail
 
 
-@pytest.mark.parametrize("layout,needle", [("Et*16|t*16mL", "MTP layers"), ("Et*16||t*16|L", "stage 1 builds nothing")])
+@pytest.mark.parametrize("layout,needle", [("Et*16|t*16mL", "does not build with pp=2"),
+                                           ("Et*16||t*16|L", "stage 1 builds nothing")])
 def test_layouts_torchtitan_cannot_hold_are_refused_by_estimate(layout: str, needle: str) -> None:
     model = load_model("llama3-8b")
     if "m" in layout:
@@ -89,3 +90,17 @@ def test_estimate_checks_the_targets_knob_rules() -> None:
     with pytest.raises(ConfigError, match="tp_comm_overlap needs tp > 1 with sequence parallelism"):
         estimate(model, cluster, JOB, par, target="megatron", software=Software(tp_comm_overlap=True))
     estimate(model, cluster, JOB, par, target="megatron", software=Software(tp_comm_overlap=True), check=False)
+
+
+def test_mtp_with_pipeline_or_context_parallelism_is_refused_as_torchtitan_refuses_it() -> None:
+    """torchtitan 0.3.0's MTP raises NotImplementedError under pp > 1 or cp > 1 (models/deepseek_v3/mtp.py:200-208):
+    a DeepSeek-V3 with its MTP layer is refused there, with or without a layout, and priced without it."""
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 512)
+    job = JobSpec(global_batch_size=1024, seq_len=4096)
+    for extra in ({"pp": 8}, {"cp": 2}):
+        par = ParallelConfig(tp=1, ep=32, zero_stage=3, **extra)
+        with pytest.raises(ConfigError, match="MTP layer.*does not build with (pp=8|cp=2).*valid: mtp_layers=0"):
+            estimate(model, cluster, job, par, target="torchtitan")
+    plain = model.model_copy(update={"arch": model.arch.model_copy(update={"mtp_layers": 0})})
+    estimate(plain, cluster, job, ParallelConfig(tp=1, ep=32, pp=8, zero_stage=3), target="torchtitan")
+    estimate(model, cluster, job, ParallelConfig(tp=1, ep=32, zero_stage=3), target="torchtitan")

@@ -26,9 +26,14 @@ def _moe_freq(text: str) -> int | list[int]:
 
 def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, Any]]:
     """Map the parsed arguments onto ``TransformerConfig`` fields the way Megatron-LM's
-    ``core_transformer_config_from_args`` does. Returns (multi_latent_attention, kwargs)."""
+    ``core_transformer_config_from_args`` does. Returns (multi_latent_attention, kwargs). Stands in for Transformer
+    Engine first where it is absent (``stand_in_te_version``), as every caller then builds the config on this machine."""
     import torch
     import torch.nn.functional as F
+
+    from autoplan.validate.megatron_lm import stand_in_te_version
+
+    stand_in_te_version()
 
     dtype = torch.bfloat16 if ns.bf16 else torch.float32
     kw: dict[str, Any] = {

@@ -187,6 +187,8 @@ def stand_in_te_version() -> None:
         mcore_utils._te_version = Version(TE_VERSION)
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
+    if getattr(moe_utils, "HAVE_TE", False):
+        return  # a real Transformer Engine: its kernels, or megatron-core's own "install TE >= 2.1" error
     for name in FUSED_PERMUTE_KERNELS:
         if getattr(moe_utils, name, None) is None:
             setattr(moe_utils, name, _not_called)

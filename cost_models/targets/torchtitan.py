@@ -137,14 +137,25 @@ class TorchtitanProfile(TargetProfile):
         if par.pipeline_layout is None:
             return
         chunks = parse_chunks(par.pipeline_layout)
-        if any("m" in c for c in chunks):
-            raise ConfigError(f"pipeline_layout {par.pipeline_layout!r} places MTP layers ('m'): torchtitan's "
-                              f"module_fqns_per_model_part has no MTP module ({TT}distributed/pipeline_parallel.py)",
-                              valid=["a layout of E, t and L only"])
+        if any("m" in c for c in chunks):  # (target_layout_error refuses MTP with pp > 1 first)
+            raise ConfigError(f"pipeline_layout {par.pipeline_layout!r} places MTP layers ('m'): torchtitan builds "
+                              f"MTP only without pipeline parallelism ({TT}models/deepseek_v3/mtp.py:200-204)",
+                              valid=["a layout of E, t and L only", "mtp_layers=0"])
         if empty := [i for i, c in enumerate(chunks) if not c]:
             raise ConfigError(f"pipeline_layout {par.pipeline_layout!r}: stage {empty[0]} builds nothing; torchtitan "
                               "runs the layout as module_fqns_per_model_part, one list of modules per stage, and "
                               "autoplan emits no empty one", valid=["a layout whose every stage holds E, t or L"])
+
+    def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
+                            zero: int) -> ConfigError | None:
+        """Multi-token prediction with pipeline or context parallelism: torchtitan 0.3.0's MTP raises
+        NotImplementedError for either (TT/models/deepseek_v3/mtp.py:200-208)."""
+        if model.arch.mtp_layers and (pp > 1 or cp > 1):
+            shape = ", ".join(f"{k}={v}" for k, v in (("pp", pp), ("cp", cp)) if v > 1)
+            return ConfigError(f"{model.name} trains {model.arch.mtp_layers} MTP layer(s), which torchtitan does not "
+                               f"build with {shape} ({TT}models/deepseek_v3/mtp.py:200-208: 'MTP does not "
+                               "support pipeline / context parallelism yet')", valid=["mtp_layers=0", "pp=1 cp=1"])
+        return None
 
     def knob_options(self, name: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                      given: dict[str, Any]) -> tuple[dict[str, Any], ...]:
