@@ -244,7 +244,11 @@ def test_torchtitan_v02_toml() -> None:
     assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert doc["parallelism"]["tensor_parallel_degree"] == 8 and doc["training"]["global_batch_size"] == 512
     assert doc["activation_checkpoint"] == {"mode": "none"}
-    assert len(doc["parallelism"]["module_fqns_per_model_part"]) == 8
+    parts = doc["parallelism"]["module_fqns_per_model_part"]
+    assert len(parts) == 8
+    # 0.2's models name the output projection ``output`` (llama3/model/model.py:458 @ v0.2.2), 0.3's ``lm_head``
+    assert parts[-1][-2:] == ["norm", "output"] and not any("lm_head" in p for p in parts)
+    assert "lm_head" in e.files["torchtitan_overrides.txt"] or "lm_head" in str(e.files)
     fp8 = tomllib.loads(emit(plan(**L70_PP8, precision="fp8", zero_stage=3), "torchtitan").files["torchtitan_v02.toml"])
     assert fp8["model"]["converters"] == ["float8"] and fp8["float8"]["recipe_name"] == "rowwise"
     assert fp8["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}

@@ -483,6 +483,11 @@ def v02_document(plan: EmitPlan) -> dict[str, dict[str, Any]]:
     settings = titan_settings(plan)
     par = dict(settings["parallelism"])
     par["disable_loss_parallel"] = not par.pop("enable_sequence_parallel")
+    if "module_fqns_per_model_part" in par:  # 0.2's models name the output projection ``output`` (llama3/model/
+        # model.py:458 @ v0.2.2; its pipeline split lists ["norm", "output"], distributed/pipeline_parallel.py:333),
+        # and a part's unlisted modules become None: "lm_head" would drop it
+        par["module_fqns_per_model_part"] = [["output" if n == "lm_head" else n for n in part]
+                                             for part in par["module_fqns_per_model_part"]]
     doc: dict[str, dict[str, Any]] = {
         "job": {"description": f"autoplan plan for {plan.model.name}"},
         "model": {"name": t.module, "flavor": t.flavor, "converters": ["float8"] if plan.job.precision == "fp8" else []},
