@@ -33,7 +33,7 @@ from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.quant_layout import layer_in_bf16, mtp_in_bf16, mtp_layer_in_bf16, run_as
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Runtime, Software, framework_of, runtime_for
+from cost_models.targets import Runtime, Software, runtime_for
 from cost_models.validate import check_parallel, pipeline_split
 
 
@@ -189,7 +189,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         num_microbatches=m,
         dp=dp,
         layers_per_stage=layers,
-        pipeline_split=split.describe(framework_of(runtime.target) or "megatron") if p > 1 else "",
+        pipeline_split=split.describe(target or runtime.target) if p > 1 else "",
         binding_stage=binding,
         slowest_stage=slowest,
         time=TimeBreakdown(compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble, exposed_comm_s=exposed,

@@ -117,17 +117,22 @@ class PipelineSplit:
             return "first/last-stage layer counts"
         return "even"
 
-    def describe(self, framework: str | None = "megatron") -> str:
-        """One line: the per-rank layers, the rule and how ``framework`` is told it (``estimate`` prints it): Megatron's
-        flags, or torchtitan's ``module_fqns_per_model_part``, which its emitter writes for every split."""
+    def describe(self, target: str | None = "megatron") -> str:
+        """One line: the per-rank layers, the rule and how the emitted ``target`` is told it (``estimate`` prints it):
+        Megatron's flags (``megatron``, or none given), torchtitan's ``module_fqns_per_model_part`` and the fsdp2
+        module's stage list, which their emitters write for every split; nothing for a target never emitted."""
         ranks = _runs(self.rank_layers)
         text = f"{ranks} layers per pipeline rank"
         if self.vp > 1:
             text += f" ({self.vp} virtual stages each)"
         text += f"; {self.rule}"
         flags = " ".join(f if v is None else f"{f} {v}" for f, v in self.megatron_flags())
-        if framework == "torchtitan":
+        if target == "torchtitan":
             text += " (torchtitan parallelism.module_fqns_per_model_part, one module list per stage, as emitted)"
+        elif target == "fsdp2":
+            text += " (the emitted fsdp2 module's per-stage layer lists)"
+        elif target not in (None, "megatron"):
+            pass  # a reference runtime: priced, never emitted
         elif flags and self.layout is not None:
             text += f" (Megatron --pipeline-model-parallel-layout '{self.layout.text}')"
         elif flags:

@@ -527,7 +527,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
 # Pins that choose how a layout holds its state rather than its shape: what a target rule may refuse on every layout
 # the shape pins leave (``_pinned_rule_error``).
 STATE_PINS = ("zero_stage", "hsdp_shard_size")
-# Layouts ``_pinned_rule_error`` asks before it gives up on a rule as the cause (the rules are integer checks).
+# Distinct layout shapes ``_pinned_rule_error`` asks before it gives up on a rule as the cause (integer checks).
 RULE_PROBES = 256
 
 
@@ -536,16 +536,21 @@ def _pinned_rule_error(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tar
     """A pinned ZeRO stage or HSDP group that no layout keeps because a target rule refuses it with the shape pins
     (``zero_stage=3`` with ``pp=2`` on Megatron, ``hsdp_shard_size=1`` on dp*cp > 1): that rule as estimate says it
     (``TargetProfile.layout_error``) on the first layout the shape pins keep, at the pinned ZeRO stage or the one the
-    target runs unset with the user's knobs (``default_zero_stage``: Megatron's Muon runs 0). None when some layout
-    among the first ``RULE_PROBES`` passes the rule (the cause is elsewhere) or none is left."""
+    target runs unset with the user's knobs (``default_zero_stage``: Megatron's Muon runs 0). None when some shape
+    among the first ``RULE_PROBES`` distinct ones passes the rule (the cause is elsewhere) or none is left."""
     if not any(k in pins for k in STATE_PINS):
         return None
     rest = {k: v for k, v in pins.items() if k not in STATE_PINS}
     hsdp = pins.get("hsdp_shard_size")
     first: ConfigError | None = None
-    for lay in islice(enumerate_layouts(model, cluster, job, target, rest, Tally()), RULE_PROBES):
-        if hsdp == 1 and lay.dp * lay.cp == 1:
-            continue  # one rank in all: a group of 1 is the whole group, no rule to break
+    shapes: set[tuple[Any, ...]] = set()
+    for lay in enumerate_layouts(model, cluster, job, target, rest, Tally()):
+        shape = (lay.target, lay.tp, lay.pp, lay.cp, lay.ep, lay.dp, lay.schedule)
+        if shape in shapes or (hsdp == 1 and lay.dp * lay.cp == 1):
+            continue  # the rules read the shape alone; one rank in all: a group of 1 is the whole group
+        shapes.add(shape)
+        if len(shapes) > RULE_PROBES:
+            break
         prof = PROFILES[lay.target]
         zero = int(pins.get("zero_stage", prof.default_zero_stage(ParallelConfig().zero_stage,
                                                                       scorers[lay.target].software)))

@@ -28,6 +28,10 @@ def test_layout_is_priced_and_emitted_chunk_for_chunk() -> None:
     pred = estimate(p.model, p.cluster, p.job, p.parallel, target="torchtitan")
     assert pred.layers_per_stage == [8, 16, 8]  # rank r holds chunks r and r + pp
     assert "module_fqns_per_model_part" in pred.pipeline_split and "Megatron" not in pred.pipeline_split
+    ref = estimate(p.model, p.cluster, p.job, p.parallel, target="torchtitan-2025-08")  # priced, never emitted
+    assert "module_fqns" not in ref.pipeline_split and "Megatron" not in ref.pipeline_split
+    meg = estimate(p.model, p.cluster, p.job, p.parallel.model_copy(update={"zero_stage": 1}), target="megatron")
+    assert f"Megatron --pipeline-model-parallel-layout '{LAYOUT}'" in meg.pipeline_split
     parts = module_fqns_per_model_part(p)
     assert parts[0] == ["tok_embeddings"] and parts[-1] == ["norm", "lm_head"]
     assert [sum(x.startswith("layers.") for x in part) for part in parts] == [0, 8, 8, 8, 8, 0]
