@@ -249,7 +249,8 @@ def test_interleaved_scorer_sums_each_ranks_chunks_as_estimate(zero: int) -> Non
     model = ModelSpec(**{**catalog_model("mixtral-8x7b").model_dump(), "name": "mixtral-alt", "moe_layer_freq": 2})
     cluster, job = build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256, seq_len=4096)
     par = ParallelConfig(pp=2, vp=16, ep=8, schedule="interleaved", zero_stage=zero)
-    pred = estimate(model, cluster, job, par, target="megatron")
+    # pricing agreement only: zero 3 with pp 2 is a layout Megatron refuses (estimate's check says so), priced anyway
+    pred = estimate(model, cluster, job, par, target="megatron", check=False)
     lay = Layout(tp=1, cp=1, pp=2, dp=32, ep=8, micro_batch_size=1, m=pred.num_microbatches, recompute=par.recompute,
                  zero_stage=zero, hsdp_shard_size=None, schedule="interleaved", vp=16, sequence_parallel=False)
     fs = Scorer(model, cluster, job).score(lay, tuple(pipeline_split(model, par).rank_layers))
