@@ -42,7 +42,6 @@ from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_EXPERTS, MAX_NUM_LAYERS, Batc
                              parse_request, validate_request)
 from cost_models.estimate import estimate as estimate_prediction
 from cost_models.targets import PROFILES
-from cost_models.validate import check_parallel
 from cost_models.goodput import goodput
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.validate import with_explicit_split
@@ -119,6 +118,12 @@ def _path_like(text: str) -> bool:
 
 
 def _canonical(req: SearchRequest | EstimateRequest) -> str:
+    """The response cache's key: the request with the defaults it is answered with written out. An estimate's
+    layout takes its target's (``TargetProfile.with_defaults``: torchtitan's ZeRO-3 for an unset ``zero_stage``,
+    fsdp2's 'replicate' for an unset ``kv_replication``), so an unset field and the generic default written out,
+    answered differently, get different keys."""
+    if isinstance(req, EstimateRequest) and req.target in PROFILES:
+        req = req.model_copy(update={"parallel": PROFILES[req.target].with_defaults(req.parallel, req.software)})
     return json.dumps(req.model_dump(mode="json", exclude={"id"}), sort_keys=True, separators=(",", ":"))
 
 
@@ -220,17 +225,13 @@ class Engine:
     def _estimate(self, req: EstimateRequest) -> Estimate:
         r = self.resolve(req)
         prof = PROFILES[req.target]  # the framework's rules, each citing its source (cost_models.targets)
-        par = prof.with_defaults(req.parallel, req.software)  # e.g. torchtitan's ZeRO-3, Muon's 0, when none given
-        check_parallel(r.model, r.cluster, r.job, par, allow_kv_replication=prof.allow_kv_replication, profile=prof)
-        prof.check_layout(r.model, r.cluster, r.job, par)
-        rt = prof.resolve(req.software, r.job, r.cluster, par)  # the knobs resolved (a knob it lacks: error)
-        prof.check_runtime(r.model, r.cluster, r.job, par, rt)
-        run_par, note = prof.runs_as(par, r.cluster.num_gpus)  # e.g. torchtitan: ZeRO-0 with cp > 1 runs as FSDP
-        if note is not None:
-            rt = prof.resolve(req.software, r.job, r.cluster, run_par)
-        pred = estimate_prediction(r.model, r.cluster, r.job, run_par, check=False, runtime=rt)
-        if note is not None:
-            pred = pred.model_copy(update={"software": {**pred.software, "runs_as": note}})
+        # its defaults (torchtitan's ZeRO-3, Muon's 0), layout and knob rules, and the layout it really runs
+        # (torchtitan: ZeRO-0 with cp > 1 runs as FSDP)
+        prep = prof.prepare(r.model, r.cluster, r.job, req.parallel, req.software)
+        par = prep.par
+        pred = estimate_prediction(r.model, r.cluster, r.job, prep.runs, check=False, runtime=prep.runtime)
+        if prep.note is not None:
+            pred = pred.model_copy(update={"software": {**pred.software, "runs_as": prep.note}})
         good = goodput(r.model, r.cluster, par, pred.layers_per_stage, pred.step_time_s, pred.tokens_per_s,
                        req.failures)
         return Estimate(model=_model_record(r.model), cluster=_cluster_record(r.cluster, req), job=r.job,

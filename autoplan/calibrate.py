@@ -43,7 +43,7 @@ from autoplan.errors import AutoplanError, UserInputError
 from autoplan.request import ClusterRequest
 from cost_models.estimate import estimate
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import PROFILES, REFERENCE_PROFILES, Software, framework_of
+from cost_models.targets import Software, framework_of, profile_for
 
 # Physical range of each fitted parameter (lower, upper) and why. A fit that ends on a bound is reported.
 PHYSICAL_BOUNDS: dict[str, tuple[float, float]] = {
@@ -154,17 +154,17 @@ class ResolvedRun:
 def resolve_run(run: MeasuredRun, where: str | None = None) -> ResolvedRun:
     """Resolve names and check the configuration like ``autoplan estimate`` does; errors start with ``where``
     (the run's place in its file) and the run's name, so the bad one of many runs is found."""
-    prof = PROFILES.get(run.target) or REFERENCE_PROFILES.get(run.target)
+    prof = profile_for(run.target)
     try:
         model = load_model(run.model)
         cluster = run.cluster.resolve(run.target)  # the efficiency set the target's profile names
-        # as autoplan estimate: the target's own ZeRO stage where the run leaves it unset (torchtitan, fsdp: 3;
-        # Megatron's Muon: 0), the checks, then the layout the framework really runs (torchtitan's ZeRO-0 with cp)
-        par = prof.with_defaults(run.parallel, run.knobs) if prof is not None else run.parallel
-        estimate(model, cluster, run.job, par, target=run.target,
-                 software=run.knobs)  # raises ConfigError on an invalid layout
-        if prof is not None:
-            par, _ = prof.runs_as(par, cluster.num_gpus)
+        # as autoplan estimate (TargetProfile.prepare): the target's own ZeRO stage where the run leaves it unset
+        # (torchtitan, fsdp: 3; Megatron's Muon: 0), the checks, then the layout the framework really runs
+        # (torchtitan's ZeRO-0 with cp); a run without a profile (deepseek) gets estimate's own check
+        par = prof.prepare(model, cluster, run.job, run.parallel, run.knobs).runs if prof is not None \
+            else run.parallel
+        estimate(model, cluster, run.job, par, target=run.target, software=run.knobs,
+                 check=prof is None)  # raises ConfigError on a configuration it cannot price
     except AutoplanError as err:
         if where is None:
             raise

@@ -104,21 +104,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     if runtime is None:
         runtime = runtime_for(target, job, cluster, par, software)
     if check:
-        from cost_models.targets import PROFILES, REFERENCE_PROFILES
+        from cost_models.targets import profile_for
 
         # the runtime's own target where the caller passes a resolved runtime (the search); None: ``any``
-        name = target or runtime.target
-        prof = PROFILES.get(name) or REFERENCE_PROFILES.get(name)
-        # tp > num_kv_heads is priced (opgraph.tp_divisor, tp_comm.kv_gather_cost); a target profile says
-        # whether its framework runs it (Megatron does; no profile, as for ``any``: Megatron's rules).
-        check_parallel(model, cluster, job, par,
-                       allow_kv_replication=prof.allow_kv_replication if prof is not None else True, profile=prof)
-        if prof is not None:  # the target's layout rules (ZeRO stages, HSDP groups, its own: what the search reads)
-            prof.check_layout(model, cluster, job, par)
-            prof.check_runtime(model, cluster, job, par, runtime)  # and its knobs' rules with the layout
-        # a model the target's software version cannot build (a hybrid stack's MTP before Megatron-Core 0.17)
-        if prof is not None and (err := prof.model_runtime_error(model, runtime)) is not None:
-            raise err
+        prof = profile_for(target or runtime.target)
+        if prof is not None:  # its rules: check_parallel as it runs it, its layout rules, its knobs' with the layout
+            prof.check(model, cluster, job, par, runtime)
+        else:  # no profile (``any``, ``deepseek``): Megatron's rules; tp > num_kv_heads is priced (opgraph.tp_divisor)
+            check_parallel(model, cluster, job, par, allow_kv_replication=True)
     weights = weights or CostWeights()
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)

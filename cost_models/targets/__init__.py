@@ -17,6 +17,9 @@ API (everything here is importable from ``cost_models.targets``)::
     prof.legal(model, cluster, job, par, rt)            # None, or that message
     run_par, note = prof.runs_as(par, cluster.num_gpus) # the layout the framework really runs (torchtitan
                                                         # runs ZeRO-0 with cp > 1 as FSDP over cp)
+    prep = prof.prepare(model, cluster, job, par, sw)  # all of it for a user's layout: defaults, checks,
+                                                        # runtime, runs_as (autoplan estimate, calibrate)
+    prof = profile_for("torchtitan-2024-12")            # a framework's or a reference profile; None: no rules
     rt = runtime_for("torchtitan", job, cluster, par, sw)  # what estimate/Scorer price with ("any": Megatron's)
 
 Profile tables (class attributes): ``schedules`` and ``zero_stages`` (search order) the target runs,
@@ -56,7 +59,7 @@ from __future__ import annotations
 
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
-from cost_models.targets.common import (TARGET_NAMES, Knob, Runtime, Software, TargetName, TargetProfile)
+from cost_models.targets.common import (TARGET_NAMES, Knob, Prepared, Runtime, Software, TargetName, TargetProfile)
 from cost_models.targets.fsdp2 import PROFILE as FSDP2
 from cost_models.targets.megatron import PROFILE as MEGATRON
 from cost_models.targets.reference import DEEPSEEK, REFERENCE_PROFILES, REFERENCE_RUNTIMES
@@ -76,6 +79,13 @@ def get_profile(name: str) -> TargetProfile | None:
     return prof
 
 
+def profile_for(target: str | None) -> TargetProfile | None:
+    """The profile whose rules ``target`` runs under: a framework's (``PROFILES``) or a reference one's
+    (``REFERENCE_PROFILES``, e.g. ``torchtitan-2024-12``); None for ``any``, no target, a reference runtime without a
+    profile (``deepseek``) or an unknown name (``get_profile`` is the strict look-up)."""
+    return REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+
+
 def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None = None,
                 software: Software | None = None) -> Runtime:
     """The resolved ``Runtime`` of ``target`` for this job and layout (``None`` or ``any``: Megatron's; a reference
@@ -92,16 +102,16 @@ def framework_of(target: str | None) -> str | None:
     (``TargetProfile.efficiency_set``; ``torchtitan-2024-12``: torchtitan's). None for ``any``, no target or a
     reference runtime without a profile (``deepseek``): the GPU generation's own efficiency (Megatron-Core's,
     the reference the generation figures are fitted on)."""
-    prof = REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+    prof = profile_for(target)
     return prof.efficiency_set if prof is not None else None
 
 
 def sdpa_cudnn_first(target: str | None) -> tuple[str, ...]:
     """The GPU generations on which ``target``'s attention runs cuDNN fused attention ahead of SDPA's
     FlashAttention-2 (``TargetProfile.sdpa_cudnn_first``); () for ``any``, no target or a reference runtime."""
-    prof = REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+    prof = profile_for(target)
     return tuple(prof.sdpa_cudnn_first) if prof is not None else ()
 
 
-__all__ = ["DEEPSEEK", "framework_of", "sdpa_cudnn_first", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+__all__ = ["DEEPSEEK", "framework_of", "profile_for", "Prepared", "sdpa_cudnn_first", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
            "Software", "TargetName", "TargetProfile", "get_profile"]

@@ -371,6 +371,18 @@ class Knob:
     int_values: bool = False  # also an integer > 1 (FSDP2 reshard_after_forward: a group size)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A user's layout as a target takes it (``TargetProfile.prepare``): ``par`` checked, with the target's
+    defaults; ``runs`` the layout the framework really runs; ``runtime`` resolved on ``runs``; ``note`` how ``runs``
+    differs from ``par`` (None: it runs as written)."""
+
+    par: ParallelConfig
+    runs: ParallelConfig
+    runtime: Runtime
+    note: str | None
+
+
 class TargetProfile:
     """One framework (and version): legality, run-time semantics, knobs. Subclasses fill the tables."""
 
@@ -651,6 +663,21 @@ class TargetProfile:
                            valid=(["zero_stage=0 with hsdp_shard_size unset"] if 0 in self.zero_stages else [])
                            + [f"hsdp_shard_size={s}" for s in sizes] + ["hsdp_shard_size unset"])
 
+    def prepare(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                software: Software | None = None) -> Prepared:
+        """What ``autoplan estimate`` and ``autoplan calibrate`` do with a user's layout, in one place: the target's
+        defaults filled in (``with_defaults``), its layout rules (``check``), the knobs resolved and their rules
+        with the layout (``check_runtime``), then the layout the framework really runs (``runs_as``) with the
+        runtime resolved on it. ``ConfigError`` names the first rule broken."""
+        par = self.with_defaults(par, software)
+        self.check(model, cluster, job, par)
+        rt = self.resolve(software, job, cluster, par)  # a knob the target lacks: error
+        self.check_runtime(model, cluster, job, par, rt)
+        runs, note = self.runs_as(par, cluster.num_gpus)
+        if note is not None:
+            rt = self.resolve(software, job, cluster, runs)
+        return Prepared(par, runs, rt, note)
+
     def legal(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
               rt: Runtime | None = None) -> str | None:
         """None when the target accepts the layout, else the reason (the ``check`` message)."""
@@ -681,11 +708,19 @@ class TargetProfile:
 
     def with_defaults(self, par: ParallelConfig, software: Software | None = None) -> ParallelConfig:
         """``par`` with the target's own ZeRO stage where the user left it unset and the generic default (1) is
-        one the target does not run with ``software``'s knobs (torchtitan, fsdp2: 3; ``default_zero_stage``)."""
-        if "zero_stage" in par.model_fields_set:
-            return par
-        zero = self.default_zero_stage(par.zero_stage, software)
-        return par if zero == par.zero_stage else par.model_copy(update={"zero_stage": zero})
+        one the target does not run with ``software``'s knobs (torchtitan, fsdp2: 3; ``default_zero_stage``), and
+        its own way of holding K/V heads under tp > num_kv_heads where the user left ``kv_replication`` unset and
+        the generic default (Megatron's 'gather') is not one (fsdp2: 'replicate'; ignored where tp divides them)."""
+        update: dict[str, Any] = {}
+        if "zero_stage" not in par.model_fields_set:
+            zero = self.default_zero_stage(par.zero_stage, software)
+            if zero != par.zero_stage:
+                update["zero_stage"] = zero
+        if "kv_replication" not in par.model_fields_set and par.kv_replication not in self.kv_modes:
+            held = [m for m in self.kv_modes if m != "shard"]
+            if held:
+                update["kv_replication"] = held[0]
+        return par.model_copy(update=update) if update else par
 
     def default_zero_stage(self, generic: int, software: Software | None) -> int:
         """The ZeRO stage an unset one means on this target: the generic default where the target runs it, else
