@@ -137,7 +137,9 @@ class EstimateRequest(_RequestBase):
 
     kind: Literal["estimate"] = "estimate"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig,
-                                     description="the layout to score (ParallelConfig defaults for omitted fields)")
+                                     description="the layout to score (ParallelConfig defaults for omitted fields, "
+                                     "except the target's own: torchtitan and fsdp2 ZeRO-3, fsdp2 kv_replication "
+                                     "'replicate')")
     target: FrameworkTarget = Field(default="megatron", description="framework that runs the layout: its rules "
                                     "(cost_models.targets) refuse what it cannot run; it is priced as it runs")
     software: Software = Field(default_factory=Software, description="the target's knobs (omitted: its defaults; a "

@@ -83,8 +83,8 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:
-    """The target's own ZeRO stage where none was given (``TargetProfile.with_defaults``). The cluster already
-    carries the target's efficiency set (``resolve_plan``)."""
+    """The target's own ZeRO stage and K/V mode (fsdp2: 'replicate') where none was given
+    (``TargetProfile.with_defaults``). The cluster already carries the target's efficiency set (``resolve_plan``)."""
     from dataclasses import replace
 
     from cost_models.targets import PROFILES
