@@ -200,7 +200,10 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kin
         saved += [Saved("softmax", 2 * per_tok, "tp"), Saved("attn_dropout_mask", MASK * per_tok, "tp"),
                   Saved("attn_dropout_out", 2 * per_tok, "tp")]
     # Attention sinks (GPT-OSS): one learned logit per head joins each softmax denominator; priced as their
-    # parameters (a per layer); their FLOPs (one exp per query and head, against keys_per_query) are not.
+    # parameters (a per layer); their FLOPs (one exp per query and head, against keys_per_query) are not. Nor is
+    # their gradient: cuDNN builds dSink inside the SDPA backward from the dO·O row sums it computes anyway, one
+    # reduction over b·h·s_q (cudnn-frontend scaled_dot_product_flash_attention.h:1527-1547 @ 3929da2; TE
+    # set_dsink_token, fused_attn_f16_arbitrary_seqlen.cu:849-854 @ v2.10): tests/test_gptoss_layer_audit.py.
     sinks = a if m.arch.attention_sinks else 0
     b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved),
              params=sinks))
