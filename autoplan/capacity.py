@@ -38,6 +38,8 @@ class ClusterShape(_Strict):
     inter_node_gbps: float | None = Field(default=None, gt=0, description="per GPU, Gbit/s; None: catalog NIC")
     nvlink_domain_size: int | None = Field(default=None, gt=0, description="None: the GPU catalog's")
     profile: str | None = Field(default=None, description="cluster profile YAML from `autoplan calibrate`")
+    memory_headroom: float | None = ClusterRequest.model_fields["memory_headroom"]
+    """HBM every plan keeps free, as ``ClusterRequest``'s (was missing: ``scale --memory-headroom`` was dropped)."""
 
     def at(self, num_gpus: int) -> ClusterRequest:
         return ClusterRequest(num_gpus=num_gpus, **self.model_dump())

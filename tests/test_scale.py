@@ -137,3 +137,21 @@ def test_price_without_train_tokens_is_refused():
     assert "gpu_hour_price=2 prices the GPU-hours to train, which need train_tokens" in res.output
     with pytest.raises(UserInputError, match="need train_tokens"):
         api.scale({"model": "llama3-8b", "gpus": [8], "gpu_hour_price": 2.0})
+
+
+def test_scale_takes_every_cluster_field_of_search():
+    """``scale``'s cluster shape has every field of a search's cluster but its size (``--memory-headroom`` was
+    dropped: scale ranked plans against the default 5% headroom whatever was asked)."""
+    from autoplan.capacity import ClusterShape
+    from autoplan.request import ClusterRequest
+
+    assert set(ClusterShape.model_fields) == set(ClusterRequest.model_fields) - {"num_gpus"}
+    job = ["--global-batch-size", "64", "--seq-len", "2048", "--format", "json", "--memory-headroom", "40GiB"]
+    runner = CliRunner()
+    swept = runner.invoke(cli, ["scale", "--model", "llama3-8b", "--gpus", "8", *job])
+    alone = runner.invoke(cli, ["search", "--model", "llama3-8b", "--gpus", "8", "--top", "1", *job])
+    assert swept.exit_code == alone.exit_code == 0, swept.output + alone.output
+    row, best = json.loads(swept.stdout)["rows"][0], json.loads(alone.stdout)["plans"][0]
+    assert row["plan"]["parallel"] == best["parallel"]
+    assert row["plan"]["prediction"]["memory_limit_gib"] == best["prediction"]["memory_limit_gib"]
+    assert best["prediction"]["memory_limit_gib"] == pytest.approx(80 - 40, abs=0.5)  # HBM less the headroom

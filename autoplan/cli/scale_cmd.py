@@ -79,7 +79,8 @@ def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int |
     if data is not None:
         request = ScaleRequest.model_validate(data)
     else:
-        shape = {k: kw.pop(k) for k in ("gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile")}
+        shape = {k: kw.pop(k) for k in ("gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile",
+                                         "memory_headroom")}
         request = ScaleRequest(model=model, cluster=shape, gpus=parse_gpus(gpus), job=job_spec(kw).model_dump(),
                                scaling="weak" if weak else "strong", tokens_per_gpu=tokens_per_gpu,
                                train_tokens=_tokens(train_tokens), gpu_hour_price=gpu_hour_price,
