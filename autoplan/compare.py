@@ -50,8 +50,9 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
     if len(labels) != len(req.plans):
         raise UserInputError(f"{len(labels)} labels for {len(req.plans)} plans")
     ests = [engine.estimate(p) for p in req.plans]
-    # Plans of different jobs compare by throughput (tokens/s); ties keep the order given.
-    ranking = sorted(range(len(ests)), key=lambda i: (-_throughput(ests[i], req.rank_by), i))
+    # Plans that fit in memory first (as search ranks only those), then by throughput (tokens/s: plans of
+    # different jobs compare by it); ties keep the order given.
+    ranking = sorted(range(len(ests)), key=lambda i: (not ests[i].prediction.fits, -_throughput(ests[i], req.rank_by), i))
     best = ests[ranking[0]]
     cluster = engine.resolve(req.plans[ranking[0]]).cluster
     diffs = []
@@ -61,8 +62,14 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
         why = explain(best.parallel, best.prediction, e.parallel, e.prediction, cluster)
         why = why.replace("than the next plan", f"than {labels[i]}")
         jobs = _context_diff(best, e)
-        text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s" + (
-            " after failures" if req.rank_by == "goodput" else "") + f"): {why}"
+        if best.prediction.fits and not e.prediction.fits:
+            text = (f"{labels[ranking[0]]} over {labels[i]}: {labels[i]} does not fit in memory "
+                    f"({e.prediction.peak_memory_gib:.1f} GiB per GPU, limit {e.prediction.memory_limit_gib:.1f})"
+                    + (f", though it would run {-gap:.1%} more tokens/s" if gap < 0 else
+                       f" ({gap:.1%} fewer tokens/s): {why}"))
+        else:
+            text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s" + (
+                " after failures" if req.rank_by == "goodput" else "") + f"): {why}"
         if jobs:
             text += f" Also differ in {jobs}."
         if best.goodput is not None and e.goodput is not None and req.rank_by == "goodput":

@@ -87,3 +87,20 @@ def test_cli_file_plan_out_of_range_or_malformed(tmp_path):
     path.write_text(json.dumps(saved))
     res = CliRunner().invoke(cli, ["compare", str(path), "tp=8", *JOB])
     assert res.exit_code == 2 and "plans[0].prediction must be an object, not str" in res.output, res.output
+
+
+def test_a_plan_over_memory_never_ranks_first():
+    """A plan that does not fit loses to one that does, however fast (search ranks only plans that fit); the
+    explanation says why. Here ZeRO-2 is faster than ZeRO-3 but over a 40 GiB limit (was ranked best)."""
+    base = {"model": "llama3-8b", "cluster": {"num_gpus": 8, "memory_headroom": 40.0},
+            "job": {"global_batch_size": 64, "seq_len": 2048}}
+    par = {"tp": 2, "pp": 1, "micro_batch_size": 4}
+    plans = [{**base, "parallel": {**par, "zero_stage": z}} for z in (2, 3)]
+    r = api.Engine().compare({"plans": plans})
+    fits = [p.prediction.fits for p in r.plans]
+    tps = [p.prediction.tokens_per_s for p in r.plans]
+    assert fits == [False, True] and tps[0] > tps[1]  # the case: the faster plan is the one over memory
+    assert r.ranking == [1, 0]
+    assert "plan 1 does not fit in memory" in r.differences[0]
+    both_fit = api.Engine().compare({"plans": [{**p, "cluster": {"num_gpus": 8}} for p in plans]})
+    assert both_fit.ranking == [0, 1]  # with room for both, throughput decides
