@@ -745,3 +745,30 @@ def test_fsdp2_selective_recompute_keeps_the_cudnn_attention_core() -> None:
                torch.ops.aten._scaled_dot_product_flash_attention.default, torch.ops.aten.mm.default):
         assert policy(None, op) == CheckpointPolicy.MUST_SAVE
     assert policy(None, torch.ops.aten.silu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_plan_file_keeps_its_memory_limit_and_refuses_cluster_and_job_flags(tmp_path: Path) -> None:
+    """A plan found under ``--memory-headroom 0`` is emitted (it was refused: emit priced it against the default
+    5% headroom), and compare shows it against its own limit; cluster or job flags given beside ``--plan`` are
+    refused by name (they were silently ignored: the file's values were used)."""
+    job = ["--model", "llama3-8b", "--gpus", "8", "--global-batch-size", "64", "--seq-len", "2048"]
+    found = CliRunner().invoke(cli, ["search", *job, "--top", "1", "--memory-headroom", "0", "--format", "json"])
+    assert found.exit_code == 0, found.output
+    best = json.loads(found.stdout)["plans"][0]["prediction"]
+    hbm = build_cluster("h100-sxm", 8).gpu.hbm_gib
+    assert best["memory_limit_gib"] == pytest.approx(hbm)
+    default_limit = build_cluster("h100-sxm", 8).memory_limit_gib
+    assert best["peak_memory_gib"] > default_limit  # the case: it fits only with the headroom it was found under
+    f = tmp_path / "plan.json"
+    f.write_text(found.stdout)
+    assert load_plan(f, 1, "megatron").cluster.memory_limit_gib == pytest.approx(hbm)
+    code, out, err = run("emit", "-o", str(tmp_path / "o"), "--plan", str(f))
+    assert code == 0 and "(fits)" in out, err
+    cmp = CliRunner().invoke(cli, ["compare", str(f), f"{f}#1", "--format", "json"])
+    assert cmp.exit_code == 0, cmp.output
+    assert [p["prediction"]["fits"] for p in json.loads(cmp.stdout)["plans"]] == [True, True]
+    for cmd in ("emit", "validate"):
+        code, _, err = run(cmd, "-o", str(tmp_path / cmd), "--plan", str(f), "--seq-len", "4096",
+                           "--memory-headroom", "0")
+        assert code == 2 and "--memory-headroom, --seq-len would be ignored" in err, err
+        assert not (tmp_path / cmd).exists()

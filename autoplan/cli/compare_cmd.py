@@ -86,7 +86,8 @@ def _estimate_of(path: str, index: int) -> dict[str, Any]:
     plan = load_plan(path, index, target)
     return {"model": plan.model.model_dump(exclude_none=True), "target": target, "cluster": {
         "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
-        "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size},
+        "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size,
+        "memory_headroom": plan.cluster.memory_headroom},  # the limit the plan was checked against (load_plan)
         "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True),
         "software": plan.software.given()}  # the knobs it was priced with (the search chose the unset ones)
 

@@ -60,9 +60,11 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
     degrees = pop_parallel(kw)
     software = pop_software(kw)
     if plan_file is not None:
-        given = [f"--{k.replace('_', '-')}" for k in ("num_gpus",) if kw.get(k) is not None]
+        given = _cluster_job_flags_given()
         if model is not None or degrees or given or mtp_layers is not None:
-            raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both")
+            raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both"
+                                   + (f" (the file holds its cluster and job: {', '.join(given)} would be "
+                                      "ignored)" if given else ""))
         plan = load_plan(plan_file, index, target)  # with the knobs it was priced with; flags given here override them
         if software.given():
             from dataclasses import replace
@@ -80,6 +82,24 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
     model_spec, cluster, job = resolve(model, cluster_req, job, target)
     model_spec = with_mtp_layers(model_spec, mtp_layers)
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par, software=software)
+
+
+# The cluster and job flags a plan file carries the values of (its "cluster", "job" and the memory limit its plan
+# was checked against): given beside --plan they were silently ignored.
+PLAN_FILE_FIELDS = ("num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile",
+                    "memory_headroom", "global_batch_size", "seq_len", "precision")
+
+
+def _cluster_job_flags_given() -> list[str]:
+    """The ``PLAN_FILE_FIELDS`` flags given on the command line (or the environment), as the user spelled them;
+    [] outside a click command (callers that build ``kw`` themselves)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    return [p.opts[0] for p in ctx.command.params if p.name in PLAN_FILE_FIELDS
+            and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:

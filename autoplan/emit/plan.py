@@ -111,10 +111,27 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
             isinstance(a, str) and isinstance(b, str) for a, b in v.items()) for v in shardings.values())):
         raise UserInputError(f"plan file '{source}': {_at(where, 'op_shardings')} must map layer kinds to "
                              "{op: mode} objects")
+    headroom = _checked_headroom(entry, cluster.gpu.hbm_gib, source, where)
+    if headroom is not None:  # the memory limit the plan was found under (search --memory-headroom), not the default
+        cluster = strict(ClusterRequest, {**creq.model_dump(), "memory_headroom": headroom},
+                         f"plan file '{source}': cluster").resolve(target)
     parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
     software = priced_software(knobs, f"plan file '{source}': {_at(where, 'prediction.software')}")
     return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=software,
                     op_shardings=shardings)
+
+
+def _checked_headroom(entry: dict[str, Any], hbm_gib: float, source: str, where: str) -> float | None:
+    """The memory headroom, as a fraction of HBM, that gives back the plan's ``prediction.memory_limit_gib`` (HBM
+    less the headroom it was checked against: ``ClusterSpec.memory_limit_gib``); None when the file has none. A
+    fraction, because ``memory_headroom`` below 1 reads as one (0.5 GiB would be 50%)."""
+    limit = _object_at(entry, "prediction", source, where).get("memory_limit_gib")
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= hbm_gib:
+        raise UserInputError(f"plan file '{source}': {_at(where, 'prediction.memory_limit_gib')}={limit!r:.40} "
+                             f"must be a number of GiB in (0, {hbm_gib:g}], the GPU's HBM")
+    return 1.0 - limit / hbm_gib
 
 
 def _plan_index(index: int | None, n: int, source: str) -> int:
