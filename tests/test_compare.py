@@ -104,3 +104,19 @@ def test_a_plan_over_memory_never_ranks_first():
     assert "plan 1 does not fit in memory" in r.differences[0]
     both_fit = api.Engine().compare({"plans": [{**p, "cluster": {"num_gpus": 8}} for p in plans]})
     assert both_fit.ranking == [0, 1]  # with room for both, throughput decides
+
+
+def test_flags_no_file_plan_takes_are_refused(tmp_path):
+    """With saved results only, the model, cluster and job flags are used by no plan: refused by name (they were
+    silently ignored, the files' values priced); beside a degree plan they apply to it."""
+    runner = CliRunner()
+    out = runner.invoke(cli, ["search", *JOB, "--top", "2", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    path = tmp_path / "s.json"
+    path.write_text(out.stdout)
+    bad = runner.invoke(cli, ["compare", str(path), f"{path}#2", "--seq-len", "8192", "--gpu", "b200"])
+    assert bad.exit_code == 2 and "--gpu, --seq-len would be ignored" in bad.stderr, bad.output
+    assert runner.invoke(cli, ["compare", str(path), f"{path}#2"]).exit_code == 0
+    mixed = runner.invoke(cli, ["compare", str(path), "tp=2", *JOB, "--format", "json"])
+    assert mixed.exit_code == 0, mixed.output
+    assert json.loads(mixed.stdout)["plans"][1]["job"]["seq_len"] == 4096

@@ -14,8 +14,8 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.goodput_options import failure_model, failure_options
-from autoplan.cli.options import (cluster_flags, cluster_request, format_option, job_options, job_spec,
-                                  pop_software, software_options, user_errors)
+from autoplan.cli.options import (cluster_flags, cluster_request, flags_given, format_option, job_options,
+                                  job_spec, pop_software, software_options, user_errors)
 from autoplan.errors import UserInputError
 
 # Degree-spec keys as the CLI flags spell them, to ParallelConfig fields.
@@ -75,6 +75,12 @@ def _not_a_plan(text: str) -> str:
     if text.strip().lstrip("-").isdigit():
         return f"plan {text!r:.80}: no such file; plan K of the search is written #K (e.g. #{text.strip()}); {form}"
     return f"plan {text!r:.80}: no such file ({form})"
+
+
+def _is_file(text: str) -> bool:
+    """Whether PLAN ``text`` names a saved result (``FILE[#K]``), as the loop of ``compare_cmd`` reads it."""
+    path = text.partition("#")[0] if not text.startswith("#") else ""
+    return bool(path) and Path(path).expanduser().is_file()
 
 
 def _estimate_of(path: str, index: int) -> dict[str, Any]:
@@ -161,6 +167,12 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
         else:
             requests.append({**context, "parallel": _degrees(text), "failures": failures, "software": knobs,
                              **({"target": target} if target != "any" else {})})
+    if all(_is_file(text) for text in plans):  # flags no plan takes (files keep their own)
+        unused = flags_given(("model", "num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size",
+                              "profile", "memory_headroom", "global_batch_size", "seq_len", "precision"))
+        if unused:
+            raise UserInputError(f"every PLAN is a file, which holds its model, cluster and job: {', '.join(unused)} "
+                                 "would be ignored; give them with #K or degree plans (tp=8,pp=4)")
     result = api.compare({"plans": requests, "rank_by": rank_by}, labels=list(plans))
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))

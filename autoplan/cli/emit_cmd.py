@@ -15,8 +15,8 @@ import click
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import FLOAT, INT  # noqa: F401
-from autoplan.cli.options import (cluster_flags, cluster_request, job_options, job_spec, pop_software, software_options,
-                                  stack, user_errors)
+from autoplan.cli.options import (cluster_flags, cluster_request, flags_given, job_options, job_spec, pop_software,
+                                  software_options, stack, user_errors)
 from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
 from autoplan.emit.plan import plan_target
 from autoplan.errors import InfeasibleError
@@ -91,15 +91,7 @@ PLAN_FILE_FIELDS = ("num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvli
 
 
 def _cluster_job_flags_given() -> list[str]:
-    """The ``PLAN_FILE_FIELDS`` flags given on the command line (or the environment), as the user spelled them;
-    [] outside a click command (callers that build ``kw`` themselves)."""
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return []
-    return [p.opts[0] for p in ctx.command.params if p.name in PLAN_FILE_FIELDS
-            and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    return flags_given(PLAN_FILE_FIELDS)
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:

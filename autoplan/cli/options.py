@@ -298,6 +298,18 @@ request_option = click.option(
     help="a request file (JSON or YAML, see `autoplan schema request`) instead of the model/cluster/job/degree flags")
 
 
+def flags_given(names: tuple[str, ...]) -> list[str]:
+    """The flags of parameters ``names`` given on the command line (or the environment), as the user spelled
+    them; [] outside a click command (callers that build the keyword arguments themselves)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    return [p.opts[0] for p in ctx.command.params if p.name in names
+            and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+
+
 def request_from_file(kind: str, keep: tuple[str, ...] = ("fmt",)) -> dict[str, Any] | None:
     """The ``--request`` file's mapping (``kind`` defaulting to the command's), or None without one.
     Flags other than ``keep`` (output options) may not be given beside it."""
