@@ -81,6 +81,14 @@ class ScaleRequest(_Strict):
                              "train_tokens (--train-tokens, e.g. 15T); give both or neither")
         return self
 
+    @model_validator(mode="after")
+    def _one_batch_source(self) -> "ScaleRequest":
+        if self.tokens_per_gpu is not None and "global_batch_size" in self.job.model_fields_set:
+            raise ValueError(f"tokens_per_gpu={self.tokens_per_gpu} sets the global batch at each size (GPUs x "
+                             f"tokens_per_gpu / seq_len), so job.global_batch_size={self.job.global_batch_size} "
+                             "would be ignored; give one or the other")
+        return self
+
     def jobs(self) -> list[tuple[int, JobSpec]]:
         """(GPU count, job) of every size."""
         base = self.job.spec()

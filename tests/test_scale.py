@@ -32,7 +32,9 @@ def test_sweep_equals_independent_searches():
 
 
 def test_weak_scaling_batches_and_training_time():
-    weak = api.Engine().scale({**BASE, "tokens_per_gpu": 32768, "train_tokens": 1e12, "gpu_hour_price": 2.0})
+    job = {k: v for k, v in BASE["job"].items() if k != "global_batch_size"}  # tokens_per_gpu sets the batch
+    weak = api.Engine().scale({**BASE, "job": job, "tokens_per_gpu": 32768, "train_tokens": 1e12,
+                               "gpu_hour_price": 2.0})
     assert [r.global_batch_size for r in weak.rows] == [n * 32768 // 4096 for n in (16, 32, 64)]
     assert weak.scaling == "weak"
     for r in weak.rows:
@@ -155,3 +157,16 @@ def test_scale_takes_every_cluster_field_of_search():
     assert row["plan"]["parallel"] == best["parallel"]
     assert row["plan"]["prediction"]["memory_limit_gib"] == best["prediction"]["memory_limit_gib"]
     assert best["prediction"]["memory_limit_gib"] == pytest.approx(80 - 40, abs=0.5)  # HBM less the headroom
+
+
+def test_tokens_per_gpu_and_a_global_batch_are_one_or_the_other():
+    """``tokens_per_gpu`` sets the batch at each size: a global batch given with it was silently dropped."""
+    base = {"model": "llama3-8b", "gpus": [8, 16], "tokens_per_gpu": 16384}
+    with pytest.raises(UserInputError, match="global_batch_size=512 would be ignored"):
+        api.Engine().scale({**base, "job": {"global_batch_size": 512, "seq_len": 2048}})
+    rows = api.Engine().scale({**base, "job": {"seq_len": 2048}}).rows
+    assert [r.global_batch_size for r in rows] == [n * 16384 // 2048 for n in (8, 16)]
+    args = ["scale", "--model", "llama3-8b", "--gpus", "8,16", "--seq-len", "2048", "--tokens-per-gpu", "16384"]
+    refused = CliRunner().invoke(cli, [*args, "--global-batch-size", "512"])
+    assert refused.exit_code == 2 and "would be ignored" in refused.stderr, refused.output
+    assert CliRunner().invoke(cli, args).exit_code == 0

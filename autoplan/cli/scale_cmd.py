@@ -14,8 +14,8 @@ from autoplan.cli import cli
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.goodput_options import failure_model, failure_options
-from autoplan.cli.options import (cluster_flags, format_option, job_options, job_spec, model_option, pop_software,
-                                  request_from_file, request_option, software_options, user_errors)
+from autoplan.cli.options import (cluster_flags, flags_given, format_option, job_options, job_spec, model_option,
+                                  pop_software, request_from_file, request_option, software_options, user_errors)
 from autoplan.errors import UserInputError
 
 
@@ -81,7 +81,10 @@ def scale_cmd(model: str, gpus: str, fmt: str, weak: bool, tokens_per_gpu: int |
     else:
         shape = {k: kw.pop(k) for k in ("gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile",
                                          "memory_headroom")}
-        request = ScaleRequest(model=model, cluster=shape, gpus=parse_gpus(gpus), job=job_spec(kw).model_dump(),
+        job = job_spec(kw).model_dump()
+        if not flags_given(("global_batch_size",)):  # unset: --tokens-per-gpu may set it (the request refuses both)
+            del job["global_batch_size"]
+        request = ScaleRequest(model=model, cluster=shape, gpus=parse_gpus(gpus), job=job,
                                scaling="weak" if weak else "strong", tokens_per_gpu=tokens_per_gpu,
                                train_tokens=_tokens(train_tokens), gpu_hour_price=gpu_hour_price,
                                parallel=pop_parallel(kw), target=target, rank_by=rank_by, failures=failures,
