@@ -76,6 +76,18 @@ def test_llama_ignores_a_stray_window_as_transformers_does_and_says_so() -> None
     assert spec_from_hf_config(_config("mistral-7b")).arch.sliding_window == 4096
 
 
+@pytest.mark.parametrize("window", ["absent", None, 2048])
+def test_mistral_window_as_transformers_builds_it(window: object) -> None:
+    """A Mistral config without ``sliding_window`` slides over MistralConfig's 4096, as transformers builds it; an
+    explicit null is no window."""
+    transformers = pytest.importorskip("transformers")
+    base = {k: v for k, v in _config("mistral-7b").items() if k != "sliding_window"}
+    data = base if window == "absent" else base | {"sliding_window": window}
+    theirs = transformers.MistralConfig.from_dict(data).sliding_window
+    assert spec_from_hf_config(data).arch.sliding_window == theirs
+    assert theirs == {"absent": 4096, None: None, 2048: 2048}[window]  # the case each parameter is
+
+
 def test_qwen_window_only_when_enabled_on_every_layer() -> None:
     base = _config("qwen2-7b")
     assert spec_from_hf_config(base).arch.sliding_window is None  # use_sliding_window false

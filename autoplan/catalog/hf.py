@@ -244,11 +244,12 @@ def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[s
     return out
 
 
-def _window(c: _Config, num_layers: int, *, qwen: bool) -> int | None:
+def _window(c: _Config, num_layers: int, *, qwen: bool, default: int | None = None) -> int | None:
     """The sliding window if every layer has it; ``None`` if none does; an error for a per-layer mix.
     Qwen (transformers ``Qwen2Config.layer_types``): with ``use_sliding_window``, layers
-    ``>= max_window_layers`` slide. Mistral/Mixtral: ``sliding_window`` applies to every layer."""
-    window = c.get("sliding_window", None)
+    ``>= max_window_layers`` slide. Mistral/Mixtral: ``sliding_window`` applies to every layer. ``default``: the
+    configuration class's where the key is absent (``MistralConfig``: 4096)."""
+    window = c.get("sliding_window", None) if "sliding_window" in c.data else default  # null: no window
     layer_types = c.get("layer_types", None)
     if qwen:
         if not c.get("use_sliding_window", False):
@@ -329,10 +330,12 @@ def _deepseek_router(c: _Config) -> dict[str, Any]:
             "fp32_logits": True}  # DeepseekV2/V3TopkRouter: F.linear on float32 (transformers 5.24 v3:135, v2:100)
 
 
-def _llama_arch(c: _Config, num_layers: int, *, qwen: bool, qk_norm: bool, window: bool) -> dict[str, Any]:
-    """``window``: the family has attention windows (LlamaConfig has none: a stray key is reported unread)."""
+def _llama_arch(c: _Config, num_layers: int, *, qwen: bool, qk_norm: bool, window: bool,
+                window_default: int | None = None) -> dict[str, Any]:
+    """``window``: the family has attention windows (LlamaConfig has none: a stray key is reported unread);
+    ``window_default``: its configuration class's window where the key is absent."""
     return {**_rope(c), "norm_eps": c.float("rms_norm_eps", 1e-6), "qk_norm": qk_norm,
-            "sliding_window": _window(c, num_layers, qwen=qwen) if window else None,
+            "sliding_window": _window(c, num_layers, qwen=qwen, default=window_default) if window else None,
             "activation": _activation(c, "hidden_act", "silu"),
             "attention_dropout": c.float("attention_dropout", 0.0)}
 
@@ -341,7 +344,8 @@ def _llama_arch(c: _Config, num_layers: int, *, qwen: bool, qk_norm: bool, windo
 
 
 def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_norm: bool = False,
-                window: bool = True, arch: dict[str, Any] | None = None) -> dict[str, Any]:
+                window: bool = True, window_default: int | None = None,
+                arch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
@@ -352,7 +356,8 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
                       "without it", HFConfigWarning, stacklevel=3)
     n = c.layers("num_hidden_layers")
     return {
-        "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window), **(arch or {})},
+        "arch": {**_llama_arch(c, n, qwen=qwen, qk_norm=qk_norm, window=window, window_default=window_default),
+                 **(arch or {})},
         **_decoder_shape(c, n, hidden, heads),
         "linear_bias": attention_bias and mlp_bias,
         "qkv_bias": qkv_bias or (attention_bias and not mlp_bias),
@@ -380,7 +385,9 @@ def _llama(c: _Config) -> dict[str, Any]:
 
 
 def _mistral(c: _Config) -> dict[str, Any]:
-    return _llama_like(c)  # MistralConfig.sliding_window: every layer
+    # MistralConfig.sliding_window: every layer; 4096 where the file leaves the key out (transformers
+    # models/mistral/configuration_mistral.py ``sliding_window=4096``), as transformers builds the model then
+    return _llama_like(c, window_default=4096)
 
 
 def _qwen2(c: _Config) -> dict[str, Any]:
