@@ -64,7 +64,9 @@ def host_bound_s(device_s: float, model: ModelSpec, cluster: ClusterSpec, par: P
     the per-layer term (both split forward / backward by ``HOST_FORWARD_SHARE``: an assumption inside the joint fit,
     not measured; the forward's router and preprocess are issued before the sync, yet priced as after it).
     ``cover_s``: other layers' device work queued where no sync drains it (``host_cover``), run beside the issue:
-    added to the backward's device work (synced) or to the layer's (not synced)."""
+    added to the backward's device work (synced) or to the layer's (not synced). Nemotron 3 Super's Blackwell rows
+    miss about this host per MoE layer-micro-batch as if uncovered, and far less than its slope at 64 local experts:
+    located, not priced (tests/test_nemotron_super_audit.py)."""
     eff = cluster.efficiency
     host = eff.moe_host_s_per_layer + eff.moe_host_s_per_expert * (model.num_experts // par.ep)
     if forward_share is None:
