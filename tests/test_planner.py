@@ -26,17 +26,6 @@ from search.space import Tally, enumerate_layouts
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torchtitan_layout_rules_on_any_model():  # type: ignore[no-untyped-def]
-    """These properties test torchtitan's layout rules on synthetic and catalog models it ships no flavor of; the
-    shipped-model rule (``TorchtitanProfile.model_error``) is tested in tests/test_target_prepare.py."""
-    from cost_models.targets import PROFILES
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(PROFILES["torchtitan"], "builds_shipped_only", False)
-        yield
-
-
 @st.composite
 def tiny_models(draw):  # type: ignore[no-untyped-def]
     heads = draw(st.sampled_from([4, 8]))

@@ -29,17 +29,6 @@ MOE = ModelSpec(name="tiny-moe", num_layers=8, hidden_size=512, ffn_hidden_size=
                 num_kv_heads=8, vocab_size=1024, num_experts=8, moe_top_k=2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torchtitan_layout_rules_on_any_model():  # type: ignore[no-untyped-def]
-    """These properties test torchtitan's layout rules on synthetic and catalog models it ships no flavor of; the
-    shipped-model rule (``TorchtitanProfile.model_error``) is tested in tests/test_target_prepare.py."""
-    from cost_models.targets import PROFILES
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(PROFILES["torchtitan"], "builds_shipped_only", False)
-        yield
-
-
 @st.composite
 def layouts(draw, zeros=(0, 1, 2, 3)):  # type: ignore[no-untyped-def]
     model = draw(st.sampled_from([MODEL, TIED, MOE]))

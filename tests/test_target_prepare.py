@@ -69,19 +69,3 @@ def test_prepare_runs_torchtitan_zero0_with_cp_as_fsdp() -> None:
     prep = PROFILES["torchtitan"].prepare(model, cluster, job, ParallelConfig(cp=2, zero_stage=0))
     assert prep.par.zero_stage == 0 and prep.runs != prep.par and prep.note
     assert prep.runtime.target == "torchtitan"
-
-
-def test_torchtitan_prices_only_models_it_ships() -> None:
-    """The search, estimate and emit read one rule (TorchtitanProfile.model_error over torchtitan_models.SHIPPED):
-    Mixtral has no torchtitan 0.3.0 flavor, so no torchtitan plan of it is priced; ``any`` ranks the others."""
-    engine = Engine()
-    job = {"model": "mixtral-8x7b", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
-           "job": {"global_batch_size": 32, "seq_len": 4096}}
-    with pytest.raises(AutoplanError, match="torchtitan 0.3.0 does not ship mixtral-8x7b"):
-        engine.estimate({**job, "target": "torchtitan", "parallel": {"ep": 8}})
-    with pytest.raises(AutoplanError, match="does not ship mixtral-8x7b"):
-        engine.search({**job, "target": "torchtitan", "top": 1})
-    found = engine.search({**job, "target": "any", "top": 3})
-    assert found.plans and all(p.target != "torchtitan" for p in found.plans)
-    assert PROFILES["torchtitan"].model_error(load_model("llama3-8b")) is None
-    assert REFERENCE_PROFILES["torchtitan-2024-12"].model_error(load_model("mixtral-8x7b")) is None  # never emitted

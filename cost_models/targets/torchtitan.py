@@ -39,7 +39,6 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.pipeline_layout import parse_chunks
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.torchtitan_models import shipped_model_error
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
                                         reshard_options, torch_memory_facts)
 
@@ -130,19 +129,6 @@ class TorchtitanProfile(TargetProfile):
     # takes the list as given, ``_pipeline_module_split`` builds each part from its FQNs): the emitter writes one FQN
     # list per chunk from ``pipeline_split`` (``autoplan.emit.torchtitan.module_fqns_per_model_part``).
     megatron_fields = ("pipeline_layout",)
-
-    # The released torchtitan the target emits builds only the flavors it ships (``torchtitan_models.SHIPPED``);
-    # reference profiles of earlier releases price published runs and are never emitted: they skip that rule.
-    builds_shipped_only: bool = True
-
-    def model_error(self, model: ModelSpec) -> ConfigError | None:
-        """A hybrid stack (the shared rule), then a model torchtitan 0.3.0 ships no flavor of, or one whose flavor
-        fixes in code a fact that differs from it (``torchtitan_models.shipped_model_error``): the search offers no
-        layout of it, ``estimate`` refuses it and the emitter would ("register the model with torchtitan first")."""
-        err = super().model_error(model)
-        if err is None and self.builds_shipped_only:
-            err = shipped_model_error(model)
-        return err
 
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """The shared rules, and a ``pipeline_layout`` torchtitan's FQN parts can hold: every chunk builds something
