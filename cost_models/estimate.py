@@ -33,7 +33,7 @@ from cost_models.opgraph import DECODER_KINDS, LayerGraph, gemm_precision, layer
 from cost_models.pipeline import dualpipe_rank_share, pipeline_time_s
 from cost_models.quant_layout import layer_in_bf16, mtp_in_bf16, mtp_layer_in_bf16, run_as
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import Runtime, Software, runtime_for
+from cost_models.targets import Runtime, Software, runtime_for, target_model_notes
 from cost_models.validate import check_parallel, pipeline_split
 
 
@@ -190,7 +190,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
         software=runtime.knobs(),
-        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model)],
+        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model),
+               *target_model_notes(target or runtime.target, model)],
     )
 
 

@@ -18,9 +18,9 @@ from autoplan.cli import cli
 from autoplan.emit import EmitPlan, emit, load_plan, write_emitted, write_plan
 from autoplan.emit.megatron import megatron_args, parse_megatron_args
 from autoplan.emit.ranks import megatron_layout, rank_coordinates, rank_groups
-from autoplan.emit.torchtitan import (CONFIG_MODULE, UnsupportedModelError, check_v02, config_module,
-                                      module_fqns_per_model_part,
+from autoplan.emit.torchtitan import (CONFIG_MODULE, check_v02, config_module, module_fqns_per_model_part,
                                       torchtitan_overrides, v02_document)
+from cost_models.targets.torchtitan_models import UnsupportedModelError
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import JobSpec, ParallelConfig
 

@@ -260,7 +260,7 @@ def test_all_dense_glm_is_a_dense_model() -> None:
 
 @pytest.mark.parametrize("stem", [GLM, AIR, OLMOE])
 def test_torchtitan_refuses_models_it_does_not_ship(stem: str) -> None:
-    from autoplan.emit.torchtitan import UnsupportedModelError
+    from cost_models.targets.torchtitan_models import UnsupportedModelError
 
     with pytest.raises(UnsupportedModelError, match=r"torchtitan .* does not ship .* \(a mixture-of-experts model\)"):
         emit(_plan(_spec(stem), ep=8, zero_stage=3), "torchtitan")
@@ -269,7 +269,7 @@ def test_torchtitan_refuses_models_it_does_not_ship(stem: str) -> None:
 @pytest.mark.parametrize(("update", "message"), [({"qk_norm": True, "qk_norm_per_head": False}, "whole projection"),
                                                  ({"qkv_clip": 8.0}, "q/k/v clamp 8")])
 def test_torchtitan_refuses_attention_facts_its_flavors_lack(update: dict[str, Any], message: str) -> None:
-    from autoplan.emit.torchtitan import UnsupportedModelError, arch_overrides
+    from cost_models.targets.torchtitan_models import UnsupportedModelError, arch_overrides
 
     m = load_model("qwen3-235b-a22b")
     m = m.model_copy(update={"arch": m.arch.model_copy(update=update)})

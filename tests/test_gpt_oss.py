@@ -190,7 +190,8 @@ def test_megatron_says_what_it_cannot_build() -> None:
 
 
 def test_torchtitan_maps_gpt_oss_to_its_shipped_flavor() -> None:
-    from autoplan.emit.torchtitan import UnsupportedModelError, needs_config_module, titan_model
+    from autoplan.emit.torchtitan import needs_config_module, titan_model
+    from cost_models.targets.torchtitan_models import UnsupportedModelError
 
     plan = _plan(ep=8, zero_stage=3)  # torchtitan cuts EP from the FSDP ranks
     t = titan_model(plan.model)

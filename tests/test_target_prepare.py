@@ -69,3 +69,21 @@ def test_prepare_runs_torchtitan_zero0_with_cp_as_fsdp() -> None:
     prep = PROFILES["torchtitan"].prepare(model, cluster, job, ParallelConfig(cp=2, zero_stage=0))
     assert prep.par.zero_stage == 0 and prep.runs != prep.par and prep.note
     assert prep.runtime.target == "torchtitan"
+
+
+def test_a_torchtitan_plan_of_a_model_torchtitan_ships_none_of_says_so() -> None:
+    """search / estimate price torchtitan's rules on any model (a user may register one with torchtitan), but
+    torchtitan 0.3.0 ships no Mixtral flavor and ``emit --target torchtitan`` refuses it: every prediction says so
+    (TorchtitanProfile.model_notes over torchtitan_models.SHIPPED, the table the emitter reads); a shipped model
+    and the never-emitted reference profiles carry no such note."""
+    engine = Engine()
+    job = {"cluster": {"gpu": "h100-sxm", "num_gpus": 16}, "job": {"global_batch_size": 32, "seq_len": 4096},
+           "target": "torchtitan"}
+    est = engine.estimate({**job, "model": "mixtral-8x7b", "parallel": {"ep": 8}})
+    assert any(n.startswith("not emittable for torchtitan 0.3.0") and "does not ship mixtral-8x7b" in n
+               for n in est.prediction.notes), est.prediction.notes
+    found = engine.search({**job, "model": "mixtral-8x7b", "top": 1})
+    assert any(n.startswith("not emittable") for n in found.plans[0].prediction.notes)
+    shipped = engine.estimate({**job, "model": "llama3-8b", "parallel": {"tp": 1}})
+    assert not any(n.startswith("not emittable") for n in shipped.prediction.notes)
+    assert REFERENCE_PROFILES["torchtitan-2024-12"].model_notes(load_model("mixtral-8x7b")) == []

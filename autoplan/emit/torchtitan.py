@@ -17,165 +17,18 @@ overrides and ``--module`` points at it — the extension mechanism torchtitan 0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
 from cost_models.specs import ModelSpec
+# the shipped flavors are the torchtitan target's facts (its profile refuses the models they cannot build)
+from cost_models.targets.torchtitan_models import TORCHTITAN_03, arch_overrides, titan_model
 from cost_models.validate import pipeline_split
 
-TORCHTITAN_03 = "0.3.0"
 CONFIG_MODULE = "autoplan_torchtitan_config"
 CONFIG_FN = "autoplan_config"
-
-
-class UnsupportedModelError(ConfigError):
-    """The model is not one torchtitan ships (so it has no config to override)."""
-
-
-@dataclass(frozen=True)
-class TitanModel:
-    """A flavor torchtitan 0.3.0 ships: its module, flavor, ``config_registry`` function and architecture."""
-
-    module: str  # --module
-    flavor: str  # model_registry flavor (also [model] flavor in <= 0.2.x)
-    config_fn: str  # config_registry function for this flavor; "" when torchtitan ships only the flavor
-    config_precision: Literal["bf16", "fp8"]  # what config_fn trains in
-    # architecture fingerprint: layers, hidden, heads, kv heads, ffn, vocab, experts
-    dims: tuple[int, int, int, int, int, int, int]
-    # the flavor's own architecture facts (models/<module>/__init__.py): RoPE base and scaling, norm eps
-    rope_theta: float = 500000.0
-    rope_scaling: Literal["none", "llama", "yarn"] = "llama"
-    norm_eps: float = 1e-5
-    # For a config module: a shipped bf16 config function of the same family to start from (building
-    # config_fn itself would construct its float8 converter), and config_fn's settings to keep.
-    bf16_base: str = ""
-    keep: tuple[tuple[str, str], ...] = ()
-    # attention and MLP facts the flavor hard-codes (``attention_facts``): window, every N-th layer full, sinks,
-    # activation, GLU offset and clamp, biases on every linear
-    attention: tuple[Any, ...] = (None, 0, False, "silu", 0.0, None, False)
-
-
-def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
-    """What a torchtitan flavor fixes in code and no config field changes (compared with ``TitanModel.attention``)."""
-    a = m.arch
-    return (a.sliding_window, a.full_attention_every, a.attention_sinks, a.activation, a.glu_linear_offset,
-            a.activation_clamp, m.linear_bias or m.qkv_bias)
-
-
-ATTENTION_FACTS = ("sliding_window", "full_attention_every", "attention_sinks", "activation", "glu_linear_offset",
-                   "activation_clamp", "biases")
-# torchtitan/models/gpt_oss/__init__.py: a 128-token window on even layers (_build_gptoss_layers), sinks and biases on
-# every linear and the router, the experts' swiglu (alpha 1.702, limit 7.0, +1 on the linear half: moe.py:67-73)
-GPT_OSS_ATTENTION = (128, 2, True, "quick_gelu", 1.0, 7.0, True)
-
-
-def _gpt_oss(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int]) -> TitanModel:
-    return TitanModel("gpt_oss", flavor, fn, "bf16", dims, 150000.0, "yarn", 1e-5, attention=GPT_OSS_ATTENTION)
-
-
-def _qwen3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], theta: float = 1e6,
-           base: str = "") -> TitanModel:
-    return TitanModel("qwen3", flavor, fn, "bf16", dims, theta, "none", 1e-6, bf16_base=base)
-
-
-def _dsv3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], base: str = "") -> TitanModel:
-    return TitanModel("deepseek_v3", flavor, fn, "bf16", dims, 10000.0, "yarn", 1e-5, bf16_base=base)
-
-
-# Every non-debug flavor torchtitan 0.3.0 ships for the decoder families autoplan plans (tests/test_torchtitan_
-# flavors.py rebuilds each from torchtitan and checks the row). Llama 3 flavors are Llama 3.1/3.2: llama RoPE
-# scaling (factor 8 over 8192 tokens) is part of every one of them.
-SHIPPED: tuple[TitanModel, ...] = (
-    TitanModel("llama3", "1B", "", "bf16", (16, 2048, 32, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
-    TitanModel("llama3", "3B", "", "bf16", (28, 3072, 24, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
-    TitanModel("llama3", "8B", "llama3_8b", "bf16", (32, 4096, 32, 8, 14336, 128256, 0)),
-    TitanModel("llama3", "70B", "llama3_70b", "bf16", (80, 8192, 64, 8, 28672, 128256, 0)),
-    TitanModel("llama3", "405B", "llama3_405b", "fp8", (126, 16384, 128, 8, 53248, 128256, 0),
-               bf16_base="llama3_70b",
-               keep=(("hf_assets_path", "'./assets/hf/Llama-3.1-405B'"),
-                     ("optimizer", "default_adamw(lr=8e-5)"),
-                     ("lr_scheduler", "LRSchedulersContainer.Config(warmup_steps=600)"),
-                     ("training.local_batch_size", "2"), ("training.steps", "3000"),
-                     ("compile", "CompileConfig(enable=True, enable_async_tensor_parallel=True)"))),
-    _qwen3("0.6B", "qwen3_0_6b", (28, 1024, 16, 8, 3072, 151936, 0)),
-    _qwen3("1.7B", "qwen3_1_7b", (28, 2048, 16, 8, 6144, 151936, 0)),
-    _qwen3("4B", "", (36, 2560, 32, 8, 9728, 151936, 0), base="qwen3_14b"),
-    _qwen3("8B", "", (36, 4096, 32, 8, 12288, 151936, 0), base="qwen3_14b"),
-    _qwen3("14B", "qwen3_14b", (40, 5120, 40, 8, 17408, 151936, 0)),
-    _qwen3("32B", "qwen3_32b", (64, 5120, 64, 8, 25600, 151936, 0)),
-    _qwen3("30B-A3B", "qwen3_30b_a3b", (48, 2048, 32, 4, 6144, 151936, 128)),
-    # torchtitan 0.3.0 ships 235B-A22B without a config function and with RoPE base 5e6 (Qwen's config.json: 1e6)
-    TitanModel("qwen3", "235B-A22B", "", "bf16", (94, 4096, 64, 4, 12288, 151936, 128), 5e6, "none", 1e-6,
-               bf16_base="qwen3_30b_a3b", keep=(("hf_assets_path", "'./assets/hf/Qwen3-235B-A22B'"),)),
-    _dsv3("16B", "deepseek_v3_16b", (27, 2048, 16, 16, 10944, 102400, 64)),
-    _dsv3("236B", "", (60, 5120, 128, 128, 12288, 102400, 160), base="deepseek_v3_16b"),
-    _dsv3("671B", "deepseek_v3_671b", (61, 7168, 128, 128, 18432, 129280, 256)),
-    _gpt_oss("20b", "gpt_oss_20b", (24, 2880, 64, 8, 2880, 201088, 32)),
-    _gpt_oss("120b", "gpt_oss_120b", (36, 2880, 64, 8, 2880, 201088, 128)),
-)
-
-
-def fingerprint(m: ModelSpec) -> tuple[int, int, int, int, int, int, int]:
-    return (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
-            m.num_experts)
-
-
-def titan_model(m: ModelSpec) -> TitanModel:
-    """The torchtitan flavor with ``m``'s shapes, or ``UnsupportedModelError`` saying what ships. Facts that
-    differ without changing shapes (RoPE, norm eps, MTP) are set by the emitted config module (``arch_overrides``)."""
-    for t in SHIPPED:
-        if t.dims == fingerprint(m):
-            return t
-    ships = ", ".join(f"{t.module} {t.flavor}" for t in SHIPPED)
-    kind = " (a mixture-of-experts model)" if m.is_moe else ""
-    raise UnsupportedModelError(
-        f"torchtitan {TORCHTITAN_03} does not ship {m.name}{kind}: autoplan emits torchtitan configs for "
-        f"the models it ships ({ships}), matched by architecture. Use another --target, or register the model with "
-        "torchtitan (a model package with a config_registry) first")
-
-
-def arch_overrides(m: ModelSpec) -> dict[str, Any]:
-    """Where the flavor's architecture differs from the model the user asked for: RoPE base (``theta``), RoPE
-    scaling (``scaling``), norm epsilon (``eps``), MTP depth (``num_mtp_layers``, DeepSeek). Raises
-    ``UnsupportedModelError`` for a difference torchtitan's config cannot express here."""
-    t, arch, out = titan_model(m), m.arch, {}
-    differ = [f"{k} {ours!r} (torchtitan: {theirs!r})" for k, ours, theirs in
-              zip(ATTENTION_FACTS, attention_facts(m), t.attention) if ours != theirs]
-    if not arch.qk_norm_per_head and arch.qk_norm:
-        differ.append("q/k norm over the whole projection (torchtitan: per head or none)")
-    if arch.qkv_clip is not None:
-        differ.append(f"q/k/v clamp {arch.qkv_clip:g} (torchtitan: none)")
-    if differ:
-        raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
-                                    f"{', '.join(differ)}; use --target megatron")
-    if arch.rope_theta != t.rope_theta:
-        out["theta"] = arch.rope_theta
-    want = {None: "none", "llama3": "llama", "yarn": "yarn"}[arch.rope_scaling.type if arch.rope_scaling else None]
-    if want != t.rope_scaling:
-        if want != "none":
-            raise UnsupportedModelError(f"{m.name}: RoPE scaling '{want}' differs from torchtitan {t.module} "
-                                        f"{t.flavor}'s '{t.rope_scaling}'; autoplan only removes a flavor's scaling")
-        out["scaling"] = "none"
-    elif want == "yarn" and t.module == "gpt_oss" and arch.rope_scaling is not None:
-        rs = arch.rope_scaling  # torchtitan gpt_oss flavors: CosSinRoPE yarn 32, beta 32/1, 4096, truncate False
-        if (rs.factor, rs.beta_fast, rs.beta_slow, rs.original_max_position_embeddings, rs.truncate, rs.mscale,
-                rs.mscale_all_dim) != (32, 32, 1, 4096, False, 1.0, 0.0):
-            raise UnsupportedModelError(f"{m.name}: YaRN {rs} differs from torchtitan gpt_oss's (32, 32, 1, 4096, "
-                                        "truncate False)")
-    elif want == "llama" and arch.rope_scaling is not None:
-        rs = arch.rope_scaling  # torchtitan's llama scaling defaults (RoPE.Config): 8, 1, 4, 8192
-        if (rs.factor, rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings) != (8, 1, 4, 8192):
-            raise UnsupportedModelError(f"{m.name}: llama RoPE scaling {rs} differs from torchtitan's (8, 1, 4, 8192)")
-    if arch.norm_eps != t.norm_eps:
-        out["eps"] = arch.norm_eps
-    if arch.mtp_layers:
-        if t.module != "deepseek_v3":
-            raise UnsupportedModelError(f"{m.name}: torchtitan {t.module} has no multi-token prediction")
-        out["num_mtp_layers"] = arch.mtp_layers
-    return out
 
 
 def needs_config_module(plan: EmitPlan) -> bool:

@@ -58,7 +58,7 @@ interleaved pipelines) adds its pipeline-split rules to ``MegatronProfile``.
 from __future__ import annotations
 
 from cost_models.errors import ConfigError
-from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (TARGET_NAMES, Knob, Prepared, Runtime, Software, TargetName, TargetProfile)
 from cost_models.targets.fsdp2 import PROFILE as FSDP2
 from cost_models.targets.megatron import PROFILE as MEGATRON
@@ -84,6 +84,13 @@ def profile_for(target: str | None) -> TargetProfile | None:
     (``REFERENCE_PROFILES``, e.g. ``torchtitan-2024-12``); None for ``any``, no target, a reference runtime without a
     profile (``deepseek``) or an unknown name (``get_profile`` is the strict look-up)."""
     return REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
+
+
+def target_model_notes(target: str | None, model: ModelSpec) -> list[str]:
+    """What a prediction on ``target`` says about ``model`` itself (``TargetProfile.model_notes``); [] without a
+    profile."""
+    prof = profile_for(target)
+    return prof.model_notes(model) if prof is not None else []
 
 
 def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None = None,
@@ -113,5 +120,5 @@ def sdpa_cudnn_first(target: str | None) -> tuple[str, ...]:
     return tuple(prof.sdpa_cudnn_first) if prof is not None else ()
 
 
-__all__ = ["DEEPSEEK", "framework_of", "profile_for", "Prepared", "sdpa_cudnn_first", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
+__all__ = ["DEEPSEEK", "framework_of", "profile_for", "target_model_notes", "Prepared", "sdpa_cudnn_first", "REFERENCE_PROFILES", "DEFAULT_TARGET", "FSDP2", "REFERENCE_RUNTIMES", "runtime_for", "MEGATRON", "PROFILES", "TARGET_NAMES", "TORCHTITAN", "Knob", "Runtime",
            "Software", "TargetName", "TargetProfile", "get_profile"]

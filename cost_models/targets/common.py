@@ -614,6 +614,11 @@ class TargetProfile:
                                valid=["target megatron"])
         return None
 
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        """What a prediction of ``model`` on this target should tell the user about the model itself (e.g. that
+        the released framework ships no definition of it to emit for); [] for none. ``estimate`` adds them."""
+        return []
+
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """Why this target, run with ``rt``'s knobs (its software version), cannot build ``model``; None: it can.
         ``estimate``, ``check_runtime`` (search, emit, validate) and the planner ask it."""

@@ -64,6 +64,9 @@ class Torchtitan2025Profile(TorchtitanProfile):
     and output layer (models/llama3/infra/parallelize.py @ 820504e; ``memory.zero3_head_unit_bytes`` "root")."""
 
     version = "torchtitan 2025-04..07 (held-out runs of 2025; reference profile, not an emit target)"
+
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        return []  # never emitted: 0.3.0's shipped flavors say nothing about these releases' runs
     # debug.moe_force_load_balance came with 99fee810b (2025-10-03, #1670): not a knob of these releases
     knobs = {**{n: k for n, k in TorchtitanProfile.knobs.items() if n != "moe_force_balance"},
              "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",

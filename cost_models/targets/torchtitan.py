@@ -39,6 +39,7 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.pipeline_layout import parse_chunks
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.torchtitan_models import TORCHTITAN_03, shipped_model_error
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
                                         reshard_options, torch_memory_facts)
 
@@ -129,6 +130,17 @@ class TorchtitanProfile(TargetProfile):
     # takes the list as given, ``_pipeline_module_split`` builds each part from its FQNs): the emitter writes one FQN
     # list per chunk from ``pipeline_split`` (``autoplan.emit.torchtitan.module_fqns_per_model_part``).
     megatron_fields = ("pipeline_layout",)
+
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        """torchtitan 0.3.0 builds only the flavors it ships (``torchtitan_models.SHIPPED``): a model it ships none
+        of, or whose flavor fixes in code a fact that differs from it, is priced with torchtitan's rules, but
+        ``emit --target torchtitan`` refuses it (``shipped_model_error``): the prediction says so."""
+        err = shipped_model_error(model)
+        if err is None:
+            return []
+        why = str(err).split(". Use ")[0].split("; use ")[0]
+        return [f"not emittable for torchtitan {TORCHTITAN_03}: {why}; priced with torchtitan's rules as for a model "
+                "registered with torchtitan by hand (emit it for megatron or fsdp2)"]
 
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """The shared rules, and a ``pipeline_layout`` torchtitan's FQN parts can hold: every chunk builds something
