@@ -116,6 +116,8 @@ def test_flags_no_file_plan_takes_are_refused(tmp_path):
     path.write_text(out.stdout)
     bad = runner.invoke(cli, ["compare", str(path), f"{path}#2", "--seq-len", "8192", "--gpu", "b200"])
     assert bad.exit_code == 2 and "--gpu, --seq-len would be ignored" in bad.stderr, bad.output
+    knob = runner.invoke(cli, ["compare", str(path), f"{path}#2", "--target", "torchtitan", "--compile"])
+    assert knob.exit_code == 2 and "--target, --compile would be ignored" in knob.stderr, knob.output
     assert runner.invoke(cli, ["compare", str(path), f"{path}#2"]).exit_code == 0
     mixed = runner.invoke(cli, ["compare", str(path), "tp=2", *JOB, "--format", "json"])
     assert mixed.exit_code == 0, mixed.output

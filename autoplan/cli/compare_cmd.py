@@ -169,10 +169,11 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
                              **({"target": target} if target != "any" else {})})
     if all(_is_file(text) for text in plans):  # flags no plan takes (files keep their own)
         unused = flags_given(("model", "num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size",
-                              "profile", "memory_headroom", "global_batch_size", "seq_len", "precision"))
+                              "profile", "memory_headroom", "global_batch_size", "seq_len", "precision", "target",
+                              *knobs))  # a file's plan keeps the target and knobs it was priced with
         if unused:
-            raise UserInputError(f"every PLAN is a file, which holds its model, cluster and job: {', '.join(unused)} "
-                                 "would be ignored; give them with #K or degree plans (tp=8,pp=4)")
+            raise UserInputError(f"every PLAN is a file, which holds its model, cluster, job, target and knobs: "
+                                 f"{', '.join(unused)} would be ignored; give them with #K or degree plans (tp=8,pp=4)")
     result = api.compare({"plans": requests, "rank_by": rank_by}, labels=list(plans))
     if fmt == "json":
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
