@@ -52,10 +52,15 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
     ests = [engine.estimate(p) for p in req.plans]
     # Plans that fit in memory first (as search ranks only those), then by throughput (tokens/s: plans of
     # different jobs compare by it); ties keep the order given.
-    ranking = sorted(range(len(ests)), key=lambda i: (not ests[i].prediction.fits, -_throughput(ests[i], req.rank_by), i))
+    ranking = sorted(range(len(ests)),
+                     key=lambda i: (not ests[i].prediction.fits, -_throughput(ests[i], req.rank_by), i))
     best = ests[ranking[0]]
     cluster = engine.resolve(req.plans[ranking[0]]).cluster
     diffs = []
+    # none fits: the ranking is by throughput alone, and each explanation says so first
+    none_fits = "" if best.prediction.fits else (
+        f"No plan fits in memory ({labels[ranking[0]]}: {best.prediction.peak_memory_gib:.1f} GiB per GPU, limit "
+        f"{best.prediction.memory_limit_gib:.1f}); by throughput alone, ")
     for i in ranking[1:]:
         e = ests[i]
         gap = 1 - _throughput(e, req.rank_by) / _throughput(best, req.rank_by)
@@ -66,10 +71,12 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
             text = (f"{labels[ranking[0]]} over {labels[i]}: {labels[i]} does not fit in memory "
                     f"({e.prediction.peak_memory_gib:.1f} GiB per GPU, limit {e.prediction.memory_limit_gib:.1f})"
                     + (f", though it would run {-gap:.1%} more tokens/s" if gap < 0 else
-                       f" ({gap:.1%} fewer tokens/s): {why}"))
+                       f" ({gap:.1%} fewer tokens/s" + (" after failures" if req.rank_by == "goodput" else "")
+                       + f"): {why}"))
         else:
             text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s" + (
                 " after failures" if req.rank_by == "goodput" else "") + f"): {why}"
+        text = none_fits + text
         if jobs:
             text += f" Also differ in {jobs}."
         if best.goodput is not None and e.goodput is not None and req.rank_by == "goodput":

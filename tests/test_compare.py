@@ -104,6 +104,9 @@ def test_a_plan_over_memory_never_ranks_first():
     assert "plan 1 does not fit in memory" in r.differences[0]
     both_fit = api.Engine().compare({"plans": [{**p, "cluster": {"num_gpus": 8}} for p in plans]})
     assert both_fit.ranking == [0, 1]  # with room for both, throughput decides
+    none_fit = api.Engine().compare({"plans": [{**p, "cluster": {"num_gpus": 8, "memory_headroom": 70.0}}
+                                               for p in plans]})
+    assert none_fit.ranking == [0, 1] and none_fit.differences[0].startswith("No plan fits in memory (plan 1: ")
 
 
 def test_flags_no_file_plan_takes_are_refused(tmp_path):
