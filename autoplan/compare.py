@@ -61,6 +61,7 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
     none_fits = "" if best.prediction.fits else (
         f"No plan fits in memory ({labels[ranking[0]]}: {best.prediction.peak_memory_gib:.1f} GiB per GPU, limit "
         f"{best.prediction.memory_limit_gib:.1f}); by throughput alone, ")
+    after_failures = " after failures" if req.rank_by == "goodput" else ""
     for i in ranking[1:]:
         e = ests[i]
         gap = 1 - _throughput(e, req.rank_by) / _throughput(best, req.rank_by)
@@ -71,11 +72,9 @@ def compare(engine: Engine, req: CompareRequest, labels: list[str] | None = None
             text = (f"{labels[ranking[0]]} over {labels[i]}: {labels[i]} does not fit in memory "
                     f"({e.prediction.peak_memory_gib:.1f} GiB per GPU, limit {e.prediction.memory_limit_gib:.1f})"
                     + (f", though it would run {-gap:.1%} more tokens/s" if gap < 0 else
-                       f" ({gap:.1%} fewer tokens/s" + (" after failures" if req.rank_by == "goodput" else "")
-                       + f"): {why}"))
+                       f" ({gap:.1%} fewer tokens/s{after_failures}): {why}"))
         else:
-            text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s" + (
-                " after failures" if req.rank_by == "goodput" else "") + f"): {why}"
+            text = f"{labels[ranking[0]]} over {labels[i]} ({gap:.1%} more tokens/s{after_failures}): {why}"
         text = none_fits + text
         if jobs:
             text += f" Also differ in {jobs}."

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,3 +26,17 @@ def load_heldout() -> ModuleType:
     """``benchmarks/heldout.py``, after the ``fidelity`` script it imports by that name."""
     load_benchmark("fidelity", "fidelity")
     return load_benchmark("heldout", "heldout")
+
+
+def heldout_rows(files: tuple[str, ...], keep: Callable[[dict[str, Any]], bool],
+                 row: Callable[[dict[str, Any], dict[str, Any], ModuleType, ModuleType], dict[str, Any]],
+                 ) -> dict[str, dict[str, Any]]:
+    """``row(case, rules, heldout, fidelity)`` for each case of ``benchmarks/data/<files>`` that ``keep`` keeps,
+    by case id (the per-family audits of the held-out rows)."""
+    heldout = load_heldout()
+    fidelity = load_benchmark("fidelity", "fidelity")
+    out = {}
+    for name in files:
+        cases, rules = fidelity.load_cases(ROOT / "benchmarks" / "data" / name)
+        out.update({case["id"]: row(case, rules, heldout, fidelity) for case in cases if keep(case)})
+    return out

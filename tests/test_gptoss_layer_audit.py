@@ -30,20 +30,18 @@ per-model fit. What remains is GPT-OSS-specific and halves under the MXFP8 fused
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from benchmark_modules import load_benchmark, load_heldout
+from benchmark_modules import heldout_rows
 from cost_models.estimate import estimate
 from cost_models.op_cost import op_compute
 from cost_models.opgraph import layer_graph
 from cost_models.quant_layout import op_job
 from cost_models.targets import runtime_for
 
-DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 FILES = ("more_runs_gptoss.json", "more_runs.json", "more_runs_bridge2.json")
 # Blackwell rows of one release window, both models: GPT-OSS BF16 (all four GPUs) and MXFP8, Qwen3 on HybridEP (the
 # accurate ones). Left out: 26.06.01 (cudnn-frontend#256's dbias regression) and 26.02's B200/B300 ep-64 GPT-OSS rows
@@ -78,23 +76,21 @@ def _row(case: dict[str, Any], rules: dict[str, Any], heldout: Any, fidelity: An
             "dispatcher": rt.moe_dispatcher if rt is not None else None, **cls}
 
 
+def _kept(case: dict[str, Any]) -> bool:
+    """GPT-OSS-120B and Qwen3 (forced balance) of ``RELEASES`` on Blackwell, and GPT-OSS of 25.11 / 26.02 on GB200 /
+    GB300 (the attention / per-step pairs below)."""
+    cid, gpu = case["id"], case["cluster"]["gpu"]
+    oss = "GPT_OSS_120B" in cid
+    if not (oss or "Qwen3" in cid) or "natural" in cid:
+        return False
+    release = cid.split("_")[0][2:]
+    return (oss and release in ("25.11", "26.02") and gpu in BLACKWELL[:2]) or (
+        release in RELEASES and gpu in BLACKWELL)
+
+
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict[str, Any]]:
-    heldout = load_heldout()
-    fidelity = load_benchmark("fidelity", "fidelity")
-    out = {}
-    for name in FILES:
-        cases, rules = fidelity.load_cases(DATA / name)
-        for case in cases:
-            cid, gpu = case["id"], case["cluster"]["gpu"]
-            oss = "GPT_OSS_120B" in cid
-            if not (oss or "Qwen3" in cid) or "natural" in cid:
-                continue
-            if oss and cid.split("_")[0][2:] in ("25.11", "26.02") and gpu in BLACKWELL[:2]:
-                out[cid] = _row(case, rules, heldout, fidelity)  # the attention / per-step pairs below
-            elif cid.split("_")[0][2:] in RELEASES and gpu in BLACKWELL:
-                out[cid] = _row(case, rules, heldout, fidelity)
-    return out
+    return heldout_rows(FILES, _kept, _row)
 
 
 def test_the_gpt_oss_miss_is_per_token_not_per_step(rows) -> None:  # type: ignore[no-untyped-def]

@@ -32,16 +32,14 @@ host-side profile (nsys) of one Super layer."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from benchmark_modules import load_benchmark, load_heldout
+from benchmark_modules import heldout_rows
 from cost_models.estimate import estimate
 
-DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 FILES = ("more_runs_bridge2.json", "more_runs_bridge_cards.json")
 BLACKWELL = ("gb200", "gb300", "b200", "b300")
 
@@ -70,15 +68,7 @@ def _row(case: dict[str, Any], rules: dict[str, Any], heldout: Any, fidelity: An
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict[str, Any]]:
-    heldout = load_heldout()
-    fidelity = load_benchmark("fidelity", "fidelity")
-    out = {}
-    for name in FILES:
-        cases, rules = fidelity.load_cases(DATA / name)
-        for case in cases:
-            if "Nemotron_3_Super" in case["id"] and "natural" not in case["id"]:
-                out[case["id"]] = _row(case, rules, heldout, fidelity)
-    return out
+    return heldout_rows(FILES, lambda case: "Nemotron_3_Super" in case["id"] and "natural" not in case["id"], _row)
 
 
 def _blackwell(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

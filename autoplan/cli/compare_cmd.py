@@ -14,8 +14,8 @@ from autoplan import api
 from autoplan.cli import cli
 from autoplan.cli.catalog_cmd import render_table
 from autoplan.cli.goodput_options import failure_model, failure_options
-from autoplan.cli.options import (cluster_flags, cluster_request, flags_given, format_option, job_options,
-                                  job_spec, pop_software, software_options, user_errors)
+from autoplan.cli.options import (PLAN_FILE_FIELDS, cluster_flags, cluster_request, flags_given, format_option,
+                                  job_options, job_spec, pop_software, software_options, user_errors)
 from autoplan.errors import UserInputError
 
 # Degree-spec keys as the CLI flags spell them, to ParallelConfig fields.
@@ -168,9 +168,8 @@ def compare_cmd(plans: tuple[str, ...], model: str | None, target: str, rank_by:
             requests.append({**context, "parallel": _degrees(text), "failures": failures, "software": knobs,
                              **({"target": target} if target != "any" else {})})
     if all(_is_file(text) for text in plans):  # flags no plan takes (files keep their own)
-        unused = flags_given(("model", "num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size",
-                              "profile", "memory_headroom", "global_batch_size", "seq_len", "precision", "target",
-                              *knobs))  # a file's plan keeps the target and knobs it was priced with
+        # a file's plan keeps the target and knobs it was priced with
+        unused = flags_given(("model", *PLAN_FILE_FIELDS, "target", *knobs))
         if unused:
             raise UserInputError(f"every PLAN is a file, which holds its model, cluster, job, target and knobs: "
                                  f"{', '.join(unused)} would be ignored; give them with #K or degree plans (tp=8,pp=4)")

@@ -15,8 +15,8 @@ import click
 from autoplan.cli import cli
 from autoplan.cli.estimate_cmd import parallel_options, pop_parallel
 from autoplan.cli.options import FLOAT, INT  # noqa: F401
-from autoplan.cli.options import (cluster_flags, cluster_request, flags_given, job_options, job_spec, pop_software,
-                                  software_options, stack, user_errors)
+from autoplan.cli.options import (PLAN_FILE_FIELDS, cluster_flags, cluster_request, flags_given, job_options,
+                                  job_spec, pop_software, software_options, stack, user_errors)
 from autoplan.emit import TARGETS, EmitPlan, check_emittable, load_plan, over_memory_message, price, write_plan
 from autoplan.emit.plan import plan_target
 from autoplan.errors import InfeasibleError
@@ -60,7 +60,7 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
     degrees = pop_parallel(kw)
     software = pop_software(kw)
     if plan_file is not None:
-        given = _cluster_job_flags_given()
+        given = flags_given(PLAN_FILE_FIELDS)
         if model is not None or degrees or given or mtp_layers is not None:
             raise click.UsageError("give either --plan FILE or --model/--gpus/degree flags, not both"
                                    + (f" (the file holds its cluster and job: {', '.join(given)} would be "
@@ -82,16 +82,6 @@ def resolve_plan(kw: dict[str, Any], target: str) -> EmitPlan:
     model_spec, cluster, job = resolve(model, cluster_req, job, target)
     model_spec = with_mtp_layers(model_spec, mtp_layers)
     return EmitPlan(model=model_spec, cluster=cluster, job=job, parallel=par, software=software)
-
-
-# The cluster and job flags a plan file carries the values of (its "cluster", "job" and the memory limit its plan
-# was checked against): given beside --plan they were silently ignored.
-PLAN_FILE_FIELDS = ("num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile",
-                    "memory_headroom", "global_batch_size", "seq_len", "precision")
-
-
-def _cluster_job_flags_given() -> list[str]:
-    return flags_given(PLAN_FILE_FIELDS)
 
 
 def with_target_defaults(plan: EmitPlan, target: str) -> EmitPlan:

@@ -298,6 +298,12 @@ request_option = click.option(
     help="a request file (JSON or YAML, see `autoplan schema request`) instead of the model/cluster/job/degree flags")
 
 
+# The cluster and job flags a plan file carries the values of (its "cluster", "job" and the memory limit its plan
+# was checked against): given beside a plan file they would be ignored, so emit and compare refuse them by name.
+PLAN_FILE_FIELDS = ("num_gpus", "gpu", "gpus_per_node", "inter_node_gbps", "nvlink_domain_size", "profile",
+                    "memory_headroom", "global_batch_size", "seq_len", "precision")
+
+
 def flags_given(names: tuple[str, ...]) -> list[str]:
     """The flags of parameters ``names`` given on the command line (or the environment), as the user spelled
     them; [] outside a click command (callers that build the keyword arguments themselves)."""

@@ -65,8 +65,6 @@ class Torchtitan2025Profile(TorchtitanProfile):
 
     version = "torchtitan 2025-04..07 (held-out runs of 2025; reference profile, not an emit target)"
 
-    def model_notes(self, model: ModelSpec) -> list[str]:
-        return []  # never emitted: 0.3.0's shipped flavors say nothing about these releases' runs
     # debug.moe_force_load_balance came with 99fee810b (2025-10-03, #1670): not a knob of these releases
     knobs = {**{n: k for n, k in TorchtitanProfile.knobs.items() if n != "moe_force_balance"},
              "fp8_recipe": Knob("fp8_recipe", ("tensorwise", *TorchtitanProfile.knobs["fp8_recipe"].values), "rowwise",
@@ -82,6 +80,9 @@ class Torchtitan2025Profile(TorchtitanProfile):
 
     # Where this release's ZeRO-0 (dp_replicate alone) goes to DDP and raises on a mesh of more than one dimension
     ddp_source = "models/llama3/parallelize_llama.py:110-112 @ 820504e"
+
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        return []  # never emitted: 0.3.0's shipped flavors say nothing about these releases' runs
 
     def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
                      dp_cp: int, schedule: str) -> ConfigError | None:
