@@ -121,9 +121,9 @@ def kv_replication(target: Target) -> bool:
 def kv_choices(model: ModelSpec, target: Target, tp: int) -> tuple[str, ...]:
     """How the target replicates KV heads when tp > num_kv_heads (its profile's ``kv_modes``: Megatron gathers the
     evenly split QKV output, the fsdp2 module replicates the K/V weights; ``any`` searches both)."""
-    if model.mla is not None or tp <= model.num_kv_heads:
-        return ("gather",)  # heads split (or MLA): the field is ignored
     prof = get_profile(target)
+    if model.mla is not None or tp <= model.num_kv_heads:  # heads split (or MLA): the field is ignored; the
+        return (prof.kv_default if prof is not None else "gather",)  # target's own label, as estimate echoes it
     modes = prof.kv_modes if prof is not None else ("gather", "replicate")
     return tuple(m for m in ("gather", "replicate") if m in modes)
 

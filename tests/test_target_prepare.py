@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.api import Engine
+from autoplan.emit.plan import priced_software
 from autoplan.errors import AutoplanError
 from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
@@ -87,3 +88,19 @@ def test_a_torchtitan_plan_of_a_model_torchtitan_ships_none_of_says_so() -> None
     shipped = engine.estimate({**job, "model": "llama3-8b", "parallel": {"tp": 1}})
     assert not any(n.startswith("not emittable") for n in shipped.prediction.notes)
     assert REFERENCE_PROFILES["torchtitan-2024-12"].model_notes(load_model("mixtral-8x7b")) == []
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "fsdp2"])
+def test_a_searched_plan_and_its_estimate_carry_the_same_kv_mode(target: str) -> None:
+    """Where tp divides the KV heads the mode is ignored, but a plan must echo what an estimate of the same layout
+    echoes: fsdp2 plans said 'gather' (the generic default) while estimating them said 'replicate'."""
+    engine = Engine()
+    req = {"model": "llama3-8b", "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+           "job": {"global_batch_size": 64, "seq_len": 4096}, "target": target}
+    plans = engine.search({**req, "top": 3}).plans
+    assert plans
+    for plan in plans:
+        degrees = plan.parallel.model_dump(exclude={"kv_replication"}, exclude_defaults=True)
+        knobs = priced_software(plan.prediction.software).given()  # the plan's knobs, as compare re-prices it
+        est = engine.estimate({**req, "parallel": degrees, "software": knobs})
+        assert est.parallel.kv_replication == plan.parallel.kv_replication == PROFILES[target].kv_default

@@ -424,6 +424,15 @@ class TargetProfile:
     optimizer_refusal: str = "this target runs Adam only"
 
     @property
+    def kv_default(self) -> str:
+        """The ``kv_replication`` this target's layouts carry where the user sets none: its own way of holding K/V
+        heads under tp > num_kv_heads (fsdp2: 'replicate'), else the generic default 'gather' (ignored where tp
+        divides the heads; torchtitan holds none). ``with_defaults`` and the search label layouts with it, so a
+        searched plan and an estimate of the same layout say the same."""
+        held = [m for m in self.kv_modes if m != "shard"]
+        return "gather" if not held or "gather" in held else held[0]
+
+    @property
     def allow_kv_replication(self) -> bool:
         """tp a multiple of num_kv_heads (KV heads held by tp / num_kv_heads ranks each)."""
         return "gather" in self.kv_modes or "replicate" in self.kv_modes
@@ -721,10 +730,8 @@ class TargetProfile:
             zero = self.default_zero_stage(par.zero_stage, software)
             if zero != par.zero_stage:
                 update["zero_stage"] = zero
-        if "kv_replication" not in par.model_fields_set and par.kv_replication not in self.kv_modes:
-            held = [m for m in self.kv_modes if m != "shard"]
-            if held:
-                update["kv_replication"] = held[0]
+        if "kv_replication" not in par.model_fields_set and par.kv_replication != self.kv_default:
+            update["kv_replication"] = self.kv_default
         return par.model_copy(update=update) if update else par
 
     def default_zero_stage(self, generic: int, software: Software | None) -> int:
