@@ -56,11 +56,20 @@ class RopeScaling(_Frozen):
     are divided by ``factor``, above ``.../high_freq_factor`` kept, smooth in between.
     ``yarn`` (DeepSeek-V3; Peng et al. 2023, arXiv:2309.00071): NTK-by-parts ramp between ``beta_fast`` and
     ``beta_slow`` rotations; attention logits scaled by ``mscale(factor, mscale)/mscale(factor, mscale_all_dim)``
-    with ``mscale(s, m) = 0.1 m ln s + 1`` (MLA squares the ``mscale_all_dim`` term into its softmax scale)."""
+    with ``mscale(s, m) = 0.1 m ln s + 1`` (MLA squares the ``mscale_all_dim`` term into its softmax scale).
+    ``linear`` (position interpolation): every frequency divided by ``factor``, i.e. positions / factor
+    (transformers ``_compute_linear_scaling_rope_parameters``, modeling_rope_utils.py:190 @ 5.24.0).
+    ``dynamic`` (dynamic NTK): RoPE unchanged while a sequence is at most ``max_position_embeddings`` long; beyond
+    it the base grows with the length (``dynamic_rope_update``, modeling_rope_utils.py:101 and 329-341 @ 5.24.0).
+    All four change no FLOPs, bytes or memory beyond YaRN's ``attention_factor``."""
 
-    type: Literal["llama3", "yarn"]
-    factor: float = Field(gt=1)
-    original_max_position_embeddings: int = Field(gt=0, description="context the base model was trained at")
+    type: Literal["llama3", "yarn", "linear", "dynamic"]
+    factor: float = Field(ge=1, description="transformers' validation asks >= 1 (modeling_rope_utils.py:943)")
+    original_max_position_embeddings: int | None = Field(
+        default=None, gt=0, description="llama3 / yarn (required): context the base model was trained at")
+    max_position_embeddings: int | None = Field(
+        default=None, gt=0, description="dynamic (required): the config's max_position_embeddings, the length beyond "
+        "which transformers rescales (LlamaRotaryEmbedding.original_max_seq_len, modeling_llama.py:76-77 @ 5.24.0)")
     low_freq_factor: float = Field(default=1.0, gt=0, description="llama3 only")
     high_freq_factor: float = Field(default=4.0, gt=0, description="llama3 only")
     beta_fast: float = Field(default=32.0, gt=0, description="yarn only")
@@ -70,6 +79,14 @@ class RopeScaling(_Frozen):
     truncate: bool = Field(default=True, description="yarn only: the ramp's correction range rounded to whole "
                            "dimensions (transformers ``truncate``; Megatron-Core yarn_correction_range_round_to_int); "
                            "GPT-OSS: false")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> RopeScaling:
+        need = {"llama3": "original_max_position_embeddings", "yarn": "original_max_position_embeddings",
+                "dynamic": "max_position_embeddings"}.get(self.type)
+        if need is not None and getattr(self, need) is None:
+            raise ValueError(f"rope_scaling of type '{self.type}' needs {need}")
+        return self
 
     @property
     def attention_factor(self) -> float:

@@ -56,7 +56,7 @@ def test_unknown_architecture_key_is_reported(model_type: str) -> None:
 
 
 @pytest.mark.parametrize(("stem", "change", "message"), [
-    ("llama3.1-8b", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, r"rope_scaling.rope_type='dynamic'"),
+    ("llama3.1-8b", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, r"rope_scaling.rope_type='longrope'"),
     ("llama3-8b", {"hidden_act": "relu"}, r"hidden_act='relu' is not supported"),
     ("qwen2-7b", {"use_sliding_window": True, "max_window_layers": 14}, r"max_window_layers=14"),
     ("deepseek-v3", {"topk_method": "random"}, r"topk_method='random'"),

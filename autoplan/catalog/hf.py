@@ -187,7 +187,12 @@ _ROPE_SCALING_KEYS = {
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
     "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
              "truncate"},
+    # transformers 5.24.0 modeling_rope_utils.py: linear reads only factor (:186-190); dynamic factor and the
+    # config's max_position_embeddings (:329-341), never original_max_position_embeddings
+    "linear": {"factor"},
+    "dynamic": {"factor"},
 }
+_ROPE_TYPES = "supported: default, linear, dynamic, llama3, yarn"
 
 
 def _activation(c: _Config, key: str, default: str) -> str:
@@ -202,11 +207,11 @@ def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
         raise c.error(key, d, "expected a mapping with 'rope_type'")
     kind = d.get("rope_type", d.get("type"))
     if not isinstance(kind, (str, type(None))):
-        raise c.error(f"{key}.rope_type", kind, "supported: default, llama3, yarn")
+        raise c.error(f"{key}.rope_type", kind, _ROPE_TYPES)
     if kind in (None, "default"):
         return None
     if kind not in _ROPE_SCALING_KEYS:
-        raise c.error(f"{key}.rope_type", kind, "supported: default, llama3, yarn")
+        raise c.error(f"{key}.rope_type", kind, _ROPE_TYPES)
     wanted = _ROPE_SCALING_KEYS[kind]
     extra = sorted(set(d) - wanted - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
     if extra:
@@ -216,9 +221,29 @@ def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
     for k in wanted:
         if d.get(k) is not None:
             out[k] = d[k]
+    if kind in ("linear", "dynamic"):
+        return _interpolation(c, out, key)
     if "original_max_position_embeddings" not in out:
         raise UserInputError(f"{c.source}: {key} of rope_type '{kind}' needs 'original_max_position_embeddings'")
     return out
+
+
+def _interpolation(c: _Config, out: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """Linear / dynamic-NTK scaling: ``factor`` a number >= 1 (transformers warns below, modeling_rope_utils.py:943);
+    linear at factor 1 is plain RoPE (frequencies / 1). Dynamic keeps the length it starts rescaling beyond."""
+    factor = out.get("factor")
+    if factor is None:
+        raise UserInputError(f"{c.source}: {key} of rope_type '{out['type']}' needs 'factor' (a number >= 1)")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < float("inf"):
+        raise c.error(f"{key}.factor", factor, "a number >= 1")
+    if out["type"] == "linear" and factor == 1:
+        return None
+    if out["type"] == "dynamic":
+        if c.data.get("max_position_embeddings") is None:
+            raise UserInputError(f"{c.source}: {key} of rope_type 'dynamic' needs 'max_position_embeddings' (the "
+                                 "length beyond which transformers rescales RoPE)")
+        out["max_position_embeddings"] = c.int("max_position_embeddings", minimum=1)
+    return {**out, "factor": float(factor)}
 
 
 def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[str, Any] | None = None

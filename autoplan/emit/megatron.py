@@ -15,12 +15,12 @@ import argparse
 from typing import Any
 
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
-from autoplan.emit.plan import EmitPlan
+from autoplan.emit.plan import EmitPlan, dynamic_rope_error, dynamic_rope_notes
 from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
-from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE
+from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE, linear_rope_error
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -270,6 +270,10 @@ def model_args(plan: EmitPlan) -> list[str]:
         if arch.rotary_fraction != 1.0:
             add("--rotary-percent", arch.rotary_fraction)
         rs = arch.rope_scaling
+        if rs is not None and rs.type == "linear":
+            raise linear_rope_error(m.name, rs.factor)
+        if (err := dynamic_rope_error(plan, "Megatron-LM")) is not None:
+            raise err
         if rs is not None and rs.type == "llama3":
             _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-core's llama3 RoPE scaling")
             add("--use-rope-scaling")
@@ -534,6 +538,7 @@ def notes(plan: EmitPlan) -> list[str]:
     m = plan.model
     if yarn_not_emitted(m):
         out.append(yarn_not_emitted(m))
+    out.extend(dynamic_rope_notes(plan))
     out.extend(unbuilt_facts(m))
     if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
         out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "

@@ -56,6 +56,33 @@ class EmitPlan:
         return min(self.cluster.gpus_per_node, self.cluster.num_gpus)
 
 
+def dynamic_rope_error(plan: EmitPlan, framework: str) -> ConfigError | None:
+    """Dynamic-NTK RoPE trains as plain RoPE only while no sequence is longer than ``max_position_embeddings``:
+    transformers rescales once ``max(position_ids) + 1`` exceeds it (``dynamic_rope_update``,
+    modeling_rope_utils.py:101 @ 5.24.0; below it ``_compute_dynamic_ntk_parameters`` gives the base unchanged,
+    :329-341). Training positions run to seq_len - 1, so seq_len <= max_position_embeddings is plain RoPE, which
+    the frameworks emit; a longer seq_len needs rescaled frequencies that ``framework`` has no setting for."""
+    rs, s = plan.model.arch.rope_scaling, plan.job.seq_len
+    if rs is None or rs.type != "dynamic" or s <= (rs.max_position_embeddings or 0):
+        return None
+    return ConfigError(f"{plan.model.name}: rope_scaling 'dynamic' (factor {rs.factor:g}) rescales RoPE once a "
+                       f"sequence exceeds max_position_embeddings={rs.max_position_embeddings} (transformers "
+                       f"dynamic_rope_update); seq_len={s} would train rescaled frequencies, which {framework} has no "
+                       "setting for", valid=[f"seq_len <= {rs.max_position_embeddings}"])
+
+
+def dynamic_rope_notes(plan: EmitPlan) -> list[str]:
+    """What the emitted run trains for a dynamic-NTK model within its length (``dynamic_rope_error``)."""
+    rs = plan.model.arch.rope_scaling
+    if rs is None or rs.type != "dynamic" or dynamic_rope_error(plan, "") is not None:
+        return []
+    return [f"rope_scaling 'dynamic' (factor {rs.factor:g}): seq_len {plan.job.seq_len} <= max_position_embeddings "
+            f"{rs.max_position_embeddings}, so transformers never rescales during this training "
+            "(modeling_rope_utils.py:101 @ 5.24.0): emitted plain RoPE (base "
+            f"{plan.model.arch.rope_theta:g}), the same function; the config's dynamic scaling applies beyond "
+            f"{rs.max_position_embeddings} tokens at inference"]
+
+
 def _read_json(path: str | Path) -> dict[str, Any]:
     from autoplan.inputs import json_type, parse_json, read_text
 
@@ -262,10 +289,18 @@ def _check(plan: EmitPlan, target: Target) -> None:
         raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
                           f"no {target} schedule runs it", valid=list(prof.schedules))
     prof.check(plan.model, plan.cluster, plan.job, plan.parallel, plan.runtime(target))
-    if target == "torchtitan":
-        from autoplan.emit.torchtitan import titan_model
+    framework = {"megatron": "Megatron-LM", "torchtitan": "torchtitan's RoPE.Config"}.get(target)
+    if framework and (err := dynamic_rope_error(plan, framework)) is not None:
+        raise err  # fsdp2: the user's own model computes its RoPE
+    rs = plan.model.arch.rope_scaling
+    if target == "megatron" and rs is not None and rs.type == "linear":
+        from cost_models.targets.megatron import linear_rope_error
 
-        titan_model(plan.model)  # UnsupportedModelError for a model torchtitan does not ship
+        raise linear_rope_error(plan.model.name, rs.factor)
+    if target == "torchtitan":
+        from cost_models.targets.torchtitan_models import arch_overrides
+
+        arch_overrides(plan.model)  # UnsupportedModelError for a model torchtitan does not ship or cannot configure
     if target == "fsdp2":
         from autoplan.emit.fsdp2 import check_fsdp2
 

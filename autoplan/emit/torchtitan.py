@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
-from autoplan.emit.plan import EmitPlan
+from autoplan.emit.plan import EmitPlan, dynamic_rope_notes
 from autoplan.errors import ConfigError
 from cost_models.specs import ModelSpec
 # the shipped flavors are the torchtitan target's facts (its profile refuses the models they cannot build)
@@ -133,7 +133,7 @@ def notes(plan: EmitPlan) -> list[str]:
                if t.config_precision != plan.job.precision else
                f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
-    out += balancing_warnings(plan.model) + router_precision_warnings(plan.model)
+    out += dynamic_rope_notes(plan) + balancing_warnings(plan.model) + router_precision_warnings(plan.model)
     return out
 
 

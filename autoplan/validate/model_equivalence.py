@@ -27,8 +27,10 @@ def _hf(config: dict[str, Any]) -> tuple[Any, Any]:
     return cfg, model
 
 
-def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields compared, as transformers' own model and config state them."""
+def hf_reference(config: dict[str, Any], seq_len: int | None = None) -> dict[str, Any]:
+    """The fields compared, as transformers' own model and config state them; dynamic-NTK RoPE at the training
+    length ``seq_len`` (``dynamic_rope_update`` recomputes the frequencies with the sequence's length,
+    modeling_rope_utils.py:101-111 @ 5.24.0; up to max_position_embeddings they are the initial ones)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     cfg, model = _hf(config)
@@ -45,7 +47,7 @@ def hf_reference(config: dict[str, Any]) -> dict[str, Any]:
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         scaling = 1.0
     else:
-        inv_freq, scaling = init(cfg, "cpu")
+        inv_freq, scaling = init(cfg, "cpu", **({"seq_len": seq_len} if kind == "dynamic" else {}))
     attn = model.model.layers[0].self_attn
     names = {n for n, _ in model.named_modules()}
     window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
@@ -358,7 +360,7 @@ def compare(model: Any, hf_config: dict[str, Any], framework: str) -> list[Row]:
 
     plan = EmitPlan(model=model, cluster=build_cluster("h100-sxm", 8), job=JobSpec(global_batch_size=8, seq_len=4096),
                     parallel=ParallelConfig(tp=1))
-    ref = hf_reference(hf_config)
+    ref = hf_reference(hf_config, plan.job.seq_len)
     ours = megatron_fields(megatron_args(plan), model.vocab_size) if framework == "megatron-core" else \
         torchtitan_fields(plan)
     rows: list[Row] = []

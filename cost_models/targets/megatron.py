@@ -211,6 +211,18 @@ LMM = f"Megatron-LM megatron/core/models/common/language_module/language_module.
 TE_CP = "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py (a2a: heads % cp)"
 
 
+def linear_rope_error(name: str, factor: float) -> ConfigError:
+    """Linear RoPE scaling (positions / factor) is megatron-core's ``RotaryEmbedding(seq_len_interpolation_factor)``
+    (rotary_pos_embedding.py:135-136), but Megatron-LM core_v0.16.1 never builds it: its flag
+    ``--rotary-seq-len-interpolation-factor`` (int, arguments.py:1659) reaches only the legacy model
+    (megatron/legacy/model/language_model.py:393); ``gpt_builders.py:95-111`` and ``mamba_builders.py`` build the
+    model without it, so emitting the flag would train plain RoPE."""
+    return ConfigError(f"{name}: linear RoPE scaling (factor {factor:g}: positions / factor) has no effect in "
+                       "Megatron-LM core_v0.16.1: --rotary-seq-len-interpolation-factor reaches only the legacy model "
+                       "(legacy/model/language_model.py:393); gpt_builders.py builds GPTModel without "
+                       "seq_len_interpolation_factor, so the run would train plain RoPE")
+
+
 class MegatronProfile(TargetProfile):
     name = "megatron"
     efficiency_set = "megatron"
@@ -421,6 +433,15 @@ class MegatronProfile(TargetProfile):
         err = self.pipeline_rule_error(model, par)
         if err is not None:
             raise err
+
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        """A model whose RoPE scaling the emitted Megatron-LM run would not train (``linear_rope_error``): priced (the
+        scaling costs nothing), and the prediction says ``emit --target megatron`` refuses it."""
+        rs = model.arch.rope_scaling
+        if rs is None or rs.type != "linear":
+            return []
+        return [f"not emittable for --target megatron: {linear_rope_error(model.name, rs.factor).reason} "
+                "(RoPE scaling changes no cost: priced as Megatron would run it; emit it for fsdp2)"]
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """More bf16 layers than the model has (``bf16_layers_error``). A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):

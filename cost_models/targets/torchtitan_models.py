@@ -137,7 +137,13 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
                                     f"{', '.join(differ)}; use --target megatron")
     if arch.rope_theta != t.rope_theta:
         out["theta"] = arch.rope_theta
-    want = {None: "none", "llama3": "llama", "yarn": "yarn"}[arch.rope_scaling.type if arch.rope_scaling else None]
+    rs_type = arch.rope_scaling.type if arch.rope_scaling else None
+    if arch.rope_scaling is not None and rs_type == "linear":
+        raise UnsupportedModelError(f"{m.name}: linear RoPE scaling (factor {arch.rope_scaling.factor:g}: positions "
+                                    "/ factor) has no torchtitan 0.3.0 config: RoPE.Config.scaling is 'none', 'llama' "
+                                    "or 'yarn' (torchtitan/models/common/rope.py:98)")
+    # dynamic NTK is plain RoPE up to its length (the emitter refuses a longer seq_len: emit.plan.dynamic_rope_error)
+    want = {None: "none", "dynamic": "none", "llama3": "llama", "yarn": "yarn"}[rs_type]
     if want != t.rope_scaling:
         if want != "none":
             raise UnsupportedModelError(f"{m.name}: RoPE scaling '{want}' differs from torchtitan {t.module} "
