@@ -134,8 +134,9 @@ def test_dynamic_rule_is_transformers_own() -> None:
 
 
 def test_megatron_lm_builds_gpt_without_the_interpolation_factor() -> None:
-    """The refusal's premise, read from the checkout's own builder: Megatron-LM's GPTModel call passes no
-    seq_len_interpolation_factor (the legacy model alone reads the flag). Skips without MEGATRON_LM_PATH."""
+    """The refusals' premise, read from the checkout's own builder: Megatron-LM's GPTModel call passes neither
+    seq_len_interpolation_factor (the legacy model alone reads the flag) nor rope_scaling_factor (llama3 trains at
+    GPTModel's 8.0). Skips without MEGATRON_LM_PATH."""
     from autoplan.validate import megatron_lm
 
     root = megatron_lm.checkout()
@@ -143,7 +144,9 @@ def test_megatron_lm_builds_gpt_without_the_interpolation_factor() -> None:
         pytest.skip("MEGATRON_LM_PATH names no Megatron-LM checkout")
     tree = ast.parse((root / "gpt_builders.py").read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "GPTModel"]
-    assert calls and all("seq_len_interpolation_factor" not in {k.arg for k in c.keywords} for c in calls)
+    passed = [{k.arg for k in c.keywords} for c in calls]
+    assert passed and all("seq_len_interpolation_factor" not in p and "rope_scaling_factor" not in p for p in passed)
+    assert all("rope_scaling" in p and "rotary_base" in p for p in passed)  # the parse sees the keywords it does pass
     assert "args.rotary_seq_len_interpolation_factor" in (root / "megatron/legacy/model/language_model.py").read_text()
 
 
@@ -182,3 +185,15 @@ def test_dynamic_within_its_length_builds_transformers_model(framework: str, tmp
     rows = rows_for(str(config), config, framework)
     assert any(r[2] == "rope_inv_freq" for r in rows)
     assert [r for r in rows if r[3] != r[4] and r[2] != "rope_inv_freq" or r[3] == "DIFFERENT"] == []
+
+
+def test_megatron_refuses_llama3_factor_it_would_not_build() -> None:
+    """Llama 3.2's llama3 scaling (factor 32): Megatron-LM trains GPTModel's default 8 whatever --rope-scaling-factor
+    says, so it is refused; Llama 3.1's factor 8 is emitted."""
+    l31 = json.loads((HF / "llama3.1-8b.json").read_text())
+    ok = spec_from_hf_config(l31, name="l31")
+    assert "--use-rope-scaling" in megatron_args(_plan(ok))
+    l32 = spec_from_hf_config(dict(l31, rope_scaling=dict(l31["rope_scaling"], factor=32.0)), name="l32")
+    with pytest.raises(ConfigError, match=r"l32: rope_scaling.factor = 32.0; Megatron-LM core_v0.16.1's llama3 RoPE "
+                                          r"scaling .*gpt_builders.py passes no --rope-scaling-factor.*valid: 8.0"):
+        megatron_args(_plan(l32))

@@ -177,8 +177,11 @@ def megatron_args(plan: EmitPlan) -> list[str]:
 
 # Megatron-core's fixed llama3 RoPE-scaling constants (RotaryEmbedding._apply_scaling defaults, megatron/core/models/
 # common/embeddings/rotary_pos_embedding.py) and MLATransformerConfig's YaRN fields that Megatron-LM 0.16 has no flag
-# for (megatron/core/transformer/transformer_config.py): a model needing other values cannot be expressed.
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# for (megatron/core/transformer/transformer_config.py): a model needing other values cannot be expressed. The llama3
+# factor too: Megatron-LM core_v0.16.1's gpt_builders.py:95-111 passes GPTModel no rope_scaling_factor, so its default
+# 8.0 (megatron/core/models/gpt/gpt_model.py:105) trains whatever --rope-scaling-factor says (Llama 3.2: 32).
+LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
 YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
@@ -275,7 +278,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         if (err := dynamic_rope_error(plan, "Megatron-LM")) is not None:
             raise err
         if rs is not None and rs.type == "llama3":
-            _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-core's llama3 RoPE scaling")
+            _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-LM core_v0.16.1's llama3 RoPE scaling (megatron-core's "
+                           "defaults; gpt_builders.py passes no --rope-scaling-factor)")
             add("--use-rope-scaling")
             add("--rope-scaling-factor", rs.factor)
         elif rs is not None and rs.type == "yarn" and m.mla is None:

@@ -105,12 +105,12 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
 
 
 def gpt_model_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
-    """``GPTModel`` arguments beyond the config, as Megatron-LM's ``gpt_builders.py`` passes them from args."""
+    """``GPTModel`` arguments beyond the config, as Megatron-LM's ``gpt_builders.py`` passes them from args
+    (core_v0.16.1 :95-111: no ``rope_scaling_factor`` nor ``seq_len_interpolation_factor``, so GPTModel's defaults)."""
     return {"vocab_size": ns.padded_vocab_size, "max_sequence_length": ns.max_position_embeddings,
             "share_embeddings_and_output_weights": not ns.untie_embeddings_and_output_weights,
             "position_embedding_type": ns.position_embedding_type, "rotary_percent": ns.rotary_percent,
-            "rotary_base": ns.rotary_base, "rope_scaling": ns.use_rope_scaling,
-            "rope_scaling_factor": ns.rope_scaling_factor}
+            "rotary_base": ns.rotary_base, "rope_scaling": ns.use_rope_scaling}
 
 
 def _check_args(plan: EmitPlan, out: Path) -> tuple[str, argparse.Namespace]:
