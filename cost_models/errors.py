@@ -43,6 +43,19 @@ def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def repeated_error(names: Iterable[object], unit: str) -> str | None:
+    """``'x' given twice; give each UNIT once: a,x`` for the first of ``names`` given more than once, or None (the
+    caller's message names the list). The one rule for list-valued inputs (``cuda_graph_scope``, ``recompute_modules``,
+    ``calibrate --fit``): a repeat is a slip (another name was meant), never a request, so it is refused."""
+    names = list(names)
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is None:
+        return None
+    times = names.count(repeated)
+    once = ",".join(str(n) for n in dict.fromkeys(names))
+    return f"{str(repeated)!r} given {'twice' if times == 2 else f'{times} times'}; give each {unit} once: {once}"
+
+
 class InfeasibleError(AutoplanError):
     """No plan fits. ``hint`` says what would work (smallest cluster, largest batch)."""
 

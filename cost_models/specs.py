@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cost_models.errors import divisors
+from cost_models.errors import divisors, repeated_error
 
 Precision = Literal["bf16", "fp8", "nvfp4"]
 Recompute = Literal["none", "selective", "full"]
@@ -971,8 +971,13 @@ class ParallelConfig(_Frozen):
     @field_validator("recompute_modules", mode="before")
     @classmethod
     def _modules_list(cls, v: object) -> object:
-        """A JSON list is the tuple (strict mode takes no list for a tuple)."""
-        return tuple(v) if isinstance(v, list) else v
+        """A JSON list is the tuple (strict mode takes no list for a tuple); a module named twice is refused: Megatron
+        only tests membership (``"mlp" in config.recompute_modules``, megatron/core/transformer/transformer_layer.py:445,
+        attention.py:330 @core_v0.16.1), so a repeat requests nothing and is a slip for another module."""
+        v = tuple(v) if isinstance(v, list) else v
+        if isinstance(v, tuple) and (err := repeated_error(v, "module")) is not None:
+            raise ValueError(err)
+        return v
 
     @field_validator("recompute_modules", mode="after")
     @classmethod

@@ -23,6 +23,7 @@ from autoplan.cli import cli
 from autoplan.cli.options import user_errors
 from autoplan.errors import UserInputError
 from autoplan.outputs import output_target
+from cost_models.errors import repeated_error
 
 
 def _fields(text: str | None) -> tuple[str, ...]:
@@ -33,6 +34,8 @@ def _fields(text: str | None) -> tuple[str, ...]:
     if bad:
         raise click.BadParameter(f"unknown parameter(s) {', '.join(bad)}; valid: {', '.join(sorted(PHYSICAL_BOUNDS))}",
                                  param_hint="--fit")
+    if (err := repeated_error(names, "parameter")) is not None:  # one fit per parameter: a repeat is a slip
+        raise click.BadParameter(err, param_hint="--fit")
     return names
 
 

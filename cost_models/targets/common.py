@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cost_models.errors import ConfigError, divisors
+from cost_models.errors import ConfigError, divisors, repeated_error
 from cost_models.specs import ClusterSpec, Generation, JobSpec, ModelSpec, MoeDispatcher, ParallelConfig
 
 TargetName = Literal["megatron", "torchtitan", "fsdp2"]
@@ -36,7 +36,12 @@ def graph_scope_error(names: Any) -> str | None:
     ``software.cuda_graph_scope`` say the same), or None."""
     valid = CudaGraphScope.__args__  # type: ignore[attr-defined]
     bad = [n for n in names if n not in valid]
-    return f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})" if bad else None
+    if bad:
+        return f"{bad[0]!r} is not a CUDA graph scope (valid: {', '.join(valid)})"
+    # Megatron keeps the list as given (megatron/training/arguments.py:1430, nargs '+', @core_v0.16.1) and a repeat
+    # breaks its equality checks (full recompute needs scope == [full_iteration], megatron/core/transformer/
+    # transformer_config.py:1780-1784 @core_v0.16.1): a repeat is refused, not merged
+    return repeated_error(names, "scope")
 
 
 # Megatron-LM --optimizer (megatron/training/arguments.py:2056-2058; sgd not offered): Adam, Muon for the 2-D weight
