@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from autoplan import __version__
 from autoplan.errors import ConfigError, InfeasibleError, UserInputError
 from autoplan.inputs import json_type
-from autoplan.request import ClusterRequest
+from autoplan.request import ClusterRequest, MemoryHeadroom
 from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_GPUS, MODEL_DESCRIPTION, ClusterRecord, JobRequest, ModelRecord,
                              ModelSource, ParallelPins, Plan, RankBy, Status, Target, _Strict, validate_request)
 from cost_models.goodput import FailureModel
@@ -38,7 +38,7 @@ class ClusterShape(_Strict):
     inter_node_gbps: float | None = Field(default=None, gt=0, description="per GPU, Gbit/s; None: catalog NIC")
     nvlink_domain_size: int | None = Field(default=None, gt=0, description="None: the GPU catalog's")
     profile: str | None = Field(default=None, description="cluster profile YAML from `autoplan calibrate`")
-    memory_headroom: float | None = ClusterRequest.model_fields["memory_headroom"]
+    memory_headroom: MemoryHeadroom | None = ClusterRequest.model_fields["memory_headroom"]
     """HBM every plan keeps free, as ``ClusterRequest``'s (was missing: ``scale --memory-headroom`` was dropped)."""
 
     def at(self, num_gpus: int) -> ClusterRequest:

@@ -6,10 +6,12 @@ size and NIC)."""
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from autoplan.catalog import build_cluster, load_model
 from autoplan.errors import ConfigError
@@ -18,6 +20,50 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 
 MAX_NUM_GPUS = 1 << 20  # bounds every GPU count (divisor enumeration, mesh building)
 MAX_GBPS = 1e6  # Gbit/s per GPU: 1000x today's NICs
+
+# A memory headroom as text (``--memory-headroom``, or a string in a request): ``6``/``6GiB`` GiB, ``0.1``/``10%`` a
+# fraction of HBM; ASCII digits only (float() also reads other scripts' digits, "inf" and "1_0")
+_HEADROOM_TEXT = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*(%|[gG][iI][bB])?\s*$"
+
+
+def parse_headroom(value: object) -> object:
+    """A request's ``memory_headroom``: text as :func:`headroom_from_text` reads it, anything else as given (a number,
+    validated by the field)."""
+    return headroom_from_text(value) if isinstance(value, str) else value
+
+
+def headroom_from_text(value: str) -> float:
+    """A memory headroom as ``--memory-headroom`` and requests write it: ``6``, ``6GiB`` → 6 (GiB), ``0.1`` → 0.1 and
+    ``10%`` → 0.1 (a fraction of HBM: ``ClusterSpec.memory_headroom`` reads a value below 1 as one). ValueError naming
+    the value when the text is neither form, or is GiB below 1 (which would read as a fraction)."""
+    core = value.strip().lower().removesuffix("%").removesuffix("gib").strip()
+    negative = core.startswith("-")  # matched without its sign, to be refused by name below
+    m = re.match(_HEADROOM_TEXT, value.replace("-", "", 1) if negative else value)
+    number = float(m.group(1) + (m.group(2) or "")) if m else math.nan
+    if core.lstrip("+-") in ("inf", "infinity", "nan") or (m and not math.isfinite(number)):
+        raise ValueError(f"{value!r:.40} is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
+    if m is None:
+        raise ValueError(f"{value!r:.40} is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)")
+    unit = (m.group(3) or "").lower()
+    if negative and number > 0:
+        raise ValueError(f"{value!r:.40} must be at least 0" + ("% and below 100% of HBM" if unit == "%" else ""))
+    if unit == "%":
+        if number >= 100:
+            raise ValueError(f"{value!r:.40} must be at least 0% and below 100% of HBM")
+        return number / 100
+    if unit == "gib" and 0 < number < 1:  # 0.5 would read as 50% of HBM (a number below 1 is a fraction)
+        raise ValueError(f"{value!r:.40} is below 1 GiB, which autoplan reads as a fraction of HBM; give 1GiB or "
+                         "more, or the fraction itself (e.g. 0.01 or 1%)")
+    return number
+
+
+# The field type of ``memory_headroom`` in every request (cluster, scale's cluster shape): text parsed as above, and
+# the JSON schema says both forms
+MemoryHeadroom = Annotated[
+    float, Field(ge=0, le=MAX_GBPS), BeforeValidator(parse_headroom),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_GBPS},
+                              {"type": "string", "pattern": _HEADROOM_TEXT, "examples": ["6GiB", "10%"]}]},
+                   mode="validation")]
 
 
 class ClusterRequest(BaseModel):
@@ -34,9 +80,9 @@ class ClusterRequest(BaseModel):
                                            description="None: the GPU catalog's")
     profile: str | None = Field(default=None, max_length=1024,
                                 description="cluster profile YAML from `autoplan calibrate`")
-    memory_headroom: float | None = Field(default=None, ge=0, le=MAX_GBPS,
-                                          description="HBM every plan keeps free: a fraction of HBM when < 1, GiB "
-                                          "when >= 1; None: the default (5% of HBM)")
+    memory_headroom: MemoryHeadroom | None = Field(
+        default=None, description="HBM every plan keeps free: a number (a fraction of HBM when < 1, "
+        "GiB when >= 1) or text as --memory-headroom takes it ('6GiB', '10%'); None: the default (5% of HBM)")
 
     @field_validator("profile", mode="before")
     @classmethod

@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -54,3 +57,51 @@ def test_api_and_batch_refuse_a_repeated_name() -> None:
     assert out.status == "invalid" and "'moe_act' given twice" in (out.message or "")
     once = api.estimate({**base, "parallel": {"tp": 2, "recompute_modules": ["mlp", "core_attn"]}})
     assert once.parallel.recompute_modules == ("core_attn", "mlp")  # a set of distinct modules is still taken
+
+
+# ---- 3. memory_headroom: the CLI's forms in every request ------------------------------------------------------
+@pytest.mark.parametrize("text,number", [("6GiB", 6), (" 6 gib", 6), ("6", 6), ("10%", 0.1), ("0.1", 0.1), ("0", 0)])
+def test_request_headroom_takes_the_cli_forms(text: str, number: float) -> None:
+    base = {"model": "llama3-8b", "parallel": {"tp": 2}, "job": {"global_batch_size": 128, "seq_len": 4096}}
+    as_text = api.estimate({**base, "cluster": {"num_gpus": 8, "memory_headroom": text}})
+    as_number = api.estimate({**base, "cluster": {"num_gpus": 8, "memory_headroom": number}})
+    assert as_text.prediction.memory_limit_gib == as_number.prediction.memory_limit_gib
+    cli_out = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp",
+                                       "1", "--global-batch-size", "128", "--seq-len", "4096", "--memory-headroom", text,
+                                       "--format", "json"])
+    assert cli_out.exit_code == 0, cli_out.output
+    assert json.loads(cli_out.stdout)["prediction"]["memory_limit_gib"] == as_text.prediction.memory_limit_gib
+    scaled = [api.scale({"model": "llama3-8b", "gpus": [8], "cluster": {"memory_headroom": h},
+                         "job": {"global_batch_size": 128, "seq_len": 4096}}).rows for h in (text, number)]
+    assert scaled[0] == scaled[1]  # scale's cluster shape reads the same field
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("abc", "'abc' is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)"),
+    ("100%", "'100%' must be at least 0% and below 100% of HBM"),
+    ("-inf GiB", "'-inf GiB' is not a finite amount"),
+    ("-1", "'-1' must be at least 0"),
+    ("1e400", "'1e400' is not a finite amount"),
+    ("१२", "'१२' is neither GiB"),  # Devanagari digits: float() reads them (the CLI took them as 12)
+    # was 50% of HBM: a number below 1 is a fraction, so 0.5GiB is refused, not misread
+    ("0.5GiB", "'0.5GiB' is below 1 GiB, which autoplan reads as a fraction of HBM"),
+])
+def test_bad_headroom_is_one_error_everywhere(text: str, needle: str) -> None:
+    with pytest.raises(UserInputError, match=re.escape(f"cluster.memory_headroom: {needle}")):
+        api.estimate({"model": "llama3-8b", "cluster": {"num_gpus": 8, "memory_headroom": text}, "parallel": {"tp": 2}})
+    res = CliRunner().invoke(cli, ["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "1",
+                                   "--memory-headroom", text])
+    assert res.exit_code == 2 and needle in res.stderr, res.output
+
+
+def test_schema_describes_the_headroom_forms() -> None:
+    res = CliRunner().invoke(cli, ["schema", "request"])
+    assert res.exit_code == 0, res.output
+    schema = json.loads(res.stdout)
+    field = schema["$defs"]["ClusterRequest"]["properties"]["memory_headroom"]
+    kinds = {f.get("type") for f in field["anyOf"]}
+    assert kinds == {"number", "string", "null"} and "ge" not in field
+    line = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8, "memory_headroom": "6GiB"}}
+    jsonschema.validate(line, schema)  # the schema takes what the request takes ...
+    with pytest.raises(jsonschema.ValidationError):  # ... and refuses the text the parser refuses
+        jsonschema.validate({**line, "cluster": {"num_gpus": 8, "memory_headroom": "6 GB"}}, schema)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import functools
 import os
 import sys
@@ -76,23 +74,14 @@ def cluster_flags(*, gpus_required: bool = True, gpus: bool = True) -> Callable[
 
 
 def _headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """``6``, ``6GiB`` → 6 GiB; ``0.1``, ``10%`` → a fraction of HBM."""
-    if value is None:
-        return None
-    text = value.strip().lower()
+    """``6``, ``6GiB`` → 6 GiB; ``0.1``, ``10%`` → a fraction of HBM (``request.headroom_from_text``, as requests
+    read it)."""
+    from autoplan.request import headroom_from_text
+
     try:
-        out = float(text[:-1]) / 100 if text.endswith("%") else float(text.removesuffix("gib").strip())
-    except ValueError:
-        raise click.BadParameter(f"'{value}' is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)") from None
-    if not math.isfinite(out):
-        raise click.BadParameter(f"'{value}' is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
-    if text.endswith("%"):
-        if not 0 <= out < 1:
-            raise click.BadParameter(f"'{value}' must be at least 0% and below 100% of HBM")
-        return out
-    if out < 0:
-        raise click.BadParameter(f"'{value}' must be ≥ 0")
-    return out
+        return None if value is None else headroom_from_text(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 cluster_options = cluster_flags()
