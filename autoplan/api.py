@@ -349,10 +349,11 @@ def _cluster_record(cluster: ClusterSpec, req: Any = None) -> ClusterRecord:
     """The cluster as responses report it; ``req`` (any request with a ``cluster``) tells a profile apart."""
     from autoplan.catalog.registry import efficiency_is_prior
 
-    profile = getattr(getattr(req, "cluster", None), "profile", None)
-    basis = ("profile" if profile is not None else
+    asked = getattr(req, "cluster", None)
+    fields = asked.efficiency_fields() if asked is not None else None
+    basis = ("profile" if fields is not None or getattr(asked, "profile", None) is not None else
              "prior" if efficiency_is_prior(cluster.gpu) else "fitted")
-    return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis)
+    return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis, efficiency=fields)
 
 
 # ==== module-level API (one default engine per process) ============================================

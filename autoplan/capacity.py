@@ -40,6 +40,11 @@ class ClusterShape(_Strict):
     profile: str | None = Field(default=None, description="cluster profile YAML from `autoplan calibrate`")
     memory_headroom: MemoryHeadroom | None = ClusterRequest.model_fields["memory_headroom"]
     """HBM every plan keeps free, as ``ClusterRequest``'s (was missing: ``scale --memory-headroom`` was dropped)."""
+    efficiency: dict[str, Any] | None = ClusterRequest.model_fields["efficiency"]
+
+    def efficiency_fields(self) -> dict[str, Any] | None:
+        """As ``ClusterRequest.efficiency_fields`` (what the response records)."""
+        return self.at(1).efficiency_fields()
 
     def at(self, num_gpus: int) -> ClusterRequest:
         return ClusterRequest(num_gpus=num_gpus, **self.model_dump())

@@ -93,11 +93,19 @@ def _context_diff(a: Estimate, b: Estimate) -> str:
         va, vb = getattr(a.cluster, f), getattr(b.cluster, f)
         if va != vb:
             out.append(f"{f} {va} vs {vb}")
+    if a.cluster.efficiency != b.cluster.efficiency:  # plan files found with different cluster profiles
+        out.append(f"efficiency {_efficiency(a)} vs {_efficiency(b)}")
     for f in ("global_batch_size", "seq_len", "precision"):
         va, vb = getattr(a.job, f), getattr(b.job, f)
         if va != vb:
             out.append(f"{f} {va} vs {vb}")
     return ", ".join(out)
+
+
+def _efficiency(e: Estimate) -> str:
+    """The efficiency fields a plan's cluster profile set, as ``k=v,...``; "the catalog's" without one."""
+    fields = e.cluster.efficiency or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(fields.items())) or "the catalog's"
 
 
 def as_compare_request(data: Any) -> CompareRequest:

@@ -84,6 +84,10 @@ class ClusterRequest(BaseModel):
         default=None, description="HBM every plan keeps free: a number (a fraction of HBM when < 1, "
         "GiB when >= 1) or text as --memory-headroom takes it ('6GiB', '10%'); None: the default (5% of HBM)")
 
+    efficiency: dict[str, Any] | None = Field(
+        default=None, max_length=64, description="Efficiency fields over the catalog's, as a cluster profile's "
+        "`efficiency` (over the profile's, with `profile`); plan files keep the ones they were priced with")
+
     @field_validator("profile", mode="before")
     @classmethod
     def _profile_path(cls, v: object) -> object:
@@ -94,7 +98,18 @@ class ClusterRequest(BaseModel):
         """The cluster as ``target`` runs on it (``build_cluster``: the efficiency set its profile names)."""
         return build_cluster(self.gpu, self.num_gpus, gpus_per_node=self.gpus_per_node,
                              inter_node_gbps=self.inter_node_gbps, nvlink_domain_size=self.nvlink_domain_size,
-                             profile=self.profile, memory_headroom=self.memory_headroom, target=target)
+                             profile=self.profile, memory_headroom=self.memory_headroom, target=target,
+                             efficiency_fields=self.efficiency)
+
+    def efficiency_fields(self) -> dict[str, Any] | None:
+        """The Efficiency fields this cluster sets over the catalog's: its profile's, then its own ``efficiency``
+        (``build_cluster``'s order); None without either. What responses record, so that a plan file reloads on the
+        cluster it was priced on (the profile file itself may be gone or changed)."""
+        from autoplan.catalog import load_profile
+
+        fields = {**(load_profile(self.profile).efficiency if self.profile is not None else {}),
+                  **(self.efficiency or {})}
+        return fields or None
 
 
 def model_record(model: ModelSpec) -> dict[str, Any]:

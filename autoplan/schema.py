@@ -217,6 +217,9 @@ class ClusterRecord(_Strict):
     efficiency_basis: Literal["fitted", "prior", "profile"] = Field(
         default="fitted", description="where the efficiencies behind every prediction come from: fitted to "
         "published runs of this GPU, priors (no measured run: calibrate before trusting), or a cluster profile")
+    efficiency: dict[str, Any] | None = Field(
+        default=None, description="the Efficiency fields a cluster profile (or the request's cluster.efficiency) set "
+        "over the catalog's; None: none. A plan file keeps them: `emit --plan` and `compare` price it on this cluster")
 
 
 class _Response(_Strict):

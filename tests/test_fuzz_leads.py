@@ -18,10 +18,79 @@ from click.testing import CliRunner
 
 from autoplan import api
 from autoplan.cli import cli
+from autoplan.emit import load_plan, price
 from autoplan.errors import UserInputError
 
 JOB = ["--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "128", "--seq-len", "4096"]
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _profile(tmp_path: Path) -> Path:
+    """A profile that moves the price: half the catalog's GEMM efficiency, a slower NIC, a 4-GPU NVLink domain."""
+    path = tmp_path / "prof.yaml"
+    path.write_text("gpu: h100-sxm\nefficiency: {gemm_max: 0.5, nic_bus: 0.6}\ninter_node_gbps: 100\n"
+                    "nvlink_domain_size: 4\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_plan_file_reloads_on_its_cluster_profile(tmp_path: Path, command: str) -> None:
+    prof = _profile(tmp_path)
+    runner = CliRunner()
+    pins = ["--tp", "2", "--pp", "2"] if command == "estimate" else []
+    out = runner.invoke(cli, [command, *JOB, *pins, "--cluster", str(prof), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    saved = json.loads(out.stdout)
+    assert saved["cluster"]["efficiency"] == {"gemm_max": 0.5, "nic_bus": 0.6}
+    assert saved["cluster"]["efficiency_basis"] == "profile"
+    entry = saved["plans"][0] if command == "search" else saved
+    found = entry["prediction"]["step_time_s"]
+    path = tmp_path / "plan.json"
+    path.write_text(out.stdout)
+    prof.unlink()  # the plan file alone says the cluster: the profile may be gone
+
+    target = entry.get("target") or "megatron"
+    plan = load_plan(path, target=target)
+    assert plan.cluster.efficiency.gemm_max == 0.5 and plan.cluster.efficiency.nic_bus == 0.6
+    assert (plan.cluster.inter_node_gbps, plan.cluster.nvlink_domain_size) == (100, 4)
+    assert price(plan, target).step_time_s == pytest.approx(found, rel=1e-12)
+    # the profile matters here (else this test could not fail): on the catalog's efficiency the step is faster
+    catalog = api.estimate({"model": "llama3-8b", "target": target, "job": saved["job"],
+                            "cluster": {k: saved["cluster"][k] for k in ("num_gpus", "inter_node_gbps",
+                                                                         "nvlink_domain_size")},
+                            "parallel": entry["parallel"], "software": {}})
+    assert catalog.prediction.step_time_s < 0.9 * found
+
+    res = runner.invoke(cli, ["compare", str(path), str(path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.stdout)["plans"][0]
+    assert again["prediction"]["step_time_s"] == pytest.approx(found, rel=1e-12)
+    assert again["cluster"]["efficiency"] == saved["cluster"]["efficiency"]
+    catalog_plan = tmp_path / "catalog.json"
+    catalog_plan.write_text(json.dumps(catalog.model_dump(mode="json")))
+    both = runner.invoke(cli, ["compare", str(catalog_plan), str(path), "--format", "json"])
+    assert both.exit_code == 0, both.output  # the explanation names the clusters' difference
+    assert "Also differ in efficiency the catalog's vs gemm_max=0.5,nic_bus=0.6." in json.loads(both.stdout)[
+        "differences"][0]
+    emitted = runner.invoke(cli, ["emit", "--plan", str(path), "-o", str(tmp_path / "out")])
+    assert emitted.exit_code == 0, emitted.output
+    assert f"predicted: step {found:.3f} s" in emitted.output
+
+
+def test_inline_efficiency_is_over_the_profile_and_checked(tmp_path: Path) -> None:
+    prof = _profile(tmp_path)
+    base = {"model": "llama3-8b", "parallel": {"tp": 2, "pp": 2}, "job": {"global_batch_size": 128, "seq_len": 4096}}
+    with_file = api.estimate({**base, "cluster": {"num_gpus": 16, "profile": str(prof)}})
+    inline = api.estimate({**base, "cluster": {"num_gpus": 16, "inter_node_gbps": 100, "nvlink_domain_size": 4,
+                                               "efficiency": {"gemm_max": 0.5, "nic_bus": 0.6}}})
+    assert inline.prediction == with_file.prediction and inline.cluster == with_file.cluster
+    over = api.estimate({**base, "cluster": {"num_gpus": 16, "profile": str(prof), "efficiency": {"gemm_max": 0.7}}})
+    assert over.cluster.efficiency == {"gemm_max": 0.7, "nic_bus": 0.6}
+    assert over.prediction.step_time_s < with_file.prediction.step_time_s
+    with pytest.raises(UserInputError, match="gemm_mx"):
+        api.estimate({**base, "cluster": {"num_gpus": 16, "efficiency": {"gemm_mx": 0.5}}})
+    with pytest.raises(UserInputError, match="gemm_max"):
+        api.estimate({**base, "cluster": {"num_gpus": 16, "efficiency": {"gemm_max": 2.0}}})
 
 
 # ---- 2. a repeated name in a list-valued input -----------------------------------------------------------------

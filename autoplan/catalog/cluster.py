@@ -122,11 +122,13 @@ def build_cluster(
     profile: str | Path | None = None,
     memory_headroom: float | None = None,
     target: str | None = None,
+    efficiency_fields: dict[str, Any] | None = None,
 ) -> ClusterSpec:
     """A homogeneous cluster of ``num_gpus`` catalog GPUs, as ``target`` runs on it. Fewer GPUs than one node is
     allowed (``gpus_per_node`` then stays the catalog's). Efficiency: the GPU generation's with the GPU's own facts
     over it (``efficiency_for_gpu``: gpus.yaml ``gpu_efficiency``), then the efficiency set
-    the target's profile names (``target_efficiency``), then a cluster profile's own fields.
+    the target's profile names (``target_efficiency``), then a cluster profile's own fields, then ``efficiency_fields``
+    (a profile's ``efficiency`` given inline: what a plan file keeps of the profile it was found with).
 
     The one way every path (estimate, search, ``any``'s per-target candidates, emit, validate, scale, compare,
     calibrate, batch, serve) gets the cluster a target runs on: ``ClusterRequest.resolve(target)`` calls it."""
@@ -144,6 +146,8 @@ def build_cluster(
         efficiency = validate(
             Efficiency, {**efficiency.model_dump(), **prof.efficiency}, f"efficiency in cluster profile '{profile}'"
         )
+    if efficiency_fields:
+        efficiency = validate(Efficiency, {**efficiency.model_dump(), **efficiency_fields}, "cluster efficiency")
 
     def pick(explicit: float | None, from_profile: float | None, default: float) -> float:
         return next((v for v in (explicit, from_profile) if v is not None), default)

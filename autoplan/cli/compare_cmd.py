@@ -86,16 +86,16 @@ def _is_file(text: str) -> bool:
 def _estimate_of(path: str, index: int) -> dict[str, Any]:
     """The estimate request of plan ``index`` (1-based) of a saved search or estimate result."""
     from autoplan.emit import load_plan
-    from autoplan.emit.plan import plan_target
+    from autoplan.emit.plan import load_cluster_request, plan_target
 
     target = plan_target(path, index) or "megatron"  # the target it was priced for
     plan = load_plan(path, index, target)
-    return {"model": plan.model.model_dump(exclude_none=True), "target": target, "cluster": {
-        "gpu": plan.cluster.gpu.name, "num_gpus": plan.cluster.num_gpus, "gpus_per_node": plan.cluster.gpus_per_node,
-        "inter_node_gbps": plan.cluster.inter_node_gbps, "nvlink_domain_size": plan.cluster.nvlink_domain_size,
-        "memory_headroom": plan.cluster.memory_headroom},  # the limit the plan was checked against (load_plan)
-        "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True),
-        "software": plan.software.given()}  # the knobs it was priced with (the search chose the unset ones)
+    cluster = load_cluster_request(path).model_copy(update={"memory_headroom": plan.cluster.memory_headroom})
+    return {"model": plan.model.model_dump(exclude_none=True), "target": target,
+            # the cluster it was priced on (its profile's efficiency too) and the limit it was checked against
+            "cluster": cluster.model_dump(exclude_none=True),
+            "job": plan.job.model_dump(), "parallel": plan.parallel.model_dump(exclude_none=True),
+            "software": plan.software.given()}  # the knobs it was priced with (the search chose the unset ones)
 
 
 @cli.command("compare")

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software
+
+if TYPE_CHECKING:
+    from autoplan.request import ClusterRequest
 
 Target = Literal["megatron", "torchtitan", "fsdp2"]
 TARGETS: tuple[Target, ...] = ("megatron", "torchtitan", "fsdp2")
@@ -119,12 +122,8 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
         raise UserInputError(f"plan file '{source}': \"model\" must hold a \"spec\" object")
     spec = dict(spec)
     spec.setdefault("name", model_rec.get("name", "custom"))
-    cl = _require(data, "cluster", source)
-    if not isinstance(cl, dict) or "gpu" not in cl or "num_gpus" not in cl:
-        raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
     model = strict(ModelSpec, spec, f"plan file '{source}': model")
-    creq = strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
-                                                           "nvlink_domain_size")}, f"plan file '{source}': cluster")
+    creq = _cluster_request(data, source)
     cluster = creq.resolve(target)
     job = strict(JobSpec, _require(data, "job", source), f"plan file '{source}': job")
 
@@ -146,6 +145,25 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     software = priced_software(knobs, f"plan file '{source}': {_at(where, 'prediction.software')}")
     return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=software,
                     op_shardings=shardings)
+
+
+def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
+    """The plan file's cluster as a request: the recorded sizes and links, and the Efficiency fields a cluster profile
+    set when it was priced (``ClusterRecord.efficiency``), so that it reloads on that cluster, not the catalog's."""
+    from autoplan.inputs import strict
+    from autoplan.request import ClusterRequest
+
+    cl = _require(data, "cluster", source)
+    if "gpu" not in cl or "num_gpus" not in cl:
+        raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
+    return strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
+                                                          "nvlink_domain_size", "efficiency")},
+                  f"plan file '{source}': cluster")
+
+
+def load_cluster_request(path: str | Path) -> ClusterRequest:
+    """The cluster a plan file was priced on, as a request (``compare`` re-prices the plan on it)."""
+    return _cluster_request(_read_json(path), str(path))
 
 
 def _checked_headroom(entry: dict[str, Any], hbm_gib: float, source: str, where: str) -> float | None:
