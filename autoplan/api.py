@@ -351,7 +351,7 @@ def _cluster_record(cluster: ClusterSpec, req: Any = None) -> ClusterRecord:
 
     asked = getattr(req, "cluster", None)
     fields = asked.efficiency_fields() if asked is not None else None
-    basis = ("profile" if fields is not None or getattr(asked, "profile", None) is not None else
+    basis = ("profile" if fields is not None else
              "prior" if efficiency_is_prior(cluster.gpu) else "fitted")
     return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis, efficiency=fields)
 

@@ -103,13 +103,13 @@ class ClusterRequest(BaseModel):
 
     def efficiency_fields(self) -> dict[str, Any] | None:
         """The Efficiency fields this cluster sets over the catalog's: its profile's, then its own ``efficiency``
-        (``build_cluster``'s order); None without either. What responses record, so that a plan file reloads on the
-        cluster it was priced on (the profile file itself may be gone or changed)."""
+        (``build_cluster``'s order); None without either ({} for a profile that sets none). What responses record, so
+        that a plan file reloads on the cluster it was priced on (the profile file itself may be gone or changed)."""
         from autoplan.catalog import load_profile
 
-        fields = {**(load_profile(self.profile).efficiency if self.profile is not None else {}),
-                  **(self.efficiency or {})}
-        return fields or None
+        if self.profile is None and self.efficiency is None:
+            return None
+        return {**(load_profile(self.profile).efficiency if self.profile is not None else {}), **(self.efficiency or {})}
 
 
 def model_record(model: ModelSpec) -> dict[str, Any]:

@@ -76,6 +76,11 @@ def test_plan_file_reloads_on_its_cluster_profile(tmp_path: Path, command: str) 
     assert emitted.exit_code == 0, emitted.output
     assert f"predicted: step {found:.3f} s" in emitted.output
 
+    old = {**saved, "cluster": {k: v for k, v in saved["cluster"].items() if k != "efficiency"}}  # an older file
+    path.write_text(json.dumps(old))
+    refused = runner.invoke(cli, ["emit", "--plan", str(path), "-o", str(tmp_path / "old")])
+    assert refused.exit_code == 2 and "does not record its efficiency" in refused.stderr, refused.output
+
 
 def test_inline_efficiency_is_over_the_profile_and_checked(tmp_path: Path) -> None:
     prof = _profile(tmp_path)
@@ -87,6 +92,10 @@ def test_inline_efficiency_is_over_the_profile_and_checked(tmp_path: Path) -> No
     over = api.estimate({**base, "cluster": {"num_gpus": 16, "profile": str(prof), "efficiency": {"gemm_max": 0.7}}})
     assert over.cluster.efficiency == {"gemm_max": 0.7, "nic_bus": 0.6}
     assert over.prediction.step_time_s < with_file.prediction.step_time_s
+    links_only = tmp_path / "links.yaml"  # a profile of links alone: recorded as {} (no efficiency set), not None
+    links_only.write_text("gpu: h100-sxm\ninter_node_gbps: 100\n")
+    rec = api.estimate({**base, "cluster": {"num_gpus": 16, "profile": str(links_only)}}).cluster
+    assert (rec.efficiency, rec.efficiency_basis) == ({}, "profile")
     with pytest.raises(UserInputError, match="gemm_mx"):
         api.estimate({**base, "cluster": {"num_gpus": 16, "efficiency": {"gemm_mx": 0.5}}})
     with pytest.raises(UserInputError, match="gemm_max"):

@@ -156,6 +156,10 @@ def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
     cl = _require(data, "cluster", source)
     if "gpu" not in cl or "num_gpus" not in cl:
         raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
+    if cl.get("efficiency_basis") == "profile" and cl.get("efficiency") is None:  # written before the field existed
+        raise UserInputError(f"plan file '{source}' was priced on a cluster profile but does not record its efficiency "
+                             "(cluster.efficiency; written by an older autoplan), so it would be re-priced on the "
+                             "catalog's; run the search or estimate with --cluster again to write it anew")
     return strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
                                                           "nvlink_domain_size", "efficiency")},
                   f"plan file '{source}': cluster")
