@@ -351,7 +351,8 @@ def _cluster_record(cluster: ClusterSpec, req: Any = None) -> ClusterRecord:
 
     asked = getattr(req, "cluster", None)
     fields = asked.efficiency_fields() if asked is not None else None
-    basis = ("profile" if fields is not None else
+    profiled = fields is not None and (asked.profile is not None or bool(fields))  # an inline {} changes nothing
+    basis = ("profile" if profiled else
              "prior" if efficiency_is_prior(cluster.gpu) else "fitted")
     return ClusterRecord(**cluster_record(cluster), efficiency_basis=basis, efficiency=fields)
 

@@ -93,7 +93,8 @@ def _context_diff(a: Estimate, b: Estimate) -> str:
         va, vb = getattr(a.cluster, f), getattr(b.cluster, f)
         if va != vb:
             out.append(f"{f} {va} vs {vb}")
-    if a.cluster.efficiency != b.cluster.efficiency:  # plan files found with different cluster profiles
+    if (a.cluster.efficiency or {}) != (b.cluster.efficiency or {}):  # plan files found on different profiles
+        # (None and {} both price on the catalog's efficiencies)
         out.append(f"efficiency {_efficiency(a)} vs {_efficiency(b)}")
     for f in ("global_batch_size", "seq_len", "precision"):
         va, vb = getattr(a.job, f), getattr(b.job, f)

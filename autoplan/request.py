@@ -22,8 +22,11 @@ MAX_NUM_GPUS = 1 << 20  # bounds every GPU count (divisor enumeration, mesh buil
 MAX_GBPS = 1e6  # Gbit/s per GPU: 1000x today's NICs
 
 # A memory headroom as text (``--memory-headroom``, or a string in a request): ``6``/``6GiB`` GiB, ``0.1``/``10%`` a
-# fraction of HBM; ASCII digits only (float() also reads other scripts' digits, "inf" and "1_0")
-_HEADROOM_TEXT = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*(%|[gG][iI][bB])?\s*$"
+# fraction of HBM; ASCII digits only (float() also reads other scripts' digits, "inf" and "1_0"). Unambiguous (each
+# character has one place to go, so a failed match is linear in the text) and bounded in length: a request's text
+# reaches it unchecked.
+_HEADROOM_TEXT = r"^\s*([-+]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?(?:[ \t]*(%|[gG][iI][bB]))?\s*$"
+HEADROOM_TEXT_MAX = 64  # characters; the longest sensible form ("12.5 GiB") is far below
 
 
 def parse_headroom(value: object) -> object:
@@ -32,27 +35,36 @@ def parse_headroom(value: object) -> object:
     return headroom_from_text(value) if isinstance(value, str) else value
 
 
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
+
+
 def headroom_from_text(value: str) -> float:
     """A memory headroom as ``--memory-headroom`` and requests write it: ``6``, ``6GiB`` → 6 (GiB), ``0.1`` → 0.1 and
     ``10%`` → 0.1 (a fraction of HBM: ``ClusterSpec.memory_headroom`` reads a value below 1 as one). ValueError naming
     the value when the text is neither form, or is GiB below 1 (which would read as a fraction)."""
+    shown = _shown(value)
+    if len(value) > HEADROOM_TEXT_MAX:
+        raise ValueError(f"{shown} is longer than {HEADROOM_TEXT_MAX} characters; give GiB (6, 6GiB) or a fraction "
+                         "(0.1, 10%)")
     core = value.strip().lower().removesuffix("%").removesuffix("gib").strip()
-    negative = core.startswith("-")  # matched without its sign, to be refused by name below
-    m = re.match(_HEADROOM_TEXT, value.replace("-", "", 1) if negative else value)
-    number = float(m.group(1) + (m.group(2) or "")) if m else math.nan
-    if core.lstrip("+-") in ("inf", "infinity", "nan") or (m and not math.isfinite(number)):
-        raise ValueError(f"{value!r:.40} is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
+    if core.lstrip("+-") in ("inf", "infinity", "nan"):
+        raise ValueError(f"{shown} is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
+    m = re.match(_HEADROOM_TEXT, value)
     if m is None:
-        raise ValueError(f"{value!r:.40} is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)")
-    unit = (m.group(3) or "").lower()
-    if negative and number > 0:
-        raise ValueError(f"{value!r:.40} must be at least 0" + ("% and below 100% of HBM" if unit == "%" else ""))
+        raise ValueError(f"{shown} is neither GiB (6, 6GiB) nor a fraction of HBM (0.1, 10%)")
+    number = float(m.group(2) + (m.group(3) or ""))
+    if not math.isfinite(number):
+        raise ValueError(f"{shown} is not a finite amount; give GiB (6, 6GiB) or a fraction (0.1, 10%)")
+    unit = (m.group(4) or "").lower()
+    if m.group(1) == "-" and number > 0:
+        raise ValueError(f"{shown} must be at least 0" + ("% and below 100% of HBM" if unit == "%" else ""))
     if unit == "%":
         if number >= 100:
-            raise ValueError(f"{value!r:.40} must be at least 0% and below 100% of HBM")
+            raise ValueError(f"{shown} must be at least 0% and below 100% of HBM")
         return number / 100
     if unit == "gib" and 0 < number < 1:  # 0.5 would read as 50% of HBM (a number below 1 is a fraction)
-        raise ValueError(f"{value!r:.40} is below 1 GiB, which autoplan reads as a fraction of HBM; give 1GiB or "
+        raise ValueError(f"{shown} is below 1 GiB, which autoplan reads as a fraction of HBM; give 1GiB or "
                          "more, or the fraction itself (e.g. 0.01 or 1%)")
     return number
 
@@ -62,7 +74,8 @@ def headroom_from_text(value: str) -> float:
 MemoryHeadroom = Annotated[
     float, Field(ge=0, le=MAX_GBPS), BeforeValidator(parse_headroom),
     WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_GBPS},
-                              {"type": "string", "pattern": _HEADROOM_TEXT, "examples": ["6GiB", "10%"]}]},
+                              {"type": "string", "pattern": _HEADROOM_TEXT, "maxLength": HEADROOM_TEXT_MAX,
+                               "examples": ["6GiB", "10%"]}]},
                    mode="validation")]
 
 

@@ -194,6 +194,13 @@ class ArchSpec(_Frozen):
 
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base (HF rope_theta)")
     rope_scaling: RopeScaling | None = Field(default=None, description="long-context RoPE scaling; None = none")
+
+    @field_validator("rope_scaling", mode="after")
+    @classmethod
+    def _linear_one_is_plain(cls, rs: RopeScaling | None) -> RopeScaling | None:
+        """Linear scaling at factor 1 divides by 1: plain RoPE, so every target emits it (the HF loader too)."""
+        return None if rs is not None and rs.type == "linear" and rs.factor == 1 else rs
+
     rotary_fraction: float = Field(default=1.0, gt=0, le=1, description="fraction of head dim rotated "
                                    "(GPT-NeoX rotary_pct)")
     alibi: bool = Field(default=False, description="ALiBi attention biases instead of RoPE (BLOOM)")

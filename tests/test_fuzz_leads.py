@@ -96,6 +96,16 @@ def test_inline_efficiency_is_over_the_profile_and_checked(tmp_path: Path) -> No
     links_only.write_text("gpu: h100-sxm\ninter_node_gbps: 100\n")
     rec = api.estimate({**base, "cluster": {"num_gpus": 16, "profile": str(links_only)}}).cluster
     assert (rec.efficiency, rec.efficiency_basis) == ({}, "profile")
+    plain = api.estimate({**base, "cluster": {"num_gpus": 16}})
+    empty = api.estimate({**base, "cluster": {"num_gpus": 16, "efficiency": {}}})  # sets nothing: still the catalog's
+    assert empty.prediction == plain.prediction
+    assert empty.cluster.efficiency_basis == plain.cluster.efficiency_basis != "profile"
+    empty_file, plain_file = tmp_path / "empty.json", tmp_path / "plain.json"  # None and {} are the same cluster
+    empty_file.write_text(json.dumps(empty.model_dump(mode="json")))
+    plain_file.write_text(json.dumps(plain.model_dump(mode="json")))
+    res = CliRunner().invoke(cli, ["compare", str(empty_file), str(plain_file), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert "Also differ" not in json.loads(res.stdout)["differences"][0]
     with pytest.raises(UserInputError, match="gemm_mx"):
         api.estimate({**base, "cluster": {"num_gpus": 16, "efficiency": {"gemm_mx": 0.5}}})
     with pytest.raises(UserInputError, match="gemm_max"):
@@ -172,12 +182,27 @@ def test_bad_headroom_is_one_error_everywhere(text: str, needle: str) -> None:
     assert res.exit_code == 2 and needle in res.stderr, res.output
 
 
+def test_headroom_text_is_bounded_and_its_pattern_unambiguous() -> None:
+    """A request's text reaches the parser unchecked (``serve`` takes 1 MiB bodies): a long one is refused by its
+    length, and the pattern itself fails in linear steps (each character has one place to go: the first pattern
+    took quadratic time, 17 s on 16,000 digits and an 'x')."""
+    from autoplan.request import _HEADROOM_TEXT, HEADROOM_TEXT_MAX, headroom_from_text
+
+    with pytest.raises(ValueError, match=f"longer than {HEADROOM_TEXT_MAX} characters"):
+        headroom_from_text("1" * 16000 + "x")
+    pattern = re.compile(_HEADROOM_TEXT)
+    for text in ("1" * 4000 + "x", "1" + " " * 4000 + "x", "1" * 4000 + "%x", "1" * 2000 + " " * 2000 + "x"):
+        assert pattern.match(text) is None  # a backtracking blow-up would hang here
+    assert headroom_from_text("+6") == 6 and headroom_from_text("6 %") == pytest.approx(0.06)
+
+
 def test_schema_describes_the_headroom_forms() -> None:
     res = CliRunner().invoke(cli, ["schema", "request"])
     assert res.exit_code == 0, res.output
     schema = json.loads(res.stdout)
     field = schema["$defs"]["ClusterRequest"]["properties"]["memory_headroom"]
     kinds = {f.get("type") for f in field["anyOf"]}
+    assert [f["maxLength"] for f in field["anyOf"] if f.get("type") == "string"] == [64]
     assert kinds == {"number", "string", "null"} and "ge" not in field
     line = {"kind": "estimate", "model": "llama3-8b", "cluster": {"num_gpus": 8, "memory_headroom": "6GiB"}}
     jsonschema.validate(line, schema)  # the schema takes what the request takes ...

@@ -197,3 +197,29 @@ def test_megatron_refuses_llama3_factor_it_would_not_build() -> None:
     with pytest.raises(ConfigError, match=r"l32: rope_scaling.factor = 32.0; Megatron-LM core_v0.16.1's llama3 RoPE "
                                           r"scaling .*gpt_builders.py passes no --rope-scaling-factor.*valid: 8.0"):
         megatron_args(_plan(l32))
+
+
+def test_linear_factor_one_is_plain_rope_in_a_direct_spec_too() -> None:
+    """A request's model mapping with linear scaling at factor 1 is plain RoPE, as the HF loader reads it: no target
+    refuses it (Megatron and torchtitan refuse linear scaling proper)."""
+    from autoplan import api
+
+    spec = spec_from_hf_config(json.loads((HF / "llama3.1-8b.json").read_text()), name="l31").model_dump()
+    spec["arch"]["rope_scaling"] = {"type": "linear", "factor": 1.0}
+    est = api.estimate({"model": spec, "cluster": {"num_gpus": 8}, "parallel": {"tp": 1}, "target": "megatron"})
+    assert est.model.spec.arch.rope_scaling is None
+    assert not any("not emittable" in n for n in est.prediction.notes)
+
+
+def test_megatron_estimate_notes_the_llama3_factor_emit_refuses() -> None:
+    """The estimate's note and emit's refusal read one rule (``targets.megatron.rope_scaling_error``): a llama3
+    factor Megatron-LM would not build is said at estimate time too, and factor 8 gets no note."""
+    from autoplan import api
+
+    l31 = json.loads((HF / "llama3.1-8b.json").read_text())
+    for factor, noted in ((8.0, False), (32.0, True)):
+        spec = spec_from_hf_config(dict(l31, rope_scaling=dict(l31["rope_scaling"], factor=factor)), name="l3x")
+        est = api.estimate({"model": spec.model_dump(), "cluster": {"num_gpus": 8}, "parallel": {"tp": 1},
+                            "target": "megatron"})
+        notes = [n for n in est.prediction.notes if "not emittable for --target megatron" in n]
+        assert bool(notes) == noted and (not noted or "rope_scaling.factor = 32.0" in notes[0])

@@ -230,14 +230,12 @@ def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
 
 def _interpolation(c: _Config, out: dict[str, Any], key: str) -> dict[str, Any] | None:
     """Linear / dynamic-NTK scaling: ``factor`` a number >= 1 (transformers warns below, modeling_rope_utils.py:943);
-    linear at factor 1 is plain RoPE (frequencies / 1). Dynamic keeps the length it starts rescaling beyond."""
+    linear at factor 1 is plain RoPE (``ArchSpec`` drops it). Dynamic keeps the length it starts rescaling beyond."""
     factor = out.get("factor")
     if factor is None:
         raise UserInputError(f"{c.source}: {key} of rope_type '{out['type']}' needs 'factor' (a number >= 1)")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < float("inf"):
         raise c.error(f"{key}.factor", factor, "a number >= 1")
-    if out["type"] == "linear" and factor == 1:
-        return None
     if out["type"] == "dynamic":
         if c.data.get("max_position_embeddings") is None:
             raise UserInputError(f"{c.source}: {key} of rope_type 'dynamic' needs 'max_position_embeddings' (the "

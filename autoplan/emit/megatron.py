@@ -20,7 +20,7 @@ from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
-from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE, linear_rope_error
+from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, rope_scaling_error
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -175,13 +175,8 @@ def megatron_args(plan: EmitPlan) -> list[str]:
     return a
 
 
-# Megatron-core's fixed llama3 RoPE-scaling constants (RotaryEmbedding._apply_scaling defaults, megatron/core/models/
-# common/embeddings/rotary_pos_embedding.py) and MLATransformerConfig's YaRN fields that Megatron-LM 0.16 has no flag
-# for (megatron/core/transformer/transformer_config.py): a model needing other values cannot be expressed. The llama3
-# factor too: Megatron-LM core_v0.16.1's gpt_builders.py:95-111 passes GPTModel no rope_scaling_factor, so its default
-# 8.0 (megatron/core/models/gpt/gpt_model.py:105) trains whatever --rope-scaling-factor says (Llama 3.2: 32).
-LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+# MLATransformerConfig's YaRN fields that Megatron-LM 0.16 has no flag for (megatron/core/transformer/
+# transformer_config.py): a model needing other values cannot be expressed. llama3's: the profile's LLAMA3_FIXED.
 YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
@@ -273,19 +268,16 @@ def model_args(plan: EmitPlan) -> list[str]:
         if arch.rotary_fraction != 1.0:
             add("--rotary-percent", arch.rotary_fraction)
         rs = arch.rope_scaling
-        if rs is not None and rs.type == "linear":
-            raise linear_rope_error(m.name, rs.factor)
-        if (err := dynamic_rope_error(plan, "Megatron-LM")) is not None:
-            raise err
+        if (err := rope_scaling_error(m) or dynamic_rope_error(plan, "Megatron-LM")) is not None:
+            raise err  # the rule the estimate's note quotes (MegatronProfile.model_notes)
         if rs is not None and rs.type == "llama3":
-            _require_fixed(m.name, rs, LLAMA3_FIXED, "Megatron-LM core_v0.16.1's llama3 RoPE scaling (megatron-core's "
-                           "defaults; gpt_builders.py passes no --rope-scaling-factor)")
             add("--use-rope-scaling")
             add("--rope-scaling-factor", rs.factor)
         elif rs is not None and rs.type == "yarn" and m.mla is None:
             pass  # no Megatron-LM flag (``yarn_not_emitted``): plain RoPE, and the README says so
         elif rs is not None and rs.type == "yarn":
-            _require_fixed(m.name, rs, YARN_FIXED, "Megatron-LM's MLA YaRN (no flag for these)")
+            if (err := fixed_rope_error(m.name, rs, YARN_FIXED, "Megatron-LM's MLA YaRN (no flag for these)")):
+                raise err
             if not rs.truncate:
                 raise ConfigError(f"{m.name}: YaRN with truncate=false has no Megatron-LM flag (MLA rounds the "
                                   "correction range)", valid=[True])
@@ -385,13 +377,6 @@ def hybrid_args(m: Any) -> list[str]:
                               "megatron/core/ssm/mamba_mixer.py:144-170)", valid=[want])
     return out + ["--mamba-num-heads", str(mb.num_heads), "--mamba-head-dim", str(mb.head_dim),
                   "--mamba-state-dim", str(mb.state_dim), "--mamba-num-groups", str(mb.num_groups)]
-
-
-def _require_fixed(name: str, rs: Any, fixed: dict[str, float], what: str) -> None:
-    for key, want in fixed.items():
-        if float(getattr(rs, key)) != float(want):
-            raise ConfigError(f"{name}: rope_scaling.{key} = {getattr(rs, key)}; {what} fixes it at {want}",
-                              valid=[want])
 
 
 def moe_layer_pattern(plan: EmitPlan) -> str:

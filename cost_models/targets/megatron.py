@@ -223,6 +223,35 @@ def linear_rope_error(name: str, factor: float) -> ConfigError:
                        "seq_len_interpolation_factor, so the run would train plain RoPE")
 
 
+# Megatron-core's fixed llama3 RoPE-scaling constants (RotaryEmbedding._apply_scaling defaults,
+# megatron/core/models/common/embeddings/rotary_pos_embedding.py) and the factor: Megatron-LM core_v0.16.1's
+# gpt_builders.py:95-111 passes GPTModel no rope_scaling_factor, so its default 8.0
+# (megatron/core/models/gpt/gpt_model.py:105) trains whatever --rope-scaling-factor says (Llama 3.2: 32).
+LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def fixed_rope_error(name: str, rs: Any, fixed: dict[str, float], what: str) -> ConfigError | None:
+    """The first of ``fixed``'s RoPE-scaling values ``rs`` differs from (Megatron-LM has no flag that sets it)."""
+    for key, want in fixed.items():
+        if float(getattr(rs, key)) != float(want):
+            return ConfigError(f"{name}: rope_scaling.{key} = {getattr(rs, key)}; {what} fixes it at {want}",
+                               valid=[want])
+    return None
+
+
+def rope_scaling_error(model: ModelSpec) -> ConfigError | None:
+    """Why Megatron-LM core_v0.16.1 would not train ``model``'s RoPE scaling as the model states it (linear, or llama3
+    with values other than the builder's); None: it would."""
+    rs = model.arch.rope_scaling
+    if rs is not None and rs.type == "linear":
+        return linear_rope_error(model.name, rs.factor)
+    if rs is not None and rs.type == "llama3":
+        return fixed_rope_error(model.name, rs, LLAMA3_FIXED, "Megatron-LM core_v0.16.1's llama3 RoPE scaling "
+                                "(megatron-core's defaults; gpt_builders.py passes no --rope-scaling-factor)")
+    return None
+
+
 class MegatronProfile(TargetProfile):
     name = "megatron"
     efficiency_set = "megatron"
@@ -435,12 +464,12 @@ class MegatronProfile(TargetProfile):
             raise err
 
     def model_notes(self, model: ModelSpec) -> list[str]:
-        """A model whose RoPE scaling the emitted Megatron-LM run would not train (``linear_rope_error``): priced (the
+        """A model whose RoPE scaling the emitted Megatron-LM run would not train (``rope_scaling_error``): priced (the
         scaling costs nothing), and the prediction says ``emit --target megatron`` refuses it."""
-        rs = model.arch.rope_scaling
-        if rs is None or rs.type != "linear":
+        err = rope_scaling_error(model)
+        if err is None:
             return []
-        return [f"not emittable for --target megatron: {linear_rope_error(model.name, rs.factor).reason} "
+        return [f"not emittable for --target megatron: {err.reason} "
                 "(RoPE scaling changes no cost: priced as Megatron would run it; emit it for fsdp2)"]
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
