@@ -154,7 +154,7 @@ def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
     from autoplan.request import ClusterRequest
 
     cl = _require(data, "cluster", source)
-    if "gpu" not in cl or "num_gpus" not in cl:
+    if not isinstance(cl, dict) or "gpu" not in cl or "num_gpus" not in cl:
         raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
     if cl.get("efficiency_basis") == "profile" and cl.get("efficiency") is None:  # written before the field existed
         raise UserInputError(f"plan file '{source}' was priced on a cluster profile but does not record its efficiency "
@@ -314,11 +314,11 @@ def _check(plan: EmitPlan, target: Target) -> None:
     framework = {"megatron": "Megatron-LM", "torchtitan": "torchtitan's RoPE.Config"}.get(target)
     if framework and (err := dynamic_rope_error(plan, framework)) is not None:
         raise err  # fsdp2: the user's own model computes its RoPE
-    rs = plan.model.arch.rope_scaling
-    if target == "megatron" and rs is not None and rs.type == "linear":
-        from cost_models.targets.megatron import linear_rope_error
+    if target == "megatron":
+        from cost_models.targets.megatron import rope_scaling_error
 
-        raise linear_rope_error(plan.model.name, rs.factor)
+        if (err := rope_scaling_error(plan.model)) is not None:  # linear, or llama3 values the builder fixes
+            raise err
     if target == "torchtitan":
         from cost_models.targets.torchtitan_models import arch_overrides
 
