@@ -208,6 +208,11 @@ class ArchSpec(_Frozen):
                                        "(NoPE: Nemotron-H's attention layers, NemotronHAttention has no rotary; "
                                        "Megatron --position-embedding-type none)")
     norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
+    norm_zero_centered_gamma: bool = Field(default=False, description="every norm scales by (1 + weight), the "
+                                           "weight initialised to 0 (Nemotron-4's LayerNorm1P: transformers "
+                                           "NemotronLayerNorm1P; Megatron --apply-layernorm-1p, TransformerConfig."
+                                           "layernorm_zero_centered_gamma). The same function at init and under "
+                                           "Adam without weight decay on norms; checkpoints store weight - 1")
     qk_norm: bool = Field(default=False, description="per-head RMSNorm on queries and keys (Qwen3)")
     qk_norm_per_head: bool = Field(default=True, description="with qk_norm: one RMSNorm of head_dim applied to each "
                                    "head (Qwen3, GLM-4.5; Megatron --qk-layernorm); false: one RMSNorm over the whole "

@@ -38,7 +38,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # GPT-OSS: per-layer window, sinks, clamped quick-GeGLU, biases (Megatron-Bridge's gpt_oss_bridge.py)
          ("gpt-oss-120b", 64, dict(tp=1, ep=8)),
          # Nemotron 3 Nano: a hybrid Mamba-2 / attention / MoE stack through pretrain_mamba.py (mamba_builders.py)
-         ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8)), ("nemotron-h-8b", 64, dict(tp=2, pp=2))]
+         ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8)), ("nemotron-h-8b", 64, dict(tp=2, pp=2)),
+         # Nemotron-4: LayerNorm1p (zero-centered gamma), squared ReLU, RoPE on half of each head
+         ("nemotron4-15b", 64, dict(tp=4, pp=2))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
@@ -95,7 +97,9 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "activation_func": {"silu": "silu", "quick_gelu": "quick_gelu",
                                     "relu2": "squared_relu"}.get(a.activation, "gelu"),
                 "is_hybrid_model": m.is_hybrid, "hybrid_override_pattern": m.hybrid_pattern,
-                "position_embedding_type": "none" if a.no_position_encoding else "rope"}
+                "position_embedding_type": "none" if a.no_position_encoding else "rope",
+                "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+                "layernorm_zero_centered_gamma": a.norm_zero_centered_gamma, "rotary_percent": a.rotary_fraction}
         if m.mamba is not None:  # the mixer's shape as megatron-core's TransformerConfig holds it
             mb = m.mamba
             want.update(mamba=[mb.num_heads, mb.head_dim, mb.state_dim, mb.num_groups],

@@ -32,7 +32,9 @@ CASES = {"llama3-8b": HF / "llama3-8b.json", "llama3-70b": HF / "llama3-70b.json
          "mixtral-8x7b": HF / "mixtral-8x7b.json", "qwen3-235b-a22b": HF / "qwen3-235b-a22b.json",
          "deepseek-v3": HF / "deepseek-v3.json", "mistral-7b": None, "gpt-oss-20b": HF / "gpt-oss-20b.json",
          # a user's config.json (no catalog entry): Qwen2-MoE's gated shared expert and q/k/v biases
-         "qwen1.5-moe-a2.7b": HF / "qwen1.5-moe-a2.7b.json"}
+         "qwen1.5-moe-a2.7b": HF / "qwen1.5-moe-a2.7b.json",
+         # LayerNorm1p (zero-centered gamma), squared-ReLU MLP, RoPE on half of each head
+         "nemotron4-15b": HF / "nemotron4-15b.json"}
 
 
 # torchtitan 0.3.0 ships these (mixtral and mistral it does not: the emitter refuses them, tested in test_emit.py)
@@ -73,7 +75,7 @@ def test_megatron_builds_the_published_model(name: str, tmp_path: Path) -> None:
     elif name not in model_names():
         model = str(config)
     rows = rows_for(model, config)
-    assert {r[2] for r in rows} >= {"params", "rope_inv_freq", "norm_eps", "qk_norm", "window", "softmax_scale",
+    assert {r[2] for r in rows} >= {"params", "rope_inv_freq", "norm_eps", "norm", "qk_norm", "window", "softmax_scale",
                                     "router", "layer_windows", "attention_sinks", "glu"}
     differ = [r for r in rows if r[3] != r[4] and r[2] != "rope_inv_freq" or r[3] == "DIFFERENT"]
     # YaRN on standard attention has no Megatron-LM flag: the emitter's WARNING note announces plain RoPE (its

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
+deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron), nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
 glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
@@ -783,6 +783,30 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
     return fields | {"arch": arch}
 
 
+def _nemotron(c: _Config) -> dict[str, Any]:
+    """Nemotron-4 / Minitron (transformers ``NemotronConfig`` / ``modeling_nemotron``): a pre-norm decoder with
+    ``NemotronLayerNorm1P`` (LayerNorm with a bias, scaling by ``weight + 1``: ``norm_zero_centered_gamma``), a
+    non-gated MLP ``down(act(up(x)))`` (``hidden_act`` default relu2, squared ReLU), RoPE on the first
+    ``partial_rotary_factor`` of each head (default 0.5, ``NemotronConfig.__post_init__``), q/k/v/o biases iff
+    ``attention_bias`` and MLP biases iff ``mlp_bias`` (both default false), untied by default."""
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
+    n = c.layers("num_hidden_layers")
+    attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        raise c.error("attention_bias / mlp_bias", (attention_bias, mlp_bias), "both true or both false: "
+                      "Megatron biases every linear or none (--disable-bias-linear)")
+    act = "relu2" if c.get("hidden_act", "relu2") == "relu2" else _activation(c, "hidden_act", "relu2")
+    rope = _rope(c)
+    fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
+    if rope.setdefault("rotary_fraction", fraction) != fraction:
+        raise c.disagree("partial_rotary_factor", fraction, "rope_parameters.partial_rotary_factor",
+                         rope["rotary_fraction"])
+    arch = {**rope, "norm_eps": c.float("norm_eps", 1e-5), "norm_zero_centered_gamma": True, "activation": act,
+            "attention_dropout": c.float("attention_dropout", 0.0)}
+    shape = _decoder_shape(c, n, hidden, heads)
+    return {"arch": arch, **shape, "gated_mlp": False, "norm": "layernorm", "linear_bias": attention_bias}
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
@@ -871,6 +895,7 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
+    "nemotron": _nemotron,
     "nemotron_h": _nemotron_h,
     "olmoe": _olmoe,
     "qwen2": _qwen2,

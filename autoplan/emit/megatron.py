@@ -236,6 +236,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--activation-func-clamp-value", arch.activation_clamp)
     add("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")
     add("--norm-epsilon", arch.norm_eps)
+    if arch.norm_zero_centered_gamma:  # TransformerConfig.layernorm_zero_centered_gamma (transformer_config.py:155-157)
+        add("--apply-layernorm-1p")
     if arch.qk_norm or m.mla is not None:
         # Qwen3 / GLM per-head q/k RMSNorm; for MLA the q/kv latent RMSNorms (always in DeepSeek). A norm over the
         # whole projection (OLMoE) gets the per-head one, with a WARNING (``unbuilt_facts``).
@@ -441,6 +443,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
                  "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
+                 "--apply-layernorm-1p",
                  # TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:1621, argument_utils.py:166
                  # @ core_v0.16.1)
                  "--moe-router-padding-for-quantization", "--moe-permute-fusion",

@@ -61,7 +61,8 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
     }
     if ns.kv_channels is not None:
         kw["kv_channels"] = ns.kv_channels
-    kw.update(layernorm_epsilon=ns.norm_epsilon, qk_layernorm=ns.qk_layernorm, attention_dropout=ns.attention_dropout,
+    kw.update(layernorm_epsilon=ns.norm_epsilon, layernorm_zero_centered_gamma=ns.apply_layernorm_1p,
+              qk_layernorm=ns.qk_layernorm, attention_dropout=ns.attention_dropout,
               hidden_dropout=ns.hidden_dropout, window_size=ns.window_size, mtp_num_layers=ns.mtp_num_layers,
               window_attn_skip_freq=None if ns.window_attn_skip_freq is None else _moe_freq(ns.window_attn_skip_freq),
               softmax_type=ns.softmax_type, glu_linear_offset=ns.glu_linear_offset,
@@ -73,6 +74,10 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
         from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
         kw["gated_linear_unit"], kw["activation_func"] = True, quick_gelu
+    elif ns.squared_relu:  # arguments.py:1338-1340
+        from megatron.core.activations import squared_relu
+
+        kw["activation_func"] = squared_relu
     if ns.num_experts:
         kw.update(num_moe_experts=ns.num_experts, moe_router_topk=ns.moe_router_topk,
                   moe_ffn_hidden_size=ns.moe_ffn_hidden_size,

@@ -141,6 +141,7 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "train_iters": args.train_iters, "padded_vocab_size": args.padded_vocab_size,
             "tokenizer_vocab_size": tok.vocab_size, "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
             "config": type(cfg).__name__, "rotary_base": args.rotary_base, "norm_epsilon": cfg.layernorm_epsilon,
+            "normalization": cfg.normalization, "layernorm_zero_centered_gamma": cfg.layernorm_zero_centered_gamma,
             "qk_layernorm": cfg.qk_layernorm, "window_size": list(cfg.window_size) if cfg.window_size else None,
             "window_attn_skip_freq": cfg.window_attn_skip_freq, "softmax_type": cfg.softmax_type,
             "glu_linear_offset": cfg.glu_linear_offset, "activation_func_clamp_value":

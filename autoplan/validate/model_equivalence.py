@@ -54,7 +54,8 @@ def hf_reference(config: dict[str, Any], seq_len: int | None = None) -> dict[str
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "rope_inv_freq": inv_freq.double(),
-        "norm_eps": float(cfg.rms_norm_eps),
+        "norm_eps": float(getattr(cfg, "rms_norm_eps", None) or cfg.norm_eps),  # NemotronConfig: norm_eps
+        "norm": norm_probe(model.model.layers[0].input_layernorm),
         "qk_norm": any(n.endswith(("self_attn.q_norm", "self_attn.q_a_layernorm")) for n in names),
         "window": window,
         # per layer where the attention module says (Qwen3, GPT-OSS); else the config's window (Mistral)
@@ -68,13 +69,37 @@ def hf_reference(config: dict[str, Any], seq_len: int | None = None) -> dict[str
     }
 
 
+def norm_probe(module: Any) -> tuple[str, bool]:
+    """(kind, zero-centered gamma) of a norm module, from what it computes: a CPU copy with its weight (and bias)
+    zeroed runs on a random row. A LayerNorm's output is unchanged when a constant is added to its input (it
+    subtracts the mean), an RMSNorm's is not; a zero-centered norm scales by weight + 1, so a zero weight still
+    passes the normalized input through, where a plain one gives zeros."""
+    import copy
+
+    import torch
+
+    probe = copy.deepcopy(module).to_empty(device="cpu").float()
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.zero_()
+        x = torch.randn(2, probe.weight.shape[0], generator=torch.Generator().manual_seed(0))
+        out = probe(x)
+        zero_centered = bool(out.abs().max() > 0)
+        if not zero_centered:
+            probe.weight.fill_(1.0)
+            out = probe(x)
+        shifted = probe(x + 5.0)
+    return ("layernorm" if torch.allclose(out, shifted, atol=1e-4) else "rmsnorm", zero_centered)
+
+
 def _hf_glu(cfg: Any) -> tuple[str, float, float | None]:
     """(activation, offset on the linear half, clamp) of the gated MLP: GPT-OSS's experts compute
     ``(clamp(up, ±limit) + 1) · g·σ(alpha·g)`` (modeling_gpt_oss.GptOssExperts), i.e. quick-GELU at alpha 1.702."""
     if cfg.model_type == "gpt_oss":
         return ("quick_gelu" if cfg.swiglu_alpha == 1.702 else f"x*sigmoid({cfg.swiglu_alpha}x)", 1.0,
                 float(cfg.swiglu_limit))
-    return (cfg.hidden_act, 0.0, None)
+    # transformers' "relu2" (ReLUSquaredActivation) is megatron-core's squared_relu (activations.py)
+    return ({"relu2": "squared_relu"}.get(cfg.hidden_act, cfg.hidden_act), 0.0, None)
 
 
 def _hf_logits_fp32(model: Any) -> bool:
@@ -147,6 +172,7 @@ def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
               # the dispatcher moves tokens, it is not part of the model; alltoall allocates a CUDA stream at build
               moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,  # grouped GEMM: same parameters
               moe_permute_fusion=False)  # nor is the permutation (TE's fused one: a kernel this machine lacks)
+    zero_centered = kw.pop("layernorm_zero_centered_gamma", False)  # see megatron_fields' "norm"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = (MLATransformerConfig if mla else TransformerConfig)(**kw)
@@ -175,6 +201,7 @@ def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
         finally:
             torch.cuda.current_device = saved  # type: ignore[assignment]
             mla_mod.TELinear = saved_te  # type: ignore[attr-defined]
+    cfg.layernorm_zero_centered_gamma = zero_centered  # what the emitted arguments configure
     return cfg, model
 
 
@@ -243,6 +270,10 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
         "mtp_params": sum(p.numel() for k, p in named.items() if k.startswith("mtp.")),
         "rope_inv_freq": _effective_inv_freq(rope).double(),
         "norm_eps": float(cfg.layernorm_epsilon),
+        # the GPU run's TENorm takes both from the config (extensions/transformer_engine.py:442-461); the CPU build's
+        # WrappedTorchNorm refuses zero-centered gamma (torch_norm.py:26-28), so the model above is built without it
+        "norm": ("layernorm" if cfg.normalization == "LayerNorm" else "rmsnorm",
+                 bool(cfg.layernorm_zero_centered_gamma)),
         "qk_norm": "decoder.layers.0.self_attention.q_layernorm" in mods and
                    not type(mods["decoder.layers.0.self_attention.q_layernorm"]).__name__ == "IdentityOp",
         "window": window,
@@ -311,6 +342,7 @@ def torchtitan_fields(plan: Any) -> dict[str, Any]:
         "mtp_params": sum(p.numel() for k, p in named.items() if k.startswith("mtp")),
         "rope_inv_freq": _rope_freqs(layer.attention.rope),
         "norm_eps": float(layer.attention_norm.eps),
+        "norm": norm_probe(dict(model.named_modules())["layers.0.attention_norm"]),
         "qk_norm": any(n.endswith(("attention.q_norm", "attention.qk_norm")) for n in names),
         "window": getattr(layer.attention, "sliding_window_size", None),
         "layer_windows": [getattr(x.attention, "sliding_window_size", None) for x in mc.layers],

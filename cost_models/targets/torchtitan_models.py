@@ -132,6 +132,13 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         differ.append("q/k norm over the whole projection (torchtitan: per head or none)")
     if arch.qkv_clip is not None:
         differ.append(f"q/k/v clamp {arch.qkv_clip:g} (torchtitan: none)")
+    # every shipped flavor: RMSNorm weights scaling as they are, RoPE on the whole head, a gated MLP
+    if m.norm != "rmsnorm" or arch.norm_zero_centered_gamma:
+        differ.append(f"{'zero-centered ' if arch.norm_zero_centered_gamma else ''}{m.norm} (torchtitan: rmsnorm)")
+    if arch.rotary_fraction != 1.0:
+        differ.append(f"RoPE on {arch.rotary_fraction:g} of each head (torchtitan: all of it)")
+    if not m.gated_mlp:
+        differ.append(f"a non-gated {arch.activation} MLP (torchtitan: gated)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
                                     f"{', '.join(differ)}; use --target megatron")

@@ -1,0 +1,95 @@
+"""Nemotron-4 (HF ``model_type: nemotron``): the loader reads what transformers builds, the catalog entries are the
+papers' models, the Megatron emitter passes every fact (LayerNorm1p, squared ReLU, partial RoPE), torchtitan refuses
+what its flavors fix in code, and the zero-centered gamma costs nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.catalog.hf import spec_from_hf_config
+from autoplan.emit import EmitPlan
+from autoplan.emit.megatron import megatron_args
+from autoplan.errors import UserInputError
+from cost_models.estimate import estimate
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets.torchtitan_models import shipped_model_error
+
+HF = Path(__file__).parent / "data" / "hf"
+
+
+def _config(**change: object) -> dict:
+    return json.loads((HF / "nemotron4-15b.json").read_text()) | change
+
+
+def test_the_loader_reads_nemotron_as_transformers_builds_it() -> None:
+    m = spec_from_hf_config(_config(), name="n")
+    a = m.arch
+    assert (m.norm, a.norm_zero_centered_gamma, a.activation, m.gated_mlp, a.rotary_fraction) == \
+        ("layernorm", True, "relu2", False, 0.5)
+    assert (m.linear_bias, m.qkv_bias, m.tied_embeddings, m.num_kv_heads) == (False, False, False, 8)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model(**_config())
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert m.num_params == sum(p.numel() for p in hf.parameters())
+
+
+def test_a_transformers_5_file_and_biases() -> None:
+    """rope_parameters (transformers 5.x) carries the partial factor; a disagreeing top-level key is named; biases
+    on every linear are read, on the attention alone refused (Megatron biases every linear or none)."""
+    five = _config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+    del five["partial_rotary_factor"], five["rope_theta"]
+    assert spec_from_hf_config(five).arch.rotary_fraction == 0.25
+    with pytest.raises(UserInputError, match="partial_rotary_factor=0.5 and rope_parameters.partial_rotary_factor"):
+        spec_from_hf_config(five | {"partial_rotary_factor": 0.5})
+    assert spec_from_hf_config(_config(attention_bias=True, mlp_bias=True)).linear_bias
+    with pytest.raises(UserInputError, match="attention_bias / mlp_bias"):
+        spec_from_hf_config(_config(attention_bias=True))
+
+
+def test_catalog_entries_are_the_papers_models() -> None:
+    """arXiv 2406.11704 Table 1: 9.4B embedding and 331.6B non-embedding parameters; arXiv 2402.16819 section 2:
+    3.2B / 12.5B (input and output embeddings of the 256000-token vocabulary: 3.15B)."""
+    for name, emb, rest in (("nemotron4-340b", 9.4, 331.6), ("nemotron4-15b", 3.2, 12.5)):
+        m = load_model(name)
+        e = (m.embedding_params + m.head_params) / 1e9
+        assert e == pytest.approx(emb, abs=0.06), name
+        assert (m.num_params / 1e9 - e) == pytest.approx(rest, abs=0.06), name
+
+
+def _plan(model_name: str = "nemotron4-15b") -> EmitPlan:
+    return EmitPlan(load_model(model_name), build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256,
+                    seq_len=4096), ParallelConfig(tp=4, pp=2))
+
+
+def test_megatron_is_told_every_fact() -> None:
+    argv = megatron_args(_plan())
+    assert "--apply-layernorm-1p" in argv and "--squared-relu" in argv and "--disable-bias-linear" in argv
+    assert argv[argv.index("--normalization") + 1] == "LayerNorm"
+    assert float(argv[argv.index("--rotary-percent") + 1]) == 0.5
+    assert "--swiglu" not in argv and "--apply-layernorm-1p" not in megatron_args(_plan("llama3-8b"))
+
+
+def test_torchtitan_refuses_what_its_flavors_fix() -> None:
+    llama = load_model("llama3-8b")
+    for change, said in (({"norm": "layernorm"}, "layernorm (torchtitan: rmsnorm)"),
+                         ({"arch": llama.arch.model_copy(update={"norm_zero_centered_gamma": True})},
+                          "zero-centered rmsnorm"),
+                         ({"arch": llama.arch.model_copy(update={"rotary_fraction": 0.5})}, "RoPE on 0.5 of each"),
+                         ({"gated_mlp": False}, "non-gated silu MLP")):
+        err = shipped_model_error(llama.model_copy(update=change))
+        assert err is not None and said in str(err), (change, err)
+    assert shipped_model_error(llama) is None
+
+
+def test_zero_centered_gamma_is_cost_neutral() -> None:
+    p = _plan()
+    plain = p.model.model_copy(update={"arch": p.model.arch.model_copy(update={"norm_zero_centered_gamma": False})})
+    a = estimate(p.model, p.cluster, p.job, p.parallel)
+    b = estimate(plain, p.cluster, p.job, p.parallel)
+    assert (a.step_time_s, a.peak_memory_gib) == (b.step_time_s, b.peak_memory_gib)
