@@ -191,7 +191,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         comm_volume_gib=volume,
         software=runtime.knobs(),
         notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model),
-               *target_model_notes(target or runtime.target, model)],
+               *target_model_notes(target or runtime.target, model, job)],
     )
 
 

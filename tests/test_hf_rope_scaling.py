@@ -223,3 +223,40 @@ def test_megatron_estimate_notes_the_llama3_factor_emit_refuses() -> None:
                             "target": "megatron"})
         notes = [n for n in est.prediction.notes if "not emittable for --target megatron" in n]
         assert bool(notes) == noted and (not noted or "rope_scaling.factor = 32.0" in notes[0])
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "fsdp2"])
+def test_estimate_notes_the_dynamic_seq_len_emit_refuses(target: str, tmp_path: Path) -> None:
+    """`autoplan estimate` beyond a dynamic-NTK model's max_position_embeddings says what `emit` refuses, from the
+    one rule (``TargetProfile.seq_len_error``): the note quotes emit's reason and the valid seq_len; fsdp2 (the
+    user's own model computes RoPE) and a seq_len within the length get none; the price is plain RoPE's."""
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    path = tmp_path / "dyn.json"
+    path.write_text(json.dumps(dict(L8, rope_scaling=DYNAMIC)))
+    limit = L8["max_position_embeddings"]
+
+    def notes(seq: int) -> list[str]:
+        r = CliRunner().invoke(cli, ["estimate", "--model", str(path), "--gpus", "8", "--tp", "8", "--pp", "1",
+                                     "--global-batch-size", "8", "--seq-len", str(seq), "--target", target,
+                                     "--format", "json"])
+        assert r.exit_code == 0, r.stderr
+        return [n for n in json.loads(r.stdout)["prediction"]["notes"] if "not emittable" in n]
+
+    assert notes(limit) == []
+    seq = 2 * limit
+    if target == "fsdp2":
+        assert notes(seq) == [] and emit(_plan(_spec(DYNAMIC), seq), target).files
+        return
+    with pytest.raises(ConfigError) as refused:
+        emit(_plan(_spec(DYNAMIC), seq), target)
+    [note] = notes(seq)
+    assert note.startswith(f"not emittable for --target {target} at seq_len {seq}: dyn: rope_scaling 'dynamic' "
+                           f"(factor 2) rescales RoPE once a sequence exceeds max_position_embeddings={limit}")
+    reason = str(refused.value).split("; valid: ")[0].replace("l8: ", "dyn: ", 1)
+    assert reason in note and f"emittable at seq_len <= {limit}, or for --target fsdp2" in note
+    a, b = price(_plan(_spec(), seq), target), price(_plan(_spec(DYNAMIC), seq), target)
+    assert (a.step_time_s, a.peak_memory_gib) == (b.step_time_s, b.peak_memory_gib)
+    assert [n for n in b.notes if n not in a.notes] == [note.replace("dyn: ", "l8: ", 1)]

@@ -15,12 +15,12 @@ import argparse
 from typing import Any
 
 from autoplan.emit.launch import bash_array, script_header, slurm_script, torchrun_script
-from autoplan.emit.plan import EmitPlan, dynamic_rope_error, dynamic_rope_notes
+from autoplan.emit.plan import EmitPlan, dynamic_rope_notes
 from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
-from cost_models.targets.megatron import FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, rope_scaling_error
+from cost_models.targets.megatron import PROFILE, FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, rope_scaling_error
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -270,8 +270,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         if arch.rotary_fraction != 1.0:
             add("--rotary-percent", arch.rotary_fraction)
         rs = arch.rope_scaling
-        if (err := rope_scaling_error(m) or dynamic_rope_error(plan, "Megatron-LM")) is not None:
-            raise err  # the rule the estimate's note quotes (MegatronProfile.model_notes)
+        if (err := rope_scaling_error(m) or PROFILE.seq_len_error(m, plan.job.seq_len)) is not None:
+            raise err  # the rules the estimate's notes quote (MegatronProfile.model_notes, job_notes)
         if rs is not None and rs.type == "llama3":
             add("--use-rope-scaling")
             add("--rope-scaling-factor", rs.factor)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software
+from cost_models.targets.common import dynamic_rope_error
 
 if TYPE_CHECKING:
     from autoplan.request import ClusterRequest
@@ -59,25 +60,10 @@ class EmitPlan:
         return min(self.cluster.gpus_per_node, self.cluster.num_gpus)
 
 
-def dynamic_rope_error(plan: EmitPlan, framework: str) -> ConfigError | None:
-    """Dynamic-NTK RoPE trains as plain RoPE only while no sequence is longer than ``max_position_embeddings``:
-    transformers rescales once ``max(position_ids) + 1`` exceeds it (``dynamic_rope_update``,
-    modeling_rope_utils.py:101 @ 5.24.0; below it ``_compute_dynamic_ntk_parameters`` gives the base unchanged,
-    :329-341). Training positions run to seq_len - 1, so seq_len <= max_position_embeddings is plain RoPE, which
-    the frameworks emit; a longer seq_len needs rescaled frequencies that ``framework`` has no setting for."""
-    rs, s = plan.model.arch.rope_scaling, plan.job.seq_len
-    if rs is None or rs.type != "dynamic" or s <= (rs.max_position_embeddings or 0):
-        return None
-    return ConfigError(f"{plan.model.name}: rope_scaling 'dynamic' (factor {rs.factor:g}) rescales RoPE once a "
-                       f"sequence exceeds max_position_embeddings={rs.max_position_embeddings} (transformers "
-                       f"dynamic_rope_update); seq_len={s} would train rescaled frequencies, which {framework} has no "
-                       "setting for", valid=[f"seq_len <= {rs.max_position_embeddings}"])
-
-
 def dynamic_rope_notes(plan: EmitPlan) -> list[str]:
-    """What the emitted run trains for a dynamic-NTK model within its length (``dynamic_rope_error``)."""
+    """What the emitted run trains for a dynamic-NTK model within its length (``targets.common.dynamic_rope_error``)."""
     rs = plan.model.arch.rope_scaling
-    if rs is None or rs.type != "dynamic" or dynamic_rope_error(plan, "") is not None:
+    if rs is None or rs.type != "dynamic" or dynamic_rope_error(plan.model, plan.job.seq_len, "") is not None:
         return []
     return [f"rope_scaling 'dynamic' (factor {rs.factor:g}): seq_len {plan.job.seq_len} <= max_position_embeddings "
             f"{rs.max_position_embeddings}, so transformers never rescales during this training "
@@ -311,9 +297,8 @@ def _check(plan: EmitPlan, target: Target) -> None:
         raise ConfigError("schedule 'dualpipe' is priced by `estimate` only (DeepSeek-V3's own framework); "
                           f"no {target} schedule runs it", valid=list(prof.schedules))
     prof.check(plan.model, plan.cluster, plan.job, plan.parallel, plan.runtime(target))
-    framework = {"megatron": "Megatron-LM", "torchtitan": "torchtitan's RoPE.Config"}.get(target)
-    if framework and (err := dynamic_rope_error(plan, framework)) is not None:
-        raise err  # fsdp2: the user's own model computes its RoPE
+    if (err := prof.seq_len_error(plan.model, plan.job.seq_len)) is not None:
+        raise err  # dynamic NTK beyond its length (the estimate's note reads it too); fsdp2: the user's model's RoPE
     if target == "megatron":
         from cost_models.targets.megatron import rope_scaling_error
 

@@ -86,11 +86,13 @@ def profile_for(target: str | None) -> TargetProfile | None:
     return REFERENCE_PROFILES.get(target or "") or PROFILES.get(target or "")
 
 
-def target_model_notes(target: str | None, model: ModelSpec) -> list[str]:
-    """What a prediction on ``target`` says about ``model`` itself (``TargetProfile.model_notes``); [] without a
-    profile."""
+def target_model_notes(target: str | None, model: ModelSpec, job: JobSpec | None = None) -> list[str]:
+    """What a prediction on ``target`` says about ``model`` itself (``TargetProfile.model_notes``) and, given the
+    ``job``, about the model at its seq_len (``TargetProfile.job_notes``); [] without a profile."""
     prof = profile_for(target)
-    return prof.model_notes(model) if prof is not None else []
+    if prof is None:
+        return []
+    return [*prof.model_notes(model), *(prof.job_notes(model, job) if job is not None else [])]
 
 
 def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None = None,

@@ -388,6 +388,22 @@ class Prepared:
     note: str | None
 
 
+def dynamic_rope_error(model: ModelSpec, seq_len: int, framework: str) -> ConfigError | None:
+    """Dynamic-NTK RoPE trains as plain RoPE only while no sequence is longer than ``max_position_embeddings``:
+    transformers rescales once ``max(position_ids) + 1`` exceeds it (``dynamic_rope_update``,
+    modeling_rope_utils.py:101 @ 5.24.0; below it ``_compute_dynamic_ntk_parameters`` gives the base unchanged,
+    :329-341). Training positions run to seq_len - 1, so seq_len <= max_position_embeddings is plain RoPE, which
+    the frameworks emit; a longer seq_len needs rescaled frequencies that ``framework`` has no setting for. The one
+    rule: ``TargetProfile.seq_len_error`` (emit's refusal) and ``TargetProfile.job_notes`` (the estimate's note)."""
+    rs = model.arch.rope_scaling
+    if rs is None or rs.type != "dynamic" or seq_len <= (rs.max_position_embeddings or 0):
+        return None
+    return ConfigError(f"{model.name}: rope_scaling 'dynamic' (factor {rs.factor:g}) rescales RoPE once a "
+                       f"sequence exceeds max_position_embeddings={rs.max_position_embeddings} (transformers "
+                       f"dynamic_rope_update); seq_len={seq_len} would train rescaled frequencies, which {framework} "
+                       "has no setting for", valid=[f"seq_len <= {rs.max_position_embeddings}"])
+
+
 class TargetProfile:
     """One framework (and version): legality, run-time semantics, knobs. Subclasses fill the tables."""
 
@@ -427,6 +443,9 @@ class TargetProfile:
     hybrid_refusal: str = "it builds no Mamba-2 mixer"
     # Why a target without the ``optimizer`` knob runs no Muon (the error names it)
     optimizer_refusal: str = "this target runs Adam only"
+    # The framework that computes the emitted model's RoPE from autoplan's settings (``dynamic_rope_error`` names
+    # it); "": the user's own model computes it (fsdp2), so no RoPE setting of the config is refused
+    rope_framework: str = ""
 
     @property
     def kv_default(self) -> str:
@@ -632,6 +651,21 @@ class TargetProfile:
         """What a prediction of ``model`` on this target should tell the user about the model itself (e.g. that
         the released framework ships no definition of it to emit for); [] for none. ``estimate`` adds them."""
         return []
+
+    def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
+        """Why this target's emitted run would not train ``model``'s RoPE at ``seq_len`` as the model states it
+        (``dynamic_rope_error``); None: it would. ``emit`` refuses on it; ``job_notes`` says it at estimate time."""
+        return dynamic_rope_error(model, seq_len, self.rope_framework) if self.rope_framework else None
+
+    def job_notes(self, model: ModelSpec, job: JobSpec) -> list[str]:
+        """``model_notes`` that depend on the job: a seq_len ``emit`` refuses (``seq_len_error``), priced all the same
+        (dynamic NTK rescales frequencies, no cost)."""
+        err = self.seq_len_error(model, job.seq_len)
+        if err is None:
+            return []
+        return [f"not emittable for --target {self.name} at seq_len {job.seq_len}: {err.reason}; emittable at "
+                f"{', '.join(map(str, err.valid or []))}, or for --target fsdp2, whose model computes its own RoPE "
+                "(RoPE scaling changes no cost: priced as plain RoPE)"]
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """Why this target, run with ``rt``'s knobs (its software version), cannot build ``model``; None: it can.

@@ -254,6 +254,7 @@ def rope_scaling_error(model: ModelSpec) -> ConfigError | None:
 
 class MegatronProfile(TargetProfile):
     name = "megatron"
+    rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
     efficiency_set = "megatron"
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"

@@ -84,6 +84,9 @@ class Torchtitan2025Profile(TorchtitanProfile):
     def model_notes(self, model: ModelSpec) -> list[str]:
         return []  # never emitted: 0.3.0's shipped flavors say nothing about these releases' runs
 
+    def job_notes(self, model: ModelSpec, job: JobSpec) -> list[str]:
+        return []  # never emitted
+
     def layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int, zero: int, hsdp: int | None,
                      dp_cp: int, schedule: str) -> ConfigError | None:
         """0.3.0's rules, and ZeRO-0 on a mesh of one dimension: these releases replicate with DDP (``apply_ddp``,

@@ -66,6 +66,7 @@ TORCHTITAN_MOE_PASSES = ((2, 1), (2, 1))
 
 class TorchtitanProfile(TargetProfile):
     name = "torchtitan"
+    rope_framework = "torchtitan's RoPE.Config"  # scaling 'none', 'llama' or 'yarn' (models/common/rope.py:98)
     efficiency_set = "torchtitan"
     # models/common/attention.py ScaledDotProductAttention: ``sdpa_backends = [CUDNN_ATTENTION, FLASH_ATTENTION,
     # MATH]`` under ``sdpa_kernel(..., set_priority=True)`` on every GPU (since 6a3a9da95, 2025-10-09, "Refactor

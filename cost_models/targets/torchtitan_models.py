@@ -149,7 +149,7 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         raise UnsupportedModelError(f"{m.name}: linear RoPE scaling (factor {arch.rope_scaling.factor:g}: positions "
                                     "/ factor) has no torchtitan 0.3.0 config: RoPE.Config.scaling is 'none', 'llama' "
                                     "or 'yarn' (torchtitan/models/common/rope.py:98)")
-    # dynamic NTK is plain RoPE up to its length (the emitter refuses a longer seq_len: emit.plan.dynamic_rope_error)
+    # dynamic NTK is plain RoPE up to its length (the emitter refuses a longer seq_len: common.dynamic_rope_error)
     want = {None: "none", "dynamic": "none", "llama3": "llama", "yarn": "yarn"}[rs_type]
     if want != t.rope_scaling:
         if want != "none":
