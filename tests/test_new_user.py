@@ -319,3 +319,25 @@ def test_search_interleaving_a_hybrid_says_megatrons_mamba_rule_as_estimate_does
     assert code == 2 and err.strip().splitlines() == [line], err
     code, _, err = _cli("estimate", "--model", "nemotron-h-8b", "--gpus", "8", "--tp", "1", "--pp", "2", "--vp", "2")
     assert code == 2 and err.strip().splitlines() == [line], err
+
+
+@pytest.mark.parametrize(("cluster", "says"), [
+    ({"efficiency": {"gemm": 0.5}}, "invalid cluster efficiency: gemm: unknown field (did you mean gemm_max?)"),
+    ({"efficiency": {"gemm_max": -3.0}}, "invalid cluster efficiency: gemm_max: Input should be greater than 0"),
+    ({"gpu": "h100-sxmx"}, "unknown GPU 'h100-sxmx'; did you mean: h100-sxm"),
+])
+def test_a_plan_files_cluster_the_catalog_refuses_names_the_file(tmp_path, cluster: dict, says: str) -> None:  # type: ignore[no-untyped-def]
+    """An invalid ``cluster.efficiency`` field (or GPU) of a plan file was refused where the cluster is built, in a
+    line that named neither the file nor that it came from one: emit and compare now name it."""
+    code, out, err = _cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--pp", "1",
+                          "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    data["cluster"].update(cluster)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    for args in (["emit", "--target", "megatron", "--plan", str(plan), "-o", str(tmp_path / "out")],
+                 ["compare", str(plan), str(plan)]):
+        code, _, err = _cli(*args)
+        [line] = err.strip().splitlines()
+        assert code == 2 and line.startswith(f"Error: plan file '{plan}': {says}"), (args, err)

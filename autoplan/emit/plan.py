@@ -110,7 +110,7 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
     spec.setdefault("name", model_rec.get("name", "custom"))
     model = strict(ModelSpec, spec, f"plan file '{source}': model")
     creq = _cluster_request(data, source)
-    cluster = creq.resolve(target)
+    cluster = _resolved(creq, target, source)
     job = strict(JobSpec, _require(data, "job", source), f"plan file '{source}': job")
 
     entry, where = _plan_entry(data, index, source)
@@ -125,8 +125,8 @@ def plan_from_dict(data: dict[str, Any], index: int | None = None, *, source: st
                              "{op: mode} objects")
     headroom = _checked_headroom(entry, cluster.gpu.hbm_gib, source, where)
     if headroom is not None:  # the memory limit the plan was found under (search --memory-headroom), not the default
-        cluster = strict(ClusterRequest, {**creq.model_dump(), "memory_headroom": headroom},
-                         f"plan file '{source}': cluster").resolve(target)
+        cluster = _resolved(strict(ClusterRequest, {**creq.model_dump(), "memory_headroom": headroom},
+                                   f"plan file '{source}': cluster"), target, source)
     parallel = strict(ParallelConfig, par, f"plan file '{source}': parallel")
     software = priced_software(knobs, f"plan file '{source}': {_at(where, 'prediction.software')}")
     return EmitPlan(model=model, cluster=cluster, job=job, parallel=parallel, software=software,
@@ -149,6 +149,15 @@ def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
     return strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
                                                           "nvlink_domain_size", "efficiency")},
                   f"plan file '{source}': cluster")
+
+
+def _resolved(creq: ClusterRequest, target: str | None, source: str) -> ClusterSpec:
+    """``creq.resolve(target)``; what it refuses (an unknown GPU, a ``cluster.efficiency`` field the catalog's
+    Efficiency does not take: checked there, over the catalog's values) names the plan file it came from."""
+    try:
+        return creq.resolve(target)
+    except ConfigError as err:
+        raise UserInputError(f"plan file '{source}': {err}") from None
 
 
 def load_cluster_request(path: str | Path) -> ClusterRequest:
