@@ -20,6 +20,7 @@ from autoplan.inputs import json_type
 from autoplan.request import ClusterRequest, MemoryHeadroom
 from autoplan.schema import (MAX_ID_CHARS, MAX_NUM_GPUS, MODEL_DESCRIPTION, ClusterRecord, JobRequest, ModelRecord,
                              ModelSource, ParallelPins, Plan, RankBy, Status, Target, _Strict, validate_request)
+from cost_models.errors import repeated_error
 from cost_models.goodput import FailureModel
 from cost_models.specs import JobSpec
 from cost_models.targets import PROFILES, Software
@@ -77,7 +78,9 @@ class ScaleRequest(_Strict):
         bad = [n for n in v if not 0 < n <= MAX_NUM_GPUS]
         if bad:
             raise ValueError(f"GPU counts must be in 1..{MAX_NUM_GPUS}, got {bad[0]}")
-        return sorted(set(v))
+        if (err := repeated_error(v, "GPU count")) is not None:  # the one rule for lists: a repeat is a slip
+            raise ValueError(err)
+        return sorted(v)
 
     @model_validator(mode="after")
     def _price_needs_tokens(self) -> "ScaleRequest":
@@ -266,6 +269,8 @@ def parse_gpus(text: str) -> list[int]:
                                  "64..8192 (powers of two)") from None
     if len(out) > MAX_SIZES:
         raise UserInputError(f"--gpus {text!r:.60} makes more than {MAX_SIZES} sizes")
+    if (err := repeated_error(out, "GPU count")) is not None:  # e.g. 8,8 or 64..256,128 (the range holds 128)
+        raise UserInputError(f"--gpus {text!r:.60}: {err}")
     return out
 
 

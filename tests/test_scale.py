@@ -61,12 +61,26 @@ def test_layout_changes_are_marked():
 def test_parse_gpus():
     assert parse_gpus("64..8192") == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
     assert parse_gpus("8, 24,64..128") == [8, 24, 64, 128]
-    assert ScaleRequest(model="x", gpus=[64, 8, 8]).gpus == [8, 64]
+    assert ScaleRequest(model="x", gpus=[64, 8]).gpus == [8, 64]
     # a range the wrong way round, or from no GPUs, says which (was "expected a list like ... or a range like ...")
     with pytest.raises(UserInputError, match=r"^--gpus '8\.\.4': the range 8\.\.4 runs downwards; valid: 4\.\.8$"):
         parse_gpus("8..4")
     with pytest.raises(UserInputError, match=r"^--gpus '0\.\.8': a range starts at a positive GPU count, not 0$"):
         parse_gpus("0..8")
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("8,8", "--gpus '8,8': '8' given twice; give each GPU count once: 8"),
+    ("64..256,128", "--gpus '64..256,128': '128' given twice; give each GPU count once: 64,128,256"),
+    ("16,8,16,16", "--gpus '16,8,16,16': '16' given 3 times; give each GPU count once: 16,8"),
+])
+def test_a_repeated_gpu_count_is_refused(text: str, line: str) -> None:
+    """A GPU count given twice (or a listed count a range already holds) was merged silently; like every list input
+    (``cost_models.errors.repeated_error``) it is a slip, refused in one line naming it: CLI and request alike."""
+    r = CliRunner().invoke(cli, ["scale", "--model", "llama3-8b", "--gpus", text])
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [f"Error: {line}"], r.output
+    with pytest.raises(UserInputError, match=r"gpus: '8' given twice; give each GPU count once: 64,8$"):
+        api.scale({"model": "llama3-8b", "gpus": [64, 8, 8]})
 
 
 def test_cli_table_json_plot_and_errors(tmp_path):
