@@ -147,6 +147,27 @@ def test_shipped_table_matches_torchtitan() -> None:
             assert callable(getattr(importlib.import_module(f"torchtitan.models.{t.module}.config_registry"),
                                     t.config_fn))
         assert _titan_attention_facts(mc) == t.attention, t
+        assert (_titan_params(mc), _titan_router(mc)) == (t.params, t.router), t
+
+
+def _titan_params(mc: Any) -> int:
+    """The flavor's parameters as torchtitan builds it on the meta device, MTP apart (``TitanModel.params``)."""
+    import torch
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = mc.build()
+    return sum(p.numel() for k, p in model.named_parameters() if not k.startswith("mtp"))
+
+
+def _titan_router(mc: Any) -> tuple[Any, ...] | None:
+    """``TitanModel.router`` from the flavor's MoE router config (None for a dense flavor)."""
+    moe = next((x.moe for x in mc.layers if getattr(x, "moe", None) is not None), None)
+    if moe is None:
+        return None
+    r = moe.router
+    return (r.top_k, r.score_func, bool(r.route_norm), r.route_scale, r.num_expert_groups or 0,
+            r.num_limited_groups or 0)
 
 
 def _titan_attention_facts(mc: Any) -> tuple[Any, ...]:

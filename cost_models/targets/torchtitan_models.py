@@ -40,6 +40,12 @@ class TitanModel:
     # attention and MLP facts the flavor hard-codes (``attention_facts``): window, every N-th layer full, sinks,
     # activation, GLU offset and clamp, biases on every linear
     attention: tuple[Any, ...] = (None, 0, False, "silu", 0.0, None, False)
+    # its parameters as torchtitan builds it (MTP apart): a model with the flavor's dims differs here when it ties or
+    # unties the embedding (torchtitan enable_weight_tying), has another head dim, q/k norms, expert width or shared
+    # experts
+    params: int = 0
+    # the router it fixes (MoE; ``router_facts``): top-k, score function, renormalized, scale, groups, groups kept
+    router: tuple[Any, ...] | None = None
 
 
 def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
@@ -49,6 +55,13 @@ def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
             a.activation_clamp, m.linear_bias or m.qkv_bias)
 
 
+def router_facts(m: ModelSpec) -> tuple[Any, ...] | None:
+    """What a torchtitan MoE flavor's router fixes (``TitanModel.router``); None for a dense model."""
+    r = m.arch.router
+    return (m.moe_top_k, r.score_function, r.norm_top_k, r.top_k_scaling, r.num_groups, r.group_top_k) \
+        if m.is_moe else None
+
+
 ATTENTION_FACTS = ("sliding_window", "full_attention_every", "attention_sinks", "activation", "glu_linear_offset",
                    "activation_clamp", "biases")
 # torchtitan/models/gpt_oss/__init__.py: a 128-token window on even layers (_build_gptoss_layers), sinks and biases on
@@ -56,49 +69,62 @@ ATTENTION_FACTS = ("sliding_window", "full_attention_every", "attention_sinks", 
 GPT_OSS_ATTENTION = (128, 2, True, "quick_gelu", 1.0, 7.0, True)
 
 
-def _gpt_oss(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int]) -> TitanModel:
-    return TitanModel("gpt_oss", flavor, fn, "bf16", dims, 150000.0, "yarn", 1e-5, attention=GPT_OSS_ATTENTION)
+Dims = tuple[int, int, int, int, int, int, int]
+QWEN3_ROUTER = (8, "softmax", True, 1.0, 0, 0)  # torchtitan qwen3 MoE flavors: softmax, top 8, renormalized
 
 
-def _qwen3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], theta: float = 1e6,
-           base: str = "") -> TitanModel:
-    return TitanModel("qwen3", flavor, fn, "bf16", dims, theta, "none", 1e-6, bf16_base=base)
+def _gpt_oss(flavor: str, fn: str, dims: Dims, params: int) -> TitanModel:
+    return TitanModel("gpt_oss", flavor, fn, "bf16", dims, 150000.0, "yarn", 1e-5, attention=GPT_OSS_ATTENTION,
+                      params=params, router=(4, "softmax", True, 1.0, 0, 0))
 
 
-def _dsv3(flavor: str, fn: str, dims: tuple[int, int, int, int, int, int, int], base: str = "") -> TitanModel:
-    return TitanModel("deepseek_v3", flavor, fn, "bf16", dims, 10000.0, "yarn", 1e-5, bf16_base=base)
+def _qwen3(flavor: str, fn: str, dims: Dims, params: int, theta: float = 1e6, base: str = "",
+           router: tuple[Any, ...] | None = None) -> TitanModel:
+    return TitanModel("qwen3", flavor, fn, "bf16", dims, theta, "none", 1e-6, bf16_base=base, params=params,
+                      router=router)
+
+
+def _dsv3(flavor: str, fn: str, dims: Dims, params: int, router: tuple[Any, ...], base: str = "") -> TitanModel:
+    return TitanModel("deepseek_v3", flavor, fn, "bf16", dims, 10000.0, "yarn", 1e-5, bf16_base=base, params=params,
+                      router=router)
 
 
 # Every non-debug flavor torchtitan 0.3.0 ships for the decoder families autoplan plans (tests/test_torchtitan_
 # flavors.py rebuilds each from torchtitan and checks the row). Llama 3 flavors are Llama 3.1/3.2: llama RoPE
 # scaling (factor 8 over 8192 tokens) is part of every one of them.
 SHIPPED: tuple[TitanModel, ...] = (
-    TitanModel("llama3", "1B", "", "bf16", (16, 2048, 32, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
-    TitanModel("llama3", "3B", "", "bf16", (28, 3072, 24, 8, 8192, 128256, 0), bf16_base="llama3_8b"),
-    TitanModel("llama3", "8B", "llama3_8b", "bf16", (32, 4096, 32, 8, 14336, 128256, 0)),
-    TitanModel("llama3", "70B", "llama3_70b", "bf16", (80, 8192, 64, 8, 28672, 128256, 0)),
+    TitanModel("llama3", "1B", "", "bf16", (16, 2048, 32, 8, 8192, 128256, 0), bf16_base="llama3_8b",
+               params=1235814400),
+    TitanModel("llama3", "3B", "", "bf16", (28, 3072, 24, 8, 8192, 128256, 0), bf16_base="llama3_8b",
+               params=3212749824),
+    TitanModel("llama3", "8B", "llama3_8b", "bf16", (32, 4096, 32, 8, 14336, 128256, 0), params=8030261248),
+    TitanModel("llama3", "70B", "llama3_70b", "bf16", (80, 8192, 64, 8, 28672, 128256, 0), params=70553706496),
     TitanModel("llama3", "405B", "llama3_405b", "fp8", (126, 16384, 128, 8, 53248, 128256, 0),
-               bf16_base="llama3_70b",
+               bf16_base="llama3_70b", params=405853388800,
                keep=(("hf_assets_path", "'./assets/hf/Llama-3.1-405B'"),
                      ("optimizer", "default_adamw(lr=8e-5)"),
                      ("lr_scheduler", "LRSchedulersContainer.Config(warmup_steps=600)"),
                      ("training.local_batch_size", "2"), ("training.steps", "3000"),
                      ("compile", "CompileConfig(enable=True, enable_async_tensor_parallel=True)"))),
-    _qwen3("0.6B", "qwen3_0_6b", (28, 1024, 16, 8, 3072, 151936, 0)),
-    _qwen3("1.7B", "qwen3_1_7b", (28, 2048, 16, 8, 6144, 151936, 0)),
-    _qwen3("4B", "", (36, 2560, 32, 8, 9728, 151936, 0), base="qwen3_14b"),
-    _qwen3("8B", "", (36, 4096, 32, 8, 12288, 151936, 0), base="qwen3_14b"),
-    _qwen3("14B", "qwen3_14b", (40, 5120, 40, 8, 17408, 151936, 0)),
-    _qwen3("32B", "qwen3_32b", (64, 5120, 64, 8, 25600, 151936, 0)),
-    _qwen3("30B-A3B", "qwen3_30b_a3b", (48, 2048, 32, 4, 6144, 151936, 128)),
+    _qwen3("0.6B", "qwen3_0_6b", (28, 1024, 16, 8, 3072, 151936, 0), 596049920),
+    _qwen3("1.7B", "qwen3_1_7b", (28, 2048, 16, 8, 6144, 151936, 0), 1720574976),
+    _qwen3("4B", "", (36, 2560, 32, 8, 9728, 151936, 0), 4022468096, base="qwen3_14b"),
+    _qwen3("8B", "", (36, 4096, 32, 8, 12288, 151936, 0), 8190735360, base="qwen3_14b"),
+    _qwen3("14B", "qwen3_14b", (40, 5120, 40, 8, 17408, 151936, 0), 14768307200),
+    _qwen3("32B", "qwen3_32b", (64, 5120, 64, 8, 25600, 151936, 0), 32762123264),
+    _qwen3("30B-A3B", "qwen3_30b_a3b", (48, 2048, 32, 4, 6144, 151936, 128), 30532122624, router=QWEN3_ROUTER),
     # torchtitan 0.3.0 ships 235B-A22B without a config function and with RoPE base 5e6 (Qwen's config.json: 1e6)
     TitanModel("qwen3", "235B-A22B", "", "bf16", (94, 4096, 64, 4, 12288, 151936, 128), 5e6, "none", 1e-6,
-               bf16_base="qwen3_30b_a3b", keep=(("hf_assets_path", "'./assets/hf/Qwen3-235B-A22B'"),)),
-    _dsv3("16B", "deepseek_v3_16b", (27, 2048, 16, 16, 10944, 102400, 64)),
-    _dsv3("236B", "", (60, 5120, 128, 128, 12288, 102400, 160), base="deepseek_v3_16b"),
-    _dsv3("671B", "deepseek_v3_671b", (61, 7168, 128, 128, 18432, 129280, 256)),
-    _gpt_oss("20b", "gpt_oss_20b", (24, 2880, 64, 8, 2880, 201088, 32)),
-    _gpt_oss("120b", "gpt_oss_120b", (36, 2880, 64, 8, 2880, 201088, 128)),
+               bf16_base="qwen3_30b_a3b", keep=(("hf_assets_path", "'./assets/hf/Qwen3-235B-A22B'"),),
+               params=235093634560, router=QWEN3_ROUTER),
+    _dsv3("16B", "deepseek_v3_16b", (27, 2048, 16, 16, 10944, 102400, 64), 15706484224,
+          (6, "softmax", False, 1.0, 0, 0)),
+    _dsv3("236B", "", (60, 5120, 128, 128, 12288, 102400, 160), 235741434880, (6, "softmax", False, 16.0, 8, 3),
+          base="deepseek_v3_16b"),
+    _dsv3("671B", "deepseek_v3_671b", (61, 7168, 128, 128, 18432, 129280, 256), 671026404352,
+          (8, "sigmoid", True, 2.5, 8, 4)),
+    _gpt_oss("20b", "gpt_oss_20b", (24, 2880, 64, 8, 2880, 201088, 32), 20914757184),
+    _gpt_oss("120b", "gpt_oss_120b", (36, 2880, 64, 8, 2880, 201088, 128), 116829156672),
 )
 
 
@@ -139,6 +165,16 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         differ.append(f"RoPE on {arch.rotary_fraction:g} of each head (torchtitan: all of it)")
     if not m.gated_mlp:
         differ.append(f"a non-gated {arch.activation} MLP (torchtitan: gated)")
+    if m.num_params != t.params:  # the flavor's dims matched: tying, head dim, q/k norms or expert widths differ
+        differ.append(f"{m.num_params:,} parameters (torchtitan: {t.params:,}; tied embeddings "
+                      f"{m.tied_embeddings}, head dim {m.head_dim_resolved}, q/k norm {arch.qk_norm})")
+    if router_facts(m) != t.router:
+        differ.append(f"router (top-k, score, renormalized, scale, groups, kept) {router_facts(m)} "
+                      f"(torchtitan: {t.router})")
+    if arch.hidden_dropout or arch.attention_dropout:  # no dropout module in any torchtitan model
+        differ.append(f"dropout {arch.hidden_dropout:g} / attention {arch.attention_dropout:g} (torchtitan: none)")
+    if arch.no_position_encoding or arch.alibi or m.learned_position_embeddings:
+        differ.append("positions other than RoPE (torchtitan: RoPE)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
                                     f"{', '.join(differ)}; use --target megatron")

@@ -1,0 +1,49 @@
+"""torchtitan builds its flavors, not the user's model: a model with a shipped flavor's dims is emitted only when
+every fact the flavor fixes in code matches (``torchtitan_models.arch_overrides``). Each change below once matched a
+flavor by its dims alone and was emitted as that flavor, a different model (issue 12 faithfulness)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from autoplan.catalog import load_model
+from autoplan.catalog.registry import model_names
+from cost_models.specs import ModelSpec
+from cost_models.targets.torchtitan_models import SHIPPED, fingerprint, shipped_model_error
+
+
+def _arch(m: ModelSpec, **change: Any) -> ModelSpec:
+    return m.model_copy(update={"arch": m.arch.model_copy(update=change)})
+
+
+LLAMA = load_model("llama3-8b")
+QWEN = load_model("qwen3-235b-a22b")
+CHANGES = {
+    "tied embeddings": (LLAMA.model_copy(update={"tied_embeddings": True}), "parameters"),
+    "q/k norm": (_arch(LLAMA, qk_norm=True), "parameters"),
+    "head dim": (LLAMA.model_copy(update={"head_dim": 256}), "head dim 256"),
+    "no q/k norm": (_arch(QWEN, qk_norm=False), "q/k norm False"),
+    "top-k": (QWEN.model_copy(update={"moe_top_k": 4}), "router"),
+    "dropout": (_arch(LLAMA, hidden_dropout=0.1), "dropout 0.1"),
+    "NoPE": (_arch(LLAMA, no_position_encoding=True), "positions other than RoPE"),
+    "layernorm": (LLAMA.model_copy(update={"norm": "layernorm"}), "layernorm (torchtitan: rmsnorm)"),
+    "zero-centered": (_arch(LLAMA, norm_zero_centered_gamma=True), "zero-centered rmsnorm"),
+    "partial RoPE": (_arch(LLAMA, rotary_fraction=0.5), "RoPE on 0.5 of each head"),
+    "non-gated": (LLAMA.model_copy(update={"gated_mlp": False}), "non-gated silu MLP"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(CHANGES))
+def test_a_fact_the_flavor_fixes_is_refused(what: str) -> None:
+    model, said = CHANGES[what]
+    assert fingerprint(model) == fingerprint(LLAMA if model.num_experts == 0 else QWEN)  # the dims still match
+    err = shipped_model_error(model)
+    assert err is not None and said in str(err) and "--target megatron" in str(err), err
+
+
+def test_the_catalog_models_with_a_flavors_dims_are_that_flavor() -> None:
+    dims = {t.dims for t in SHIPPED}
+    matched = [n for n in model_names() if fingerprint(load_model(n)) in dims]
+    assert len(matched) == 9 and all(shipped_model_error(load_model(n)) is None for n in matched), matched
