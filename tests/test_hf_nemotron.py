@@ -80,3 +80,21 @@ def test_zero_centered_gamma_is_cost_neutral() -> None:
     a = estimate(p.model, p.cluster, p.job, p.parallel)
     b = estimate(plain, p.cluster, p.job, p.parallel)
     assert (a.step_time_s, a.peak_memory_gib) == (b.step_time_s, b.peak_memory_gib)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    # relu2 is the family's default (NemotronConfig.hidden_act): the refusal of another name lists it with the rest
+    ({"hidden_act": "relu"}, r"hidden_act='relu' is not supported for model_type 'nemotron' \(supported: .*relu2"),
+    ({"hidden_act": 3}, r"hidden_act=3 is not supported .*relu2"),
+    # a partial factor that is not a number was an internal error (ValueError from float('x')) or read as 1.0 (true)
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": "x"}},
+     r"rope_parameters.partial_rotary_factor='x' is not supported .*\(a number in \(0, 1\]\)"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": True}},
+     r"rope_parameters.partial_rotary_factor=True is not supported"),
+])
+def test_a_bad_activation_or_partial_factor_is_one_clear_line(change: dict, says: str) -> None:
+    config = _config(**change)
+    if "rope_parameters" in change:
+        del config["partial_rotary_factor"], config["rope_theta"]
+    with pytest.raises(UserInputError, match=says):
+        spec_from_hf_config(config)

@@ -195,11 +195,14 @@ _ROPE_SCALING_KEYS = {
 _ROPE_TYPES = "supported: default, linear, dynamic, llama3, yarn"
 
 
-def _activation(c: _Config, key: str, default: str) -> str:
+def _activation(c: _Config, key: str, default: str, family: Mapping[str, str] | None = None) -> str:
+    """``key``'s activation; ``family``: names this family's reader takes besides ``_ACTIVATIONS`` (the error lists
+    them too)."""
+    names = {**_ACTIVATIONS, **(family or {})}
     value = c.get(key, default)
-    if not isinstance(value, str) or value not in _ACTIVATIONS:
-        raise c.error(key, value, f"supported: {', '.join(sorted(_ACTIVATIONS))}")
-    return _ACTIVATIONS[value]
+    if not isinstance(value, str) or value not in names:
+        raise c.error(key, value, f"supported: {', '.join(sorted(names))}")
+    return names[value]
 
 
 def _rope_scaling(c: _Config, d: Any, key: str) -> dict[str, Any] | None:
@@ -259,7 +262,10 @@ def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[s
         scaling = c.get("rope_scaling", scaling_default)
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if isinstance(params, Mapping) and params.get("partial_rotary_factor") is not None:
-        out["rotary_fraction"] = float(params["partial_rotary_factor"])
+        fraction = params["partial_rotary_factor"]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise c.error("rope_parameters.partial_rotary_factor", fraction, "a number in (0, 1]")
+        out["rotary_fraction"] = float(fraction)
     if scaling is not None:
         rs = _rope_scaling(c, scaling, key)
         if rs is not None:
@@ -795,7 +801,7 @@ def _nemotron(c: _Config) -> dict[str, Any]:
     if attention_bias != mlp_bias:
         raise c.error("attention_bias / mlp_bias", (attention_bias, mlp_bias), "both true or both false: "
                       "Megatron biases every linear or none (--disable-bias-linear)")
-    act = "relu2" if c.get("hidden_act", "relu2") == "relu2" else _activation(c, "hidden_act", "relu2")
+    act = _activation(c, "hidden_act", "relu2", {"relu2": "relu2"})  # transformers ReLUSquaredActivation
     rope = _rope(c)
     fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
     if rope.setdefault("rotary_fraction", fraction) != fraction:
