@@ -47,3 +47,15 @@ def test_the_catalog_models_with_a_flavors_dims_are_that_flavor() -> None:
     dims = {t.dims for t in SHIPPED}
     matched = [n for n in model_names() if fingerprint(load_model(n)) in dims]
     assert len(matched) == 9 and all(shipped_model_error(load_model(n)) is None for n in matched), matched
+
+
+def test_a_shared_mtp_module_is_refused() -> None:
+    """torchtitan's deepseek_v3 builds one MTP module per depth (models/deepseek_v3/__init__.py _build_mtp_layers);
+    a model whose one MTP module serves every depth (``mtp_repeated``) was emitted with num_mtp_layers depths of
+    their own weights, silently. One depth is the same model either way."""
+    dsv3 = load_model("deepseek-v3")
+    two = _arch(dsv3, mtp_layers=2, mtp_repeated=True)
+    err = shipped_model_error(two)
+    assert err is not None and "mtp_repeated" in str(err) and "a module per depth" in str(err), err
+    assert shipped_model_error(_arch(dsv3, mtp_layers=2)) is None
+    assert shipped_model_error(_arch(dsv3, mtp_layers=1, mtp_repeated=True)) is None

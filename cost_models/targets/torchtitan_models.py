@@ -207,6 +207,10 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
     if arch.mtp_layers:
         if t.module != "deepseek_v3":
             raise UnsupportedModelError(f"{m.name}: torchtitan {t.module} has no multi-token prediction")
+        if arch.mtp_repeated and arch.mtp_layers > 1:  # models/deepseek_v3/__init__.py:291-300 (_build_mtp_layers)
+            raise UnsupportedModelError(f"{m.name}: one MTP module's weights at each of its {arch.mtp_layers} depths "
+                                        "(mtp_repeated); torchtitan deepseek_v3 builds a module per depth, each with "
+                                        "weights of its own; use --target megatron")
         out["num_mtp_layers"] = arch.mtp_layers
     return out
 
