@@ -98,3 +98,23 @@ def test_a_bad_activation_or_partial_factor_is_one_clear_line(change: dict, says
         del config["partial_rotary_factor"], config["rope_theta"]
     with pytest.raises(UserInputError, match=says):
         spec_from_hf_config(config)
+
+
+@pytest.mark.parametrize("act", ["silu", "swish"])
+def test_megatron_estimate_notes_the_activation_emit_refuses(act: str) -> None:
+    """A non-gated SiLU MLP (a nemotron config with hidden_act silu) has no Megatron-LM flag: emit refused it while
+    estimate and search priced it for megatron without a word. One rule (``model_flags_error``): the estimate's note
+    quotes emit's reason; the price is the model's."""
+    from autoplan.emit import emit
+    from autoplan.errors import ConfigError
+
+    m = spec_from_hf_config(_config(hidden_act=act), name="n")
+    p = EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256, seq_len=4096),
+                 ParallelConfig(tp=4, pp=2))
+    with pytest.raises(ConfigError) as refused:
+        emit(p, "megatron")
+    est = estimate(p.model, p.cluster, p.job, p.parallel, target="megatron")
+    [note] = [n for n in est.notes if n.startswith("not emittable for --target megatron")]
+    assert refused.value.reason in note and "a non-gated silu MLP has no Megatron-LM flag" in note
+    base = estimate(load_model("nemotron4-15b"), p.cluster, p.job, p.parallel, target="megatron")
+    assert not [n for n in base.notes if n.startswith("not emittable")]

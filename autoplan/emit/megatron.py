@@ -20,7 +20,8 @@ from autoplan.errors import ConfigError
 from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
-from cost_models.targets.megatron import PROFILE, FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, rope_scaling_error
+from cost_models.targets.megatron import (PROFILE, FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, model_flags_error,
+                                          rope_scaling_error)
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -211,28 +212,17 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--num-query-groups", m.num_kv_heads)
     if m.head_dim is not None and m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
         add("--kv-channels", m.head_dim)
+    if (err := model_flags_error(m)) is not None:
+        raise err  # activation, ALiBi, RoPE base: the rule the estimate's note quotes (MegatronProfile.model_notes)
     # activation: SwiGLU / quick-GeGLU (x*sigmoid(1.702x), GPT-OSS) / GELU (erf) / GELU tanh (--openai-gelu)
-    if m.gated_mlp and arch.activation not in ("silu", "quick_gelu"):  # (relu2 gated: no flag either)
-        raise ConfigError(f"{m.name}: gated MLP with activation '{arch.activation}' (GeGLU) has no Megatron-LM flag",
-                          valid=["silu (SwiGLU)", "quick_gelu (--quick-geglu)"])
     if m.gated_mlp:
         add("--swiglu" if arch.activation == "silu" else "--quick-geglu")
     elif arch.activation == "relu2":
         add("--squared-relu")  # arguments.py:1338-1340: activation_func = squared_relu (relu(x)^2, Nemotron-H)
-    elif arch.activation in ("silu", "quick_gelu"):
-        raise ConfigError(f"{m.name}: a non-gated {arch.activation} MLP has no Megatron-LM flag",
-                          valid=["gelu", "gelu_tanh"])
-    # GPT-OSS's clamped GLU: megatron-core applies both in the MLP and the grouped experts (transformer/mlp.py:
-    # 221-225, moe/experts.py:723-727): act(clamp(gate, max=c)) * (clamp(up, -c, c) + offset)
+    # GPT-OSS's clamped GLU (quick_gelu only: model_flags_error)
     if arch.glu_linear_offset:
-        if arch.activation != "quick_gelu":  # megatron-core transformer_config.py:1505-1509 (fused bias-activation)
-            raise ConfigError(f"{m.name}: megatron-core takes glu_linear_offset only with quick_gelu",
-                              valid=["quick_gelu"])
         add("--glu-linear-offset", arch.glu_linear_offset)
     if arch.activation_clamp is not None:
-        if arch.activation != "quick_gelu":
-            raise ConfigError(f"{m.name}: megatron-core clamps the GLU inputs only with quick_gelu "
-                              "(activation_func_clamp_value)", valid=["quick_gelu"])
         add("--activation-func-clamp-value", arch.activation_clamp)
     add("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")
     add("--norm-epsilon", arch.norm_eps)
@@ -256,17 +246,13 @@ def model_args(plan: EmitPlan) -> list[str]:
             add("--window-attn-skip-freq", arch.full_attention_every)
     if arch.attention_sinks:  # a learned per-head softmax offset: core_attention.softmax_offset
         add("--softmax-type", "learnable")
-    if arch.alibi:
-        raise ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
     if m.learned_position_embeddings:
         add("--position-embedding-type", "learned_absolute")
     elif arch.no_position_encoding:
         add("--position-embedding-type", "none")  # MambaModel / GPTModel: no rotary, no position table
     else:
         add("--position-embedding-type", "rope")
-        if not float(arch.rope_theta).is_integer():
-            raise ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
-        add("--rotary-base", int(arch.rope_theta))
+        add("--rotary-base", int(arch.rope_theta))  # an integer (model_flags_error)
         if arch.rotary_fraction != 1.0:
             add("--rotary-percent", arch.rotary_fraction)
         rs = arch.rope_scaling

@@ -252,6 +252,34 @@ def rope_scaling_error(model: ModelSpec) -> ConfigError | None:
     return None
 
 
+def model_flags_error(model: ModelSpec) -> ConfigError | None:
+    """Why Megatron-LM core_v0.16.1 has no flags for ``model``'s MLP activation or positions; None: it has. The
+    emitter refuses on it, ``MegatronProfile.model_notes`` says it at estimate time. Activations: --swiglu,
+    --quick-geglu, --squared-relu, GELU (erf) by default (arguments.py:1331-1340); the GLU offset and clamp only with
+    quick_gelu (transformer_config.py:1505-1509); positions: rope (integer --rotary-base), learned_absolute, none."""
+    m, arch = model, model.arch
+    if m.gated_mlp and arch.activation not in ("silu", "quick_gelu"):  # (relu2 gated: no flag either)
+        return ConfigError(f"{m.name}: gated MLP with activation '{arch.activation}' (GeGLU) has no Megatron-LM flag",
+                           valid=["silu (SwiGLU)", "quick_gelu (--quick-geglu)"])
+    if not m.gated_mlp and arch.activation in ("silu", "quick_gelu"):
+        return ConfigError(f"{m.name}: a non-gated {arch.activation} MLP has no Megatron-LM flag",
+                           valid=["gelu", "gelu_tanh"])
+    # GPT-OSS's clamped GLU: megatron-core applies both in the MLP and the grouped experts (transformer/mlp.py:
+    # 221-225, moe/experts.py:723-727): act(clamp(gate, max=c)) * (clamp(up, -c, c) + offset)
+    if arch.glu_linear_offset and arch.activation != "quick_gelu":
+        return ConfigError(f"{m.name}: megatron-core takes glu_linear_offset only with quick_gelu",
+                           valid=["quick_gelu"])
+    if arch.activation_clamp is not None and arch.activation != "quick_gelu":
+        return ConfigError(f"{m.name}: megatron-core clamps the GLU inputs only with quick_gelu "
+                           "(activation_func_clamp_value)", valid=["quick_gelu"])
+    if arch.alibi:
+        return ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
+    rope = not (m.learned_position_embeddings or arch.no_position_encoding)
+    if rope and not float(arch.rope_theta).is_integer():
+        return ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
+    return None
+
+
 class MegatronProfile(TargetProfile):
     name = "megatron"
     rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
@@ -465,13 +493,17 @@ class MegatronProfile(TargetProfile):
             raise err
 
     def model_notes(self, model: ModelSpec) -> list[str]:
-        """A model whose RoPE scaling the emitted Megatron-LM run would not train (``rope_scaling_error``): priced (the
-        scaling costs nothing), and the prediction says ``emit --target megatron`` refuses it."""
-        err = rope_scaling_error(model)
-        if err is None:
-            return []
-        return [f"not emittable for --target megatron: {err.reason} "
-                "(RoPE scaling changes no cost: priced as Megatron would run it; emit it for fsdp2)"]
+        """A model Megatron-LM has no flags for (``model_flags_error``: activation, ALiBi, RoPE base) or whose RoPE
+        scaling the emitted run would not train (``rope_scaling_error``): priced, and the prediction says ``emit
+        --target megatron`` refuses it."""
+        out = []
+        if (err := model_flags_error(model)) is not None:
+            out.append(f"not emittable for --target megatron: {err.reason} (priced as the model states it; emit it "
+                       "for fsdp2)")
+        if (err := rope_scaling_error(model)) is not None:
+            out.append(f"not emittable for --target megatron: {err.reason} "
+                       "(RoPE scaling changes no cost: priced as Megatron would run it; emit it for fsdp2)")
+        return out
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """More bf16 layers than the model has (``bf16_layers_error``). A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):
