@@ -1,6 +1,6 @@
 """The models torchtitan 0.3.0 ships, and what its flavors fix in code: which models the torchtitan target can
-build at all (``TorchtitanProfile.model_error`` reads ``shipped_model_error``, so the search, ``estimate``, the
-emitter and ``validate`` refuse the same models) and the config overrides that make a flavor the user's model
+build at all (``shipped_model_error``: the emitter and ``validate`` refuse the others, ``estimate`` and the search
+price them with a note, ``TorchtitanProfile.model_notes``) and the config overrides that make a flavor the user's model
 (``arch_overrides``, for the emitter). ``tests/test_validate_consumers.py`` rebuilds every row of ``SHIPPED`` from
 torchtitan itself."""
 
