@@ -115,6 +115,19 @@ def test_megatron_estimate_notes_the_activation_emit_refuses(act: str) -> None:
         emit(p, "megatron")
     est = estimate(p.model, p.cluster, p.job, p.parallel, target="megatron")
     [note] = [n for n in est.notes if n.startswith("not emittable for --target megatron")]
-    assert refused.value.reason in note and "a non-gated silu MLP has no Megatron-LM flag" in note
+    reason = str(refused.value).split("; ")[0]  # before the valid choices and the targets that would take it
+    assert reason in note and "a non-gated silu MLP has no Megatron-LM flag" in note
     base = estimate(load_model("nemotron4-15b"), p.cluster, p.job, p.parallel, target="megatron")
     assert not [n for n in base.notes if n.startswith("not emittable")]
+
+
+def test_a_refusal_does_not_offer_megatron_for_a_model_without_its_flags() -> None:
+    """emit's refusal names the targets that would take the plan (``emittable_targets``, through ``_check``); a
+    non-gated SiLU model was offered --target megatron, whose emitter then refused it."""
+    from autoplan.emit.plan import emittable_targets
+
+    m = spec_from_hf_config(_config(hidden_act="silu"), name="n")
+    p = EmitPlan(m, build_cluster("h100-sxm", 64), JobSpec(global_batch_size=256, seq_len=4096),
+                 ParallelConfig(tp=4, pp=2, zero_stage=0))
+    assert "megatron" not in emittable_targets(p)
+    assert "megatron" in emittable_targets(EmitPlan(load_model("nemotron4-15b"), p.cluster, p.job, p.parallel))

@@ -309,9 +309,10 @@ def _check(plan: EmitPlan, target: Target) -> None:
     if (err := prof.seq_len_error(plan.model, plan.job.seq_len)) is not None:
         raise err  # dynamic NTK beyond its length (the estimate's note reads it too); fsdp2: the user's model's RoPE
     if target == "megatron":
-        from cost_models.targets.megatron import rope_scaling_error
+        from cost_models.targets.megatron import model_flags_error, rope_scaling_error
 
-        if (err := rope_scaling_error(plan.model)) is not None:  # linear, or llama3 values the builder fixes
+        # linear RoPE, or llama3 values the builder fixes; an activation, ALiBi or RoPE base without flags
+        if (err := rope_scaling_error(plan.model) or model_flags_error(plan.model)) is not None:
             raise err
     if target == "torchtitan":
         from cost_models.targets.torchtitan_models import arch_overrides
