@@ -247,10 +247,12 @@ def _interpolation(c: _Config, out: dict[str, Any], key: str) -> dict[str, Any] 
     return {**out, "factor": float(factor)}
 
 
-def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[str, Any] | None = None
-          ) -> dict[str, Any]:
+def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[str, Any] | None = None,
+          partial_default: float | None = None) -> dict[str, Any]:
     """RoPE base and scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4.x) or ``rope_parameters`` (5.x);
-    the defaults are the family's configuration class's (GptOssConfig: base 150000, YaRN)."""
+    the defaults are the family's configuration class's (GptOssConfig: base 150000, YaRN). ``partial_default``: a
+    family with partial RoPE (GLM-4.5, Nemotron) also reads a top-level ``partial_rotary_factor`` (4.x files), this
+    where neither key is given; the two keys must agree."""
     params = c.get("rope_parameters", None)
     if isinstance(params, Mapping):
         theta = params.get("rope_theta", c.float("rope_theta", theta_default))
@@ -270,6 +272,11 @@ def _rope(c: _Config, theta_default: float = 10000.0, scaling_default: Mapping[s
         rs = _rope_scaling(c, scaling, key)
         if rs is not None:
             out["rope_scaling"] = rs
+    if partial_default is not None:
+        fraction = c.float("partial_rotary_factor", out.get("rotary_fraction", partial_default))
+        if out.setdefault("rotary_fraction", fraction) != fraction:
+            raise c.disagree("partial_rotary_factor", fraction, "rope_parameters.partial_rotary_factor",
+                             out["rotary_fraction"])
     return out
 
 
@@ -564,11 +571,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
     does not build them). Defaults are Glm4MoeConfig's."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     n = c.layers("num_hidden_layers")
-    rope = _rope(c)
-    fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
-    if rope.setdefault("rotary_fraction", fraction) != fraction:
-        raise c.disagree("partial_rotary_factor", fraction, "rope_parameters.partial_rotary_factor",
-                         rope["rotary_fraction"])
+    rope = _rope(c, partial_default=0.5)
     arch: dict[str, Any] = {**rope, "norm_eps": c.float("rms_norm_eps", 1e-5),
                             "qk_norm": bool(c.get("use_qk_norm", False)),
                             "activation": _activation(c, "hidden_act", "silu"),
@@ -802,11 +805,7 @@ def _nemotron(c: _Config) -> dict[str, Any]:
         raise c.error("attention_bias / mlp_bias", (attention_bias, mlp_bias), "both true or both false: "
                       "Megatron biases every linear or none (--disable-bias-linear)")
     act = _activation(c, "hidden_act", "relu2", {"relu2": "relu2"})  # transformers ReLUSquaredActivation
-    rope = _rope(c)
-    fraction = c.float("partial_rotary_factor", rope.get("rotary_fraction", 0.5))  # 4.x files: a top-level key
-    if rope.setdefault("rotary_fraction", fraction) != fraction:
-        raise c.disagree("partial_rotary_factor", fraction, "rope_parameters.partial_rotary_factor",
-                         rope["rotary_fraction"])
+    rope = _rope(c, partial_default=0.5)
     arch = {**rope, "norm_eps": c.float("norm_eps", 1e-5), "norm_zero_centered_gamma": True, "activation": act,
             "attention_dropout": c.float("attention_dropout", 0.0)}
     shape = _decoder_shape(c, n, hidden, heads)
