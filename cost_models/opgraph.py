@@ -211,11 +211,17 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kin
     return b.residual("attn_residual", x, o, "attn_res")
 
 
-def keys_per_query(seq_len: int, window: int | None, causal: bool) -> float:
+def keys_per_query(seq_len: int, window: int | None, causal: bool, chunk: int | None = None) -> float:
     """Keys one query attends to, averaged over the sequence, as the attention kernel computes them: ``s`` without
     a causal skip, ``s/2`` for a causal kernel that skips masked blocks, and with a causal sliding window of ``W``
     keys (query ``i`` sees ``min(i, W)``, Mistral 7B, Jiang et al. 2023 §2; FlashAttention-2's ``window_size`` and
-    cuDNN skip the blocks outside it) the mean ``(W²/2 + (s−W)·W)/s = W − W²/(2s)``, which is ``s/2`` at ``W = s``."""
+    cuDNN skip the blocks outside it) the mean ``(W²/2 + (s−W)·W)/s = W − W²/(2s)``, which is ``s/2`` at ``W = s``.
+    Chunked attention of ``c`` tokens (Llama 4: each chunk attends within itself, causal, as a block-diagonal mask;
+    ``ArchSpec.attention_chunk``): ``n = s // c`` whole chunks and a remainder ``r`` give ``(n·c² + r²)/(2s)``
+    (``s/2`` at ``s <= c``); without the causal skip ``(n·c² + r²)/s``."""
+    if chunk is not None and chunk < seq_len:
+        n, r = divmod(seq_len, chunk)
+        return (n * chunk * chunk + r * r) / (seq_len * (2.0 if causal else 1.0))
     if not causal:
         return float(seq_len)
     if window is None or window >= seq_len:
@@ -230,11 +236,11 @@ def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal:
     ``∝ x·sat⁻¹(x) = x + half`` is linear in the keys ``x`` (``attention_cost.attention_kernel_factor``), for their
     time; a pipeline stage holding an uneven share of windowed layers is off by at most one layer's difference."""
     arch = model.arch
-    if arch.sliding_window is None or not arch.full_attention_every:
+    if arch.attention_chunk is None and (arch.sliding_window is None or not arch.full_attention_every):
         return keys_per_query(seq_len, arch.sliding_window, causal)
     layers = [i for i in range(model.num_layers) if layer_kind(model, i) == kind]
     layers = layers or list(range(model.num_layers))  # a kind the model has no layer of (the MTP block's, say)
-    return sum(keys_per_query(seq_len, arch.layer_window(i), causal) for i in layers) / len(layers)
+    return sum(keys_per_query(seq_len, arch.layer_window(i), causal, arch.layer_chunk(i)) for i in layers) / len(layers)
 
 
 def _latent_norm(b: _Builder, name: str, x: str, out: str, width: int) -> str:

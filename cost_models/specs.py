@@ -119,6 +119,10 @@ class RouterSpec(_Frozen):
         default="aux_loss", description="load-balancing loss: per batch (Switch/GShard) or per sequence (DeepSeek)")
     aux_loss_coeff: float = Field(default=0.0, ge=0, description="its weight (HF router_aux_loss_coef / "
                                   "aux_loss_alpha)")
+    probs_on_input: bool = Field(default=False, description="the chosen expert's router weight scales the token "
+                                 "before the expert rather than its output (Llama 4: transformers Llama4TextMoe "
+                                 "routed_in = x * router_scores; Megatron-Core moe_apply_probs_on_input, top-1 only, "
+                                 "moe/experts.py:229-232 @ core_v0.16.1)")
     fp32_logits: bool = Field(default=False, description="the gate's logits computed in fp32 from bf16 "
                               "activations (HF DeepseekV2/V3, Glm4Moe and NemotronH TopkRouter: F.linear on float32; "
                               "Megatron --moe-router-dtype fp32); else in the activations' dtype (Mixtral, Qwen, "
@@ -186,6 +190,20 @@ class MambaSpec(_Frozen):
         return hidden * self.in_proj_width + conv + 3 * self.num_heads + self.d_inner + self.d_inner * hidden
 
 
+class AttnTemperature(_Frozen):
+    """Llama 4's attention temperature tuning on its NoPE layers (transformers ``Llama4TextAttention``,
+    modeling_llama4.py:360-366 @ 5.24.0; Meta's ``attn_temperature_tuning``): the query at position ``p`` (0-based)
+    is scaled by ``1 + attn_scale · log(1 + floor((p + 1) / floor_scale))``, i.e. unchanged for ``p < floor_scale - 1``.
+    No cost (one multiply per query element, fused by no kernel autoplan prices apart)."""
+
+    floor_scale: int = Field(default=8192, gt=0, description="HF floor_scale")
+    attn_scale: float = Field(default=0.1, gt=0, description="HF attn_scale")
+
+    def first_scaled_position(self) -> int:
+        """The first 0-based position whose query is scaled: floor((p + 1) / floor_scale) >= 1."""
+        return self.floor_scale - 1
+
+
 class ArchSpec(_Frozen):
     """Architecture facts that change the trained model but not its tensor shapes: positions, norms, attention
     window, activation, dropout, routing, multi-token prediction. One nested group so an emitter writes all of
@@ -207,6 +225,19 @@ class ArchSpec(_Frozen):
     no_position_encoding: bool = Field(default=False, description="attention without any position encoding "
                                        "(NoPE: Nemotron-H's attention layers, NemotronHAttention has no rotary; "
                                        "Megatron --position-embedding-type none)")
+    rope_interleaved: bool = Field(default=False, description="RoPE rotates adjacent pairs (2i, 2i+1) of each head "
+                                   "(Llama 4: transformers apply_rotary_emb on view_as_complex pairs, "
+                                   "modeling_llama4.py:225-235 @ 5.24.0; Megatron --rotary-interleaved) rather than "
+                                   "the two halves (rotate_half)")
+    no_rope_every: int = Field(default=0, ge=0, description="every N-th layer (1-based N, 2N, ...) has no RoPE "
+                               "(NoPE; Llama 4: HF no_rope_layers / no_rope_layer_interval 4; Megatron-Core "
+                               "no_rope_freq N, transformer_config.py:1963-1978 @ core_v0.16.1); 0 = RoPE everywhere")
+    attention_chunk: int | None = Field(default=None, gt=0, description="chunked attention on the RoPE layers: a "
+                                        "query attends only to the keys of its own chunk of this many tokens (Llama 4: "
+                                        "HF attention_chunk_size 8192, layer_types 'chunked_attention' where "
+                                        "no_rope_layers is 1); None = full attention")
+    attn_temperature: AttnTemperature | None = Field(default=None, description="query temperature tuning on the "
+                                                     "NoPE layers (Llama 4); None = none")
     norm_eps: float = Field(default=1e-5, gt=0, description="epsilon of every RMSNorm/LayerNorm")
     norm_zero_centered_gamma: bool = Field(default=False, description="every norm scales by (1 + weight), the "
                                            "weight initialised to 0 (Nemotron-4's LayerNorm1P: transformers "
@@ -218,6 +249,10 @@ class ArchSpec(_Frozen):
                                    "head (Qwen3, GLM-4.5; Megatron --qk-layernorm); false: one RMSNorm over the whole "
                                    "q and k projections (OLMoE: q_norm over heads*head_dim, k_norm over "
                                    "kv_heads*head_dim), which Megatron-LM has no flag for")
+    qk_l2_norm: bool = Field(default=False, description="q and k of each head scaled to unit RMS, no weight (Llama 4 "
+                             "use_qk_norm: transformers Llama4TextL2Norm, modeling_llama4.py:106-118, 331-332 @ "
+                             "5.24.0; Megatron-Core L2Norm, --qk-l2-norm), on the layers with RoPE only "
+                             "(no_rope_every's NoPE layers have none)")
     qkv_clip: float | None = Field(default=None, gt=0, description="q, k and v clamped to [-c, c] after their "
                                    "projections (OLMoE clip_qkv); None = no clamp")
     sliding_window: int | None = Field(default=None, gt=0, description="causal attention window in tokens "
@@ -272,7 +307,25 @@ class ArchSpec(_Frozen):
         if self.full_attention_every == 1 or (self.full_attention_every and self.sliding_window is None):
             raise ValueError(f"full_attention_every ({self.full_attention_every}) must be 0 or >= 2, and needs "
                              "sliding_window")
+        if self.no_rope_every == 1:
+            raise ValueError("no_rope_every 1 leaves no layer with RoPE: use no_position_encoding true; valid: 0 or >= 2")
+        if self.qk_l2_norm and self.qk_norm:
+            raise ValueError("qk_norm (a learned RMSNorm) and qk_l2_norm (weightless) are two q/k norms: give one")
+        if self.attention_chunk is not None and self.sliding_window is not None:
+            raise ValueError("attention_chunk and sliding_window are two attention masks: give one")
+        if self.attn_temperature is not None and not self.no_rope_every:
+            raise ValueError("attn_temperature scales the NoPE layers' queries: it needs no_rope_every >= 2")
         return self
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) applies RoPE: not a NoPE layer of ``no_rope_every`` (Megatron-Core
+        ``no_rope_freq`` pattern ``[0] * (N - 1) + [1]``, transformer_config.py:1972; HF ``(i + 1) % N != 0``)."""
+        return not (self.no_rope_every and (layer + 1) % self.no_rope_every == 0)
+
+    def layer_chunk(self, layer: int) -> int | None:
+        """The attention chunk of decoder layer ``layer`` (0-based): ``attention_chunk`` on a RoPE layer, None (full
+        attention) on a NoPE one (transformers Llama4TextConfig.layer_types, configuration_llama4.py:187-191)."""
+        return self.attention_chunk if self.layer_has_rope(layer) else None
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of decoder layer ``layer`` (0-based), None for full attention: Megatron-Core's

@@ -1,6 +1,6 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
-Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
+Supported ``model_type``: llama, llama4 (and llama4_text: the text decoder), mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
 deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron), nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
 glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
@@ -49,6 +49,10 @@ _LAYER_BOUND = 1 << 16  # far above any model; keeps list(range(layers)) small f
 
 class HFConfigWarning(UserWarning):
     """A config.json key autoplan's loader did not read (it may change the model autoplan plans for)."""
+
+
+class HFModelPartWarning(UserWarning):
+    """A part of the published model autoplan does not plan (Llama 4's vision tower): the plan is the rest's."""
 
 
 # Keys that never change the trained architecture: bookkeeping, token ids, storage dtype and format,
@@ -812,6 +816,108 @@ def _nemotron(c: _Config) -> dict[str, Any]:
     return {"arch": arch, **shape, "gated_mlp": False, "norm": "layernorm", "linear_bias": attention_bias}
 
 
+def _no_rope_every(c: _Config, n: int) -> int:
+    """Llama 4's NoPE layers as ``ArchSpec.no_rope_every`` N: HF ``no_rope_layers`` (1 = the layer uses RoPE), where
+    empty or absent ``[(i + 1) % no_rope_layer_interval != 0 for i in range(n)]`` (Llama4TextConfig.__post_init__,
+    configuration_llama4.py:169-172 @ 5.24.0)."""
+    interval = c.int("no_rope_layer_interval", default=4, minimum=1)
+    flags = c.int_list("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n or not set(flags) <= {0, 1}:
+        raise c.error("no_rope_layers", flags, f"a list of {n} flags, 1 where the layer uses RoPE")
+    if all(flags):
+        return 0
+    for every in range(2, n + 1):
+        if flags == [int((i + 1) % every != 0) for i in range(n)]:
+            return every
+    raise c.error("no_rope_layers", flags, "every N-th layer (N, 2N, ...) without RoPE: the pattern autoplan and "
+                  "Megatron-Core's no_rope_freq N express (or RoPE on every layer)")
+
+
+def _llama4_text(c: _Config) -> dict[str, Any]:
+    """Llama 4's text decoder (transformers ``Llama4TextConfig`` / ``modeling_llama4`` @ 5.24.0, Meta's
+    Llama-4-Scout-17B-16E / Maverick-17B-128E ``text_config``): MoE layers ``moe_layers`` (default every
+    ``interleave_moe_layer_step``-th, from layer step - 1) of ``num_local_experts`` experts of width
+    ``intermediate_size``, top-``num_experts_per_tok`` by logit with sigmoid weights, not renormalised, applied to the
+    expert's input (``Llama4TextMoe``), plus one shared expert of the same width; dense layers of width
+    ``intermediate_size_mlp``; no RoPE on every 4th layer (``no_rope_layers``), interleaved RoPE, a weightless q/k
+    L2 norm on the RoPE layers (``use_qk_norm``), chunked attention (``attention_chunk_size``) on the RoPE layers and
+    query temperature tuning (``attn_temperature_tuning``) on the NoPE ones. No load-balancing loss:
+    ``Llama4ForCausalLM`` computes none (``router_aux_loss_coef`` is read by nothing in modeling_llama4.py)."""
+    hidden, heads = c.int("hidden_size", default=5120), c.int("num_attention_heads", default=40, minimum=1)
+    n = c.int("num_hidden_layers", default=48, minimum=1)
+    if n > _LAYER_BOUND:
+        raise UserInputError(f"{c.source}: key 'num_hidden_layers' = {n} is over {_LAYER_BOUND} layers")
+    if c.get("attention_bias", False):
+        raise c.error("attention_bias", True, "only false: q/k/v/o biases without MLP biases are not represented")
+    jitter = c.float("router_jitter_noise", 0.0)
+    if jitter:
+        raise c.error("router_jitter_noise", jitter, "only 0: input jitter is not modelled")
+    c.seen("router_aux_loss_coef")  # no loss reads it (see above)
+    experts, top_k = c.int("num_local_experts", default=16, minimum=1), c.int("num_experts_per_tok", default=1,
+                                                                               minimum=1)
+    step = c.int("interleave_moe_layer_step", default=1, minimum=1)
+    moe_layers = c.int_list("moe_layers") if c.data.get("moe_layers") is not None else list(range(step - 1, n, step))
+    no_rope = _no_rope_every(c, n)
+    c.seen("attention_chunk_size")
+    chunk = c.data.get("attention_chunk_size", 8192)  # null: no chunking (Llama4TextConfig allows None)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0):
+        raise c.error("attention_chunk_size", chunk, "a positive integer or null")
+    want_types = ["chunked_attention" if (no_rope == 0 or (i + 1) % no_rope) and chunk is not None
+                  else "full_attention" for i in range(n)]
+    types = c.get("layer_types", want_types)
+    if types != want_types:
+        raise c.disagree("layer_types", types, "no_rope_layers / attention_chunk_size", want_types,
+                         "Llama 4 chunks the RoPE layers' attention")
+    temperature = None
+    if c.get("attn_temperature_tuning", True) and no_rope:  # Scout's file has 4: truthy, as transformers reads it
+        temperature = {"floor_scale": c.int("floor_scale", default=8192, minimum=1),
+                       "attn_scale": c.float("attn_scale", 0.1)}
+    c.seen("floor_scale", "attn_scale", "for_llm_compressor", "cache_implementation")  # the last two: inference
+    arch = {**_rope(c, 500000.0), "rope_interleaved": True, "no_rope_every": no_rope, "attention_chunk": chunk,
+            "attn_temperature": temperature, "qk_l2_norm": bool(c.get("use_qk_norm", True)),
+            "norm_eps": c.float("rms_norm_eps", 1e-5), "activation": _activation(c, "hidden_act", "silu"),
+            "attention_dropout": c.float("attention_dropout", 0.0),
+            "router": {"score_function": "sigmoid", "norm_top_k": False, "probs_on_input": True,
+                       "aux_loss": "none", "aux_loss_coeff": 0.0}}
+    head_dim = c.int("head_dim", default=128, minimum=1)  # the class default, not hidden / heads
+    shape = {**_decoder_shape(c, n, hidden, heads, ffn=8192), "head_dim": None if head_dim * heads == hidden
+             else head_dim, "vocab_size": c.int("vocab_size", default=202048)}
+    moe_width = shape["ffn_hidden_size"]
+    shape["ffn_hidden_size"] = c.int("intermediate_size_mlp", default=16384, minimum=1)
+    return {"arch": arch, **shape} | _moe_fields(c, n, moe_layers, num_experts=experts, moe_top_k=top_k,
+                                                  moe_ffn_hidden_size=moe_width, num_shared_experts=1)
+
+
+# Llama4Config's own keys besides text_config: the image-token ids (bookkeeping) and the vision tower
+_LLAMA4_TOP = frozenset({"text_config", "vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                         "tie_word_embeddings"})
+
+
+def _llama4(c: _Config) -> dict[str, Any]:
+    """Llama 4 as published (``Llama4Config``: ``text_config`` and a ``vision_config``): the text decoder
+    (``Llama4ForCausalLM``) is what autoplan plans and emits; the vision encoder and projector are not (a warning
+    says so). A bare ``Llama4TextConfig`` file (model_type ``llama4_text``) reads the same facts."""
+    text = c.get("text_config", None)
+    if not isinstance(text, Mapping):
+        raise c.error("text_config", text, "a mapping (Llama4Config's text decoder)")
+    inner = _Config(text, f"{c.source} text_config")
+    fields = _llama4_text(inner)
+    tie = bool(c.get("tie_word_embeddings", False))
+    if "tie_word_embeddings" in text and bool(text["tie_word_embeddings"]) != tie:
+        raise c.disagree("tie_word_embeddings", tie, "text_config.tie_word_embeddings", text["tie_word_embeddings"])
+    fields["tied_embeddings"] = tie or fields["tied_embeddings"]
+    c.seen(*_LLAMA4_TOP)
+    unread = sorted(set(text) - inner.read - HARMLESS_KEYS)
+    if unread:
+        warnings.warn(f"{inner.source}: keys not read by autoplan's 'llama4' loader: {unread}", HFConfigWarning,
+                      stacklevel=3)
+    if c.data.get("vision_config") is not None:
+        warnings.warn(f"{c.source}: the vision encoder and projector (vision_config) are not planned: the plan, its "
+                      "prediction and the emitted configs are the text decoder's (Llama4ForCausalLM)",
+                      HFModelPartWarning, stacklevel=3)
+    return fields
+
+
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
@@ -898,6 +1004,8 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "glm4_moe": _glm4_moe,
     "gpt_neox": _gpt_neox,
     "llama": _llama,
+    "llama4": _llama4,
+    "llama4_text": _llama4_text,
     "mistral": _mistral,
     "mixtral": _mixtral,
     "nemotron": _nemotron,

@@ -232,6 +232,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         # Qwen3 / GLM per-head q/k RMSNorm; for MLA the q/kv latent RMSNorms (always in DeepSeek). A norm over the
         # whole projection (OLMoE) gets the per-head one, with a WARNING (``unbuilt_facts``).
         add("--qk-layernorm")
+    if arch.qk_l2_norm:  # every layer: only without NoPE layers (model_flags_error)
+        add("--qk-l2-norm")
     add("--attention-dropout", arch.attention_dropout)
     add("--hidden-dropout", arch.hidden_dropout)
     if not m.linear_bias:
@@ -255,6 +257,10 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--rotary-base", int(arch.rope_theta))  # an integer (model_flags_error)
         if arch.rotary_fraction != 1.0:
             add("--rotary-percent", arch.rotary_fraction)
+        if arch.rope_interleaved:  # RotaryEmbedding: adjacent pairs (rotary_pos_embedding.py:167-172)
+            add("--rotary-interleaved")
+        if arch.no_rope_every:  # layer_number % N == 0 skips the rotary (transformer_config.py:1963-1978)
+            add("--no-rope-freq", arch.no_rope_every)
         rs = arch.rope_scaling
         if (err := rope_scaling_error(m) or PROFILE.seq_len_error(m, plan.job.seq_len)) is not None:
             raise err  # the rules the estimate's notes quote (MegatronProfile.model_notes, job_notes)
@@ -298,6 +304,8 @@ def model_args(plan: EmitPlan) -> list[str]:
         if m.first_dense_layers or m.moe_layer_freq > 1:
             add("--moe-layer-freq", moe_layer_pattern(plan))
         add("--moe-router-score-function", r.score_function)
+        if r.probs_on_input:  # top-1 only (model_flags_error): the expert's input scaled by its weight
+            add("--moe-apply-probs-on-input")
         # Megatron's topk_softmax_with_capacity: softmax -> top-k -> renormalize is its default (top-k of logits,
         # then softmax); --moe-router-pre-softmax keeps the un-renormalized softmax probabilities. Sigmoid scores
         # are always renormalized over the chosen k (megatron/core/transformer/moe/moe_utils.py).
@@ -429,10 +437,11 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
                  "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
-                 "--apply-layernorm-1p",
+                 "--apply-layernorm-1p", "--rotary-interleaved",
                  # TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:1621, argument_utils.py:166
                  # @ core_v0.16.1)
-                 "--moe-router-padding-for-quantization", "--moe-permute-fusion",
+                 "--moe-router-padding-for-quantization", "--moe-permute-fusion", "--qk-l2-norm",
+                 "--moe-apply-probs-on-input",
                  # core_v0.18.0+: TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:2091,
                  # argument_utils.py:101, :186)
                  "--use-transformer-engine-op-fuser"]:
@@ -459,6 +468,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"],
                    default="learned_absolute")
     p.add_argument("--moe-layer-freq", type=str, default="1")
+    p.add_argument("--no-rope-freq", type=str, default=None)  # Megatron's no_rope_freq_type (arguments.py:208)
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"], default="allgather")
     p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"], default="deepep")
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
@@ -511,6 +521,19 @@ def unbuilt_facts(m: Any) -> list[str]:
     return out
 
 
+def temperature_not_emitted(m: Any, seq_len: int) -> list[str]:
+    """The WARNING for Llama 4's attention temperature tuning (``ArchSpec.attn_temperature``), which neither
+    Megatron-LM nor NeMo's Llama 4 (llama4_utils.py @ 8cfedd7203) has: exact below its first scaled position."""
+    t = m.arch.attn_temperature
+    if t is None or seq_len <= t.first_scaled_position():
+        return []
+    first = t.first_scaled_position()
+    where = f"position {first}'s queries" if first == seq_len - 1 else f"positions {first}..{seq_len - 1}"
+    return [f"attention temperature tuning (NoPE layers' queries x (1 + {t.attn_scale:g} log(1 + floor((p + 1) / "
+            f"{t.floor_scale})))): Megatron-LM has none; at seq_len {seq_len} {where} of every "
+            f"{m.arch.no_rope_every}th layer train without it (earlier positions are unscaled anyway)"]
+
+
 def notes(plan: EmitPlan) -> list[str]:
     par, out = plan.parallel, []
     m = plan.model
@@ -518,6 +541,7 @@ def notes(plan: EmitPlan) -> list[str]:
         out.append(yarn_not_emitted(m))
     out.extend(dynamic_rope_notes(plan))
     out.extend(unbuilt_facts(m))
+    out.extend(temperature_not_emitted(m, plan.job.seq_len))
     if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
         out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "
                    "is legacy-model only); it trains with erf GELU")

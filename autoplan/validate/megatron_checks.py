@@ -66,7 +66,9 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
               hidden_dropout=ns.hidden_dropout, window_size=ns.window_size, mtp_num_layers=ns.mtp_num_layers,
               window_attn_skip_freq=None if ns.window_attn_skip_freq is None else _moe_freq(ns.window_attn_skip_freq),
               softmax_type=ns.softmax_type, glu_linear_offset=ns.glu_linear_offset,
-              activation_func_clamp_value=ns.activation_func_clamp_value)
+              activation_func_clamp_value=ns.activation_func_clamp_value, qk_l2_norm=ns.qk_l2_norm,
+              rotary_interleaved=ns.rotary_interleaved,
+              no_rope_freq=None if ns.no_rope_freq is None else _moe_freq(ns.no_rope_freq))
 
     if ns.swiglu:
         kw["gated_linear_unit"], kw["activation_func"] = True, F.silu
@@ -96,7 +98,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
                   moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
                   moe_router_padding_for_quantization=ns.moe_router_padding_for_quantization,
-                  moe_permute_fusion=ns.moe_permute_fusion,
+                  moe_permute_fusion=ns.moe_permute_fusion, moe_apply_probs_on_input=ns.moe_apply_probs_on_input,
                   moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
                   moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity)
     if ns.multi_latent_attention:

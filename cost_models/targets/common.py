@@ -404,6 +404,18 @@ def dynamic_rope_error(model: ModelSpec, seq_len: int, framework: str) -> Config
                        "has no setting for", valid=[f"seq_len <= {rs.max_position_embeddings}"])
 
 
+def chunked_attention_error(model: ModelSpec, seq_len: int, framework: str) -> ConfigError | None:
+    """Chunked attention (``ArchSpec.attention_chunk``, Llama 4) equals full causal attention while a sequence fits in
+    one chunk; ``framework`` has no chunked attention, so a longer ``seq_len`` would train a different mask. The one
+    rule of ``TargetProfile.seq_len_error`` (emit) and ``job_notes`` (estimate) for such a target."""
+    chunk = model.arch.attention_chunk
+    if chunk is None or seq_len <= chunk:
+        return None
+    return ConfigError(f"{model.name}: attention_chunk={chunk} (each RoPE layer attends within chunks of {chunk} "
+                       f"tokens); {framework} has no chunked attention, so seq_len={seq_len} would train full causal "
+                       f"attention across chunks", valid=[f"seq_len <= {chunk}"])
+
+
 class TargetProfile:
     """One framework (and version): legality, run-time semantics, knobs. Subclasses fill the tables."""
 
@@ -663,9 +675,11 @@ class TargetProfile:
         err = self.seq_len_error(model, job.seq_len)
         if err is None:
             return []
+        how = ("or for --target fsdp2, whose model computes its own RoPE (RoPE scaling changes no cost: priced as "
+               "plain RoPE)" if dynamic_rope_error(model, job.seq_len, "") is not None else
+               "or for --target fsdp2, whose model computes its own attention (priced with the chunks' attention)")
         return [f"not emittable for --target {self.name} at seq_len {job.seq_len}: {err.reason}; emittable at "
-                f"{', '.join(map(str, err.valid or []))}, or for --target fsdp2, whose model computes its own RoPE "
-                "(RoPE scaling changes no cost: priced as plain RoPE)"]
+                f"{', '.join(map(str, err.valid or []))}, {how}"]
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """Why this target, run with ``rt``'s knobs (its software version), cannot build ``model``; None: it can.

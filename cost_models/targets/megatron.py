@@ -155,7 +155,8 @@ from cost_models.recompute import module_errors
 from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, CORE_RELEASES, Knob, Runtime,
-                                        Software, TargetProfile, fsdp2_gathered_unit_bytes, nearest)
+                                        Software, TargetProfile, chunked_attention_error,
+                                        fsdp2_gathered_unit_bytes, nearest)
 
 # Named recipes (the ``quant_recipe`` knob): (module group of cost_models.quant_layout.MODULE_OPS, precision) per matcher.
 # nemotron_3_super_nvfp4: Megatron-Bridge scripts/performance/configs/nemotronh/te_quant.cfg (identical v0.4.0 ..
@@ -274,6 +275,17 @@ def model_flags_error(model: ModelSpec) -> ConfigError | None:
                            "(activation_func_clamp_value)", valid=["quick_gelu"])
     if arch.alibi:
         return ConfigError(f"{m.name}: ALiBi has no Megatron-LM implementation", valid=["rope", "learned positions"])
+    # Llama 4 (Scout): the weightless q/k norm on the RoPE layers only. --qk-l2-norm puts megatron-core's L2Norm in
+    # every layer's spec (gpt_layer_specs.py:149-152 @ core_v0.16.1; no_rope_freq only drops the rotary,
+    # attention.py:916-921); NeMo builds the RoPE-layers-only form with its own spec (get_llama4_layer_spec,
+    # nemo/collections/llm/gpt/model/llama4_utils.py @ 8cfedd7203), which Megatron-LM's flags cannot select.
+    if arch.qk_l2_norm and arch.no_rope_every:
+        return ConfigError(f"{m.name}: q/k L2 norm on the RoPE layers only (no_rope_every={arch.no_rope_every}): "
+                           "Megatron-LM's --qk-l2-norm normalises every layer's q and k, NoPE layers included",
+                           valid=["qk_l2_norm false", "no_rope_every 0"])
+    if m.is_moe and arch.router.probs_on_input and m.moe_top_k != 1:  # moe/experts.py:229-232, 657-660, 884-887
+        return ConfigError(f"{m.name}: router weights on the expert input (probs_on_input) with top-{m.moe_top_k} "
+                           "routing: megatron-core's moe_apply_probs_on_input takes top-1 only", valid=["moe_top_k 1"])
     rope = not (m.learned_position_embeddings or arch.no_position_encoding)
     if rope and not float(arch.rope_theta).is_integer():
         return ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
@@ -283,6 +295,12 @@ def model_flags_error(model: ModelSpec) -> ConfigError | None:
 class MegatronProfile(TargetProfile):
     name = "megatron"
     rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
+
+    def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
+        """Dynamic-NTK RoPE (the common rule) and chunked attention, which megatron-core 0.16.1 has not (no chunk
+        in TransformerConfig / attention.py; NeMo chunks Llama 4's inputs in its own Llama4SelfAttention)."""
+        return super().seq_len_error(model, seq_len) or chunked_attention_error(model, seq_len,
+                                                                                "Megatron-LM core_v0.16.1")
     efficiency_set = "megatron"
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
