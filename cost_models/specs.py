@@ -193,7 +193,7 @@ class MambaSpec(_Frozen):
 class AttnTemperature(_Frozen):
     """Llama 4's attention temperature tuning on its NoPE layers (transformers ``Llama4TextAttention``,
     modeling_llama4.py:360-366 @ 5.24.0; Meta's ``attn_temperature_tuning``): the query at position ``p`` (0-based)
-    is scaled by ``1 + attn_scale · log(1 + floor((p + 1) / floor_scale))``, i.e. unchanged for ``p < floor_scale - 1``.
+    is scaled by ``1 + attn_scale · log(1 + floor((p + 1) / floor_scale))``, unchanged for ``p < floor_scale - 1``.
     No cost (one multiply per query element, fused by no kernel autoplan prices apart)."""
 
     floor_scale: int = Field(default=8192, gt=0, description="HF floor_scale")
@@ -308,7 +308,8 @@ class ArchSpec(_Frozen):
             raise ValueError(f"full_attention_every ({self.full_attention_every}) must be 0 or >= 2, and needs "
                              "sliding_window")
         if self.no_rope_every == 1:
-            raise ValueError("no_rope_every 1 leaves no layer with RoPE: use no_position_encoding true; valid: 0 or >= 2")
+            raise ValueError("no_rope_every 1 leaves no layer with RoPE: use no_position_encoding true; valid: 0 or "
+                             ">= 2")
         if self.qk_l2_norm and self.qk_norm:
             raise ValueError("qk_norm (a learned RMSNorm) and qk_l2_norm (weightless) are two q/k norms: give one")
         if self.attention_chunk is not None and self.sliding_window is not None:

@@ -40,7 +40,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # Nemotron 3 Nano: a hybrid Mamba-2 / attention / MoE stack through pretrain_mamba.py (mamba_builders.py)
          ("nemotron-3-nano-30b-a3b", 64, dict(tp=2, ep=8)), ("nemotron-h-8b", 64, dict(tp=2, pp=2)),
          # Nemotron-4: LayerNorm1p (zero-centered gamma), squared ReLU, RoPE on half of each head
-         ("nemotron4-15b", 64, dict(tp=4, pp=2))]
+         ("nemotron4-15b", 64, dict(tp=4, pp=2)),
+         # Llama 4 Maverick: NoPE every 4th layer, interleaved RoPE, top-1 sigmoid on the expert input, MoE every 2nd
+         ("llama4-maverick-17b-128e", 128, dict(tp=1, pp=2, ep=64))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}

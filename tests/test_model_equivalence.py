@@ -16,6 +16,7 @@ import pytest
 from autoplan.catalog import load_model
 from autoplan.catalog.registry import model_names
 from autoplan.emit.megatron import yarn_not_emitted
+from tests.test_llama4 import MAVERICK
 from tests.written_configs import MISTRAL_7B
 
 pytest.importorskip("megatron.core")
@@ -34,7 +35,9 @@ CASES = {"llama3-8b": HF / "llama3-8b.json", "llama3-70b": HF / "llama3-70b.json
          # a user's config.json (no catalog entry): Qwen2-MoE's gated shared expert and q/k/v biases
          "qwen1.5-moe-a2.7b": HF / "qwen1.5-moe-a2.7b.json",
          # LayerNorm1p (zero-centered gamma), squared-ReLU MLP, RoPE on half of each head
-         "nemotron4-15b": HF / "nemotron4-15b.json"}
+         "nemotron4-15b": HF / "nemotron4-15b.json",
+         # NoPE every 4th layer, interleaved RoPE, top-1 sigmoid router on the expert input, MoE every 2nd layer
+         "llama4-maverick-17b-128e": None}
 
 
 # torchtitan 0.3.0 ships these (mixtral and mistral it does not: the emitter refuses them, tested in test_emit.py)
@@ -68,7 +71,12 @@ def rows_for(model: str, config: Path, framework: str = "megatron-core") -> list
 def test_megatron_builds_the_published_model(name: str, tmp_path: Path) -> None:
     config = CASES[name]
     model = name
-    if config is None:  # the Mistral config.json is written by the test and loaded as a user's file
+    if name == "llama4-maverick-17b-128e":  # Maverick's text_config: Scout's with the keys Meta's file changes
+        config = tmp_path / "config.json"
+        # (transformers 5.24's strict config takes attn_temperature_tuning as a bool: Meta's files write 4)
+        config.write_text(json.dumps(json.loads((HF / "llama4-scout-17b-16e-text.json").read_text()) | MAVERICK
+                                     | {"attn_temperature_tuning": True}))
+    elif config is None:  # the Mistral config.json is written by the test and loaded as a user's file
         config = tmp_path / "config.json"
         config.write_text(json.dumps(MISTRAL_7B))
         model = str(config)
@@ -76,7 +84,8 @@ def test_megatron_builds_the_published_model(name: str, tmp_path: Path) -> None:
         model = str(config)
     rows = rows_for(model, config)
     assert {r[2] for r in rows} >= {"params", "rope_inv_freq", "norm_eps", "norm", "qk_norm", "window", "softmax_scale",
-                                    "router", "layer_windows", "attention_sinks", "glu"}
+                                    "router", "layer_windows", "attention_sinks", "glu", "rope_layers",
+                                    "qk_l2_layers", "rope_interleaved"}
     differ = [r for r in rows if r[3] != r[4] and r[2] != "rope_inv_freq" or r[3] == "DIFFERENT"]
     # YaRN on standard attention has no Megatron-LM flag: the emitter's WARNING note announces plain RoPE (its
     # frequencies and the attention-logit factor differ); nothing else may

@@ -32,6 +32,13 @@ CHANGES = {
     "zero-centered": (_arch(LLAMA, norm_zero_centered_gamma=True), "zero-centered rmsnorm"),
     "partial RoPE": (_arch(LLAMA, rotary_fraction=0.5), "RoPE on 0.5 of each head"),
     "non-gated": (LLAMA.model_copy(update={"gated_mlp": False}), "non-gated silu MLP"),
+    # Llama 4's facts (each weightless: the parameter count still matches the flavor's)
+    "NoPE layers": (_arch(LLAMA, no_rope_every=4), "no RoPE on every 4th layer"),
+    "q/k L2 norm": (_arch(LLAMA, qk_l2_norm=True), "weightless q/k L2 norm"),
+    "chunked attention": (_arch(LLAMA, attention_chunk=8192), "chunked attention of 8192 tokens"),
+    "temperature": (_arch(LLAMA, no_rope_every=4, attn_temperature={"floor_scale": 8192}), "temperature tuning"),
+    "probs on input": (_arch(QWEN, router=QWEN.arch.router.model_copy(update={"probs_on_input": True})),
+                       "router weights on the expert input"),
 }
 
 

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` → :class:`~cost_models.specs.ModelSpec`.
 
-Supported ``model_type``: llama, llama4 (and llama4_text: the text decoder), mistral, mixtral, qwen2, qwen3, qwen2_moe, qwen3_moe, deepseek_v2,
-deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron), nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
+Supported ``model_type``: llama, llama4 (and llama4_text: the text decoder), mistral, mixtral, qwen2, qwen3,
+qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron),
+nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
 glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 

@@ -10,6 +10,7 @@ flavor (``torchtitan_equivalence``). Needs the ``validate`` extra. Rows: (model,
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -66,6 +67,13 @@ def hf_reference(config: dict[str, Any], seq_len: int | None = None) -> dict[str
         # GPT-OSS; 1 for llama3 scaling and DeepSeek's mscale = mscale_all_dim), so q·k by its square
         "softmax_scale": float(attn.scaling) * float(scaling) ** 2,
         "router": _hf_router(config, model),
+        # Llama 4: Llama4TextAttention.use_rope (no_rope_layers) and its weightless qk_norm on those layers only
+        "rope_layers": [bool(getattr(layer.self_attn, "use_rope", True)) for layer in model.model.layers],
+        "qk_l2_layers": [type(getattr(layer.self_attn, "qk_norm", None)).__name__ == "Llama4TextL2Norm"
+                         for layer in model.model.layers],
+        # modeling_llama4.apply_rotary_emb rotates (2i, 2i+1) pairs as complex numbers; the other families'
+        # apply_rotary_pos_emb rotates the two halves (rotate_half)
+        "rope_interleaved": hasattr(sys.modules[type(model).__module__], "apply_rotary_emb"),
     }
 
 
@@ -122,12 +130,16 @@ def _hf_router(c: dict[str, Any], model: Any) -> dict[str, Any] | None:
 
 
 def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
+    if c.get("model_type") in ("llama4", "llama4_text"):  # Llama4Router: top-k logits, sigmoid of each, on the input
+        return {"experts": experts, "top_k": c.get("num_experts_per_tok", 1), "score": "sigmoid", "groups": 1,
+                "group_top_k": 1, "expert_bias": False, "scale": 1.0, "renormalize": False,
+                "aux_coeff": 0.0, "probs_on_input": True}  # Llama4ForCausalLM computes no load-balancing loss
     if c.get("model_type") == "glm4_moe":  # Glm4MoeTopkRouter: sigmoid + e_score_correction_bias, always grouped
         groups = c.get("n_group", 1)
         return {"experts": experts, "top_k": c.get("num_experts_per_tok", 8), "score": "sigmoid", "groups": groups,
                 "group_top_k": c.get("topk_group", 1) if groups > 1 else 1, "expert_bias": True,
                 "scale": c.get("routed_scaling_factor", 1.0), "renormalize": bool(c.get("norm_topk_prob", True)),
-                "aux_coeff": None}  # no load-balancing loss in the config (or in transformers' model)
+                "aux_coeff": None, "probs_on_input": False}  # no load-balancing loss in the config (or the model)
     return {"experts": experts, "top_k": c["num_experts_per_tok"], "score": c.get("scoring_func", "softmax"),
             "groups": c.get("n_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
             "group_top_k": c.get("topk_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
@@ -135,7 +147,7 @@ def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
             # Mixtral: top-k of the logits, softmax over them (renormalized); Qwen/DeepSeek: norm_topk_prob
             # GPT-OSS (GptOssTopKRouter): top-k of the logits, softmax over them, as Mixtral
             "renormalize": bool(c.get("norm_topk_prob", c.get("model_type") in ("mixtral", "gpt_oss"))),
-            "aux_coeff": c.get("router_aux_loss_coef", c.get("aux_loss_alpha"))}
+            "aux_coeff": c.get("router_aux_loss_coef", c.get("aux_loss_alpha")), "probs_on_input": False}
 
 
 def _init_megatron() -> None:
@@ -251,8 +263,10 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
                   "scale": cfg.moe_router_topk_scaling_factor or 1.0,
                   # topk_softmax_with_capacity: sigmoid scores are always renormalized over the k chosen; softmax is
                   # renormalized unless moe_router_pre_softmax (megatron/core/transformer/moe/moe_utils.py)
-                  "renormalize": cfg.moe_router_score_function == "sigmoid" or not cfg.moe_router_pre_softmax,
-                  "aux_coeff": cfg.moe_aux_loss_coeff,
+                  # (sigmoid at top-1: the score itself, moe_utils.py:724 @ core_v0.16.1)
+                  "renormalize": (cfg.moe_router_score_function == "sigmoid" and cfg.moe_router_topk > 1)
+                  or (cfg.moe_router_score_function == "softmax" and not cfg.moe_router_pre_softmax),
+                  "aux_coeff": cfg.moe_aux_loss_coeff, "probs_on_input": bool(cfg.moe_apply_probs_on_input),
                   # router.py:94-100: fp32 / fp64 gate output when set, else the input's dtype
                   "logits_fp32": cfg.moe_router_dtype in ("fp32", "fp64")}
     from megatron.core.transformer.utils import is_layer_window_attention
@@ -280,6 +294,12 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
         "softmax_scale": float(getattr(attn, "softmax_scale", None) or getattr(core, "softmax_scale", None) or
                                1.0 / (cfg.kv_channels ** 0.5)),
         "router": router,
+        # megatron-core: no_rope_freq[i] = 1 skips the rotary (attention.py:916-921); the q/k norm module of each
+        # layer's spec (L2Norm under --qk-l2-norm, gpt_layer_specs.py:149-152)
+        "rope_layers": [not (cfg.no_rope_freq and cfg.no_rope_freq[i]) for i in sorted(layers)],
+        "qk_l2_layers": [type(mods.get(f"decoder.layers.{i}.self_attention.q_layernorm")).__name__ == "L2Norm"
+                         for i in sorted(layers)],
+        "rope_interleaved": bool(cfg.rotary_interleaved),
     }
 
 
@@ -380,6 +400,13 @@ def _titan_glu(moe: Any) -> tuple[str, float, float | None]:
     return ("silu", 0.0, None)
 
 
+# Compared for megatron-core only: torchtitan 0.3.0 ships no model with NoPE layers or a weightless q/k norm (it has
+# no Llama 4: emit refuses it, cost_models/targets/torchtitan_models.py), and its ComplexRoPE takes HF's rotate-half
+# weights through the state-dict adapter's q/k row permutation (torchtitan/models/llama3/state_dict_adapter.py), so
+# its pair layout is not the function's by name
+MEGATRON_ONLY = frozenset({"rope_layers", "qk_l2_layers", "rope_interleaved"})
+
+
 def compare(model: Any, hf_config: dict[str, Any], framework: str) -> list[Row]:
     """Rows for one model: the emitted model of ``framework`` (megatron-core or torchtitan; a tp = pp = 1 plan)
     against transformers' model of the same config.json."""
@@ -397,6 +424,8 @@ def compare(model: Any, hf_config: dict[str, Any], framework: str) -> list[Row]:
         torchtitan_fields(plan)
     rows: list[Row] = []
     for field, theirs in ref.items():
+        if field in MEGATRON_ONLY and framework != "megatron-core":
+            continue
         mine = ours[field]
         if field == "rope_inv_freq":
             # torchtitan's frequencies are read back from its float32 cache (phase at position 1): float32 tolerance
@@ -431,6 +460,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(main(sys.argv[1:]))

@@ -175,6 +175,18 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         differ.append(f"dropout {arch.hidden_dropout:g} / attention {arch.attention_dropout:g} (torchtitan: none)")
     if arch.no_position_encoding or arch.alibi or m.learned_position_embeddings:
         differ.append("positions other than RoPE (torchtitan: RoPE)")
+    # Llama 4's facts: no shipped flavor has them (attention.py / moe.py @ 0.3.0: RoPE on every layer, causal
+    # attention over the whole sequence, no q/k L2 norm or temperature, router weights on the experts' output)
+    if arch.no_rope_every:
+        differ.append(f"no RoPE on every {arch.no_rope_every}th layer (torchtitan: RoPE on every layer)")
+    if arch.qk_l2_norm:
+        differ.append("a weightless q/k L2 norm (torchtitan: none)")
+    if arch.attention_chunk is not None:
+        differ.append(f"chunked attention of {arch.attention_chunk} tokens (torchtitan: causal over the sequence)")
+    if arch.attn_temperature is not None:
+        differ.append("attention temperature tuning (torchtitan: none)")
+    if m.is_moe and arch.router.probs_on_input:
+        differ.append("router weights on the expert input (torchtitan: on the expert output)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
                                     f"{', '.join(differ)}; use --target megatron")
