@@ -52,6 +52,14 @@ def test_parameters_equal_transformers_build(change: dict) -> None:
     assert spec_from_hf_config(text).num_params == _hf_params(text)
 
 
+def test_absent_keys_take_the_configuration_class_defaults() -> None:
+    """A bare ``{"model_type": "llama4_text"}`` is transformers' default Llama4TextConfig (head_dim 128 and 8 KV
+    heads as field defaults, not hidden / heads and MHA)."""
+    m = spec_from_hf_config({"model_type": "llama4_text"})
+    assert (m.num_kv_heads, m.head_dim_resolved, m.arch.no_rope_every, m.arch.attention_chunk) == (8, 128, 4, 8192)
+    assert m.num_params == _hf_params({})
+
+
 def test_the_catalog_entries_are_meta_s_models() -> None:
     scout = spec_from_hf_config(_text())
     maverick = spec_from_hf_config(_text(**MAVERICK))

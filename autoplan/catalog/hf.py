@@ -880,13 +880,18 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
             "attention_dropout": c.float("attention_dropout", 0.0),
             "router": {"score_function": "sigmoid", "norm_top_k": False, "probs_on_input": True,
                        "aux_loss": "none", "aux_loss_coeff": 0.0}}
-    head_dim = c.int("head_dim", default=128, minimum=1)  # the class default, not hidden / heads
-    shape = {**_decoder_shape(c, n, hidden, heads, ffn=8192), "head_dim": None if head_dim * heads == hidden
-             else head_dim, "vocab_size": c.int("vocab_size", default=202048)}
-    moe_width = shape["ffn_hidden_size"]
-    shape["ffn_hidden_size"] = c.int("intermediate_size_mlp", default=16384, minimum=1)
-    return {"arch": arch, **shape} | _moe_fields(c, n, moe_layers, num_experts=experts, moe_top_k=top_k,
-                                                  moe_ffn_hidden_size=moe_width, num_shared_experts=1)
+    # Llama4TextConfig's field defaults apply to an absent key (head_dim 128, 8 KV heads); an explicit null takes
+    # __post_init__'s (hidden / heads, MHA: configuration_llama4.py:166-173 @ 5.24.0)
+    head_dim = c.int("head_dim", default=128 if "head_dim" not in c.data else hidden // heads, minimum=1)
+    kv = c.int("num_key_value_heads", default=8 if "num_key_value_heads" not in c.data else heads, minimum=1)
+    shape = {"num_layers": n, "hidden_size": hidden, "num_attention_heads": heads, "num_kv_heads": kv,
+             "head_dim": None if head_dim * heads == hidden else head_dim,
+             "ffn_hidden_size": c.int("intermediate_size_mlp", default=16384, minimum=1),  # the dense layers'
+             "vocab_size": c.int("vocab_size", default=202048),
+             "tied_embeddings": bool(c.get("tie_word_embeddings", False))}
+    return {"arch": arch, **shape} | _moe_fields(
+        c, n, moe_layers, num_experts=experts, moe_top_k=top_k, num_shared_experts=1,  # the shared expert's width too
+        moe_ffn_hidden_size=c.int("intermediate_size", default=8192, minimum=1))
 
 
 # Llama4Config's own keys besides text_config: the image-token ids (bookkeeping) and the vision tower
