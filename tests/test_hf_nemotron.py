@@ -131,3 +131,23 @@ def test_a_refusal_does_not_offer_megatron_for_a_model_without_its_flags() -> No
                  ParallelConfig(tp=4, pp=2, zero_stage=0))
     assert "megatron" not in emittable_targets(p)
     assert "megatron" in emittable_targets(EmitPlan(load_model("nemotron4-15b"), p.cluster, p.job, p.parallel))
+
+
+@pytest.mark.parametrize("kv", ["absent", None])
+def test_a_config_without_kv_heads_is_refused_as_transformers_cannot_build_it(kv: object) -> None:
+    """NemotronConfig leaves num_key_value_heads None (no default to num_attention_heads, unlike LlamaConfig), and
+    NemotronAttention divides by it: transformers builds no model of such a file, so the loader refuses it with one
+    line naming the key and the value MHA would take, where it read MHA before."""
+    config = _config(num_key_value_heads=kv)
+    if kv == "absent":
+        del config["num_key_value_heads"]
+    with pytest.raises(UserInputError, match=r"missing key 'num_key_value_heads' \(model_type 'nemotron'\).*"
+                                             r"num_key_value_heads: 48 for multi-head attention") as refused:
+        spec_from_hf_config(config)
+    assert "\n" not in str(refused.value)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model(**config)
+    assert cfg.num_key_value_heads is None
+    with torch.device("meta"), pytest.raises(TypeError):
+        transformers.AutoModelForCausalLM.from_config(cfg)

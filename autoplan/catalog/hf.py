@@ -811,6 +811,14 @@ def _nemotron(c: _Config) -> dict[str, Any]:
                       "Megatron biases every linear or none (--disable-bias-linear)")
     act = _activation(c, "hidden_act", "relu2", {"relu2": "relu2"})  # transformers ReLUSquaredActivation
     rope = _rope(c, partial_default=0.5)
+    if c.data.get("num_key_value_heads") is None:  # not MHA: transformers builds no model of such a file
+        # NemotronConfig keeps ``num_key_value_heads: int | None = None`` (configuration_nemotron.py:59; its
+        # __post_init__, :74-77, defaults head_dim alone) and NemotronAttention divides by it (modeling_nemotron.py:238)
+        # @ transformers 5.24.0: a TypeError, where LlamaConfig would read MHA
+        raise UserInputError(f"{c.source}: missing key 'num_key_value_heads' (model_type 'nemotron'): NemotronConfig "
+                             "leaves it None and transformers cannot build NemotronAttention without it; give the "
+                             f"KV head count, a divisor of num_attention_heads={heads}, e.g. num_key_value_heads: "
+                             f"{heads} for multi-head attention")
     arch = {**rope, "norm_eps": c.float("norm_eps", 1e-5), "norm_zero_centered_gamma": True, "activation": act,
             "attention_dropout": c.float("attention_dropout", 0.0)}
     shape = _decoder_shape(c, n, hidden, heads)
