@@ -47,7 +47,7 @@ def test_a_fact_the_flavor_fixes_is_refused(what: str) -> None:
     model, said = CHANGES[what]
     assert fingerprint(model) == fingerprint(LLAMA if model.num_experts == 0 else QWEN)  # the dims still match
     err = shipped_model_error(model)
-    assert err is not None and said in str(err) and "--target megatron" in str(err), err
+    assert err is not None and said in str(err) and "use another --target" in str(err), err
 
 
 def test_the_catalog_models_with_a_flavors_dims_are_that_flavor() -> None:
@@ -66,3 +66,24 @@ def test_a_shared_mtp_module_is_refused() -> None:
     assert err is not None and "mtp_repeated" in str(err) and "a module per depth" in str(err), err
     assert shipped_model_error(_arch(dsv3, mtp_layers=2)) is None
     assert shipped_model_error(_arch(dsv3, mtp_layers=1, mtp_repeated=True)) is None
+
+
+@pytest.mark.parametrize(("model", "takes"), [(_arch(LLAMA, alibi=True), ["fsdp2"]),
+                                              (LLAMA.model_copy(update={"gated_mlp": False}), ["fsdp2"]),
+                                              (_arch(LLAMA, rotary_fraction=0.5), ["megatron", "fsdp2"])])
+def test_a_refusal_suggests_only_the_targets_that_emit_the_plan(model: ModelSpec, takes: list[str]) -> None:
+    """The refusal said "use --target megatron" for a model Megatron-LM has no flags for (ALiBi, a non-gated SiLU),
+    then "this plan can be emitted for --target fsdp2": the one rule (``emittable_targets``) names the targets."""
+    from autoplan.catalog import build_cluster
+    from autoplan.emit import TARGETS, EmitPlan, emit, emittable_targets
+    from cost_models.errors import ConfigError
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    plan = EmitPlan(model, build_cluster("h100-sxm", 8), JobSpec(global_batch_size=64, seq_len=2048),
+                    ParallelConfig(tp=1, pp=1, zero_stage=3))
+    assert emittable_targets(plan) == takes
+    with pytest.raises(ConfigError) as refused:
+        emit(plan, "torchtitan")
+    said, hint = str(refused.value), f"; this plan can be emitted for --target {' or '.join(takes)}"
+    assert said.endswith(hint), said
+    assert not any(f"--target {t}" in said.removesuffix(hint) for t in TARGETS), said  # the reason names none

@@ -150,7 +150,9 @@ def titan_model(m: ModelSpec) -> TitanModel:
 def arch_overrides(m: ModelSpec) -> dict[str, Any]:
     """Where the flavor's architecture differs from the model the user asked for: RoPE base (``theta``), RoPE
     scaling (``scaling``), norm epsilon (``eps``), MTP depth (``num_mtp_layers``, DeepSeek). Raises
-    ``UnsupportedModelError`` for a difference torchtitan's config cannot express here."""
+    ``UnsupportedModelError`` for a difference torchtitan's config cannot express here; it names no other target:
+    ``emit``'s refusal adds the ones that take the plan (``autoplan.emit.plan.emittable_targets``), which Megatron-LM
+    is not for every model (e.g. ALiBi, a non-gated SiLU: ``megatron.model_flags_error``)."""
     t, arch, out = titan_model(m), m.arch, {}
     differ = [f"{k} {ours!r} (torchtitan: {theirs!r})" for k, ours, theirs in
               zip(ATTENTION_FACTS, attention_facts(m), t.attention) if ours != theirs]
@@ -189,7 +191,7 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         differ.append("router weights on the expert input (torchtitan: on the expert output)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
-                                    f"{', '.join(differ)}; use --target megatron")
+                                    f"{', '.join(differ)}; use another --target")
     if arch.rope_theta != t.rope_theta:
         out["theta"] = arch.rope_theta
     rs_type = arch.rope_scaling.type if arch.rope_scaling else None
@@ -222,7 +224,7 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         if arch.mtp_repeated and arch.mtp_layers > 1:  # models/deepseek_v3/__init__.py:291-300 (_build_mtp_layers)
             raise UnsupportedModelError(f"{m.name}: one MTP module's weights at each of its {arch.mtp_layers} depths "
                                         "(mtp_repeated); torchtitan deepseek_v3 builds a module per depth, each with "
-                                        "weights of its own; use --target megatron")
+                                        "weights of its own; use another --target")
         out["num_mtp_layers"] = arch.mtp_layers
     return out
 
