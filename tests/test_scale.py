@@ -184,3 +184,26 @@ def test_tokens_per_gpu_and_a_global_batch_are_one_or_the_other():
     refused = CliRunner().invoke(cli, [*args, "--global-batch-size", "512"])
     assert refused.exit_code == 2 and "would be ignored" in refused.stderr, refused.output
     assert CliRunner().invoke(cli, args).exit_code == 0
+
+
+def test_the_table_shows_each_rows_notes():
+    """The JSON carries each plan's notes (``rows[i].plan.prediction.notes``); the table showed none. Each distinct
+    note is shown once, with the sizes whose plans carry it ('every size' when all do)."""
+    from autoplan.capacity import ScaleResult
+    from autoplan.cli.scale_cmd import render_scale
+
+    args = ["scale", "--model", "nemotron4-15b", "--gpus", "8,16", "--global-batch-size", "64", "--seq-len", "2048",
+            "--target", "torchtitan"]
+    table = CliRunner().invoke(cli, args)
+    data = json.loads(CliRunner().invoke(cli, args + ["--format", "json"]).stdout)
+    assert table.exit_code == 0, table.output
+    notes = [r["plan"]["prediction"]["notes"] for r in data["rows"]]
+    assert notes[0] and notes[0] == notes[1]  # torchtitan ships no nemotron flavor: priced, with a note
+    for note in notes[0]:
+        assert f"  note (every size): {note}" in table.output.splitlines()
+    result = ScaleResult.model_validate(data)
+    rows = [r.model_copy(update={"plan": r.plan.model_copy(update={"prediction": r.plan.prediction.model_copy(
+        update={"notes": [*r.plan.prediction.notes, f"only at {r.num_gpus}"]})})}) for r in result.rows]
+    lines = render_scale(result.model_copy(update={"rows": rows})).splitlines()
+    assert "  note (8 GPUs): only at 8" in lines and "  note (16 GPUs): only at 16" in lines
+    assert sum(line.startswith("  note (every size)") for line in lines) == len(notes[0])

@@ -131,4 +131,16 @@ def render_scale(result: Any) -> str:
         head += f"; {result.train_tokens:.3g} tokens to train, time after failures"
     foot = ["* the best layout changes here; eff. = tokens/s per GPU against the smallest size; "
             "goodput = share of wall time that is progress after failures, checkpoints and restarts"]
-    return "\n".join([head, render_table(headers, rows, text_columns=3), *foot, *notes])
+    return "\n".join([head, render_table(headers, rows, text_columns=3), *foot, *notes, *_plan_notes(result)])
+
+
+def _plan_notes(result: Any) -> list[str]:
+    """Each plan's notes (``rows[i].plan.prediction.notes``, as ``search`` and ``estimate`` show them), each distinct
+    note once with the sizes whose plans carry it: a model's note (e.g. torchtitan ships no flavor of it) is on every
+    size and would repeat down the sweep."""
+    sizes: dict[str, list[int]] = {}
+    for r in result.rows:
+        for note in dict.fromkeys(r.plan.prediction.notes if r.plan is not None else []):
+            sizes.setdefault(note, []).append(r.num_gpus)
+    return [f"  note ({'every size' if len(at) == len(result.rows) > 1 else ', '.join(map(str, at)) + ' GPUs'}): "
+            f"{note}" for note, at in sizes.items()]
