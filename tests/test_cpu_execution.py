@@ -62,3 +62,19 @@ def test_ilp_kv_replication_plan_matches_one_process(pins: dict) -> None:
     assert dense["k_proj"] == ("col_sp_kvrep" if sp else "col_kvrep") and dense["gate_proj"] == ("col_sp" if sp else "col")
     assert block_modes(p)["attention.wk"].endswith("_kvrep")
     _run(p)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_non_gated_mlp_plan_matches_one_process(sp: bool) -> None:
+    """A plain MLP (gated_mlp false: ``w2(silu(w1 x))``, no w3) at tp 2, as the search plans it (the ILP's up_proj /
+    down_proj): the emitted plan shards w1 column-wise and w2 row-wise, and names no w3 (it named w3 and left w1
+    whole, which w2's row-parallel style then read as a shard)."""
+    pytest.importorskip("torch")
+    from autoplan.emit.fsdp2 import block_modes
+    from autoplan.validate.cpu_execution import searched_plan
+
+    p = searched_plan(2, pins={"tp": 2, "sequence_parallel": sp}, gated_mlp=False)
+    assert "gate_proj" not in p.op_shardings["dense"] and p.op_shardings["dense"]["up_proj"].startswith("col")
+    modes = block_modes(p)
+    assert modes["feed_forward.w1"].startswith("col") and "feed_forward.w3" not in modes
+    _run(p)

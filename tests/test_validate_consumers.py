@@ -124,6 +124,19 @@ def test_fsdp2_consumers_accept() -> None:
     assert len(checks) == 3 and all(c.ok for c in checks), report(checks)
 
 
+def test_fsdp2_plan_of_a_non_gated_mlp_names_only_its_modules() -> None:
+    """nemotron4-15b (gated_mlp false: ``w2(act(w1 x))``, no w3) at tp 2: the emitted TP plan listed
+    feed_forward.w3, which torch's parallelize_module skips with a warning only; the check builds the plan's MLP and
+    fails on a plan key naming no module."""
+    pytest.importorskip("torch")
+    from autoplan.validate import run_checks
+
+    plan = EmitPlan(load_model("nemotron4-15b"), build_cluster("h100-sxm", 8),
+                    JobSpec(global_batch_size=64, seq_len=2048), ParallelConfig(tp=2, zero_stage=3))
+    checks = run_checks(plan, "fsdp2")
+    assert len(checks) == 3 and all(c.ok for c in checks), report(checks)
+
+
 def test_shipped_table_matches_torchtitan() -> None:
     """autoplan's table of torchtitan models has the architectures torchtitan 0.3.0 really builds."""
     pytest.importorskip("torchtitan")

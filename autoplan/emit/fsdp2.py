@@ -11,7 +11,8 @@ and splits the model into pipeline stages scheduled with
 
 Model convention (torchtitan's Llama layout; adapt ``FQN`` in the emitted file for other names):
 ``tok_embeddings``, ``layers`` (an ``nn.ModuleDict`` keyed "0", "1", ...), ``norm``, ``output``; a
-block has ``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``, ``feed_forward.{w1,w2,w3}``;
+block has ``attention_norm``, ``attention.{wq,wk,wv,wo}``, ``ffn_norm``, ``feed_forward.{w1,w2,w3}``
+(``w2(silu(w1 x) * w3 x)``; a non-gated MLP, ``gated_mlp`` false: ``w2(act(w1 x))``, no ``w3``);
 attention infers its local head count from the projection's output width (so TP shards heads), and
 ``forward`` skips modules set to ``None`` (pipeline stages delete what they do not own).
 
@@ -42,6 +43,10 @@ def check_fsdp2(plan: EmitPlan) -> None:
 BLOCK_MODULES = {"attn_norm": "attention_norm", "q_proj": "attention.wq", "k_proj": "attention.wk",
                  "v_proj": "attention.wv", "o_proj": "attention.wo", "mlp_norm": "ffn_norm",
                  "gate_proj": "feed_forward.w1", "up_proj": "feed_forward.w3", "down_proj": "feed_forward.w2"}
+# A non-gated MLP (gated_mlp false: GPT-2, BLOOM, Nemotron-4) is ``w2(act(w1 x))`` in this layout: its one input
+# projection (the op graph's up_proj, cost_models/opgraph.py) is w1, the module the activation reads; there is no w3.
+PLAIN_MLP_MODULES = {**{op: fqn for op, fqn in BLOCK_MODULES.items() if op != "gate_proj"},
+                     "up_proj": "feed_forward.w1"}
 EMITTED_MODES = {"attention_norm": ("R", "S"), "ffn_norm": ("R", "S"), "attention.wo": ("row", "row_sp"),
                  "feed_forward.w2": ("row", "row_sp"), "feed_forward.w1": ("col", "col_sp"),
                  "feed_forward.w3": ("col", "col_sp"),
@@ -65,9 +70,9 @@ def block_modes(plan: EmitPlan) -> dict[str, str]:
                   "o_proj": "row_sp" if sp else "row", "gate_proj": col, "up_proj": col,
                   "down_proj": "row_sp" if sp else "row"}
     out = {}
-    for op, fqn in BLOCK_MODULES.items():
+    for op, fqn in (BLOCK_MODULES if plan.model.gated_mlp else PLAIN_MLP_MODULES).items():
         if op not in chosen:
-            continue  # e.g. plain (non-gated) MLP: no gate_proj
+            continue
         mode = chosen[op]
         if mode not in EMITTED_MODES[fqn]:
             raise ConfigError(f"op_shardings: {op}={mode} is not a mode the fsdp2 module emits for {fqn} "
@@ -134,6 +139,7 @@ FQN = {"embed": "tok_embeddings", "layers": "layers", "norm": "norm", "output": 
 # Tensor-parallel mode of each decoder-block module, as the intra-op ILP chose it (autoplan op_shardings):
 # col / row = Megatron column / row parallel, _sp = sequence-parallel input / output (Shard(1)), S = sequence-
 # parallel norm, R = replicated, *_kvrep on wk/wv = K/V projections replicated on every TP rank (ReplicatedKV).
+# A non-gated MLP (w2(act(w1 x)), no w3) lists w1 and w2 only.
 BLOCK_MODES = __BLOCK_MODES__
 KV_HEADS = __KV_HEADS__
 HEAD_DIM = __HEAD_DIM__

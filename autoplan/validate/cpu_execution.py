@@ -24,10 +24,10 @@ from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
 LR = 0.1
 
 
-def tiny_model_spec() -> ModelSpec:
-    """4 layers, width 64, 4 query heads sharing 2 KV heads (GQA), SwiGLU 128, vocab 128."""
-    return ModelSpec(name="tiny-llama-gqa", num_layers=4, hidden_size=64, ffn_hidden_size=128,
-                     num_attention_heads=4, num_kv_heads=2, vocab_size=128, gated_mlp=True)
+def tiny_model_spec(gated_mlp: bool = True) -> ModelSpec:
+    """4 layers, width 64, 4 query heads sharing 2 KV heads (GQA), SwiGLU 128 (or a plain SiLU MLP), vocab 128."""
+    return ModelSpec(name="tiny-llama-gqa" if gated_mlp else "tiny-llama-gqa-plain-mlp", num_layers=4, hidden_size=64,
+                     ffn_hidden_size=128, num_attention_heads=4, num_kv_heads=2, vocab_size=128, gated_mlp=gated_mlp)
 
 
 def tiny_plan(num_gpus: int, *, tp: int = 1, pp: int = 1, global_batch_size: int = 4, seq_len: int = 16,
@@ -44,7 +44,7 @@ def tiny_plan(num_gpus: int, *, tp: int = 1, pp: int = 1, global_batch_size: int
 
 
 def searched_plan(num_gpus: int, *, pins: dict, target: str = "fsdp2", global_batch_size: int = 4,
-                  seq_len: int = 16) -> EmitPlan:
+                  seq_len: int = 16, gated_mlp: bool = True) -> EmitPlan:
     """The best plan ``autoplan search`` finds for the tiny model under ``pins`` (stage split and the intra-op
     ILP's per-op shardings included): what a user would emit, nothing written by hand."""
     from autoplan.catalog import build_cluster
@@ -52,10 +52,11 @@ def searched_plan(num_gpus: int, *, pins: dict, target: str = "fsdp2", global_ba
 
     cluster = build_cluster("h100-sxm", num_gpus, target=target)  # as the target runs on it
     job = JobSpec(global_batch_size=global_batch_size, seq_len=seq_len)
-    res = search(tiny_model_spec(), cluster, job, target=target, pins=pins, top_k=1,  # type: ignore[arg-type]
+    model = tiny_model_spec(gated_mlp)
+    res = search(model, cluster, job, target=target, pins=pins, top_k=1,  # type: ignore[arg-type]
                  find_smallest_cluster=False)
     best = res.plans[0]
-    return EmitPlan(model=tiny_model_spec(), cluster=cluster, job=job, parallel=best.parallel,
+    return EmitPlan(model=model, cluster=cluster, job=job, parallel=best.parallel,
                     op_shardings=best.op_shardings)
 
 
@@ -80,12 +81,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _dims(m: ModelSpec) -> dict[str, int]:
+def _dims(m: ModelSpec) -> dict[str, int | bool]:
     return {"vocab": m.vocab_size, "dim": m.hidden_size, "n_layers": m.num_layers, "n_heads": m.num_attention_heads,
-            "n_kv_heads": m.num_kv_heads, "hidden": m.ffn_hidden_size}
+            "n_kv_heads": m.num_kv_heads, "hidden": m.ffn_hidden_size, "gated": m.gated_mlp}
 
 
-def _reference(work: Path, dims: dict[str, int]) -> dict:
+def _reference(work: Path, dims: dict[str, int | bool]) -> dict:
     import torch
 
     from autoplan.validate.tiny_llama import TinyLlama, loss_fn

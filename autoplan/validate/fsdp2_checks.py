@@ -43,10 +43,17 @@ def _apply(plan: EmitPlan, ap: Any, mesh: Any) -> str:
     m = plan.model
     with torch.device("meta"):
         model = TinyLlama(vocab=m.vocab_size, dim=m.hidden_size, n_layers=m.num_layers,
-                          n_heads=m.num_attention_heads, n_kv_heads=m.num_kv_heads, hidden=m.ffn_hidden_size)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+                          n_heads=m.num_attention_heads, n_kv_heads=m.num_kv_heads, hidden=m.ffn_hidden_size,
+                          gated=m.gated_mlp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         parts, schedule = ap.parallelize(model, mesh, loss_fn, torch.device("cpu"))
+    # parallelize_module only warns on a plan key naming no submodule (torch/distributed/tensor/parallel/api.py,
+    # "could not be resolved") and leaves that module unsharded: a plan for another model
+    unresolved = [str(w.message).split(": no submodule")[0] for w in caught
+                  if "could not be resolved" in str(w.message)]
+    if unresolved:
+        raise AssertionError(f"{unresolved[0]}: the TP plan names a module the model does not have")
     wq = parts[0].layers[next(iter(parts[0].layers.keys()))].attention.wq.weight
     local = tuple(wq.to_local().shape) if hasattr(wq, "to_local") else tuple(wq.shape)
     return (f"{len(parts)} chunk(s) on rank 0, layers {[list(p.layers.keys())[:1] + list(p.layers.keys())[-1:] for p in parts]}"

@@ -1,4 +1,4 @@
-"""A tiny Llama-style model (RMSNorm, rotary GQA attention, SwiGLU) in torchtitan's module layout.
+"""A tiny Llama-style model (RMSNorm, rotary GQA attention, SwiGLU or a plain SiLU MLP) in torchtitan's module layout.
 
 Used to prove on CPU that an emitted FSDP2/TP/PP plan computes the same training step as one process.
 Layout (the FSDP2 emitter's convention): ``tok_embeddings``, ``layers`` (``nn.ModuleDict`` "0"..),
@@ -55,23 +55,27 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
+    """SwiGLU ``w2(silu(w1 x) * w3 x)``, or (``gated`` false, a ModelSpec with gated_mlp false) ``w2(silu(w1 x))``:
+    no w3, the FSDP2 emitter's layout of a non-gated MLP."""
+
+    def __init__(self, dim: int, hidden: int, gated: bool = True) -> None:
         super().__init__()
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False) if gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        up = F.silu(self.w1(x))
+        return self.w2(up * self.w3(x) if self.w3 is not None else up)
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, gated: bool = True) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(dim)
         self.attention = Attention(dim, n_heads, n_kv_heads)
         self.ffn_norm = RMSNorm(dim)
-        self.feed_forward = FeedForward(dim, hidden)
+        self.feed_forward = FeedForward(dim, hidden, gated)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
@@ -79,10 +83,11 @@ class Block(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, hidden: int) -> None:
+    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, hidden: int,
+                 gated: bool = True) -> None:
         super().__init__()
         self.tok_embeddings: nn.Module | None = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleDict({str(i): Block(dim, n_heads, n_kv_heads, hidden) for i in range(n_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(dim, n_heads, n_kv_heads, hidden, gated) for i in range(n_layers)})
         self.norm: nn.Module | None = RMSNorm(dim)
         self.output: nn.Module | None = nn.Linear(dim, vocab, bias=False)
 
