@@ -208,13 +208,17 @@ class ModelRecord(_Strict):
         return {k: v for k, v in handler(spec).items() if v is not None}
 
 
+# Where a prediction's efficiencies come from (ClusterRecord.efficiency_basis; plan files are checked against it).
+EfficiencyBasis = Literal["fitted", "prior", "profile"]
+
+
 class ClusterRecord(_Strict):
     gpu: str
     num_gpus: int
     gpus_per_node: int
     inter_node_gbps: float = Field(description="scale-out Gbit/s per GPU")
     nvlink_domain_size: int
-    efficiency_basis: Literal["fitted", "prior", "profile"] = Field(
+    efficiency_basis: EfficiencyBasis = Field(
         default="fitted", description="where the efficiencies behind every prediction come from: fitted to "
         "published runs of this GPU, priors (no measured run: calibrate before trusting), or a cluster profile")
     efficiency: dict[str, Any] | None = Field(

@@ -208,3 +208,25 @@ def test_schema_describes_the_headroom_forms() -> None:
     jsonschema.validate(line, schema)  # the schema takes what the request takes ...
     with pytest.raises(jsonschema.ValidationError):  # ... and refuses the text the parser refuses
         jsonschema.validate({**line, "cluster": {"num_gpus": 8, "memory_headroom": "6 GB"}}, schema)
+
+
+@pytest.mark.parametrize(("cluster", "says"), [
+    ({"efficiency_basis": "Profile"}, "cluster.efficiency_basis='Profile' is not one of fitted, prior, profile"),
+    ({"efficiency_basis": None}, "cluster.efficiency_basis=None is not one of fitted, prior, profile"),
+    ({"efficiency_basis": ["profile"]}, "cluster.efficiency_basis=['profile'] is not one of fitted, prior, profile"),
+])
+def test_a_plan_files_efficiency_basis_is_checked(tmp_path: Path, cluster: dict, says: str) -> None:
+    """``cluster.efficiency_basis`` says where the efficiencies came from (schema.ClusterRecord: fitted, prior or a
+    cluster profile); a file that said anything else was reloaded without a word (only 'profile' was read). Now one
+    line names the value and the choices."""
+    base = {"model": "llama3-8b", "parallel": {"tp": 2, "pp": 2}, "cluster": {"num_gpus": 16},
+            "job": {"global_batch_size": 128, "seq_len": 4096}}
+    saved = api.estimate(base).model_dump(mode="json")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(saved))
+    load_plan(path, target="megatron")  # as written: loads
+    path.write_text(json.dumps({**saved, "cluster": {**saved["cluster"], **cluster}}))
+    with pytest.raises(UserInputError, match=re.escape(says)):
+        load_plan(path, target="megatron")
+    res = CliRunner().invoke(cli, ["compare", str(path), str(path)])
+    assert res.exit_code == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output

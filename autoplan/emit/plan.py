@@ -142,6 +142,7 @@ def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
     cl = _require(data, "cluster", source)
     if not isinstance(cl, dict) or "gpu" not in cl or "num_gpus" not in cl:
         raise UserInputError(f"plan file '{source}': \"cluster\" must hold \"gpu\" and \"num_gpus\"")
+    _check_efficiency_basis(cl, source)
     if cl.get("efficiency_basis") == "profile" and cl.get("efficiency") is None:  # written before the field existed
         raise UserInputError(f"plan file '{source}' was priced on a cluster profile but does not record its efficiency "
                              "(cluster.efficiency; written by an older autoplan), so it would be re-priced on the "
@@ -149,6 +150,21 @@ def _cluster_request(data: dict[str, Any], source: str) -> ClusterRequest:
     return strict(ClusterRequest, {k: cl.get(k) for k in ("gpu", "num_gpus", "gpus_per_node", "inter_node_gbps",
                                                           "nvlink_domain_size", "efficiency")},
                   f"plan file '{source}': cluster")
+
+
+def _check_efficiency_basis(cl: dict[str, Any], source: str) -> None:
+    """``cluster.efficiency_basis``, where the efficiencies came from (``schema.ClusterRecord``): one of its choices;
+    ``profile`` without ``cluster.efficiency`` is refused by the caller. Absent: the record's default (fitted). Not
+    checked against the fields or the catalog: a plan is re-priced on the fields it holds, and its new record says
+    the basis anew (a hand-set field, or a GPU fitted since, leaves the old value stale, not wrong to load)."""
+    from typing import get_args
+
+    from autoplan.schema import EfficiencyBasis
+
+    basis, choices = cl.get("efficiency_basis", "fitted"), get_args(EfficiencyBasis)
+    if not isinstance(basis, str) or basis not in choices:
+        raise UserInputError(f"plan file '{source}': cluster.efficiency_basis={basis!r:.40} is not one of "
+                             f"{', '.join(choices)} (where the plan's efficiencies came from)")
 
 
 def _resolved(creq: ClusterRequest, target: str | None, source: str) -> ClusterSpec:
