@@ -87,3 +87,31 @@ def test_a_refusal_suggests_only_the_targets_that_emit_the_plan(model: ModelSpec
     said, hint = str(refused.value), f"; this plan can be emitted for --target {' or '.join(takes)}"
     assert said.endswith(hint), said
     assert not any(f"--target {t}" in said.removesuffix(hint) for t in TARGETS), said  # the reason names none
+
+
+def test_an_estimate_note_offers_only_the_targets_whose_emit_takes_the_model() -> None:
+    """One rule per target (``TargetProfile.emit_model_errors``) for emit's refusal and the estimate's note: the note
+    on a model torchtitan does not ship named 'megatron or fsdp2' whatever the model; for an ALiBi model (BLOOM)
+    Megatron-LM refuses it too."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    from autoplan.catalog import build_cluster
+    from autoplan.catalog.hf import spec_from_hf_config
+    from cost_models.estimate import estimate
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bloom = spec_from_hf_config(json.loads((Path(__file__).parent / "data" / "hf" / "bloom-560m.json")
+                                               .read_text()), name="bloom")
+    cluster, job = build_cluster("h100-sxm", 64), JobSpec(global_batch_size=64, seq_len=4096)
+
+    def note(model: ModelSpec) -> str:
+        est = estimate(model, cluster, job, ParallelConfig(tp=1), target="torchtitan", check=False)
+        [n] = [n for n in est.notes if n.startswith("not emittable for torchtitan")]
+        return n
+
+    assert note(bloom).endswith("; emit it for --target fsdp2")
+    assert note(load_model("mixtral-8x7b")).endswith("; emit it for --target megatron or fsdp2")

@@ -324,16 +324,10 @@ def _check(plan: EmitPlan, target: Target) -> None:
     prof.check(plan.model, plan.cluster, plan.job, plan.parallel, plan.runtime(target))
     if (err := prof.seq_len_error(plan.model, plan.job.seq_len)) is not None:
         raise err  # dynamic NTK beyond its length (the estimate's note reads it too); fsdp2: the user's model's RoPE
-    if target == "megatron":
-        from cost_models.targets.megatron import model_flags_error, rope_scaling_error
-
-        # linear RoPE, or llama3 values the builder fixes; an activation, ALiBi or RoPE base without flags
-        if (err := rope_scaling_error(plan.model) or model_flags_error(plan.model)) is not None:
-            raise err
-    if target == "torchtitan":
-        from cost_models.targets.torchtitan_models import arch_overrides
-
-        arch_overrides(plan.model)  # UnsupportedModelError for a model torchtitan does not ship or cannot configure
+    # a fact the target's flags or shipped definitions cannot express (Megatron: linear RoPE, fixed llama3 values, an
+    # activation / ALiBi / RoPE base without flags; torchtitan: a model it does not ship or cannot configure)
+    if errs := prof.emit_model_errors(plan.model):
+        raise errs[0]
     if target == "fsdp2":
         from autoplan.emit.fsdp2 import check_fsdp2
 

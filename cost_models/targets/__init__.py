@@ -92,7 +92,13 @@ def target_model_notes(target: str | None, model: ModelSpec, job: JobSpec | None
     prof = profile_for(target)
     if prof is None:
         return []
-    return [*prof.model_notes(model), *(prof.job_notes(model, job) if job is not None else [])]
+    notes = prof.model_notes(model)
+    if notes:  # where the model can be emitted instead: the targets whose emit takes the model (one rule each)
+        others = [t for t, p in PROFILES.items()
+                  if t != prof.name and p.model_error(model) is None and not p.emit_model_errors(model)]
+        where = f"emit it for --target {' or '.join(others)}" if others else "no target emits this model as it is"
+        notes = [f"{n}; {where}" for n in notes]
+    return [*notes, *(prof.job_notes(model, job) if job is not None else [])]
 
 
 def runtime_for(target: str | None, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None = None,

@@ -659,10 +659,28 @@ class TargetProfile:
                                valid=["target megatron"])
         return None
 
-    def model_notes(self, model: ModelSpec) -> list[str]:
-        """What a prediction of ``model`` on this target should tell the user about the model itself (e.g. that
-        the released framework ships no definition of it to emit for); [] for none. ``estimate`` adds them."""
+    # How ``estimate`` prices a model whose emission this target refuses (``emit_model_errors``), and the name its
+    # notes give the target
+    refused_model_pricing: str = "priced as the model states it"
+    emit_label: str = ""
+
+    def emit_model_errors(self, model: ModelSpec) -> list[ConfigError]:
+        """Why ``emit`` for this target refuses ``model`` although the target prices it (a fact its flags or its
+        shipped definitions cannot express): every reason, in the order emit meets them; [] when it emits it. The one
+        rule: emit's ``_check`` raises the first, ``model_notes`` says them all at estimate time."""
         return []
+
+    def model_notes(self, model: ModelSpec) -> list[str]:
+        """What a prediction of ``model`` on this target tells the user about the model itself: each reason
+        ``emit_model_errors`` gives, and how it is priced all the same ([] for none). ``estimate`` adds them, with the
+        targets that would emit the model (``cost_models.targets.target_model_notes``)."""
+        label = self.emit_label or f"--target {self.name}"
+        return [f"not emittable for {label}: {self.refusal_reason(err)} ({self.refused_model_pricing})"
+                for err in self.emit_model_errors(model)]
+
+    def refusal_reason(self, err: ConfigError) -> str:
+        """``err``'s broken rule as a note quotes it (without the refusal's own advice)."""
+        return err.reason
 
     def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
         """Why this target's emitted run would not train ``model``'s RoPE at ``seq_len`` as the model states it

@@ -510,18 +510,11 @@ class MegatronProfile(TargetProfile):
         if err is not None:
             raise err
 
-    def model_notes(self, model: ModelSpec) -> list[str]:
-        """A model Megatron-LM has no flags for (``model_flags_error``: activation, ALiBi, RoPE base) or whose RoPE
-        scaling the emitted run would not train (``rope_scaling_error``): priced, and the prediction says ``emit
-        --target megatron`` refuses it."""
-        out = []
-        if (err := model_flags_error(model)) is not None:
-            out.append(f"not emittable for --target megatron: {err.reason} (priced as the model states it; emit it "
-                       "for fsdp2)")
-        if (err := rope_scaling_error(model)) is not None:
-            out.append(f"not emittable for --target megatron: {err.reason} "
-                       "(RoPE scaling changes no cost: priced as Megatron would run it; emit it for fsdp2)")
-        return out
+    def emit_model_errors(self, model: ModelSpec) -> list[ConfigError]:
+        """A model Megatron-LM has no flags for (``model_flags_error``: activation, ALiBi, RoPE base, Llama 4's
+        RoPE-layers-only q/k norm) or whose RoPE scaling the emitted run would not train (``rope_scaling_error``, no
+        cost: priced alike)."""
+        return [err for err in (rope_scaling_error(model), model_flags_error(model)) if err is not None]
 
     def model_runtime_error(self, model: ModelSpec, rt: Runtime) -> ConfigError | None:
         """More bf16 layers than the model has (``bf16_layers_error``). A hybrid stack's multi-token prediction needs a Megatron-Core that builds it (``megatron_core`` knob):

@@ -132,16 +132,18 @@ class TorchtitanProfile(TargetProfile):
     # list per chunk from ``pipeline_split`` (``autoplan.emit.torchtitan.module_fqns_per_model_part``).
     megatron_fields = ("pipeline_layout",)
 
-    def model_notes(self, model: ModelSpec) -> list[str]:
+    emit_label = f"torchtitan {TORCHTITAN_03}"
+    refused_model_pricing = "priced with torchtitan's rules as for a model registered with torchtitan by hand"
+
+    def emit_model_errors(self, model: ModelSpec) -> list[ConfigError]:
         """torchtitan 0.3.0 builds only the flavors it ships (``torchtitan_models.SHIPPED``): a model it ships none
-        of, or whose flavor fixes in code a fact that differs from it, is priced with torchtitan's rules, but
-        ``emit --target torchtitan`` refuses it (``shipped_model_error``): the prediction says so."""
+        of, or whose flavor fixes in code a fact that differs from it (``shipped_model_error``)."""
         err = shipped_model_error(model)
-        if err is None:
-            return []
-        why = str(err).split(". Use ")[0].split("; use ")[0]
-        return [f"not emittable for torchtitan {TORCHTITAN_03}: {why}; priced with torchtitan's rules as for a model "
-                "registered with torchtitan by hand (emit it for megatron or fsdp2)"]
+        return [] if err is None else [err]
+
+    def refusal_reason(self, err: ConfigError) -> str:
+        """The refusal less its advice to take another target (the note names the targets that emit the model)."""
+        return err.reason.split(". Use another")[0].split("; use another")[0]
 
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """The shared rules, and a ``pipeline_layout`` torchtitan's FQN parts can hold: every chunk builds something
