@@ -157,3 +157,21 @@ def test_megatron_refuses_what_it_would_train_differently_and_estimate_says_so()
     top2 = EmitPlan(m, long.cluster, JobSpec(global_batch_size=1024, seq_len=8192), long.parallel)
     with pytest.raises(ConfigError, match="moe_apply_probs_on_input takes top-1 only"):
         emit(top2, "megatron")
+
+
+@pytest.mark.parametrize("layers", [6, 46, 48])
+def test_megatron_builds_the_nope_layers_of_any_depth(layers: int) -> None:
+    """megatron-core asserts num_layers % no_rope_freq == 0 for the integer form (transformer_config.py:1966): a
+    depth the interval does not divide gets the list expression, whose layers equal transformers' no_rope_layers."""
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    from autoplan.emit.megatron import parse_megatron_args
+    from autoplan.validate.megatron_checks import transformer_config_kwargs
+
+    text = _text(**MAVERICK) | {"num_hidden_layers": layers, "no_rope_layers": None, "moe_layers": None,
+                                "layer_types": None}
+    hf_flags = [int((i + 1) % 4 != 0) for i in range(layers)]  # Llama4TextConfig: no_rope_layer_interval 4
+    plan = EmitPlan(spec_from_hf_config(text, name=f"l4-{layers}"), build_cluster("b200", 8),
+                    JobSpec(global_batch_size=8, seq_len=8192), ParallelConfig(tp=1))
+    _, kw = transformer_config_kwargs(parse_megatron_args(megatron_args(plan)))
+    cfg = tc.TransformerConfig(**kw)
+    assert [1 - x for x in cfg.no_rope_freq] == hf_flags

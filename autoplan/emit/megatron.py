@@ -260,7 +260,7 @@ def model_args(plan: EmitPlan) -> list[str]:
         if arch.rope_interleaved:  # RotaryEmbedding: adjacent pairs (rotary_pos_embedding.py:167-172)
             add("--rotary-interleaved")
         if arch.no_rope_every:  # layer_number % N == 0 skips the rotary (transformer_config.py:1963-1978)
-            add("--no-rope-freq", arch.no_rope_every)
+            add("--no-rope-freq", no_rope_pattern(m.num_layers, arch.no_rope_every))
         rs = arch.rope_scaling
         if (err := rope_scaling_error(m) or PROFILE.seq_len_error(m, plan.job.seq_len)) is not None:
             raise err  # the rules the estimate's notes quote (MegatronProfile.model_notes, job_notes)
@@ -373,6 +373,17 @@ def hybrid_args(m: Any) -> list[str]:
                               "megatron/core/ssm/mamba_mixer.py:144-170)", valid=[want])
     return out + ["--mamba-num-heads", str(mb.num_heads), "--mamba-head-dim", str(mb.head_dim),
                   "--mamba-state-dim", str(mb.state_dim), "--mamba-num-groups", str(mb.num_groups)]
+
+
+def no_rope_pattern(num_layers: int, every: int) -> str:
+    """``--no-rope-freq`` for NoPE on every ``every``-th layer: the integer where it divides ``num_layers``, else
+    Megatron's list expression (1 = the layer skips RoPE), since TransformerConfig asserts ``num_layers %
+    no_rope_freq == 0`` for the integer form (transformer_config.py:1965-1973 @ core_v0.16.1; the list form only
+    needs ``num_layers`` entries, :1974-1978; arguments.py:208-229 no_rope_freq_type evaluates it)."""
+    whole, rest = divmod(num_layers, every)
+    if not rest:
+        return str(every)
+    return f"([0]*{every - 1}+[1])*{whole}+[0]*{rest}"
 
 
 def moe_layer_pattern(plan: EmitPlan) -> str:
