@@ -32,6 +32,8 @@ CASES = {"llama3-8b": HF / "llama3-8b.json", "llama3-70b": HF / "llama3-70b.json
          "llama3-405b": HF / "llama3.1-405b.json", "llama3.1-8b": HF / "llama3.1-8b.json",
          "mixtral-8x7b": HF / "mixtral-8x7b.json", "qwen3-235b-a22b": HF / "qwen3-235b-a22b.json",
          "deepseek-v3": HF / "deepseek-v3.json", "mistral-7b": None, "gpt-oss-20b": HF / "gpt-oss-20b.json",
+         # a user's config.json: MLA whose HF rotary is modeling_deepseek_v2's complex-pair apply_rotary_emb
+         "deepseek-v2-lite": HF / "deepseek-v2-lite.json",
          # a user's config.json (no catalog entry): Qwen2-MoE's gated shared expert and q/k/v biases
          "qwen1.5-moe-a2.7b": HF / "qwen1.5-moe-a2.7b.json",
          # LayerNorm1p (zero-centered gamma), squared-ReLU MLP, RoPE on half of each head

@@ -71,9 +71,11 @@ def hf_reference(config: dict[str, Any], seq_len: int | None = None) -> dict[str
         "rope_layers": [bool(getattr(layer.self_attn, "use_rope", True)) for layer in model.model.layers],
         "qk_l2_layers": [type(getattr(layer.self_attn, "qk_norm", None)).__name__ == "Llama4TextL2Norm"
                          for layer in model.model.layers],
-        # modeling_llama4.apply_rotary_emb rotates (2i, 2i+1) pairs as complex numbers; the other families'
-        # apply_rotary_pos_emb rotates the two halves (rotate_half)
-        "rope_interleaved": hasattr(sys.modules[type(model).__module__], "apply_rotary_emb"),
+        # (2i, 2i+1) pairs: the complex-number apply_rotary_emb of modeling_llama4 and modeling_deepseek_v2, or
+        # DeepseekV3Attention's apply_rotary_pos_emb_interleave under config.rope_interleave (default true,
+        # modeling_deepseek_v3.py:453-454 @ 5.24.0); the other families rotate the two halves (rotate_half)
+        "rope_interleaved": hasattr(sys.modules[type(model).__module__], "apply_rotary_emb")
+        or bool(getattr(cfg, "rope_interleave", False)),
     }
 
 
@@ -299,7 +301,9 @@ def megatron_fields(argv: list[str], vocab_size: int) -> dict[str, Any]:
         "rope_layers": [not (cfg.no_rope_freq and cfg.no_rope_freq[i]) for i in sorted(layers)],
         "qk_l2_layers": [type(mods.get(f"decoder.layers.{i}.self_attention.q_layernorm")).__name__ == "L2Norm"
                          for i in sorted(layers)],
-        "rope_interleaved": bool(cfg.rotary_interleaved),
+        # --rotary-interleaved, or MLA, whose rotary takes the (2i, 2i+1) pairs (x[0::2], x[1::2] before rotate_half:
+        # rope_utils.py:115-118 @ core_v0.16.1, multi_latent_attention=config.multi_latent_attention)
+        "rope_interleaved": bool(cfg.rotary_interleaved or cfg.multi_latent_attention),
     }
 
 
