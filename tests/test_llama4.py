@@ -60,6 +60,13 @@ def test_absent_keys_take_the_configuration_class_defaults() -> None:
     assert m.num_params == _hf_params({})
 
 
+@pytest.mark.parametrize("absent", ["num_key_value_heads", "vocab_size", "intermediate_size", "head_dim"])
+def test_an_absent_key_takes_llama4_text_config_s_default(absent: str) -> None:
+    """Llama4TextConfig's class defaults (8 KV heads, not MHA; vocabulary 202048), as transformers builds them."""
+    text = {k: v for k, v in _text(**MAVERICK).items() if k != absent}
+    assert spec_from_hf_config(text).num_params == _hf_params(text)
+
+
 def test_the_catalog_entries_are_meta_s_models() -> None:
     scout = spec_from_hf_config(_text())
     maverick = spec_from_hf_config(_text(**MAVERICK))

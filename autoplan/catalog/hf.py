@@ -914,7 +914,7 @@ def _llama4(c: _Config) -> dict[str, Any]:
     text = c.get("text_config", None)
     if not isinstance(text, Mapping):
         raise c.error("text_config", text, "a mapping (Llama4Config's text decoder)")
-    inner = _Config(text, f"{c.source} text_config")
+    inner = _Config({"model_type": "llama4_text", **text}, f"{c.source} text_config")  # its errors name the type
     fields = _llama4_text(inner)
     tie = bool(c.get("tie_word_embeddings", False))
     if "tie_word_embeddings" in text and bool(text["tie_word_embeddings"]) != tie:
