@@ -182,3 +182,13 @@ def test_megatron_builds_the_nope_layers_of_any_depth(layers: int) -> None:
     _, kw = transformer_config_kwargs(parse_megatron_args(megatron_args(plan)))
     cfg = tc.TransformerConfig(**kw)
     assert [1 - x for x in cfg.no_rope_freq] == hf_flags
+
+
+def test_fsdp2_says_what_kernel_the_chunked_price_assumes() -> None:
+    """The user's own model runs under fsdp2 (the target Megatron's refusal points to): beyond one chunk its
+    attention is priced by the chunked mask, which only a kernel that skips the masked blocks attains."""
+    m, cluster = load_model("llama4-scout-17b-16e"), build_cluster("b200", 64)
+    par = ParallelConfig(tp=1, zero_stage=3, recompute="full")
+    for seq, said in ((8192, False), (32768, True)):
+        est = estimate(m, cluster, JobSpec(global_batch_size=64, seq_len=seq), par, target="fsdp2")
+        assert any("chunked attention" in n and "FlexAttention" in n for n in est.notes) is said

@@ -92,6 +92,19 @@ class FSDP2Profile(TargetProfile):
                                   f"1 and it ({FULLY_SHARD})",
                                   valid=[d for d in range(2, group) if group % d == 0][:8] or [True, False])
 
+    def job_notes(self, model: ModelSpec, job: JobSpec) -> list[str]:
+        """Chunked attention beyond one chunk (``ArchSpec.attention_chunk``, Llama 4) is priced by its mask
+        (``opgraph.keys_per_query``): the user's own attention must skip the masked blocks to run that fast."""
+        chunk = model.arch.attention_chunk
+        if chunk is None or job.seq_len <= chunk:
+            return super().job_notes(model, job)
+        return [*super().job_notes(model, job),
+                f"chunked attention (attention_chunk={chunk}) at seq_len {job.seq_len} is priced for a kernel that "
+                "computes each chunk's causal block alone (each chunk run as its own sequence, or a block-sparse "
+                "mask such as FlexAttention's); transformers' Llama4 under SDPA passes the chunks as a dense mask and "
+                "computes every key (its flash attention refuses more than one chunk: masking_utils."
+                "create_chunked_causal_mask @ 5.24.0)"]
+
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
