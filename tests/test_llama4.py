@@ -67,6 +67,16 @@ def test_an_absent_key_takes_llama4_text_config_s_default(absent: str) -> None:
     assert spec_from_hf_config(text).num_params == _hf_params(text)
 
 
+def test_null_keys_take_their_defaults_without_a_warning() -> None:
+    """A null list key is Llama4TextConfig's default (moe_layers from interleave_moe_layer_step, no_rope_layers from
+    no_rope_layer_interval, layer_types from both), read without an HFConfigWarning."""
+    text = _text(**MAVERICK) | {"moe_layers": None, "no_rope_layers": None, "layer_types": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = spec_from_hf_config(text)
+    assert spec == spec_from_hf_config(_text(**MAVERICK))
+
+
 def test_the_catalog_entries_are_meta_s_models() -> None:
     scout = spec_from_hf_config(_text())
     maverick = spec_from_hf_config(_text(**MAVERICK))

@@ -865,6 +865,7 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
     experts, top_k = c.int("num_local_experts", default=16, minimum=1), c.int("num_experts_per_tok", default=1,
                                                                                minimum=1)
     step = c.int("interleave_moe_layer_step", default=1, minimum=1)
+    c.seen("moe_layers")  # null: the default below (no HFConfigWarning for a key that was read)
     moe_layers = c.int_list("moe_layers") if c.data.get("moe_layers") is not None else list(range(step - 1, n, step))
     no_rope = _no_rope_every(c, n)
     c.seen("attention_chunk_size")
