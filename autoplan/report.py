@@ -23,6 +23,8 @@ def describe_parallel(par: ParallelConfig, dp: int) -> str:
     if par.vp > 1:
         parts.append(f"vp={par.vp}")
     parts += [f"mbs={par.micro_batch_size}", f"zero={par.zero_stage}", f"recompute={par.recompute}"]
+    if par.recompute_modules is not None:  # Megatron --recompute-modules (None: its default, core_attn)
+        parts.append(f"recompute_modules={','.join(par.recompute_modules)}")
     if par.tp > 1:
         parts.append("sp" if par.sequence_parallel else "no-sp")
     if par.pp > 1:

@@ -27,7 +27,7 @@ import os
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer,
-                      field_validator)
+                      field_validator, model_validator)
 
 from autoplan import __version__
 from autoplan.errors import UserInputError
@@ -35,8 +35,9 @@ from autoplan.inputs import MAX_NUM_EXPERTS, MAX_NUM_LAYERS, json_type  # noqa: 
 from autoplan.request import MAX_NUM_GPUS, ClusterRequest
 from cost_models.estimate import Prediction
 from cost_models.goodput import FailureModel, Goodput
-from cost_models.specs import (JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, Schedule,
-                                zero_stage_is_not_a_bool)
+from cost_models.specs import (JobSpec, ModelSpec, ParallelConfig, Precision, Recompute, RecomputeModule, Schedule,
+                               canonical_recompute_modules, modules_imply_selective, recompute_modules_error,
+                               recompute_modules_list, zero_stage_is_not_a_bool)
 from cost_models.targets import Software
 
 MAX_GLOBAL_BATCH_SIZE = 1 << 24
@@ -113,8 +114,25 @@ class ParallelPins(_Strict):
         default=None, description="the embedding counts as a layer of the pipeline split (Megatron)")
     account_for_loss_in_pipeline_split: bool | None = Field(
         default=None, description="the output layer and loss count as a layer of the pipeline split (Megatron)")
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        default=None, description="Megatron --recompute-modules every plan uses (implies recompute 'selective'; "
+        "targets that run them: megatron); ParallelConfig.recompute_modules' rules")
 
     _zero_stage_is_not_a_bool = field_validator("zero_stage", mode="before")(zero_stage_is_not_a_bool)
+    # estimate's rules for the field (cost_models.specs), applied as ParallelConfig applies them
+    _modules_list = field_validator("recompute_modules", mode="before")(recompute_modules_list)
+    _canonical_modules = field_validator("recompute_modules", mode="after")(canonical_recompute_modules)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _modules_imply_selective(cls, data: Any) -> Any:
+        return modules_imply_selective(data)
+
+    @model_validator(mode="after")
+    def _modules_need_selective(self) -> "ParallelPins":
+        if (err := recompute_modules_error(self.recompute, self.recompute_modules)) is not None:
+            raise ValueError(err)
+        return self
 
     def given(self) -> dict[str, Any]:
         """The pinned fields only (an accounting switch set false is Megatron's default, not a pin)."""

@@ -121,6 +121,23 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
 
 
+def rerun_forward_s(op: Op, oc: OpCompute) -> float:
+    """The forward time a selective-recompute module that re-runs ``op`` adds (``cost_models.recompute``): the
+    attention core its kernel (``attn_f``, as plain ``selective`` has always priced it), any other op its forward."""
+    return oc.attn_f if op.kind == "attention" else oc.forward_s
+
+
+def op_recompute_s(op: Op, graph: LayerGraph, oc: OpCompute, recompute: str, modules: frozenset[str] | None) -> float:
+    """One op's share of ``OpCompute.recompute_s`` (``oc``: the op's own ``op_compute``): under Megatron's selective
+    ``modules`` its forward where they re-run it, else its own ``recompute_s``; summed over a layer's ops, the
+    layer's (the intra-op strategies price each op with it)."""
+    if recompute == "selective" and modules is not None and oc.op_sac_f is None:
+        from cost_models.recompute import reruns
+
+        return rerun_forward_s(op, oc) if reruns(op, graph, modules) else 0.0
+    return oc.recompute_s(recompute)
+
+
 def routed_rows_op(op: Op) -> bool:
     """Whether ``op``'s memory-bound work scales with the routed token copies: the dispatch / combine permutations,
     the experts and their activation."""
@@ -137,8 +154,7 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     total = OpCompute(*(sum(getattr(p, f) for p in parts)
                         for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
                       gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
-                      op_rerun_f=tuple(p.attn_f if op.kind == "attention" else p.forward_s
-                                       for op, p in zip(graph.ops, parts)))
+                      op_rerun_f=tuple(rerun_forward_s(op, p) for op, p in zip(graph.ops, parts)))
     if rt is None or rt.selective != "op_sac" or graph.kind not in DECODER_KINDS:
         return total
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA

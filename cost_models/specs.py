@@ -934,6 +934,47 @@ def zero_stage_is_not_a_bool(v: object) -> object:
     return v
 
 
+# The rules of a ``recompute_modules`` field (Megatron --recompute-modules): ``ParallelConfig``'s and the search's pin
+# (``autoplan.schema.ParallelPins``) apply these same functions.
+def recompute_modules_list(v: object) -> object:
+    """A ``mode="before"`` check: a JSON list is the tuple (strict mode takes no list for a tuple); a module named twice
+    is refused: Megatron only tests membership (``"mlp" in config.recompute_modules``,
+    megatron/core/transformer/transformer_layer.py:445, attention.py:330 @core_v0.16.1), so a repeat requests nothing
+    and is a slip for another module."""
+    v = tuple(v) if isinstance(v, list) else v
+    if isinstance(v, tuple) and (err := repeated_error(v, "module")) is not None:
+        raise ValueError(err)
+    return v
+
+
+def canonical_recompute_modules(v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A ``mode="after"`` step: Megatron's order, each once (the set is what Megatron reads): equal plans compare
+    equal."""
+    return None if v is None else tuple(m for m in RECOMPUTE_MODULES if m in v)
+
+
+def modules_imply_selective(data: object) -> object:
+    """A ``mode="before"`` model step: modules given without a recompute mode are Megatron's selective recompute; an
+    empty list under selective (or none) recomputes nothing (Megatron checks each module's name in the list,
+    transformer_layer.py / mlp.py): the plan is recompute 'none' and says so."""
+    if not isinstance(data, dict) or data.get("recompute_modules") is None:
+        return data
+    if len(data["recompute_modules"]) == 0 and data.get("recompute") in (None, "selective"):
+        return {**data, "recompute": "none", "recompute_modules": None}
+    if data.get("recompute") is None:
+        return {**data, "recompute": "selective"}
+    return data
+
+
+def recompute_modules_error(recompute: str | None, modules: tuple[str, ...] | None) -> str | None:
+    """Modules under a recompute mode other than selective: Megatron reads them only there."""
+    if modules is None or recompute == "selective":
+        return None
+    return (f"recompute_modules with recompute '{recompute}': Megatron recomputes modules only under "
+            "--recompute-granularity selective (transformer_config.py:1196); use recompute 'selective' or drop "
+            "recompute_modules")
+
+
 def _vp_from_layout(data: dict) -> dict:
     """``vp`` a layout implies when none is given (Megatron-LM derives it the same way: arguments.py:516-527); a
     layout whose stages ``pp`` does not divide is left for ``_check`` to refuse."""
@@ -1018,13 +1059,7 @@ class ParallelConfig(_Frozen):
         """``vp > 1`` implies the interleaved schedule (the only one that uses virtual stages)."""
         if isinstance(data, dict) and isinstance(data.get("pipeline_layout"), str):
             data = _vp_from_layout(data)
-        if (isinstance(data, dict) and data.get("recompute_modules") is not None and len(data["recompute_modules"]) == 0
-                and data.get("recompute") in (None, "selective")):
-            # selective with no module recomputes nothing (Megatron checks each module's name in the list,
-            # transformer_layer.py / mlp.py): the plan is recompute 'none' and says so
-            data = {**data, "recompute": "none", "recompute_modules": None}
-        if isinstance(data, dict) and data.get("recompute_modules") is not None and data.get("recompute") is None:
-            data = {**data, "recompute": "selective"}  # the modules are Megatron's selective recompute
+        data = modules_imply_selective(data)
         if isinstance(data, dict) and isinstance(data.get("vp"), int) and data["vp"] > 1:
             if data.get("schedule") is None:  # vp > 1 is the interleaved schedule (vp_schedule_error)
                 data = {**data, "schedule": "interleaved"}
@@ -1034,22 +1069,8 @@ class ParallelConfig(_Frozen):
                 raise ValueError(err)
         return data
 
-    @field_validator("recompute_modules", mode="before")
-    @classmethod
-    def _modules_list(cls, v: object) -> object:
-        """A JSON list is the tuple (strict mode takes no list for a tuple); a module named twice is refused: Megatron
-        only tests membership (``"mlp" in config.recompute_modules``, megatron/core/transformer/transformer_layer.py:445,
-        attention.py:330 @core_v0.16.1), so a repeat requests nothing and is a slip for another module."""
-        v = tuple(v) if isinstance(v, list) else v
-        if isinstance(v, tuple) and (err := repeated_error(v, "module")) is not None:
-            raise ValueError(err)
-        return v
-
-    @field_validator("recompute_modules", mode="after")
-    @classmethod
-    def _canonical_modules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """Megatron's order, each once (the set is what Megatron reads): equal plans compare equal."""
-        return None if v is None else tuple(m for m in RECOMPUTE_MODULES if m in v)
+    _modules_list = field_validator("recompute_modules", mode="before")(recompute_modules_list)
+    _canonical_modules = field_validator("recompute_modules", mode="after")(canonical_recompute_modules)
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
@@ -1060,10 +1081,8 @@ class ParallelConfig(_Frozen):
                              "one stage (no '|')")
         if err is not None:
             raise ValueError(err)
-        if self.recompute_modules is not None and self.recompute != "selective":
-            raise ValueError(f"recompute_modules with recompute '{self.recompute}': Megatron recomputes modules only "
-                             "under --recompute-granularity selective (transformer_config.py:1196); use recompute "
-                             "'selective' or drop recompute_modules")
+        if (err := recompute_modules_error(self.recompute, self.recompute_modules)) is not None:
+            raise ValueError(err)
         if self.pipeline_layout is not None:
             from cost_models.pipeline_layout import layout_vp
 

@@ -189,6 +189,18 @@ class StageTables:
     range_static: np.ndarray | None = None  # (L+1, L+1) non-additive bytes of range [i, j) (ZeRO-3 buffers)
     range_time: np.ndarray | None = None  # (L+1, L+1) non-additive seconds of range [i, j) (MoE host cover cut at
     #                                       the stage's edges: search.score.Scorer.cover_table)
+    range_peak: np.ndarray | None = None  # (L+1, L+1) bytes a stage of range [i, j) holds once, one layer at a time (a
+    #                                       block-wide selective recompute's re-run: Scorer.block_transient_table)
+
+
+def range_static_bytes(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray | float:
+    """Non-additive bytes of the stages ``[start, end)``: ``range_static`` + ``range_peak`` (0 without either)."""
+    out: np.ndarray | float = 0.0
+    if tables.range_static is not None:
+        out = out + tables.range_static[start, end]
+    if tables.range_peak is not None:
+        out = out + tables.range_peak[start, end]
+    return out
 
 
 def range_costs(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -241,8 +253,7 @@ def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> Stage
     cost = range_costs(tables, st, en)
     static = (tables.static[en] - tables.static[st] + np.where(is_first, tables.first_static, 0.0)
               + np.where(is_last, tables.last_static + tables.last_act, 0.0) + tables.stage_static)
-    if tables.range_static is not None:
-        static = static + tables.range_static[st, en]
+    static = static + range_static_bytes(tables, st, en)
     act = tables.act[en] - tables.act[st]  # the head's activations (last_act) are held once: in static
     return StageEdges(st, en, cost, static, act, np.zeros(st.size, dtype=np.int64))
 
@@ -288,8 +299,7 @@ class _Paths:
         static[:, 0] += tables.first_static
         static[:, -1] += tables.last_static + tables.last_act  # the head's activations: held once
         static += tables.stage_static
-        if tables.range_static is not None:
-            static = static + tables.range_static[st, en]
+        static = static + range_static_bytes(tables, st, en)
         act = tables.act[en] - tables.act[st]
         infl = np.asarray(inflight, dtype=float)[p - np.arange(p)]  # stage k has p − k stages left
         ok = (static + act * infl <= mem_limit).all(axis=1)

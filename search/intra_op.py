@@ -415,6 +415,8 @@ class IntraOpRequest:
     kv_replication: Literal["gather", "replicate"] = "gather"  # tp > num_kv_heads: the layout's (ParallelConfig)
     strategies: StrategySet | None = None  # None: the target's; a set no target runs (benchmarks/ilp_gain.py)
     time_limit_s: float = 5.0
+    # Megatron --recompute-modules under selective recompute (ParallelConfig.recompute_modules; None: core_attn)
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "num_microbatches", "activation_copies"):
@@ -564,7 +566,8 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
     recompute = req.recompute if req.kind in ("dense", "moe") else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
-                       req.activation_copies, req.sequence_parallel, req.kv_replication, req.strategies)
+                       req.activation_copies, req.sequence_parallel, req.kv_replication, req.strategies,
+                       req.recompute_modules if recompute == "selective" else None)
     nodes = build_nodes(graph)
     strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)
     m = req.num_microbatches

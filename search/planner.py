@@ -308,6 +308,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                    f"{model.num_kv_heads}, ffn {model.ffn_hidden_size}, {cluster.num_gpus} GPUs)")
             raise ConfigError(why, valid=valid)
     scorers = target_scorers(model, cluster, job, target, scorer, weights)
+    if pins.get("recompute_modules") is not None:  # Megatron's modules: the targets that run them (estimate's rule)
+        errs = [e for t in scorers if (e := PROFILES[t].megatron_field_error("recompute_modules")) is not None]
+        if len(errs) == len(scorers):
+            raise errs[0]
+        scorers = {t: sc for t, sc in scorers.items() if PROFILES[t].megatron_field_error("recompute_modules") is None}
     refusals = [e for t, sc in scorers.items() if (e := _model_refusal(t, model, job, sc)) is not None]
     if refusals and len(refusals) == len(scorers):  # no searched target builds the model: say why, not "infeasible"
         raise refusals[0]

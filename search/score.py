@@ -41,6 +41,7 @@ from cost_models.op_cost import OpCompute, layer_compute, layer_compute_key
 from cost_models.memory import (
     GIB,
     activation_bytes_per_microbatch,
+    block_recompute_transient_bytes,
     expert_shard_group,
     graphs_for,
     held_reserve_fraction,
@@ -57,10 +58,16 @@ from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from cost_models.targets.common import TargetProfile
 from cost_models.validate import pipeline_split
-from search.inter_op import StageTables, chunked_costs, stage_costs
+from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
 from search.space import Layout
+
+
+def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
+    """``lay``'s recompute modules where ``recompute`` is selective (the pieces priced under another mode, e.g. the
+    full-recompute transient's "none", have none)."""
+    return lay.recompute_modules if recompute == "selective" else None
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -111,6 +118,7 @@ class Scorer:
         self._params: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._dp: dict[tuple, tuple[float, float, float]] = {}
         self._zero3: dict[tuple, np.ndarray] = {}
+        self._blocks: dict[tuple, np.ndarray | None] = {}  # (bound key, chosen knobs, layout knobs): block_transient_table
         self._inflight: dict[tuple, np.ndarray] = {}
         self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
@@ -231,8 +239,9 @@ class Scorer:
 
     def knob_candidates(self, lay: Layout) -> list[dict[str, Any]]:
         """``TargetProfile.knob_candidates`` for ``lay``, once per runtime key (the fields of the layout the
-        profiles' knob rules and ``resolve`` read: target, zero, pp, tp, cp, sp)."""
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        profiles' knob rules and ``resolve`` read: target, zero, pp, tp, cp, sp, and the recompute modules Megatron's
+        knob rules check, e.g. the fused grouped MLP's with moe_act)."""
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.recompute_modules)
         hit = self._cands.get(key)
         if hit is None:
             hit = PROFILES[lay.target].knob_candidates(self.model, self.cluster, self.job,
@@ -242,8 +251,9 @@ class Scorer:
 
     @staticmethod
     def bound_key(lay: Layout, recompute: str | None = None) -> tuple:
-        return (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, recompute or lay.recompute, lay.sequence_parallel,
-                lay.target, lay.kv_replication)
+        rc = recompute or lay.recompute
+        return (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel,
+                lay.target, lay.kv_replication, _modules(lay, rc))
 
     def _layer_cost(self, lay: Layout, bkey: tuple, kind: str, chosen: dict[str, Any]) -> LayerCost:
         """``layer_cost`` of one decoder layer kind on ``bkey``'s mesh with the user's and the ``chosen`` knobs,
@@ -276,7 +286,8 @@ class Scorer:
     def _bound_par(lay: Layout, recompute: str) -> ParallelConfig:
         return ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
                               recompute=recompute, sequence_parallel=lay.sequence_parallel,  # type: ignore[arg-type]
-                              kv_replication=lay.kv_replication)  # type: ignore[arg-type]
+                              kv_replication=lay.kv_replication,  # type: ignore[arg-type]
+                              recompute_modules=_modules(lay, recompute))  # type: ignore[arg-type]
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -288,10 +299,12 @@ class Scorer:
         Per-rank costs do not depend on dp (every strategy keeps the batch on it): ``LogicalMesh.per_rank``."""
         mesh = LogicalMesh.per_rank(self.cluster, tp=lay.tp, cp=lay.cp, ep=lay.ep)
         sp: bool | None = lay.sequence_parallel if lay.tp > 1 else None
+        rc = recompute or lay.recompute
         req = IntraOpRequest(kind=kind, seq_len=self.job.seq_len, micro_batch_size=lay.micro_batch_size,  # type: ignore[arg-type]
-                             recompute=recompute or lay.recompute, precision=self.job.precision,  # type: ignore[arg-type]
+                             recompute=rc, precision=self.job.precision,  # type: ignore[arg-type]
                              target=lay.target, sequence_parallel=sp,  # type: ignore[arg-type]
-                             kv_replication=lay.kv_replication)  # type: ignore[arg-type]
+                             kv_replication=lay.kv_replication,  # type: ignore[arg-type]
+                             recompute_modules=_modules(lay, rc))
         return solve_layer(self.model, mesh, req, cache=self.ilp)
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
@@ -527,7 +540,7 @@ class Scorer:
     def _knob_floor(self, lay: Layout) -> tuple[dict[str, Any], bool] | None:
         """The profile's knob floor where the layout leaves several knob settings to choose from and the floor
         sets none of the user's knobs; None: bound with the chosen setting itself. Once per runtime key."""
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
+        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.recompute_modules)
         if key in self._floors:
             return self._floors[key]
         floor = PROFILES[lay.target].knob_floor() if len(self.knob_candidates(lay)) > 1 else None
@@ -737,7 +750,40 @@ class Scorer:
             range_static=self._range_static(lay, largest, per_largest),
             # contiguous stages (vp = 1): the cover their edges cut, per range (lower: the whole stack's, a floor)
             range_time=self.cover_table(lay) if lay.pp > 1 and lay.vp == 1 and not lower else None,
+            range_peak=None if lower else self.block_transient_table(lay),  # ≥ 0: the floor leaves it out
         )
+
+    def block_transient_table(self, lay: Layout) -> np.ndarray | None:
+        """(L+1, L+1): what a block-wide selective checkpoint's re-run (``mlp``, ``moe``, ``shared_experts``) holds on
+        a stage of layers ``[i, j)``, with the allocator's reserve: ``memory.block_recompute_transient_bytes`` of the
+        layer kinds in the range, the MTP blocks' kinds added on the last stage (``j = L``), as ``stage_memory`` prices
+        it (the largest over the kinds: one layer re-runs at a time; an interleaved rank: the largest over its chunks).
+        None without such a module. Once per (bound key, chosen knobs)."""
+        if lay.recompute != "selective" or not lay.recompute_modules:
+            return None
+        chosen = self.chosen_knobs(lay)
+        key = (self.bound_key(lay), tuple(sorted(chosen.items())), lay.knobs)
+        if key in self._blocks:
+            return self._blocks[key]
+        par, rt = self._bound_par(lay, lay.recompute), self._runtime_with(lay, chosen)
+        each = {k: block_recompute_transient_bytes(self.model, self.job, par, self.graphs, rt, {k})
+                for k in dict.fromkeys([*self.kinds, *(mtp_block_kinds(self.model) if self.model.arch.mtp_layers
+                                                        else [])])}
+        table = None
+        if any(v > 0.0 for v in each.values()):
+            L, frag = self.L, self.reserve_factor(lay)
+            end = np.arange(L + 1)
+            table = np.zeros((L + 1, L + 1))
+            for k in self.kinds:  # next layer of kind k at or after i (L: none): in [i, j) when it is below j
+                at = np.array([i for i, kk in enumerate(self.kind_of) if kk == k] + [L])
+                nxt = at[np.searchsorted(at, np.arange(L + 1))]
+                table = np.maximum(table, each[k] * (nxt[:, None] < end[None, :]))
+            if self.model.arch.mtp_layers:  # the last stage (ending at L, not empty) runs the MTP blocks
+                mtp = max(each[k] for k in mtp_block_kinds(self.model))
+                table[:L, L] = np.maximum(table[:L, L], mtp)
+            table *= frag
+        self._blocks[key] = table
+        return table
 
     def _range_static(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray | None:
         """Non-additive bytes of a layer range: ZeRO-3's gathered units, or Megatron-FSDP's gradient bucket."""
@@ -840,8 +886,7 @@ class Scorer:
             bounds = np.concatenate([[0], np.cumsum(layers)])
             st, en = bounds[:-1], bounds[1:]
             static = tables.static[en] - tables.static[st] + tables.stage_static
-            if tables.range_static is not None:
-                static += tables.range_static[st, en]
+            static = static + range_static_bytes(tables, st, en)
             act = tables.act[en] - tables.act[st]
         else:  # an interleaved rank holds its chunks' layers (memory.stage_memory on its layer ids)
             chunks = self.rank_chunks(lay, layers)
@@ -849,6 +894,8 @@ class Scorer:
             static = static + tables.stage_static
             if tables.range_static is not None:
                 static += self._chunked_range_static(lay, tables, chunks)
+            if tables.range_peak is not None:  # one layer re-runs at a time: the largest over the rank's chunks
+                static += np.array([max((float(tables.range_peak[a, b]) for a, b in r), default=0.0) for r in chunks])
             act = np.array([sum(tables.act[b] - tables.act[a] for a, b in r) for r in chunks])
         static[0] += tables.first_static
         static[-1] += tables.last_static

@@ -1,7 +1,8 @@
 """The outer search space: which parallel layouts to consider, and why the others are cut.
 
 Enumeration order (outermost first) is the order of the cached work: ``tp → cp → pp (→ dp) → ep → mbs →
-recompute → zero/HSDP → schedule/vp``. Everything is deterministic (sorted lists, no sets iterated).
+recompute → zero/HSDP → schedule/vp``. Megatron's recompute modules are not searched: a pin sets them on every
+selective layout (``Layout.recompute_modules``). Everything is deterministic (sorted lists, no sets iterated).
 
 Pruning reasons (``Tally`` keys), each a hard constraint of ``cost_models.validate.check_parallel`` or a
 target rule, checked before any cost is computed (COST_MODEL.md §7):
@@ -86,6 +87,9 @@ class Layout:
     # knobs that change memory as well as time, set per layout by the search where the user left them unset
     # (``TargetProfile.memory_knob_options``: FSDP2's reshard_after_forward); () = the target's defaults
     knobs: tuple[tuple[str, Any], ...] = ()
+    # Megatron --recompute-modules under selective recompute (a user pin: ``ParallelConfig.recompute_modules``, priced
+    # by ``cost_models.recompute``); None: Megatron's default (core_attn) or another recompute mode
+    recompute_modules: tuple[str, ...] | None = None
 
     def parallel_kwargs(self) -> dict[str, Any]:
         kw = dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
@@ -94,6 +98,8 @@ class Layout:
                   sequence_parallel=self.sequence_parallel)
         if self.kv_replication != "gather":
             kw["kv_replication"] = self.kv_replication
+        if self.recompute_modules is not None:
+            kw["recompute_modules"] = self.recompute_modules
         return kw
 
     def sort_key(self) -> tuple[Any, ...]:
@@ -101,7 +107,8 @@ class Layout:
         interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
         return (self.pp, self.tp, self.cp, self.ep, self.vp, -self.micro_batch_size,
                 RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule,
-                self.kv_replication, self.target, tuple((k, repr(v)) for k, v in self.knobs))
+                self.kv_replication, self.target, tuple((k, repr(v)) for k, v in self.knobs),
+                self.recompute_modules or ())
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:
@@ -300,6 +307,8 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
 
 
 def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
+    if pins.get("recompute_modules") is not None:  # the modules are selective recompute (ParallelConfig's rule)
+        pins = {"recompute": "selective", **pins}
     return _pinned(pins, "recompute", list(RECOMPUTE_ORDER), tally)
 
 
@@ -312,6 +321,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             yield from enumerate_layouts(model, cluster, job, t, pins, tally)  # type: ignore[arg-type]
         return
     N = cluster.num_gpus
+    modules = pins.get("recompute_modules")  # pinned with recompute 'selective' (autoplan.schema.ParallelPins)
     sp = bool(pins.get("sequence_parallel", True))
     moe_sp = model.is_moe  # check_parallel's rule: MoE under TP runs SP (TargetProfile.moe_sp_source)
     for tp in tp_choices(model, cluster, target, pins, tally):
@@ -334,4 +344,5 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
                                     for kv in kv_choices(model, target, tp):
                                         yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
-                                                     (sp and seq_split) or tp == 1, target, kv)
+                                                     (sp and seq_split) or tp == 1, target, kv,
+                                                     recompute_modules=modules if rc == "selective" else None)

@@ -52,12 +52,13 @@ from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
 from cost_models.attention_cost import cp_ring, ring_exposed_s
 from cost_models.ep_comm import ep_all_to_all
-from cost_models.op_cost import kv_gather_width, op_compute
+from cost_models.op_cost import kv_gather_width, op_compute, op_recompute_s
 from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
 from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
                                  tp_exposed_fraction)
 from cost_models.memory import op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import LayerGraph, Op, OpKind
+from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
 from cost_models.targets import PROFILES
 from cost_models.targets.common import TargetName
@@ -112,6 +113,7 @@ class LayerContext:
     sequence_parallel: bool | None = None  # None: the solver chooses; True/False: force SP on/off
     kv_replication: str = "gather"  # tp > num_kv_heads: Megatron's QKV gather or replicated K/V weights
     strategies: StrategySet | None = None  # None: the target's (``strategy_set``); else a research set
+    recompute_modules: tuple[str, ...] | None = None  # Megatron's selective modules (None: its default core_attn)
 
     @property
     def allowed(self) -> StrategySet:
@@ -286,13 +288,16 @@ def ep_modes(node: Node, ctx: LayerContext) -> list[str | None]:
 
 
 @lru_cache(maxsize=4096)
-def op_parallel(tp_mode: str, t: int, cp: int, ep: int, mbs: int, recompute: Recompute) -> ParallelConfig:
+def op_parallel(tp_mode: str, t: int, cp: int, ep: int, mbs: int, recompute: Recompute,
+                modules: tuple[str, ...] | None = None) -> ParallelConfig:
     """The ``ParallelConfig`` under which ``cost_models`` prices an op held in ``tp_mode`` (module docstring);
-    the ``_kvrep`` modes price the K/V GEMMs unsplit (``op_cost.kv_replicated``)."""
+    the ``_kvrep`` modes price the K/V GEMMs unsplit (``op_cost.kv_replicated``); ``modules``: Megatron's selective
+    recompute modules."""
     split = tp_mode in _TP_SPLIT_MODES and t > 1
     kv = "replicate" if tp_mode in KV_REPLICATED_MODES else "gather"
     return ParallelConfig(tp=t if split else 1, cp=cp, ep=ep, micro_batch_size=mbs, recompute=recompute,
-                          sequence_parallel=split and tp_mode in SP_MODES, kv_replication=kv)
+                          sequence_parallel=split and tp_mode in SP_MODES, kv_replication=kv,
+                          recompute_modules=modules)  # type: ignore[arg-type]
 
 
 # ==== one strategy: layouts, cost, memory ===========================================================
@@ -304,7 +309,7 @@ class _Eval:
         mesh = ctx.mesh
         self.t = mesh.size(MeshAxis.TP)
         self.par = op_parallel(tp, self.t, mesh.size(MeshAxis.CP), mesh.size(MeshAxis.EP) if ep == "E" else 1,
-                               ctx.micro_batch_size, ctx.recompute)
+                               ctx.micro_batch_size, ctx.recompute, ctx.recompute_modules)
         leads = [op for op in node.ops if op.kind != "elementwise"] or [node.ops[0]]
         self.lead_inputs = {x for op in leads for x in op.inputs}
 
@@ -336,9 +341,10 @@ class _Eval:
         """(forward + backward + recompute, attention core fwd + bwd) per micro-batch: ``op_compute``."""
         ctx = self.ctx
         total = attn = 0.0
+        modules = modules_in_effect(self.par, None)  # Megatron's selective modules (cost_models.recompute)
         for op in self.node.ops:
             oc = op_compute(op, self.graph, ctx.model, ctx.mesh.cluster, ctx.job, self.par)
-            total += oc.forward_s + oc.backward_s + oc.recompute_s(ctx.recompute)
+            total += oc.forward_s + oc.backward_s + op_recompute_s(op, self.graph, oc, ctx.recompute, modules)
             attn += oc.attn_f + oc.attn_b
         return total, attn
 
@@ -350,7 +356,7 @@ class _Eval:
             first = self.graph.ops[0]
             held = recompute_input_bytes(ctx.model, ctx.job, self.par) if first in self.node.ops else 0.0
         else:
-            held = sum(op_activation_bytes(op, ctx.job, self.par) for op in self.node.ops)
+            held = sum(op_activation_bytes(op, ctx.job, self.par, graph=self.graph) for op in self.node.ops)
         return held * ctx.activation_copies
 
     def tp_comms(self) -> list[Comm]:
@@ -401,7 +407,7 @@ class _Eval:
         one, payload = ep_all_to_all(ctx.model, ctx.mesh.cluster, ctx.job, self.par, ctx.mesh.stride(MeshAxis.EP))
         # ep_comm.EP_ALL_TO_ALLS: one forward, one backward each for dispatch and combine; full recompute runs the
         # forward's again (recompute.ep_forward_repeats, as tp_collectives repeats the forward's TP collectives)
-        fwd = 2.0 if ctx.recompute == "full" else 1.0
+        fwd = 1.0 + 2.0 * ep_forward_repeats(self.graph, modules_in_effect(self.par, None), self.par)  # full, moe: 2
         return [Comm("all_to_all", (MeshAxis.EP,), ph, payload, one, calls) for ph, calls in (("fwd", fwd), ("bwd", 1.0))]
 
     def ring_s(self) -> float:

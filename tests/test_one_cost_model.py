@@ -72,6 +72,43 @@ def test_uniform_strategies_sum_to_layer_cost(case: tuple) -> None:
         assert objective == pytest.approx(lc.total_s * req.num_microbatches, rel=1e-9)
 
 
+@pytest.mark.parametrize("name, modules", [
+    ("deepseek-v3", ("mla_up_proj", "moe_act", "layernorm")), ("deepseek-v3", ("moe", "mla_up_proj")),
+    ("deepseek-v3", ("core_attn", "shared_experts")), ("mixtral-8x7b", ("moe_act", "layernorm")),
+    ("llama3-70b", ("mlp",)), ("llama3-8b", ("core_attn", "layernorm"))])
+@pytest.mark.parametrize("tp, ep", [(1, 8), (4, 2)])
+def test_uniform_strategies_price_megatrons_recompute_modules_as_layer_cost(name: str, modules: tuple, tp: int,
+                                                                           ep: int) -> None:
+    """The intra-op strategies under ``--recompute-modules`` (the search's pin): each op's re-run forward
+    (``op_cost.op_recompute_s``), what the modules drop (``memory.op_activation_bytes`` on the op's graph) and the
+    ``moe`` module's re-run all-to-alls sum over the uniform pattern to ``layer_cost`` and
+    ``activation_bytes_per_microbatch`` with the modules, which differ from the default ``core_attn``'s."""
+    model = MODELS[name]
+    ep = ep if model.is_moe else 1
+    cluster, job, dp = build_cluster("h100-sxm", 1024), JobSpec(seq_len=4096), 2 * ep
+    mesh = LogicalMesh.from_degrees(cluster, dp=dp, tp=tp, cp=1, ep=ep)
+    for kind in ("dense", "moe") if model.is_moe else ("dense",):
+        graph = graphs_for(model, 4096)[kind]
+        lcs = []
+        for mods in (modules, None):
+            par = ParallelConfig(tp=tp, ep=ep, recompute="selective", sequence_parallel=True, recompute_modules=mods)
+            req = IntraOpRequest(kind=kind, seq_len=4096, recompute="selective",
+                                 sequence_parallel=True if tp > 1 else None, recompute_modules=mods)
+            lp = build_layer_problem(model, mesh, req)
+            choice = uniform_choice(lp, True)
+            assert choice is not None
+            chosen = [ss[i] for ss, i in zip(lp.strategies, choice)]
+            lc = layer_cost(graph, model, cluster, job, par, dp)
+            assert sum(s.compute_s + s.exposed_s for s in chosen) == pytest.approx(lc.total_s, rel=1e-9)
+            assert sum(s.activation_bytes for s in chosen) == pytest.approx(
+                activation_bytes_per_microbatch(graph, model, job, par), rel=1e-9)
+            lcs.append((lc.recompute_s, activation_bytes_per_microbatch(graph, model, job, par)))
+        if name == "llama3-8b":  # TE fuses a dense GQA layer's norms into the next linear: layernorm adds nothing
+            assert lcs[0] == pytest.approx(lcs[1], rel=1e-12)  # (cost_models.recompute.separate_norm)
+        elif kind == "moe" or name == "llama3-70b":  # the other module sets act on these layers
+            assert lcs[0] != pytest.approx(lcs[1], rel=1e-6)
+
+
 def test_mesh_strides_are_the_cost_models_megatron_strides() -> None:
     """One rank order: EP groups are contiguous (Megatron's expert RankGenerator with expert-TP 1,
     megatron/core/parallel_state.py:798), so EP 8 × TP 8 on 128 H100s stays on NVLink in both."""

@@ -20,10 +20,11 @@ from autoplan.schema import ESTIMATE_ANY, EstimateRequest, validate_request
 from cost_models.specs import ParallelConfig
 
 
-def parallel_options(required: bool, searched: bool = False, layout: bool = False) -> Any:
+def parallel_options(required: bool, searched: bool = False, layout: bool = False, modules: bool | None = None) -> Any:
     """Degree flags; ``required`` for estimate, optional pins for search (``searched``: an omitted flag is
     searched, so the help shows no default) and emit (omitted: ParallelConfig's default). ``layout``: also
-    Megatron's explicit pipeline layout and recompute modules (estimate and emit: they are priced, not searched)."""
+    Megatron's explicit pipeline layout and MTP layers (estimate and emit: they are priced, not searched). ``modules``
+    (default: ``layout``): Megatron's recompute modules (search pins them for every plan, as --recompute)."""
     opt = click.option
 
     def default(text: str) -> str:
@@ -61,8 +62,11 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
                 help="Megatron --pipeline-model-parallel-layout: E embedding, t decoder layer, m MTP, L loss, '|' "
                      "between the pp*vp stages, e.g. 'Et|(tt|)*30mL' (sets vp; torchtitan: E, t and L only, emitted as "
                      "module_fqns_per_model_part) [even split]"),
+        ]),
+        *([] if not (layout if modules is None else modules) else [
             opt("--recompute-modules", "recompute_modules", type=str, default=None, callback=_modules,
-                metavar="M1,M2", help="Megatron --recompute-modules (implies --recompute selective): "
+                metavar="M1,M2", help="Megatron --recompute-modules (implies --recompute selective"
+                + ("; every plan the search returns uses them; megatron target" if searched else "") + "): "
                 "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; '' for none [core_attn]")]),
     )
 

@@ -69,7 +69,7 @@ def _emit(out_dir: str, model: Any, request: SearchRequest, job: Any, plans: lis
 @model_option
 @cluster_options
 @job_options
-@parallel_options(required=False, searched=True)
+@parallel_options(required=False, searched=True, modules=True)
 @click.option("--top", "top_k", type=click.IntRange(1, 50), default=3, show_default=True, help="plans to show")
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
               show_default=True,

@@ -572,13 +572,20 @@ class TargetProfile:
     # Megatron's layout fields this target runs (``ParallelConfig.pipeline_layout`` / ``recompute_modules``)
     megatron_fields: tuple[str, ...] = ()
 
+    def megatron_field_error(self, field: str) -> ConfigError | None:
+        """Why this target cannot run Megatron's layout ``field`` (``pipeline_layout`` / ``recompute_modules``) set,
+        or None where it runs it (``megatron_fields``): ``check_layout``'s rule, and the search's on a pin."""
+        if field in self.megatron_fields:
+            return None
+        flag = {"pipeline_layout": "--pipeline-model-parallel-layout", "recompute_modules": "--recompute-modules"}[field]
+        return ConfigError(f"{field}: {self.name} has no such setting (it is Megatron-LM's {flag})",
+                           valid=["target megatron", f"{field} unset"])
+
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """Target rules on the layout alone (what the search space filters on: ``layout_error``)."""
-        for field, flag in (("pipeline_layout", "--pipeline-model-parallel-layout"),
-                            ("recompute_modules", "--recompute-modules")):
-            if getattr(par, field) is not None and field not in self.megatron_fields:
-                raise ConfigError(f"{field}: {self.name} has no such setting (it is Megatron-LM's {flag})",
-                                  valid=["target megatron", f"{field} unset"])
+        for field in ("pipeline_layout", "recompute_modules"):
+            if getattr(par, field) is not None and (err := self.megatron_field_error(field)) is not None:
+                raise err
         err = self.layout_error(model, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, zero=par.zero_stage,
                                 hsdp=par.hsdp_shard_size, dp_cp=par.dp(cluster.num_gpus) * par.cp,
                                 schedule=par.schedule)
