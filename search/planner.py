@@ -39,7 +39,7 @@ from cost_models.pipeline_split import candidates
 from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
-from search.inter_op import StageTables, best_split, stage_costs
+from search.inter_op import StageTables, best_split, chunked_costs, stage_costs
 from search.score import Scorer, schedule_alpha, split_fields
 from search.space import (ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices,
                           zero_choices)
@@ -115,8 +115,8 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
     is solved, from ``Scorer.tables(lower=True)`` (every layer cost and activation at or below the ILP's).
     pp > 1, vp = 1: the stage DP's optimum on those tables and Megatron's default split priced on them, plus
     the fill. Otherwise the split is one of a few (pp = 1: all layers; vp > 1: ``pipeline_split.candidates``):
-    the least, over those that fit the floor memory, of ``pipeline_time_s`` on the floor stage times (it is
-    monotone in them) + fill + ``dp_exposed_s`` with an unbounded overlap window + the optimizer step
+    the least, over those that fit the floor memory, of ``pipeline_time_s`` on the floor stage times (an interleaved
+    rank's: over its chunks, as ``Scorer.score`` sums them; it is monotone in them) + fill + ``dp_exposed_s`` with an unbounded overlap window + the optimizer step
     (``Scorer.score``'s terms). Less 1e-9 for rounding; +inf when no split fits even the floor memory."""
     tables = scorer.tables(lay, lower=True)
     model, limit = scorer.model, scorer.limit_bytes
@@ -141,7 +141,8 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
     for layers in splits:
         if float(scorer.stage_memory(lay, layers, tables).max()) > limit:
             continue
-        t = stage_costs(tables, layers)
+        # a rank's layers: its chunks with vp > 1 (Scorer.score's chunked_costs), not a contiguous range of its count
+        t = chunked_costs(tables, scorer.rank_chunks(lay, layers)) if lay.vp > 1 else stage_costs(tables, layers)
         dp_s, _, opt_s, blocking = scorer.data_parallel(lay, layers)
         hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster, blocking)  # falls as stages grow
         pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]

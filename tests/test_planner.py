@@ -155,6 +155,21 @@ def test_split_lower_bound_is_below_what_the_split_costs(model, cj, target, data
         _check_split_lower_bound(scorer, lay)
 
 
+@pytest.mark.parametrize("first_dense", [0, 2])
+def test_split_lower_bound_reads_an_interleaved_ranks_chunks(first_dense: int) -> None:
+    """pp 2, vp 2 over 4 layers: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3. With two dense layers first,
+    a bound that priced rank r as the contiguous layers [2r, 2r + 2) put both MoE layers on rank 1 and exceeded the
+    step time of the very split it bounds (0.094 s vs 0.055 s), so branch and bound could skip the layout."""
+    from search.space import Layout
+
+    model = ModelSpec(name="tiny", num_layers=4, hidden_size=256, ffn_hidden_size=512, num_attention_heads=4,
+                      num_kv_heads=4, vocab_size=32000, num_experts=8, moe_top_k=2, first_dense_layers=first_dense)
+    cluster, job = build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=32, seq_len=2048)
+    lay = Layout(tp=1, cp=1, pp=2, dp=4, ep=1, micro_batch_size=1, m=8, recompute="selective", zero_stage=1,
+                 hsdp_shard_size=None, schedule="interleaved", vp=2)
+    _check_split_lower_bound(Scorer(model, cluster, job), lay)
+
+
 def test_stage_dp_objective_is_pipeline_time_for_the_schedules_the_bound_trusts() -> None:
     # _split_lower_bound uses the stage DP's α·Σt + (m − α)·max t as pipeline_time_s for ALPHA_SCHEDULES only.
     from cost_models.pipeline import pipeline_time_s

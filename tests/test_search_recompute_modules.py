@@ -28,6 +28,8 @@ from search.planner import _time_lower_bound, search, to_parallel
 from search.score import Scorer
 from search.space import Tally, enumerate_layouts
 
+from test_planner import _check_split_lower_bound  # noqa: E402  (tests/ is on the path, as benchmark_modules)
+
 DSV3 = ("mla_up_proj", "moe_act", "layernorm")  # Megatron-Bridge's DeepSeek-V3 recipes (the task's example)
 DS_SEARCH = ["search", "--model", "deepseek-v3", "--gpus", "256", "--global-batch-size", "256", "--seq-len", "4096"]
 
@@ -58,6 +60,7 @@ def _score_vs_estimate(model: ModelSpec, cluster, job: JobSpec, modules: tuple[s
         assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
         # the planner's bounds stay below what it prices (branch and bound skips nothing it should keep)
         assert _time_lower_bound(lay, scorer) <= fs.step_time_s * (1 + 1e-12)
+        _check_split_lower_bound(scorer, lay)
 
 
 @pytest.mark.parametrize("modules", [DSV3, ("moe", "mla_up_proj"), ("core_attn", "shared_experts")])
