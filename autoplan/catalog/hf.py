@@ -127,10 +127,10 @@ class _Config:
             raise UserInputError(f"{self.source}: key '{key}' must be a list of integers, got {value!r}")
         return value
 
-    def layers(self, *keys: str) -> int:
+    def layers(self, *keys: str, default: int | object = _MISSING) -> int:
         """The decoder depth, bounded before any per-layer list is built from it (the planner's own limit,
         ``autoplan.schema.MAX_NUM_LAYERS``, is checked later on the spec)."""
-        n = self.int(*keys, minimum=1)
+        n = self.int(*keys, default=default, minimum=1)
         if n > _LAYER_BOUND:
             raise UserInputError(f"{self.source}: key '{keys[0]}' = {n} is over {_LAYER_BOUND} layers")
         return n
@@ -316,6 +316,13 @@ def _window(c: _Config, num_layers: int, *, qwen: bool, default: int | None = No
     return window
 
 
+def _every_nth(marked: list[bool]) -> int | None:
+    """N >= 2 such that layer i is marked iff (i + 1) % N == 0 (layers N, 2N, ...: Megatron-Core's
+    window_attn_skip_freq / no_rope_freq N), or None when the marks follow no such pattern."""
+    n = len(marked)
+    return next((every for every in range(2, n + 1) if marked == [(i + 1) % every == 0 for i in range(n)]), None)
+
+
 def _layer_types(c: _Config, num_layers: int, default_full_every: int) -> int | None:
     """HF ``layer_types`` (one ``sliding_attention`` / ``full_attention`` per layer) as ``full_attention_every``
     N: layer i is full iff (i + 1) % N == 0 (Megatron-Core window_attn_skip_freq); 0 when every layer slides, None
@@ -331,9 +338,8 @@ def _layer_types(c: _Config, num_layers: int, default_full_every: int) -> int | 
         return None
     if not any(full):
         return 0
-    for n in range(2, num_layers + 1):
-        if full == [(i + 1) % n == 0 for i in range(num_layers)]:
-            return n
+    if (every := _every_nth(full)) is not None:
+        return every
     raise c.error("layer_types", types, "windowed layers with every N-th layer (N, 2N, ...) full: autoplan and "
                   "Megatron-Core's window_attn_skip_freq express that pattern (or a window on every layer)")
 
@@ -835,9 +841,8 @@ def _no_rope_every(c: _Config, n: int) -> int:
         raise c.error("no_rope_layers", flags, f"a list of {n} flags, 1 where the layer uses RoPE")
     if all(flags):
         return 0
-    for every in range(2, n + 1):
-        if flags == [int((i + 1) % every != 0) for i in range(n)]:
-            return every
+    if (every := _every_nth([not f for f in flags])) is not None:
+        return every
     raise c.error("no_rope_layers", flags, "every N-th layer (N, 2N, ...) without RoPE: the pattern autoplan and "
                   "Megatron-Core's no_rope_freq N express (or RoPE on every layer)")
 
@@ -853,9 +858,7 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
     query temperature tuning (``attn_temperature_tuning``) on the NoPE ones. No load-balancing loss:
     ``Llama4ForCausalLM`` computes none (``router_aux_loss_coef`` is read by nothing in modeling_llama4.py)."""
     hidden, heads = c.int("hidden_size", default=5120), c.int("num_attention_heads", default=40, minimum=1)
-    n = c.int("num_hidden_layers", default=48, minimum=1)
-    if n > _LAYER_BOUND:
-        raise UserInputError(f"{c.source}: key 'num_hidden_layers' = {n} is over {_LAYER_BOUND} layers")
+    n = c.layers("num_hidden_layers", default=48)
     if c.get("attention_bias", False):
         raise c.error("attention_bias", True, "only false: q/k/v/o biases without MLP biases are not represented")
     jitter = c.float("router_jitter_noise", 0.0)
