@@ -925,10 +925,7 @@ def _llama4(c: _Config) -> dict[str, Any]:
         raise c.disagree("tie_word_embeddings", tie, "text_config.tie_word_embeddings", text["tie_word_embeddings"])
     fields["tied_embeddings"] = tie or fields["tied_embeddings"]
     c.seen(*_LLAMA4_TOP)
-    unread = sorted(set(text) - inner.read - HARMLESS_KEYS)
-    if unread:
-        warnings.warn(f"{inner.source}: keys not read by autoplan's 'llama4' loader: {unread}", HFConfigWarning,
-                      stacklevel=3)
+    _warn_unread(inner, "llama4", stacklevel=4)
     if c.data.get("vision_config") is not None:
         warnings.warn(f"{c.source}: the vision encoder and projector (vision_config) are not planned: the plan, its "
                       "prediction and the emitted configs are the text decoder's (Llama4ForCausalLM)",
@@ -1037,6 +1034,15 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
+def _warn_unread(config: _Config, model_type: str, stacklevel: int) -> None:
+    """The ``HFConfigWarning`` naming the keys of ``config`` its family's reader neither read nor knows harmless."""
+    unread = sorted(set(config.data) - config.read - HARMLESS_KEYS)
+    if unread:
+        warnings.warn(f"{config.source}: keys not read by autoplan's '{model_type}' loader: {unread}. If they change "
+                      "the architecture, the plan and the emitted configs do not reflect them", HFConfigWarning,
+                      stacklevel=stacklevel)
+
+
 def looks_like_hf_config(data: Mapping[str, Any]) -> bool:
     """True if ``data`` carries keys only a Hugging Face config has."""
     return not HF_MARKER_KEYS.isdisjoint(data)
@@ -1065,10 +1071,6 @@ def spec_from_hf_config(data: Mapping[str, Any], *, name: str | None = None, pat
         )
     config = _Config(data, source)
     fields = family(config)
-    unread = sorted(set(data) - config.read - HARMLESS_KEYS)
-    if unread:
-        warnings.warn(f"{source}: keys not read by autoplan's '{model_type}' loader: {unread}. If they change the "
-                      "architecture, the plan and the emitted configs do not reflect them", HFConfigWarning,
-                      stacklevel=2)
+    _warn_unread(config, str(model_type), stacklevel=3)
     fields["name"] = name or default_name(data, path)
     return validate(ModelSpec, fields, f"model from {source}")
