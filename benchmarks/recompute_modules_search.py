@@ -1,6 +1,7 @@
 """What pinning Megatron's --recompute-modules costs `autoplan search`, and that the answer is deterministic.
 
-Times `autoplan search --model deepseek-v3 --gpus 1024` as a fresh process (imports included) without a pin, with
+Times `autoplan search --model deepseek-v3 --gpus 1024` as a fresh process (imports included) without a pin (the
+search then tries Megatron's default modules and the ladder of module sets, ``cost_models.recompute_ladder``), with
 ``--recompute selective`` and with ``--recompute-modules mla_up_proj,moe_act,layernorm`` (Megatron-Bridge's DeepSeek-V3
 recipes), ``--repeat`` times each, and prints per case the median wall and child CPU seconds, the planner's own time,
 the ratio to the unpinned search, and whether every repeat returned the same plans. Prints; never asserts on time

@@ -13,7 +13,7 @@ from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, Prediction, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software
-from search.space import Layout, Tally, Target, enumerate_layouts
+from search.space import ANY_TARGETS, Layout, Tally, Target, enumerate_layouts, module_ladder_for
 
 
 def expressible_splits(n_layers: int, pp: int, vp: int = 1) -> Iterator[tuple[int | None, int | None] | None]:
@@ -58,7 +58,8 @@ class ExhaustiveBest:
 def exhaustive_points(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target = "megatron",
                       pins: dict[str, Any] | None = None) -> Iterator[tuple[Layout, ParallelConfig]]:
     pins = dict(pins or {})
-    for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
+    ladders = {t: module_ladder_for(model, cluster, job, t) for t in (ANY_TARGETS if target == "any" else (target,))}
+    for lay in enumerate_layouts(model, cluster, job, target, pins, Tally(), ladders):
         for fields in expressible_split_fields(model.num_layers, lay.pp, lay.vp):
             yield lay, ParallelConfig(**{**lay.parallel_kwargs(), **fields})
 

@@ -1,8 +1,10 @@
 """The outer search space: which parallel layouts to consider, and why the others are cut.
 
 Enumeration order (outermost first) is the order of the cached work: ``tp → cp → pp (→ dp) → ep → mbs →
-recompute → zero/HSDP → schedule/vp``. Megatron's recompute modules are not searched: a pin sets them on every
-selective layout (``Layout.recompute_modules``). Everything is deterministic (sorted lists, no sets iterated).
+recompute → zero/HSDP → schedule/vp → recompute modules``. A selective layout of a target with Megatron's module
+recompute comes once with its default modules and once per rung of the module ladder the planner passes
+(``module_choices``; a pin sets one set on every selective layout: ``Layout.recompute_modules``). Everything is
+deterministic (sorted lists, no sets iterated).
 
 Pruning reasons (``Tally`` keys), each a hard constraint of ``cost_models.validate.check_parallel`` or a
 target rule, checked before any cost is computed (COST_MODEL.md §7):
@@ -32,14 +34,17 @@ Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
-from cost_models.targets import PROFILES, get_profile
+from cost_models.memory import graphs_for
+from cost_models.opgraph import layer_kinds, model_kinds
+from cost_models.recompute_ladder import module_ladder
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets import PROFILES, Software, get_profile, runtime_for
 
 Target = Literal["megatron", "torchtitan", "fsdp2", "any"]
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -312,16 +317,43 @@ def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
     return _pinned(pins, "recompute", list(RECOMPUTE_ORDER), tally)
 
 
+def module_ladder_for(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: str,
+                      software: Software | None = None) -> list[tuple[str, ...]]:
+    """The module sets ``target``'s selective layouts are searched with beside Megatron's default
+    (``cost_models.recompute_ladder.module_ladder``), ordered on the reference layout tp = cp = ep = pp = 1 with one
+    micro-batch and the target's runtime with the user's knobs; none where the target does not run Megatron's
+    ``--recompute-modules`` (``TargetProfile.megatron_field_error``)."""
+    if target not in PROFILES or PROFILES[target].megatron_field_error("recompute_modules") is not None:
+        return []
+    par = ParallelConfig(micro_batch_size=1)
+    kinds = layer_kinds(model)
+    counts = {k: kinds.count(k) for k in model_kinds(model)}
+    return module_ladder(graphs_for(model, job.seq_len), counts, model, cluster, job, par,
+                         runtime_for(target, job, cluster, par, software))
+
+
+def module_choices(pins: dict[str, Any], ladder: Sequence[tuple[str, ...]]) -> list[tuple[str, ...] | None]:
+    """The ``recompute_modules`` of a selective layout: the user's pin, or Megatron's default (None: core_attn) and
+    then each rung of the target's module ladder (``cost_models.recompute_ladder``; none where the target has no
+    module recompute), the default's own set ``(core_attn,)`` once."""
+    if pins.get("recompute_modules") is not None:  # pinned with recompute 'selective' (autoplan.schema.ParallelPins)
+        return [pins["recompute_modules"]]
+    return [None, *(r for r in ladder if r != ("core_attn",))]
+
+
 def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
-                      pins: dict[str, Any], tally: Tally) -> Iterator[Layout]:
+                      pins: dict[str, Any], tally: Tally,
+                      module_sets: Mapping[str, Sequence[tuple[str, ...]]] | None = None) -> Iterator[Layout]:
     """Every layout that passes the structural checks, in a fixed order. ``any``: each target's layouts in turn
-    (``ANY_TARGETS`` order), each labelled with its target."""
+    (``ANY_TARGETS`` order), each labelled with its target. ``module_sets``: per target, the selective-recompute
+    module sets to try beside Megatron's default (``module_choices``; the planner prices them, ``Scorer.module_ladder``);
+    None or a target left out: the default only."""
     if target == "any":
         for t in ANY_TARGETS:
-            yield from enumerate_layouts(model, cluster, job, t, pins, tally)  # type: ignore[arg-type]
+            yield from enumerate_layouts(model, cluster, job, t, pins, tally, module_sets)  # type: ignore[arg-type]
         return
     N = cluster.num_gpus
-    modules = pins.get("recompute_modules")  # pinned with recompute 'selective' (autoplan.schema.ParallelPins)
+    selective_modules = module_choices(pins, (module_sets or {}).get(target, ()))
     sp = bool(pins.get("sequence_parallel", True))
     moe_sp = model.is_moe  # check_parallel's rule: MoE under TP runs SP (TargetProfile.moe_sp_source)
     for tp in tp_choices(model, cluster, target, pins, tally):
@@ -343,6 +375,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                                                            cp, ep):
                                 for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
                                     for kv in kv_choices(model, target, tp):
-                                        yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
-                                                     (sp and seq_split) or tp == 1, target, kv,
-                                                     recompute_modules=modules if rc == "selective" else None)
+                                        for modules in selective_modules if rc == "selective" else [None]:
+                                            yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
+                                                         (sp and seq_split) or tp == 1, target, kv,
+                                                         recompute_modules=modules)

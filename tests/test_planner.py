@@ -21,7 +21,7 @@ from cost_models.validate import check_parallel, stage_layers
 from search.exhaustive import exhaustive_search
 from search.planner import search
 from search.score import Scorer
-from search.space import Tally, enumerate_layouts
+from search.space import ANY_TARGETS, Tally, enumerate_layouts, module_ladder_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,8 @@ def test_search_equals_exhaustive_and_plans_obey_constraints(model, cj, target) 
 @given(tiny_models(), jobs(), st.data())
 def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[no-untyped-def]
     cluster, job = cj
-    layouts = list(enumerate_layouts(model, cluster, job, "any", {}, Tally()))
+    ladders = {t: module_ladder_for(model, cluster, job, t) for t in ANY_TARGETS}  # the module sets searched too
+    layouts = list(enumerate_layouts(model, cluster, job, "any", {}, Tally(), ladders))
     if not layouts:
         return
     scorer = Scorer(model, cluster, job)
