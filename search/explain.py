@@ -48,7 +48,14 @@ def _layout_diff(a: ParallelConfig, b: ParallelConfig, dp_a: int, dp_b: int) -> 
         va, vb = getattr(a, f), getattr(b, f)
         if va != vb:
             out.append(f"{label} {va} vs {vb}")
+    if a.recompute == b.recompute == "selective" and _modules(a) != _modules(b):  # the search's module ladder
+        out.append(f"recompute modules {_modules(a)} vs {_modules(b)}")
     return out
+
+
+def _modules(p: ParallelConfig) -> str:
+    """The modules a selective plan recomputes as Megatron reads them (none given: its default ``core_attn``)."""
+    return ",".join(p.recompute_modules) if p.recompute_modules is not None else "core_attn"
 
 
 def binding(pred: Prediction, cluster: ClusterSpec) -> str:

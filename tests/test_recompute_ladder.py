@@ -102,3 +102,16 @@ def test_search_is_no_worse_than_any_rung_pinned_and_finds_module_plans() -> Non
                      pins={"recompute_modules": ("core_attn",)})
     assert best.prediction.composite_cost < default.plans[0].prediction.composite_cost
     assert best.parallel.recompute == "selective" and best.parallel.recompute_modules not in (None, ("core_attn",))
+
+
+def test_explanation_names_the_module_sets_two_selective_plans_differ_in() -> None:
+    from search.explain import explain
+
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 256, target="megatron")
+    res = search(model, cluster, JOB, top_k=3, find_smallest_cluster=False, pins={"recompute": "selective"})
+    pairs = [(a, b) for a in res.plans for b in res.plans if a.parallel.recompute_modules != b.parallel.recompute_modules]
+    assert pairs, "the ladder gave the top plans one module set"
+    a, b = pairs[0]
+    text = explain(a.parallel, a.prediction, b.parallel, b.prediction, cluster)
+    names = [",".join(p.parallel.recompute_modules or ("core_attn",)) for p in (a, b)]
+    assert f"recompute modules {names[0]} vs {names[1]}" in text.split("layouts differ in")[1]
