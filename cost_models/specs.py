@@ -190,6 +190,69 @@ class MambaSpec(_Frozen):
         return hidden * self.in_proj_width + conv + 3 * self.num_heads + self.d_inner + self.d_inner * hidden
 
 
+class GatedDeltaNetSpec(_Frozen):
+    """The Gated DeltaNet (GDN) linear-attention mixer that replaces self-attention on the linear-attention layers of a
+    transformer stack (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", ICLR 2025, arXiv:2412.06464; Qwen3-Next),
+    as megatron-core 0.16.1 builds it (``GatedDeltaNet``, megatron/core/ssm/gated_delta_net.py:136-224): ``in_proj``
+    h -> (q, k, v, z, beta, alpha) = 2·key_dim + 2·value_dim + 2·value_heads, no bias, with the layer's input norm
+    fused (TELayerNormColumnParallelLinear); a depthwise causal ``conv1d`` over (q, k, v) of ``conv_kernel`` taps, no
+    bias (:161-179); per value head ``dt_bias`` and ``A_log`` (:181-200); the chunked gated delta rule
+    (flash-linear-attention ``chunk_gated_delta_rule``, :382-391) with q and k L2-normalised and repeated from key heads
+    to value heads (:349-355); an RMSNorm over each value head (one ``value_head_dim`` weight), gated by silu(z)
+    (:202-207, :412-421); ``out_proj`` value_dim -> h (row-parallel). transformers' ``Qwen3NextGatedDeltaNet``
+    (modeling_qwen3_next.py:583-627 @ 5.24.0) holds the same tensors, its in_proj split in two (qkvz, ba). Every
+    ``full_attention_every``-th layer (1-based N, 2N, ...) keeps softmax self-attention (Megatron-Core
+    ``linear_attention_freq`` N, experimental_attention_variant_module_specs.py:317-326: layer i is SDPA iff
+    (i + 1) % N == 0; HF ``full_attention_interval``)."""
+
+    num_key_heads: int = Field(gt=0, description="q/k heads (Megatron linear_num_key_heads, HF same)")
+    num_value_heads: int = Field(gt=0, description="v / gate heads (linear_num_value_heads); a multiple of "
+                                 "num_key_heads: q and k are repeated to them (gated_delta_net.py:353-355)")
+    key_head_dim: int = Field(gt=0, description="q/k channels per head (linear_key_head_dim)")
+    value_head_dim: int = Field(gt=0, description="v channels per head (linear_value_head_dim)")
+    conv_kernel: int = Field(default=4, gt=0, description="causal conv1d taps (linear_conv_kernel_dim)")
+    full_attention_every: int = Field(ge=2, description="every N-th layer (1-based) is softmax self-attention, "
+                                      "the others GDN (Megatron linear_attention_freq N, HF full_attention_interval)")
+    chunk_size: int = Field(default=64, gt=0, description="the chunk of flash-linear-attention's chunked gated delta "
+                            "rule (fla/ops/gated_delta_rule/chunk.py: chunk_local_cumsum(g, chunk_size=64), BT = 64 "
+                            "in every chunk kernel; Megatron calls it without a chunk argument)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "GatedDeltaNetSpec":
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"gdn num_value_heads ({self.num_value_heads}) must be a multiple of num_key_heads "
+                             f"({self.num_key_heads}) (megatron/core/transformer/transformer_config.py:969-972)")
+        return self
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """q, k, v, z (output gate), beta, alpha (gated_delta_net.py:139)."""
+        return 2 * self.key_dim + 2 * self.value_dim + 2 * self.num_value_heads
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise conv1d: q, k, v (gated_delta_net.py:161)."""
+        return 2 * self.key_dim + self.value_dim
+
+    def params(self, hidden: int) -> int:
+        """Mixer weights without the fused input norm: in_proj, conv1d (no bias), dt_bias and A_log (one per value
+        head), the gated norm's weight (value_head_dim), out_proj."""
+        return (hidden * self.in_proj_width + self.conv_dim * self.conv_kernel + 2 * self.num_value_heads
+                + self.value_head_dim + self.value_dim * hidden)
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) is a GDN layer (not every N-th)."""
+        return (layer + 1) % self.full_attention_every != 0
+
+
 class AttnTemperature(_Frozen):
     """Llama 4's attention temperature tuning on its NoPE layers (transformers ``Llama4TextAttention``,
     modeling_llama4.py:360-366 @ 5.24.0; Meta's ``attn_temperature_tuning``): the query at position ``p`` (0-based)
@@ -261,6 +324,11 @@ class ArchSpec(_Frozen):
                                       "(1-based layer N, 2N, ...) attends to the whole sequence, the others use the "
                                       "window (GPT-OSS: 2, HF layer_types alternating; Megatron-Core "
                                       "window_attn_skip_freq N); 0 = every layer windowed")
+    attention_output_gate: bool = Field(default=False, description="softmax attention's output scaled by "
+                                        "sigmoid of a second query-wide projection before o_proj: q_proj is twice as "
+                                        "wide (Qwen3-Next: transformers Qwen3NextAttention, modeling_qwen3_next.py:241-"
+                                        "243, 290-300 @ 5.24.0; Megatron-Core attention_output_gate, attention.py:985-"
+                                        "1003 @ core_v0.16.1)")
     attention_sinks: bool = Field(default=False, description="a learned per-head logit in each softmax "
                                   "denominator (GPT-OSS 'sinks'; Megatron-Core softmax_type 'learnable')")
     activation: Literal["silu", "gelu", "gelu_tanh", "quick_gelu", "relu2"] = Field(
@@ -374,6 +442,10 @@ class ModelSpec(_Frozen):
                                        "mamba_hybrid_layer_allocation.py); None = transformer decoder layers "
                                        "(attention + MLP each)")
     mamba: MambaSpec | None = Field(default=None, description="the Mamba-2 mixer of a hybrid stack's M layers")
+    gdn: GatedDeltaNetSpec | None = Field(default=None, description="Gated DeltaNet linear attention in place of "
+                                          "self-attention on a transformer stack's linear-attention layers "
+                                          "(Qwen3-Next; Megatron-Core experimental_attention_variant "
+                                          "'gated_delta_net'); None = softmax attention in every layer")
     arch: ArchSpec = Field(default_factory=ArchSpec, description="positions, norms, window, routing, MTP")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ModelSpec":
@@ -412,6 +484,7 @@ class ModelSpec(_Frozen):
         if self.moe_latent_size is not None and not self.num_experts:
             raise ValueError("moe_latent_size needs num_experts > 0")
         self._check_hybrid()
+        self._check_gdn()
         arch = self.arch
         if not self.gated_mlp and (arch.glu_linear_offset or arch.activation_clamp is not None):
             raise ValueError("glu_linear_offset / activation_clamp apply to a gated MLP (gated_mlp true)")
@@ -455,7 +528,23 @@ class ModelSpec(_Frozen):
             if "E" in mtp and not self.num_experts:
                 raise ValueError(f"mtp_pattern {mtp!r} has E layers: it needs num_experts > 0")
 
+    def _check_gdn(self) -> None:
+        if self.gdn is None:
+            return
+        if self.hybrid_pattern is not None:
+            raise ValueError("gdn (Gated DeltaNet layers of a transformer stack) and hybrid_pattern (a Mamba stack) "
+                             "are two layer layouts: give one")
+        if self.mla is not None:
+            raise ValueError("gdn with MLA full-attention layers is not modelled: mla unset")
+        if self.gdn.full_attention_every > self.num_layers:
+            raise ValueError(f"gdn full_attention_every ({self.gdn.full_attention_every}) leaves no full-attention "
+                             f"layer in {self.num_layers} layers; valid: 2..{self.num_layers}")
+
     # ---- derived shapes -------------------------------------------------------------------
+    def layer_is_gdn(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` mixes tokens with Gated DeltaNet rather than self-attention."""
+        return self.gdn is not None and self.gdn.is_linear(layer)
+
     @property
     def is_hybrid(self) -> bool:
         return self.hybrid_pattern is not None
@@ -465,6 +554,9 @@ class ModelSpec(_Frozen):
         return self.hybrid_pattern[layer] if self.hybrid_pattern is not None else ""
 
     def layer_has_attention(self, layer: int) -> bool:
+        """Softmax self-attention in the layer (not a Mamba or Gated DeltaNet mixer)."""
+        if self.layer_is_gdn(layer):
+            return False
         return self.hybrid_pattern is None or self.hybrid_pattern[layer] == "*"
 
     def layer_has_mlp(self, layer: int) -> bool:
@@ -473,6 +565,8 @@ class ModelSpec(_Frozen):
 
     @cached_property
     def num_attention_layers(self) -> int:
+        if self.gdn is not None:
+            return sum(not self.gdn.is_linear(i) for i in range(self.num_layers))
         return self.num_layers if self.hybrid_pattern is None else self.hybrid_pattern.count("*")
 
     @property
@@ -540,6 +634,8 @@ class ModelSpec(_Frozen):
             kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
             return q + kv + a * m.v_head_dim * h
         w = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        if self.arch.attention_output_gate:
+            w += h * self.q_dim + (self.q_dim if self.linear_bias or self.qkv_bias else 0)  # the gate half of q_proj
         if self.arch.qk_norm:
             w += 2 * self.head_dim_resolved  # per-head RMSNorm weights of q and k (Qwen3)
         if self.arch.attention_sinks:
@@ -618,13 +714,18 @@ class ModelSpec(_Frozen):
         """One Mamba-2 mixer without its pre-norm (``MambaSpec.params``)."""
         return self.mamba.params(self.hidden_size) if self.mamba is not None else 0
 
+    @cached_property
+    def gdn_params(self) -> int:
+        """One Gated DeltaNet mixer without its fused input norm (``GatedDeltaNetSpec.params``)."""
+        return self.gdn.params(self.hidden_size) if self.gdn is not None else 0
+
     def layer_params(self, layer: int) -> int:
         """All weights of decoder layer ``layer`` (experts included). A hybrid layer is one pre-norm + one mixer
         (M Mamba-2, * attention, - MLP, E MoE): MambaLayer / TransformerLayer / MLPLayer / MoETransformerLayer of
         megatron/core/models/mamba/mamba_layer_specs.py, the norm fused into the first linear or a TENorm."""
         if self.hybrid_pattern is not None:
             return self.symbol_params(self.hybrid_pattern[layer])
-        p = self.attention_params + self.norm_params_per_layer
+        p = (self.gdn_params if self.layer_is_gdn(layer) else self.attention_params) + self.norm_params_per_layer
         p += self.moe_block_params if self.is_moe_layer(layer) else self.dense_mlp_params
         return p
 

@@ -2,7 +2,8 @@
 
 Supported ``model_type``: llama, llama4 (and llama4_text: the text decoder), mistral, mixtral, qwen2, qwen3,
 qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron),
-nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``),
+nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``), qwen3_next (Gated DeltaNet / gated attention:
+``ModelSpec.gdn``),
 glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
@@ -478,6 +479,61 @@ def _qwen_moe(c: _Config, *, qkv_bias: bool, qk_norm: bool) -> dict[str, Any]:
         moe_ffn_hidden_size=moe_width,
         num_shared_experts=shared,
     )
+
+
+# Qwen3-Next (transformers ``Qwen3NextConfig`` / ``Qwen3NextForCausalLM``, models/qwen3_next @ 5.24.0): a Qwen3-MoE
+# decoder whose token mixer is Gated DeltaNet (``linear_attention``) on most layers and gated softmax attention
+# (``full_attention``) on every ``full_attention_interval``-th (``ModelSpec.gdn``).
+_QWEN3_NEXT_LAYERS = ("linear_attention", "full_attention")
+_QWEN3_NEXT_WINDOW_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers")
+
+
+def _qwen3_next_full_every(c: _Config, n: int) -> int:
+    """``layer_types`` (or, without it, ``full_attention_interval``, default 4: configuration_qwen3_next.py:127-135)
+    as ``GatedDeltaNetSpec.full_attention_every`` N: layer i is full attention iff (i + 1) % N == 0."""
+    types = c.get("layer_types", None)
+    if types is None:
+        every = c.int("full_attention_interval", default=4, minimum=1)
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    else:
+        c.seen("full_attention_interval")  # transformers ignores it when layer_types is given
+    if not isinstance(types, list) or len(types) != n or not set(types) <= set(_QWEN3_NEXT_LAYERS):
+        raise c.error("layer_types", types, f"a list of {n} 'linear_attention' / 'full_attention'")
+    full = [t == "full_attention" for t in types]
+    every = _every_nth(full)
+    if every is None:
+        raise c.error("layer_types", types, "Gated DeltaNet layers with every N-th layer (N, 2N, ..., N >= 2) full "
+                      "attention: autoplan's GatedDeltaNetSpec.full_attention_every and Megatron-Core's integer "
+                      "linear_attention_freq express that pattern")
+    return every
+
+
+def _qwen3_next(c: _Config) -> dict[str, Any]:
+    """Qwen3-Next: Qwen3-MoE's MoE (``_qwen_moe``: decoder_sparse_step, mlp_only_layers, one gated shared expert),
+    per-head q/k RMSNorm, every norm zero-centred (``Qwen3NextRMSNorm``: weight 0, x·(1 + weight), :126-140 — the
+    GDN's gated output norm excepted, ``Qwen3NextRMSNormGated``: weight 1, :59-76), a gated softmax attention
+    (``Qwen3NextAttention``: q_proj twice as wide, sigmoid(gate) · attention before o_proj, :241-300), partial RoPE
+    (``partial_rotary_factor``, default 0.25), head_dim default 256, and the Gated DeltaNet mixer on the
+    ``linear_attention`` layers (``Qwen3NextGatedDeltaNet``, :583-627). transformers builds no sliding window for
+    this family: ``use_sliding_window`` / ``sliding_window`` are not read by it, nor here."""
+    inner = _Config({k: v for k, v in c.data.items() if k not in ("layer_types", *_QWEN3_NEXT_WINDOW_KEYS)},
+                    c.source)
+    fields = _qwen_moe(inner, qkv_bias=False, qk_norm=True)
+    c.read |= inner.read
+    c.seen(*_QWEN3_NEXT_WINDOW_KEYS)
+    hidden, heads = int(fields["hidden_size"]), int(fields["num_attention_heads"])
+    head_dim = c.int("head_dim", default=256, minimum=1)  # Qwen3NextConfig.head_dim = 256
+    fields["head_dim"] = None if hidden % heads == 0 and head_dim == hidden // heads else head_dim
+    n = int(fields["num_layers"])
+    fields["arch"] = {**fields["arch"], **_rope(c, partial_default=0.25), "norm_zero_centered_gamma": True,
+                      "attention_output_gate": True}
+    fields["gdn"] = {"num_key_heads": c.int("linear_num_key_heads", default=16, minimum=1),
+                     "num_value_heads": c.int("linear_num_value_heads", default=32, minimum=1),
+                     "key_head_dim": c.int("linear_key_head_dim", default=128, minimum=1),
+                     "value_head_dim": c.int("linear_value_head_dim", default=128, minimum=1),
+                     "conv_kernel": c.int("linear_conv_kernel_dim", default=4, minimum=1),
+                     "full_attention_every": _qwen3_next_full_every(c, n)}
+    return fields
 
 
 def _deepseek(c: _Config) -> dict[str, Any]:
@@ -1030,6 +1086,7 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "qwen2_moe": lambda c: _qwen_moe(c, qkv_bias=True, qk_norm=False),
     "qwen3": _qwen3,
     "qwen3_moe": lambda c: _qwen_moe(c, qkv_bias=False, qk_norm=True),
+    "qwen3_next": _qwen3_next,
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 

@@ -453,6 +453,9 @@ class TargetProfile:
     # Hybrid Mamba stacks (``ModelSpec.hybrid_pattern``): "" = this target builds none (why, for the error)
     hybrid_models: bool = False
     hybrid_refusal: str = "it builds no Mamba-2 mixer"
+    # Gated DeltaNet layers of a transformer stack (ModelSpec.gdn): a target that builds and prices them
+    gdn_models: bool = False
+    gdn_refusal: str = "it builds no Gated DeltaNet mixer"
     # Why a target without the ``optimizer`` knob runs no Muon (the error names it)
     optimizer_refusal: str = "this target runs Adam only"
     # The framework that computes the emitted model's RoPE from autoplan's settings (``dynamic_rope_error`` names
@@ -663,6 +666,10 @@ class TargetProfile:
         if model.is_hybrid and not self.hybrid_models:
             return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
                                f"cannot run it ({self.hybrid_refusal}); use --target megatron",
+                               valid=["target megatron"])
+        if model.gdn is not None and not self.gdn_models:
+            return ConfigError(f"{model.name} has Gated DeltaNet linear-attention layers (gdn): the {self.name} target "
+                               f"cannot run them ({self.gdn_refusal}); use --target megatron",
                                valid=["target megatron"])
         return None
 

@@ -26,6 +26,7 @@ FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (f
 class FSDP2Profile(TargetProfile):
     name = "fsdp2"
     hybrid_refusal = "its module is a transformer decoder (autoplan/emit/fsdp2.py), with no Mamba-2 mixer"
+    gdn_refusal = "its module is a softmax-attention transformer decoder (autoplan/emit/fsdp2.py), with no Gated DeltaNet"
     optimizer_refusal = ("the fsdp2 target prices torch FSDP2's fp32 sharded parameters with Adam (8 B of moments); "
                          "its launch leaves the optimizer to the user's loop and autoplan prices no Muon there")
     efficiency_set = "fsdp2"

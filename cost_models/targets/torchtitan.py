@@ -75,6 +75,8 @@ class TorchtitanProfile(TargetProfile):
     sdpa_cudnn_first = ("ampere", "hopper", "blackwell")
     # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
     hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
+    gdn_refusal = ("torchtitan 0.3.0's one Gated DeltaNet model is models/qwen3_5 (Qwen3.5), which autoplan's torchtitan "
+                   "emitter and its model table (cost_models/targets/torchtitan_models.py) do not write or price")
     optimizer_refusal = ("torchtitan 0.3.0's Muon is DistMuon (torchtitan/distributed/flex_shard/dist_muon.py, factory "
                          "'DistMuon' in components/optimizer/optimizer.py:146) over FlexShard compute layouts that only its "
                          "kimi_k2_7 model configures (models/kimi_k2_7/config_registry.py:208); autoplan emits and prices "
