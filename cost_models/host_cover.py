@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.layer_cost import LayerCost
+from cost_models.opgraph import MOE_KINDS
 from cost_models.targets.common import Runtime
 
 # The CUDA graph scope that captures a non-MoE layer kind whole (Megatron-Core CudaGraphScope, enums.py @
@@ -93,7 +94,7 @@ def cover_runs(layers: Sequence[tuple[int, str, LayerCost]], synced: bool, light
     (``forward_device_s``)."""
     out = []
     for j, (i, kind, _) in enumerate(layers):
-        if kind != "moe":
+        if kind not in MOE_KINDS:
             continue
         out.append(CoverRun(j, _run(layers, j, 1, light, backward_device_s),
                             (0.0,) if synced else _run(layers, j, -1, light, forward_device_s)))

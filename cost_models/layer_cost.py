@@ -14,7 +14,7 @@ from cost_models.ep_comm import (a2a_overlap_compute_split, a2a_overlap_exposed_
 from cost_models.knob_effects import cp_comm
 from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher
 from cost_models.op_cost import OpCompute, _compute, op_compute
-from cost_models.opgraph import DECODER_KINDS, LayerGraph
+from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, LayerGraph
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -84,7 +84,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
-    if graph.kind == "moe" and e > 1:
+    if graph.kind in MOE_KINDS and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         dispatcher = moe_dispatcher(cluster, rt)
         parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
@@ -118,7 +118,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt, model.mamba)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
                     ep_bytes, cp_bytes, window, unhidden)
-    if graph.kind == "moe":
+    if graph.kind in MOE_KINDS:
         # forward device work: compute, the forward's exposed all-to-alls (all of dispatch and combine without the
         # overlap), half of the TP/CP collectives; after the sync the host issues the experts beside the device
         # running them (and, for ``alltoall``, the dispatch all-to-all issued after its sync point)

@@ -548,7 +548,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if par.recompute == "full" and n:
         # The layer being recomputed holds its full activations once (one micro-batch, one layer).
         full = par.model_copy(update={"recompute": "none"})
-        kinds = model_kinds(model) if model.is_hybrid else ["dense"]  # a hybrid stack: its largest layer kind
+        # a hybrid stack or one with Gated DeltaNet layers: its largest layer kind
+        kinds = model_kinds(model) if model.is_hybrid or model.gdn is not None else ["dense"]
         transient += max(activation_bytes_per_microbatch(graphs[k], model, job, full, runtime) for k in kinds)
     elif n:  # a block-wide selective checkpoint re-run: the stage's layer kinds (+ its MTP blocks')
         kinds_here = {layer_kind(model, i) for i in ids}
@@ -581,7 +582,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
 @lru_cache(maxsize=256)
 def graphs_for(model: ModelSpec, seq_len: int) -> dict[str, LayerGraph]:
     """The layer graphs a model needs, by kind (cached: specs are frozen and hashable)."""
-    if model.is_hybrid:  # the mixers its pattern holds (opgraph.model_kinds)
+    if model.is_hybrid or model.gdn is not None:  # the mixers its pattern holds (opgraph.model_kinds)
         kinds: list[str] = ["head", "embedding", *model_kinds(model)]
     else:
         kinds = ["dense", "head", "embedding"] + (["moe"] if model.is_moe else [])

@@ -135,6 +135,10 @@ def layer_matrices(model: ModelSpec, layer: int, symbol: str | None = None) -> l
             return _mlp("", model, model.ffn_hidden_size, h)
         return _moe(model)
     mlp = _moe(model) if model.is_moe_layer(layer) else _mlp("", model, model.ffn_hidden_size, h)
+    if model.layer_is_gdn(layer):  # GatedDeltaNet's two linears (its conv1d weight is 3-D: Adam)
+        g = model.gdn
+        assert g is not None
+        return [Matrix("in_proj", g.in_proj_width, h), Matrix("out_proj", h, g.value_dim, tp_dim=1)] + mlp
     return _attention(model) + mlp
 
 
@@ -241,6 +245,8 @@ def adam_tensors(model: ModelSpec, layer: int, symbol: str | None = None) -> int
     if model.hybrid_pattern is not None and (symbol or model.hybrid_pattern[layer]) == "M":
         mb = model.mamba
         return n + 5 + (1 if mb is not None and mb.conv_bias else 0)
+    if symbol is None and model.layer_is_gdn(layer):
+        n += 4  # GatedDeltaNet's conv1d weight, dt_bias, A_log, gated norm (no biases: gated_delta_net.py:146-215)
     if any(m.name.startswith("linear_q") for m in mats):  # an attention mixer
         if model.mla is not None:
             n += 2 if model.mla.q_lora_rank else 1

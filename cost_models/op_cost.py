@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.attention_cost import ATTN_BWD_FACTOR, attention_kernel_factor, cp_merge_bytes, unfused_attention_s
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, straggler_pace
+from cost_models.gdn import gdn_core_flops
 from cost_models.mamba import ssd_flops
 from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
                                       non_tn_fp8_gemm, ring_steps, wgrad_in_bf16)
@@ -118,6 +119,12 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         flops_f, flops_b = ssd_flops(model.mamba, t, par.cp)
         rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
         mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
+    if op.kind == "gdn" and model.gdn is not None and eff.ssd_tflops:
+        # the chunked gated delta rule's tensor-core work at the Triton chunked-scan rate (cost_models.gdn), where it
+        # takes longer than its bytes: one max over the whole op, as for the SSD scan above
+        flops_f, flops_b = gdn_core_flops(model, t)
+        rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
+        mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
     return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
 
 
@@ -215,10 +222,11 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
 def model_flops_per_token(graph: LayerGraph) -> float:
     """Training model FLOPs per token of one layer (no recompute): 3 × forward, attention counted
     without the causal discount (PaLM / Megatron convention for MFU); a Mamba-2 scan as Megatron-LM counts it
-    (``7 · d_inner · state``, training.py ``mamba_layer_flops``)."""
+    (``7 · d_inner · state``, training.py ``mamba_layer_flops``), a Gated DeltaNet core as it counts that
+    (``gdn.gdn_model_flops``)."""
     fwd = 0.0
     for op in graph.ops:
-        if op.kind in ("matmul", "router", "experts", "ssm"):
+        if op.kind in ("matmul", "router", "experts", "ssm", "gdn"):
             fwd += op.flops_per_token * op.tokens_factor
         elif op.kind == "attention":
             fwd += op.flops_per_token * 2  # undo the causal halving

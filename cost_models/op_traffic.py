@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from cost_models.knob_effects import (TORCHAO_ACT_CAST_BYTES, fp8_cast_bytes, fp8_rescale_bytes,
                                       torchao_cast_after_gather, torchao_casts)
+from cost_models.gdn import gdn_traffic_bytes
 from cost_models.mamba import layout_copy_bytes, ssd_traffic_bytes
 from cost_models.opgraph import LayerGraph, Op, gemm_precision, tp_divisor
 from cost_models.quant_layout import op_precision
@@ -212,6 +213,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         fwd, bwd = ssd_traffic_bytes(model.mamba, t, par.cp)
         cf, cb = layout_copy_bytes(model.mamba, t, par.cp, par.micro_batch_size)
         fwd, bwd = fwd + cf, bwd + cb
+    elif op.kind == "gdn" and model is not None and model.gdn is not None:
+        fwd, bwd = gdn_traffic_bytes(model, t)
     elif op.kind in ("dispatch", "combine") and model is not None:
         w = model.expert_input_size / (t if sp else 1) * model.moe_top_k * permute_passes
         fwd, bwd = PERMUTE_BYTES[0] * w, PERMUTE_BYTES[1] * w

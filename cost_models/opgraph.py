@@ -22,16 +22,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from cost_models.gdn import gdn_model_flops
 from cost_models.specs import ModelSpec
 
 # Decoder layer kinds: a transformer layer is "dense" or "moe" (attention + MLP); a hybrid stack's layer is one
 # mixer, "mamba", "attention", "mlp" or "moe" (Megatron-Core MambaStack: M, *, -, E; ModelSpec.hybrid_pattern).
-LayerKind = Literal["embedding", "dense", "moe", "head", "mamba", "attention", "mlp"]
-DECODER_KINDS: tuple[str, ...] = ("dense", "moe", "mamba", "attention", "mlp")
+# A transformer stack with Gated DeltaNet (ModelSpec.gdn) adds "gdn_dense" / "gdn_moe": the same layer with the GDN
+# mixer in place of self-attention (Megatron-Core's TransformerLayer with a GatedDeltaNet self_attention).
+LayerKind = Literal["embedding", "dense", "moe", "head", "mamba", "attention", "mlp", "gdn_dense", "gdn_moe"]
+DECODER_KINDS: tuple[str, ...] = ("dense", "moe", "gdn_dense", "gdn_moe", "mamba", "attention", "mlp")
+TRANSFORMER_KINDS: tuple[str, ...] = ("dense", "moe", "gdn_dense", "gdn_moe")  # mixer + MLP, two pre-norms
+MOE_KINDS: tuple[str, ...] = ("moe", "gdn_moe")  # a layer whose MLP is the MoE block
+GDN_KINDS: tuple[str, ...] = ("gdn_dense", "gdn_moe")
 HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 OpKind = Literal[
     "norm", "matmul", "attention", "elementwise", "router", "dispatch", "experts", "combine", "embedding", "loss",
-    "ssm"
+    "ssm", "gdn"
 ]
 DimKind = Literal["hidden", "q", "kv", "ffn", "expert_ffn", "vocab", "router", "ssm", "latent"]
 Split = Literal["tp", "seq"]
@@ -173,6 +179,9 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kin
             b.tensors[name] = replace(b.tensors[name], heads=m.num_kv_heads)
         # The three projections share one saved input (the norm output): keep it on q_proj only.
         b.ops[-2], b.ops[-1] = _without_saved(b.ops[-2]), _without_saved(b.ops[-1])
+        if m.arch.attention_output_gate:  # the gate half of the doubled q_proj (the same GEMM input, nothing saved)
+            b.linear("gate_proj", xn, "attn_gate", m.q_dim, "q", "seq", bias)
+            b.ops[-1] = _without_saved(b.ops[-1])
     else:
         mla = m.mla
         d_qk, d_v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
@@ -207,6 +216,13 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kin
     sinks = a if m.arch.attention_sinks else 0
     b.add(Op("attn_core", "attention", (rq, k, v), ctx, flops_per_token=attn_flops, saved=tuple(saved),
              params=sinks))
+    if m.arch.attention_output_gate and m.mla is None:
+        # ctx · sigmoid(gate) (Megatron-Core attention.py:996-1003 @ core_v0.16.1; transformers Qwen3NextAttention
+        # :298-300): an element-wise op saving both of its inputs
+        gated = b.tensor("ctx_gated", a * d_v, "q")
+        b.add(Op("attn_output_gate", "elementwise", (ctx, "attn_gate"), gated,
+                 saved=(b.saved(ctx, "tp"), b.saved("attn_gate", "tp"))))
+        ctx = gated
     o = b.linear("o_proj", ctx, "attn_out", h, "hidden", "tp", m.linear_bias)
     return b.residual("attn_residual", x, o, "attn_res")
 
@@ -353,6 +369,40 @@ def _mamba(b: _Builder, x: str) -> str:
     return b.residual("mamba_residual", x, o, "layer_out")
 
 
+def _gdn(b: _Builder, x: str) -> str:
+    """The Gated DeltaNet mixer of a linear-attention layer as Megatron-Core trains it (``GatedDeltaNet.forward``,
+    megatron/core/ssm/gated_delta_net.py:249-410 @ core_v0.16.1): the input norm fused into ``in_proj`` (h -> q, k, v,
+    z, beta, alpha; column-parallel: every width split by TP, heads whole), the causal conv1d + silu over q, k, v, q/k
+    L2 norms and the chunked gated delta rule (op ``gdn_core``: its FLOPs Megatron-LM's MFU count,
+    ``cost_models.gdn.gdn_model_flops``; its time from the kernels' FLOPs and bytes, ``gdn_core_flops`` /
+    ``gdn_traffic_bytes``), the per-head RMSNorm
+    gated by silu(z) (``gdn_norm``) and ``out_proj`` (value_dim -> h, row-parallel), then the residual.
+
+    Saved for backward (bf16 unless said): in_proj's input (h); the conv's input (conv_dim: causal_conv1d_fn saves x);
+    the L2 norms' inputs (q, k: 2·key_dim, fla l2norm saves x); the chunk kernel's q and k repeated to the value heads
+    (2·Hv·dk), v (value_dim), its WY matrix A (Hv·C) and g (fp32) and beta (Hv each) (fla ChunkGatedDeltaRuleFunction
+    ctx.save_for_backward); the gated norm's input, gate and normed output (3·value_dim); out_proj's input
+    (value_dim). All split by TP (heads) except the h-wide input."""
+    m = b.model
+    g = m.gdn
+    assert g is not None
+    xn = b.norm("attn_norm", x, "attn_in")
+    qkvz = b.linear("in_proj", xn, "qkvzba", g.in_proj_width, "ssm", "seq", False)
+    y = b.tensor("gdn_out", g.value_dim, "ssm")
+    hv = g.num_value_heads
+    saved = (Saved("gdn_conv_in", BF16 * g.conv_dim, "tp"), Saved("gdn_l2_in", BF16 * 2 * g.key_dim, "tp"),
+             Saved("gdn_qk", BF16 * 2 * hv * g.key_head_dim, "tp"), Saved("gdn_v", BF16 * g.value_dim, "tp"),
+             Saved("gdn_wy", BF16 * hv * g.chunk_size, "tp"), Saved("gdn_g_beta", (4 + BF16) * hv, "tp"))
+    b.add(Op("gdn_core", "gdn", (qkvz,), y, params=g.conv_dim * g.conv_kernel + 2 * hv,
+             flops_per_token=gdn_model_flops(m), saved=saved))
+    yn = b.tensor("gdn_normed", g.value_dim, "ssm")
+    b.add(Op("gdn_norm", "norm", (y,), yn, params=g.value_head_dim,
+             saved=(b.saved(y, "tp"), Saved("gdn_gate", BF16 * g.value_dim, "tp"),
+                    Saved("gdn_norm_out", BF16 * g.value_dim, "tp"))))
+    o = b.linear("out_proj", yn, "attn_out", m.hidden_size, "hidden", "tp", False)
+    return b.residual("attn_residual", x, o, "attn_res")
+
+
 def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool = True, causal: bool = True,
                 dropout: bool = False) -> LayerGraph:
     """The operator graph of one layer of ``kind``. ``dropout`` adds Table 2's dropout masks (GPT-style
@@ -390,9 +440,11 @@ def layer_graph(model: ModelSpec, kind: LayerKind, seq_len: int, *, flash: bool 
         else:
             raise ValueError(f"layer kind {kind!r} is not a layer of hybrid {model.name} ({sorted(HYBRID_KINDS.values())})")
     else:
+        if kind not in TRANSFORMER_KINDS or (kind in GDN_KINDS and model.gdn is None):
+            raise ValueError(f"layer kind {kind!r} is not a layer of {model.name}")
         x = b.tensor("layer_in", h, "hidden")
-        r = _attention(b, x, seq_len, flash, causal, kind)
-        if kind == "moe":
+        r = _gdn(b, x) if kind in GDN_KINDS else _attention(b, x, seq_len, flash, causal, kind)
+        if kind in MOE_KINDS:
             _moe(b, r)
         else:
             y = _mlp(b, b.norm("mlp_norm", r, "mlp_in"), model.ffn_hidden_size, "", "ffn")
@@ -404,6 +456,8 @@ def layer_kind(model: ModelSpec, layer: int) -> LayerKind:
     """Decoder layer ``layer``'s kind: "dense" / "moe" (transformer layer), or the hybrid symbol's mixer."""
     if model.hybrid_pattern is not None:
         return HYBRID_KINDS[model.hybrid_pattern[layer]]  # type: ignore[return-value]
+    if model.layer_is_gdn(layer):
+        return "gdn_moe" if model.is_moe_layer(layer) else "gdn_dense"
     return "moe" if model.is_moe_layer(layer) else "dense"
 
 

@@ -35,7 +35,7 @@ Megatron-Bridge DeepSeek-V3 Blackwell recipe runs tp 1), the fp8 re-quantization
 
 from __future__ import annotations
 
-from cost_models.opgraph import LayerGraph, Op
+from cost_models.opgraph import MOE_KINDS, TRANSFORMER_KINDS, LayerGraph, Op
 from cost_models.specs import ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -45,7 +45,7 @@ _MLA_UP = ("q_proj", "k_proj", "v_proj", "rotary")  # in an MLA graph: the up-pr
 _DENSE_MLP = ("gate_proj", "up_proj", "act", "down_proj")
 # layers with a dense MLP: a transformer layer, or a hybrid stack's MLP layer (megatron/core/ssm/mlp_layer.py: a
 # TransformerLayer holding only the MLP, whose ``mlp`` recompute module applies the same way)
-_DENSE_MLP_KINDS = ("dense", "mlp")
+_DENSE_MLP_KINDS = ("dense", "gdn_dense", "mlp")
 
 
 def separate_norm(norm: str, graph_kind: str, mla: bool) -> bool:
@@ -54,8 +54,8 @@ def separate_norm(norm: str, graph_kind: str, mla: bool) -> bool:
     (its q / kv down-projections are plain linears), the pre-MLP norm of a MoE layer (the router reads its output);
     every other norm rides the next linear's fused LayerNormLinear."""
     if norm == "attn_norm":
-        return mla and graph_kind in ("dense", "moe")
-    return norm == "mlp_norm" and graph_kind == "moe"
+        return mla and graph_kind in TRANSFORMER_KINDS
+    return norm == "mlp_norm" and graph_kind in MOE_KINDS
 
 
 def modules_in_effect(par: ParallelConfig, rt: Runtime | None) -> frozenset[str] | None:
@@ -89,7 +89,7 @@ def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
         return True
     if "mlp" in modules and graph.kind in _DENSE_MLP_KINDS and op.name in _DENSE_MLP:
         return True
-    if graph.kind == "moe" and (("moe" in modules and _in_moe(op)) or ("shared_experts" in modules and _in_shared(op))
+    if graph.kind in MOE_KINDS and (("moe" in modules and _in_moe(op)) or ("shared_experts" in modules and _in_shared(op))
                                 or ("moe_act" in modules and op.name == "expert_act")):
         return True
     return False
@@ -108,7 +108,7 @@ def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bo
         return False  # the checkpointed mlp / moe / shared experts keep their input
     if "mlp" in modules and graph_kind in _DENSE_MLP_KINDS and op.name in _DENSE_MLP:
         return True
-    if graph_kind == "moe":
+    if graph_kind in MOE_KINDS:
         if "moe" in modules and _in_moe(op):
             return True
         if "shared_experts" in modules and _in_shared(op):
@@ -134,7 +134,7 @@ def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None, par: P
     Under torch's per-op SAC (``selective`` "op_sac": torchtitan) the re-run happens where its save list lacks
     ``all_to_all_single`` (``Runtime.sac_saves_a2a``: torchtitan before c4e2291, whose commit measured the re-run's
     cost on DeepSeek-V3 16B, tps 708 -> 803)."""
-    if graph.kind != "moe":
+    if graph.kind not in MOE_KINDS:
         return 0.0
     if modules is not None and "moe" in modules:
         return 0.5

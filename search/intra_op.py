@@ -43,7 +43,7 @@ from typing import Literal
 import numpy as np
 
 from cost_models.errors import ConfigError, InfeasibleError
-from cost_models.opgraph import LayerGraph, LayerKind, layer_graph
+from cost_models.opgraph import TRANSFORMER_KINDS, LayerGraph, LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import Placement, edge_time_s
@@ -564,7 +564,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     # -- data
     graph = _graph(model, req.kind, req.seq_len, mesh.cluster.efficiency.flash_attention)
     # Recompute (Megatron --recompute-*) applies to transformer layers; embedding and head keep their tensors.
-    recompute = req.recompute if req.kind in ("dense", "moe") else "none"
+    recompute = req.recompute if req.kind in TRANSFORMER_KINDS else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
                        req.activation_copies, req.sequence_parallel, req.kv_replication, req.strategies,
                        req.recompute_modules if recompute == "selective" else None)
@@ -574,7 +574,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     producer = {t: i for i, n in enumerate(nodes) for t in n.outputs}
     tokens_factor = {op.output: op.tokens_factor for op in graph.ops}
     pairs = [(producer[t], v, t, t) for v, n in enumerate(nodes) for t in n.inputs if t in producer]
-    if req.kind in ("dense", "moe"):  # steady state of stacked identical layers: layer_out feeds layer_in
+    if req.kind in TRANSFORMER_KINDS:  # steady state of stacked identical layers: layer_out feeds layer_in
         boundary = [t for n in nodes for t in n.inputs if t not in producer and t in graph.tensors]
         last = graph.ops[-1].output
         pairs += [(producer[last], v, last, t) for v, n in enumerate(nodes) for t in n.inputs if t in boundary]

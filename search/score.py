@@ -109,7 +109,10 @@ class Scorer:
         self.kinds = model_kinds(model)
         self.kind_count = {k: self.kind_of.count(k) for k in self.kinds}
         # full recompute re-runs one layer at a time: the kinds whose activations that transient takes (memory.py)
-        self.full_peak_kinds = self.kinds if model.is_hybrid else ["dense"]
+        self.full_peak_kinds = self.kinds if model.is_hybrid or model.gdn is not None else ["dense"]
+        # no intra-op ILP over a Gated DeltaNet mixer either (search/strategies.py knows attention ops): a stack with
+        # one is priced as estimate prices it, like a hybrid stack
+        self.no_ilp = model.is_hybrid or model.gdn is not None
         # the decoder graphs priced per layout (a transformer's "dense" graph even when every layer is MoE: the
         # full-recompute transient reads it, as memory.stage_memory does)
         self.graph_kinds = [k for k in DECODER_KINDS if k in self.graphs]
@@ -321,7 +324,7 @@ class Scorer:
         moe_device, moe_lc = 0.0, None
         acts, head_a = self.act_pieces(lay, rc, chosen)
         for kind in self.kinds:
-            if self.model.is_hybrid:
+            if self.no_ilp:
                 # No intra-op ILP over a hybrid stack's mixers (search/strategies.py knows transformer ops): the one
                 # pattern the target runs (megatron: the only hybrid target), priced as estimate prices it.
                 lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, chosen)
@@ -871,7 +874,7 @@ class Scorer:
         comm = 0.0
         for kind in self.kinds:
             n = int(sum(1 for i in ids if self.kind_of[i] == kind))
-            if self.model.is_hybrid:
+            if self.no_ilp:
                 lc = self._layer_cost(lay, self.bound_key(lay, lay.recompute), kind, self.chosen_knobs(lay))
                 comm += n * (lc.tp_s + lc.ep_s + lc.cp_exposed_s)
                 continue

@@ -57,7 +57,7 @@ from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
 from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
                                  tp_exposed_fraction)
 from cost_models.memory import op_activation_bytes, recompute_input_bytes
-from cost_models.opgraph import LayerGraph, Op, OpKind
+from cost_models.opgraph import TRANSFORMER_KINDS, LayerGraph, Op, OpKind
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
 from cost_models.targets import PROFILES
@@ -352,7 +352,7 @@ class _Eval:
         """Saved tensors (``memory.op_activation_bytes``); under full recompute only the layer input, held by
         the node that reads it first (``memory.recompute_input_bytes``). × micro-batches in flight."""
         ctx = self.ctx
-        if ctx.recompute == "full" and self.graph.kind in ("dense", "moe"):
+        if ctx.recompute == "full" and self.graph.kind in TRANSFORMER_KINDS:
             first = self.graph.ops[0]
             held = recompute_input_bytes(ctx.model, ctx.job, self.par) if first in self.node.ops else 0.0
         else:

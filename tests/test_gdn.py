@@ -65,3 +65,113 @@ def test_refusals_name_the_key() -> None:
         spec_from_hf_config(_config(layer_types=["linear_attention", "sliding_attention"] * 24))
     with pytest.raises(UserInputError, match="num_value_heads"):
         spec_from_hf_config(_config(linear_num_value_heads=24))
+
+
+# ---- pricing ----------------------------------------------------------------------------------------------------
+
+def _tiny(key_heads: int = 2, value_heads: int = 4, dk: int = 16, dv: int = 32, attention_heads: int = 16):
+    from cost_models.specs import ModelSpec
+
+    return ModelSpec(name="tiny-gdn", num_layers=4, hidden_size=256, ffn_hidden_size=512,
+                     num_attention_heads=attention_heads, num_kv_heads=2, vocab_size=1024,
+                     gdn={"num_key_heads": key_heads, "num_value_heads": value_heads, "key_head_dim": dk,
+                          "value_head_dim": dv, "full_attention_every": 4},
+                     arch={"attention_output_gate": True})
+
+
+def test_chunk_flops_are_what_megatron_cores_reference_kernel_multiplies() -> None:
+    """The chunked gated delta rule's matmul FLOPs, counted by torch's FlopCounterMode on megatron-core 0.16.1's own
+    torch implementation of the chunk algorithm (``torch_chunk_gated_delta_rule``, gated_delta_net.py:572-664, the
+    WY form fla's chunk kernels compute): per token and value head 6·C·dk + 4·C·dv + 6·dk·dv forward, twice that
+    backward. ``gdn_core_flops`` adds the triangular solve (C²/3; the reference runs it as a row loop of element-wise
+    ops), fla's recomputed W, U and states in the backward, and the conv."""
+    torch = pytest.importorskip("torch")
+    ref = pytest.importorskip("megatron.core.ssm.gated_delta_net").torch_chunk_gated_delta_rule
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cost_models.gdn import gdn_core_flops
+
+    m = _tiny()
+    g = m.gdn
+    hv, dk, dv, c, seq = g.num_value_heads, g.key_head_dim, g.value_head_dim, g.chunk_size, 256
+    q, k = torch.randn(1, seq, hv, dk, requires_grad=True), torch.randn(1, seq, hv, dk, requires_grad=True)
+    v = torch.randn(1, seq, hv, dv, requires_grad=True)
+    state = torch.randn(1, hv, dk, dv, requires_grad=True)  # a learnt start: every state matmul has both gradients
+    with FlopCounterMode(display=False) as fwd:
+        out, last = ref(q, k, v, g=-torch.rand(1, seq, hv), beta=torch.rand(1, seq, hv), chunk_size=c,
+                        initial_state=state, output_final_state=True)
+    with FlopCounterMode(display=False) as bwd:
+        (out.sum() + last.sum()).backward()  # the last state update's gradient too
+    per_f = fwd.get_total_flops() / (seq * hv)
+    per_b = bwd.get_total_flops() / (seq * hv)
+    assert per_f == 6 * c * dk + 4 * c * dv + 6 * dk * dv == 17408
+    assert per_b == 2 * per_f
+    conv = 2 * g.conv_dim * g.conv_kernel
+    ours_f, ours_b = gdn_core_flops(m)
+    assert ours_f == pytest.approx(hv * (per_f + c * c / 3) + conv, rel=1e-12)
+    assert ours_b == pytest.approx(hv * (2 * (per_f + c * c / 3) + 2 * c * dk + 2 * c * dv + 4 * dk * dv) + 2 * conv,
+                                   rel=1e-12)
+    assert gdn_core_flops(m, 2)[0] == pytest.approx(ours_f / 2, rel=1e-12)  # value heads and conv channels split
+
+
+def test_qwen3_next_worked_numbers() -> None:
+    """Qwen3-Next-80B-A3B at TP 1, per token: 32 value heads, dk = dv = 128, C = 64, conv 8192 channels x 4 taps."""
+    from cost_models.gdn import gdn_core_flops, gdn_model_flops
+    from cost_models.opgraph import layer_graph
+
+    m = load_model("qwen3-next-80b-a3b")
+    fwd, _ = gdn_core_flops(m)
+    assert fwd == pytest.approx(32 * (6 * 64 * 128 + 4 * 64 * 128 + 6 * 128 * 128 + 64 * 64 / 3) + 2 * 8192 * 4)
+    assert fwd == pytest.approx(5_876_394.67, abs=0.01)
+    # Megatron-LM's MFU count (training.py:494-515): conv + 4 * Hv * dv^2, times the fma factor 2
+    assert gdn_model_flops(m) == 2 * (4 * 8192 + 4 * 32 * 128 * 128) == 4_259_840
+    graph = layer_graph(m, "gdn_moe", 4096)
+    assert graph.params == m.layer_params(0)  # the graph holds the layer's weights exactly
+    assert [o.name for o in graph.ops[:6]] == ["attn_norm", "in_proj", "gdn_core", "gdn_norm", "out_proj",
+                                               "attn_residual"]
+    assert graph.op("in_proj").flops_per_token == 2 * 2048 * (2 * 2048 + 2 * 4096 + 64)
+    full = layer_graph(m, "moe", 4096)
+    assert full.op("gate_proj").weight_out == m.q_dim  # the output gate's half of q_proj
+    assert "attn_output_gate" in [o.name for o in full.ops]
+
+
+def test_estimate_prices_qwen3_next_and_refuses_what_megatron_refuses() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.errors import ConfigError
+    from cost_models.estimate import estimate
+    from cost_models.opgraph import layer_kinds
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m = load_model("qwen3-next-80b-a3b")
+    assert layer_kinds(m)[:4] == ["gdn_moe", "gdn_moe", "gdn_moe", "moe"]
+    cluster = build_cluster("h100-sxm", 64, target="megatron")
+    job = JobSpec(global_batch_size=512, seq_len=4096)
+    pred = estimate(m, cluster, job, ParallelConfig(tp=2, pp=2, ep=16, micro_batch_size=1), target="megatron")
+    assert 0 < pred.step_time_s < 60 and pred.peak_memory_gib < 80
+    with pytest.raises(ConfigError, match="does not support context parallelism"):
+        estimate(m, cluster, job, ParallelConfig(tp=2, pp=2, cp=2, ep=8, micro_batch_size=1), target="megatron")
+    tiny = _tiny(key_heads=2, value_heads=4)
+    with pytest.raises(ConfigError, match=r"tp=4 must divide the Gated DeltaNet key heads \(2\)"):
+        estimate(tiny, build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=8, seq_len=1024),
+                 ParallelConfig(tp=4), target="megatron")
+    for target in ("torchtitan", "fsdp2"):
+        with pytest.raises(ConfigError, match="Gated DeltaNet"):
+            estimate(tiny, build_cluster("h100-sxm", 8, target=target), JobSpec(global_batch_size=8, seq_len=1024),
+                     ParallelConfig(tp=1), target=target)
+
+
+def test_gdn_activations_split_over_tp() -> None:
+    from cost_models.memory import op_activation_bytes
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    m = load_model("qwen3-next-80b-a3b")
+    graph = layer_graph(m, "gdn_moe", 4096)
+    core = graph.op("gdn_core")
+    g = m.gdn
+    per_token = 2 * (g.conv_dim + 2 * g.key_dim + 2 * 32 * 128 + g.value_dim + 32 * 64) + 6 * 32
+    assert sum(s.bytes_per_token for s in core.saved) == per_token
+    one = op_activation_bytes(core, JobSpec(seq_len=4096), ParallelConfig(tp=1), graph=graph)
+    four = op_activation_bytes(core, JobSpec(seq_len=4096), ParallelConfig(tp=4), graph=graph)
+    assert one == pytest.approx(per_token * 4096) and four == pytest.approx(one / 4)
+

@@ -289,6 +289,29 @@ def model_flags_error(model: ModelSpec) -> ConfigError | None:
     rope = not (m.learned_position_embeddings or arch.no_position_encoding)
     if rope and not float(arch.rope_theta).is_integer():
         return ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
+    return gdn_flags_error(m)
+
+
+def gdn_flags_error(m: ModelSpec) -> ConfigError | None:
+    """Why megatron-core 0.16.1's GatedDeltaNet cannot build ``m``'s GDN layers from Megatron-LM's flags; None: it
+    can. Its conv and output gate use the model's ``activation_func`` (gated_delta_net.py:126-127, 326-336, 412-421),
+    which causal_conv1d takes as silu only (:329) and Megatron-LM sets to silu with --swiglu; its chunk is fla's
+    default (``chunk_gated_delta_rule`` is called without one, :382-391); the gated attention layers' output gate is
+    not built for MLA (transformer_config.py:2071-2072)."""
+    g, arch = m.gdn, m.arch
+    if arch.attention_output_gate and m.mla is not None:
+        return ConfigError(f"{m.name}: an attention output gate with MLA: 'Output gate is not supported for MLA yet' "
+                           f"({TC}:2071-2072)", valid=["attention_output_gate false"])
+    if g is None:
+        return None
+    if arch.activation != "silu" or not m.gated_mlp:
+        return ConfigError(f"{m.name}: Gated DeltaNet with activation '{arch.activation}' (gated_mlp "
+                           f"{m.gated_mlp}): megatron-core's GDN runs its conv and output gate through the MLP's "
+                           f"activation_func, which causal_conv1d takes as silu only ({GDN}:126-127, 329), and "
+                           "Megatron-LM's silu is --swiglu (a gated MLP)", valid=["activation silu with gated_mlp"])
+    if g.chunk_size != 64:
+        return ConfigError(f"{m.name}: gdn chunk_size={g.chunk_size} has no Megatron-LM flag (GatedDeltaNet calls "
+                           f"fla's chunk_gated_delta_rule with its default chunk of 64, {GDN}:382-391)", valid=[64])
     return None
 
 
@@ -303,6 +326,7 @@ class MegatronProfile(TargetProfile):
                                                                                 "Megatron-LM core_v0.16.1")
     efficiency_set = "megatron"
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
+    gdn_models = True  # pretrain_gpt.py with experimental_attention_variant gated_delta_net: gdn_layout_error
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
     # MoELayer.forward raises in training when the attention TP group has > 1 rank and SP is off
@@ -497,7 +521,10 @@ class MegatronProfile(TargetProfile):
         return None
 
     def hybrid_layout_error(self, model: ModelSpec, tp: int, cp: int) -> ConfigError | None:
-        """MambaMixer's head / group split over TP and CP (``mamba_layout_error``)."""
+        """MambaMixer's head / group split over TP and CP (``mamba_layout_error``); GatedDeltaNet's
+        (``gdn_layout_error``)."""
+        if model.gdn is not None:
+            return gdn_layout_error(model, tp, cp)
         return mamba_layout_error(model, tp, cp) if model.mamba is not None else None
 
     def pipeline_rule_error(self, model: ModelSpec, par: ParallelConfig) -> ConfigError | None:
@@ -550,12 +577,21 @@ class MegatronProfile(TargetProfile):
             raise err
         if rt.optimizer != "adam":  # first: its refusals name Muon, not the knobs it turns off
             check_muon(par, rt)
+            if model.arch.attention_output_gate:
+                raise ConfigError(f"optimizer={rt.optimizer} with {model.name}'s attention output gate: Muon splits "
+                                  "linear_qkv by [heads/groups, 1, 1] x kv_channels per query group (megatron-core "
+                                  "0.16.1 megatron/core/optimizer/muon.py:228-238, 144-149), a shape the gated "
+                                  "projection (twice the query rows) does not have", valid=["optimizer=adam"])
         if (err := bf16_layers_error(model, rt, par.pp)) is not None:
             raise err
         if model.mamba is not None and job.precision != "bf16" and model.mamba.in_proj_width % 16:
             raise ConfigError(f"precision {job.precision}: Megatron-Core's Mamba in_proj output width "
                               f"{model.mamba.in_proj_width} (2 d_inner + 2 groups state + heads) must be a multiple of "
                               f"16 for fp8 ({MIXER}:241-245)", valid=["precision bf16"])
+        if model.gdn is not None and job.precision != "bf16" and model.gdn.in_proj_width % 16:
+            raise ConfigError(f"precision {job.precision}: Megatron-Core's GatedDeltaNet in_proj output width "
+                              f"{model.gdn.in_proj_width} (2 key_dim + 2 value_dim + 2 value heads) must be a multiple "
+                              f"of 16 for fp8 ({GDN}:139-145)", valid=["precision bf16"])
         if rt.tp_comm_overlap and job.precision == "nvfp4":
             raise ConfigError("tp_comm_overlap with precision nvfp4: Megatron registers TE's userbuffers for fp8 or "
                               "bf16 only (megatron/training/initialize.py:277-281) and TE's NVFP4 modules ask for the "
@@ -1069,6 +1105,28 @@ def mamba_layout_error(model: ModelSpec, tp: int, cp: int) -> ConfigError | None
         return ConfigError(f"cp={cp}: each CP rank needs whole Mamba heads of its TP shard ({heads} heads, "
                            f"{groups} groups at tp={tp}) and the groups split evenly or repeated across CP "
                            f"({MAMBA_CP}:99-124)", valid=nearest(cp, [c for c in divisors(heads) if cp_ok(c)]))
+    return None
+
+
+# Gated DeltaNet layers of a transformer stack: megatron-core 0.16.1 GatedDeltaNet inside GPTModel's TransformerBlock.
+GDN = "megatron-core 0.16.1 megatron/core/ssm/gated_delta_net.py"
+TC = "megatron-core 0.16.1 megatron/core/transformer/transformer_config.py"
+
+
+def gdn_layout_error(model: ModelSpec, tp: int, cp: int) -> ConfigError | None:
+    """TransformerConfig's rules for ``experimental_attention_variant='gated_delta_net'`` (transformer_config.py:
+    948-983 @ core_v0.16.1): TP divides the key heads and the value heads (every rank whole heads of both), and no
+    context parallelism ("Gated delta net does not support context parallel for now")."""
+    g = model.gdn
+    assert g is not None
+    if g.num_key_heads % tp or g.num_value_heads % tp:  # the valid tp divide both: the divisors of their gcd
+        return ConfigError(f"tp={tp} must divide the Gated DeltaNet key heads ({g.num_key_heads}) and value heads "
+                           f"({g.num_value_heads}) ({TC}:975-982)",
+                           valid=nearest(tp, divisors(math.gcd(g.num_key_heads, g.num_value_heads))))
+    if cp > 1:
+        return ConfigError(f"cp={cp}: megatron-core 0.16.1's Gated DeltaNet does not support context parallelism "
+                           f"({TC}:979-983: 'Gated delta net does not support context parallel for now'; "
+                           f"{GDN}:37 leaves its CP module unimported)", valid=["cp=1"])
     return None
 
 
