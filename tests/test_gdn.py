@@ -175,3 +175,109 @@ def test_gdn_activations_split_over_tp() -> None:
     four = op_activation_bytes(core, JobSpec(seq_len=4096), ParallelConfig(tp=4), graph=graph)
     assert one == pytest.approx(per_token * 4096) and four == pytest.approx(one / 4)
 
+
+# ---- Megatron emission ------------------------------------------------------------------------------------------
+
+def _emitted_config(model, **par):  # type: ignore[no-untyped-def]
+    """megatron-core's TransformerConfig from the emitted Megatron-LM arguments (as core_transformer_config_from_args
+    maps them: autoplan.validate.megatron_checks), at tp = pp = ep = 1 unless ``par`` says otherwise."""
+    from autoplan.catalog.cluster import build_cluster
+    from autoplan.emit.megatron import megatron_args, parse_megatron_args
+    from autoplan.emit.plan import EmitPlan
+    from autoplan.validate.megatron_checks import transformer_config_kwargs
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    plan = EmitPlan(model=model, cluster=build_cluster("h100-sxm", 8), job=JobSpec(global_batch_size=8, seq_len=4096),
+                    parallel=ParallelConfig(tp=1))
+    argv = megatron_args(plan)
+    _, kw = transformer_config_kwargs(parse_megatron_args(argv))
+    kw.update(moe_token_dispatcher_type="allgather", moe_grouped_gemm=False, moe_permute_fusion=False,
+              use_cpu_initialization=True, perform_initialization=False, **par)
+    return argv, kw
+
+
+def test_emitted_flags_build_megatron_cores_gdn_layers() -> None:
+    """The closest check this CPU machine can run of the model megatron-core 0.16.1 builds from the emitted flags: its
+    GDN block spec (get_transformer_block_with_experimental_attention_variant_spec) asks for Transformer Engine
+    (_get_backend_spec_provider: TESpecProvider, and get_gpt_layer_with_transformer_engine_spec for the attention
+    layers), which is not installed here. So: megatron-core's own pattern functions place the GDN and MoE layers where
+    autoplan prices them; megatron-core's own ``GatedDeltaNet`` module, built on meta from the emitted config with
+    local linears and norm in TE's place (and flash-linear-attention, needed only by its forward, stood in for), holds
+    autoplan's GDN weights (+ the input norm TE fuses into in_proj); megatron-core's local-spec gated
+    ``SelfAttention`` holds autoplan's attention weights."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    import megatron.core.ssm.gated_delta_net as gdn_mod
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (get_linear_attention_pattern,
+                                                                                     get_moe_layer_pattern)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.spec_utils import build_module
+
+    from autoplan.validate.model_equivalence import _init_megatron
+
+    m = load_model("qwen3-next-80b-a3b")
+    argv, kw = _emitted_config(m)
+    assert argv[argv.index("--linear-attention-freq") + 1] == "4" and "--attention-output-gate" in argv
+    # the GPU run's TENorm takes zero-centred gamma from the config; the CPU build's WrappedTorchNorm refuses it
+    # (torch_norm.py:26-28), so the modules are built without it (same weights: model_equivalence does the same)
+    assert kw.pop("layernorm_zero_centered_gamma") is True
+    _init_megatron()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = TransformerConfig(**kw)
+    assert get_linear_attention_pattern(cfg) == [int(m.layer_is_gdn(i)) for i in range(m.num_layers)]
+    assert get_moe_layer_pattern(cfg) == [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
+    local = LocalSpecProvider()
+    subs = gdn_mod.GatedDeltaNetSubmodules(in_proj=local.column_parallel_linear(),
+                                           out_norm=local.layer_norm(rms_norm=True, for_qk=False),
+                                           out_proj=local.row_parallel_linear())
+    saved_fla, saved_dev = gdn_mod.HAVE_FLA, torch.cuda.current_device
+    gdn_mod.HAVE_FLA, torch.cuda.current_device = True, (lambda: "meta")  # type: ignore[assignment]
+    try:
+        with torch.device("meta"):
+            theirs = gdn_mod.GatedDeltaNet(cfg, subs, layer_number=1, pg_collection=ProcessGroupCollection.
+                                           use_mpu_process_groups())
+            attn_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm").submodules.self_attention
+            attn = build_module(attn_spec, config=cfg, layer_number=4)
+    finally:
+        gdn_mod.HAVE_FLA, torch.cuda.current_device = saved_fla, saved_dev  # type: ignore[assignment]
+    assert sum(p.numel() for p in theirs.parameters()) == m.gdn_params == 33_718_464
+    assert m.layer_params(0) == m.gdn_params + m.moe_block_params + 2 * m.norm_params  # TE's fused in_proj norm: h
+    assert sum(p.numel() for p in attn.parameters()) == m.attention_params  # q_proj doubled + q/k norms
+
+
+def test_megatron_refuses_what_autoplan_refuses() -> None:
+    """megatron-core's TransformerConfig refuses the layouts the target refuses (gdn_layout_error): CP, and a TP that
+    does not divide the GDN heads."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer import TransformerConfig
+
+    from cost_models.targets.megatron import gdn_layout_error
+
+    m = _tiny(key_heads=2, value_heads=4)
+    for tp, cp in ((1, 2), (4, 1)):
+        assert gdn_layout_error(m, tp, cp) is not None
+        _, kw = _emitted_config(m, tensor_model_parallel_size=tp, context_parallel_size=cp)
+        with warnings.catch_warnings(), pytest.raises(AssertionError, match="parallel"):
+            warnings.simplefilter("ignore")
+            TransformerConfig(**kw)
+    assert gdn_layout_error(m, 2, 1) is None
+
+
+def test_facts_megatron_cannot_build_are_refused_at_emit() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.emit.plan import EmitPlan
+    from cost_models.errors import ConfigError
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    base = _tiny()
+    for update, match in (({"gdn": base.gdn.model_copy(update={"chunk_size": 128})}, "chunk_size=128"),
+                          ({"arch": base.arch.model_copy(update={"activation": "quick_gelu"})}, "silu")):
+        plan = EmitPlan(model=base.model_copy(update=update), cluster=build_cluster("h100-sxm", 8),
+                        job=JobSpec(global_batch_size=8, seq_len=1024), parallel=ParallelConfig(tp=1))
+        with pytest.raises(ConfigError, match=match):
+            megatron_args(plan)

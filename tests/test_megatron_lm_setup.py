@@ -42,7 +42,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # Nemotron-4: LayerNorm1p (zero-centered gamma), squared ReLU, RoPE on half of each head
          ("nemotron4-15b", 64, dict(tp=4, pp=2)),
          # Llama 4 Maverick: NoPE every 4th layer, interleaved RoPE, top-1 sigmoid on the expert input, MoE every 2nd
-         ("llama4-maverick-17b-128e", 128, dict(tp=1, pp=2, ep=64))]
+         ("llama4-maverick-17b-128e", 128, dict(tp=1, pp=2, ep=64)),
+         # Qwen3-Next: Gated DeltaNet layers with gated attention every 4th (experimental_attention_variant)
+         ("qwen3-next-80b-a3b", 64, dict(tp=2, pp=2, ep=16))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
@@ -102,6 +104,11 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "position_embedding_type": "none" if a.no_position_encoding else "rope",
                 "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
                 "layernorm_zero_centered_gamma": a.norm_zero_centered_gamma, "rotary_percent": a.rotary_fraction}
+        want.update(attention_output_gate=a.attention_output_gate)
+        if m.gdn is not None:  # the GDN layers' pattern and shape as megatron-core's TransformerConfig holds them
+            g = m.gdn
+            want.update(experimental_attention_variant="gated_delta_net", linear_attention_freq=g.full_attention_every,
+                        linear=[g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim, g.conv_kernel])
         if m.mamba is not None:  # the mixer's shape as megatron-core's TransformerConfig holds it
             mb = m.mamba
             want.update(mamba=[mb.num_heads, mb.head_dim, mb.state_dim, mb.num_groups],

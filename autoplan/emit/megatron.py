@@ -336,6 +336,10 @@ def model_args(plan: EmitPlan) -> list[str]:
             add("--moe-latent-size", m.moe_latent_size)
     if m.is_hybrid:
         a.extend(hybrid_args(m))
+    if arch.attention_output_gate:  # sigmoid(gate) on the core attention's output (attention.py:1196-1224)
+        add("--attention-output-gate")
+    if m.gdn is not None:
+        a.extend(gdn_args(m))
     if arch.mtp_layers:
         add("--mtp-num-layers", arch.mtp_layers)
     return a
@@ -373,6 +377,20 @@ def hybrid_args(m: Any) -> list[str]:
                               "megatron/core/ssm/mamba_mixer.py:144-170)", valid=[want])
     return out + ["--mamba-num-heads", str(mb.num_heads), "--mamba-head-dim", str(mb.head_dim),
                   "--mamba-state-dim", str(mb.state_dim), "--mamba-num-groups", str(mb.num_groups)]
+
+
+def gdn_args(m: Any) -> list[str]:
+    """Gated DeltaNet layers of a transformer stack (pretrain_gpt.py: gpt_builders.py:49-53 builds
+    ``get_transformer_block_with_experimental_attention_variant_spec``): the variant, its every-N-th-layer SDPA pattern
+    (``--linear-attention-freq`` N, arguments.py:2749 ``la_freq_type``: layer i is SDPA iff (i + 1) % N == 0,
+    experimental_attention_variant_module_specs.py:317-326) and the mixer's shape (TransformerConfig's linear_*
+    fields, transformer_config.py:275-295, flags through ArgumentGroupFactory). The conv has no bias and q/k are
+    L2-normalised in every GDN layer (GatedDeltaNet's defaults, gated_delta_net.py:77-88), as in Qwen3-Next."""
+    g = m.gdn
+    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq",
+            str(g.full_attention_every), "--linear-conv-kernel-dim", str(g.conv_kernel), "--linear-key-head-dim",
+            str(g.key_head_dim), "--linear-value-head-dim", str(g.value_head_dim), "--linear-num-key-heads",
+            str(g.num_key_heads), "--linear-num-value-heads", str(g.num_value_heads)]
 
 
 def no_rope_pattern(num_layers: int, every: int) -> str:
@@ -413,7 +431,10 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
             "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
             "--mtp-num-layers", "--cpu-offloading-num-layers", "--moe-latent-size", "--mamba-num-heads",
-            "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups"]
+            "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups", "--linear-conv-kernel-dim",
+            "--linear-key-head-dim", "--linear-value-head-dim", "--linear-num-key-heads", "--linear-num-value-heads"]
+    p.add_argument("--experimental-attention-variant", choices=["gated_delta_net", "dsa"], default=None)
+    p.add_argument("--linear-attention-freq", type=str, default=None)  # Megatron's la_freq_type (arguments.py:256)
     p.add_argument("--hybrid-override-pattern", type=str, default=None)
     p.add_argument("--spec", type=str, nargs="*", default=None)
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
@@ -448,7 +469,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--fp8-param-gather", "--overlap-moe-expert-parallel-comm", "--moe-router-force-load-balancing",
                  "--moe-pad-expert-input-to-capacity", "--moe-pad-experts-for-cuda-graph-inference",
                  "--quick-geglu", "--squared-relu", "--is-hybrid-model", "--moe-shared-expert-gate",
-                 "--apply-layernorm-1p", "--rotary-interleaved",
+                 "--apply-layernorm-1p", "--rotary-interleaved", "--attention-output-gate",
                  # TransformerConfig fields made flags by ArgumentGroupFactory (arguments.py:1621, argument_utils.py:166
                  # @ core_v0.16.1)
                  "--moe-router-padding-for-quantization", "--moe-permute-fusion", "--qk-l2-norm",

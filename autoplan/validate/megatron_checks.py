@@ -101,6 +101,14 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   moe_permute_fusion=ns.moe_permute_fusion, moe_apply_probs_on_input=ns.moe_apply_probs_on_input,
                   moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
                   moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity)
+    if ns.attention_output_gate:
+        kw["attention_output_gate"] = True
+    if ns.experimental_attention_variant == "gated_delta_net":  # TransformerConfig's linear_* fields (:275-295)
+        kw.update(experimental_attention_variant="gated_delta_net",
+                  linear_attention_freq=_moe_freq(ns.linear_attention_freq),
+                  linear_conv_kernel_dim=ns.linear_conv_kernel_dim, linear_key_head_dim=ns.linear_key_head_dim,
+                  linear_value_head_dim=ns.linear_value_head_dim, linear_num_key_heads=ns.linear_num_key_heads,
+                  linear_num_value_heads=ns.linear_num_value_heads)
     if ns.multi_latent_attention:
         kw.update(multi_latent_attention=True, q_lora_rank=ns.q_lora_rank, kv_lora_rank=ns.kv_lora_rank,
                   qk_head_dim=ns.qk_head_dim, qk_pos_emb_head_dim=ns.qk_pos_emb_head_dim, v_head_dim=ns.v_head_dim,

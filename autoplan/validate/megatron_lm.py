@@ -166,7 +166,12 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "moe_router_dtype": cfg.moe_router_dtype,
             "moe_shared_expert_intermediate_size": cfg.moe_shared_expert_intermediate_size,
             "moe_shared_expert_gate": cfg.moe_shared_expert_gate,
-            "moe_layer_freq": cfg.moe_layer_freq, "untie": args.untie_embeddings_and_output_weights}}
+            "moe_layer_freq": cfg.moe_layer_freq, "untie": args.untie_embeddings_and_output_weights,
+            "attention_output_gate": cfg.attention_output_gate,
+            "experimental_attention_variant": cfg.experimental_attention_variant,
+            "linear_attention_freq": cfg.linear_attention_freq,
+            "linear": [cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                       cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim]}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:

@@ -174,8 +174,14 @@ def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
     from autoplan.emit.megatron import parse_megatron_args
     from autoplan.validate.megatron_checks import gpt_model_kwargs, transformer_config_kwargs
 
-    _init_megatron()
     ns = parse_megatron_args(argv)
+    if ns.experimental_attention_variant is not None:
+        raise RuntimeError(f"--experimental-attention-variant {ns.experimental_attention_variant}: megatron-core 0.16.1 "
+                           "builds that block only from Transformer Engine's spec (experimental_attention_variant_"
+                           "module_specs.py:353-369 TESpecProvider; :390 get_gpt_layer_with_transformer_engine_spec), "
+                           "absent on this CPU machine; tests/test_gdn.py checks megatron-core's GatedDeltaNet module "
+                           "and layer patterns instead")
+    _init_megatron()
     ns.padded_vocab_size = vocab_size
     mla, kw = transformer_config_kwargs(ns)
     kw.update(use_cpu_initialization=True, perform_initialization=False, tensor_model_parallel_size=1,
