@@ -281,3 +281,48 @@ def test_facts_megatron_cannot_build_are_refused_at_emit() -> None:
                         job=JobSpec(global_batch_size=8, seq_len=1024), parallel=ParallelConfig(tp=1))
         with pytest.raises(ConfigError, match=match):
             megatron_args(plan)
+
+
+# ---- Qwen3.5 text stacks ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("stem", "causal_lm"), [("qwen3.5-default", "Qwen3_5ForCausalLM"),
+                                                 ("qwen3.5-moe-default", "Qwen3_5MoeForCausalLM")])
+def test_qwen3_5_text_decoder_counts_what_transformers_builds(stem: str, causal_lm: str) -> None:
+    """The VLM file plans its text decoder (the vision tower warned as not planned), the bare text file the same;
+    both hold the parameters transformers' text-only causal LM of that text_config holds."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from autoplan.catalog.hf import HFModelPartWarning
+
+    vlm = json.loads((HF / f"{stem}.json").read_text())
+    text = json.loads((HF / f"{stem}-text.json").read_text())
+    with pytest.warns(HFModelPartWarning, match="vision encoder"):
+        m = spec_from_hf_config(vlm, name="q")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert spec_from_hf_config(text, name="q") == m
+    cfg_cls = getattr(transformers, causal_lm.replace("ForCausalLM", "TextConfig"))
+    cfg = cfg_cls(**{k: v for k, v in text.items() if k not in ("architectures", "transformers_version", "model_type")})
+    with torch.device("meta"):
+        hf = getattr(transformers, causal_lm)(cfg)
+    assert m.num_params == sum(p.numel() for p in hf.parameters())
+    assert m.gdn is not None and m.gdn.full_attention_every == 4 and m.arch.attention_output_gate
+    if "moe" in stem:
+        assert m.num_moe_layers == m.num_layers and m.arch.router.norm_top_k  # Qwen3_5MoeTopKRouter renormalises
+
+
+def test_qwen3_5_moe_plans_and_emits() -> None:
+    from autoplan.catalog.cluster import build_cluster
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.emit.plan import EmitPlan
+    from cost_models.estimate import estimate
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = spec_from_hf_config(json.loads((HF / "qwen3.5-moe-default.json").read_text()), name="qwen3.5-moe")
+    cluster, job, par = build_cluster("h100-sxm", 16), JobSpec(global_batch_size=512, seq_len=4096), \
+        ParallelConfig(tp=1, pp=2, ep=8, micro_batch_size=1)
+    assert estimate(m, cluster, job, par, target="megatron").step_time_s > 0
+    argv = megatron_args(EmitPlan(model=m, cluster=cluster, job=job, parallel=par))
+    assert argv[argv.index("--num-layers") + 1] == "40" and "gated_delta_net" in argv

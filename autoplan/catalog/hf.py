@@ -521,6 +521,12 @@ def _qwen3_next(c: _Config) -> dict[str, Any]:
     fields = _qwen_moe(inner, qkv_bias=False, qk_norm=True)
     c.read |= inner.read
     c.seen(*_QWEN3_NEXT_WINDOW_KEYS)
+    return _qwen_gdn_fields(c, fields)
+
+
+def _qwen_gdn_fields(c: _Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """What Qwen3-Next and Qwen3.5 add to a Qwen3 decoder (``_qwen3_next``): head_dim default 256, partial RoPE
+    (default 0.25), zero-centred norms, the attention output gate and the Gated DeltaNet layers."""
     hidden, heads = int(fields["hidden_size"]), int(fields["num_attention_heads"])
     head_dim = c.int("head_dim", default=256, minimum=1)  # Qwen3NextConfig.head_dim = 256
     fields["head_dim"] = None if hidden % heads == 0 and head_dim == hidden // heads else head_dim
@@ -533,6 +539,62 @@ def _qwen3_next(c: _Config) -> dict[str, Any]:
                      "value_head_dim": c.int("linear_value_head_dim", default=128, minimum=1),
                      "conv_kernel": c.int("linear_conv_kernel_dim", default=4, minimum=1),
                      "full_attention_every": _qwen3_next_full_every(c, n)}
+    return fields
+
+
+# Qwen3.5 / Qwen3.6 (transformers models/qwen3_5, qwen3_5_moe @ 5.24.0): a vision-language model whose text decoder is
+# Qwen3-Next's layer (the GDN in_proj split in four linears: the same weights, modeling_qwen3_5.py ``in_proj_qkv``,
+# ``in_proj_z``, ``in_proj_b``, ``in_proj_a``).
+_QWEN3_5_IGNORED = ("decoder_sparse_step", "mlp_only_layers", "norm_topk_prob")  # no Qwen3_5*TextConfig field
+_QWEN3_5_TOP = ("text_config", "vision_config", "tie_word_embeddings", "image_token_id", "video_token_id",
+                "vision_start_token_id", "vision_end_token_id")
+
+
+def _qwen3_5_text(c: _Config, *, moe: bool) -> dict[str, Any]:
+    """Qwen3.5's text decoder (``Qwen3_5TextConfig`` / ``Qwen3_5MoeTextConfig``): Qwen3-Next's layers with a dense
+    SwiGLU MLP on every layer (qwen3_5: ``Qwen3_5MLP`` of intermediate_size) or an MoE on every layer (qwen3_5_moe:
+    ``Qwen3_5MoeSparseMoeBlock``, one gated shared expert; its router always renormalises the top k,
+    ``Qwen3_5MoeTopKRouter`` modeling_qwen3_5_moe.py:894-910, and the class has no decoder_sparse_step, mlp_only_layers
+    or norm_topk_prob to change that: such keys are inert, as transformers leaves them). Its RoPE is M-RoPE
+    (``rope_parameters.mrope_section``): on text tokens the three position rows are equal and it is 1-D RoPE
+    (modeling_qwen3_5.py:178-200), which is what is planned."""
+    drop = ("layer_types", *_QWEN3_NEXT_WINDOW_KEYS, *_QWEN3_5_IGNORED)
+    data = {k: v for k, v in c.data.items() if k not in drop}
+    if moe and data.get("intermediate_size") is None:
+        # no dense MLP in this family (every layer MoE, Qwen3_5MoeTextConfig has no intermediate_size): ModelSpec's
+        # dense width, unused by its layers, is the expert width
+        data["intermediate_size"] = c.int("moe_intermediate_size", default=512, minimum=1)
+    inner = _Config(data, c.source)
+    if moe:
+        fields = _qwen_moe(inner, qkv_bias=False, qk_norm=True)
+        fields["arch"]["router"] = {**fields["arch"]["router"], "norm_top_k": True}
+    else:
+        fields = _llama_like(inner, qwen=True, qk_norm=True)
+    c.read |= inner.read
+    c.seen(*_QWEN3_NEXT_WINDOW_KEYS, *_QWEN3_5_IGNORED)
+    return _qwen_gdn_fields(c, fields)
+
+
+def _qwen3_5(c: _Config, *, moe: bool) -> dict[str, Any]:
+    """Qwen3.5 as published (``Qwen3_5Config`` / ``Qwen3_5MoeConfig``: ``text_config`` and a ``vision_config``): the
+    text decoder (``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM``) is what autoplan plans and emits; the vision
+    encoder and its merger are not (an ``HFModelPartWarning`` says so), as for Llama 4."""
+    text = c.get("text_config", None)
+    if not isinstance(text, Mapping):
+        raise c.error("text_config", text, "a mapping (the Qwen3.5 text decoder's config)")
+    kind = "qwen3_5_moe_text" if moe else "qwen3_5_text"
+    inner = _Config({**text, "model_type": kind}, f"{c.source} text_config")
+    fields = _qwen3_5_text(inner, moe=moe)
+    tie = bool(c.get("tie_word_embeddings", False))
+    if "tie_word_embeddings" in text and bool(text["tie_word_embeddings"]) != tie:
+        raise c.disagree("tie_word_embeddings", tie, "text_config.tie_word_embeddings", text["tie_word_embeddings"])
+    fields["tied_embeddings"] = tie or fields["tied_embeddings"]
+    c.seen(*_QWEN3_5_TOP)
+    _warn_unread(inner, c.model_type, stacklevel=4)
+    if c.data.get("vision_config") is not None:
+        warnings.warn(f"{c.source}: the vision encoder and merger (vision_config) are not planned: the plan, its "
+                      f"prediction and the emitted configs are the text decoder's ({kind})", HFModelPartWarning,
+                      stacklevel=3)
     return fields
 
 
@@ -1087,6 +1149,10 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "qwen3": _qwen3,
     "qwen3_moe": lambda c: _qwen_moe(c, qkv_bias=False, qk_norm=True),
     "qwen3_next": _qwen3_next,
+    "qwen3_5": lambda c: _qwen3_5(c, moe=False),
+    "qwen3_5_moe": lambda c: _qwen3_5(c, moe=True),
+    "qwen3_5_text": lambda c: _qwen3_5_text(c, moe=False),
+    "qwen3_5_moe_text": lambda c: _qwen3_5_text(c, moe=True),
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
