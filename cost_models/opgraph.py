@@ -20,6 +20,7 @@ MLA (DeepSeek) is approximated: projections and FLOPs are exact, the core is MHA
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 from cost_models.gdn import gdn_model_flops
@@ -106,6 +107,12 @@ class LayerGraph:
     @property
     def params(self) -> int:
         return sum(op.params for op in self.ops)
+
+    @cached_property
+    def has_mla(self) -> bool:
+        """Whether the attention is multi-latent (an MLA graph has the kv down-projection); once per graph: the
+        memory and recompute rules ask it per op."""
+        return any(op.name == "kv_down" for op in self.ops)
 
     @property
     def flops_per_token(self) -> float:

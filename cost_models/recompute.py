@@ -119,7 +119,7 @@ def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bo
 
 
 def is_mla(graph: LayerGraph) -> bool:
-    return any(op.name == "kv_down" for op in graph.ops)
+    return graph.has_mla
 
 
 def ep_forward_repeats(graph: LayerGraph, modules: frozenset[str] | None, par: ParallelConfig | None = None,
