@@ -19,6 +19,7 @@ full ``estimate``, which is what users see.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -68,6 +69,24 @@ def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
     """``lay``'s recompute modules where ``recompute`` is selective (the pieces priced under another mode, e.g. the
     full-recompute transient's "none", have none)."""
     return lay.recompute_modules if recompute == "selective" else None
+
+
+_READS: ContextVar[set[str] | None] = ContextVar("_READS", default=None)
+_PAR_FIELDS = frozenset(ParallelConfig.model_fields)
+
+
+class _ReadParallelConfig(ParallelConfig):
+    """A ``ParallelConfig`` that records which of its fields are read while ``_READS`` holds a set (all of them where
+    its ``__dict__`` is: a copy, a comparison, a dump): what ``Scorer.knob_candidates`` keys its cache on."""
+
+    def __getattribute__(self, name: str) -> Any:
+        reads = _READS.get()
+        if reads is not None:
+            if name in _PAR_FIELDS:
+                reads.add(name)
+            elif name == "__dict__":
+                reads.update(_PAR_FIELDS)
+        return super().__getattribute__(name)
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -129,13 +148,15 @@ class Scorer:
         self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._knob_delta: dict[tuple, float] = {}  # (bound key, knobs, kind): layer_cost with the knobs − without
         self._pieces: dict[tuple, tuple[dict[str, float], float]] = {}  # (bound key, knobs, floor?): times, head
-        self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # runtime key: the knob floor
-        self._chosen: dict[tuple, dict[str, Any]] = {}  # (bound key, zero, pp): the knobs the search chose
+        self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # (knob_key, runtime key): the knob floor
+        self._chosen: dict[tuple, dict[str, Any]] = {}  # (knob_key, bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
         self._compute: dict[tuple, OpCompute] = {}  # (kind, layer_compute_key): layer_compute
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
-        self._cands: dict[tuple, list[dict[str, Any]]] = {}  # runtime key: the profile's knob candidates
+        self._cands: dict[tuple, list[dict[str, Any]]] = {}  # knob_key: the profile's knob candidates
+        self._cand_reads: dict[str, list[tuple[str, ...]]] = {}  # target: the field sets its knob_keys read
+        self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
         self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
@@ -225,7 +246,7 @@ class Scorer:
         activations too (``act_pieces``): the exact tables take the chosen setting, the memory bounds the fewest
         bytes any setting saves (``act_floor``)."""
         bkey = self.bound_key(lay)
-        key = (bkey, lay.zero_stage, lay.pp)
+        key = (self.knob_key(lay), bkey, lay.zero_stage, lay.pp)
         hit = self._chosen.get(key)
         if hit is None:
             cands = self.knob_candidates(lay)
@@ -240,17 +261,46 @@ class Scorer:
             self._chosen[key] = hit
         return hit
 
+    def knob_key(self, lay: Layout) -> tuple:
+        """The key ``knob_candidates`` caches ``lay``'s candidates under: its target and the values of the
+        ``ParallelConfig`` fields the profile read when it computed them (``knob_options``, ``resolve`` and
+        ``check_runtime`` of each setting: e.g. Megatron's moe_a2a_overlap rules read ep, schedule and recompute,
+        its CUDA-graph and CPU-offload rules recompute). A layout agreeing on every field a computation read takes
+        the same branches, hence the same answer; the fields are recorded, not listed, so a new rule is covered."""
+        return self._knob_entry(lay)[0]
+
     def knob_candidates(self, lay: Layout) -> list[dict[str, Any]]:
-        """``TargetProfile.knob_candidates`` for ``lay``, once per runtime key (the fields of the layout the
-        profiles' knob rules and ``resolve`` read: target, zero, pp, tp, cp, sp, and the recompute modules Megatron's
-        knob rules check, e.g. the fused grouped MLP's with moe_act)."""
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.recompute_modules)
-        hit = self._cands.get(key)
-        if hit is None:
-            hit = PROFILES[lay.target].knob_candidates(self.model, self.cluster, self.job,
-                                                       ParallelConfig(**lay.parallel_kwargs()), self.software)
-            self._cands[key] = hit
-        return hit
+        """``TargetProfile.knob_candidates`` for ``lay``, once per ``knob_key``."""
+        return self._knob_entry(lay)[1]
+
+    def _knob_entry(self, lay: Layout) -> tuple[tuple, list[dict[str, Any]]]:
+        entry = self._knob_entries.get(lay)
+        if entry is None:
+            entry = self._knob_entries[lay] = self._knob_lookup(lay)
+        return entry
+
+    def _knob_lookup(self, lay: Layout) -> tuple[tuple, list[dict[str, Any]]]:
+        kw = lay.parallel_kwargs()
+        par = ParallelConfig(**kw)  # the validated fields (validation may rewrite one: modules () is recompute none)
+        for fields in self._cand_reads.get(lay.target, ()):
+            key = (lay.target, fields, tuple(getattr(par, f) for f in fields))
+            hit = self._cands.get(key)
+            if hit is not None:
+                return key, hit
+        reads: set[str] = set()
+        token = _READS.set(reads)
+        try:
+            cands = PROFILES[lay.target].knob_candidates(self.model, self.cluster, self.job,
+                                                         _ReadParallelConfig(**kw), self.software)
+        finally:
+            _READS.reset(token)
+        fields = tuple(sorted(reads))
+        seen = self._cand_reads.setdefault(lay.target, [])
+        if fields not in seen:
+            seen.append(fields)
+        key = (lay.target, fields, tuple(getattr(par, f) for f in fields))
+        self._cands[key] = cands
+        return key, cands
 
     @staticmethod
     def bound_key(lay: Layout, recompute: str | None = None) -> tuple:
@@ -543,7 +593,7 @@ class Scorer:
     def _knob_floor(self, lay: Layout) -> tuple[dict[str, Any], bool] | None:
         """The profile's knob floor where the layout leaves several knob settings to choose from and the floor
         sets none of the user's knobs; None: bound with the chosen setting itself. Once per runtime key."""
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, lay.recompute_modules)
+        key = (self.knob_key(lay), lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel)
         if key in self._floors:
             return self._floors[key]
         floor = PROFILES[lay.target].knob_floor() if len(self.knob_candidates(lay)) > 1 else None
