@@ -12,6 +12,7 @@ ranks of a stage as ``ep × edp`` (Megatron-Core MoE parallel folding: ``ep`` ma
 
 from __future__ import annotations
 
+import difflib
 import math
 from functools import cached_property
 from collections.abc import Mapping
@@ -1043,9 +1044,21 @@ def recompute_modules_list(v: object) -> object:
     megatron/core/transformer/transformer_layer.py:445, attention.py:330 @core_v0.16.1), so a repeat requests nothing
     and is a slip for another module."""
     v = tuple(v) if isinstance(v, list) else v
-    if isinstance(v, tuple) and (err := repeated_error(v, "module")) is not None:
+    if isinstance(v, tuple) and (err := recompute_module_names_error(v)) is not None:
         raise ValueError(err)
     return v
+
+
+def recompute_module_names_error(names: tuple[object, ...]) -> str | None:
+    """What is wrong with ``names`` as Megatron's --recompute-modules (the allowed modules of megatron/core/transformer/
+    transformer_config.py:1198-1211 @ core_v0.16.1: ``RECOMPUTE_MODULES``), or None: the first name that is not a module
+    (with the nearest one), then a repeat. The CLI flag and a request's ``parallel.recompute_modules`` say the same."""
+    bad = next((n for n in names if n not in RECOMPUTE_MODULES), None)
+    if bad is not None:
+        close = difflib.get_close_matches(str(bad), RECOMPUTE_MODULES, n=1)
+        return (f"{str(bad)!r} is not a Megatron recompute module (valid: {', '.join(RECOMPUTE_MODULES)})"
+                + (f"; nearest: {close[0]}" if close else ""))
+    return repeated_error(names, "module")
 
 
 def canonical_recompute_modules(v: tuple[str, ...] | None) -> tuple[str, ...] | None:

@@ -123,7 +123,8 @@ def test_empty_module_list_recomputes_nothing(tmp_path) -> None:  # noqa: ANN001
       "--recompute-modules", "moe_act", "--fp8-recipe", "delayed"], r"Delayed scaling does not support moe_act"),
     (["--model", "llama3-8b", "--recompute", "full", "--recompute-modules", "mlp"], r"only under "
      r"--recompute-granularity selective"),
-    (["--model", "llama3-8b", "--recompute-modules", "attention"], r"recompute_modules"),
+    (["--model", "llama3-8b", "--recompute-modules", "attention"], r"'--recompute-modules': 'attention' is not a "
+     r"Megatron recompute module \(valid: core_attn, moe_act, "),
     (["--model", "llama3-8b", "--recompute-modules", "moe"], r"no MoE layers"),
 ])
 def test_refusals(args: list[str], match: str) -> None:

@@ -17,7 +17,7 @@ from autoplan.cli.goodput_options import failure_model, failure_options, render_
 from autoplan.inputs import strict
 from autoplan.report import describe_job, describe_parallel, describe_software, render_prediction
 from autoplan.schema import ESTIMATE_ANY, EstimateRequest, validate_request
-from cost_models.specs import ParallelConfig
+from cost_models.specs import ParallelConfig, recompute_module_names_error
 
 
 def parallel_options(required: bool, searched: bool = False, layout: bool = False, modules: bool | None = None) -> Any:
@@ -72,10 +72,13 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
 
 
 def _modules(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
-    """A comma- or space-separated module list; ParallelConfig names a wrong one with Megatron's choices."""
+    """A comma- or space-separated module list, checked as a request's is (``recompute_module_names_error``)."""
     if value is None:
         return None
-    return tuple(x for x in value.replace(",", " ").split() if x)
+    names = tuple(x for x in value.replace(",", " ").split() if x)
+    if (err := recompute_module_names_error(names)) is not None:
+        raise click.BadParameter(err)
+    return names
 
 
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "vp", "micro_batch_size", "zero_stage", "hsdp_shard_size", "recompute",
