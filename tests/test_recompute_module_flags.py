@@ -1,6 +1,6 @@
 """--recompute-modules on every command that takes a layout: one option definition (``parallel_options``), one
 check of the names (``cost_models.specs.recompute_module_names_error``, which a request's field goes through too),
-so a bad name reads the same on search, estimate and emit."""
+so a bad name reads the same on search, estimate, emit and scale, and scale pins the modules as search does."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from autoplan.cli import cli
 from cost_models.specs import RECOMPUTE_MODULES
 
-LAYOUT = {"search": [], "estimate": ["--tp", "1", "--pp", "1"], "emit": ["--tp", "1", "--pp", "1"]}
+LAYOUT = {"search": [], "scale": [], "estimate": ["--tp", "1", "--pp", "1"], "emit": ["--tp", "1", "--pp", "1"]}
 
 
 def _invoke(*args: str) -> tuple[int, str]:
@@ -51,3 +51,17 @@ def test_a_request_file_says_the_flag_s_reason(cmd: str, tmp_path: Path) -> None
     _, flag = _invoke(cmd, "--model", "llama3-8b", "--gpus", "8", *LAYOUT[cmd], "--recompute-modules", "foo")
     reason = flag.split("--recompute-modules': ", 1)[1].split(" (see ")[0]
     assert code == 2 and reason in out and "Input should be" not in out
+
+
+def test_scale_pins_the_modules_as_its_request_does(tmp_path: Path) -> None:
+    code, out = _invoke("scale", "--model", "llama3-8b", "--gpus", "8", "--processes", "1", "--format", "json",
+                        "--recompute-modules", "mlp,core_attn")
+    assert code == 0, out
+    rows = json.loads(out)["rows"]
+    assert [r["plan"]["parallel"]["recompute_modules"] for r in rows] == [["core_attn", "mlp"]]
+    assert rows[0]["plan"]["parallel"]["recompute"] == "selective"
+    req = tmp_path / "scale.json"
+    req.write_text(json.dumps({"model": "llama3-8b", "gpus": [8], "parallel": {"recompute_modules": ["mlp", "core_attn"]}}))
+    code2, out2 = _invoke("scale", "--request", str(req), "--format", "json")
+    assert code2 == 0, out2
+    assert json.loads(out2)["rows"][0]["plan"] == rows[0]["plan"]

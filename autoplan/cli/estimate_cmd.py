@@ -24,7 +24,8 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
     """Degree flags; ``required`` for estimate, optional pins for search (``searched``: an omitted flag is
     searched, so the help shows no default) and emit (omitted: ParallelConfig's default). ``layout``: also
     Megatron's explicit pipeline layout and MTP layers (estimate and emit: they are priced, not searched). ``modules``
-    (default: ``layout``): Megatron's recompute modules (search pins them for every plan, as --recompute)."""
+    (default: ``layout``): Megatron's recompute modules; True: as a pin of the searches (search, scale), which hold
+    every plan to them, as --recompute."""
     opt = click.option
 
     def default(text: str) -> str:
@@ -66,7 +67,7 @@ def parallel_options(required: bool, searched: bool = False, layout: bool = Fals
         *([] if not (layout if modules is None else modules) else [
             opt("--recompute-modules", "recompute_modules", type=str, default=None, callback=_modules,
                 metavar="M1,M2", help="Megatron --recompute-modules (implies --recompute selective"
-                + ("; every plan the search returns uses them; megatron target" if searched else "") + "): "
+                + ("; every plan the search returns uses them; megatron target" if modules is True else "") + "): "
                 "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; '' for none [core_attn]")]),
     )
 

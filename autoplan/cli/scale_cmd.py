@@ -46,7 +46,7 @@ def _tokens(text: str | None) -> float | None:
               help="weak scaling: tokens per GPU per step (global batch = GPUs x this / seq-len)")
 @click.option("--train-tokens", default=None, help="tokens to train (e.g. 15T or 15e12): time and GPU-hours")
 @click.option("--gpu-hour-price", type=click.FloatRange(min=0), default=None, help="price of one GPU-hour")
-@parallel_options(required=False)
+@parallel_options(required=False, modules=True)
 @software_options
 @click.option("--target", type=click.Choice(["megatron", "torchtitan", "fsdp2", "any"]), default="megatron",
               show_default=True, help="framework the plans must run on (any: the best plan some target runs, "
