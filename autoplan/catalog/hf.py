@@ -121,6 +121,19 @@ class _Config:
         value = self.data.get(key, _MISSING)
         return default if value is _MISSING or value is None else value
 
+    def flag(self, key: str, default: bool, int_reason: str = "") -> bool:
+        """A JSON boolean under ``key`` (``default`` when absent or null). Anything else is refused, as transformers'
+        strict config dataclasses refuse it ("expected bool", e.g. ``Llama4TextConfig`` @ 5.24.0): read for its truth
+        value a string such as "false" would be true. ``int_reason``: why an integer is taken as its truth value
+        (a published file that writes one), said in the refusal."""
+        value = self.get(key, default)
+        if isinstance(value, bool):
+            return value
+        if int_reason and isinstance(value, int):
+            return bool(value)
+        ints = f", or an integer read as its truth value ({int_reason})" if int_reason else ""
+        raise UserInputError(f"{self.source}: key '{key}' must be true or false{ints}, got {value!r}")
+
     def int_list(self, key: str) -> list[int]:
         """A list of integers under ``key`` (empty when absent)."""
         value = self.get(key, [])
@@ -615,7 +628,7 @@ def _deepseek(c: _Config) -> dict[str, Any]:
     n, experts = c.layers("num_hidden_layers"), c.int("n_routed_experts", default=0)
     first_k, freq = c.int("first_k_dense_replace", default=0, minimum=0), c.int("moe_layer_freq", default=1, minimum=1)
     moe_layers = [i for i in range(n) if experts > 0 and i >= first_k and i % freq == 0]
-    if c.get("attention_bias", False):
+    if c.flag("attention_bias", False):
         raise c.error("attention_bias", True, "MLA projections without biases only")
     c.seen("num_key_value_heads")  # MLA has no KV heads of its own (the config repeats num_attention_heads)
     arch = {**_rope(c), "norm_eps": c.float("rms_norm_eps", 1e-6), "activation": _activation(c, "hidden_act", "silu"),
@@ -977,7 +990,7 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
     ``Llama4ForCausalLM`` computes none (``router_aux_loss_coef`` is read by nothing in modeling_llama4.py)."""
     hidden, heads = c.int("hidden_size", default=5120), c.int("num_attention_heads", default=40, minimum=1)
     n = c.layers("num_hidden_layers", default=48)
-    if c.get("attention_bias", False):
+    if c.flag("attention_bias", False):
         raise c.error("attention_bias", True, "only false: q/k/v/o biases without MLP biases are not represented")
     jitter = c.float("router_jitter_noise", 0.0)
     if jitter:
@@ -1000,12 +1013,17 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
         raise c.disagree("layer_types", types, "no_rope_layers / attention_chunk_size", want_types,
                          "Llama 4 chunks the RoPE layers' attention")
     temperature = None
-    if c.get("attn_temperature_tuning", True) and no_rope:  # Scout's file has 4: truthy, as transformers reads it
-        temperature = {"floor_scale": c.int("floor_scale", default=8192, minimum=1),
-                       "attn_scale": c.float("attn_scale", 0.1)}
+    # Meta's Llama-4-Scout config.json writes attn_temperature_tuning 4, which modeling_llama4.py:360 reads for its
+    # truth value (transformers 5.24.0's strict Llama4TextConfig refuses any non-bool, that file's 4 included)
+    tuning = c.flag("attn_temperature_tuning", True, int_reason="Llama-4-Scout's config.json writes 4")
+    if tuning and no_rope:
+        floor, scale = c.int("floor_scale", default=8192, minimum=1), c.float("attn_scale", 0.1)
+        # attn_scale 0 scales every NoPE query by log1p(floor((p + 1) / floor_scale)) * 0 + 1 = 1
+        # (modeling_llama4.py:363-364 @ 5.24.0): no tuning, as transformers runs it
+        temperature = {"floor_scale": floor, "attn_scale": scale} if scale else None
     c.seen("floor_scale", "attn_scale", "for_llm_compressor", "cache_implementation")  # the last two: inference
     arch = {**_rope(c, 500000.0), "rope_interleaved": True, "no_rope_every": no_rope, "attention_chunk": chunk,
-            "attn_temperature": temperature, "qk_l2_norm": bool(c.get("use_qk_norm", True)),
+            "attn_temperature": temperature, "qk_l2_norm": c.flag("use_qk_norm", True),
             "norm_eps": c.float("rms_norm_eps", 1e-5), "activation": _activation(c, "hidden_act", "silu"),
             "attention_dropout": c.float("attention_dropout", 0.0),
             "router": {"score_function": "sigmoid", "norm_top_k": False, "probs_on_input": True,
