@@ -25,17 +25,15 @@ from autoplan.emit.launch import script_header, torchrun_script
 from autoplan.emit.plan import EmitPlan
 from autoplan.errors import ConfigError
 from cost_models.validate import pipeline_split
+from cost_models.targets import PROFILES
 
 MODULE_NAME = "autoplan_parallelize"
 
 
 def check_fsdp2(plan: EmitPlan) -> None:
-    par = plan.parallel
-    if par.cp > 1:
-        raise ConfigError(f"cp={par.cp}: the fsdp2 target does not emit context parallelism; "
-                          "use --target megatron or --target torchtitan")
-    if par.ep > 1:
-        raise ConfigError(f"ep={par.ep}: the fsdp2 target does not emit expert parallelism; use --target megatron")
+    """The fsdp2 profile's layout rules (no CP, no EP: ``FSDP2Profile``), for a caller of ``fsdp2_module`` that
+    skips emit's ``_check``."""
+    PROFILES["fsdp2"].check_layout(plan.model, plan.cluster, plan.job, plan.parallel)
 
 
 # The modes of the intra-op ILP's fsdp2 strategy set (cost_models.targets.fsdp2: SP one flag, K/V shard or

@@ -23,6 +23,7 @@ from autoplan.emit.launch import bash_array, script_header, slurm_script, torchr
 from autoplan.emit.plan import EmitPlan, dynamic_rope_notes
 from autoplan.errors import ConfigError
 from cost_models.specs import ModelSpec
+from cost_models.targets.common import targets_that
 # the shipped flavors are the torchtitan target's facts (its profile refuses the models they cannot build)
 from cost_models.targets.torchtitan_models import TORCHTITAN_03, arch_overrides, titan_model
 from cost_models.validate import pipeline_split
@@ -146,9 +147,14 @@ def balancing_warnings(model: ModelSpec) -> list[str]:
         return []
     r, out = model.arch.router, []
     if r.aux_loss != "none" and r.aux_loss_coeff:
+        # the targets that train the loss and emit the model (target_model_notes' rule)
+        others = targets_that(lambda p: p.trains_moe_aux_loss and p.model_error(model) is None
+                              and not p.emit_model_errors(model), "torchtitan")
+        where = (f"use --target {' or '.join(others)} for the published balancing" if others else
+                 "no target emits this model with it")
         out.append(f"WARNING: {model.name}'s {r.aux_loss} load-balancing loss (coefficient {r.aux_loss_coeff:g}) is "
                    "not trained: torchtitan 0.3.0's MoE has no auxiliary loss (only the expert-bias balancing "
-                   "below); use --target megatron for the published balancing")
+                   f"below); {where}")
     if not r.expert_bias:
         out.append(f"WARNING: {model.name} has no expert bias, but torchtitan 0.3.0 balances every MoE with one "
                    "(MoE load_balance_coeff 1e-3, aux-loss-free, arXiv 2408.15664); kept, since it is torchtitan's "

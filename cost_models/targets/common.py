@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Callable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -388,6 +388,20 @@ class Prepared:
     note: str | None
 
 
+def targets_that(accepts: Callable[["TargetProfile"], bool], but: str) -> list[str]:
+    """The targets other than ``but`` whose profile ``accepts`` what ``but`` refuses, in ``PROFILES`` order: what a
+    refusal suggests instead (``use_instead``), computed from the profiles' own rules rather than a name written in
+    the message (as ``target_model_notes``' 'emit it for --target X')."""
+    from cost_models.targets import PROFILES  # (the registry imports this module)
+
+    return [name for name, prof in PROFILES.items() if name != but and accepts(prof)]
+
+
+def use_instead(targets: list[str]) -> str:
+    """A refusal's advice: the targets that accept it, or that none does."""
+    return f"use --target {' or '.join(targets)}" if targets else "no target runs it"
+
+
 def dynamic_rope_error(model: ModelSpec, seq_len: int, framework: str) -> ConfigError | None:
     """Dynamic-NTK RoPE trains as plain RoPE only while no sequence is longer than ``max_position_embeddings``:
     transformers rescales once ``max(position_ids) + 1`` exceeds it (``dynamic_rope_update``,
@@ -452,6 +466,9 @@ class TargetProfile:
     kv_source: str = ""  # where the K/V rule comes from
     # Hybrid Mamba stacks (``ModelSpec.hybrid_pattern``): "" = this target builds none (why, for the error)
     hybrid_models: bool = False
+    # Whether the emitted run trains a MoE model's auxiliary load-balancing loss (``RouterSpec.aux_loss``); a target
+    # without it says so when it emits one (and which targets train it)
+    trains_moe_aux_loss: bool = True
     hybrid_refusal: str = "it builds no Mamba-2 mixer"
     # Gated DeltaNet layers of a transformer stack (ModelSpec.gdn): a target that builds and prices them
     gdn_models: bool = False
@@ -581,8 +598,9 @@ class TargetProfile:
         if field in self.megatron_fields:
             return None
         flag = {"pipeline_layout": "--pipeline-model-parallel-layout", "recompute_modules": "--recompute-modules"}[field]
-        return ConfigError(f"{field}: {self.name} has no such setting (it is Megatron-LM's {flag})",
-                           valid=["target megatron", f"{field} unset"])
+        others = targets_that(lambda p: field in p.megatron_fields, self.name)
+        return ConfigError(f"{field}: {self.name} has no such setting (it is Megatron-LM's {flag}); "
+                           f"{use_instead(others)}", valid=[*(f"target {t}" for t in others), f"{field} unset"])
 
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """Target rules on the layout alone (what the search space filters on: ``layout_error``)."""
@@ -664,13 +682,15 @@ class TargetProfile:
     def model_error(self, model: ModelSpec) -> ConfigError | None:
         """Why this target cannot build ``model`` at all (any layout); None: it can."""
         if model.is_hybrid and not self.hybrid_models:
+            others = targets_that(lambda p: p.hybrid_models, self.name)
             return ConfigError(f"{model.name} is a hybrid Mamba-2 stack (hybrid_pattern): the {self.name} target "
-                               f"cannot run it ({self.hybrid_refusal}); use --target megatron",
-                               valid=["target megatron"])
+                               f"cannot run it ({self.hybrid_refusal}); {use_instead(others)}",
+                               valid=[f"target {t}" for t in others])
         if model.gdn is not None and not self.gdn_models:
+            others = targets_that(lambda p: p.gdn_models, self.name)
             return ConfigError(f"{model.name} has Gated DeltaNet linear-attention layers (gdn): the {self.name} target "
-                               f"cannot run them ({self.gdn_refusal}); use --target megatron",
-                               valid=["target megatron"])
+                               f"cannot run them ({self.gdn_refusal}); {use_instead(others)}",
+                               valid=[f"target {t}" for t in others])
         return None
 
     # How ``estimate`` prices a model whose emission this target refuses (``emit_model_errors``), and the name its

@@ -18,7 +18,7 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
-                                        reshard_options, torch_memory_facts)
+                                        reshard_options, torch_memory_facts, targets_that, use_instead)
 
 FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
 
@@ -74,14 +74,30 @@ class FSDP2Profile(TargetProfile):
     def hsdp_error(self, zero: int, hsdp: int, cp: int, dp_cp: int) -> ConfigError | None:
         return None  # dp_replicate x dp_shard mesh, written by the emitter
 
-    expert_refusal = "the fsdp2 target does not emit expert parallelism; use --target megatron"
+    # the user's own module computes the loss (the emitted file parallelizes it): nothing autoplan emits trains an
+    # auxiliary load-balancing loss
+    trains_moe_aux_loss = False
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
         if cp > 1:
-            return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; use --target "
-                               "megatron or --target torchtitan", valid=["cp=1"])
+            others = targets_that(lambda p: p.model_error(model) is None and p.target_layout_error(
+                model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero) is None, self.name)
+            return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; {use_instead(others)}",
+                               valid=["cp=1"])
         return None
+
+    def expert_layout_error(self, model: ModelSpec, *, tp: int, cp: int, dp_cp: int, ep: int, zero: int,
+                            hsdp: int | None) -> ConfigError | None:
+        """No expert parallelism (the emitted module has none). An MoE model's refusal names the targets whose
+        expert and layout rules take it (their pipeline rules aside: the expert rules see no pp)."""
+        if ep == 1 or not model.is_moe:
+            return super().expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
+        others = targets_that(lambda p: p.model_error(model) is None and p.target_layout_error(
+            model, tp=tp, pp=1, cp=cp, ep=ep, zero=zero) is None and p.expert_layout_error(
+                model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp) is None, self.name)
+        return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; {use_instead(others)}",
+                           valid=[1])
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
@@ -109,11 +125,10 @@ class FSDP2Profile(TargetProfile):
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         k = self._knob_values(software, job, cluster)
-        if job.precision == "fp8":
-            raise ConfigError("precision fp8: the fsdp2 target's module has no fp8 linears; use --target "
-                              "torchtitan or megatron", valid=["bf16"])
-        if job.precision == "nvfp4":
-            raise ConfigError("precision nvfp4: the fsdp2 target's module has no fp4 linears; use --target megatron",
+        if job.precision in ("fp8", "nvfp4"):
+            others = targets_that(lambda p: _runs_precision(p, job, cluster, par), self.name)
+            raise ConfigError(f"precision {job.precision}: the fsdp2 target's module has no "
+                              f"{'fp8' if job.precision == 'fp8' else 'fp4'} linears; {use_instead(others)}",
                               valid=["bf16"])
         default_reshard = par is None or par.pp == 1
         grad = k.get("grad_reduce_dtype", "fp32")
@@ -128,6 +143,15 @@ class FSDP2Profile(TargetProfile):
             env=(EXPANDABLE_SEGMENTS_ENV,) if k.get("expandable_segments", False) else (),
             **torch_memory_facts(grad),
         )
+
+
+def _runs_precision(prof: TargetProfile, job: JobSpec, cluster: ClusterSpec, par: ParallelConfig | None) -> bool:
+    """Whether ``prof`` runs the job's precision (its ``resolve``, with its default knobs, refuses one it lacks)."""
+    try:
+        prof.resolve(None, job, cluster, par)
+    except ConfigError:
+        return False
+    return True
 
 
 PROFILE = FSDP2Profile()

@@ -133,6 +133,9 @@ class TorchtitanProfile(TargetProfile):
     # takes the list as given, ``_pipeline_module_split`` builds each part from its FQNs): the emitter writes one FQN
     # list per chunk from ``pipeline_split`` (``autoplan.emit.torchtitan.module_fqns_per_model_part``).
     megatron_fields = ("pipeline_layout",)
+    # torchtitan 0.3.0's MoE has no auxiliary loss, only aux-loss-free expert-bias balancing (MoE.Config.
+    # load_balance_coeff: torchtitan/models/common/moe.py; autoplan.emit.torchtitan.balancing_warnings)
+    trains_moe_aux_loss = False
 
     emit_label = f"torchtitan {TORCHTITAN_03}"
     refused_model_pricing = "priced with torchtitan's rules as for a model registered with torchtitan by hand"

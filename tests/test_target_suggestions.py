@@ -1,0 +1,72 @@
+"""A target's refusal names the targets that accept what it refuses, computed from the profiles
+(``cost_models.targets.common.targets_that``), not a name written into the message: every target it names runs the
+layout / model / precision, every other target refuses it, and with none it says so."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from autoplan.emit.torchtitan import balancing_warnings
+from cost_models.errors import ConfigError
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import PROFILES, runtime_for
+
+CLUSTER = build_cluster("h100-sxm", 16)
+JOB = JobSpec(global_batch_size=16, seq_len=8192)
+
+
+def _named(err: ConfigError) -> set[str]:
+    m = re.search(r"use --target ([a-z0-9 ]+?)(?:;|$| for )", str(err))
+    return set(m.group(1).split(" or ")) if m else set()
+
+
+def _runs(target: str, model: str, par: ParallelConfig, job: JobSpec = JOB) -> bool:
+    try:
+        PROFILES[target].check(load_model(model), CLUSTER, job, par, runtime_for(target, job, CLUSTER, par))
+    except ConfigError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model,par,job", [
+    ("llama3-8b", ParallelConfig(cp=2, zero_stage=3), JOB),  # CP: megatron and torchtitan
+    ("deepseek-v3", ParallelConfig(cp=2, zero_stage=3), JOB),  # torchtitan builds no MTP with CP: megatron only
+    ("mixtral-8x7b", ParallelConfig(ep=2, zero_stage=3), JOB),  # torchtitan runs EP too
+    ("nemotron-h-8b", ParallelConfig(zero_stage=3), JOB),  # a hybrid stack: megatron only
+    ("llama3-8b", ParallelConfig(zero_stage=3), JOB.model_copy(update={"precision": "fp8"})),
+], ids=["cp", "cp-mtp", "ep", "hybrid", "fp8"])
+def test_fsdp2_refusals_name_exactly_the_targets_that_run_it(model: str, par: ParallelConfig, job: JobSpec) -> None:
+    with pytest.raises(ConfigError) as info:
+        prof = PROFILES["fsdp2"]
+        prof.check(load_model(model), CLUSTER, job, par, prof.resolve(None, job, CLUSTER, par))
+    named = _named(info.value)
+    assert named, str(info.value)
+    assert named == {t for t in PROFILES if t != "fsdp2" and _runs(t, model, par, job)}, str(info.value)
+    assert {v.removeprefix("target ") for v in info.value.valid or [] if str(v).startswith("target ")} <= named
+
+
+@pytest.mark.parametrize("field,value", [("pipeline_layout", "Etttttttttttttttt|ttttttttttttttttL"),
+                                         ("recompute_modules", ("mlp",))])
+def test_a_megatron_field_refusal_names_the_targets_with_that_setting(field: str, value: object) -> None:
+    err = PROFILES["fsdp2"].megatron_field_error(field)
+    assert err is not None
+    assert _named(err) == {t for t, p in PROFILES.items() if field in p.megatron_fields}, str(err)
+
+
+def test_a_refusal_no_target_accepts_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(PROFILES["megatron"]), "hybrid_models", False)
+    err = PROFILES["fsdp2"].model_error(load_model("nemotron-h-8b"))
+    assert err is not None and "no target runs it" in str(err) and "--target" not in str(err)
+    assert not [v for v in err.valid or [] if str(v).startswith("target ")]
+
+
+def test_torchtitan_balancing_warning_names_the_targets_that_train_the_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model("mixtral-8x7b")
+    [warn] = [w for w in balancing_warnings(model) if "load-balancing loss" in w]
+    assert warn.endswith("use --target megatron for the published balancing")
+    monkeypatch.setattr(type(PROFILES["megatron"]), "trains_moe_aux_loss", False)
+    [warn] = [w for w in balancing_warnings(model) if "load-balancing loss" in w]
+    assert warn.endswith("no target emits this model with it") and "--target" not in warn
