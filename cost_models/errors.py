@@ -28,11 +28,15 @@ def one_line(text: str) -> str:
 
 class ConfigError(AutoplanError, ValueError):
     """A value breaks a constraint. The message names the value, the constraint and, where there
-    is one, the valid choices: ``tp=16 does not divide num_kv_heads=8; valid: 1, 2, 4, 8``."""
+    is one, what to do instead (``advice``) and the valid choices: ``tp=16 does not divide num_kv_heads=8; valid: 1, 2,
+    4, 8``."""
 
-    def __init__(self, message: str, *, valid: Iterable[object] | None = None) -> None:
+    def __init__(self, message: str, *, valid: Iterable[object] | None = None, advice: str | None = None) -> None:
         self.valid = list(valid) if valid is not None else None
-        self.reason = one_line(message)  # the broken rule alone, without the valid choices (to quote in another error)
+        self.reason = one_line(message)  # the broken rule alone, without advice or valid choices (to quote elsewhere)
+        self.advice = one_line(advice) if advice else None  # e.g. another target: a note quoting reason adds its own
+        if self.advice:
+            message = f"{message}; {advice}"
         if self.valid:
             message = f"{message}; valid: {', '.join(_shown(v) for v in self.valid)}"
         super().__init__(message)

@@ -70,3 +70,18 @@ def test_torchtitan_balancing_warning_names_the_targets_that_train_the_loss(monk
     monkeypatch.setattr(type(PROFILES["megatron"]), "trains_moe_aux_loss", False)
     [warn] = [w for w in balancing_warnings(model) if "load-balancing loss" in w]
     assert warn.endswith("no target emits this model with it") and "--target" not in warn
+
+
+def test_advice_is_a_field_of_the_refusal_not_text_to_split() -> None:
+    """``ConfigError.advice``: said after the rule, left out of ``reason``, which notes quote (torchtitan's 'not
+    emittable' note split its refusals' text on '. Use another' before)."""
+    from cost_models.targets.torchtitan_models import shipped_model_error
+
+    err = ConfigError("rule broken", valid=[1, 2], advice="do this instead")
+    assert str(err) == "rule broken; do this instead; valid: 1, 2" and err.reason == "rule broken"
+    model = load_model("mixtral-8x22b")  # torchtitan 0.3.0 ships no flavor of its architecture
+    refusal = shipped_model_error(model)
+    assert refusal is not None and refusal.advice and refusal.advice.startswith("use another --target")
+    assert "another --target" not in refusal.reason and str(refusal).endswith(refusal.advice)
+    [note] = PROFILES["torchtitan"].model_notes(model)
+    assert refusal.reason in note and "another --target" not in note

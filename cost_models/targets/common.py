@@ -709,12 +709,9 @@ class TargetProfile:
         ``emit_model_errors`` gives, and how it is priced all the same ([] for none). ``estimate`` adds them, with the
         targets that would emit the model (``cost_models.targets.target_model_notes``)."""
         label = self.emit_label or f"--target {self.name}"
-        return [f"not emittable for {label}: {self.refusal_reason(err)} ({self.refused_model_pricing})"
+        # each refusal's rule alone (ConfigError.reason, without its advice: target_model_notes adds the targets)
+        return [f"not emittable for {label}: {err.reason} ({self.refused_model_pricing})"
                 for err in self.emit_model_errors(model)]
-
-    def refusal_reason(self, err: ConfigError) -> str:
-        """``err``'s broken rule as a note quotes it (without the refusal's own advice)."""
-        return err.reason
 
     def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
         """Why this target's emitted run would not train ``model``'s RoPE at ``seq_len`` as the model states it

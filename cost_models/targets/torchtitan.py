@@ -146,10 +146,6 @@ class TorchtitanProfile(TargetProfile):
         err = shipped_model_error(model)
         return [] if err is None else [err]
 
-    def refusal_reason(self, err: ConfigError) -> str:
-        """The refusal less its advice to take another target (the note names the targets that emit the model)."""
-        return err.reason.split(". Use another")[0].split("; use another")[0]
-
     def check_layout(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig) -> None:
         """The shared rules, and a ``pipeline_layout`` torchtitan's FQN parts can hold: every chunk builds something
         (autoplan emits no part without modules) and none an MTP layer (torchtitan's pipeline split has none)."""

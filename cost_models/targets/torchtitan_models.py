@@ -143,8 +143,9 @@ def titan_model(m: ModelSpec) -> TitanModel:
     kind = " (a mixture-of-experts model)" if m.is_moe else ""
     raise UnsupportedModelError(
         f"torchtitan {TORCHTITAN_03} does not ship {m.name}{kind}: autoplan emits torchtitan configs for "
-        f"the models it ships ({ships}), matched by architecture. Use another --target, or register the model with "
-        "torchtitan (a model package with a config_registry) first")
+        f"the models it ships ({ships}), matched by architecture",
+        advice="use another --target, or register the model with torchtitan (a model package with a config_registry) "
+               "first")
 
 
 def arch_overrides(m: ModelSpec) -> dict[str, Any]:
@@ -191,7 +192,7 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         differ.append("router weights on the expert input (torchtitan: on the expert output)")
     if differ:
         raise UnsupportedModelError(f"{m.name} differs from torchtitan {t.module} {t.flavor} in what its code fixes: "
-                                    f"{', '.join(differ)}; use another --target")
+                                    f"{', '.join(differ)}", advice="use another --target")
     if arch.rope_theta != t.rope_theta:
         out["theta"] = arch.rope_theta
     rs_type = arch.rope_scaling.type if arch.rope_scaling else None
@@ -224,7 +225,7 @@ def arch_overrides(m: ModelSpec) -> dict[str, Any]:
         if arch.mtp_repeated and arch.mtp_layers > 1:  # models/deepseek_v3/__init__.py:291-300 (_build_mtp_layers)
             raise UnsupportedModelError(f"{m.name}: one MTP module's weights at each of its {arch.mtp_layers} depths "
                                         "(mtp_repeated); torchtitan deepseek_v3 builds a module per depth, each with "
-                                        "weights of its own; use another --target")
+                                        "weights of its own", advice="use another --target")
         out["num_mtp_layers"] = arch.mtp_layers
     return out
 
