@@ -50,6 +50,41 @@ class MLASpec(_Frozen):
     v_head_dim: int = Field(gt=0)
 
 
+class DSASpec(_Frozen):
+    """DeepSeek sparse attention (DSA: DeepSeek-V3.2-Exp tech report, github.com/deepseek-ai/DeepSeek-V3.2-Exp
+    DeepSeek_V3_2.pdf §2.1; GLM-5) over MLA: a lightning indexer scores every causal key of each query,
+    ``I_t,s = Σ_j w_t,j · ReLU(q_t,j · k_s)`` over ``index_heads`` heads of ``index_head_dim``, and the MLA core
+    attends to the ``index_topk`` best keys only. The indexer's weights (megatron-core 0.16.1
+    experimental_attention_variant/dsa.py:410-453, transformers 5.24.0 DeepseekV32Indexer): ``wq_b`` q_lora_rank ->
+    heads·head_dim, ``wk`` h -> head_dim, ``k_norm`` a LayerNorm (weight and bias) over head_dim, ``weights_proj``
+    h -> heads; no biases. Its training loss is the KL divergence of the indexer's distribution to the summed dense
+    attention distribution (dsa.py:161-252), scaled by ``indexer_loss_coeff``."""
+
+    index_heads: int = Field(gt=0, description="indexer heads H_I (HF index_n_heads; Megatron dsa_indexer_n_heads)")
+    index_head_dim: int = Field(gt=0, description="indexer head dim D_I (HF index_head_dim)")
+    index_topk: int = Field(gt=0, description="keys each query's core attention reads (HF index_topk)")
+    indexer_loss_coeff: float = Field(
+        default=0.01, ge=0, description="the KL loss's coefficient (Megatron dsa_indexer_loss_coeff; a training "
+        "setting no HF config states: 0.01 as Megatron-LM's DSA functional test trains, tests/functional_tests/"
+        "test_cases/gpt/gpt3_mcore_te_tp2_pp2_dsa/model_config.yaml @ d98e8a64dd)")
+    sparse_loss: bool = Field(default=False, description="KL over the top-k keys only (the report's sparse stage; "
+                              "Megatron dsa_indexer_use_sparse_loss) instead of over all causal keys")
+    shared_every: int = Field(default=1, gt=0, description="GLM-5 index sharing: layer i runs its own indexer iff "
+                              "max(i - shared_offset + 1, 0) % shared_every == 0, the others reuse the previous "
+                              "indexer layer's top-k (transformers GlmMoeDsaConfig index_topk_freq); 1 = every layer")
+    shared_offset: int = Field(default=2, ge=0, description="GlmMoeDsaConfig index_skip_topk_offset")
+
+    def params(self, hidden: int, q_lora_rank: int) -> int:
+        """One indexer's weights (dsa.py:410-453): wq_b, wk, k_norm (LayerNorm: weight + bias), weights_proj."""
+        hi, di = self.index_heads, self.index_head_dim
+        return q_lora_rank * hi * di + hidden * di + 2 * di + hidden * hi
+
+    def runs_indexer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) has its own indexer (GlmMoeDsaConfig.__post_init__'s
+        ``indexer_types``, configuration_glm_moe_dsa.py @ transformers 5.24.0)."""
+        return max(layer - self.shared_offset + 1, 0) % self.shared_every == 0
+
+
 class RopeScaling(_Frozen):
     """RoPE frequency scaling for long context, as HF ``rope_scaling`` states it.
 
@@ -432,6 +467,8 @@ class ModelSpec(_Frozen):
     first_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
     moe_layer_freq: int = Field(default=1, gt=0, description="every k-th layer (after the dense ones) is MoE")
     mla: MLASpec | None = Field(default=None, description="multi-head latent attention (DeepSeek)")
+    dsa: DSASpec | None = Field(default=None, description="DeepSeek sparse attention over the MLA (DeepSeek-V3.2, "
+                                "GLM-5): a lightning indexer and top-k key selection in every attention layer")
     moe_latent_size: int | None = Field(default=None, gt=0, description="latent MoE (Nemotron 3 Super): routed "
                                         "experts run at this width between an h->latent and a latent->h projection, "
                                         "both replicated over TP (Megatron-Core moe_layer.py:170-193); shared experts "
@@ -486,10 +523,26 @@ class ModelSpec(_Frozen):
             raise ValueError("moe_latent_size needs num_experts > 0")
         self._check_hybrid()
         self._check_gdn()
+        self._check_dsa()
         arch = self.arch
         if not self.gated_mlp and (arch.glu_linear_offset or arch.activation_clamp is not None):
             raise ValueError("glu_linear_offset / activation_clamp apply to a gated MLP (gated_mlp true)")
         return self
+
+    def _check_dsa(self) -> None:
+        """DSA runs over MLA with a query LoRA: the indexer's queries read the q latent (transformers 5.24.0
+        AXK1Attention / DeepseekV32Indexer ``wq_b``; megatron-core 0.16.1 experimental_attention_variant_module_specs.py:81
+        "Currently only MLA supports sparse attention"), and its RoPE covers the last qk_rope_head_dim of each indexer
+        head (dsa.py:455-472)."""
+        d = self.dsa
+        if d is None:
+            return
+        if self.mla is None or not self.mla.q_lora_rank:
+            raise ValueError("dsa (DeepSeek sparse attention) needs mla with q_lora_rank > 0: the indexer's queries "
+                             "read the query latent")
+        if d.index_head_dim < self.mla.qk_rope_head_dim:
+            raise ValueError(f"dsa index_head_dim ({d.index_head_dim}) must be >= mla qk_rope_head_dim "
+                             f"({self.mla.qk_rope_head_dim}): RoPE covers that slice of each indexer head")
 
     def _check_hybrid(self) -> None:
         pat = self.hybrid_pattern
@@ -726,14 +779,24 @@ class ModelSpec(_Frozen):
         megatron/core/models/mamba/mamba_layer_specs.py, the norm fused into the first linear or a TENorm."""
         if self.hybrid_pattern is not None:
             return self.symbol_params(self.hybrid_pattern[layer])
-        p = (self.gdn_params if self.layer_is_gdn(layer) else self.attention_params) + self.norm_params_per_layer
+        p = ((self.gdn_params if self.layer_is_gdn(layer) else self.attention_params) + self.norm_params_per_layer
+             + self.indexer_params(layer))
         p += self.moe_block_params if self.is_moe_layer(layer) else self.dense_mlp_params
         return p
+
+    def indexer_params(self, layer: int) -> int:
+        """The DSA lightning indexer's weights in decoder layer ``layer`` (``DSASpec.params``; 0 without DSA or on a
+        layer that reuses an earlier layer's top-k)."""
+        d, m = self.dsa, self.mla
+        if d is None or m is None or not d.runs_indexer(layer):
+            return 0
+        return d.params(self.hidden_size, m.q_lora_rank)
 
     def layer_unsplit_params(self, layer: int) -> int:
         """Weights of layer ``layer`` every TP rank holds whole: its norms (one in a hybrid layer, two in a transformer
         layer) and a latent MoE's two projections ('duplicated' TELinear, moe_layer.py:170-193)."""
         p = self.norm_params if self.hybrid_pattern is not None else self.norm_params_per_layer
+        p += self.indexer_params(layer)  # DSAIndexer's linears are 'duplicated' (dsa.py:410-453)
         return p + (self.latent_projection_params if self.is_moe_layer(layer) else 0)
 
     def layer_kv_whole_extra(self, layer: int, tp: int, replicated: bool) -> float:

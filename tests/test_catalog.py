@@ -87,7 +87,7 @@ def test_missing_model_sources(source: str, pattern: str) -> None:
 
 @pytest.mark.parametrize(("hub_id", "close"), [
     ("meta-llama/Meta-Llama-3-70B", "llama3-70b, llama3.1-70b, llama2-70b"),
-    ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ("deepseek-ai/DeepSeek-V3", "deepseek-v3, deepseek-v3.2"),
     ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b, qwen3-next-80b-a3b"),
 ])
 def test_hub_id_names_the_config_and_the_catalog_entry(hub_id: str, close: str) -> None:

@@ -4,7 +4,8 @@ Supported ``model_type``: llama, llama4 (and llama4_text: the text decoder), mis
 qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, gpt2, gpt_neox, bloom, gpt_oss, nemotron (Nemotron-4, Minitron),
 nemotron_h (hybrid Mamba-2 stacks: ``ModelSpec.hybrid_pattern``), qwen3_next (Gated DeltaNet / gated attention:
 ``ModelSpec.gdn``),
-glm4_moe (GLM-4.5/4.6/4.7), olmoe. Each family's key names and defaults follow its ``transformers``
+glm4_moe (GLM-4.5/4.6/4.7), olmoe, and DeepSeek sparse attention over MLA: deepseek_v32 (DeepSeek-V3.2) and
+glm_moe_dsa (GLM-5; ``ModelSpec.dsa``). Each family's key names and defaults follow its ``transformers``
 configuration class. Approximations (all small; the parameter-count tests state the tolerances):
 
 - **MLA** (deepseek_v2/v3): parameters and FLOPs are exact through ``ModelSpec.mla``; for sharding and
@@ -659,6 +660,101 @@ def _deepseek(c: _Config) -> dict[str, Any]:
     )
 
 
+def _dsa_mlp_layers(c: _Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV32Config / GlmMoeDsaConfig place the MoE by ``mlp_layer_types`` ("dense" / "sparse" per layer),
+    default ``first_k_dense_replace`` dense layers then all sparse (configuration_deepseek_v32.py:133-135 @ transformers
+    5.24.0); neither has DeepSeek-V3's ``moe_layer_freq`` (a published file's ``moe_layer_freq: 1`` agrees with that
+    layout; another value transformers would ignore, so it is refused)."""
+    n = int(fields["num_layers"])
+    if c.int("moe_layer_freq", default=1) != 1:
+        raise c.error("moe_layer_freq", c.data["moe_layer_freq"], f"1 (model_type '{c.model_type}' has no such key: "
+                      "mlp_layer_types places the MoE layers)")
+    types = c.get("mlp_layer_types", None)
+    if types is None:
+        return fields
+    if not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
+        raise c.error("mlp_layer_types", types, f"a list of {n} 'dense' / 'sparse'")
+    moe = [i for i, t in enumerate(types) if t == "sparse"]
+    fields = {k: v for k, v in fields.items() if k not in ("first_dense_layers", "moe_layer_freq")}
+    if not moe or not fields.get("num_experts"):
+        raise c.error("mlp_layer_types", types, "at least one 'sparse' layer and n_routed_experts > 0")
+    first_dense, freq = _moe_layout(n, moe, c)
+    return fields | {"first_dense_layers": first_dense, "moe_layer_freq": freq}
+
+
+def _dsa_fields(c: _Config, n: int, *, index_heads: int, glm: bool) -> dict[str, Any]:
+    """The lightning indexer (``DSASpec``): ``index_n_heads`` (default ``index_heads``, the configuration class's),
+    ``index_head_dim`` 128, ``index_topk`` 2048; every layer ``indexed_attention`` (``layer_types``). GLM-MoE-DSA's
+    per-layer ``indexer_types`` ("full" runs the indexer, "shared" reuses the previous full layer's top-k;
+    GlmMoeDsaConfig.__post_init__: ``index_topk_pattern``, else ``index_topk_freq`` / ``index_skip_topk_offset``)
+    must be the every-N-th pattern ``DSASpec.shared_every`` / ``shared_offset`` express."""
+    types = c.get("layer_types", None)
+    if types is not None and (not isinstance(types, list) or len(types) != n or set(types) != {"indexed_attention"}):
+        raise c.error("layer_types", types, f"{n} x 'indexed_attention' (every layer of model_type "
+                      f"'{c.model_type}' runs DSA)")
+    dsa: dict[str, Any] = {"index_heads": c.int("index_n_heads", default=index_heads, minimum=1),
+                           "index_head_dim": c.int("index_head_dim", default=128, minimum=1),
+                           "index_topk": c.int("index_topk", default=2048, minimum=1)}
+    if not glm:
+        return dsa
+    every, offset = c.int("index_topk_freq", default=1, minimum=1), c.int("index_skip_topk_offset", default=2, minimum=0)
+    want = ["full" if max(i - offset + 1, 0) % every == 0 else "shared" for i in range(n)]
+    kinds = c.get("indexer_types", None)
+    pattern = c.get("index_topk_pattern", None)
+    if kinds is None and pattern is not None:
+        if not isinstance(pattern, (str, list)) or not all(p in ("F", "S", "full", "shared") for p in pattern):
+            raise c.error("index_topk_pattern", pattern, "a string of F (full) / S (shared) per layer")
+        kinds = [{"F": "full", "S": "shared"}.get(p, p) for p in pattern]
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != n or not set(kinds) <= {"full", "shared"}:
+            raise c.error("indexer_types", kinds, f"a list of {n} 'full' / 'shared'")
+        if kinds[0] != "full":
+            raise c.error("indexer_types", kinds, "layer 0 'full' (a shared layer reuses an earlier full layer's "
+                          "top-k)")
+        fit = next(((e, o) for e in range(1, n + 1) for o in range(n + 1)
+                    if kinds == ["full" if max(i - o + 1, 0) % e == 0 else "shared" for i in range(n)]), None)
+        if fit is None:
+            raise c.error("indexer_types", kinds, "'full' every N-th layer from an offset (GlmMoeDsaConfig "
+                          "index_topk_freq / index_skip_topk_offset); autoplan has no other sharing pattern")
+        every, offset = fit
+        if "index_topk_freq" in c.data and want != kinds:
+            raise c.disagree("indexer_types", kinds, "index_topk_freq / index_skip_topk_offset", (
+                c.data.get("index_topk_freq"), c.data.get("index_skip_topk_offset")))
+    if every == 1:
+        offset = 2  # no sharing: DSASpec's default (every layer 'full' whatever the offset)
+    return dsa | {"shared_every": every, "shared_offset": offset}
+
+
+def _deepseek_dsa(c: _Config, *, glm: bool) -> dict[str, Any]:
+    """DeepSeek-V3.2 (``deepseek_v32``, transformers ``DeepseekV32Config`` / ``modeling_deepseek_v32`` @ 5.24.0) and
+    GLM-5 (``glm_moe_dsa``, ``GlmMoeDsaConfig``: DeepseekV32's class with GLM's defaults and cross-layer top-k
+    sharing): DeepSeek-V3's MLA decoder (``_deepseek``: ``AXK1Attention``, always with a query LoRA; MoE router, MTP
+    depth) plus a DSA lightning indexer in every attention layer (``_dsa_fields``). Read and derived, not model
+    facts of their own: ``head_dim`` (transformers sets it to qk_rope_head_dim), ``qk_head_dim`` (nope + rope), and
+    ``rope_interleave`` (the MLA's RoPE is always interleaved there: ``apply_rotary_pos_emb_interleave``); GLM's
+    ``indexer_rope_interleave`` (GlmMoeDsaIndexer always interleaves; DeepseekV32Indexer never: the key is not its
+    class's and is reported unread there)."""
+    fields = _dsa_mlp_layers(c, _deepseek(c))
+    mla = fields["mla"]
+    qk = c.int("qk_head_dim", default=mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    if qk != mla.qk_nope_head_dim + mla.qk_rope_head_dim:
+        raise c.disagree("qk_head_dim", qk, "qk_nope_head_dim + qk_rope_head_dim",
+                         mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    c.seen("head_dim")  # DeepseekV32Config.__post_init__ overwrites it with qk_rope_head_dim (the RoPE slice)
+    for key in ("rope_interleave", *(("indexer_rope_interleave",) if glm else ())):
+        if not c.get(key, True):
+            raise c.error(key, False, "true: transformers applies interleaved RoPE there whatever the key says "
+                          f"(model_type '{c.model_type}')")
+    if c.get("mlp_bias", False):
+        raise c.error("mlp_bias", True, "only false: no MLP / expert biases")
+    if c.data.get("num_experts") is not None and c.data.get("n_routed_experts") is not None \
+            and c.data["num_experts"] != c.data["n_routed_experts"]:
+        raise c.disagree("num_experts", c.data["num_experts"], "n_routed_experts", c.data["n_routed_experts"],
+                         "DeepseekV32Config re-routes num_experts to n_routed_experts")
+    fields["dsa"] = _dsa_fields(c, fields["num_layers"], index_heads=32 if glm else 64, glm=glm)
+    return fields
+
+
 def _gpt_oss(c: _Config) -> dict[str, Any]:
     """GPT-OSS (transformers ``GptOssConfig`` / ``modeling_gpt_oss``; OpenAI's model card, arXiv:2508.10925 §2.1):
     every layer MoE (``num_local_experts``, top ``num_experts_per_tok`` of the router logits, softmax over them),
@@ -1150,9 +1246,11 @@ _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "bloom": _bloom,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "deepseek_v32": lambda c: _deepseek_dsa(c, glm=False),
     "gpt2": _gpt2,
     "gpt_oss": _gpt_oss,
     "glm4_moe": _glm4_moe,
+    "glm_moe_dsa": lambda c: _deepseek_dsa(c, glm=True),
     "gpt_neox": _gpt_neox,
     "llama": _llama,
     "llama4": _llama4,
