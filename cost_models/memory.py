@@ -331,7 +331,23 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
             total += ten.width * 2.0 * op.tokens_factor * tokens / (tp_divisor(t, ten.heads) if split_tp else 1)
         return total
     rows = 1.0 + router_padding_share(model, job, par, None, runtime)  # the router's padded copies, saved too
-    return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba, rows) for op in graph.ops)
+    return sum(op_activation_bytes(op, job, par, runtime, graph, model.mamba, rows) for op in graph.ops) \
+        + dsa_unfused_activation_bytes(graph, model, job, par, runtime)
+
+
+def dsa_unfused_activation_bytes(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
+                                 runtime: Runtime) -> float:
+    """The score-sized tensors Megatron-Core's unfused DSA saves (``cost_models.dsa.unfused_saved_bytes``), unless
+    selective recompute re-runs the core attention (DSAttention is the MLA's core_attention: Megatron's ``core_attn``
+    module, or plain selective recompute, checkpoints the indexer and the loss with it)."""
+    from cost_models.dsa import dsa_fused, unfused_saved_bytes
+
+    if model.dsa is None or dsa_fused(runtime) or graph.kind not in DECODER_KINDS:
+        return 0.0
+    modules = modules_in_effect(par, runtime)
+    if par.recompute == "selective" and (modules is None or "core_attn" in modules):
+        return 0.0
+    return sum(unfused_saved_bytes(op, graph, model, job, par) for op in graph.ops)
 
 
 # Selective modules whose checkpoint wraps a whole block (cost_models.recompute): ``mlp`` and ``shared_experts``
@@ -403,6 +419,8 @@ def op_activation_bytes(op: Op, job: JobSpec, par: ParallelConfig, runtime: Runt
             total += 2.0 * cp_a2a_widths(mamba, t, par.cp)[0] * tokens
             continue
         div = (tp_divisor(t, s.heads) if s.split == "tp" else t) if (s.split == "tp" or sp) else 1
+        if op.kind == "indexer":
+            div = 1  # DSA's indexer runs whole on every TP rank, on the sequence gathered under SP (dsa.py:557-559)
         b = s.bytes_per_token
         if op.kind in ("experts", "dispatch", "combine") or s.tensor.startswith("expert_"):
             div = t if sp else 1  # expert TP = 1: tokens, not features, are split across TP ranks

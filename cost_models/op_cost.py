@@ -71,7 +71,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     t = par.tp
     eff = cluster.efficiency
     tokens = par.micro_batch_size * job.seq_len / par.cp
-    gemm = attn_f = attn_b = wgrad_hp = fwd_extra = 0.0
+    gemm = attn_f = attn_b = wgrad_hp = fwd_extra = idx_mf = idx_mb = 0.0
     if op.kind in ("matmul", "router"):
         k, n = local_widths(op, graph, 1 if op.name in ("k_proj", "v_proj") and kv_replicated(graph, par) else t)
         rows = tokens
@@ -92,6 +92,12 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
                                                    + router_padding_share(model, job, par, cluster, rt))
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
             * fp8_gemm_time_ratio(rt, job)
+    elif op.kind == "indexer":  # DSA's indexer scores and loss scores (cost_models.dsa)
+        from cost_models.dsa import indexer_op_s
+
+        attn_f, attn_b, idx_mf, idx_mb = indexer_op_s(op, model, cluster, job, par, rt)  # + unfused score passes
+    elif op.kind == "attention" and model.dsa is not None and not _dsa_fused(rt):
+        attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)  # unfused_dsa_fn (cost_models.dsa)
     elif op.kind == "attention":
         if eff.flash_attention:
             steps = ring_steps(par, rt)
@@ -105,6 +111,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
     pad = op.kind == "experts" and quantization_padded(model, job, par, cluster, rt)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
                                     non_tn_fp8_gemm(cluster), passes, pad)
+    mem_f, mem_b = mem_f + idx_mf, mem_b + idx_mb
     if routed_rows_op(op):  # capacity rows or the router's padded copies: moved, padded, activated like the routed
         rows = routed_rows(model, job, par, cluster, rt)
         mem_f, mem_b = mem_f * rows, mem_b * rows
@@ -126,6 +133,12 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
         mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
     return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
+
+
+def _dsa_fused(rt: Runtime | None) -> bool:
+    from cost_models.dsa import dsa_fused
+
+    return dsa_fused(rt)
 
 
 def rerun_forward_s(op: Op, oc: OpCompute) -> float:

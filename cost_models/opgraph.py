@@ -38,7 +38,7 @@ GDN_KINDS: tuple[str, ...] = ("gdn_dense", "gdn_moe")
 HYBRID_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 OpKind = Literal[
     "norm", "matmul", "attention", "elementwise", "router", "dispatch", "experts", "combine", "embedding", "loss",
-    "ssm", "gdn"
+    "ssm", "gdn", "indexer"
 ]
 DimKind = Literal["hidden", "q", "kv", "ffn", "expert_ffn", "vocab", "router", "ssm", "latent"]
 Split = Literal["tp", "seq"]
@@ -230,8 +230,61 @@ def _attention(b: _Builder, x: str, seq_len: int, flash: bool, causal: bool, kin
         b.add(Op("attn_output_gate", "elementwise", (ctx, "attn_gate"), gated,
                  saved=(b.saved(ctx, "tp"), b.saved("attn_gate", "tp"))))
         ctx = gated
+    if m.dsa is not None:
+        _dsa_indexer(b, xn, "q_c", seq_len, causal, kind)
     o = b.linear("o_proj", ctx, "attn_out", h, "hidden", "tp", m.linear_bias)
     return b.residual("attn_residual", x, o, "attn_res")
+
+
+def _dsa_indexer(b: _Builder, xn: str, q_c: str, seq_len: int, causal: bool, kind: LayerKind) -> None:
+    """DeepSeek sparse attention's lightning indexer and its training loss (``ModelSpec.dsa``; megatron-core 0.16.1
+    experimental_attention_variant/dsa.py): ``idx_q_proj`` (wq_b on the query latent), ``idx_k_proj`` + ``idx_k_norm``
+    (wk, LayerNorm), ``idx_weights_proj`` (weights_proj) are 'duplicated' linears on the whole sequence of every TP
+    rank (dsa.py:410-453, 557-559: x and qr are gathered under SP), their inputs the latents the MLA already saves;
+    ``idx_scores`` (kind ``indexer``) scores each query against its causal keys, ``2·H_I·D_I`` FLOPs per key
+    (``I_t,s = Σ_j w_t,j ReLU(q_t,j · k_s)``, dsa.py:474-516; DeepSeek-V3.2-Exp report eq. 1) and saves its inputs and
+    the top-k indices (int32); ``idx_loss`` (kind ``indexer``) computes the dense attention distribution the KL loss
+    targets, ``Q·Kᵀ`` of every query head over the causal keys (``2·a·d_qk`` FLOPs per key, forward only: query and key
+    are detached, dsa.py:802-811, 194-204). A layer kind where only some layers run their own indexer (GLM index
+    sharing) carries the indexer ops at that share of their FLOPs and weights (``indexer_share``)."""
+    m = b.model
+    d, mla = m.dsa, m.mla
+    assert d is not None and mla is not None
+    share = indexer_share(m, kind)
+    if share == 0:
+        return
+    hi, di = d.index_heads, d.index_head_dim
+    first = len(b.ops)
+    b.linear("idx_q_proj", q_c, "idx_q", hi * di, "hidden", "seq", False)
+    b.linear("idx_k_proj", xn, "idx_k_raw", di, "hidden", "seq", False)
+    b.tensor("idx_k", di, "hidden")
+    b.add(Op("idx_k_norm", "norm", ("idx_k_raw",), "idx_k", params=2 * di))
+    b.linear("idx_weights_proj", xn, "idx_w", hi, "hidden", "seq", False)
+    keys = keys_per_query(seq_len, None, causal)
+    topk = min(d.index_topk, seq_len)
+    b.tensor("idx_topk", topk, "hidden")
+    saved = (b.saved("idx_q", "seq"), b.saved("idx_k", "seq"), b.saved("idx_w", "seq"),
+             Saved("idx_topk", 4.0 * topk, "seq"))
+    b.add(Op("idx_scores", "indexer", ("idx_q", "idx_k", "idx_w"), "idx_topk", flops_per_token=2.0 * hi * di * keys,
+             saved=saved))
+    b.tensor("idx_loss", 1, "hidden")
+    b.add(Op("idx_loss", "indexer", ("q_rot", "k", "idx_topk"), "idx_loss",
+             flops_per_token=2.0 * m.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * keys))
+    for i in range(first, len(b.ops)):  # inputs the MLA already saves; a shared layer's share of the rest
+        op = b.ops[i]
+        saved = tuple(replace(x, bytes_per_token=x.bytes_per_token * share) for x in op.saved)
+        b.ops[i] = replace(op, saved=saved if op.kind == "indexer" else (), params=round(op.params * share),
+                           flops_per_token=op.flops_per_token * share)
+
+
+def indexer_share(model: ModelSpec, kind: LayerKind) -> float:
+    """The share of ``model``'s decoder layers of ``kind`` that run their own DSA indexer (1 without index sharing,
+    0 without DSA); a kind the model has no layer of (an MTP block's) takes the last layer's."""
+    d = model.dsa
+    if d is None:
+        return 0.0
+    layers = [i for i in range(model.num_layers) if layer_kind(model, i) == kind] or [model.num_layers - 1]
+    return sum(d.runs_indexer(i) for i in layers) / len(layers)
 
 
 def keys_per_query(seq_len: int, window: int | None, causal: bool, chunk: int | None = None) -> float:
@@ -259,6 +312,8 @@ def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal:
     ``∝ x·sat⁻¹(x) = x + half`` is linear in the keys ``x`` (``attention_cost.attention_kernel_factor``), for their
     time; a pipeline stage holding an uneven share of windowed layers is off by at most one layer's difference."""
     arch = model.arch
+    if model.dsa is not None:  # the MLA core reads each query's top-k keys, its causal keys when fewer (dsa.py:609)
+        return keys_per_query(seq_len, model.dsa.index_topk, causal)
     if arch.attention_chunk is None and (arch.sliding_window is None or not arch.full_attention_every):
         return keys_per_query(seq_len, arch.sliding_window, causal)
     layers = [i for i in range(model.num_layers) if layer_kind(model, i) == kind]

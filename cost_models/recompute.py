@@ -75,13 +75,20 @@ def _in_moe(op: Op) -> bool:
             or op.name in ("fc1_latent_proj", "fc2_latent_proj"))
 
 
+def _in_dsa(op: Op) -> bool:
+    """DSA's indexer and its loss (``opgraph._dsa_indexer``): all inside DSAttention, the MLA's ``core_attention``
+    (megatron-core 0.16.1 dsa.py:718-720, 787-811), so ``core_attn`` checkpoints them with the core; its inputs (the
+    hidden states and the query latent) are the checkpoint's, kept."""
+    return op.name.startswith("idx_")
+
+
 def _in_shared(op: Op) -> bool:
     return op.name.startswith("shared_") and op.name != "shared_add"
 
 
 def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
     """Whether the backward re-runs ``op``'s forward under ``modules``."""
-    if op.kind == "attention":
+    if op.kind == "attention" or _in_dsa(op):
         return "core_attn" in modules
     if "layernorm" in modules and op.name in _NORMS and separate_norm(op.name, graph.kind, is_mla(graph)):
         return True
@@ -97,6 +104,8 @@ def reruns(op: Op, graph: LayerGraph, modules: frozenset[str]) -> bool:
 
 def drops(op: Op, tensor: str, graph_kind: str, modules: frozenset[str], mla: bool) -> bool:
     """Whether ``op``'s saved ``tensor`` is not kept for the backward under ``modules`` (it is recomputed)."""
+    if _in_dsa(op) and "core_attn" in modules:
+        return True
     if op.kind == "attention":
         if "core_attn" in modules and tensor not in op.inputs:
             return True

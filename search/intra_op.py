@@ -633,7 +633,7 @@ def uniform_choice(lp: LayerProblem, sp: bool) -> tuple[int, ...] | None:
 
 
 def _megatron_mode(node: Node, sp: bool) -> str:
-    if node.kind in ("attention", "loss"):
+    if node.kind in ("attention", "indexer", "loss"):
         return "F"
     if node.kind == "embedding":
         return "vocab_sp" if sp else "vocab"

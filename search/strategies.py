@@ -250,7 +250,7 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
         modes = ["R", "S"]
     elif k == "experts":
         modes = ["seq"]  # expert-TP 1: tokens, not weights, split over tp (what cost_models prices)
-    elif k == "attention":
+    elif k in ("attention", "indexer"):  # DSA's indexer ops: priced whole-sequence per rank (cost_models.dsa)
         modes = ["F"]
     elif k == "embedding":
         modes = ["vocab", "vocab_sp"]
@@ -275,7 +275,7 @@ def tp_modes(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[str]:
         sp = True  # torchtitan's TP plan is sequence-parallel whenever tp > 1
     if not seq_ok or sp is False:
         modes = [m for m in modes if m not in SP_MODES]
-    elif sp and k not in ("attention", "experts", "loss"):  # SP on: sharded between TP regions
+    elif sp and k not in ("attention", "indexer", "experts", "loss"):  # SP on: sharded between TP regions
         modes = [m for m in modes if m in SP_MODES] or modes
     return modes
 
@@ -421,7 +421,7 @@ class _Eval:
 def _ties(node: Node, ctx: LayerContext, tp: str) -> tuple[tuple[str, Hashable], ...]:
     """Choices a launch target makes once per model (constraint 6 of ``intra_op``)."""
     if ctx.allowed.sequence_parallel == "flag" and ctx.mesh.size(MeshAxis.TP) > 1 and \
-            tp in _TP_LAYOUT and node.kind not in ("attention", "experts", "loss"):
+            tp in _TP_LAYOUT and node.kind not in ("attention", "indexer", "experts", "loss"):
         return (("sp", tp in SP_MODES),)  # --sequence-parallel (the emitted module's flag) is one switch
     return ()
 

@@ -4,6 +4,7 @@ meta-device build and the published checkpoint, and what the loader refuses."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -118,3 +119,167 @@ def test_mlp_layer_types_place_the_moe() -> None:
     assert _spec(GLM, mlp_layer_types=types) == _spec(GLM)
     with pytest.raises(UserInputError, match="mlp_layer_types"):
         spec_from_hf_config(_config(GLM) | {"mlp_layer_types": ["dense"] * 78})
+
+
+# ---- pricing (cost_models.opgraph._dsa_indexer, cost_models.dsa) ------------------------------------
+
+
+def test_worked_numbers_per_token() -> None:
+    """DeepSeek-V3.2 at s = 4096, recomputed here from the design (DeepSeek-V3.2-Exp report §2.1): the indexer
+    scores every causal key of every query, s²/2 · H_I · D_I multiply-adds per sequence; the MLA core reads
+    min(i + 1, 2048) keys at query i; the loss's dense target is Q·Kᵀ of all 128 heads over the causal keys."""
+    from cost_models.opgraph import layer_graph
+
+    s, hi, di, topk, a, d_qk, d_v = 4096, 64, 128, 2048, 128, 128 + 64, 128
+    g = layer_graph(load_model(DS), "moe", s)
+    macs_per_sequence = s * s / 2 * hi * di  # 68,719,476,736
+    assert g.op("idx_scores").flops_per_token == 2 * macs_per_sequence / s == 33_554_432
+    keys = sum(min(i + 1, topk) for i in range(s)) / s  # 1536.25: the first 2048 queries see fewer
+    assert g.op("attn_core").flops_per_token == pytest.approx(2 * a * (d_qk + d_v) * keys, rel=1e-3)
+    assert g.op("idx_loss").flops_per_token == 2 * a * d_qk * s / 2
+    dense = layer_graph(load_model("deepseek-v3"), "moe", s)
+    assert dense.op("attn_core").flops_per_token == 2 * a * (d_qk + d_v) * s / 2  # top-k saves 1/4 at 4096
+    short = layer_graph(load_model(DS), "moe", 2048)  # s <= top-k: every causal key, as dense attention
+    assert short.op("attn_core").flops_per_token == 2 * a * (d_qk + d_v) * 2048 / 2
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_graph_weights_are_the_layer_weights(kind: str) -> None:
+    from cost_models.opgraph import layer_graph
+
+    m = load_model(DS)
+    layer = 0 if kind == "dense" else 5
+    assert layer_graph(m, kind, 4096).params == m.layer_params(layer)
+    idx = [op for op in layer_graph(m, kind, 4096).ops if op.name.startswith("idx_")]
+    assert sum(op.params for op in idx) == m.indexer_params(layer)
+
+
+def test_unfused_megatron_pays_the_dense_scores() -> None:
+    """megatron-core 0.16.1 runs DSA unfused (dsa.py:474-516, 638-688, 161-252): the indexer and the loss over every
+    key (twice the causal FLOPs), the core as dense unfused attention; its score-sized tensors stay saved. A reference
+    runtime that is not Megatron's (DeepSeek's fused kernels) prices the sparse design."""
+    from autoplan.catalog import build_cluster
+    from cost_models.memory import activation_bytes_per_microbatch
+    from cost_models.op_cost import op_compute
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import runtime_for
+
+    m, cluster = load_model(DS), build_cluster("h100-sxm", 64)
+    job, par = JobSpec(global_batch_size=64, seq_len=4096), ParallelConfig(tp=1, ep=8)
+    g = layer_graph(m, "moe", job.seq_len)
+    mega = runtime_for("megatron", job, cluster, par)
+    ref = runtime_for("deepseek", job, cluster, par)
+    for name in ("idx_scores", "idx_loss", "attn_core"):
+        fused, unfused = (op_compute(g.op(name), g, m, cluster, job, par, rt) for rt in (ref, mega))
+        assert unfused.forward_s > 1.5 * fused.forward_s, name
+    saved = activation_bytes_per_microbatch(g, m, job, par, mega) - activation_bytes_per_microbatch(g, m, job, par,
+                                                                                                      ref)
+    s, tokens = 4096, 4096
+    # the indexer's fp32 ReLU output, the loss's two [s, s] fp32 tensors, the core's fp32 + bf16 scores and fp32 Q, K
+    assert saved == pytest.approx(tokens * (4 * 64 * s + 8 * s + (6 * s + 8 * 192) * 128))
+
+
+# ---- targets -------------------------------------------------------------------------------------
+
+
+def _plan(m: ModelSpec, gpus: int = 256, **par: int):  # type: ignore[no-untyped-def]
+    from autoplan.catalog import build_cluster
+    from autoplan.emit import EmitPlan
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    return EmitPlan(m, build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=1024, seq_len=4096),
+                    ParallelConfig(**par))
+
+
+def test_megatron_gets_the_indexer_flags() -> None:
+    from autoplan.emit.megatron import megatron_args, parse_megatron_args
+
+    ns = parse_megatron_args(megatron_args(_plan(load_model(DS), tp=2, pp=8, ep=32, recompute="full")))
+    assert (ns.experimental_attention_variant, ns.dsa_indexer_n_heads, ns.dsa_indexer_head_dim, ns.dsa_indexer_topk,
+            ns.dsa_indexer_loss_coeff, ns.apply_rope_fusion) == ("dsa", 64, 128, 2048, 0.01, False)
+    assert ns.multi_latent_attention and ns.q_lora_rank == 1536
+
+
+def test_megatron_refuses_what_it_cannot_run() -> None:
+    from autoplan.errors import ConfigError
+    from cost_models.targets import PROFILES
+
+    prof = PROFILES["megatron"]
+    err = prof.target_layout_error(load_model(DS), tp=1, pp=8, cp=2, ep=32, zero=1)
+    assert err is not None and "transformer_config.py:1987-1990" in str(err)
+    shared = spec_from_hf_config(_config(GLM) | {"index_topk_freq": 4, "index_skip_topk_offset": 3})
+    errs = prof.emit_model_errors(shared)
+    assert errs and "indexer in every layer" in str(errs[0]) and "core_v0.19.0" in str(errs[0])
+    for target in ("torchtitan", "fsdp2"):
+        err = PROFILES[target].model_error(load_model(DS))
+        assert isinstance(err, ConfigError) and "DeepSeek sparse attention" in str(err)
+
+
+def test_search_never_prices_context_parallelism() -> None:
+    """The planner prunes cp > 1 by the profile's rule (``target_layout_error``) before pricing any such layout."""
+    from autoplan import api
+
+    res = api.Engine().search({"model": "deepseek-v3.2", "cluster": {"num_gpus": 256, "gpu": "h100-sxm"},
+                               "job": {"global_batch_size": 1024, "seq_len": 4096}, "top": 5})
+    assert res.plans and all(p.parallel.cp == 1 for p in res.plans)
+
+
+def test_estimate_cli_prices_deepseek_v3_2() -> None:
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    out = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3.2", "--gpus", "256", "--gpu", "h100-sxm",
+                                    "--tp", "2", "--pp", "8", "--ep", "32", "--seq-len", "4096",
+                                    "--global-batch-size", "1024", "--recompute", "full", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["model"]["name"] == "deepseek-v3.2" and data["prediction"]["step_time_s"] > 0
+
+
+@pytest.mark.consumers
+@pytest.mark.slow
+def test_megatron_lm_sets_up_the_emitted_dsa_run(tmp_path: Path) -> None:
+    """The emitted torchrun script (mock data) through Megatron-LM core_v0.16.1's parse_args, validate_args and
+    core_transformer_config_from_args (TransformerConfig's DSA checks: cp 1, no RoPE fusion); skips without
+    MEGATRON_LM_PATH."""
+    from autoplan.emit import write_plan
+    from autoplan.validate import megatron_lm
+    from autoplan.validate.megatron_checks import megatron_lm_case
+
+    if megatron_lm.checkout() is None:
+        pytest.skip(megatron_lm.skip_reason())
+    plan = _plan(load_model(DS), tp=2, pp=8, ep=32, recompute="full")
+    write_plan(plan, "megatron", tmp_path)
+    env = {"DATA_ARGS": f"--mock-data --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size - 1}",
+           "TRAIN_ITERS": "10", "LR": "3e-4", "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    res = megatron_lm.judge([megatron_lm_case(plan, megatron_lm.launch_argv(tmp_path / "train_megatron_torchrun.sh",
+                                                                            env))])[0]
+    assert res["ok"], f"{res['stage']}: {res['error']}"
+    assert res["facts"]["dsa"] == ["dsa", 64, 128, 2048, 0.01, False]
+
+
+def test_cudnn_backend_knob_prices_the_fused_kernels() -> None:
+    """--dsa-kernel-backend cudnn (megatron_core 0.19.0 or later) runs the fused kernels: the sparse design's price,
+    the flag emitted; refused before 0.19.0 and on a model without DSA."""
+    from autoplan.catalog import build_cluster
+    from autoplan.emit.megatron import megatron_args, parse_megatron_args
+    from autoplan.errors import ConfigError
+    from cost_models.estimate import estimate
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets.common import Software
+
+    m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
+    job, par = JobSpec(global_batch_size=1024, seq_len=4096), ParallelConfig(tp=2, pp=8, ep=32, recompute="full")
+    fused = Software(megatron_core="0.19.0", dsa_kernel_backend="cudnn")
+    slow = estimate(m, cluster, job, par, target="megatron", software=Software(megatron_core="0.19.0"))
+    fast = estimate(m, cluster, job, par, target="megatron", software=fused)
+    assert fast.step_time_s < slow.step_time_s
+    with pytest.raises(ConfigError, match=r"dsa_kernel_backend=cudnn with megatron_core=0\.16\.1"):
+        estimate(m, cluster, job, par, target="megatron", software=Software(dsa_kernel_backend="cudnn"))
+    with pytest.raises(ConfigError, match="has no DeepSeek sparse attention"):
+        estimate(load_model("deepseek-v3"), cluster, job, par, target="megatron", software=fused)
+    plan = dataclasses.replace(_plan(m, tp=2, pp=8, ep=32, recompute="full"), software=fused)
+    assert parse_megatron_args(megatron_args(plan)).dsa_kernel_backend == "cudnn"
+    assert parse_megatron_args(megatron_args(_plan(m, tp=2, pp=8, ep=32))).dsa_kernel_backend == "none"

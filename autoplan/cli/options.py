@@ -174,6 +174,9 @@ software_options = stack(
                  help="megatron: Megatron-Core's Transformer Engine fused grouped MLP (--use-transformer-engine-op-fuser, "
                       "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): fc1 + GLU + MXFP8 quantize in one kernel (Blackwell, "
                       "fp8_recipe mxfp8, --megatron-core 0.18.0 or later)"),
+    click.option("--dsa-kernel-backend", "dsa_kernel_backend", type=click.Choice(["none", "cudnn"]), default=None,
+                 help="megatron --dsa-kernel-backend (DeepSeek sparse attention models, --megatron-core 0.19.0 or "
+                      "later): cudnn runs cuDNN's fused indexer and sparse MLA; none (default) the unfused path"),
     click.option("--cuda-graph-impl", "cuda_graph_impl", type=click.Choice(list(CudaGraphImpl.__args__)),  # type: ignore[attr-defined]
                  default=None, help="megatron --cuda-graph-impl: none (default), local (full_iteration or whole "
                                     "layers) or transformer_engine (per-module scopes)"),
@@ -192,7 +195,8 @@ software_options = stack(
 SOFTWARE_KEYS = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "fp8_recipe", "grad_reduce_dtype", "cp_comm_type",
                  "cp_a2a_size", "reshard_after_forward", "adam_moments_dtype",
                  "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap", "moe_force_balance",
-                 "moe_capacity_factor", "moe_router_padding", "moe_fused_grouped_mlp", "cross_entropy_fusion",
+                 "moe_capacity_factor", "moe_router_padding", "moe_fused_grouped_mlp", "dsa_kernel_backend",
+                 "cross_entropy_fusion",
                  "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer", "muon_tp_mode",
                  "megatron_core")
 

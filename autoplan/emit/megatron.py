@@ -292,6 +292,18 @@ def model_args(plan: EmitPlan) -> list[str]:
         add("--qk-head-dim", m.mla.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim)
         add("--v-head-dim", m.mla.v_head_dim)
+    if m.dsa is not None:  # DSAttention (dsa_model_error: every layer, MLA); TransformerConfig fields as flags
+        add("--experimental-attention-variant", "dsa")
+        add("--dsa-indexer-n-heads", m.dsa.index_heads)
+        add("--dsa-indexer-head-dim", m.dsa.index_head_dim)
+        add("--dsa-indexer-topk", m.dsa.index_topk)
+        # required: dsa.py:801-810 multiplies the KL by it in every training step (None would fail there)
+        add("--dsa-indexer-loss-coeff", m.dsa.indexer_loss_coeff)
+        if m.dsa.sparse_loss:
+            add("--dsa-indexer-use-sparse-loss")
+        add("--no-rope-fusion")  # transformer_config.py:1991 @ core_v0.16.1: "RoPE fusion is not supported"
+        if plan.runtime("megatron").dsa_kernel_backend != "none":  # core_v0.19.0+ (dsa_backend_error)
+            add("--dsa-kernel-backend", plan.runtime("megatron").dsa_kernel_backend)
     if m.is_moe:
         r = arch.router
         add("--num-experts", m.num_experts)
@@ -432,9 +444,15 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--rotary-base", "--make-vocab-size-divisible-by", "--moe-router-num-groups", "--moe-router-group-topk",
             "--mtp-num-layers", "--cpu-offloading-num-layers", "--moe-latent-size", "--mamba-num-heads",
             "--mamba-head-dim", "--mamba-state-dim", "--mamba-num-groups", "--linear-conv-kernel-dim",
-            "--linear-key-head-dim", "--linear-value-head-dim", "--linear-num-key-heads", "--linear-num-value-heads"]
+            "--linear-key-head-dim", "--linear-value-head-dim", "--linear-num-key-heads", "--linear-num-value-heads",
+            "--dsa-indexer-n-heads", "--dsa-indexer-head-dim", "--dsa-indexer-topk"]
+    # experimental attention variant (TransformerConfig fields made flags, arguments.py:1621 @ core_v0.16.1)
     p.add_argument("--experimental-attention-variant", choices=["gated_delta_net", "dsa"], default=None)
     p.add_argument("--linear-attention-freq", type=str, default=None)  # Megatron's la_freq_type (arguments.py:256)
+    p.add_argument("--dsa-indexer-loss-coeff", type=float, default=None)
+    p.add_argument("--dsa-indexer-use-sparse-loss", action="store_true")
+    p.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")  # arguments.py:2045-2048
+    p.add_argument("--dsa-kernel-backend", choices=["none", "tilelang", "cudnn"], default="none")  # core_v0.19.0
     p.add_argument("--hybrid-override-pattern", type=str, default=None)
     p.add_argument("--spec", type=str, nargs="*", default=None)
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")

@@ -116,6 +116,13 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   rotary_scaling_factor=ns.rotary_scaling_factor, mscale=ns.mscale, mscale_all_dim=ns.mscale_all_dim)
         if ns.rope_type is not None:
             kw["rope_type"] = ns.rope_type
+    if ns.experimental_attention_variant is not None:  # DSA: TransformerConfig fields (transformer_config.py:250-268)
+        kw.update(experimental_attention_variant=ns.experimental_attention_variant,
+                  dsa_indexer_n_heads=ns.dsa_indexer_n_heads, dsa_indexer_head_dim=ns.dsa_indexer_head_dim,
+                  dsa_indexer_topk=ns.dsa_indexer_topk, dsa_indexer_loss_coeff=ns.dsa_indexer_loss_coeff,
+                  dsa_indexer_use_sparse_loss=ns.dsa_indexer_use_sparse_loss,
+                  # as Megatron-LM settles it (on by default, arguments.py:994-995, 2045-2048): DSA asserts it off
+                  apply_rope_fusion=ns.apply_rope_fusion and ns.position_embedding_type == "rope")
     return bool(ns.multi_latent_attention), kw
 
 
@@ -322,6 +329,12 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
     if (f["fp4"], f["fp4_recipe"]) != fp4:
         raise AssertionError(f"Megatron-LM settled fp4={f['fp4']} fp4_recipe={f['fp4_recipe']}; autoplan priced "
                              f"precision {plan.job.precision}")
+    d = plan.model.dsa
+    want_dsa = [None, None, None, None, None] if d is None else ["dsa", d.index_heads, d.index_head_dim, d.index_topk,
+                                                                  d.indexer_loss_coeff, False]
+    if f["dsa"][:len(want_dsa)] != want_dsa:
+        raise AssertionError(f"Megatron-LM settled DSA [variant, indexer heads, head dim, top-k, loss coeff, rope "
+                             f"fusion] = {f['dsa']}; autoplan priced {want_dsa}")
     if f["num_microbatches"] != plan.num_microbatches or f["padded_vocab_size"] != plan.model.vocab_size:
         raise AssertionError(f"Megatron-LM settled {f['num_microbatches']} micro-batches and a {f['padded_vocab_size']}"
                              f"-token vocabulary; autoplan priced {plan.num_microbatches} and {plan.model.vocab_size}")
@@ -390,13 +403,18 @@ def newer_flags_reason(plan: EmitPlan, version: str | None) -> str | None:
     introduced (the fused grouped MLP's, core_v0.18.0: ``cost_models.targets.megatron.FUSED_MLP_SINCE``), or None."""
     import re
 
-    from cost_models.targets.megatron import FUSED_MLP_SINCE
+    from cost_models.targets.megatron import FUSED_DSA_SINCE, FUSED_MLP_SINCE
 
     def release(v: str) -> tuple[int, ...]:  # "0.20.0" -> (0, 20, 0, 1); a pre-release "0.18.0rc0" -> (0, 18, 0, 0)
         m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(\D)?", v)
         return (*(int(x or 0) for x in m.groups()[:3]), 0 if m.group(4) else 1) if m else ()
 
     rt = plan.runtime("megatron")
+    if rt.dsa_kernel_backend != "none" and (version is None or release(version) < release(FUSED_DSA_SINCE)):
+        return (f"the launch carries --dsa-kernel-backend {rt.dsa_kernel_backend} (knob dsa_kernel_backend, "
+                f"megatron_core={rt.megatron_core}), a flag from core_v{FUSED_DSA_SINCE}; the checkout is "
+                f"Megatron-Core {version or 'of unknown version'}: point MEGATRON_LM_PATH at a "
+                f"core_v{rt.megatron_core} checkout")
     if not rt.moe_fused_grouped_mlp:
         return None
     if version is not None and release(version) >= release(FUSED_MLP_SINCE):  # 0.19.1, 0.20.0rc0, ... included

@@ -171,7 +171,10 @@ def _setup(argv: list[str]) -> dict:  # pragma: no cover - runs in the child pro
             "experimental_attention_variant": cfg.experimental_attention_variant,
             "linear_attention_freq": cfg.linear_attention_freq,
             "linear": [cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                       cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim]}}
+                       cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim],
+            "dsa": [getattr(cfg, "experimental_attention_variant", None), getattr(cfg, "dsa_indexer_n_heads", None),
+                    getattr(cfg, "dsa_indexer_head_dim", None), getattr(cfg, "dsa_indexer_topk", None),
+                    getattr(cfg, "dsa_indexer_loss_coeff", None), getattr(cfg, "apply_rope_fusion", None)]}}
     except (AssertionError, ValueError, TypeError, RuntimeError, SystemExit) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400], "stage": stage, "facts": {}}
     finally:

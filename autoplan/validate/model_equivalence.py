@@ -183,6 +183,14 @@ def megatron_model(argv: list[str], vocab_size: int) -> tuple[Any, Any]:
                            "and layer patterns instead")
     _init_megatron()
     ns.padded_vocab_size = vocab_size
+    if ns.experimental_attention_variant is not None:
+        # megatron-core 0.16.1 builds DSAttention only through Transformer Engine's spec provider
+        # (experimental_attention_variant_module_specs.py:188, 356-367: TESpecProvider, no local backend), and
+        # the decoder block specs used below would build dense MLA layers without the indexer: no comparison.
+        raise ValueError(f"--experimental-attention-variant {ns.experimental_attention_variant}: megatron-core "
+                         "0.16.1 builds it only with Transformer Engine's spec provider "
+                         "(experimental_attention_variant_module_specs.py:356-367); the model-equivalence check "
+                         "builds the local (non-TE) spec, which has no DSA indexer, so it does not compare this model")
     mla, kw = transformer_config_kwargs(ns)
     kw.update(use_cpu_initialization=True, perform_initialization=False, tensor_model_parallel_size=1,
               pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None, context_parallel_size=1,

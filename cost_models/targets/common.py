@@ -121,6 +121,10 @@ class Software(BaseModel):
         "--moe-mlp-glu-interleave-size 32, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; megatron_core 0.18.0 or later): "
         "Transformer Engine's CuTe DSL kernels run fc1 + GLU + MXFP8 quantize and fc2's dgrad + dGLU as one GEMM "
         "each (Blackwell, fp8_recipe mxfp8)")
+    dsa_kernel_backend: Literal["none", "cudnn"] | None = Field(
+        default=None, description="Megatron --dsa-kernel-backend (megatron_core 0.19.0 or later): 'cudnn' runs "
+        "DeepSeek sparse attention through cuDNN's fused indexer / sparse-MLA kernels (cost_models.dsa prices the "
+        "sparse design); 'none' (the default, and the only path of 0.16.1) the unfused reference")
     expandable_segments: bool | None = Field(
         default=None, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment: the "
         "caching allocator returns its free pages before an out-of-memory (the reserve need not fit in HBM)")
@@ -174,7 +178,7 @@ KNOB_NAMES = ("compile", "compile_components", "async_tp", "tp_comm_overlap", "f
               "adam_moments_dtype", "cpu_offload_layers", "fp8_param_gather", "moe_dispatcher", "moe_a2a_overlap",
               "moe_force_balance", "moe_capacity_factor", "moe_router_padding", "moe_fused_grouped_mlp",
               "cross_entropy_fusion", "expandable_segments", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
-              "muon_tp_mode", "megatron_core", "bf16_layers", "quant_recipe")
+              "muon_tp_mode", "megatron_core", "bf16_layers", "quant_recipe", "dsa_kernel_backend")
 
 # PyTorch's caching-allocator setting the launch environment carries (``Runtime.env``; ``cost_models.memory`` reads
 # ``Runtime.expandable_segments``): ``expandable_segments:True`` maps memory into growable virtual segments. The
@@ -220,6 +224,8 @@ class Runtime:
     # Megatron-Core's fused grouped MLP (TE op fuser + CuTe DSL grouped GEMM-GLU kernels): the expert activation and
     # the MXFP8 casts around it ride the GEMM epilogues (op_traffic.FUSED_GROUPED_MLP); the megatron target's knob
     moe_fused_grouped_mlp: bool = False
+    # DeepSeek sparse attention's kernels (megatron --dsa-kernel-backend; cost_models.dsa.dsa_fused)
+    dsa_kernel_backend: str = "none"
     # HBM passes over the routed token copies a torch MoE makes beside its all-to-alls, ((dispatch with EP, without),
     # (combine with EP, without)), the score weighting apart (moe.permutation_passes); None = Megatron-Core's rule
     moe_passes: tuple[tuple[int, int], tuple[int, int]] | None = None
@@ -473,6 +479,8 @@ class TargetProfile:
     # Gated DeltaNet layers of a transformer stack (ModelSpec.gdn): a target that builds and prices them
     gdn_models: bool = False
     gdn_refusal: str = "it builds no Gated DeltaNet mixer"
+    # DeepSeek sparse attention (``ModelSpec.dsa``): whether this target builds it (megatron: DSAttention)
+    dsa_models: bool = False
     # Why a target without the ``optimizer`` knob runs no Muon (the error names it)
     optimizer_refusal: str = "this target runs Adam only"
     # The framework that computes the emitted model's RoPE from autoplan's settings (``dynamic_rope_error`` names
@@ -691,6 +699,12 @@ class TargetProfile:
             return ConfigError(f"{model.name} has Gated DeltaNet linear-attention layers (gdn): the {self.name} target "
                                f"cannot run them ({self.gdn_refusal}); {use_instead(others)}",
                                valid=[f"target {t}" for t in others])
+        if model.dsa is not None and not self.dsa_models:
+            others = targets_that(lambda p: p.dsa_models, self.name)
+            return ConfigError(f"{model.name} has DeepSeek sparse attention (a lightning indexer choosing each query's "
+                               f"top-{model.dsa.index_topk} keys over MLA): the {self.name} target cannot run it (its "
+                               f"models build dense attention only; autoplan emits no indexer for it); "
+                               f"{use_instead(others)}", valid=[f"target {t}" for t in others])
         return None
 
     # How ``estimate`` prices a model whose emission this target refuses (``emit_model_errors``), and the name its

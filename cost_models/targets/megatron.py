@@ -286,6 +286,8 @@ def model_flags_error(model: ModelSpec) -> ConfigError | None:
     if m.is_moe and arch.router.probs_on_input and m.moe_top_k != 1:  # moe/experts.py:229-232, 657-660, 884-887
         return ConfigError(f"{m.name}: router weights on the expert input (probs_on_input) with top-{m.moe_top_k} "
                            "routing: megatron-core's moe_apply_probs_on_input takes top-1 only", valid=["moe_top_k 1"])
+    if (err := dsa_model_error(m)) is not None:
+        return err
     rope = not (m.learned_position_embeddings or arch.no_position_encoding)
     if rope and not float(arch.rope_theta).is_integer():
         return ConfigError(f"{m.name}: rope_theta {arch.rope_theta} is not an integer (--rotary-base is int)")
@@ -315,6 +317,58 @@ def gdn_flags_error(m: ModelSpec) -> ConfigError | None:
     return None
 
 
+DSA_SPEC = "megatron-core 0.16.1 megatron/core/models/gpt/experimental_attention_variant_module_specs.py"
+DSA_SRC = "megatron-core 0.16.1 megatron/core/transformer/experimental_attention_variant/dsa.py"
+
+
+def dsa_model_error(m: ModelSpec) -> ConfigError | None:
+    """DeepSeek sparse attention Megatron-LM core_v0.16.1 cannot build as ``m`` states it; None: it can
+    (--experimental-attention-variant dsa, the --dsa-indexer-* flags). Its DSAttention runs an indexer in every
+    layer of the block (experimental_attention_variant_module_specs.py:190-196: the pattern is all ones): no index
+    sharing (GLM-5.2's IndexShare, ``dsa_indexer_topk_freq`` / ``dsa_indexer_skip_topk_offset``, arrived with
+    core_v0.19.0's transformer_config.py:312-316); MLA only (:81)."""
+    d = m.dsa
+    if d is None:
+        return None
+    if d.shared_every != 1:
+        return ConfigError(f"{m.name}: DSA index sharing (an indexer every {d.shared_every} layers from offset "
+                           f"{d.shared_offset}, the others reusing its top-k): Megatron-LM core_v0.16.1 runs an indexer "
+                           f"in every layer ({DSA_SPEC}:190-196); dsa_indexer_topk_freq exists from core_v0.19.0 only",
+                           valid=["dsa shared_every 1"])
+    if m.mla is None:  # ModelSpec refuses it too (specs._check_dsa)
+        return ConfigError(f"{m.name}: DSA needs MLA ({DSA_SPEC}:81)", valid=["mla"])
+    return None
+
+
+# The first Megatron-Core release with the fused DSA kernels and --dsa-kernel-backend (cost_models.dsa)
+FUSED_DSA_SINCE = "0.19.0"
+
+
+def dsa_backend_error(model: ModelSpec, rt: Runtime) -> ConfigError | None:
+    """Why ``dsa_kernel_backend`` cannot run as set: a model without DSA, or a Megatron-Core before the kernels
+    (dsa_cudnn_kernels.py and TransformerConfig.dsa_kernel_backend first tagged core_v0.19.0, :326)."""
+    if model.dsa is None:
+        return ConfigError(f"dsa_kernel_backend={rt.dsa_kernel_backend} on {model.name}, which has no DeepSeek sparse "
+                           "attention", valid=["dsa_kernel_backend=none"])
+    later = CORE_RELEASES[CORE_RELEASES.index(FUSED_DSA_SINCE):]
+    if rt.megatron_core not in later:
+        return ConfigError(f"dsa_kernel_backend={rt.dsa_kernel_backend} with megatron_core={rt.megatron_core}: the "
+                           f"fused DSA kernels and --dsa-kernel-backend exist from core_v{FUSED_DSA_SINCE} "
+                           "(experimental_attention_variant/dsa_cudnn_kernels.py, transformer_config.py:326)",
+                           valid=[f"megatron_core={v}" for v in later] + ["dsa_kernel_backend=none"])
+    return None
+
+
+def dsa_layout_error(model: ModelSpec, cp: int) -> ConfigError | None:
+    """DSAttention with context parallelism: TransformerConfig asserts ``context_parallel_size == 1``
+    (transformer_config.py:1987-1990 @ core_v0.16.1, "Currently context parallelism is not supported by
+    DSAttention!")."""
+    if model.dsa is not None and cp > 1:
+        return ConfigError(f"cp={cp} with DeepSeek sparse attention ({model.name}): megatron-core 0.16.1 does not "
+                           f"support context parallelism in DSAttention ({TCFG}:1987-1990)", valid=["cp=1"])
+    return None
+
+
 class MegatronProfile(TargetProfile):
     name = "megatron"
     rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
@@ -327,6 +381,7 @@ class MegatronProfile(TargetProfile):
     efficiency_set = "megatron"
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     gdn_models = True  # pretrain_gpt.py with experimental_attention_variant gated_delta_net: gdn_layout_error
+    dsa_models = True  # DSAttention (dsa_model_error, dsa_layout_error; priced unfused: cost_models.dsa)
     version = "Megatron-LM core_v0.16.1 (55ac7082) / megatron-core 0.16.1"
     schedules = ("1f1b", "interleaved")
     # MoELayer.forward raises in training when the attention TP group has > 1 rank and SP is off
@@ -380,6 +435,10 @@ class MegatronProfile(TargetProfile):
                                       f"{FUSED_MLP} (--use-transformer-engine-op-fuser --moe-mlp-glu-interleave-size "
                                       f"{FUSED_MLP_GLU_INTERLEAVE}, {FUSED_MLP_ENV[0]}=1; megatron_core "
                                       f"{FUSED_MLP_SINCE} or later)"),
+        "dsa_kernel_backend": Knob("dsa_kernel_backend", ("none", "cudnn"), "none",
+                                   "core_v0.19.0 transformer_config.py:326 (--dsa-kernel-backend; cuDNN fused DSA: "
+                                   "experimental_attention_variant/dsa_cudnn_kernels.py; megatron_core "
+                                   f"{FUSED_DSA_SINCE} or later)"),
         "expandable_segments": Knob("expandable_segments", (True, False), False,
                                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch environment "
                                     "(Megatron-LM sets none; megatron/core/distributed/distributed_data_parallel_config"
@@ -498,7 +557,7 @@ class MegatronProfile(TargetProfile):
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
-        err = self.hybrid_layout_error(model, tp, cp)
+        err = self.hybrid_layout_error(model, tp, cp) or dsa_layout_error(model, cp)
         if err is not None:
             return err
         if zero != 3:
@@ -666,6 +725,8 @@ class MegatronProfile(TargetProfile):
                               f"does not pad experts to capacity ({TC}:1074-1081)",
                               valid=["moe_dispatcher=alltoall", "moe_dispatcher=hybridep", "moe_capacity_factor unset"])
         if rt.moe_router_padding and (err := router_padding_error(job, rt)) is not None:
+            raise err
+        if rt.dsa_kernel_backend != "none" and (err := dsa_backend_error(model, rt)) is not None:
             raise err
         if rt.moe_fused_grouped_mlp and (err := self.fused_grouped_mlp_error(model, cluster, job, par, rt)) is not None:
             raise err
@@ -841,6 +902,7 @@ class MegatronProfile(TargetProfile):
             moe_capacity_factor=k.get("moe_capacity_factor"),
             moe_router_padding=bool(k.get("moe_router_padding", False)),
             moe_fused_grouped_mlp=bool(k.get("moe_fused_grouped_mlp", False)),
+            dsa_kernel_backend=k.get("dsa_kernel_backend", "none"),
             cuda_graph_impl=k.get("cuda_graph_impl", "none"),
             cuda_graph_scope=tuple(k.get("cuda_graph_scope", ())),
             megatron_core=k.get("megatron_core", "0.16.1"),
