@@ -27,7 +27,7 @@ indexer and the loss compute every key (``s``: twice the causal FLOPs) and the c
 from __future__ import annotations
 
 from cost_models.gemm import hbm_time_s, matmul_time_s
-from cost_models.opgraph import LayerGraph, Op
+from cost_models.opgraph import LayerGraph, Op, keys_per_query
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -69,8 +69,8 @@ def indexer_op_s(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, p
     s = job.seq_len
     tokens = par.micro_batch_size * s / par.cp
     fused = dsa_fused(rt)
-    causal_keys = op.flops_per_token / _flops_per_key(op, model) if _flops_per_key(op, model) else 0.0
-    keys = causal_keys if fused else float(s)  # unfused: every key, masked afterwards
+    causal_keys = op.flops_per_token / _flops_per_key(op, model)  # s/2, times a shared layer kind's indexer share
+    keys = causal_keys if fused else causal_keys * s / keys_per_query(s, None, True)  # unfused: every key, masked
     if op.name == "idx_scores":
         rows = tokens * d.index_heads
         fwd = matmul_time_s(rows, d.index_head_dim, keys, cluster)

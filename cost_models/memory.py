@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.dsa import dsa_fused, unfused_saved_bytes
 from cost_models.mamba import cp_a2a_widths
 from cost_models.moe import router_padding_share
 from cost_models.muon import optimizer_state_bytes
@@ -340,8 +341,6 @@ def dsa_unfused_activation_bytes(graph: LayerGraph, model: ModelSpec, job: JobSp
     """The score-sized tensors Megatron-Core's unfused DSA saves (``cost_models.dsa.unfused_saved_bytes``), unless
     selective recompute re-runs the core attention (DSAttention is the MLA's core_attention: Megatron's ``core_attn``
     module, or plain selective recompute, checkpoints the indexer and the loss with it)."""
-    from cost_models.dsa import dsa_fused, unfused_saved_bytes
-
     if model.dsa is None or dsa_fused(runtime) or graph.kind not in DECODER_KINDS:
         return 0.0
     modules = modules_in_effect(par, runtime)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models.attention_cost import ATTN_BWD_FACTOR, attention_kernel_factor, cp_merge_bytes, unfused_attention_s
+from cost_models.dsa import dsa_fused, indexer_op_s
 from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, straggler_pace
 from cost_models.gdn import gdn_core_flops
 from cost_models.mamba import ssd_flops
@@ -93,10 +94,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         gemm = local_experts * matmul_time_s(per_expert, op.weight_in, op.weight_out, cluster, job.precision) \
             * fp8_gemm_time_ratio(rt, job)
     elif op.kind == "indexer":  # DSA's indexer scores and loss scores (cost_models.dsa)
-        from cost_models.dsa import indexer_op_s
-
         attn_f, attn_b, idx_mf, idx_mb = indexer_op_s(op, model, cluster, job, par, rt)  # + unfused score passes
-    elif op.kind == "attention" and model.dsa is not None and not _dsa_fused(rt):
+    elif op.kind == "attention" and model.dsa is not None and not dsa_fused(rt):
         attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)  # unfused_dsa_fn (cost_models.dsa)
     elif op.kind == "attention":
         if eff.flash_attention:
@@ -133,12 +132,6 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         rate = eff.ssd_tflops * 1e12 / straggler_pace(cluster)
         mem_tf, mem_tb = max(mem_tf, flops_f * tokens / rate), max(mem_tb, flops_b * tokens / rate)
     return OpCompute(gemm, attn_f, attn_b, mem_tf + extra, mem_tb + extra, wgrad_hp, gemm_fwd_extra=fwd_extra)
-
-
-def _dsa_fused(rt: Runtime | None) -> bool:
-    from cost_models.dsa import dsa_fused
-
-    return dsa_fused(rt)
 
 
 def rerun_forward_s(op: Op, oc: OpCompute) -> float:
@@ -226,6 +219,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
                                      rt.moe_router_padding, rt.quantized_run,  # moe.router_padding_share, run_pad_align
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,
                                      rt.moe_fused_grouped_mlp, rt.megatron_core,  # op_traffic.fused_grouped_mlp
+                                     rt.dsa_kernel_backend,  # cost_models.dsa.dsa_fused
                                      rt.target, rt.tp_gather_bytes,
                                      rt.tp_grad_gather_bytes,  # these two: torchao_cast_after_gather
                                      rt.module_precision)  # quant_layout.op_job

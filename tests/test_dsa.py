@@ -283,3 +283,12 @@ def test_cudnn_backend_knob_prices_the_fused_kernels() -> None:
     plan = dataclasses.replace(_plan(m, tp=2, pp=8, ep=32, recompute="full"), software=fused)
     assert parse_megatron_args(megatron_args(plan)).dsa_kernel_backend == "cudnn"
     assert parse_megatron_args(megatron_args(_plan(m, tp=2, pp=8, ep=32))).dsa_kernel_backend == "none"
+
+
+def test_glm_5_2_is_glm_5_1_with_index_sharing() -> None:
+    """GLM-5.2 (catalog glm-5.2): 743,377,000,704 parameters as transformers reloads it (Megatron-Bridge's GLM-5.2
+    verification card), GLM-5.1's less the 57 shared layers' indexers."""
+    m, base = load_model("glm-5.2"), load_model(GLM)
+    assert m.num_params == 743_377_000_704
+    assert base.num_params - m.num_params == 57 * base.indexer_params(0)
+    assert sum(m.dsa.runs_indexer(i) for i in range(m.num_layers)) == 21

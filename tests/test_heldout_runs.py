@@ -438,7 +438,7 @@ def test_bridge_card_rows_run_their_recipes_routing(heldout) -> None:
     assert not fidelity.calibration_groups(rules) and not fidelity.host_calibration_groups(rules)
     assert len(cases) == 17 and all("card.yaml" in c["source"] for c in cases)
     skipped = {cid for cid, _ in fidelity.skipped_cases(fidelity.DATA / "more_runs_bridge_cards.json")}
-    assert len(skipped) == 6  # GLM-5.2 (DSA), DeepSeek-V4 Flash, the Qwen3.6 / 3.8 Gated-DeltaNet VLM jobs
+    assert len(skipped) == 6  # GLM-5.2 (deterministic mode), DeepSeek-V4 Flash, the Qwen3.6 / 3.8 Gated-DeltaNet VLM jobs
     seen = set()
     for c in (c for c in cases if c["id"] not in skipped):
         run = resolve_run(fidelity.to_run(c, rules))

@@ -161,7 +161,8 @@ def test_knob_the_target_lacks_is_one_line_naming_its_knobs() -> None:
         assert res.exit_code == 2, res.output
         assert res.output.strip().count("\n") == 0
         assert ("megatron has no knob compile (its knobs: adam_moments_dtype, bf16_layers, cp_a2a_size, cp_comm_type, "
-                "cpu_offload_layers, cross_entropy_fusion, cuda_graph_impl, cuda_graph_scope, expandable_segments, "
+                "cpu_offload_layers, cross_entropy_fusion, cuda_graph_impl, cuda_graph_scope, dsa_kernel_backend, "
+                "expandable_segments, "
                 "fp8_param_gather, fp8_recipe, grad_reduce_dtype") in res.output
 
 

@@ -364,7 +364,8 @@ class Runtime:
                  # the Megatron-Core release where it is not the validated pip package's (the profile's version)
                  and (n != "megatron_core" or self.megatron_core != CORE_RELEASES[0])
                  and (n != "bf16_layers" or self.bf16_layers != (0, 0))
-                 and (n != "quant_recipe" or self.quant_recipe is not None)]
+                 and (n != "quant_recipe" or self.quant_recipe is not None)
+                 and (n != "dsa_kernel_backend" or self.dsa_kernel_backend != "none")]
         knobs = {n: getattr(self, n) for n in names}
         if knobs.get("fp8_recipe") == "nvfp4":  # precision nvfp4's TE recipe, not the fp8 knob
             knobs["fp8_recipe"] = None
