@@ -116,7 +116,7 @@ def transformer_config_kwargs(ns: argparse.Namespace) -> tuple[bool, dict[str, A
                   rotary_scaling_factor=ns.rotary_scaling_factor, mscale=ns.mscale, mscale_all_dim=ns.mscale_all_dim)
         if ns.rope_type is not None:
             kw["rope_type"] = ns.rope_type
-    if ns.experimental_attention_variant is not None:  # DSA: TransformerConfig fields (transformer_config.py:250-268)
+    if ns.experimental_attention_variant == "dsa":  # DSA: TransformerConfig fields (transformer_config.py:250-268)
         kw.update(experimental_attention_variant=ns.experimental_attention_variant,
                   dsa_indexer_n_heads=ns.dsa_indexer_n_heads, dsa_indexer_head_dim=ns.dsa_indexer_head_dim,
                   dsa_indexer_topk=ns.dsa_indexer_topk, dsa_indexer_loss_coeff=ns.dsa_indexer_loss_coeff,
