@@ -170,4 +170,9 @@ def test_megatron_profile_accepts_what_megatron_lm_validate_args_accepts(drawn) 
     verdicts = megatron_lm.judge(cases)
     for (model, _, _, par), (reason, expressible), v, c in zip(lays, ours, verdicts, cases):
         theirs_ok = v["ok"] and expressible
+        if reason is not None and theirs_ok and "parallel_state.py" in reason:
+            # a rule of initialize_model_parallel (process-group construction, after validate_args), which the
+            # checker does not run: e.g. the expert data-parallel size must divide by the distributed-optimizer
+            # instances (parallel_state.py:1263-1265); not a place where Megatron-LM accepts what the profile refuses
+            continue
         assert (reason is None) == theirs_ok, (model.name, par, reason, v["error"], c["env"])
