@@ -326,3 +326,25 @@ def test_qwen3_5_moe_plans_and_emits() -> None:
     assert estimate(m, cluster, job, par, target="megatron").step_time_s > 0
     argv = megatron_args(EmitPlan(model=m, cluster=cluster, job=job, parallel=par))
     assert argv[argv.index("--num-layers") + 1] == "40" and "gated_delta_net" in argv
+
+
+def test_validate_reads_the_gdn_variant_as_not_dsa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate's Megatron-LM check compares the DSA facts Megatron-LM settled with the plan's: a Qwen3-Next launch
+    settles experimental_attention_variant 'gated_delta_net' (and RoPE fusion on), which is not a DSA mismatch. The
+    facts are those core_v0.16.1's setup returns for this launch (autoplan validate with MEGATRON_LM_PATH)."""
+    from autoplan.catalog.cluster import build_cluster
+    from autoplan.emit import EmitPlan, write_plan
+    from autoplan.validate import megatron_lm
+    from autoplan.validate.megatron_checks import _check_megatron_lm
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    plan = EmitPlan(load_model("qwen3-next-80b-a3b"), build_cluster("h100-sxm", 64),
+                    JobSpec(global_batch_size=256, seq_len=4096), ParallelConfig(tp=2, pp=2, ep=16))
+    write_plan(plan, "megatron", tmp_path)
+    settled = {"fp4": None, "fp4_recipe": None, "num_microbatches": plan.num_microbatches,
+               "padded_vocab_size": plan.model.vocab_size, "dsa": ["gated_delta_net", None, None, None, None, True]}
+    monkeypatch.setattr(megatron_lm, "judge", lambda cases: [{"ok": True, "stage": "", "facts": settled}])
+    assert "pass parse_args" in _check_megatron_lm(plan, tmp_path)
+    settled["dsa"] = ["dsa", None, None, None, None, True]  # a DSA variant the plan did not price still fails
+    with pytest.raises(AssertionError, match="DSA"):
+        _check_megatron_lm(plan, tmp_path)

@@ -330,8 +330,10 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
         raise AssertionError(f"Megatron-LM settled fp4={f['fp4']} fp4_recipe={f['fp4_recipe']}; autoplan priced "
                              f"precision {plan.job.precision}")
     d = plan.model.dsa
-    want_dsa = [None, None, None, None, None] if d is None else ["dsa", d.index_heads, d.index_head_dim, d.index_topk,
-                                                                  d.indexer_loss_coeff, False]
+    # without DSA the variant is the model's other experimental one (Gated DeltaNet's) or none, the indexer fields unset
+    other = "gated_delta_net" if plan.model.gdn is not None else None
+    want_dsa = [other, None, None, None, None] if d is None else ["dsa", d.index_heads, d.index_head_dim, d.index_topk,
+                                                                   d.indexer_loss_coeff, False]
     if f["dsa"][:len(want_dsa)] != want_dsa:
         raise AssertionError(f"Megatron-LM settled DSA [variant, indexer heads, head dim, top-k, loss coeff, rope "
                              f"fusion] = {f['dsa']}; autoplan priced {want_dsa}")
