@@ -225,28 +225,34 @@ def test_emitted_flags_build_megatron_cores_gdn_layers() -> None:
     # (torch_norm.py:26-28), so the modules are built without it (same weights: model_equivalence does the same)
     assert kw.pop("layernorm_zero_centered_gamma") is True
     _init_megatron()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = TransformerConfig(**kw)
-    assert get_linear_attention_pattern(cfg) == [int(m.layer_is_gdn(i)) for i in range(m.num_layers)]
-    assert get_moe_layer_pattern(cfg) == [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
-    local = LocalSpecProvider()
-    subs = gdn_mod.GatedDeltaNetSubmodules(in_proj=local.column_parallel_linear(),
-                                           out_norm=local.layer_norm(rms_norm=True, for_qk=False),
-                                           out_proj=local.row_parallel_linear())
-    saved_fla, saved_dev = gdn_mod.HAVE_FLA, torch.cuda.current_device
-    gdn_mod.HAVE_FLA, torch.cuda.current_device = True, (lambda: "meta")  # type: ignore[assignment]
     try:
-        with torch.device("meta"):
-            theirs = gdn_mod.GatedDeltaNet(cfg, subs, layer_number=1, pg_collection=ProcessGroupCollection.
-                                           use_mpu_process_groups())
-            attn_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm").submodules.self_attention
-            attn = build_module(attn_spec, config=cfg, layer_number=4)
-    finally:
-        gdn_mod.HAVE_FLA, torch.cuda.current_device = saved_fla, saved_dev  # type: ignore[assignment]
-    assert sum(p.numel() for p in theirs.parameters()) == m.gdn_params == 33_718_464
-    assert m.layer_params(0) == m.gdn_params + m.moe_block_params + 2 * m.norm_params  # TE's fused in_proj norm: h
-    assert sum(p.numel() for p in attn.parameters()) == m.attention_params  # q_proj doubled + q/k norms
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = TransformerConfig(**kw)
+        assert get_linear_attention_pattern(cfg) == [int(m.layer_is_gdn(i)) for i in range(m.num_layers)]
+        assert get_moe_layer_pattern(cfg) == [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
+        local = LocalSpecProvider()
+        subs = gdn_mod.GatedDeltaNetSubmodules(in_proj=local.column_parallel_linear(),
+                                               out_norm=local.layer_norm(rms_norm=True, for_qk=False),
+                                               out_proj=local.row_parallel_linear())
+        saved_fla, saved_dev = gdn_mod.HAVE_FLA, torch.cuda.current_device
+        gdn_mod.HAVE_FLA, torch.cuda.current_device = True, (lambda: "meta")  # type: ignore[assignment]
+        try:
+            with torch.device("meta"):
+                theirs = gdn_mod.GatedDeltaNet(cfg, subs, layer_number=1, pg_collection=ProcessGroupCollection.
+                                               use_mpu_process_groups())
+                attn_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm").submodules.self_attention
+                attn = build_module(attn_spec, config=cfg, layer_number=4)
+        finally:
+            gdn_mod.HAVE_FLA, torch.cuda.current_device = saved_fla, saved_dev  # type: ignore[assignment]
+        assert sum(p.numel() for p in theirs.parameters()) == m.gdn_params == 33_718_464
+        assert m.layer_params(0) == m.gdn_params + m.moe_block_params + 2 * m.norm_params  # TE's fused in_proj norm: h
+        assert sum(p.numel() for p in attn.parameters()) == m.attention_params  # q_proj doubled + q/k norms
+    finally:  # the in-process groups would leak into later tests that start their own (torchtitan checks)
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
 
 
 def test_megatron_refuses_what_autoplan_refuses() -> None:

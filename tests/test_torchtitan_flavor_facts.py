@@ -53,7 +53,9 @@ def test_a_fact_the_flavor_fixes_is_refused(what: str) -> None:
 def test_the_catalog_models_with_a_flavors_dims_are_that_flavor() -> None:
     dims = {t.dims for t in SHIPPED}
     matched = [n for n in model_names() if fingerprint(load_model(n)) in dims]
-    assert len(matched) == 9 and all(shipped_model_error(load_model(n)) is None for n in matched), matched
+    exact = [n for n in matched if shipped_model_error(load_model(n)) is None]
+    # DeepSeek-V3.2 has DeepSeek-V3's dims but sparse attention: its indexer's weights differ from the flavor's count
+    assert len(exact) == 9 and set(matched) - set(exact) == {"deepseek-v3.2"}, matched
 
 
 def test_a_shared_mtp_module_is_refused() -> None:
