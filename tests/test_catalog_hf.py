@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 
 from autoplan.catalog import load_model
 from autoplan.catalog.hf import SUPPORTED_MODEL_TYPES, HFConfigWarning, spec_from_hf_config
 from autoplan.errors import UserInputError
+from tests.hf_files import HF, hf_config
 
-HF = Path(__file__).parent / "data" / "hf"
+_config = hf_config  # the published files (tests/hf_files.py)
 
 # catalog name -> published config file (every catalog entry that has a public config.json here)
 CATALOG_FILES = {
@@ -28,10 +28,6 @@ CATALOG_FILES = {
 }
 # one published config per supported model_type
 BY_TYPE = {json.loads(p.read_text())["model_type"]: p.stem for p in sorted(HF.glob("*.json"))}
-
-
-def _config(stem: str) -> dict:
-    return json.loads((HF / f"{stem}.json").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(CATALOG_FILES))

@@ -7,28 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from autoplan.catalog import load_model
-from autoplan.catalog.hf import HFConfigWarning, spec_from_hf_config
+from autoplan.catalog.hf import spec_from_hf_config
 from autoplan.errors import UserInputError
-from cost_models.specs import ModelSpec
+from tests.hf_files import hf_config, hf_spec
 
-HF = Path(__file__).parent / "data" / "hf"
+_config, _spec = hf_config, hf_spec  # the published files (tests/hf_files.py)
 DS, GLM = "deepseek-v3.2", "glm-5.1"
-
-
-def _config(stem: str) -> dict[str, Any]:
-    return json.loads((HF / f"{stem}.json").read_text())
-
-
-def _spec(stem: str, **change: Any) -> ModelSpec:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", HFConfigWarning)  # the published files have no unread key
-        return spec_from_hf_config(_config(stem) | change, name=stem)
 
 
 # ---- reading -----------------------------------------------------------------------------------

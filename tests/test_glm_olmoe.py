@@ -16,19 +16,10 @@ from autoplan.catalog.hf import HFConfigWarning, spec_from_hf_config
 from autoplan.emit import EmitPlan, emit
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
+from tests.hf_files import HF, hf_config, hf_spec
 
-HF = Path(__file__).parent / "data" / "hf"
+_config, _spec = hf_config, hf_spec  # the published files (tests/hf_files.py)
 GLM, AIR, OLMOE = "glm-4.5", "glm-4.5-air", "olmoe-1b-7b-0924"
-
-
-def _config(stem: str) -> dict[str, Any]:
-    return json.loads((HF / f"{stem}.json").read_text())
-
-
-def _spec(stem: str, **change: Any) -> ModelSpec:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", HFConfigWarning)  # the published files have no unread key
-        return spec_from_hf_config(_config(stem) | change, name=stem)
 
 
 def _plan(m: ModelSpec, **par: int) -> EmitPlan:
