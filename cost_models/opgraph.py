@@ -533,3 +533,9 @@ def model_kinds(model: ModelSpec) -> list[LayerKind]:
     order (DECODER_KINDS')."""
     present = set(layer_kinds(model)) | {HYBRID_KINDS[s] for s in model.arch.mtp_pattern or ""}
     return [k for k in DECODER_KINDS if k in present]  # type: ignore[misc]
+
+
+def kind_counts(model: ModelSpec) -> dict[LayerKind, int]:
+    """Decoder layers of each of ``model_kinds`` (an MTP block's own kind: 0), in that order."""
+    kinds = layer_kinds(model)
+    return {k: kinds.count(k) for k in model_kinds(model)}

@@ -41,8 +41,8 @@ from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layer
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split, chunked_costs, stage_costs
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import (ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, module_ladder_for,
-                          tp_choices, zero_choices)
+from search.space import (ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices,
+                          zero_choices)
 
 Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
@@ -350,7 +350,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
     # Megatron's selective-recompute modules: the ladder of sets each target tries (unless the user pinned them)
-    ladders = {t: module_ladder_for(model, sc.cluster, job, t, sc.software) for t, sc in scorers.items()}
+    ladders = {t: sc.module_ladder(t) for t, sc in scorers.items()}
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally,  # type: ignore[arg-type]
                                                                  ladders)]
     if any(k in pins for k in SPLIT_PINS):

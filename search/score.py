@@ -52,7 +52,7 @@ from cost_models.memory import (
     zero3_head_unit_bytes,
     zero3_transient_bytes,
 )
-from cost_models.opgraph import DECODER_KINDS, layer_kinds, model_kinds
+from cost_models.opgraph import DECODER_KINDS, kind_counts, layer_kinds, model_kinds
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -62,7 +62,7 @@ from cost_models.validate import pipeline_split
 from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
-from search.space import Layout
+from search.space import Layout, module_ladder_for
 
 
 def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
@@ -126,7 +126,7 @@ class Scorer:
         # decoder layer kinds: "dense"/"moe" (transformer), or a hybrid stack's mixers (opgraph.layer_kind)
         self.kind_of = layer_kinds(model)
         self.kinds = model_kinds(model)
-        self.kind_count = {k: self.kind_of.count(k) for k in self.kinds}
+        self.kind_count = kind_counts(model)
         # full recompute re-runs one layer at a time: the kinds whose activations that transient takes (memory.py)
         self.full_peak_kinds = self.kinds if model.is_hybrid or model.gdn is not None else ["dense"]
         # no intra-op ILP over a Gated DeltaNet mixer either (search/strategies.py knows attention ops): a stack with
@@ -167,6 +167,7 @@ class Scorer:
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
+        self._ladders: dict[str, list[tuple[str, ...]]] = {}  # target: module_ladder
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
         """A Scorer for another GPU count or global batch of the same model, GPU, network, sequence length and
@@ -181,6 +182,14 @@ class Scorer:
                      "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
+
+    def module_ladder(self, target: str) -> list[tuple[str, ...]]:
+        """The selective-recompute module sets ``target``'s layouts are searched with (``search.space.module_ladder_for``
+        on this Scorer's cluster and knobs), once per target: a batch worker's searches of one job share them."""
+        hit = self._ladders.get(target)
+        if hit is None:
+            hit = self._ladders[target] = module_ladder_for(self.model, self.cluster, self.job, target, self.software)
+        return hit
 
     def serves(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, weights: CostWeights | None,
                software: Software | None = None) -> bool:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
 from cost_models.memory import graphs_for
-from cost_models.opgraph import layer_kinds, model_kinds
+from cost_models.opgraph import kind_counts
 from cost_models.recompute_ladder import module_ladder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software, get_profile, runtime_for
@@ -326,9 +326,7 @@ def module_ladder_for(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     if target not in PROFILES or PROFILES[target].megatron_field_error("recompute_modules") is not None:
         return []
     par = ParallelConfig(micro_batch_size=1)
-    kinds = layer_kinds(model)
-    counts = {k: kinds.count(k) for k in model_kinds(model)}
-    return module_ladder(graphs_for(model, job.seq_len), counts, model, cluster, job, par,
+    return module_ladder(graphs_for(model, job.seq_len), kind_counts(model), model, cluster, job, par,
                          runtime_for(target, job, cluster, par, software))
 
 

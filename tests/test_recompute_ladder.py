@@ -8,7 +8,7 @@ import pytest
 
 from autoplan.catalog import build_cluster, load_model
 from cost_models.memory import graphs_for
-from cost_models.opgraph import layer_kinds, model_kinds
+from cost_models.opgraph import kind_counts
 from cost_models.recompute import module_errors
 from cost_models.recompute_ladder import module_price
 from cost_models.specs import RECOMPUTE_MODULES, JobSpec, ParallelConfig
@@ -22,8 +22,7 @@ JOB = JobSpec(global_batch_size=256, seq_len=4096)
 def _price(model, cluster, job, module, software=None):  # type: ignore[no-untyped-def]
     """(seconds, bytes freed) of one module on the reference layout the ladder is ordered on."""
     par = ParallelConfig(micro_batch_size=1)
-    kinds = layer_kinds(model)
-    return module_price(graphs_for(model, job.seq_len), {k: kinds.count(k) for k in model_kinds(model)}, model,
+    return module_price(graphs_for(model, job.seq_len), kind_counts(model), model,
                         cluster, job, par, runtime_for("megatron", job, cluster, par, software), (module,))
 
 
