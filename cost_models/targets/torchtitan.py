@@ -39,7 +39,7 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.pipeline_layout import parse_chunks
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets.torchtitan_models import TORCHTITAN_03, shipped_model_error
+from cost_models.targets.torchtitan_models import TORCHTITAN_03, qwen3_5_refusal, shipped_model_error
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
                                         reshard_options, torch_memory_facts)
 
@@ -75,8 +75,8 @@ class TorchtitanProfile(TargetProfile):
     sdpa_cudnn_first = ("ampere", "hopper", "blackwell")
     # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
     hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
-    gdn_refusal = ("torchtitan 0.3.0's one Gated DeltaNet model is models/qwen3_5 (Qwen3.5), which autoplan's torchtitan "
-                   "emitter and its model table (cost_models/targets/torchtitan_models.py) do not write or price")
+    # models/qwen3_5 builds Qwen3.5's vision tower and reads multimodal batches: torchtitan_models.QWEN3_5_TEXT_BLOCKERS
+    gdn_refusal = qwen3_5_refusal()
     optimizer_refusal = ("torchtitan 0.3.0's Muon is DistMuon (torchtitan/distributed/flex_shard/dist_muon.py, factory "
                          "'DistMuon' in components/optimizer/optimizer.py:146) over FlexShard compute layouts that only its "
                          "kimi_k2_7 model configures (models/kimi_k2_7/config_registry.py:208); autoplan emits and prices "

@@ -128,6 +128,48 @@ SHIPPED: tuple[TitanModel, ...] = (
 )
 
 
+# Gated DeltaNet models (``ModelSpec.gdn``): torchtitan 0.3.0 has no Qwen3-Next module (torchtitan/models: llama3,
+# qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer), and its one Gated DeltaNet model, models/qwen3_5,
+# is Qwen3.5's vision-language model, not the text decoder autoplan plans and prices (``autoplan.catalog.hf._qwen3_5``:
+# Qwen3_5ForCausalLM). Its text decoders have the published dims (the 9B flavor's decoder has the 8,953,803,264
+# parameters autoplan counts for Qwen3_5TextConfig's defaults), but no config trains the decoder alone: the vision
+# tower cannot be left out and the forward needs the multimodal collator's batches. Each row: (file under
+# torchtitan/ of the 0.3.0 wheel, line, what the line says, text on that line); tests/test_torchtitan_qwen3_5.py
+# checks every line in the installed wheel and each claim on the real model (meta device, fla-core installed).
+QWEN3_5_TEXT_BLOCKERS: tuple[tuple[str, int, str, str], ...] = (
+    ("models/qwen3_5/model.py", 692, "the vision encoder is a required Qwen35Model.Config field",
+     "vision_encoder: Qwen35VisionEncoder.Config"),
+    ("models/qwen3_5/model.py", 752, "the model builds it unconditionally",
+     "self.vision_encoder = config.vision_encoder.build()"),
+    ("models/qwen3_5/model.py", 873, "the forward reads the batch's special_tokens['image_id'] on every text batch",
+     'image_token_id = special_tokens["image_id"]'),
+    ("hf_datasets/multimodal/mm_collator.py", 361, "which only the multimodal collator supplies",
+     '"special_tokens": {'),
+    ("hf_datasets/multimodal/mm_datasets.py", 270, "over image-text data sets (obelics, cc12m)",
+     "MM_DATASETS = {"),
+)
+# What torchtitan 0.3.0 would further hold a Qwen3.5 plan to, were the decoder trainable alone (not checked by the
+# profile, since nothing is emitted; the test checks the lines): flavors fix every dim in code, model_registry takes a
+# flavor name, attention backend, MoE comm backend and converters only; the 0.8B / 2B / 4B flavors untie the embedding
+# the published configs tie; context parallelism raises NotImplementedError; tp must divide the GDN key and value
+# heads; the GDN kernel is fla's chunk_gated_delta_rule (fla-core).
+QWEN3_5_LIMITS: tuple[tuple[str, int, str, str], ...] = (
+    ("models/qwen3_5/__init__.py", 1109, "flavors fixed in code", "config = qwen3_5_configs[flavor](**kwargs)"),
+    ("models/qwen3_5/__init__.py", 606, "0.8B unties the embedding", "NOTE: HF config has tie_word_embeddings=true."),
+    ("models/qwen3_5/parallelize.py", 63, "no context parallelism", "Context Parallel is not yet supported for Qwen3.5"),
+    ("models/qwen3_5/model.py", 718, "tp divides the GDN key and value heads",
+     "if n_key_heads % tp != 0 or n_value_heads % tp != 0:"),
+    ("models/qwen3_5/model.py", 16, "fla's GDN kernels", "from fla.ops.gated_delta_rule import ("),
+)
+
+
+def qwen3_5_refusal() -> str:
+    """Why the torchtitan target runs no Gated DeltaNet model (``TorchtitanProfile.gdn_refusal``), each step cited."""
+    why = ", ".join(f"{what} (torchtitan/{path}:{line})" for path, line, what, _ in QWEN3_5_TEXT_BLOCKERS)
+    return (f"torchtitan {TORCHTITAN_03} ships no Qwen3-Next model, and its one Gated DeltaNet model, models/qwen3_5, "
+            f"trains Qwen3.5's vision-language model, not the text decoder autoplan plans: {why}")
+
+
 def fingerprint(m: ModelSpec) -> tuple[int, int, int, int, int, int, int]:
     return (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
             m.num_experts)
