@@ -22,6 +22,10 @@ FLOPs per token (``opgraph``): indexer ``2·H_I·D_I`` per key, loss ``2·a·d_q
 core ``2·a·(d_qk + d_v)`` per key over ``min(top-k, causal)`` keys (``opgraph.mean_keys_per_query``). Unfused, the
 indexer and the loss compute every key (``s``: twice the causal FLOPs) and the core is Megatron's unfused attention
 (``attention_cost.unfused_attention_s``, all ``s × s`` scores).
+
+The unfused path's TP collectives beyond the MLA's linears (the indexer's sequence-parallel gathers of its inputs,
+dsa.py:557-559, and the loss's ``[b, s, s]`` fp32 all-reduce, dsa.py:231-234): ``tp_comm.dsa_tp_collectives``,
+priced with the layer's TP communication (``layer_cost``).
 """
 
 from __future__ import annotations

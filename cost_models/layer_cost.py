@@ -18,7 +18,7 @@ from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, LayerGraph
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
-from cost_models.tp_comm import kv_gather_cost, tp_boundary_costs
+from cost_models.tp_comm import dsa_tp_cost, kv_gather_cost, tp_boundary_costs
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                                                  model):
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
+        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+        seconds, nbytes = dsa_tp_cost(graph, model, cluster, job, par, strides.tp, rt)  # unfused DSA's own
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
     if graph.kind in MOE_KINDS and e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)

@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Literal
 
 from cost_models.collectives import CollectiveKind, bytes_sent_per_rank, group_collective_time_s
+from cost_models.dsa import dsa_fused
 from cost_models.knob_effects import torchao_cast_after_gather, tp_overlap_mode
 from cost_models.op_cost import kv_gather_width, op_compute
 from cost_models.op_traffic import COLUMN_KINDS
-from cost_models.opgraph import LayerGraph
+from cost_models.opgraph import LayerGraph, indexer_share
+from cost_models.recompute import modules_in_effect, reruns
 from cost_models.specs import ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 from cost_models.te_userbuffers import UbMethod, ub_exposed_s
@@ -158,6 +160,57 @@ def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: P
     payload = 2.0 * par.micro_batch_size * job.seq_len / par.cp * width
     seconds = nbytes = 0.0
     for kind, _, calls in kv_gather_collectives(par.recompute):
+        seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster)
+        nbytes += calls * bytes_sent_per_rank(kind, payload, par.tp)
+    return seconds, nbytes
+
+
+def dsa_tp_collectives(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
+                       rt: Runtime | None) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float, float], ...]:
+    """(collective, pass, calls per micro-batch, payload bytes) of the TP collectives megatron-core 0.16.1's unfused
+    DSA (``cost_models.dsa``; experimental_attention_variant/dsa.py) runs in one layer of ``graph`` beyond the MLA's
+    own linears (tp > 1; none without an indexer, none priced for the fused kernels, whose code autoplan has not read):
+
+    - under sequence parallelism the indexer all-gathers its two inputs, the hidden states ``x`` ``[s, b, h]`` and
+      the query latent ``qr`` ``[s, b, q_lora_rank]`` in bf16 (``gather_from_sequence_parallel_region``,
+      dsa.py:557-559): forward only, since DSAttention detaches both before the indexer (dsa.py:762-763), so no
+      reduce-scatter runs in the backward; again where the backward re-runs the indexer (full recompute, or a
+      ``core_attn`` checkpoint around DSAttention: ``recompute.reruns``);
+    - the indexer loss sums its softmaxed local heads' dense scores and all-reduces that ``[b, s, s]`` fp32 sum over
+      TP (``torch.distributed.all_reduce``, dsa.py:231-234), once per micro-batch: the loss is built only with grad
+      enabled (``self.training and torch.is_grad_enabled()``, dsa.py:799), so a checkpointed forward (full
+      recompute: transformer_block.py:505-521), which runs under ``torch.no_grad()`` (tensor_parallel/random.py
+      ``CheckpointFunction.forward`` :516-517; TE's ``te_checkpoint`` under fp8 not read here), skips it and the
+      re-run under ``enable_grad`` (:556-557) computes it; query and key are detached (dsa.py:805-806), so no
+      backward collective.
+
+    A shared-indexer layer kind (``opgraph.indexer_share``) runs them at that share of its layers."""
+    t = par.tp
+    if t <= 1 or model.dsa is None or model.mla is None or dsa_fused(rt):
+        return ()
+    idx = [op for op in graph.ops if op.name == "idx_scores"]
+    if not idx:
+        return ()
+    share = indexer_share(model, graph.kind)
+    tokens = par.micro_batch_size * job.seq_len / par.cp
+    out: list[tuple[CollectiveKind, Literal["fwd", "bwd"], float, float]] = []
+    if par.sequence_parallel:
+        modules = modules_in_effect(par, rt)
+        again = par.recompute == "full" or (modules is not None and reruns(idx[0], graph, modules))
+        calls = (2.0 if again else 1.0) * share
+        out += [("all_gather", "fwd", calls, 2.0 * tokens * model.hidden_size),
+                ("all_gather", "fwd", calls, 2.0 * tokens * model.mla.q_lora_rank)]
+    out.append(("all_reduce", "fwd", share, 4.0 * tokens * job.seq_len))
+    return tuple(out)
+
+
+def dsa_tp_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                stride: int, rt: Runtime | None) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) for one micro-batch of ``dsa_tp_collectives``: plain collectives on
+    the compute stream (``gather_from_sequence_parallel_region``, ``torch.distributed.all_reduce``), not a linear
+    layer's userbuffer-overlapped ones, so fully exposed (as ``kv_gather_cost``)."""
+    seconds = nbytes = 0.0
+    for kind, _, calls, payload in dsa_tp_collectives(graph, model, job, par, rt):
         seconds += calls * group_collective_time_s(kind, payload, par.tp, stride, cluster)
         nbytes += calls * bytes_sent_per_rank(kind, payload, par.tp)
     return seconds, nbytes

@@ -168,6 +168,40 @@ def test_unfused_megatron_pays_the_dense_scores() -> None:
     assert saved == pytest.approx(tokens * (4 * 64 * s + 8 * s + (6 * s + 8 * 192) * 128))
 
 
+
+@pytest.mark.parametrize(("tp", "recompute"), [(2, "full"), (2, "none"), (4, "full"), (1, "full")])
+def test_unfused_tp_collectives_are_priced(tp: int, recompute: str) -> None:
+    """Under tp > 1 the unfused path all-gathers the indexer's inputs x [s, b, h] and qr [s, b, q_lora] in bf16
+    (dsa.py:557-559; forward, and again where the backward re-runs the indexer: full recompute) and all-reduces the
+    loss's [b, s, s] fp32 head-summed scores once (dsa.py:231-234; a checkpointed forward runs without grad and skips
+    the loss). The layer's TP bytes and exposed seconds exceed the fused kernels' by exactly those collectives."""
+    from autoplan.catalog import build_cluster
+    from cost_models.collectives import RankStrides, bytes_sent_per_rank, group_collective_time_s
+    from cost_models.layer_cost import layer_cost
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import runtime_for
+    from cost_models.targets.common import Software
+
+    m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
+    s, mbs = 4096, 1
+    job = JobSpec(global_batch_size=1024, seq_len=s)
+    par = ParallelConfig(tp=tp, pp=8, ep=32, recompute=recompute, sequence_parallel=tp > 1)
+    g = layer_graph(m, "moe", s)
+    dp = 256 // (tp * 8)
+    costs = [layer_cost(g, m, cluster, job, par, dp, runtime_for("megatron", job, cluster, par, Software(
+        megatron_core="0.19.0", dsa_kernel_backend=kb))) for kb in ("none", "cudnn")]
+    gathers = [2.0 * mbs * s * m.hidden_size, 2.0 * mbs * s * m.mla.q_lora_rank] if tp > 1 else []
+    calls = 2.0 if recompute == "full" else 1.0
+    want = [("all_gather", p, calls) for p in gathers] + ([("all_reduce", 4.0 * mbs * s * s, 1.0)] if tp > 1 else [])
+    stride = RankStrides.megatron(tp, 1, dp).tp
+    assert costs[0].tp_bytes - costs[1].tp_bytes == pytest.approx(
+        sum(c * bytes_sent_per_rank(k, p, tp) for k, p, c in want), rel=1e-9, abs=1e-6)
+    assert costs[0].tp_s - costs[1].tp_s == pytest.approx(
+        sum(c * group_collective_time_s(k, p, tp, stride, cluster) for k, p, c in want), rel=1e-9, abs=1e-12)
+    if tp == 2:  # the loss's all-reduce alone: 2(t-1)/t of 64 MiB per layer and micro-batch
+        assert want[-1][1] == 64 * 2**20
+
 # ---- targets -------------------------------------------------------------------------------------
 
 
