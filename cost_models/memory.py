@@ -341,12 +341,20 @@ def dsa_unfused_activation_bytes(graph: LayerGraph, model: ModelSpec, job: JobSp
     """The score-sized tensors Megatron-Core's unfused DSA saves (``cost_models.dsa.unfused_saved_bytes``), unless
     selective recompute re-runs the core attention (DSAttention is the MLA's core_attention: Megatron's ``core_attn``
     module, or plain selective recompute, checkpoints the indexer and the loss with it)."""
+    return sum(dsa_unfused_op_bytes(op, graph, model, job, par, runtime) for op in graph.ops)
+
+
+def dsa_unfused_op_bytes(op: Op, graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
+                         runtime: Runtime = DEFAULT_RUNTIME) -> float:
+    """``op``'s share of ``dsa_unfused_activation_bytes`` (no full recompute: that keeps only the layer input): what
+    the search's per-op memory adds to ``op_activation_bytes`` (search/strategies.py), so its layer sums to
+    ``activation_bytes_per_microbatch``."""
     if model.dsa is None or dsa_fused(runtime) or graph.kind not in DECODER_KINDS:
         return 0.0
     modules = modules_in_effect(par, runtime)
     if par.recompute == "selective" and (modules is None or "core_attn" in modules):
         return 0.0
-    return sum(unfused_saved_bytes(op, graph, model, job, par) for op in graph.ops)
+    return unfused_saved_bytes(op, graph, model, job, par)
 
 
 # Selective modules whose checkpoint wraps a whole block (cost_models.recompute): ``mlp`` and ``shared_experts``

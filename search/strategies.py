@@ -56,7 +56,7 @@ from cost_models.op_cost import kv_gather_width, op_compute, op_recompute_s
 from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
 from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
                                  tp_exposed_fraction)
-from cost_models.memory import op_activation_bytes, recompute_input_bytes
+from cost_models.memory import dsa_unfused_op_bytes, op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import TRANSFORMER_KINDS, LayerGraph, Op, OpKind
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
@@ -349,14 +349,16 @@ class _Eval:
         return total, attn
 
     def activation_bytes(self) -> float:
-        """Saved tensors (``memory.op_activation_bytes``); under full recompute only the layer input, held by
-        the node that reads it first (``memory.recompute_input_bytes``). × micro-batches in flight."""
+        """Saved tensors (``memory.op_activation_bytes``, + the score-sized tensors Megatron-Core's unfused DSA saves,
+        ``memory.dsa_unfused_op_bytes``); under full recompute only the layer input, held by the node that reads it
+        first (``memory.recompute_input_bytes``). × micro-batches in flight."""
         ctx = self.ctx
         if ctx.recompute == "full" and self.graph.kind in TRANSFORMER_KINDS:
             first = self.graph.ops[0]
             held = recompute_input_bytes(ctx.model, ctx.job, self.par) if first in self.node.ops else 0.0
         else:
-            held = sum(op_activation_bytes(op, ctx.job, self.par, graph=self.graph) for op in self.node.ops)
+            held = sum(op_activation_bytes(op, ctx.job, self.par, graph=self.graph)
+                       + dsa_unfused_op_bytes(op, self.graph, ctx.model, ctx.job, self.par) for op in self.node.ops)
         return held * ctx.activation_copies
 
     def tp_comms(self) -> list[Comm]:

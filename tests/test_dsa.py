@@ -202,6 +202,63 @@ def test_unfused_tp_collectives_are_priced(tp: int, recompute: str) -> None:
     if tp == 2:  # the loss's all-reduce alone: 2(t-1)/t of 64 MiB per layer and micro-batch
         assert want[-1][1] == 64 * 2**20
 
+
+def test_search_sees_the_unfused_score_tensors() -> None:
+    """The intra-op ILP's per-op memory (search/strategies.py) holds the unfused path's saved score tensors
+    (``memory.dsa_unfused_op_bytes``): over the uniform pattern it sums to ``activation_bytes_per_microbatch``, as
+    for every other model (tests/test_one_cost_model.py). The Scorer prices a DeepSeek-V3.2 layout's peak as
+    estimate does, and one that does not fit only because of those tensors is not kept by the search."""
+    from autoplan import api
+    from autoplan.catalog import build_cluster
+    from cost_models.errors import InfeasibleError
+    from cost_models.estimate import estimate
+    from cost_models.memory import activation_bytes_per_microbatch, dsa_unfused_activation_bytes, graphs_for
+    from cost_models.memory import DEFAULT_RUNTIME
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets.common import Software
+    from cost_models.validate import stage_layers
+    from search.intra_op import IntraOpRequest, build_layer_problem, uniform_choice
+    from search.mesh import LogicalMesh
+    from search.planner import to_parallel
+    from search.score import Scorer
+    from search.space import Layout
+
+    m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
+    job = JobSpec(global_batch_size=1024, seq_len=4096)
+    for tp, rc, mods in ((2, "none", None), (1, "selective", ("mla_up_proj", "moe_act")), (2, "full", None)):
+        mesh = LogicalMesh.from_degrees(cluster, dp=32, tp=tp, cp=1, ep=32)
+        par = ParallelConfig(tp=tp, ep=32, recompute=rc, sequence_parallel=tp > 1, recompute_modules=mods)
+        for kind in ("dense", "moe"):
+            lp = build_layer_problem(m, mesh, IntraOpRequest(kind=kind, seq_len=4096, recompute=rc,
+                                                             sequence_parallel=True if tp > 1 else None,
+                                                             recompute_modules=mods))
+            choice = uniform_choice(lp, tp > 1)
+            assert choice is not None
+            held = sum(ss[i].activation_bytes for ss, i in zip(lp.strategies, choice))
+            graph = graphs_for(m, 4096)[kind]
+            assert held == pytest.approx(activation_bytes_per_microbatch(graph, m, job, par), rel=1e-9)
+            if rc != "full":  # (full recompute keeps the layer input only) the unfused scores are in that sum
+                assert dsa_unfused_activation_bytes(graph, m, job, par, DEFAULT_RUNTIME) > 0.5 * held
+
+    # tp 1, pp 8, ep 32, full recompute: the re-run layer's unfused scores (its transient) push it over the limit
+    base = dict(tp=1, cp=1, pp=8, dp=32, ep=32, micro_batch_size=1, m=32, recompute="full", zero_stage=1,
+                hsdp_shard_size=None, schedule="1f1b", vp=1, sequence_parallel=False, target="megatron",
+                kv_replication="gather", knobs=(), recompute_modules=None)
+    lay = Layout(**base)  # type: ignore[arg-type]
+    scorer = Scorer(m, cluster, job)
+    par = to_parallel(m, lay, tuple(stage_layers(m, to_parallel(m, lay, (m.num_layers,)))))
+    fs = scorer.score(lay, tuple(stage_layers(m, par)))
+    pred = estimate(m, cluster, job, par, target="megatron", software=Software(**scorer.chosen_knobs(lay)))
+    assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
+    assert not fs.fits and not pred.fits
+    fused = estimate(m, cluster, job, par, target="megatron",
+                     software=Software(megatron_core="0.19.0", dsa_kernel_backend="cudnn"))
+    assert fused.peak_memory_gib < pred.peak_memory_gib
+    with pytest.raises(InfeasibleError, match="no layout of deepseek-v3.2 fits"):  # no pinned variant kept either
+        api.Engine().search({"model": DS, "cluster": {"num_gpus": 256, "gpu": "h100-sxm"},
+                             "job": {"global_batch_size": 1024, "seq_len": 4096},
+                             "parallel": {"tp": 1, "pp": 8, "ep": 32, "recompute": "full", "micro_batch_size": 1}})
+
 # ---- targets -------------------------------------------------------------------------------------
 
 
