@@ -21,7 +21,8 @@ Two implementations exist in Megatron-Core:
 FLOPs per token (``opgraph``): indexer ``2·H_I·D_I`` per key, loss ``2·a·d_qk`` per key, over the causal keys; the
 core ``2·a·(d_qk + d_v)`` per key over ``min(top-k, causal)`` keys (``opgraph.mean_keys_per_query``). Unfused, the
 indexer and the loss compute every key (``s``: twice the causal FLOPs) and the core is Megatron's unfused attention
-(``attention_cost.unfused_attention_s``, all ``s × s`` scores).
+(``attention_cost.unfused_attention_s``, all ``s × s`` scores). MFU's model FLOPs count the indexer and the loss at
+the design's causal keys (``op_cost.model_flops_per_token``).
 
 The unfused path's TP collectives beyond the MLA's linears (the indexer's sequence-parallel gathers of its inputs,
 dsa.py:557-559, and the loss's ``[b, s, s]`` fp32 all-reduce, dsa.py:231-234): ``tp_comm.dsa_tp_collectives``,

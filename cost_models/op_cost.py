@@ -230,11 +230,23 @@ def model_flops_per_token(graph: LayerGraph) -> float:
     """Training model FLOPs per token of one layer (no recompute): 3 × forward, attention counted
     without the causal discount (PaLM / Megatron convention for MFU); a Mamba-2 scan as Megatron-LM counts it
     (``7 · d_inner · state``, training.py ``mamba_layer_flops``), a Gated DeltaNet core as it counts that
-    (``gdn.gdn_model_flops``)."""
+    (``gdn.gdn_model_flops``).
+
+    DeepSeek sparse attention's ``indexer`` ops are model work as the MTP modules are (training math, not
+    rematerialization or an implementation's waste): the indexer's scores (DeepSeek-V3.2-Exp report eq. 1) select
+    every layer's top-k and train through the KL loss (3 × forward), the loss's dense target ``Q·Kᵀ`` is computed
+    forward only (query and key detached, megatron-core 0.16.1 dsa.py:805-806: 1 × forward); both score each query
+    against its keys, so counted as the attention core is, without the causal discount, at the design's causal key
+    count (``opgraph._dsa_indexer``), whatever keys an implementation computes (the unfused path's every key)."""
     fwd = 0.0
+    once = 0.0  # forward-only work: no backward to count
     for op in graph.ops:
         if op.kind in ("matmul", "router", "experts", "ssm", "gdn"):
             fwd += op.flops_per_token * op.tokens_factor
         elif op.kind == "attention":
             fwd += op.flops_per_token * 2  # undo the causal halving
-    return 3.0 * fwd
+        elif op.kind == "indexer" and op.name == "idx_loss":
+            once += op.flops_per_token * 2
+        elif op.kind == "indexer":
+            fwd += op.flops_per_token * 2
+    return 3.0 * fwd + once

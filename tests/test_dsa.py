@@ -259,6 +259,23 @@ def test_search_sees_the_unfused_score_tensors() -> None:
                              "job": {"global_batch_size": 1024, "seq_len": 4096},
                              "parallel": {"tp": 1, "pp": 8, "ep": 32, "recompute": "full", "micro_batch_size": 1}})
 
+
+def test_model_flops_count_the_indexer() -> None:
+    """MFU's model FLOPs (``op_cost.model_flops_per_token``) count DSA's indexer as model work, as the MTP modules:
+    the indexer's scores 3 x forward, the loss's dense target forward only, both without the causal discount (as the
+    attention core), at the design's causal key count in every implementation."""
+    from cost_models.op_cost import model_flops_per_token
+    from cost_models.opgraph import layer_graph
+
+    m, s = load_model(DS), 4096
+    d, a, d_qk = m.dsa, m.num_attention_heads, m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+    for kind in ("dense", "moe"):
+        g = layer_graph(m, kind, s)
+        bare = dataclasses.replace(g, ops=tuple(op for op in g.ops if op.kind != "indexer"))
+        want = 3 * 2 * (2 * d.index_heads * d.index_head_dim) * s / 2 + 2 * (2 * a * d_qk) * s / 2
+        assert model_flops_per_token(g) - model_flops_per_token(bare) == pytest.approx(want, rel=1e-12)
+
+
 # ---- targets -------------------------------------------------------------------------------------
 
 
