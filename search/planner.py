@@ -9,6 +9,13 @@
    prices it exactly as ``estimate`` would; the visit stops once a bound reaches the ``keep``-th best cost.
    Before a layout's intra-op ILP is solved, its split priced on the cost floors (``Scorer.tables(lower=True)``,
    ``_split_lower_bound``) may already reach that cost: the layout is skipped unsolved (tally ``split_bound``).
+   A selective layout is not skipped because a smaller set of Megatron's recompute modules fits on the same layout:
+   the larger set is slower, yet may still be a finalist (deepseek-v3 on 1024 H100s: plans #2 and #3 are one layout
+   with the module ladder's third and fourth sets), and under the stage DP (pp > 1, vp = 1) its split, chosen by the
+   DP's objective, is not the subset's. A floor on the superset's cost from the subset's own tables (its split-free
+   pipeline optimum plus the fill: sound where every stage's time grows with the modules) was tried; on deepseek-v3
+   and qwen3-235b-a22b (1024 GPUs) it cut only what ``split_bound`` cuts (the subsets the search splits seldom fit,
+   so their supersets are the layouts it visits), and was left out.
 4. Finalists are re-scored with ``cost_models.estimate.estimate`` — what users see — and ranked by the
    composite cost, ties broken by ``Layout.sort_key`` (simpler layouts first).
 
