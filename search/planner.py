@@ -534,7 +534,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
            f"recompute={lay.recompute} zero={lay.zero_stage} needs {peak:.1f} GiB ({peak - limit:+.1f} GiB)")
     hint = None
     if find_smallest:
-        n = smallest_feasible_gpus(model, cluster, job, target, pins)
+        n = smallest_feasible_gpus(model, cluster, job, target, pins, scorers=scorers)
         hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
                 "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
     return InfeasibleError(msg, hint=hint, closest=lay)
@@ -651,21 +651,46 @@ def _fewer_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     return None
 
 
-def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any]) -> bool:
-    scorer = Scorer(model, cluster, job)
+def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
+              scorers: Mapping[str, Scorer] | None = None) -> bool:
+    """Whether ``search`` on ``cluster`` finds a layout and split that fit: the layouts it enumerates (each target's
+    module ladder, ``Scorer.module_ladder``; a pinned split's rule), those whose target runs the knobs
+    (``_runs_with_knobs``), each memory variant, and the split ``_split`` picks under the memory limit.
+    ``scorers``: the searched targets' (``target_scorers``), re-derived at this GPU count so the knobs and each target's
+    efficiency set are the search's; None: one knob-less Scorer on ``cluster`` for every target."""
+    targets = tuple(ANY_TARGETS) if target == "any" else (target,)
+    if scorers is None:
+        one = Scorer(model, cluster, job)
+        scs = {t: one for t in targets}
+    else:
+        derived: dict[int, Scorer] = {}  # one per Scorer (a single Scorer may serve every target)
+        scs = {t: derived.setdefault(id(sc), sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}),
+                                                        job)) for t, sc in scorers.items()}
+    ladders = {t: sc.module_ladder(t) for t, sc in scs.items()}
+    layouts = [lay for t in scs for lay in enumerate_layouts(model, cluster, job, t, pins, Tally(),  # type: ignore[arg-type]
+                                                             ladders)]
+    try:
+        if any(k in pins for k in SPLIT_PINS):
+            layouts = _legal_splits(layouts, model, pins, Tally())
+        layouts = _runs_with_knobs(layouts, model, job, scs, Tally())
+    except ConfigError:  # the pins or knobs rule out every layout at this size
+        return False
     bounded = []
-    for lay in enumerate_layouts(model, cluster, job, target, pins, Tally()):
-        lb = scorer.memory_lower_bound(lay)
-        if lb <= scorer.limit_bytes:
+    for lay in (var for lay in layouts for var in scs[lay.target].memory_variants(lay)):
+        sc = scs[lay.target]
+        lb = sc.memory_lower_bound(lay)
+        if lb <= sc.limit_bytes:
             bounded.append((lb, lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first
-    return any(_split(lay, scorer, pins) is not None for _, _, lay in bounded)
+    return any(_split(lay, scs[lay.target], pins) is not None for _, _, lay in bounded)
 
 
 def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
-                           pins: dict[str, Any], limit: int = 65536) -> int | None:
+                           pins: dict[str, Any], limit: int = 65536,
+                           scorers: Mapping[str, Scorer] | None = None) -> int | None:
     """Smallest GPU count above ``cluster.num_gpus`` with a plan, trying powers of two below one node and
-    node · 2^k above (every size a cluster of this GPU can have on the way)."""
+    node · 2^k above (every size a cluster of this GPU can have on the way). ``scorers``: the search's per target
+    (``_has_plan``)."""
     node = cluster.gpus_per_node
     sizes = [2**i for i in range(1, node.bit_length()) if 2**i < node]
     k = node
@@ -675,6 +700,6 @@ def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     for n in sorted(set(sizes)):
         if n <= cluster.num_gpus:
             continue
-        if _has_plan(model, cluster.model_copy(update={"num_gpus": n}), job, target, pins):
+        if _has_plan(model, cluster.model_copy(update={"num_gpus": n}), job, target, pins, scorers):
             return n
     return None

@@ -259,6 +259,21 @@ def test_infeasible_names_closest_and_smallest_cluster() -> None:
             search(model, build_cluster("h100-sxm", n // 2), job, find_smallest_cluster=False)
 
 
+def test_smallest_cluster_hint_tries_the_module_ladder() -> None:
+    """The hint prices the layouts the search would: with only selective recompute left (a pin), what fits 16 GPUs
+    is a larger set of Megatron's modules from the ladder (``Scorer.module_ladder``), so the hint says 16, not the
+    32 that Megatron's default modules alone need."""
+    model, job, pins = load_model("llama3-70b"), JobSpec(global_batch_size=64), {"recompute": "selective"}
+    with pytest.raises(InfeasibleError) as info:
+        search(model, build_cluster("h100-sxm", 8), job, pins=pins)
+    assert info.value.hint is not None
+    n = int(info.value.hint.split(": ")[1].split()[0])
+    plan = search(model, build_cluster("h100-sxm", n), job, pins=pins, top_k=1).plans[0]
+    assert plan.parallel.recompute_modules is not None  # a ladder set, not Megatron's default
+    with pytest.raises(InfeasibleError):  # and the next smaller size the hint tries has none
+        search(model, build_cluster("h100-sxm", n // 2), job, pins=pins, find_smallest_cluster=False)
+
+
 def test_search_package_never_prints_nor_imports_autoplan() -> None:
     for path in (ROOT / "search").glob("*.py"):
         tree = ast.parse(path.read_text())
