@@ -11,7 +11,7 @@ from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth, n
 from cost_models.moe import (host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance,
                              router_padding_share)
 from cost_models.op_cost import op_compute
-from cost_models.opgraph import LayerGraph
+from cost_models.opgraph import MOE_KINDS, LayerGraph
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -20,12 +20,13 @@ def host_wait_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, par: 
                 rt: Runtime | None, device_s: float, forward_share: float = 0.5, window_s: float = 0.0,
                 cover_s: float = 0.0) -> float:
     """The host-bound wait a layer of ``graph``'s kind adds to ``device_s`` of device work (one micro-batch,
-    forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues, else 0. ``forward_share`` /
+    forward + backward): ``host_bound_s`` on MoE layers whose experts the host issues (every ``MOE_KINDS`` layer: a
+    Gated DeltaNet layer's MoE block is a transformer layer's, its dispatcher and grouped experts alike), else 0. ``forward_share`` /
     ``window_s``: ``LayerCost.forward_share`` / ``sync_window_s`` of the layer; ``cover_s``: the neighbouring non-MoE
     layers' device work the host runs ahead over (``host_cover.moe_host_cover_s``). The one rule ``layer_cost``,
     ``estimate`` and the search's ILP-solved layer times (search.score.layer_pieces) apply."""
     eff = cluster.efficiency
-    if graph.kind != "moe" or eff.moe_host_s_per_expert + eff.moe_host_s_per_layer <= 0 \
+    if graph.kind not in MOE_KINDS or eff.moe_host_s_per_expert + eff.moe_host_s_per_layer <= 0 \
             or not moe_layer_host_issued(rt):
         return 0.0
     synced = host_synced(cluster, par, rt)

@@ -52,7 +52,7 @@ from cost_models.memory import (
     zero3_head_unit_bytes,
     zero3_transient_bytes,
 )
-from cost_models.opgraph import DECODER_KINDS, kind_counts, layer_kinds, model_kinds
+from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, kind_counts, layer_kinds, model_kinds
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -122,11 +122,13 @@ class Scorer:
         self._runtimes: dict[tuple, Runtime] = {}
         self.graphs = graphs_for(model, job.seq_len)
         self.L = model.num_layers
-        self.is_moe_layer = np.array([model.is_moe_layer(i) for i in range(self.L)], dtype=bool)
         # decoder layer kinds: "dense"/"moe" (transformer), or a hybrid stack's mixers (opgraph.layer_kind)
         self.kind_of = layer_kinds(model)
         self.kinds = model_kinds(model)
         self.kind_count = kind_counts(model)
+        # the MoE kinds of the decoder stack (a transformer's "moe"; a Gated DeltaNet stack's "gdn_moe" beside it):
+        # each waits on the host with its own device time (ep_comm.host_wait_s)
+        self.moe_kinds = [k for k in self.kinds if k in MOE_KINDS and k in self.kind_of]
         # full recompute re-runs one layer at a time: the kinds whose activations that transient takes (memory.py)
         self.full_peak_kinds = self.kinds if model.is_hybrid or model.gdn is not None else ["dense"]
         # no intra-op ILP over a Gated DeltaNet mixer either (search/strategies.py knows attention ops): a stack with
@@ -142,7 +144,6 @@ class Scorer:
         self._zero3: dict[tuple, np.ndarray] = {}
         self._blocks: dict[tuple, np.ndarray | None] = {}  # (bound key, chosen knobs, layout knobs): block_transient_table
         self._inflight: dict[tuple, np.ndarray] = {}
-        self.n_moe = int(self.is_moe_layer.sum())
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
         self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
@@ -160,7 +161,7 @@ class Scorer:
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
         self._covers: dict[tuple, list[float]] = {}  # (bound key, knobs): whole-stack MoE host cover (host_covers)
-        self._moe_device: dict[tuple, float] = {}  # layer_pieces' key: an MoE layer's device time, where covered
+        self._moe_device: dict[tuple, dict[str, float]] = {}  # layer_pieces' key: per MoE kind, its device time
         self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
         self._rank_ids: dict[tuple, list[list[int]]] = {}  # (split, pp, vp): rank_layer_ids
         self._chunks: dict[tuple, list[list[tuple[int, int]]]] = {}  # (split, pp, vp): rank_chunks
@@ -379,8 +380,8 @@ class Scorer:
         hit = self._layer.get(key)
         if hit is not None:
             return hit
-        t_kind = {}
-        moe_device, moe_lc = 0.0, None
+        t_kind: dict[str, float] = {}
+        moe_device: dict[str, float] = {}  # per MoE kind, a layer's device time
         acts, head_a = self.act_pieces(lay, rc, chosen)
         for kind in self.kinds:
             if self.no_ilp:
@@ -395,9 +396,9 @@ class Scorer:
                 device = sol.time_per_microbatch_s + self.knob_delta_s(lay, kind, rc)
             # + the host-bound wait (MoE layers whose experts the host issues), on the layer's device time (where the
             # dispatcher syncs each layer: the layer's forward share and post-sync window, layer_cost's)
-            if kind == "moe":
+            if kind in MOE_KINDS:
                 lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, chosen)
-                moe_device, moe_lc = device, lc
+                moe_device[kind] = device
                 t_kind[kind] = device + host_wait_s(self.graphs[kind], self.model, self.cluster,
                                                     self._bound_par(lay, rc), self._runtime_with(lay, chosen), device,
                                                     lc.forward_share, lc.sync_window_s)
@@ -406,15 +407,18 @@ class Scorer:
         # A target runs one pattern (the ILP's only point): its activations as the target's runtime saves them
         # (loss, fp8 saves, selective recompute: cost_models.memory), as estimate prices them.
         per = np.array([t_kind[k] for k in self.kind_of])
-        if moe_lc is not None and t_kind["moe"] > moe_device:
+        if any(t_kind[k] > device for k, device in moe_device.items()):
             # the graphed non-MoE layers' device work the MoE layers' host issue runs beside (cost_models.host_cover,
-            # as estimate applies it; here over the whole stack: the stage split comes later, cover_correction_s)
+            # as estimate applies it; here over the whole stack: the stage split comes later, cover_correction_s),
+            # each MoE layer's wait on its own kind's device time (a kind without a wait keeps none under cover)
             self._moe_device[key] = moe_device
             covers = self.host_covers(lay, rc, chosen)
-            wait = self._moe_waits(lay, rc, chosen, moe_device, covers)
+            wait = {k: self._moe_waits(lay, rc, chosen, k, device, self._kind_covers(covers, k))
+                    for k, device in moe_device.items()}
             for i, cover in enumerate(covers):
-                if cover > 0.0:
-                    per[i] = moe_device + wait[cover]
+                if cover > 0.0:  # only MoE layers have a cover
+                    k = self.kind_of[i]
+                    per[i] = moe_device[k] + wait[k][cover]
         time = np.concatenate([[0.0], np.cumsum(per)])
         head_t = self.exact_pieces(lay, rc)[1]
         out = (time, head_t, np.array([acts[k] for k in self.kind_of]), head_a)
@@ -434,13 +438,17 @@ class Scorer:
             hit = self._covers[key] = moe_host_cover_s(seq, host_synced(self.cluster, par, rt), host_light_kinds(rt))
         return hit
 
-    def _moe_waits(self, lay: Layout, rc: str, fields: dict[str, Any], device_s: float,
+    def _kind_covers(self, covers: list[float], kind: str) -> list[float]:
+        """The entries of ``covers`` (one per decoder layer) of the layers of ``kind``."""
+        return [c for c, k in zip(covers, self.kind_of) if k == kind]
+
+    def _moe_waits(self, lay: Layout, rc: str, fields: dict[str, Any], kind: str, device_s: float,
                    covers: list[float]) -> dict[float, float]:
-        """Per distinct value of ``covers``, an MoE layer's host wait on ``device_s`` of device work with that cover
-        (``host_wait_s``)."""
-        lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields)
+        """Per distinct value of ``covers``, the host wait of an MoE layer of ``kind`` on ``device_s`` of device work
+        with that cover (``host_wait_s``, with that kind's forward share and post-sync window)."""
+        lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, fields)
         par, rt = self._bound_par(lay, rc), self._runtime_with(lay, fields)
-        return {c: host_wait_s(self.graphs["moe"], self.model, self.cluster, par, rt, device_s, lc.forward_share,
+        return {c: host_wait_s(self.graphs[kind], self.model, self.cluster, par, rt, device_s, lc.forward_share,
                                lc.sync_window_s, c) for c in set(covers)}
 
     def cover_correction_s(self, lay: Layout, layers: tuple[int, ...]) -> np.ndarray:
@@ -494,20 +502,23 @@ class Scorer:
         if pkey in self._cover_tab:
             return self._cover_tab[pkey]
         self.layer_pieces(lay)  # sets the MoE layers' device time where a cover applies
-        device = self._moe_device.get(pkey)
+        devices = self._moe_device.get(pkey)
         table = None
-        if device is not None:
+        if devices is not None:
             rc, rt = lay.recompute, self._runtime_with(lay, chosen)
             seq = [(i, k, self._layer_cost(lay, bkey, k, chosen)) for i, k in enumerate(self.kind_of)]
             runs = cover_runs(seq, host_synced(self.cluster, self._bound_par(lay, rc), rt), host_light_kinds(rt))
-            waits: dict[float, float] = {}
+            table = np.zeros((self.L + 1, self.L + 1))
+            for kind, device in devices.items():  # the table is a sum over the MoE entries: per kind, its own wait
+                waits: dict[float, float] = {}
 
-            def wait(cover: float) -> float:
-                if cover not in waits:
-                    waits[cover] = self._moe_waits(lay, rc, chosen, device, [cover])[cover]
-                return waits[cover]
+                def wait(cover: float, kind: str = kind, device: float = device,
+                         waits: dict[float, float] = waits) -> float:
+                    if cover not in waits:
+                        waits[cover] = self._moe_waits(lay, rc, chosen, kind, device, [cover])[cover]
+                    return waits[cover]
 
-            table = range_wait_table(runs, self.L, wait)
+                table += range_wait_table([r for r in runs if self.kind_of[r.at] == kind], self.L, wait)
         self._cover_tab[pkey] = table
         return table
 
@@ -531,15 +542,19 @@ class Scorer:
             return hit
         kinds, _, _ = self.bound_pieces(lay, exact_knobs=exact_knobs)
         hit = np.array([kinds[k][0] for k in self.kind_of])
-        lc = self._layer_cost(lay, self.bound_key(lay, rc), "moe", fields) if self.n_moe else None
-        if lc is not None and lc.host_s > 0.0:
-            device = kinds["moe"][0] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
-            covers = self.host_covers(lay, rc, fields)
-            if floor is not None:  # which layers cover is the stack's and the graph scope's (no searched knob's)
-                covers = [np.inf if c > 0.0 else 0.0 for c in covers]
-            wait = self._moe_waits(lay, rc, fields, device, covers)
+        covers: list[float] | None = None
+        for kind in self.moe_kinds:
+            lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, fields)
+            if lc.host_s <= 0.0:
+                continue
+            device = kinds[kind][0] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
+            if covers is None:
+                covers = self.host_covers(lay, rc, fields)
+                if floor is not None:  # which layers cover is the stack's and the graph scope's (no searched knob's)
+                    covers = [np.inf if c > 0.0 else 0.0 for c in covers]
+            wait = self._moe_waits(lay, rc, fields, kind, device, self._kind_covers(covers, kind))
             for i, cover in enumerate(covers):
-                if self.kind_of[i] == "moe":
+                if self.kind_of[i] == kind:
                     hit[i] = device + wait[cover]
         self._floor_layers[key] = hit
         return hit

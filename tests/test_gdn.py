@@ -160,6 +160,82 @@ def test_estimate_prices_qwen3_next_and_refuses_what_megatron_refuses() -> None:
                      ParallelConfig(tp=1), target=target)
 
 
+def _qwen3_next_64() -> tuple:
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec, ParallelConfig
+
+    par = ParallelConfig(tp=2, pp=2, ep=16, micro_batch_size=1)
+    return (load_model("qwen3-next-80b-a3b"), build_cluster("h100-sxm", 64, target="megatron"),
+            JobSpec(global_batch_size=512, seq_len=4096), par)
+
+
+def test_gdn_moe_layers_wait_on_their_host_as_moe_layers_do() -> None:
+    """A Gated DeltaNet MoE layer's experts are the same MoE block, issued by the host behind the same dispatcher sync
+    (opgraph.MOE_KINDS): at ep 16 (32 local experts) both kinds wait on the host (ep_comm.host_wait_s), and estimate's
+    host-bound time is every layer's wait on the binding stage (an all-MoE stack: no cover, host_cover)."""
+    from cost_models.estimate import estimate, graphs_for, runtime_for
+    from cost_models.layer_cost import layer_cost
+    from cost_models.opgraph import layer_kinds
+
+    m, cluster, job, par = _qwen3_next_64()
+    pred = estimate(m, cluster, job, par, target="megatron")
+    rt = runtime_for("megatron", job, cluster, par, None)
+    graphs = graphs_for(m, job.seq_len)
+    lc = {k: layer_cost(graphs[k], m, cluster, job, par, pred.dp, rt) for k in ("gdn_moe", "moe")}
+    assert lc["gdn_moe"].host_s > 0 and lc["moe"].host_s > 0
+    kinds = layer_kinds(m)
+    per_stage = [sum(lc[k].host_s for k in kinds[a:a + 24]) for a in (0, 24)]  # 24 + 24 layers (tp2 pp2)
+    assert pred.layers_per_stage == [24, 24]
+    assert pred.time.host_bound_s == pytest.approx(max(per_stage) * pred.num_microbatches, rel=1e-9)
+
+
+def test_scorer_prices_the_gdn_moe_host_wait_as_estimate() -> None:
+    """The search's Scorer (priced as estimate prices a GDN stack: no intra-op ILP) puts each kind's own host wait
+    on its layers: its per-layer times are layer_cost's, host wait included, and its step time estimate's."""
+    import numpy as np
+
+    from cost_models.estimate import estimate, graphs_for
+    from cost_models.layer_cost import layer_cost
+    from cost_models.opgraph import layer_kinds
+    from cost_models.targets import Software
+    from search.score import Scorer
+    from search.space import Layout
+
+    m, cluster, job, par = _qwen3_next_64()
+    sc = Scorer(m, cluster, job)
+    lay = Layout(tp=2, cp=1, pp=2, dp=16, ep=16, micro_batch_size=1, m=32, recompute="none", zero_stage=1,
+                 hsdp_shard_size=None, schedule="1f1b", vp=1)
+    sw = Software(**sc.chosen_knobs(lay))
+    pred = estimate(m, cluster, job, par, target="megatron", software=sw)
+    rt = sc.runtime(lay)
+    graphs = graphs_for(m, job.seq_len)
+    want = {k: layer_cost(graphs[k], m, cluster, job, par, pred.dp, rt).total_s for k in ("gdn_moe", "moe")}
+    got = np.diff(sc.layer_pieces(lay)[0])
+    assert got == pytest.approx([want[k] for k in layer_kinds(m)], rel=1e-12)
+    assert sc.score(lay, (24, 24)).step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+    lo = np.diff(sc.lower_pieces(lay)[0])
+    assert (lo <= got * (1 + 1e-12)).all()
+
+
+def test_search_equals_exhaustive_on_a_gdn_moe_stack() -> None:
+    """The planner's bounds and stage DP over a stack with both MoE kinds, each waiting on its host (32 or 64 local
+    experts on 2 GPUs), find estimate's best plan (search.exhaustive: every layout, split and knob setting)."""
+    from autoplan.catalog.cluster import build_cluster
+    from cost_models.specs import JobSpec, ModelSpec
+    from search.exhaustive import exhaustive_search
+    from search.planner import search
+
+    m = ModelSpec(name="tiny-gdn-moe", num_layers=6, hidden_size=512, ffn_hidden_size=1024, num_attention_heads=8,
+                  num_kv_heads=2, vocab_size=4096, num_experts=64, moe_top_k=4, moe_ffn_hidden_size=256,
+                  moe_layer_freq=3, gdn={"num_key_heads": 4, "num_value_heads": 8, "key_head_dim": 64,
+                                         "value_head_dim": 64, "full_attention_every": 2})
+    cluster, job = build_cluster("h100-sxm", 2, target="megatron"), JobSpec(global_batch_size=16, seq_len=2048)
+    ref = exhaustive_search(m, cluster, job, "megatron")
+    assert ref is not None and ref.prediction.time.host_bound_s > 0
+    res = search(m, cluster, job, target="megatron", top_k=3, find_smallest_cluster=False)
+    assert res.plans[0].prediction.composite_cost == pytest.approx(ref.prediction.composite_cost, rel=1e-9)
+
+
 def test_gdn_activations_split_over_tp() -> None:
     from cost_models.memory import op_activation_bytes
     from cost_models.opgraph import layer_graph

@@ -169,3 +169,64 @@ def test_lower_pieces_floor_the_exact_pieces_under_cover() -> None:
     lo, ex = np.diff(msc.lower_pieces(mlay)[0]), np.diff(msc.layer_pieces(mlay)[0])
     assert (lo <= ex * (1 + 1e-12)).all()
     assert msc.time_summary(mlay)[0] <= (ex.sum() + msc.layer_pieces(mlay)[1]) * (1 + 1e-12)
+
+
+def _gdn_mixed() -> tuple:
+    """A small Gated DeltaNet stack with both MoE kinds and graphed dense layers between them: GDN every other layer,
+    every third layer MoE, so kinds gdn_dense, dense, gdn_moe, dense, gdn_dense, moe, ... (12 layers). The dense
+    (attention + MLP) layers are CUDA-graphed (scope attn, mlp): each gdn_moe layer has one after it to cover its
+    host issue, the attention moe layers none."""
+    from cost_models.specs import ModelSpec
+
+    model = ModelSpec(name="tiny-gdn-moe", num_layers=12, hidden_size=512, ffn_hidden_size=1024,
+                      num_attention_heads=8, num_kv_heads=2, vocab_size=4096, num_experts=64, moe_top_k=4,
+                      moe_ffn_hidden_size=256, moe_layer_freq=3,
+                      gdn={"num_key_heads": 4, "num_value_heads": 8, "key_head_dim": 64, "value_head_dim": 64,
+                           "full_attention_every": 2})
+    return model, build_cluster("h100-sxm", 8, target="megatron"), JobSpec(global_batch_size=64, seq_len=4096)
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["dropless", "drop-and-pad"])
+@pytest.mark.parametrize("pp,vp,split", [(1, 1, {}), (2, 1, {"first_stage_layers": 3, "last_stage_layers": 9}),
+                                         (2, 2, {})], ids=["pp1", "pp2-cut-after-gdn-moe", "vp2"])
+def test_scorer_prices_each_moe_kinds_own_wait_and_cover_as_estimate(drop: bool, pp: int, vp: int,
+                                                                     split: dict) -> None:
+    """A stack with gdn_moe and moe layers: every MoE kind waits on its host with its own device time, forward share
+    and window (ep_comm.host_wait_s), its covered layers too, and the Scorer's per-layer times, per-split cover
+    correction and step time are estimate's (the search kept one MoE time per stack, the moe kind's, and gave the
+    covered gdn_moe layers the moe layers' time)."""
+    import numpy as np
+
+    from cost_models.opgraph import layer_kinds
+    from search.score import Scorer
+    from search.space import Layout
+
+    model, cluster, job = _gdn_mixed()
+    kinds = layer_kinds(model)
+    assert kinds[:6] == ["gdn_dense", "dense", "gdn_moe", "dense", "gdn_dense", "moe"]
+    sw = Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "mlp"),
+                  **({"moe_capacity_factor": 1.0} if drop else {}))
+    par = ParallelConfig(tp=1, pp=pp, vp=vp, ep=4, micro_batch_size=1, schedule="interleaved" if vp > 1 else "1f1b",
+                         **split)
+    pred = estimate(model, cluster, job, par, target="megatron", software=sw)
+    rt = runtime_for("megatron", job, cluster, par, sw)
+    graphs = graphs_for(model, job.seq_len)
+    lc = {k: layer_cost(graphs[k], model, cluster, job, par, pred.dp, rt) for k in set(kinds)}
+    assert lc["gdn_moe"].host_s > 0 and lc["moe"].host_s > 0
+    seq = list(zip(range(len(kinds)), kinds, [lc[k] for k in kinds]))
+    covers = moe_host_cover_s(seq, not drop, host_light_kinds(rt))
+    assert [i for i, c in enumerate(covers) if c > 0] == [2, 8]  # the gdn_moe layers, each before a dense one
+    sc = Scorer(model, cluster, job, software=sw)
+    lay = Layout(tp=1, cp=1, pp=pp, dp=8 // pp, ep=4, micro_batch_size=1, m=pred.num_microbatches,
+                 recompute="none", zero_stage=1, hsdp_shard_size=None, schedule=par.schedule, vp=vp)
+    assert sc.chosen_knobs(lay) == {}
+    # whole-stack per-layer times: each layer's own kind's, its host wait with the whole stack's cover
+    want = [lc[k].total_s if c == 0.0 else lc[k].total_s - lc[k].host_s
+            + host_wait_s(graphs[k], model, cluster, par, rt, lc[k].total_s - lc[k].host_s, lc[k].forward_share,
+                          lc[k].sync_window_s, c) for k, c in zip(kinds, covers)]
+    assert np.diff(sc.layer_pieces(lay)[0]) == pytest.approx(want, rel=1e-12)
+    layers = tuple(pipeline_split(model, par).rank_layers)
+    assert (sc.cover_correction_s(lay, layers).max() > 0.0) == (pp > 1)  # a cut after a gdn_moe layer
+    assert sc.score(lay, layers).step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+    lo = np.diff(sc.lower_pieces(lay)[0])
+    assert (lo <= np.diff(sc.layer_pieces(lay)[0]) * (1 + 1e-12)).all()
