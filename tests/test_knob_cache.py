@@ -7,6 +7,7 @@ legal a2a is cheaper."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -66,3 +67,58 @@ def test_every_returned_plan_runs_its_knobs_and_took_the_cheapest_legal_setting(
         times = [estimate(model, cluster, job, par, target=prof.name, software=Software(**USER, **c)).step_time_s
                  for c in cands]
         assert plan.prediction.step_time_s == pytest.approx(min(times), rel=1e-9), (par, sw.cp_comm_type)
+
+
+# ---- the per-layer caches' bound key ----------------------------------------------------------------------------
+
+def _same_bound_key(lay: Layout, gpus: int, sc: Scorer) -> list[Layout]:
+    """Layouts whose per-layer pieces the Scorer caches under ``lay``'s bound key and knobs (``Scorer.bound_key``):
+    other ZeRO stages, pipeline depths and schedules, and each setting of the layout knobs the target offers
+    (``Scorer.memory_variants``: FSDP2's reshard_after_forward). What those change in the runtime priced with
+    (``Scorer._runtime_with`` keys on them) is never what a layer's time, activations or host wait read."""
+    out = []
+    for zero in (0, 1, 2, 3):
+        for pp, schedule, vp in ((1, "1f1b", 1), (2, "1f1b", 1), (2, "interleaved", 2)):
+            dp = gpus // (lay.tp * lay.cp * pp)
+            var = replace(lay, zero_stage=zero, pp=pp, schedule=schedule, vp=vp, dp=dp)
+            out += [v for v in sc.memory_variants(var)]
+    assert len({sc.bound_key(v) for v in out}) == 1
+    return out
+
+
+def _pieces(sc: Scorer, lay: Layout) -> list[Any]:
+    import numpy as np
+
+    time, head_t, acts, head_a = sc.layer_pieces(lay)
+    out: list[Any] = [sc.chosen_knobs(lay), list(time), head_t, list(acts), head_a, sc.exact_pieces(lay),
+                      sc.act_pieces(lay), sc.bound_pieces(lay), list(sc.floor_per_layer(lay)),
+                      list(np.diff(sc.lower_pieces(lay)[0]))]
+    if not sc.no_ilp:
+        out += [sc.knob_delta_s(lay, k) for k in sc.kinds]
+    return out
+
+
+@pytest.mark.parametrize("name, target, gpus, seq, par", [
+    ("llama3-8b", "torchtitan", 16, 4096, dict(tp=2)),  # compile / async TP searched; reshard_after_forward
+    ("llama3-8b", "fsdp2", 16, 4096, dict(tp=2)),  # reshard_after_forward True, False, a node
+    ("mixtral-8x7b", "megatron", 32, 8192, dict(tp=2, cp=2, ep=2)),  # cp_comm_type searched, its floor
+    ("qwen3-next-80b-a3b", "megatron", 64, 4096, dict(tp=2, ep=16)),  # no ILP; both MoE kinds wait on the host
+], ids=["torchtitan", "fsdp2", "megatron-cp", "megatron-gdn"])
+def test_per_layer_caches_hold_for_every_layout_of_their_key(name: str, target: str, gpus: int, seq: int,
+                                                             par: dict[str, int]) -> None:
+    """The Scorer's per-layer caches (``_lc``, ``_knob_delta``, ``_ktime``, ``_pieces``, ``_acts``, ``_bounds``,
+    ``_floor_layers``, ``_covers``, ``_layer``) key on the bound key and the knob fields, not on the ZeRO stage, the
+    pipeline or ``Layout.knobs``, which the runtime they price with is resolved from: a Scorer that priced the other
+    layouts of a key first answers each as a fresh one does. (A layout knob or a ZeRO / pipeline-dependent runtime
+    default that changed a layer's price would make the first layout of a key decide the others'.)"""
+    model, cluster = load_model(name), build_cluster("h100-sxm", gpus, target=target)
+    job = JobSpec(global_batch_size=256, seq_len=seq)
+    base = Layout(**{**dict(tp=1, cp=1, pp=1, dp=1, ep=1, micro_batch_size=1, m=8, recompute="none", zero_stage=1,
+                            hsdp_shard_size=None, schedule="1f1b", vp=1, target=target), **par})  # type: ignore[arg-type]
+    shared = Scorer(model, cluster, job)
+    layouts = _same_bound_key(base, gpus, shared)
+    assert any(v.knobs for v in layouts) == (target != "megatron")
+    for lay in layouts:
+        fresh = Scorer(model, cluster, job)
+        fresh.ilp = shared.ilp  # the intra-op ILP's cache keys on its whole request
+        assert _pieces(shared, lay) == _pieces(fresh, lay), lay
