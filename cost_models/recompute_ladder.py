@@ -22,6 +22,7 @@ from cost_models.opgraph import LayerGraph
 from cost_models.recompute import module_errors
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
+from cost_models.targets.megatron import dsa_recompute_error
 
 
 def module_price(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], model: ModelSpec,
@@ -41,19 +42,33 @@ def module_price(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], mo
     return seconds, freed
 
 
+class ModuleLadder(list):
+    """The ladder's module sets (a list of tuples), plus ``default``: whether Megatron's default set (``core_attn``,
+    which a layout searches as ``recompute_modules`` None) runs for the model under the runtime at all (False: DeepSeek
+    sparse attention before core_v0.19.0, ``targets.megatron.dsa_recompute_error``), so the search skips it."""
+
+    default: bool = True
+
+
 def module_ladder(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], model: ModelSpec,
                   cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, rt: Runtime) -> list[tuple[str, ...]]:
     """The module sets to price, smallest first: the prefixes of the modules ``model`` has that free bytes, ordered by
-    re-run seconds per byte freed (ties: Megatron's order), each set in Megatron's order (``RECOMPUTE_MODULES``).
-    Empty where selective recompute is not Megatron's module recompute (``rt.selective``)."""
+    re-run seconds per byte freed (ties: Megatron's order), each set in Megatron's order (``RECOMPUTE_MODULES``),
+    none that the target profile refuses (``module_errors``; ``dsa_recompute_error``: no ``core_attn`` with DSA before
+    core_v0.19.0, and then not the default either: ``ModuleLadder.default``). Empty where selective recompute is not
+    Megatron's module recompute (``rt.selective``)."""
     if rt.selective != "attention":
-        return []
+        return ModuleLadder()
     priced = []
     for rank, m in enumerate(RECOMPUTE_MODULES):
         if module_errors(model, par.model_copy(update={"recompute_modules": (m,)}), rt.fp8_recipe) is not None:
+            continue
+        if dsa_recompute_error(model, (m,), rt.megatron_core) is not None:
             continue
         seconds, freed = module_price(graphs, counts, model, cluster, job, par, rt, (m,))
         if freed > 0.0:
             priced.append((max(seconds, 0.0) / freed, rank, m))
     order = [m for _, _, m in sorted(priced)]
-    return [tuple(m for m in RECOMPUTE_MODULES if m in order[:i]) for i in range(1, len(order) + 1)]
+    ladder = ModuleLadder(tuple(m for m in RECOMPUTE_MODULES if m in order[:i]) for i in range(1, len(order) + 1))
+    ladder.default = dsa_recompute_error(model, ("core_attn",), rt.megatron_core) is None
+    return ladder

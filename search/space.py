@@ -333,10 +333,12 @@ def module_ladder_for(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
 def module_choices(pins: dict[str, Any], ladder: Sequence[tuple[str, ...]]) -> list[tuple[str, ...] | None]:
     """The ``recompute_modules`` of a selective layout: the user's pin, or Megatron's default (None: core_attn) and
     then each rung of the target's module ladder (``cost_models.recompute_ladder``; none where the target has no
-    module recompute), the default's own set ``(core_attn,)`` once."""
+    module recompute), the default's own set ``(core_attn,)`` once. The default is skipped where the ladder says
+    Megatron cannot run it for the model (``ModuleLadder.default``: DeepSeek sparse attention before core_v0.19.0)."""
     if pins.get("recompute_modules") is not None:  # pinned with recompute 'selective' (autoplan.schema.ParallelPins)
         return [pins["recompute_modules"]]
-    return [None, *(r for r in ladder if r != ("core_attn",))]
+    default: list[tuple[str, ...] | None] = [None] if getattr(ladder, "default", True) else []
+    return [*default, *(r for r in ladder if r != ("core_attn",))]
 
 
 def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,

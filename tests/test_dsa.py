@@ -388,3 +388,120 @@ def test_glm_5_2_is_glm_5_1_with_index_sharing() -> None:
     assert m.num_params == 743_377_000_704
     assert base.num_params - m.num_params == 57 * base.indexer_params(0)
     assert sum(m.dsa.runs_indexer(i) for i in range(m.num_layers)) == 21
+
+
+# ---- selective core_attn recompute (megatron-core before 0.19.0) -----------------------------------------------------
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.17.0rc0", "0.17.0", "0.17.1", "0.18.0", "0.18.2", "0.19.0"])
+def test_core_attn_recompute_refused_where_dsa_crashes(version: str) -> None:
+    """Before core_v0.19.0 MLA's checkpointed branch calls DSAttention without x / qr (multi_latent_attention.py:279-282
+    -> attention.py:394-411 @ core_v0.16.1): core_attn (Megatron's default module) is refused, by name, with the same
+    set without it and the release that passes them; core_v0.19.0 runs it. Other modules and other models pass."""
+    from autoplan.catalog import build_cluster
+    from autoplan.errors import ConfigError
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import PROFILES, runtime_for
+    from cost_models.targets.common import CORE_RELEASES, Software
+
+    prof, cluster = PROFILES["megatron"], build_cluster("h100-sxm", 256)
+    job = JobSpec(global_batch_size=1024, seq_len=4096)
+    fixed = CORE_RELEASES.index(version) >= CORE_RELEASES.index("0.19.0")
+    for mods, rest in ((None, None), (("core_attn", "mla_up_proj", "moe_act"), "recompute_modules=moe_act,mla_up_proj"),
+                       (("core_attn",), None)):
+        par = ParallelConfig(tp=2, pp=8, ep=32, recompute="selective", recompute_modules=mods)
+        rt = runtime_for("megatron", job, cluster, par, Software(megatron_core=version))
+        if fixed:
+            prof.check_runtime(load_model(DS), cluster, job, par, rt)
+            continue
+        with pytest.raises(ConfigError) as err:
+            prof.check_runtime(load_model(DS), cluster, job, par, rt)
+        text = str(err.value)
+        assert "core_attn" in text and f"megatron_core={version}" in text and "multi_latent_attention.py:279-282" in text
+        assert "megatron_core=0.19.0" in err.value.valid and "megatron_core=0.18.2" not in err.value.valid
+        assert (rest in err.value.valid) if rest else "recompute=full" in err.value.valid
+        ok = par.model_copy(update={"recompute_modules": ("mla_up_proj", "moe_act")})
+        prof.check_runtime(load_model(DS), cluster, job, ok, rt)
+        full = par.model_copy(update={"recompute": "full", "recompute_modules": None})
+        prof.check_runtime(load_model(DS), cluster, job, full, runtime_for("megatron", job, cluster, full,
+                                                                            Software(megatron_core=version)))
+        dense = ParallelConfig(tp=2, pp=8, ep=32, recompute="selective")  # an MLA model without DSA keeps core_attn
+        prof.check_runtime(load_model("deepseek-v3"), cluster, job, dense,
+                           runtime_for("megatron", job, cluster, dense, Software(megatron_core=version)))
+
+
+def test_search_never_proposes_core_attn_for_dsa() -> None:
+    """The module ladder leaves core_attn out for DeepSeek-V3.2 at megatron_core 0.16.1 and says the default (None:
+    core_attn) does not run, so no selective layout carries it; at 0.19.0 the default is back and core_attn priced."""
+    from autoplan.catalog import build_cluster
+    from cost_models.specs import JobSpec
+    from cost_models.targets.common import Software
+    from search.space import Tally, enumerate_layouts, module_choices, module_ladder_for
+
+    m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
+    job = JobSpec(global_batch_size=1024, seq_len=4096)
+    old = module_ladder_for(m, cluster, job, "megatron")
+    assert old and not old.default and all("core_attn" not in r for r in old)  # type: ignore[attr-defined]
+    assert None not in module_choices({}, old) and module_choices({}, old) == list(old)
+    new = module_ladder_for(m, cluster, job, "megatron", Software(megatron_core="0.19.0"))
+    assert new.default and module_choices({}, new)[0] is None  # type: ignore[attr-defined]
+    assert any("core_attn" in r for r in new)
+    assert module_ladder_for(load_model("deepseek-v3"), cluster, job, "megatron").default  # type: ignore[attr-defined]
+    lays = [lay for lay in enumerate_layouts(m, cluster, job, "megatron", {"recompute": "selective"}, Tally(),
+                                             {"megatron": old})]
+    assert lays and all(lay.recompute_modules is not None and "core_attn" not in lay.recompute_modules for lay in lays)
+
+
+def test_estimate_cli_refuses_default_selective_on_dsa() -> None:
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    args = ["estimate", "--model", DS, "--gpus", "256", "--tp", "2", "--pp", "8", "--ep", "32", "--seq-len", "4096",
+            "--global-batch-size", "1024", "--recompute", "selective"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output and "recompute_modules core_attn" in out.output
+    assert "megatron_core=0.19.0" in out.output and "attention.py:394-411" in out.output
+
+
+def test_megatron_lm_checkpointed_core_attention_misses_dsa_inputs() -> None:
+    """The real crash in a Megatron-LM checkout (MEGATRON_LM_PATH; skips without): the call ``custom_forward`` makes
+    in ``_checkpointed_attention_forward`` (attention.py, read with ast: its positional count and keywords) does not
+    bind to ``DSAttention.forward``'s signature (TypeError: x missing), while the non-checkpointed MLA call's does
+    (x, qr added: multi_latent_attention.py:283-300). Imported in a child process (the checkout's megatron package)."""
+    import os
+    import subprocess
+    import sys
+
+    from autoplan.validate import megatron_lm
+
+    root = megatron_lm.checkout()
+    if root is None:
+        pytest.skip(megatron_lm.skip_reason())
+    script = r'''
+import ast, inspect, json, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+tree = ast.parse((root / "megatron/core/transformer/attention.py").read_text())
+fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_checkpointed_attention_forward")
+inner = next(n for n in ast.walk(fn) if isinstance(n, ast.FunctionDef) and n.name == "custom_forward")
+call = next(n for n in ast.walk(inner) if isinstance(n, ast.Call) and "core_attention" in ast.unparse(n.func))
+npos, kws = len(call.args), [k.arg for k in call.keywords]
+from megatron.core.transformer.experimental_attention_variant.dsa import DSAttention
+sig = inspect.signature(DSAttention.forward)
+args = [object()] * (1 + npos)
+try:
+    sig.bind(*args, **{k: None for k in kws})
+    err = None
+except TypeError as e:
+    err = str(e)
+sig.bind(*args, **{k: None for k in kws}, x=None, qr=None)
+print(json.dumps({"line": call.lineno, "npos": npos, "kws": kws, "err": err}))
+'''
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["npos"] == 4 and "x" not in out["kws"] and "qr" not in out["kws"]
+    assert out["err"] is not None and "'x'" in out["err"]
+    if megatron_lm.checkout_version(root) == "0.16.1":
+        assert 394 <= out["line"] <= 411  # the lines the rule cites (targets.megatron.DSA_CKPT_CALL)

@@ -151,7 +151,7 @@ from typing import Any
 
 from cost_models.errors import ConfigError, divisors
 from cost_models.te_fp8 import te_tp_gather_bytes
-from cost_models.recompute import module_errors
+from cost_models.recompute import module_errors, modules_in_effect
 from cost_models.te_nvfp4 import NVFP4_SAVED_BYTES, NVFP4_WEIGHT_CACHE_BYTES
 from cost_models.specs import RECOMPUTE_MODULES, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (DTYPE_BYTES, EXPANDABLE_SEGMENTS_ENV, CORE_RELEASES, Knob, Runtime,
@@ -359,6 +359,40 @@ def dsa_backend_error(model: ModelSpec, rt: Runtime) -> ConfigError | None:
     return None
 
 
+# The first Megatron-Core release whose selective ``core_attn`` checkpoint hands DSAttention its x / qr
+DSA_CORE_ATTN_RECOMPUTE_SINCE = "0.19.0"
+DSA_CKPT_CALL = ("megatron-core 0.16.1 megatron/core/transformer/multi_latent_attention.py:279-282 -> "
+                 "attention.py:394-411 (_checkpointed_attention_forward's custom_forward)")
+
+
+def dsa_recompute_error(model: ModelSpec, modules: frozenset[str] | tuple[str, ...] | None,
+                        megatron_core: str) -> ConfigError | None:
+    """DeepSeek sparse attention under selective recompute of ``core_attn`` (``modules``: the set Megatron runs,
+    ``cost_models.recompute.modules_in_effect``; None: no module recompute). Before core_v0.19.0, MLA's checkpointed
+    branch (multi_latent_attention.py:279-282 @ core_v0.16.1; the same through core_v0.18.2, :379-382) calls
+    ``_checkpointed_attention_forward``, whose ``custom_forward`` calls the core attention with query, key, value,
+    mask, attn_mask_type, attention_bias and packed_seq_params only (attention.py:394-411; core_v0.18.x:
+    ``_run_core_attention`` with no extra kwargs), while ``DSAttention.forward`` requires ``x`` and ``qr``
+    (dsa.py:728-738): a TypeError on the first training step. Only the non-checkpointed branch passes them
+    (:283-300). No validation refuses it. core_v0.19.0 passes them through the checkpoint
+    (multi_latent_attention.py:372-391, attention.py:445-484 ``core_attention_extra_kwargs``)."""
+    if model.dsa is None or not modules or "core_attn" not in modules:
+        return None
+    later = CORE_RELEASES[CORE_RELEASES.index(DSA_CORE_ATTN_RECOMPUTE_SINCE):]
+    if megatron_core in later:
+        return None
+    rest = [m for m in RECOMPUTE_MODULES if m in modules and m != "core_attn"]
+    instead = ([f"recompute_modules={','.join(rest)}"] if rest else
+               ["recompute_modules without core_attn (e.g. mla_up_proj)", "recompute=full", "recompute=none"])
+    return ConfigError(f"recompute_modules {','.join(m for m in RECOMPUTE_MODULES if m in modules)} (core_attn: "
+                       f"Megatron's default when none are given) with {model.name}'s DeepSeek sparse attention and "
+                       f"megatron_core={megatron_core}: the checkpointed core attention calls DSAttention without its "
+                       f"x / qr inputs ({DSA_CKPT_CALL}; DSAttention.forward needs them, {DSA_SRC}:728-738), a "
+                       f"TypeError on the first training step, through core_v0.18.2; core_v{DSA_CORE_ATTN_RECOMPUTE_SINCE} "
+                       "passes them (attention.py:445-484)",
+                       valid=instead + [f"megatron_core={v}" for v in later])
+
+
 def dsa_layout_error(model: ModelSpec, cp: int) -> ConfigError | None:
     """DSAttention with context parallelism: TransformerConfig asserts ``context_parallel_size == 1``
     (transformer_config.py:1987-1990 @ core_v0.16.1, "Currently context parallelism is not supported by
@@ -461,7 +495,8 @@ class MegatronProfile(TargetProfile):
                              f"{TC}:877 (quant_recipe; {MLM} --te-precision-config-file); {QUANT_RECIPE_SOURCE}"),
         "megatron_core": Knob("megatron_core", CORE_RELEASES, "0.16.1",
                               "the Megatron-Core release (tag core_v<version>); the other rules of this profile cite "
-                              "core_v0.16.1: the version gates hybrid MTP only (model_runtime_error)"),
+                              "core_v0.16.1: the version gates hybrid MTP (model_runtime_error), the fused grouped MLP, "
+                              "the fused DSA kernels and DSA's core_attn recompute (dsa_recompute_error)"),
     }
 
     searched_knobs = ("cp_comm_type", "cp_a2a_size")
@@ -735,6 +770,8 @@ class MegatronProfile(TargetProfile):
         if bad is not None:
             raise ConfigError(bad, valid=[m for m in RECOMPUTE_MODULES if module_errors(
                 model, par.model_copy(update={"recompute_modules": (m,)}), rt.fp8_recipe) is None])
+        if (err := dsa_recompute_error(model, modules_in_effect(par, rt), rt.megatron_core)) is not None:
+            raise err
         if par.cp > 1:
             check_cp_comm(model, par, rt.cp_comm_type, cluster, rt.cp_a2a_size)
         if rt.fp8_recipe == "mxfp8" and cluster.gpu.generation != "blackwell":
