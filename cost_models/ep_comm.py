@@ -10,8 +10,9 @@ from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth, nic_bandwidth, place_group
 from cost_models.moe import (host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance,
                              router_padding_share)
-from cost_models.op_cost import op_compute
+from cost_models.op_cost import op_compute, op_forward_s
 from cost_models.opgraph import MOE_KINDS, LayerGraph
+from cost_models.recompute import modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -114,11 +115,12 @@ def a2a_overlap_compute_split(graph: LayerGraph, model: ModelSpec, cluster: Clus
     the ``attn`` node everything else (attention block, norms, router, permutation, shared experts:
     fine_grained_callables.py:477 runs them in the attention node)."""
     side = {"attn": [0.0, 0.0], "mlp": [0.0, 0.0], "comb": [0.0, 0.0]}
+    modules = modules_in_effect(par, rt)
     for op in graph.ops:
         oc = op_compute(op, graph, model, cluster, job, par, rt)
         key = ("mlp" if op.kind == "experts" or op.name.startswith("expert_")
                else "comb" if op.name in COMBINE_NODE_OPS else "attn")
-        side[key][0] += oc.forward_s
+        side[key][0] += op_forward_s(op, graph, oc, par.recompute, modules)  # (op_cost.skips_forward)
         side[key][1] += oc.backward_s
     return OverlapNodes(*side["attn"], *side["mlp"], *side["comb"])
 

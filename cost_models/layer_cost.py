@@ -74,7 +74,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     strides = RankStrides.megatron(t, c, dp)
     cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
     modules = modules_in_effect(par, rt)
-    forward, backward, recompute = cc.forward_s, cc.backward_s, cc.recompute_s(par.recompute, graph, modules)
+    forward, backward = cc.forward_pass_s(par.recompute, graph, modules), cc.backward_s  # (op_cost.skips_forward)
+    recompute = cc.recompute_s(par.recompute, graph, modules)
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in DECODER_KINDS

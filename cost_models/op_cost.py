@@ -51,6 +51,15 @@ class OpCompute:
         """GEMMs 2× forward (dgrad + wgrad); the attention core and memory-bound kernels as priced."""
         return 2 * self.gemm_f + self.attn_b + self.mem_b + self.wgrad_hp
 
+    def forward_pass_s(self, recompute: str, graph: LayerGraph | None = None,
+                       modules: frozenset[str] | None = None) -> float:
+        """The forward pass's time: ``forward_s`` less the ops that run only in the recompute's re-run
+        (``skips_forward``: DSA's indexer loss under a checkpoint that re-runs it)."""
+        if graph is None or not self.op_rerun_f:
+            return self.forward_s
+        return self.forward_s - sum(f for op, f in zip(graph.ops, self.op_rerun_f)
+                                    if skips_forward(op, graph, recompute, modules))
+
     def recompute_s(self, recompute: str, graph: LayerGraph | None = None,
                     modules: frozenset[str] | None = None) -> float:
         """Selective recompute repeats the attention core's forward (Megatron), or under torchtitan's per-op SAC
@@ -138,6 +147,30 @@ def rerun_forward_s(op: Op, oc: OpCompute) -> float:
     """The forward time a selective-recompute module that re-runs ``op`` adds (``cost_models.recompute``): the
     attention core its kernel (``attn_f``, as plain ``selective`` has always priced it), any other op its forward."""
     return oc.attn_f if op.kind == "attention" else oc.forward_s
+
+
+def skips_forward(op: Op, graph: LayerGraph, recompute: str, modules: frozenset[str] | None) -> bool:
+    """Whether ``op`` runs only in the recompute's re-run, not in the forward pass: DeepSeek sparse attention's
+    indexer loss (``idx_loss``) is built only with grad enabled (``self.training and torch.is_grad_enabled()``,
+    megatron-core 0.16.1 experimental_attention_variant/dsa.py:799; core_v0.19.0 :1893), and a checkpointed forward
+    runs under ``torch.no_grad()`` (tensor_parallel/random.py ``CheckpointFunction.forward`` :516-517) while its re-run
+    runs under ``torch.enable_grad()`` (:556-557). So where the recompute re-runs it (full recompute, or a selective
+    module that re-runs it: ``core_attn``, ``cost_models.recompute.reruns``) its forward is priced once, in the
+    recompute (as ``tp_comm.dsa_tp_collectives`` prices its all-reduce once)."""
+    if not (op.kind == "indexer" and op.name == "idx_loss"):
+        return False
+    if recompute == "full":
+        return True
+    if recompute == "selective" and modules is not None:
+        from cost_models.recompute import reruns
+
+        return reruns(op, graph, modules)
+    return False
+
+
+def op_forward_s(op: Op, graph: LayerGraph, oc: OpCompute, recompute: str, modules: frozenset[str] | None) -> float:
+    """One op's share of ``OpCompute.forward_pass_s`` (``oc``: the op's own ``op_compute``)."""
+    return 0.0 if skips_forward(op, graph, recompute, modules) else oc.forward_s
 
 
 def op_recompute_s(op: Op, graph: LayerGraph, oc: OpCompute, recompute: str, modules: frozenset[str] | None) -> float:

@@ -52,7 +52,7 @@ from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
 from cost_models.attention_cost import cp_ring, ring_exposed_s
 from cost_models.ep_comm import ep_all_to_all
-from cost_models.op_cost import kv_gather_width, op_compute, op_recompute_s
+from cost_models.op_cost import kv_gather_width, op_compute, op_forward_s, op_recompute_s
 from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
 from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
                                  tp_exposed_fraction)
@@ -344,7 +344,8 @@ class _Eval:
         modules = modules_in_effect(self.par, None)  # Megatron's selective modules (cost_models.recompute)
         for op in self.node.ops:
             oc = op_compute(op, self.graph, ctx.model, ctx.mesh.cluster, ctx.job, self.par)
-            total += oc.forward_s + oc.backward_s + op_recompute_s(op, self.graph, oc, ctx.recompute, modules)
+            total += (op_forward_s(op, self.graph, oc, ctx.recompute, modules) + oc.backward_s
+                      + op_recompute_s(op, self.graph, oc, ctx.recompute, modules))
             attn += oc.attn_f + oc.attn_b
         return total, attn
 

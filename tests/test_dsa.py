@@ -505,3 +505,43 @@ print(json.dumps({"line": call.lineno, "npos": npos, "kws": kws, "err": err}))
     assert out["err"] is not None and "'x'" in out["err"]
     if megatron_lm.checkout_version(root) == "0.16.1":
         assert 394 <= out["line"] <= 411  # the lines the rule cites (targets.megatron.DSA_CKPT_CALL)
+
+
+# ---- the indexer loss under recompute --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_full_recompute_prices_the_indexer_loss_once(kind: str) -> None:
+    """The indexer loss is built only with grad enabled (dsa.py:799); a checkpointed forward runs without grad
+    (tensor_parallel/random.py:516-517) and its re-run with grad (:556-557). Under full recompute the layer's forward
+    is the no-recompute forward less the loss's forward, recomputed from the dims (unfused: the local heads' Q·Kᵀ
+    over every key, its fp32 score passes), and the recompute is the whole no-recompute forward (the loss in it)."""
+    from autoplan.catalog import build_cluster
+    from cost_models.dsa import LOSS_HEAD_BYTES, LOSS_ROW_BYTES
+    from cost_models.gemm import hbm_time_s, matmul_time_s
+    from cost_models.layer_cost import layer_cost
+    from cost_models.opgraph import layer_graph
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import runtime_for
+
+    m, cluster, s, t = load_model(DS), build_cluster("h100-sxm", 256), 4096, 2
+    job, g = JobSpec(global_batch_size=1024, seq_len=s), layer_graph(m, kind, s)
+    cost = {}
+    for rc in ("none", "full"):
+        par = ParallelConfig(tp=t, pp=8, ep=32, recompute=rc, sequence_parallel=True)
+        cost[rc] = layer_cost(g, m, cluster, job, par, 16, runtime_for("megatron", job, cluster, par))
+    heads, d_qk = m.num_attention_heads / t, m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+    loss_f = (matmul_time_s(s * heads, d_qk, s, cluster)
+              + hbm_time_s(LOSS_HEAD_BYTES * s * heads * s + LOSS_ROW_BYTES[0] * s * s, cluster))
+    assert loss_f > 0.0
+    assert cost["none"].forward_s - cost["full"].forward_s == pytest.approx(loss_f, rel=1e-9)
+    assert cost["full"].recompute_s == pytest.approx(cost["none"].forward_s, rel=1e-12)
+    assert cost["full"].backward_s == pytest.approx(cost["none"].backward_s, rel=1e-12)
+    # core_attn's checkpoint (megatron_core 0.19.0, where DSA runs it) re-runs DSAttention, the loss in it: the same
+    from cost_models.targets.common import Software
+
+    par = ParallelConfig(tp=t, pp=8, ep=32, recompute="selective", recompute_modules=("core_attn",),
+                         sequence_parallel=True)
+    sel = layer_cost(g, m, cluster, job, par, 16, runtime_for("megatron", job, cluster, par,
+                                                              Software(megatron_core="0.19.0")))
+    assert cost["none"].forward_s - sel.forward_s == pytest.approx(loss_f, rel=1e-9)
+    assert sel.recompute_s > loss_f
