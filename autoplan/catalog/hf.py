@@ -308,7 +308,7 @@ def _window(c: _Config, num_layers: int, *, qwen: bool, default: int | None = No
     window = c.get("sliding_window", None) if "sliding_window" in c.data else default  # null: no window
     layer_types = c.get("layer_types", None)
     if qwen:
-        if not c.get("use_sliding_window", False):
+        if not c.flag("use_sliding_window", False):
             window = None
         else:
             first = c.int("max_window_layers", default=0)
@@ -364,7 +364,7 @@ def _router(c: _Config, *, coeff_key: str, coeff_default: float, norm_default: b
     jitter = c.float("router_jitter_noise", 0.0)
     if jitter:
         raise c.error("router_jitter_noise", jitter, "only 0: input jitter is not modelled")
-    return {"score_function": "softmax", "norm_top_k": bool(c.get("norm_topk_prob", norm_default)),
+    return {"score_function": "softmax", "norm_top_k": c.flag("norm_topk_prob", norm_default),
             "aux_loss": "aux_loss", "aux_loss_coeff": c.float(coeff_key, coeff_default)}
 
 
@@ -384,8 +384,8 @@ def _deepseek_router(c: _Config) -> dict[str, Any]:
         warnings.warn(f"{c.source}: topk_method 'group_limited_greedy' ranks groups by their best expert; "
                       "Megatron and torchtitan rank them by the sum of their top experts", HFConfigWarning,
                       stacklevel=4)
-    seq = bool(c.get("seq_aux", True))
-    return {"score_function": score, "norm_top_k": bool(c.get("norm_topk_prob", False)),
+    seq = c.flag("seq_aux", True)
+    return {"score_function": score, "norm_top_k": c.flag("norm_topk_prob", False),
             "expert_bias": method == "noaux_tc", "num_groups": groups if grouped else 0,
             "group_top_k": group_k if grouped else 0, "top_k_scaling": c.float("routed_scaling_factor", 1.0),
             "aux_loss": "seq_aux_loss" if seq else "aux_loss", "aux_loss_coeff": c.float("aux_loss_alpha", 0.001),
@@ -410,7 +410,7 @@ def _llama_like(c: _Config, *, qkv_bias: bool = False, qwen: bool = False, qk_no
                 arch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Llama/Mistral/Qwen decoder: RMSNorm, SwiGLU, rotary, untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
-    attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
+    attention_bias, mlp_bias = c.flag("attention_bias", False), c.flag("mlp_bias", False)
     if attention_bias != mlp_bias:  # LlamaAttention / LlamaMLP: o_proj follows attention_bias, the MLP mlp_bias
         dropped = ("o_proj's bias (attention_bias: Megatron's --add-qkv-bias covers q/k/v only)" if attention_bias
                    else "the MLP's biases (mlp_bias: Megatron biases every linear or none)")
@@ -438,7 +438,7 @@ def _decoder_shape(c: _Config, n: int, hidden: int, heads: int, *, ffn: int | ob
         "num_kv_heads": c.int("num_key_value_heads", default=heads if kv_heads is None else kv_heads),
         "head_dim": _head_dim(c, hidden, heads),
         "vocab_size": c.int("vocab_size"),
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
     }
 
 
@@ -599,8 +599,8 @@ def _qwen3_5(c: _Config, *, moe: bool) -> dict[str, Any]:
     kind = "qwen3_5_moe_text" if moe else "qwen3_5_text"
     inner = _Config({**text, "model_type": kind}, f"{c.source} text_config")
     fields = _qwen3_5_text(inner, moe=moe)
-    tie = bool(c.get("tie_word_embeddings", False))
-    if "tie_word_embeddings" in text and bool(text["tie_word_embeddings"]) != tie:
+    tie = c.flag("tie_word_embeddings", False)
+    if inner.flag("tie_word_embeddings", tie) != tie:  # absent or null in text_config: the top-level value
         raise c.disagree("tie_word_embeddings", tie, "text_config.tie_word_embeddings", text["tie_word_embeddings"])
     fields["tied_embeddings"] = tie or fields["tied_embeddings"]
     c.seen(*_QWEN3_5_TOP)
@@ -646,7 +646,7 @@ def _deepseek(c: _Config) -> dict[str, Any]:
         "num_kv_heads": heads,  # MLA approximated as MHA for sharding
         "head_dim": None if hidden == heads * mla.v_head_dim else mla.v_head_dim,
         "vocab_size": c.int("vocab_size"),
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
         "mla": mla,
     }
     return fields | _moe_fields(
@@ -742,10 +742,10 @@ def _deepseek_dsa(c: _Config, *, glm: bool) -> dict[str, Any]:
                          mla.qk_nope_head_dim + mla.qk_rope_head_dim)
     c.seen("head_dim")  # DeepseekV32Config.__post_init__ overwrites it with qk_rope_head_dim (the RoPE slice)
     for key in ("rope_interleave", *(("indexer_rope_interleave",) if glm else ())):
-        if not c.get(key, True):
+        if not c.flag(key, True):
             raise c.error(key, False, "true: transformers applies interleaved RoPE there whatever the key says "
                           f"(model_type '{c.model_type}')")
-    if c.get("mlp_bias", False):
+    if c.flag("mlp_bias", False):
         raise c.error("mlp_bias", True, "only false: no MLP / expert biases")
     if c.data.get("num_experts") is not None and c.data.get("n_routed_experts") is not None \
             and c.data["num_experts"] != c.data["n_routed_experts"]:
@@ -766,7 +766,7 @@ def _gpt_oss(c: _Config) -> dict[str, Any]:
     experts, top_k = c.int("num_local_experts", minimum=1), c.int("num_experts_per_tok", minimum=1)
     # OpenAI's files repeat two facts under their original names (not GptOssConfig fields): they must agree
     legacy = {"experts_per_token": ("num_experts_per_tok", top_k)}
-    if not c.get("attention_bias", True):
+    if not c.flag("attention_bias", True):
         raise c.error("attention_bias", False, "only true: GptOssExperts and the router always have biases and "
                       "ModelSpec has one bias switch (linear_bias) for all linears")
     alpha = c.float("swiglu_alpha", 1.702)
@@ -811,7 +811,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
     n = c.layers("num_hidden_layers")
     rope = _rope(c, partial_default=0.5)
     arch: dict[str, Any] = {**rope, "norm_eps": c.float("rms_norm_eps", 1e-5),
-                            "qk_norm": bool(c.get("use_qk_norm", False)),
+                            "qk_norm": c.flag("use_qk_norm", False),
                             "activation": _activation(c, "hidden_act", "silu"),
                             "attention_dropout": c.float("attention_dropout", 0.0),
                             "mtp_layers": c.int("num_nextn_predict_layers", "num_mtp_layers", default=1)}
@@ -828,7 +828,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
                           HFConfigWarning, stacklevel=3)
         # The config states no load-balancing loss: Megatron-Bridge's GLMMoEModelProvider trains GLM-4.5 with a
         # sequence-level aux loss of 1e-3 beside the expert bias (GLM45 bridge, src/megatron/bridge/models/glm/glm45_bridge.py).
-        arch["router"] = {"score_function": "sigmoid", "norm_top_k": bool(c.get("norm_topk_prob", True)),
+        arch["router"] = {"score_function": "sigmoid", "norm_top_k": c.flag("norm_topk_prob", True),
                           "expert_bias": True, "num_groups": groups if grouped else 0,
                           "group_top_k": group_k if grouped else 0,
                           "top_k_scaling": c.float("routed_scaling_factor", 1.0),
@@ -837,7 +837,7 @@ def _glm4_moe(c: _Config) -> dict[str, Any]:
     else:
         c.seen("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
     shape = _decoder_shape(c, n, hidden, heads, ffn=10944, kv_heads=8)  # Glm4MoeConfig's defaults (not MHA)
-    fields = {"arch": arch, **shape, "qkv_bias": bool(c.get("attention_bias", False))}
+    fields = {"arch": arch, **shape, "qkv_bias": c.flag("attention_bias", False)}
     width = c.int("moe_intermediate_size", default=1408, minimum=1)
     return fields | _moe_fields(c, n, moe_layers, num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width,
                                 num_shared_experts=c.int("n_shared_experts", default=1))
@@ -854,7 +854,7 @@ def _olmoe(c: _Config) -> dict[str, Any]:
     clip = c.get("clip_qkv", None)
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
         raise c.error("clip_qkv", clip, "a positive number or null")
-    attention_bias = bool(c.get("attention_bias", False))
+    attention_bias = c.flag("attention_bias", False)
     if attention_bias:
         warnings.warn(f"{c.source}: attention_bias=true also puts a bias on OLMoE's o_proj ({hidden} weights per "
                       "layer); autoplan's models (and Megatron's --add-qkv-bias) have biases on q/k/v only",
@@ -962,7 +962,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
                        "(mamba_mixer.py:264)"), ("use_bias", "no Mamba projection bias (mamba_mixer.py:264)"),
                       ("mlp_bias", "no MLP / expert biases"), ("residual_in_fp32", "bf16 residuals"),
                       ("attention_bias", "no attention biases")):
-        if c.get(key, False):
+        if c.flag(key, False):
             raise c.error(key, True, f"only false: {what}")
     for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
         got = c.get(key, want)
@@ -987,7 +987,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
         "num_layers": len(pattern), "hidden_size": hidden, "ffn_hidden_size": c.int("intermediate_size", minimum=1),
         "num_attention_heads": heads, "num_kv_heads": c.int("num_key_value_heads", default=heads, minimum=1),
         "head_dim": _head_dim(c, hidden, heads), "vocab_size": c.int("vocab_size"),
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)), "gated_mlp": False,
+        "tied_embeddings": c.flag("tie_word_embeddings", False), "gated_mlp": False,
         "hybrid_pattern": pattern,
     }
     arch: dict[str, Any] = {"no_position_encoding": True, "norm_eps": eps, "activation": "relu2",
@@ -1001,7 +1001,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
         fields["mamba"] = {"num_heads": c.int("mamba_num_heads", minimum=1), "head_dim": c.int("mamba_head_dim"),
                            "state_dim": c.int("ssm_state_size"), "num_groups": c.int(ngroups, minimum=1),
                            "conv_kernel": c.int(conv, default=4), "chunk_size": c.int(chunk, default=128),
-                           "conv_bias": bool(c.get(bias, True))}
+                           "conv_bias": c.flag(bias, True)}
     else:
         c.seen("mamba_num_heads", "mamba_head_dim", "ssm_state_size", ngroups, conv, chunk, bias)
     if "E" in pattern:
@@ -1018,7 +1018,7 @@ def _nemotron_h(c: _Config) -> dict[str, Any]:
         # The router (NemotronHTopkRouter): sigmoid scores + e_score_correction_bias for selection. The config has no
         # load-balancing loss key: Megatron-Bridge's NemotronHModelProvider trains with seq_aux_loss 1e-4
         # (src/megatron/bridge/models/nemotronh/nemotron_h_provider.py).
-        arch["router"] = {"score_function": "sigmoid", "norm_top_k": bool(c.get("norm_topk_prob", True)),
+        arch["router"] = {"score_function": "sigmoid", "norm_top_k": c.flag("norm_topk_prob", True),
                           "expert_bias": True, "num_groups": groups if groups > 1 else 0,
                           "group_top_k": group_k if groups > 1 else 0,
                           "top_k_scaling": c.float("routed_scaling_factor", 1.0),
@@ -1038,7 +1038,7 @@ def _nemotron(c: _Config) -> dict[str, Any]:
     ``attention_bias`` and MLP biases iff ``mlp_bias`` (both default false), untied by default."""
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads", minimum=1)
     n = c.layers("num_hidden_layers")
-    attention_bias, mlp_bias = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
+    attention_bias, mlp_bias = c.flag("attention_bias", False), c.flag("mlp_bias", False)
     if attention_bias != mlp_bias:
         raise c.error("attention_bias / mlp_bias", (attention_bias, mlp_bias), "both true or both false: "
                       "Megatron biases every linear or none (--disable-bias-linear)")
@@ -1132,7 +1132,7 @@ def _llama4_text(c: _Config) -> dict[str, Any]:
              "head_dim": None if head_dim * heads == hidden else head_dim,
              "ffn_hidden_size": c.int("intermediate_size_mlp", default=16384, minimum=1),  # the dense layers'
              "vocab_size": c.int("vocab_size", default=202048),
-             "tied_embeddings": bool(c.get("tie_word_embeddings", False))}
+             "tied_embeddings": c.flag("tie_word_embeddings", False)}
     return {"arch": arch, **shape} | _moe_fields(
         c, n, moe_layers, num_experts=experts, moe_top_k=top_k, num_shared_experts=1,  # the shared expert's width too
         moe_ffn_hidden_size=c.int("intermediate_size", default=8192, minimum=1))
@@ -1152,8 +1152,8 @@ def _llama4(c: _Config) -> dict[str, Any]:
         raise c.error("text_config", text, "a mapping (Llama4Config's text decoder)")
     inner = _Config({"model_type": "llama4_text", **text}, f"{c.source} text_config")  # its errors name the type
     fields = _llama4_text(inner)
-    tie = bool(c.get("tie_word_embeddings", False))
-    if "tie_word_embeddings" in text and bool(text["tie_word_embeddings"]) != tie:
+    tie = c.flag("tie_word_embeddings", False)
+    if inner.flag("tie_word_embeddings", tie) != tie:  # absent or null in text_config: the top-level value
         raise c.disagree("tie_word_embeddings", tie, "text_config.tie_word_embeddings", text["tie_word_embeddings"])
     fields["tied_embeddings"] = tie or fields["tied_embeddings"]
     c.seen(*_LLAMA4_TOP)
@@ -1168,7 +1168,7 @@ def _llama4(c: _Config) -> dict[str, Any]:
 def _gpt2(c: _Config) -> dict[str, Any]:
     """GPT-2: learned positions, LayerNorm, biases everywhere, GELU MLP of n_inner (None → 4h), tied."""
     hidden, heads = c.int("n_embd", "hidden_size"), c.int("n_head", "num_attention_heads")
-    if not c.get("scale_attn_weights", True) or c.get("scale_attn_by_inverse_layer_idx", False):
+    if not c.flag("scale_attn_weights", True) or c.flag("scale_attn_by_inverse_layer_idx", False):
         raise c.error("scale_attn_weights / scale_attn_by_inverse_layer_idx", "non-default",
                       "attention scaled by 1/sqrt(head_dim) only")
     c.seen("reorder_and_upcast_attn")  # numerics of the softmax, not the model
@@ -1187,7 +1187,7 @@ def _gpt2(c: _Config) -> dict[str, Any]:
         "num_kv_heads": heads,
         "vocab_size": c.int("vocab_size"),
         "gated_mlp": False,
-        "tied_embeddings": bool(c.get("tie_word_embeddings", True)),
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
         "norm": "layernorm",
         "linear_bias": True,
         "learned_position_embeddings": c.int("n_positions", "max_position_embeddings"),
@@ -1197,7 +1197,7 @@ def _gpt2(c: _Config) -> dict[str, Any]:
 def _gpt_neox(c: _Config) -> dict[str, Any]:
     """GPT-NeoX / Pythia: rotary, LayerNorm, biases, GELU MLP, untied unless tie_word_embeddings."""
     heads = c.int("num_attention_heads")
-    if c.get("use_parallel_residual", True):
+    if c.flag("use_parallel_residual", True):
         warnings.warn(f"{c.source}: use_parallel_residual=true (attention and MLP read the same input) is not "
                       "represented: ModelSpec and the emitters build sequential pre-norm blocks (same shapes and "
                       "cost, a different function)", HFConfigWarning, stacklevel=3)
@@ -1213,9 +1213,9 @@ def _gpt_neox(c: _Config) -> dict[str, Any]:
         "num_kv_heads": heads,
         "vocab_size": c.int("vocab_size"),
         "gated_mlp": False,
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
         "norm": "layernorm",
-        "linear_bias": bool(c.get("attention_bias", True)),
+        "linear_bias": c.flag("attention_bias", True),
     }
 
 
@@ -1223,7 +1223,7 @@ def _bloom(c: _Config) -> dict[str, Any]:
     """BLOOM: ALiBi (no position table), LayerNorm, biases, GELU MLP of 4h, tied."""
     hidden, heads = c.int("hidden_size", "n_embed"), c.int("n_head", "num_attention_heads")
     c.seen("n_inner")  # BloomConfig has no such field: its MLP is always 4h (the published file carries null)
-    if c.get("apply_residual_connection_post_layernorm", False):
+    if c.flag("apply_residual_connection_post_layernorm", False):
         raise c.error("apply_residual_connection_post_layernorm", True, "pre-norm residuals only")
     return {
         "arch": {"alibi": True, "norm_eps": c.float("layer_norm_epsilon", 1e-5), "activation": "gelu_tanh",
@@ -1236,7 +1236,7 @@ def _bloom(c: _Config) -> dict[str, Any]:
         "num_kv_heads": heads,
         "vocab_size": c.int("vocab_size"),
         "gated_mlp": False,
-        "tied_embeddings": bool(c.get("tie_word_embeddings", True)),
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
         "norm": "layernorm",
         "linear_bias": True,
     }
