@@ -97,7 +97,7 @@ def check_parallel(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Pa
     if c > 1 and job.seq_len % (2 * c):
         raise ConfigError(f"cp={c} needs seq_len={job.seq_len} divisible by 2*cp = {2 * c} (load-balanced ring)",
                           valid=[x for x in divisors(job.seq_len // 2) if x <= 64 and n % (t * p * x) == 0])
-    err = (profile or MEGATRON).expert_layout_error(model, tp=t, cp=c, dp_cp=dp * c, ep=e, zero=par.zero_stage,
+    err = (profile or MEGATRON).expert_layout_error(model, tp=t, pp=p, cp=c, dp_cp=dp * c, ep=e, zero=par.zero_stage,
                                                     hsdp=par.hsdp_shard_size)
     if err is not None:
         raise err

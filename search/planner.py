@@ -498,7 +498,8 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
             elif key == "ep":  # the target's expert rule at the most expert ranks a stage can have (tp*dp*cp = N/pp)
                 ranks = cluster.num_gpus // int(pins.get("pp", 1))
                 err = next((e for t in scorers if (e := PROFILES[t].expert_layout_error(
-                    model, tp=1, cp=1, dp_cp=ranks, ep=int(pins["ep"]), zero=3, hsdp=None)) is not None), None)
+                    model, tp=1, pp=int(pins.get("pp", 1)), cp=1, dp_cp=ranks, ep=int(pins["ep"]), zero=3, hsdp=None))
+                    is not None), None)
                 why = f" ({err.reason})" if err is not None else ""
             t = int(pins.get("tp", 1))
             split = next((e for s in scorers if (e := PROFILES[s].sp_split_error(job.seq_len, t, c)) is not None), None)

@@ -53,8 +53,8 @@ def test_published_qwen3_layout_is_priced_and_ep_beyond_tp_cp_dp_is_refused() ->
 def test_torchtitan_cuts_experts_from_its_fsdp_ranks() -> None:
     """torchtitan 0.3.0 builds efsdp = dp_shard·cp·tp // ep: ep 32 with tp 2 and FSDP over dp 16 is legal, with
     ZeRO-0 (dp_replicate = dp, dp_shard 1) the expert ranks are cp·tp = 2 and ep 32 is refused with its rule."""
-    assert TORCHTITAN.expert_layout_error(QWEN, tp=2, cp=1, dp_cp=16, ep=32, zero=3, hsdp=None) is None
-    err = TORCHTITAN.expert_layout_error(QWEN, tp=2, cp=1, dp_cp=16, ep=32, zero=0, hsdp=None)
+    assert TORCHTITAN.expert_layout_error(QWEN, tp=2, pp=1, cp=1, dp_cp=16, ep=32, zero=3, hsdp=None) is None
+    err = TORCHTITAN.expert_layout_error(QWEN, tp=2, pp=1, cp=1, dp_cp=16, ep=32, zero=0, hsdp=None)
     assert err is not None and "dp_shard*cp*tp = 1*2" in str(err) and "parallel_dims.py" in str(err)
 
 
@@ -80,7 +80,7 @@ def test_megatron_expert_rule_is_megatron_cores() -> None:
                         continue
                     dp = world // (tp * cp * pp)
                     for ep in divisors(world):
-                        ours = MEGATRON.expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp * cp, ep=ep, zero=1,
+                        ours = MEGATRON.expert_layout_error(model, tp=tp, pp=1, cp=cp, dp_cp=dp * cp, ep=ep, zero=1,
                                                             hsdp=None) is None
                         try:
                             with warnings.catch_warnings():

@@ -85,3 +85,21 @@ def test_advice_is_a_field_of_the_refusal_not_text_to_split() -> None:
     assert "another --target" not in refusal.reason and str(refusal).endswith(refusal.advice)
     [note] = PROFILES["torchtitan"].model_notes(model)
     assert refusal.reason in note and "another --target" not in note
+
+
+def test_fsdp2_ep_refusal_names_the_targets_that_run_the_pipeline_asked_for() -> None:
+    """The EP refusal's advice checks the other targets at the layout's pp (it checked pp=1: at pp=2 it named
+    torchtitan, which builds no MTP under PP). None runs DeepSeek-V3 with ep 8 and pp 2 at ZeRO-3 (Megatron-LM's
+    torch FSDP2 has no EP either): the advice names Megatron with the ZeRO stage that runs it."""
+    prof, model = PROFILES["fsdp2"], load_model("deepseek-v3")
+    flat, piped = ParallelConfig(ep=8, zero_stage=3), ParallelConfig(pp=2, ep=8, zero_stage=3)
+    with pytest.raises(ConfigError) as info:
+        prof.check(model, CLUSTER, JOB, flat, prof.resolve(None, JOB, CLUSTER, flat))
+    assert _named(info.value) == {"torchtitan"} and _runs("torchtitan", "deepseek-v3", flat), str(info.value)
+    with pytest.raises(ConfigError) as info:
+        prof.check(model, CLUSTER, JOB, piped, prof.resolve(None, JOB, CLUSTER, piped))
+    assert "torchtitan" not in str(info.value)
+    assert not any(_runs(t, "deepseek-v3", piped) for t in PROFILES if t != "fsdp2")
+    assert str(info.value).endswith("use --target megatron with zero_stage 1; valid: 1"), str(info.value)
+    assert _runs("megatron", "deepseek-v3", piped.model_copy(update={"zero_stage": 1}))
+

@@ -640,7 +640,7 @@ class TargetProfile:
             if err is not None:
                 return err  # (a target that takes this HSDP group still applies its other rules below)
         return (self.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
-                or self.expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp))
+                or self.expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp))
 
     # ---- expert parallelism (MoE parallel folding) ----------------------------------------------------------
     # Routed experts run with expert-TP ``expert_tensor_parallel`` (1: tokens, not expert weights, split over the
@@ -657,11 +657,12 @@ class TargetProfile:
         values); None: no expert parallelism on this target."""
         return None
 
-    def expert_layout_error(self, model: ModelSpec, *, tp: int, cp: int, dp_cp: int, ep: int, zero: int,
+    def expert_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, dp_cp: int, ep: int, zero: int,
                             hsdp: int | None) -> ConfigError | None:
         """The first expert-parallel rule ``ep`` breaks: a dense model, no EP on this target, ``num_experts % ep``,
         or ``ep`` not dividing the target's expert ranks (``expert_ranks``); the valid list is the ep degrees that
-        pass both, nearest first."""
+        pass both, nearest first. ``pp``: the layout's, for a refusal's advice (``FSDP2Profile``: the targets that
+        run the layout), not a rule of the expert ranks (those are one stage's)."""
         if ep == 1:
             return None
         if not model.is_moe:

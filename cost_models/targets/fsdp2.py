@@ -87,16 +87,31 @@ class FSDP2Profile(TargetProfile):
                                valid=["cp=1"])
         return None
 
-    def expert_layout_error(self, model: ModelSpec, *, tp: int, cp: int, dp_cp: int, ep: int, zero: int,
+    def expert_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, dp_cp: int, ep: int, zero: int,
                             hsdp: int | None) -> ConfigError | None:
         """No expert parallelism (the emitted module has none). An MoE model's refusal names the targets whose
-        expert and layout rules take it (their pipeline rules aside: the expert rules see no pp)."""
+        model, layout and expert rules take the layout asked for (its tp, pp, cp, ep, HSDP group and ZeRO stage; pp
+        matters: torchtitan builds no MTP under PP). Where none runs it at this ZeRO-3, the targets that run it at
+        another stage of theirs, with that stage named (Megatron-LM's torch FSDP2 has no EP; its distributed optimizer
+        has)."""
         if ep == 1 or not model.is_moe:
-            return super().expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
-        others = targets_that(lambda p: p.model_error(model) is None and p.target_layout_error(
-            model, tp=tp, pp=1, cp=cp, ep=ep, zero=zero) is None and p.expert_layout_error(
-                model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp) is None, self.name)
-        return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; {use_instead(others)}",
+            return super().expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
+
+        def runs(p: TargetProfile, z: int) -> bool:
+            return (p.model_error(model) is None
+                    and p.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=z) is None
+                    and p.expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=z, hsdp=hsdp) is None)
+
+        same = targets_that(lambda p: runs(p, zero), self.name)
+        advice = use_instead(same)
+        if not same:
+            from cost_models.targets import PROFILES  # (the registry imports this module)
+
+            other = {t: next(z for z in PROFILES[t].zero_stages if runs(PROFILES[t], z))
+                     for t in targets_that(lambda p: any(runs(p, z) for z in p.zero_stages), self.name)}
+            if other:
+                advice = "use " + " or ".join(f"--target {t} with zero_stage {z}" for t, z in other.items())
+        return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; {advice}",
                            valid=[1])
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

@@ -572,13 +572,13 @@ class MegatronProfile(TargetProfile):
                 "always shards over the whole dp*cp group", valid=["zero_stage=1", "hsdp_shard_size unset"])
         return None
 
-    def expert_layout_error(self, model: ModelSpec, *, tp: int, cp: int, dp_cp: int, ep: int, zero: int,
+    def expert_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, dp_cp: int, ep: int, zero: int,
                             hsdp: int | None) -> ConfigError | None:
         """The common expert rules, then the distributed optimizer's instances (``hsdp`` < dp*cp under zero 1): the
         expert data-parallel size tp*dp*cp/ep must be divisible by the dp*cp/hsdp instances (megatron/core/
         parallel_state.py:1263-1265 @ core_v0.16.1, "Expert data parallel size should be divisible by partial DistOpt
         shard factor"); valid: the shard sizes that keep it."""
-        err = super().expert_layout_error(model, tp=tp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
+        err = super().expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
         if err is not None or ep == 1 or zero != 1 or hsdp is None or hsdp >= dp_cp:
             return err
         edp, instances = tp * dp_cp // ep, dp_cp // hsdp
