@@ -103,3 +103,14 @@ def test_fsdp2_ep_refusal_names_the_targets_that_run_the_pipeline_asked_for() ->
     assert str(info.value).endswith("use --target megatron with zero_stage 1; valid: 1"), str(info.value)
     assert _runs("megatron", "deepseek-v3", piped.model_copy(update={"zero_stage": 1}))
 
+
+def test_a_model_fsdp2_refuses_is_refused_by_its_model_rule_before_its_ep_rule() -> None:
+    """Qwen3-Next (Gated DeltaNet) on fsdp2 with ep 8: the model rule (no degree helps), naming megatron, which runs
+    the model with that ep; the EP rule came first and said no target runs it."""
+    prof, par = PROFILES["fsdp2"], ParallelConfig(ep=8, zero_stage=3)
+    with pytest.raises(ConfigError) as info:
+        prof.check(load_model("qwen3-next-80b-a3b"), CLUSTER, JOB, par, prof.resolve(None, JOB, CLUSTER, par))
+    msg = str(info.value)
+    assert "Gated DeltaNet" in msg and "the fsdp2 target cannot run them" in msg and "ep=8" not in msg, msg
+    assert _named(info.value) == {"megatron"}, msg
+    assert _runs("megatron", "qwen3-next-80b-a3b", ParallelConfig(ep=8, zero_stage=1))

@@ -588,6 +588,9 @@ class TargetProfile:
         """Raise ``ConfigError`` naming the framework rule (file:line) a layout breaks, and a legal neighbour."""
         from cost_models.validate import check_parallel
 
+        err = self.model_error(model)  # a model the target builds no layout of: no degree would help, so it comes
+        if err is not None:  # before the layout's rules (check_parallel's expert rule would say ep, not the model)
+            raise err
         check_parallel(model, cluster, job, par, allow_kv_replication=self.allow_kv_replication, profile=self)
         if model.mla is None and par.tp > model.num_kv_heads and par.kv_replication not in self.kv_modes:
             held = [m for m in self.kv_modes if m != "shard"]
