@@ -29,6 +29,7 @@ cached per (kind, mesh, mbs, recompute, target)); every plan carries the per-op 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from cost_models.errors import ConfigError, InfeasibleError, divisors
 from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error, vp_schedule_error
 from cost_models.pipeline import pipeline_time_s
-from cost_models.pipeline_split import candidates
+from cost_models.pipeline_split import candidates, legal_vp
 from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
@@ -227,14 +228,14 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
 
 
 def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scorers: Mapping[str, Scorer],
-                     tally: Tally) -> list[Layout]:
+                     tally: Tally, pins: Mapping[str, Any]) -> list[Layout]:
     """The layouts whose target runs the user's knobs (``TargetProfile.check_runtime``, as ``estimate`` checks
     them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard
     group; under ``any`` a target without a knob the user set runs none of its layouts); the rest are cut as
-    ``knob_rule``. When the knobs rule out every layout, the first rule is the error (bad input, not an
-    infeasible job)."""
+    ``knob_rule``. When the knobs rule out every layout, the rules they break are the error (``_knob_refusal``: bad
+    input, not an infeasible job)."""
     kept: list[Layout] = []
-    first: ConfigError | None = None
+    rules: dict[str, ConfigError] = {}  # each rule the cut layouts break, once (its first refusal), in layout order
     for lay in layouts:
         prof = get_profile(lay.target)
         if prof is not None:
@@ -247,12 +248,60 @@ def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scor
                     prof.check_runtime(model, sc.cluster, job, par, sc.runtime(lay))
                 except ConfigError:
                     tally.cut("knob_rule")
-                    first = first or err
+                    rules.setdefault(re.sub(r"\d+", "#", err.reason), err)
                     continue
         kept.append(lay)
-    if layouts and not kept and first is not None:
-        raise first
+    if layouts and not kept and rules:
+        raise _knob_refusal(list(rules.values()), layouts, model, scorers, pins)
     return kept
+
+
+def _knob_refusal(errs: list[ConfigError], layouts: list[Layout], model: ModelSpec,
+                  scorers: Mapping[str, Scorer], pins: Mapping[str, Any]) -> ConfigError:
+    """Why no layout runs the user's knobs. One rule: its refusal. Several (each layout breaks the first rule it
+    meets, so the first layout's refusal need not bind: ``--moe-a2a-overlap`` on DeepSeek-V3 reported "ep=1" though
+    every ep > 1 layout was refused too, by the pipeline's rules): every rule, each once with a layout that breaks
+    it, the choices valid under all of them, and, where a rule asks for the interleaved schedule, why the search
+    built no interleaved layout."""
+    if len(errs) == 1:
+        return errs[0]
+    valid = [v for v in errs[0].valid or [] if all(v in (e.valid or []) for e in errs[1:])]
+    n = next(iter(scorers.values())).cluster.num_gpus
+    shown: set[str] = set()
+    reasons = []
+    for e in errs:  # a source file cited again is written "same file" (the message stays under the CLI's 1000 chars)
+        m = re.search(r"\(([^()]*?):(\d[\d,\- ]*)\)$", e.reason)
+        if m is not None and m.group(1) in shown:
+            reasons.append(f"{e.reason[:m.start()]}(same file:{m.group(2)})")
+            continue
+        shown.update([m.group(1)] if m is not None else [])
+        reasons.append(e.reason)
+    text = (f"no layout of {model.name} on {n} GPUs runs the settings asked for: each breaks one of these "
+            f"{len(errs)} rules: " + "; ".join(reasons))
+    wants_vp = any("interleaved" in str(v) for e in errs for v in e.valid or [])
+    if wants_vp and not any(lay.vp > 1 for lay in layouts):
+        text += f"; and no layout searched is interleaved: {_no_interleaving(model, layouts, pins)}"
+    return ConfigError(text, valid=valid)
+
+
+def _no_interleaving(model: ModelSpec, layouts: list[Layout], pins: Mapping[str, Any]) -> str:
+    """Why ``layouts`` (the search's, after its rules) hold no interleaved (vp > 1) one (``space.schedule_choices``)."""
+    if pins.get("vp") == 1 or pins.get("schedule", "interleaved") != "interleaved":
+        return f"the pinned {'vp=1' if pins.get('vp') == 1 else 'schedule ' + str(pins['schedule'])}"
+    for t in dict.fromkeys(lay.target for lay in layouts):
+        prof = get_profile(t)
+        if prof is not None and (err := prof.interleave_error(model)) is not None:
+            return err.reason
+    pps = sorted({lay.pp for lay in layouts if lay.pp > 1})
+    if not pps:
+        return "every layout has pp=1 (virtual stages need pp > 1)"
+    n = model.num_layers
+    split = [p for p in pps if any(legal_vp(n, p, v) for v in range(2, n // p + 1))]
+    if not split:
+        return (f"{model.name}'s {n} decoder layers have no split into pp x vp chunks (vp > 1) at pp "
+                f"{', '.join(map(str, pps))} without first/last-stage layer counts (pipeline_split.split_ok)")
+    return (f"at pp {', '.join(map(str, split))} the interleaved schedule needs the micro-batch count divisible by pp "
+            "(Megatron), which no layout's is")
 
 
 def _model_refusal(target: str, model: ModelSpec, job: JobSpec, sc: Scorer) -> ConfigError | None:
@@ -362,7 +411,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                                                                  ladders)]
     if any(k in pins for k in SPLIT_PINS):
         layouts = _legal_splits(layouts, model, pins, tally)
-    layouts = _runs_with_knobs(layouts, model, job, scorers, tally)
+    layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
     # each setting of the knobs that change memory (FSDP2 reshard_after_forward) is a layout of its own
     layouts = [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
