@@ -722,7 +722,7 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Targ
     try:
         if any(k in pins for k in SPLIT_PINS):
             layouts = _legal_splits(layouts, model, pins, Tally())
-        layouts = _runs_with_knobs(layouts, model, job, scs, Tally())
+        layouts = _runs_with_knobs(layouts, model, job, scs, Tally(), pins)
     except ConfigError:  # the pins or knobs rule out every layout at this size
         return False
     bounded = []
