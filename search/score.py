@@ -704,8 +704,9 @@ class Scorer:
         return hit
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
-        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest layer in it), at
-        ``per_largest`` bytes per parameter of it (``memory.zero3_transient_bytes``)."""
+        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest unit in it: its layers', and on
+        the last stage, ``j = L``, the MTP modules' ``mtp_stage_params`` unit, as ``memory.stage_params``'s
+        ``largest_layer``), at ``per_largest`` bytes per parameter of it (``memory.zero3_transient_bytes``)."""
         frag = self.reserve_factor(lay)
         key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag)
         hit = self._zero3.get(key)
@@ -714,6 +715,8 @@ class Scorer:
             hit = np.zeros((L + 1, L + 1))
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
+            if self.model.arch.mtp_layers:  # the stage ending at L runs the MTP modules (stage_params: mtp = last)
+                hit[:L, L] = np.maximum(hit[:L, L], self.mtp_params(lay.tp, lay.ep)[2])
             hit *= per_largest * frag
             self._zero3[key] = hit
         return hit
