@@ -405,15 +405,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             raise errs[0]  # type: ignore[misc]
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
-    # Megatron's selective-recompute modules: the ladder of sets each target tries (unless the user pinned them)
-    ladders = {t: sc.module_ladder(t) for t, sc in scorers.items()}
-    layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally,  # type: ignore[arg-type]
-                                                                 ladders)]
-    if any(k in pins for k in SPLIT_PINS):
-        layouts = _legal_splits(layouts, model, pins, tally)
-    layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
-    # each setting of the knobs that change memory (FSDP2 reshard_after_forward) is a layout of its own
-    layouts = [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
+    layouts = _searched_layouts(model, cluster, job, pins, scorers, tally)
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:
@@ -701,11 +693,26 @@ def _fewer_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     return None
 
 
+def _searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
+                      scorers: Mapping[str, Scorer], tally: Tally) -> list[Layout]:
+    """The layouts ``search`` prices on ``cluster`` (and ``_has_plan`` tries), in search order: each target's layouts
+    with its Megatron selective-recompute module ladder (``Scorer.module_ladder``, unless the user pinned the
+    modules), a pinned split's rule (``_legal_splits``), those whose target runs the knobs (``_runs_with_knobs``),
+    and each setting of the knobs that change memory (FSDP2 reshard_after_forward) as a layout of its own
+    (``Scorer.memory_variants``). Raises ``ConfigError`` where the pins or knobs rule out every layout."""
+    ladders = {t: sc.module_ladder(t) for t, sc in scorers.items()}
+    layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally,  # type: ignore[arg-type]
+                                                                 ladders)]
+    if any(k in pins for k in SPLIT_PINS):
+        layouts = _legal_splits(layouts, model, pins, tally)
+    layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
+    return [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
+
+
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
               scorers: Mapping[str, Scorer] | None = None) -> bool:
-    """Whether ``search`` on ``cluster`` finds a layout and split that fit: the layouts it enumerates (each target's
-    module ladder, ``Scorer.module_ladder``; a pinned split's rule), those whose target runs the knobs
-    (``_runs_with_knobs``), each memory variant, and the split ``_split`` picks under the memory limit.
+    """Whether ``search`` on ``cluster`` finds a layout and split that fit: the layouts it prices
+    (``_searched_layouts``) and the split ``_split`` picks under the memory limit.
     ``scorers``: the searched targets' (``target_scorers``), re-derived at this GPU count so the knobs and each target's
     efficiency set are the search's; None: one knob-less Scorer on ``cluster`` for every target."""
     targets = tuple(ANY_TARGETS) if target == "any" else (target,)
@@ -714,19 +721,16 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Targ
         scs = {t: one for t in targets}
     else:
         derived: dict[int, Scorer] = {}  # one per Scorer (a single Scorer may serve every target)
-        scs = {t: derived.setdefault(id(sc), sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}),
-                                                        job)) for t, sc in scorers.items()}
-    ladders = {t: sc.module_ladder(t) for t, sc in scs.items()}
-    layouts = [lay for t in scs for lay in enumerate_layouts(model, cluster, job, t, pins, Tally(),  # type: ignore[arg-type]
-                                                             ladders)]
+        for sc in scorers.values():
+            if id(sc) not in derived:
+                derived[id(sc)] = sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}), job)
+        scs = {t: derived[id(sc)] for t, sc in scorers.items()}
     try:
-        if any(k in pins for k in SPLIT_PINS):
-            layouts = _legal_splits(layouts, model, pins, Tally())
-        layouts = _runs_with_knobs(layouts, model, job, scs, Tally(), pins)
+        layouts = _searched_layouts(model, cluster, job, pins, scs, Tally())
     except ConfigError:  # the pins or knobs rule out every layout at this size
         return False
     bounded = []
-    for lay in (var for lay in layouts for var in scs[lay.target].memory_variants(lay)):
+    for lay in layouts:
         sc = scs[lay.target]
         lb = sc.memory_lower_bound(lay)
         if lb <= sc.limit_bytes:
