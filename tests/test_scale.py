@@ -134,15 +134,19 @@ def test_cli_plot_to_an_unwritable_path_is_one_line(tmp_path):
     assert bad.exit_code == 2 and "cannot write plot" in bad.output and "does not exist" in bad.output, bad.output
 
 
-def test_no_size_with_a_plan_names_the_smallest_cluster():
+@pytest.mark.parametrize(("job", "gpus"), [(["--global-batch-size", "8", "--seq-len", "1024"], 16),
+                                          (["--global-batch-size", "64", "--cpu-offload-layers", "60"], 32)],
+                         ids=["plain", "knob"])
+def test_no_size_with_a_plan_names_the_smallest_cluster(job: list[str], gpus: int) -> None:
     """Every size infeasible (memory): the largest says where plans start, the hint `search` gives (the sweep
-    itself skips that probe per size)."""
-    args = ["--model", "llama3-70b", "--gpus", "8", "--global-batch-size", "8", "--seq-len", "1024"]
+    itself skips that probe per size), with the user's knobs as search prices them (Megatron's CPU offloading of 60
+    layers: 16 GPUs have no plan at global batch 64; a knob-less probe said 16)."""
+    args = ["--model", "llama3-70b", "--gpus", "8", *job]
     res = CliRunner().invoke(cli, ["scale", *args])
     searched = CliRunner().invoke(cli, ["search", *args])
     assert res.exit_code == 3 and searched.exit_code == 3
-    assert "smallest h100-sxm cluster with a plan: 16 GPUs" in res.output
-    assert "smallest h100-sxm cluster with a plan: 16 GPUs" in searched.output
+    assert f"smallest h100-sxm cluster with a plan: {gpus} GPUs" in res.output
+    assert f"smallest h100-sxm cluster with a plan: {gpus} GPUs" in searched.output
 
 
 def test_price_without_train_tokens_is_refused():
