@@ -29,9 +29,15 @@ from cost_models.targets.common import Runtime
 
 # The CUDA graph scope that captures a non-MoE layer kind whole (Megatron-Core CudaGraphScope, enums.py @
 # core_v0.16.1; "mamba" a hybrid stack's Mamba layer, "attn" its attention layer, "mlp" its MLP layer; a transformer
-# layer needs both of its parts).
+# layer needs both of its parts). A Gated DeltaNet layer (gdn_dense) is a TransformerLayer whose self_attention is the
+# GatedDeltaNet module (experimental_attention_variant_module_specs.py:56-73 and 246-255 @ core_v0.16.1; the same in
+# core_v0.19.0's hybrid gdn_layer, hybrid_layer_specs.py:105-117): the attn scope graphs it as it does attention
+# (cuda_graphs.py:1648-1654 _layer_is_graphable, transformer_layer.py:979-980 _te_cuda_graph_capture run the
+# self_attention whatever its module), the mlp scope its dense MLP (cuda_graphs.py:1662-1664); an empty scope (local
+# or transformer_engine) or full_iteration (local) graphs the whole layer. No Megatron check refuses a graphed GDN
+# layer (transformer_config.py:1716-1830 @ core_v0.16.1 names no attention variant).
 GRAPH_SCOPES_OF_KIND: dict[str, tuple[str, ...]] = {"mamba": ("mamba",), "attention": ("attn",), "mlp": ("mlp",),
-                                                    "dense": ("attn", "mlp")}
+                                                    "dense": ("attn", "mlp"), "gdn_dense": ("attn", "mlp")}
 
 
 def host_light_kinds(rt: Runtime | None) -> frozenset[str]:

@@ -64,6 +64,35 @@ def test_host_light_kinds_follow_the_graph_scope() -> None:
                  cuda_graph_scope=("attn", "moe_router")) == frozenset({"attention"})
 
 
+def test_a_graphed_gdn_layer_covers_like_a_graphed_dense_layer() -> None:
+    """A Gated DeltaNet layer is a Megatron TransformerLayer with the GatedDeltaNet module as its self_attention: the
+    attn and mlp scopes together graph it whole, as an empty scope and full_iteration do, and neither alone does
+    (host_cover.GRAPH_SCOPES_OF_KIND). So in the mixed GDN stack the moe layer 5 (gdn_dense 4 before it, gdn_dense 6
+    and dense 7 after it) gets the backward of layers 6 and 7 as cover, and without a sync the forward of 4 and 3."""
+    model, cluster, job = _gdn_mixed()
+    par = ParallelConfig(tp=1, pp=1, ep=4, micro_batch_size=1)
+
+    def light(impl: str, scope: tuple[str, ...]) -> frozenset[str]:
+        return host_light_kinds(runtime_for("megatron", job, cluster, par,
+                                            Software(cuda_graph_impl=impl, cuda_graph_scope=scope)))
+
+    for impl, scope in [("transformer_engine", ("attn", "mlp")), ("transformer_engine", ("attn", "mlp", "moe_router")),
+                        ("transformer_engine", ()), ("local", ()), ("local", ("full_iteration",))]:
+        assert {"dense", "gdn_dense"} <= light(impl, scope), (impl, scope)
+    for scope in [("attn",), ("mlp",), ("attn", "moe_router")]:
+        assert "gdn_dense" not in light("transformer_engine", scope) and "dense" not in light("transformer_engine", scope)
+    from cost_models.opgraph import layer_kinds
+
+    kinds = layer_kinds(model)
+    assert kinds[3:8] == ["dense", "gdn_dense", "moe", "gdn_dense", "dense"]
+    lcs = [_lc(1.0 + i, 10.0 * (i + 1)) for i in range(len(kinds))]
+    seq = list(zip(range(len(kinds)), kinds, lcs))
+    graphed = light("transformer_engine", ("attn", "mlp"))
+    assert moe_host_cover_s(seq, True, graphed)[5] == 70.0 + 80.0
+    assert moe_host_cover_s(seq, False, graphed)[5] == 70.0 + 80.0 + 5.0 + 4.0
+    assert moe_host_cover_s(seq, True, graphed)[2] == 40.0 + 50.0  # gdn_moe 2: dense 3, gdn_dense 4
+
+
 def _super_b300(scope: tuple[str, ...]) -> tuple:
     model, cluster = catalog_model("nemotron-3-super-120b-a12b"), build_cluster("b300", 64, target="megatron")
     job = JobSpec(global_batch_size=512, seq_len=8192, precision="fp8")
@@ -173,9 +202,9 @@ def test_lower_pieces_floor_the_exact_pieces_under_cover() -> None:
 
 def _gdn_mixed() -> tuple:
     """A small Gated DeltaNet stack with both MoE kinds and graphed dense layers between them: GDN every other layer,
-    every third layer MoE, so kinds gdn_dense, dense, gdn_moe, dense, gdn_dense, moe, ... (12 layers). The dense
-    (attention + MLP) layers are CUDA-graphed (scope attn, mlp): each gdn_moe layer has one after it to cover its
-    host issue, the attention moe layers none."""
+    every third layer MoE, so kinds gdn_dense, dense, gdn_moe, dense, gdn_dense, moe, ... (12 layers). The dense and
+    gdn_dense layers (attention or GDN + MLP) are CUDA-graphed (scope attn, mlp): each MoE layer but the last has
+    two after it to cover its host issue."""
     from cost_models.specs import ModelSpec
 
     model = ModelSpec(name="tiny-gdn-moe", num_layers=12, hidden_size=512, ffn_hidden_size=1024,
@@ -215,7 +244,8 @@ def test_scorer_prices_each_moe_kinds_own_wait_and_cover_as_estimate(drop: bool,
     assert lc["gdn_moe"].host_s > 0 and lc["moe"].host_s > 0
     seq = list(zip(range(len(kinds)), kinds, [lc[k] for k in kinds]))
     covers = moe_host_cover_s(seq, not drop, host_light_kinds(rt))
-    assert [i for i, c in enumerate(covers) if c > 0] == [2, 8]  # the gdn_moe layers, each before a dense one
+    # every MoE layer but the last has graphed layers after it; without a sync the last one has them before it
+    assert [i for i, c in enumerate(covers) if c > 0] == ([2, 5, 8, 11] if drop else [2, 5, 8])
     sc = Scorer(model, cluster, job, software=sw)
     lay = Layout(tp=1, cp=1, pp=pp, dp=8 // pp, ep=4, micro_batch_size=1, m=pred.num_microbatches,
                  recompute="none", zero_stage=1, hsdp_shard_size=None, schedule=par.schedule, vp=vp)
