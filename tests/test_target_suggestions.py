@@ -104,6 +104,27 @@ def test_fsdp2_ep_refusal_names_the_targets_that_run_the_pipeline_asked_for() ->
     assert _runs("megatron", "deepseek-v3", piped.model_copy(update={"zero_stage": 1}))
 
 
+@pytest.mark.parametrize("model", ["deepseek-v3", "llama3-8b"])
+def test_fsdp2_cp_refusal_names_the_stage_that_runs_the_pipeline_asked_for(model: str) -> None:
+    """The CP refusal's advice, as the EP refusal's: DeepSeek-V3 with cp 2 and pp 2 runs on no target at ZeRO-3
+    (Megatron-LM's torch FSDP2 refuses PP, torchtitan builds no MTP with PP or CP); it said 'no target runs it',
+    and Megatron runs it at ZeRO-1, which it now names with the stage. Llama 3 8B at the same layout runs on
+    torchtitan at ZeRO-3: the advice stays the targets that run it at the stage asked for."""
+    prof, piped = PROFILES["fsdp2"], ParallelConfig(pp=2, cp=2, zero_stage=3)
+    with pytest.raises(ConfigError) as info:
+        prof.check(load_model(model), CLUSTER, JOB, piped, prof.resolve(None, JOB, CLUSTER, piped))
+    msg = str(info.value)
+    assert msg.startswith("cp=2: the fsdp2 target does not emit context parallelism; ") and "no target" not in msg
+    at_three = {t for t in PROFILES if t != "fsdp2" and _runs(t, model, piped)}
+    if at_three:
+        assert _named(info.value) == at_three == {"torchtitan"} and "zero_stage" not in msg, msg
+        return
+    assert msg.endswith("use --target megatron with zero_stage 1; valid: cp=1"), msg
+    assert _runs("megatron", model, piped.model_copy(update={"zero_stage": 1}))
+    # a target named with a stage is one whose stages hold it: torchtitan has no ZeRO-1 and refuses it at both of its
+    assert not any(_runs("torchtitan", model, piped.model_copy(update={"zero_stage": z})) for z in (0, 3))
+
+
 def test_a_model_fsdp2_refuses_is_refused_by_its_model_rule_before_its_ep_rule() -> None:
     """Qwen3-Next (Gated DeltaNet) on fsdp2 with ep 8: the model rule (no degree helps), naming megatron, which runs
     the model with that ep; the EP rule came first and said no target runs it."""

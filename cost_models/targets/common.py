@@ -409,6 +409,24 @@ def use_instead(targets: list[str]) -> str:
     return f"use --target {' or '.join(targets)}" if targets else "no target runs it"
 
 
+def use_instead_at(runs: Callable[["TargetProfile", int], bool], zero: int, but: str) -> str:
+    """A refusal's advice where the other targets' rules depend on the ZeRO stage (``runs(profile, stage)``: whether
+    that target takes the layout at that stage): the targets that run it at ``zero``, the stage asked for; where none
+    does, those that run it at another stage of theirs, each with its first such stage in its search order
+    (``zero_stages``) named ('use --target megatron with zero_stage 1'); else that none runs it. A target is asked only
+    at the stages it has."""
+    from cost_models.targets import PROFILES  # (the registry imports this module)
+
+    same = targets_that(lambda p: zero in p.zero_stages and runs(p, zero), but)
+    if same:
+        return use_instead(same)
+    other = {t: next(z for z in PROFILES[t].zero_stages if runs(PROFILES[t], z))
+             for t in targets_that(lambda p: any(runs(p, z) for z in p.zero_stages), but)}
+    if other:
+        return "use " + " or ".join(f"--target {t} with zero_stage {z}" for t, z in other.items())
+    return use_instead([])
+
+
 def dynamic_rope_error(model: ModelSpec, seq_len: int, framework: str) -> ConfigError | None:
     """Dynamic-NTK RoPE trains as plain RoPE only while no sequence is longer than ``max_position_embeddings``:
     transformers rescales once ``max(position_ids) + 1`` exceeds it (``dynamic_rope_update``,

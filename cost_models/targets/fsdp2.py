@@ -18,7 +18,8 @@ from typing import Any
 from cost_models.errors import ConfigError
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import (EXPANDABLE_SEGMENTS_ENV, Knob, Runtime, Software, TargetProfile,
-                                        reshard_options, torch_memory_facts, targets_that, use_instead)
+                                        reshard_options, targets_that, torch_memory_facts, use_instead,
+                                        use_instead_at)
 
 FULLY_SHARD = "torch 2.13 torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard)"
 
@@ -80,11 +81,17 @@ class FSDP2Profile(TargetProfile):
 
     def target_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, ep: int,
                             zero: int) -> ConfigError | None:
+        """No context parallelism (the emitted module has none). The refusal names the targets whose model and layout
+        rules take the layout asked for (its tp, pp, cp, ep and ZeRO stage; Megatron's torch FSDP2 refuses pp > 1,
+        torchtitan builds no MTP with CP); where none runs it at this ZeRO-3, the targets that run it at another stage
+        of theirs, with that stage named (``use_instead_at``, as the EP refusal)."""
         if cp > 1:
-            others = targets_that(lambda p: p.model_error(model) is None and p.target_layout_error(
-                model, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero) is None, self.name)
-            return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; {use_instead(others)}",
-                               valid=["cp=1"])
+            def runs(p: TargetProfile, z: int) -> bool:
+                return p.model_error(model) is None and p.target_layout_error(
+                    model, tp=tp, pp=pp, cp=cp, ep=ep, zero=z) is None
+
+            return ConfigError(f"cp={cp}: the fsdp2 target does not emit context parallelism; "
+                               f"{use_instead_at(runs, zero, self.name)}", valid=["cp=1"])
         return None
 
     def expert_layout_error(self, model: ModelSpec, *, tp: int, pp: int, cp: int, dp_cp: int, ep: int, zero: int,
@@ -92,8 +99,8 @@ class FSDP2Profile(TargetProfile):
         """No expert parallelism (the emitted module has none). An MoE model's refusal names the targets whose
         model, layout and expert rules take the layout asked for (its tp, pp, cp, ep, HSDP group and ZeRO stage; pp
         matters: torchtitan builds no MTP under PP). Where none runs it at this ZeRO-3, the targets that run it at
-        another stage of theirs, with that stage named (Megatron-LM's torch FSDP2 has no EP; its distributed optimizer
-        has)."""
+        another stage of theirs, with that stage named (``use_instead_at``; Megatron-LM's torch FSDP2 has no EP; its
+        distributed optimizer has)."""
         if ep == 1 or not model.is_moe:
             return super().expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=zero, hsdp=hsdp)
 
@@ -102,17 +109,8 @@ class FSDP2Profile(TargetProfile):
                     and p.target_layout_error(model, tp=tp, pp=pp, cp=cp, ep=ep, zero=z) is None
                     and p.expert_layout_error(model, tp=tp, pp=pp, cp=cp, dp_cp=dp_cp, ep=ep, zero=z, hsdp=hsdp) is None)
 
-        same = targets_that(lambda p: runs(p, zero), self.name)
-        advice = use_instead(same)
-        if not same:
-            from cost_models.targets import PROFILES  # (the registry imports this module)
-
-            other = {t: next(z for z in PROFILES[t].zero_stages if runs(PROFILES[t], z))
-                     for t in targets_that(lambda p: any(runs(p, z) for z in p.zero_stages), self.name)}
-            if other:
-                advice = "use " + " or ".join(f"--target {t} with zero_stage {z}" for t, z in other.items())
-        return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; {advice}",
-                           valid=[1])
+        return ConfigError(f"ep={ep}: the fsdp2 target does not emit expert parallelism; "
+                           f"{use_instead_at(runs, zero, self.name)}", valid=[1])
 
     def check_runtime(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                       rt: Runtime) -> None:
