@@ -31,6 +31,8 @@ priced with the layer's TP communication (``layer_cost``).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.opgraph import LayerGraph, Op, keys_per_query
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -61,6 +63,40 @@ def dsa_fused(rt: Runtime | None) -> bool:
     """Whether the run's DSA is the fused kernels' (the reference pricing, ``rt`` None or a target whose runtime is
     not Megatron's; megatron with ``dsa_kernel_backend`` cudnn) or Megatron-Core's unfused path (megatron's default)."""
     return rt is None or rt.target != "megatron" or rt.dsa_kernel_backend != "none"
+
+
+def dsa_op(op: Op, model: ModelSpec) -> bool:
+    """Whether ``op``'s price depends on the DSA path (``dsa_fused``): the indexer ops and a DSA model's core."""
+    return model.dsa is not None and op.kind in ("indexer", "attention")
+
+
+# The indexer's own linears and key norm (``opgraph._dsa_indexer``): DSAIndexer gathers their inputs x and qr under
+# sequence parallelism (megatron-core 0.16.1 dsa.py:557-559; core_v0.19.0 :1273-1275, for either kernel backend) and
+# runs them on the whole sequence of every TP rank ('duplicated' linears: ``op_cost`` prices them whole).
+INDEXER_INPUT_OPS = frozenset({"idx_q_proj", "idx_k_proj", "idx_k_norm", "idx_weights_proj"})
+
+
+def indexer_gathered(graph: LayerGraph, tensor: str) -> bool:
+    """Whether ``tensor`` is one of the indexer's own inputs to its scores (an ``INDEXER_INPUT_OPS`` output): whole on
+    every TP rank whatever layout the sequence-parallel region around it has; the gathers that make it whole are
+    ``tp_comm.dsa_tp_collectives``' (of x and qr), so no resharding of it is priced (search/intra_op.py)."""
+    return any(op.output == tensor and op.name in INDEXER_INPUT_OPS for op in graph.ops)
+
+
+def op_runtime(op: Op, model: ModelSpec, rt: Runtime | None) -> Runtime | None:
+    """The runtime ``op`` is priced with by per-op pricing whose other ops take the reference (None): ``rt`` for a DSA
+    op (``dsa_op``) on the unfused path, else None (the reference prices the fused design: ``dsa_fused``)."""
+    return rt if dsa_op(op, model) and not dsa_fused(rt) else None
+
+
+@lru_cache(maxsize=None)
+def dsa_path_runtime(target: str, dsa_kernel_backend: str = "none") -> Runtime:
+    """A runtime saying only how ``target`` runs DSA (the target and ``dsa_kernel_backend``, every other field its
+    default): what per-op pricing that prices every other op at the reference (``rt`` None) hands DSA's own pricing
+    (``op_runtime``: ``indexer_op_s`` and the unfused core in ``op_cost.op_compute``; ``tp_comm.dsa_tp_collectives``;
+    ``memory.dsa_unfused_op_bytes``), all of which read only its target and backend. The search's intra-op
+    strategies price a layer with it, and ``layer_cost.dsa_path_s`` prices what it adds to the reference."""
+    return Runtime(target=target, dsa_kernel_backend=dsa_kernel_backend)
 
 
 def indexer_op_s(op: Op, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

@@ -13,7 +13,8 @@ from cost_models.ep_comm import (a2a_overlap_compute_split, a2a_overlap_exposed_
                                  moe_all_to_all_parts)
 from cost_models.knob_effects import cp_comm
 from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher
-from cost_models.op_cost import OpCompute, _compute, op_compute
+from cost_models.dsa import op_runtime
+from cost_models.op_cost import OpCompute, _compute, op_compute, op_forward_s, op_recompute_s
 from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, LayerGraph
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -54,6 +55,32 @@ class LayerCost:
     def total_s(self) -> float:
         return (self.forward_s + self.backward_s + self.recompute_s + self.tp_s + self.ep_s + self.cp_exposed_s
                 + self.host_s)
+
+
+def dsa_path_s(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, dp: int,
+               rt: Runtime | None) -> float:
+    """Seconds one layer's DeepSeek sparse attention costs on ``rt``'s path (``cost_models.dsa``: Megatron-Core's
+    unfused one, or the fused kernels) beyond the reference pricing (``rt`` None: the fused design), for one
+    micro-batch on one rank: its own ops on the unfused path (``dsa.op_runtime``) priced with ``rt`` less with None,
+    each op's forward pass, backward and recompute as the intra-op strategies sum them (``op_forward_s``,
+    ``op_recompute_s``), plus the TP collectives Megatron's DSAttention runs (``tp_comm.dsa_tp_cost``). 0 without
+    DSA. What the search's per-op pricing adds to the reference where it hands DSA ``dsa.dsa_path_runtime``
+    (search/strategies.py), so the Scorer's knob delta measures ``layer_cost`` against it (search/score.py
+    ``knob_delta_s``)."""
+    if rt is None or model.dsa is None or graph.kind not in DECODER_KINDS:
+        return 0.0
+    modules = modules_in_effect(par, None)
+    seconds = 0.0
+    for op in graph.ops:
+        if op_runtime(op, model, rt) is None:
+            continue
+        for r, sign in ((rt, 1.0), (None, -1.0)):
+            oc = op_compute(op, graph, model, cluster, job, par, r)
+            seconds += sign * (op_forward_s(op, graph, oc, par.recompute, modules) + oc.backward_s
+                               + op_recompute_s(op, graph, oc, par.recompute, modules))
+    if par.tp > 1:
+        seconds += dsa_tp_cost(graph, model, cluster, job, par, RankStrides.megatron(par.tp, par.cp, dp).tp, rt)[0]
+    return seconds
 
 
 def a2a_sm_slowdown(sm_share: float, compute_s: float, a2a_s: float) -> float:

@@ -43,6 +43,7 @@ from typing import Literal
 import numpy as np
 
 from cost_models.errors import ConfigError, InfeasibleError
+from cost_models.dsa import indexer_gathered
 from cost_models.opgraph import TRANSFORMER_KINDS, LayerGraph, LayerKind, layer_graph
 from cost_models.specs import ModelSpec, Precision, Recompute
 from search.mesh import LogicalMesh, MeshAxis
@@ -417,6 +418,9 @@ class IntraOpRequest:
     time_limit_s: float = 5.0
     # Megatron --recompute-modules under selective recompute (ParallelConfig.recompute_modules; None: core_attn)
     recompute_modules: tuple[str, ...] | None = None
+    # DeepSeek sparse attention's kernels as the target runs them (Runtime.dsa_kernel_backend: megatron's "none", its
+    # default, is Megatron-Core's unfused path; LayerContext.dsa_kernel_backend)
+    dsa_kernel_backend: Literal["none", "cudnn"] = "none"
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "num_microbatches", "activation_copies"):
@@ -567,7 +571,7 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
     recompute = req.recompute if req.kind in TRANSFORMER_KINDS else "none"
     ctx = LayerContext(model, mesh, req.seq_len, req.micro_batch_size, recompute, req.precision, req.target,
                        req.activation_copies, req.sequence_parallel, req.kv_replication, req.strategies,
-                       req.recompute_modules if recompute == "selective" else None)
+                       req.recompute_modules if recompute == "selective" else None, req.dsa_kernel_backend)
     nodes = build_nodes(graph)
     strategies = tuple(tuple(node_strategies(n, graph, ctx)) for n in nodes)
     m = req.num_microbatches
@@ -586,7 +590,10 @@ def build_layer_problem(model: ModelSpec, mesh: LogicalMesh, req: IntraOpRequest
         a_layouts, b_layouts = tuple(dict.fromkeys(src)), tuple(dict.fromkeys(dst))
         tensor = graph.tensors[tu]
         tokens = ctx.tokens * tokens_factor.get(tu, 1.0)
-        times = np.array([[edge_time_s(tokens, tensor.width, a, b, mesh, model.num_kv_heads, repeats)
+        # (DSA's indexer computes its own inputs whole on every rank from the x and qr it gathers: no resharding)
+        gathered = indexer_gathered(graph, tu)
+        times = np.array([[0.0 if gathered else edge_time_s(tokens, tensor.width, a, b, mesh, model.num_kv_heads,
+                                                             repeats)
                            for b in b_layouts] for a in a_layouts])  # per micro-batch, fwd + bwd
         cost = req.comm_weight * m * times
         edges.append((u, v, tu, tv, a_layouts, b_layouts, times))

@@ -33,7 +33,8 @@ from cost_models.estimate import (CostWeights, data_parallel_cost, dp_exposed_s,
                                   pp_fill_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
-from cost_models.layer_cost import LayerCost, layer_cost
+from cost_models.dsa import dsa_path_runtime
+from cost_models.layer_cost import LayerCost, dsa_path_s, layer_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
 from cost_models.moe import host_synced
@@ -367,7 +368,9 @@ class Scorer:
                              recompute=rc, precision=self.job.precision,  # type: ignore[arg-type]
                              target=lay.target, sequence_parallel=sp,  # type: ignore[arg-type]
                              kv_replication=lay.kv_replication,  # type: ignore[arg-type]
-                             recompute_modules=_modules(lay, rc))
+                             recompute_modules=_modules(lay, rc),
+                             # DSA's ops as the layout's runtime runs them (megatron's default: the unfused path)
+                             dsa_kernel_backend=self._runtime_with(lay, self.chosen_knobs(lay)).dsa_kernel_backend)  # type: ignore[arg-type]
         return solve_layer(self.model, mesh, req, cache=self.ilp)
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
@@ -672,17 +675,22 @@ class Scorer:
 
     def knob_delta_s(self, lay: Layout, kind: str, recompute: str | None = None) -> float:
         """``layer_cost`` with the runtime's knobs (the user's and those the search chose) − without them: priced
-        only for the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first)."""
+        only for the layouts whose layer problems the ILP solves (most layouts are cut on their bounds first).
+        'Without' is what the ILP prices: the reference (``rt`` None) with DSA's ops and TP collectives as the
+        runtime runs them (``layer_cost.dsa_path_s`` of ``dsa.dsa_path_runtime``: ``layer_solution``'s request)."""
         rc = recompute or lay.recompute
         chosen = self.chosen_knobs(lay)
         bkey = self.bound_key(lay, rc)
         key = (bkey, tuple(sorted(chosen.items())), kind)
         hit = self._knob_delta.get(key)
         if hit is None:
-            without = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, self._bound_par(lay, rc), 1)
+            par, graph = self._bound_par(lay, rc), self.graphs[kind]
+            without = layer_cost(graph, self.model, self.cluster, self.job, par, 1)
+            dsa = dsa_path_s(graph, self.model, self.cluster, self.job, par, 1,
+                             dsa_path_runtime(lay.target, self._runtime_with(lay, chosen).dsa_kernel_backend))
             with_knobs = self._layer_cost(lay, bkey, kind, chosen)
             # device time only: the host-bound wait is added on the ILP's layer time (layer_pieces)
-            hit = (with_knobs.total_s - with_knobs.host_s) - (without.total_s - without.host_s)
+            hit = (with_knobs.total_s - with_knobs.host_s) - (without.total_s - without.host_s + dsa)
             self._knob_delta[key] = hit
         return hit
 

@@ -52,16 +52,17 @@ from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
 from cost_models.attention_cost import cp_ring, ring_exposed_s
 from cost_models.ep_comm import ep_all_to_all
+from cost_models.dsa import dsa_path_runtime, op_runtime
 from cost_models.op_cost import kv_gather_width, op_compute, op_forward_s, op_recompute_s
 from cost_models.op_traffic import LOSS_PARALLEL_BYTES_PER_TOKEN
-from cost_models.tp_comm import (TpRole, kv_gather_collectives, kv_replica_grad_collectives, tp_collectives,
-                                 tp_exposed_fraction)
+from cost_models.tp_comm import (TpRole, dsa_tp_collectives, kv_gather_collectives, kv_replica_grad_collectives,
+                                 tp_collectives, tp_exposed_fraction)
 from cost_models.memory import dsa_unfused_op_bytes, op_activation_bytes, recompute_input_bytes
 from cost_models.opgraph import TRANSFORMER_KINDS, LayerGraph, Op, OpKind
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig, Precision, Recompute
 from cost_models.targets import PROFILES
-from cost_models.targets.common import TargetName
+from cost_models.targets.common import Runtime, TargetName
 from search.mesh import LogicalMesh, MeshAxis
 from search.resharding import BF16_BYTES, Placement
 
@@ -114,6 +115,14 @@ class LayerContext:
     kv_replication: str = "gather"  # tp > num_kv_heads: Megatron's QKV gather or replicated K/V weights
     strategies: StrategySet | None = None  # None: the target's (``strategy_set``); else a research set
     recompute_modules: tuple[str, ...] | None = None  # Megatron's selective modules (None: its default core_attn)
+    # DeepSeek sparse attention's kernels as the target runs them (Runtime.dsa_kernel_backend; megatron's default
+    # "none" is Megatron-Core's unfused path): its ops, saved tensors and TP collectives priced as that path
+    dsa_kernel_backend: str = "none"
+
+    @property
+    def dsa_runtime(self) -> Runtime | None:
+        """What DSA's own pricing reads (``cost_models.dsa.dsa_path_runtime``); None without DSA."""
+        return dsa_path_runtime(self.target, self.dsa_kernel_backend) if self.model.dsa is not None else None
 
     @property
     def allowed(self) -> StrategySet:
@@ -338,12 +347,14 @@ class _Eval:
 
     # -- priced by cost_models -------------------------------------------------------------------------
     def compute(self) -> tuple[float, float]:
-        """(forward + backward + recompute, attention core fwd + bwd) per micro-batch: ``op_compute``."""
+        """(forward + backward + recompute, attention core fwd + bwd) per micro-batch: ``op_compute``, DSA's ops
+        with ``LayerContext.dsa_runtime`` on the unfused path (``dsa.op_runtime``)."""
         ctx = self.ctx
         total = attn = 0.0
         modules = modules_in_effect(self.par, None)  # Megatron's selective modules (cost_models.recompute)
-        for op in self.node.ops:
-            oc = op_compute(op, self.graph, ctx.model, ctx.mesh.cluster, ctx.job, self.par)
+        for op in self.node.ops:  # DSA's ops as the target runs them, the rest at the reference (cost_models.dsa)
+            rt = op_runtime(op, ctx.model, ctx.dsa_runtime)
+            oc = op_compute(op, self.graph, ctx.model, ctx.mesh.cluster, ctx.job, self.par, rt)
             total += (op_forward_s(op, self.graph, oc, ctx.recompute, modules) + oc.backward_s
                       + op_recompute_s(op, self.graph, oc, ctx.recompute, modules))
             attn += oc.attn_f + oc.attn_b
@@ -351,7 +362,7 @@ class _Eval:
 
     def activation_bytes(self) -> float:
         """Saved tensors (``memory.op_activation_bytes``, + the score-sized tensors Megatron-Core's unfused DSA saves,
-        ``memory.dsa_unfused_op_bytes``); under full recompute only the layer input, held by the node that reads it
+        ``memory.dsa_unfused_op_bytes``, where the target runs that path: ``LayerContext.dsa_runtime``); under full recompute only the layer input, held by the node that reads it
         first (``memory.recompute_input_bytes``). × micro-batches in flight."""
         ctx = self.ctx
         if ctx.recompute == "full" and self.graph.kind in TRANSFORMER_KINDS:
@@ -359,7 +370,8 @@ class _Eval:
             held = recompute_input_bytes(ctx.model, ctx.job, self.par) if first in self.node.ops else 0.0
         else:
             held = sum(op_activation_bytes(op, ctx.job, self.par, graph=self.graph)
-                       + dsa_unfused_op_bytes(op, self.graph, ctx.model, ctx.job, self.par) for op in self.node.ops)
+                       + dsa_unfused_op_bytes(op, self.graph, ctx.model, ctx.job, self.par, ctx.dsa_runtime)
+                       for op in self.node.ops)
         return held * ctx.activation_copies
 
     def tp_comms(self) -> list[Comm]:
@@ -401,6 +413,20 @@ class _Eval:
             kind, phase, calls, grad = kv_replica_grad_collectives(self.graph)
             extra = [Comm(kind, (MeshAxis.TP,), phase, grad, mesh.collective_time_s(kind, grad, MeshAxis.TP), calls)]
         return extra
+
+    def dsa_comms(self) -> list[Comm]:
+        """The TP collectives of Megatron's DSAttention (``tp_comm.dsa_tp_collectives``), on
+        the node of the indexer's query projection (``idx_q_proj``, a duplicated linear): its mode says whether the
+        layer runs sequence-parallel (its input ``qr`` arrives sequence-sharded, and ``x`` with it: the indexer
+        gathers both); plain collectives, fully exposed (as ``tp_comm.dsa_tp_cost``)."""
+        ctx = self.ctx
+        if self.t == 1 or ctx.dsa_runtime is None or not any(op.name == "idx_q_proj" for op in self.node.ops):
+            return []
+        par = self.par.model_copy(update={"tp": self.t, "sequence_parallel": self.tp in SP_MODES})
+        mesh = ctx.mesh
+        return [Comm(kind, (MeshAxis.TP,), phase, payload, mesh.collective_time_s(kind, payload, MeshAxis.TP), calls)
+                for kind, phase, calls, payload in dsa_tp_collectives(self.graph, ctx.model, ctx.job, par,
+                                                                      ctx.dsa_runtime)]
 
     def ep_comms(self) -> list[Comm]:
         """Dispatch or combine all-to-all, forward and backward (``ep_comm.ep_all_to_all``)."""
@@ -450,7 +476,7 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
         for ep in ep_modes(node, ctx):
             ev = _Eval(node, graph, ctx, tp, ep)
             compute, attention = ev.compute()
-            tp_c, kv_c, ep_c = ev.tp_comms(), ev.kv_comms(), ev.ep_comms()
+            tp_c, kv_c, ep_c = ev.tp_comms(), ev.kv_comms() + ev.dsa_comms(), ev.ep_comms()
             exposed = (sum(c.time_s * c.count for c in tp_c) * fraction + sum(c.time_s * c.count for c in kv_c + ep_c)
                        + ring_exposed_s(ev.ring_s(), attention))
             out.append(Strategy(

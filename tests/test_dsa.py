@@ -260,6 +260,67 @@ def test_search_sees_the_unfused_score_tensors() -> None:
                              "parallel": {"tp": 1, "pp": 8, "ep": 32, "recompute": "full", "micro_batch_size": 1}})
 
 
+@pytest.mark.parametrize("stem", [DS, "glm-5.2"])
+def test_intra_op_prices_the_runtimes_dsa_path(stem: str) -> None:
+    """The intra-op ILP prices DSA's ops, saved tensors and TP collectives as the layout's runtime runs them
+    (``IntraOpRequest.dsa_kernel_backend``; search/strategies.py): with cuDNN's fused kernels its solved layer time is
+    the reference ``layer_cost`` (``rt`` None: the fused design); on Megatron-Core's unfused path (the default) it is
+    more by what estimate's ``layer_cost`` charges the unfused runtime over the fused one (the same knobs otherwise),
+    its time and its activations, at tp 1-8 with SP, each recompute, DSA's dense and MoE layers (GLM-5.2: index
+    sharing). The Scorer, which adds the runtime's other knobs to the ILP's time (``knob_delta_s``), then prices
+    both backends' layouts as estimate does."""
+    from autoplan.catalog import build_cluster
+    from cost_models.estimate import estimate
+    from cost_models.layer_cost import layer_cost
+    from cost_models.memory import activation_bytes_per_microbatch, graphs_for
+    from cost_models.specs import JobSpec, ParallelConfig
+    from cost_models.targets import runtime_for
+    from cost_models.targets.common import Software
+    from cost_models.validate import stage_layers
+    from search.intra_op import IntraOpRequest, solve_layer
+    from search.mesh import LogicalMesh
+    from search.planner import to_parallel
+    from search.score import Scorer
+    from search.space import Layout
+
+    m, cluster = load_model(stem), build_cluster("h100-sxm", 256)
+    job = JobSpec(global_batch_size=1024, seq_len=4096)
+    sw = {be: Software(megatron_core="0.19.0", dsa_kernel_backend=be) for be in ("none", "cudnn")}
+    for tp in (1, 2, 4, 8):
+        mesh = LogicalMesh.per_rank(cluster, tp=tp, cp=1, ep=8)
+        for rc, mods in (("none", None), ("full", None), ("selective", ("mla_up_proj", "moe_act"))):
+            par = ParallelConfig(tp=tp, ep=8, recompute=rc, sequence_parallel=tp > 1, recompute_modules=mods)
+            for kind in ("dense", "moe"):
+                graph = graphs_for(m, 4096)[kind]
+                sol, lc, act = {}, {}, {}
+                for be in ("none", "cudnn"):
+                    sol[be] = solve_layer(m, mesh, IntraOpRequest(
+                        kind=kind, seq_len=4096, recompute=rc, sequence_parallel=True if tp > 1 else None,
+                        recompute_modules=mods, dsa_kernel_backend=be))  # type: ignore[arg-type]
+                    rt = runtime_for("megatron", job, cluster, par, sw[be])
+                    lc[be] = layer_cost(graph, m, cluster, job, par, 1, rt).total_s
+                    act[be] = activation_bytes_per_microbatch(graph, m, job, par, rt)
+                ref = layer_cost(graph, m, cluster, job, par, 1).total_s
+                assert sol["cudnn"].time_per_microbatch_s == pytest.approx(ref, rel=1e-9)
+                assert lc["none"] - lc["cudnn"] > 0.2 * ref  # the unfused path is a real difference
+                assert sol["none"].time_per_microbatch_s - sol["cudnn"].time_per_microbatch_s == \
+                    pytest.approx(lc["none"] - lc["cudnn"], rel=1e-9)
+                assert sol["none"].activation_bytes - sol["cudnn"].activation_bytes == \
+                    pytest.approx(act["none"] - act["cudnn"], rel=1e-9, abs=1.0)
+
+    base = dict(tp=2, cp=1, pp=8, dp=16, ep=16, micro_batch_size=1, m=64, recompute="full", zero_stage=1,
+                hsdp_shard_size=None, schedule="1f1b", vp=1, sequence_parallel=True, target="megatron",
+                kv_replication="gather", knobs=(), recompute_modules=None)
+    lay = Layout(**base)  # type: ignore[arg-type]
+    for be in ("none", "cudnn"):
+        scorer = Scorer(m, cluster, job, software=sw[be])
+        par = to_parallel(m, lay, tuple(stage_layers(m, to_parallel(m, lay, (m.num_layers,)))))
+        fs = scorer.score(lay, tuple(stage_layers(m, par)))
+        pred = estimate(m, cluster, job, par, target="megatron", software=Software(
+            **{**sw[be].model_dump(exclude_none=True), **scorer.chosen_knobs(lay)}))
+        assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
 def test_model_flops_count_the_indexer() -> None:
     """MFU's model FLOPs (``op_cost.model_flops_per_token``) count DSA's indexer as model work, as the MTP modules:
     the indexer's scores 3 x forward, the loss's dense target forward only, both without the causal discount (as the
