@@ -426,10 +426,11 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
 
 
 def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: JobSpec) -> float:
-    per_token = model_flops_per_token(graphs["head"])
-    per_token += model.arch.mtp_layers * (per_token + sum(model_flops_per_token(graphs[k])
+    s = job.seq_len
+    per_token = model_flops_per_token(graphs["head"], model, s)
+    per_token += model.arch.mtp_layers * (per_token + sum(model_flops_per_token(graphs[k], model, s)
                                                           for k in mtp_block_kinds(model)))
     per_token += mtp_projection_flops_per_token(model)
     for i in range(model.num_layers):
-        per_token += model_flops_per_token(graphs[layer_kind(model, i)])
+        per_token += model_flops_per_token(graphs[layer_kind(model, i)], model, s)
     return per_token * job.tokens_per_step

@@ -20,7 +20,7 @@ from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_effici
 from cost_models.moe import (moe_load_imbalance, permutation_passes, quantization_padded, router_padding_share,
                              routed_rows)
 from cost_models.op_traffic import local_widths, op_traffic_bytes
-from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision
+from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, mean_keys_per_query, topk_keys_per_query
 from cost_models.quant_layout import op_job
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
@@ -259,7 +259,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     return par.tp, par.cp, par.ep, par.micro_batch_size, par.sequence_parallel, par.kv_replication, knobs
 
 
-def model_flops_per_token(graph: LayerGraph) -> float:
+def model_flops_per_token(graph: LayerGraph, model: ModelSpec, seq_len: int) -> float:
     """Training model FLOPs per token of one layer (no recompute): 3 × forward, attention counted
     without the causal discount (PaLM / Megatron convention for MFU); a Mamba-2 scan as Megatron-LM counts it
     (``7 · d_inner · state``, training.py ``mamba_layer_flops``), a Gated DeltaNet core as it counts that
@@ -270,12 +270,21 @@ def model_flops_per_token(graph: LayerGraph) -> float:
     every layer's top-k and train through the KL loss (3 × forward), the loss's dense target ``Q·Kᵀ`` is computed
     forward only (query and key detached, megatron-core 0.16.1 dsa.py:805-806: 1 × forward); both score each query
     against its keys, so counted as the attention core is, without the causal discount, at the design's causal key
-    count (``opgraph._dsa_indexer``), whatever keys an implementation computes (the unfused path's every key)."""
+    count (``opgraph._dsa_indexer``), whatever keys an implementation computes (the unfused path's every key).
+
+    DSA's sparse core attends each query to its indexer's top-k keys, ``min(i + 1, k)`` for query ``i``
+    (DeepSeek-V3.2-Exp report §2.1, k = 2048): no causal halving to undo (the mean is ≈ k, not ≈ s/2, and doubling it
+    counted up to 2k keys a query, 3072 at s 4096), so it is counted at that exact mean (``opgraph.topk_keys_per_query``;
+    Megatron-Bridge's DSA FLOPs' ``sparse_causal_context``, flop_utils.py @ 067f987df), derived from the op's FLOPs
+    at the graph's mean (``opgraph.mean_keys_per_query``)."""
     fwd = 0.0
     once = 0.0  # forward-only work: no backward to count
     for op in graph.ops:
         if op.kind in ("matmul", "router", "experts", "ssm", "gdn"):
             fwd += op.flops_per_token * op.tokens_factor
+        elif op.kind == "attention" and model.dsa is not None:  # the sparse core: its top-k keys, as it reads them
+            fwd += (op.flops_per_token / mean_keys_per_query(model, graph.kind, seq_len)
+                    * topk_keys_per_query(seq_len, model.dsa.index_topk))
         elif op.kind == "attention":
             fwd += op.flops_per_token * 2  # undo the causal halving
         elif op.kind == "indexer" and op.name == "idx_loss":

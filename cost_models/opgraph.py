@@ -305,6 +305,17 @@ def keys_per_query(seq_len: int, window: int | None, causal: bool, chunk: int | 
     return window - window * window / (2.0 * seq_len)
 
 
+def topk_keys_per_query(seq_len: int, topk: int) -> float:
+    """Keys one query's sparse attention reads, averaged over a causal sequence, exactly: DeepSeek sparse attention
+    attends each query to the ``k`` keys its indexer selects among its causal ones (DeepSeek-V3.2-Exp report §2.1:
+    ``k = 2048``), so query ``i`` (0-based) reads ``min(i + 1, k)`` keys and the mean over ``s`` queries is
+    ``(Σ_{i<k} (i + 1) + (s − k)·k)/s = k − k(k − 1)/(2s)`` (``(s + 1)/2`` where ``s <= k``); Megatron-Bridge's DSA
+    FLOPs count the same (``sparse_causal_context``, src/megatron/bridge/training/utils/flop_utils.py @ 067f987df)."""
+    if seq_len <= topk:
+        return (seq_len + 1) / 2
+    return topk - topk * (topk - 1) / (2.0 * seq_len)
+
+
 def mean_keys_per_query(model: ModelSpec, kind: LayerKind, seq_len: int, causal: bool = True) -> float:
     """``keys_per_query`` averaged over the decoder layers of ``kind`` with each layer's own window
     (``ArchSpec.layer_window``: GPT-OSS alternates a 128-token window with full attention). One graph per kind

@@ -334,7 +334,27 @@ def test_model_flops_count_the_indexer() -> None:
         g = layer_graph(m, kind, s)
         bare = dataclasses.replace(g, ops=tuple(op for op in g.ops if op.kind != "indexer"))
         want = 3 * 2 * (2 * d.index_heads * d.index_head_dim) * s / 2 + 2 * (2 * a * d_qk) * s / 2
-        assert model_flops_per_token(g) - model_flops_per_token(bare) == pytest.approx(want, rel=1e-12)
+        assert model_flops_per_token(g, m, s) - model_flops_per_token(bare, m, s) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(("stem", "seq"), [(DS, 4096), (DS, 32768), (DS, 1024), ("glm-5.2", 4096)])
+def test_model_flops_count_the_sparse_core_at_its_top_k_keys(stem: str, seq: int) -> None:
+    """MFU's model FLOPs count DSA's sparse MLA core at the keys it attends (DeepSeek-V3.2-Exp report §2.1): query i
+    reads min(i + 1, k) of its indexer's top-k keys, summed here query by query; 3 x forward, 2·a·(d_qk + d_v) FLOPs
+    a key. Doubling the graph's causal mean (the dense convention's 'undo the causal halving') counted 3072 keys a
+    query at s 4096, k 2048."""
+    from cost_models.op_cost import model_flops_per_token
+    from cost_models.opgraph import layer_graph
+
+    m = load_model(stem)
+    k, a, mla = m.dsa.index_topk, m.num_attention_heads, m.mla
+    mean = sum(min(i + 1, k) for i in range(seq)) / seq  # first principles
+    assert k == 2048 and mean <= k
+    want = 3 * 2 * a * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim) * mean
+    for kind in ("dense", "moe"):
+        g = layer_graph(m, kind, seq)
+        bare = dataclasses.replace(g, ops=tuple(op for op in g.ops if op.kind != "attention"))
+        assert model_flops_per_token(g, m, seq) - model_flops_per_token(bare, m, seq) == pytest.approx(want, rel=1e-12)
 
 
 # ---- targets -------------------------------------------------------------------------------------
