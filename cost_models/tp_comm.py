@@ -167,9 +167,10 @@ def kv_gather_cost(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: P
 
 def dsa_tp_collectives(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
                        rt: Runtime | None) -> tuple[tuple[CollectiveKind, Literal["fwd", "bwd"], float, float], ...]:
-    """(collective, pass, calls per micro-batch, payload bytes) of the TP collectives megatron-core 0.16.1's unfused
-    DSA (``cost_models.dsa``; experimental_attention_variant/dsa.py) runs in one layer of ``graph`` beyond the MLA's
-    own linears (tp > 1; none without an indexer, none priced for the fused kernels, whose code autoplan has not read):
+    """(collective, pass, calls per micro-batch, payload bytes) of the TP collectives Megatron-Core's DSAttention
+    (``cost_models.dsa``; experimental_attention_variant/dsa.py) runs in one layer of ``graph`` beyond the MLA's own
+    linears (tp > 1; none without an indexer; none for a runtime that is not Megatron's: the reference design), on the
+    unfused path of megatron-core 0.16.1 (below) and with the cuDNN kernels (``dsa_kernel_backend`` cudnn, core_v0.19.0):
 
     - under sequence parallelism the indexer all-gathers its two inputs, the hidden states ``x`` ``[s, b, h]`` and
       the query latent ``qr`` ``[s, b, q_lora_rank]`` in bf16 (``gather_from_sequence_parallel_region``,
@@ -184,9 +185,18 @@ def dsa_tp_collectives(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: P
       re-run under ``enable_grad`` (:556-557) computes it; query and key are detached (dsa.py:805-806), so no
       backward collective.
 
+    The cuDNN path runs the same gathers: ``DSAIndexer.forward_before_topk`` gathers x and qr under SP
+    (dsa.py:1273-1275 @ core_v0.19.0), called for either backend before the fused branch (:1980, :2037); and its loss
+    all-reduces over TP the head-summed target of the local heads, built only with grad enabled (loss_coeff 0 under
+    no_grad, dsa_cudnn_kernels.py:225-226 @ core_v0.19.0): dense (Megatron's default, ``DSASpec.sparse_loss`` False)
+    the ``(b, s, s)`` fp32 scores and their ``(b, s)`` fp32 L1 denominators, two calls (``_all_reduce_tp_target``,
+    :1911-1912; shapes :1689-1696), sparse the ``(b, s, top-k)`` fp32 target over the selected keys (:1818). (Its fused
+    kernel runs only absorbed MLA, whose keys DSAttention gathers under SP, dsa.py:1782-1793 @ core_v0.19.0: the
+    absorbed layout is not priced here; ``cost_models.dsa`` prices the fused design on MLA's own.)
+
     A shared-indexer layer kind (``opgraph.indexer_share``) runs them at that share of its layers."""
     t = par.tp
-    if t <= 1 or model.dsa is None or model.mla is None or dsa_fused(rt):
+    if t <= 1 or model.dsa is None or model.mla is None or rt is None or rt.target != "megatron":
         return ()
     idx = [op for op in graph.ops if op.name == "idx_scores"]
     if not idx:
@@ -200,7 +210,12 @@ def dsa_tp_collectives(graph: LayerGraph, model: ModelSpec, job: JobSpec, par: P
         calls = (2.0 if again else 1.0) * share
         out += [("all_gather", "fwd", calls, 2.0 * tokens * model.hidden_size),
                 ("all_gather", "fwd", calls, 2.0 * tokens * model.mla.q_lora_rank)]
-    out.append(("all_reduce", "fwd", share, 4.0 * tokens * job.seq_len))
+    if not dsa_fused(rt):  # the unfused loss's [b, s, s] (dsa.py:231-234)
+        out.append(("all_reduce", "fwd", share, 4.0 * tokens * job.seq_len))
+    elif model.dsa.sparse_loss:  # cuDNN's sparse target (dsa_cudnn_kernels.py:1818)
+        out.append(("all_reduce", "fwd", share, 4.0 * tokens * min(model.dsa.index_topk, job.seq_len)))
+    else:  # cuDNN's dense scores and their denominators (dsa_cudnn_kernels.py:1911-1912)
+        out += [("all_reduce", "fwd", share, 4.0 * tokens * job.seq_len), ("all_reduce", "fwd", share, 4.0 * tokens)]
     return tuple(out)
 
 

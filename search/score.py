@@ -370,7 +370,7 @@ class Scorer:
                              kv_replication=lay.kv_replication,  # type: ignore[arg-type]
                              recompute_modules=_modules(lay, rc),
                              # DSA's ops as the layout's runtime runs them (megatron's default: the unfused path)
-                             dsa_kernel_backend=self._runtime_with(lay, self.chosen_knobs(lay)).dsa_kernel_backend)  # type: ignore[arg-type]
+                             dsa_kernel_backend=self.runtime(lay).dsa_kernel_backend)  # type: ignore[arg-type]
         return solve_layer(self.model, mesh, req, cache=self.ilp)
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:

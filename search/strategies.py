@@ -362,8 +362,9 @@ class _Eval:
 
     def activation_bytes(self) -> float:
         """Saved tensors (``memory.op_activation_bytes``, + the score-sized tensors Megatron-Core's unfused DSA saves,
-        ``memory.dsa_unfused_op_bytes``, where the target runs that path: ``LayerContext.dsa_runtime``); under full recompute only the layer input, held by the node that reads it
-        first (``memory.recompute_input_bytes``). × micro-batches in flight."""
+        ``memory.dsa_unfused_op_bytes``, where the target runs that path: ``LayerContext.dsa_runtime``); under full
+        recompute only the layer input, held by the node that reads it first (``memory.recompute_input_bytes``).
+        × micro-batches in flight."""
         ctx = self.ctx
         if ctx.recompute == "full" and self.graph.kind in TRANSFORMER_KINDS:
             first = self.graph.ops[0]

@@ -170,11 +170,15 @@ def test_unfused_megatron_pays_the_dense_scores() -> None:
 
 
 @pytest.mark.parametrize(("tp", "recompute"), [(2, "full"), (2, "none"), (4, "full"), (1, "full")])
-def test_unfused_tp_collectives_are_priced(tp: int, recompute: str) -> None:
-    """Under tp > 1 the unfused path all-gathers the indexer's inputs x [s, b, h] and qr [s, b, q_lora] in bf16
-    (dsa.py:557-559; forward, and again where the backward re-runs the indexer: full recompute) and all-reduces the
-    loss's [b, s, s] fp32 head-summed scores once (dsa.py:231-234; a checkpointed forward runs without grad and skips
-    the loss). The layer's TP bytes and exposed seconds exceed the fused kernels' by exactly those collectives."""
+def test_dsattention_tp_collectives_are_priced(tp: int, recompute: str) -> None:
+    """Under tp > 1 Megatron's DSAttention all-gathers the indexer's inputs x [s, b, h] and qr [s, b, q_lora] in bf16
+    on either kernel backend (dsa.py:557-559 @ core_v0.16.1; forward_before_topk, dsa.py:1273-1275 @ core_v0.19.0;
+    forward, and again where the backward re-runs the indexer: full recompute) and all-reduces its loss's head-summed
+    target once (a checkpointed forward runs without grad and skips the loss): the unfused path its [b, s, s] fp32
+    scores (dsa.py:231-234 @ core_v0.16.1), cuDNN's dense loss those scores and their [b, s] fp32 L1 denominators
+    (dsa_cudnn_kernels.py:1911-1912 @ core_v0.19.0), its sparse loss the [b, s, top-k] fp32 target (:1818). None
+    for the reference (runtime None). The layer's TP bytes and exposed seconds differ between the backends by exactly
+    the collectives that differ."""
     from autoplan.catalog import build_cluster
     from cost_models.collectives import RankStrides, bytes_sent_per_rank, group_collective_time_s
     from cost_models.layer_cost import layer_cost
@@ -182,6 +186,7 @@ def test_unfused_tp_collectives_are_priced(tp: int, recompute: str) -> None:
     from cost_models.specs import JobSpec, ParallelConfig
     from cost_models.targets import runtime_for
     from cost_models.targets.common import Software
+    from cost_models.tp_comm import dsa_tp_collectives
 
     m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
     s, mbs = 4096, 1
@@ -189,18 +194,28 @@ def test_unfused_tp_collectives_are_priced(tp: int, recompute: str) -> None:
     par = ParallelConfig(tp=tp, pp=8, ep=32, recompute=recompute, sequence_parallel=tp > 1)
     g = layer_graph(m, "moe", s)
     dp = 256 // (tp * 8)
-    costs = [layer_cost(g, m, cluster, job, par, dp, runtime_for("megatron", job, cluster, par, Software(
-        megatron_core="0.19.0", dsa_kernel_backend=kb))) for kb in ("none", "cudnn")]
-    gathers = [2.0 * mbs * s * m.hidden_size, 2.0 * mbs * s * m.mla.q_lora_rank] if tp > 1 else []
+    rts = {kb: runtime_for("megatron", job, cluster, par, Software(megatron_core="0.19.0", dsa_kernel_backend=kb))
+           for kb in ("none", "cudnn")}
+    costs = {kb: layer_cost(g, m, cluster, job, par, dp, rt) for kb, rt in rts.items()}
     calls = 2.0 if recompute == "full" else 1.0
-    want = [("all_gather", p, calls) for p in gathers] + ([("all_reduce", 4.0 * mbs * s * s, 1.0)] if tp > 1 else [])
+    gathers = [("all_gather", "fwd", calls, p) for p in (2.0 * mbs * s * m.hidden_size, 2.0 * mbs * s * m.mla.q_lora_rank)]
+    scores = ("all_reduce", "fwd", 1.0, 4.0 * mbs * s * s)
+    want = {"none": gathers + [scores], "cudnn": gathers + [scores, ("all_reduce", "fwd", 1.0, 4.0 * mbs * s)]}
+    if tp == 1:
+        want = {"none": [], "cudnn": []}
+    for kb, rt in rts.items():
+        assert list(dsa_tp_collectives(g, m, job, par, rt)) == want[kb]
+    assert dsa_tp_collectives(g, m, job, par, None) == ()
+    sparse = m.model_copy(update={"dsa": m.dsa.model_copy(update={"sparse_loss": True})})
+    assert list(dsa_tp_collectives(g, sparse, job, par, rts["cudnn"]))[2:] == \
+        ([("all_reduce", "fwd", 1.0, 4.0 * mbs * s * m.dsa.index_topk)] if tp > 1 else [])
     stride = RankStrides.megatron(tp, 1, dp).tp
-    assert costs[0].tp_bytes - costs[1].tp_bytes == pytest.approx(
-        sum(c * bytes_sent_per_rank(k, p, tp) for k, p, c in want), rel=1e-9, abs=1e-6)
-    assert costs[0].tp_s - costs[1].tp_s == pytest.approx(
-        sum(c * group_collective_time_s(k, p, tp, stride, cluster) for k, p, c in want), rel=1e-9, abs=1e-12)
+    sent = {kb: sum(c * bytes_sent_per_rank(k, p, tp) for k, _, c, p in w) for kb, w in want.items()}
+    secs = {kb: sum(c * group_collective_time_s(k, p, tp, stride, cluster) for k, _, c, p in w) for kb, w in want.items()}
+    assert costs["none"].tp_bytes - costs["cudnn"].tp_bytes == pytest.approx(sent["none"] - sent["cudnn"], abs=1e-6)
+    assert costs["none"].tp_s - costs["cudnn"].tp_s == pytest.approx(secs["none"] - secs["cudnn"], abs=1e-12)
     if tp == 2:  # the loss's all-reduce alone: 2(t-1)/t of 64 MiB per layer and micro-batch
-        assert want[-1][1] == 64 * 2**20
+        assert scores[3] == 64 * 2**20
 
 
 def test_search_sees_the_unfused_score_tensors() -> None:
@@ -263,15 +278,16 @@ def test_search_sees_the_unfused_score_tensors() -> None:
 @pytest.mark.parametrize("stem", [DS, "glm-5.2"])
 def test_intra_op_prices_the_runtimes_dsa_path(stem: str) -> None:
     """The intra-op ILP prices DSA's ops, saved tensors and TP collectives as the layout's runtime runs them
-    (``IntraOpRequest.dsa_kernel_backend``; search/strategies.py): with cuDNN's fused kernels its solved layer time is
-    the reference ``layer_cost`` (``rt`` None: the fused design); on Megatron-Core's unfused path (the default) it is
-    more by what estimate's ``layer_cost`` charges the unfused runtime over the fused one (the same knobs otherwise),
-    its time and its activations, at tp 1-8 with SP, each recompute, DSA's dense and MoE layers (GLM-5.2: index
-    sharing). The Scorer, which adds the runtime's other knobs to the ILP's time (``knob_delta_s``), then prices
+    (``IntraOpRequest.dsa_kernel_backend``; search/strategies.py): its solved layer time is the reference
+    ``layer_cost`` (``rt`` None: the fused design; at tp 1 cuDNN's exactly) plus ``layer_cost.dsa_path_s``, and on
+    Megatron-Core's unfused path (the default) more than on cuDNN's by what estimate's ``layer_cost`` charges the
+    unfused runtime over the fused one (the same knobs otherwise), in time and activations, at tp 1-8 with SP, each
+    recompute, DSA's dense and MoE layers (GLM-5.2: index sharing). The Scorer, which adds the runtime's other knobs to the ILP's time (``knob_delta_s``), then prices
     both backends' layouts as estimate does."""
     from autoplan.catalog import build_cluster
+    from cost_models.dsa import dsa_path_runtime
     from cost_models.estimate import estimate
-    from cost_models.layer_cost import layer_cost
+    from cost_models.layer_cost import dsa_path_s, layer_cost
     from cost_models.memory import activation_bytes_per_microbatch, graphs_for
     from cost_models.specs import JobSpec, ParallelConfig
     from cost_models.targets import runtime_for
@@ -301,7 +317,12 @@ def test_intra_op_prices_the_runtimes_dsa_path(stem: str) -> None:
                     lc[be] = layer_cost(graph, m, cluster, job, par, 1, rt).total_s
                     act[be] = activation_bytes_per_microbatch(graph, m, job, par, rt)
                 ref = layer_cost(graph, m, cluster, job, par, 1).total_s
-                assert sol["cudnn"].time_per_microbatch_s == pytest.approx(ref, rel=1e-9)
+                for be in ("none", "cudnn"):  # the reference + what the backend adds (the Scorer's knob delta's base)
+                    rt = dsa_path_runtime("megatron", be)
+                    assert sol[be].time_per_microbatch_s == pytest.approx(
+                        ref + dsa_path_s(graph, m, cluster, job, par, 1, rt), rel=1e-9)
+                if tp == 1:  # no TP collectives: cuDNN's kernels are the reference design
+                    assert sol["cudnn"].time_per_microbatch_s == pytest.approx(ref, rel=1e-9)
                 assert lc["none"] - lc["cudnn"] > 0.2 * ref  # the unfused path is a real difference
                 assert sol["none"].time_per_microbatch_s - sol["cudnn"].time_per_microbatch_s == \
                     pytest.approx(lc["none"] - lc["cudnn"], rel=1e-9)
