@@ -24,9 +24,10 @@ indexer and the loss compute every key (``s``: twice the causal FLOPs) and the c
 (``attention_cost.unfused_attention_s``, all ``s × s`` scores). MFU's model FLOPs count the indexer and the loss at
 the design's causal keys (``op_cost.model_flops_per_token``).
 
-The unfused path's TP collectives beyond the MLA's linears (the indexer's sequence-parallel gathers of its inputs,
-dsa.py:557-559, and the loss's ``[b, s, s]`` fp32 all-reduce, dsa.py:231-234): ``tp_comm.dsa_tp_collectives``,
-priced with the layer's TP communication (``layer_cost``).
+DSAttention's TP collectives beyond the MLA's linears (the indexer's sequence-parallel gathers of its inputs,
+dsa.py:557-559, and the loss's fp32 all-reduce, dsa.py:231-234; the cuDNN path's own at core_v0.19.0):
+``tp_comm.dsa_tp_collectives``, priced with the layer's TP communication (``layer_cost``) and by the search's
+intra-op strategies, which price DSA as the layout's runtime runs it (``dsa_path_runtime``, ``op_runtime``).
 """
 
 from __future__ import annotations
