@@ -347,8 +347,8 @@ def dsa_unfused_activation_bytes(graph: LayerGraph, model: ModelSpec, job: JobSp
 def dsa_unfused_op_bytes(op: Op, graph: LayerGraph, model: ModelSpec, job: JobSpec, par: ParallelConfig,
                          runtime: Runtime | None = DEFAULT_RUNTIME) -> float:
     """``op``'s share of ``dsa_unfused_activation_bytes`` (no full recompute: that keeps only the layer input): what
-    the search's per-op memory adds to ``op_activation_bytes`` (search/strategies.py, with ``dsa.dsa_path_runtime``:
-    None on the fused path), so its layer sums to ``activation_bytes_per_microbatch``."""
+    the search's per-op memory adds to ``op_activation_bytes`` (search/strategies.py, with ``dsa.dsa_path_runtime``),
+    so its layer sums to ``activation_bytes_per_microbatch``."""
     if model.dsa is None or dsa_fused(runtime) or graph.kind not in DECODER_KINDS:
         return 0.0
     modules = modules_in_effect(par, runtime)

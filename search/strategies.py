@@ -416,10 +416,10 @@ class _Eval:
         return extra
 
     def dsa_comms(self) -> list[Comm]:
-        """The TP collectives of Megatron's DSAttention (``tp_comm.dsa_tp_collectives``), on
-        the node of the indexer's query projection (``idx_q_proj``, a duplicated linear): its mode says whether the
-        layer runs sequence-parallel (its input ``qr`` arrives sequence-sharded, and ``x`` with it: the indexer
-        gathers both); plain collectives, fully exposed (as ``tp_comm.dsa_tp_cost``)."""
+        """The TP collectives of Megatron's DSAttention (``tp_comm.dsa_tp_collectives``), on the node of the
+        indexer's query projection (``idx_q_proj``, a duplicated linear): its mode says whether the layer runs
+        sequence-parallel (its input ``qr`` arrives sequence-sharded, and ``x`` with it: the indexer gathers both);
+        plain collectives, fully exposed (as ``tp_comm.dsa_tp_cost``)."""
         ctx = self.ctx
         if self.t == 1 or ctx.dsa_runtime is None or not any(op.name == "idx_q_proj" for op in self.node.ops):
             return []
