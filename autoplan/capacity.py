@@ -232,7 +232,7 @@ def scale(engine: Engine, req: ScaleRequest, progress: Callable[[int, int], None
         from search.planner import smallest_feasible_gpus
 
         size = cluster0.model_copy(update={"num_gpus": last.num_gpus})
-        n = smallest_feasible_gpus(model, size, points[-1].job, req.target, req.parallel.given(), scorers=family)
+        n = smallest_feasible_gpus(model, size, points[-1].job, req.parallel.given(), family)
         rows[-1] = last.model_copy(update={"hint": f"smallest {size.gpu.name} cluster with a plan: {n} GPUs" if n else
                                            "no cluster of this GPU up to 65536 GPUs has a plan at this batch size "
                                            "and sequence length"})

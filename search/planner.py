@@ -576,7 +576,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
            f"recompute={lay.recompute} zero={lay.zero_stage} needs {peak:.1f} GiB ({peak - limit:+.1f} GiB)")
     hint = None
     if find_smallest:
-        n = smallest_feasible_gpus(model, cluster, job, target, pins, scorers=scorers)
+        n = smallest_feasible_gpus(model, cluster, job, pins, scorers)
         hint = (f"smallest {cluster.gpu.name} cluster with a plan: {n} GPUs" if n else
                 "no cluster of this GPU up to 65536 GPUs has a plan at this batch size and sequence length")
     return InfeasibleError(msg, hint=hint, closest=lay)
@@ -709,22 +709,17 @@ def _searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins
     return [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
 
 
-def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target, pins: dict[str, Any],
-              scorers: Mapping[str, Scorer] | None = None) -> bool:
+def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
+              scorers: Mapping[str, Scorer]) -> bool:
     """Whether ``search`` on ``cluster`` finds a layout and split that fit: the layouts it prices
     (``_searched_layouts``) and the split ``_split`` picks under the memory limit.
     ``scorers``: the searched targets' (``target_scorers``), re-derived at this GPU count so the knobs and each target's
-    efficiency set are the search's; None: one knob-less Scorer on ``cluster`` for every target."""
-    targets = tuple(ANY_TARGETS) if target == "any" else (target,)
-    if scorers is None:
-        one = Scorer(model, cluster, job)
-        scs = {t: one for t in targets}
-    else:
-        derived: dict[int, Scorer] = {}  # one per Scorer (a single Scorer may serve every target)
-        for sc in scorers.values():
-            if id(sc) not in derived:
-                derived[id(sc)] = sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}), job)
-        scs = {t: derived[id(sc)] for t, sc in scorers.items()}
+    efficiency set are the search's."""
+    derived: dict[int, Scorer] = {}  # one per Scorer (a single Scorer may serve every target)
+    for sc in scorers.values():
+        if id(sc) not in derived:
+            derived[id(sc)] = sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}), job)
+    scs = {t: derived[id(sc)] for t, sc in scorers.items()}
     try:
         layouts = _searched_layouts(model, cluster, job, pins, scs, Tally())
     except ConfigError:  # the pins or knobs rule out every layout at this size
@@ -739,9 +734,8 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Targ
     return any(_split(lay, scs[lay.target], pins) is not None for _, _, lay in bounded)
 
 
-def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
-                           pins: dict[str, Any], limit: int = 65536,
-                           scorers: Mapping[str, Scorer] | None = None) -> int | None:
+def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
+                           scorers: Mapping[str, Scorer], limit: int = 65536) -> int | None:
     """Smallest GPU count above ``cluster.num_gpus`` with a plan, trying powers of two below one node and
     node · 2^k above (every size a cluster of this GPU can have on the way). ``scorers``: the search's per target
     (``_has_plan``)."""
@@ -754,6 +748,6 @@ def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     for n in sorted(set(sizes)):
         if n <= cluster.num_gpus:
             continue
-        if _has_plan(model, cluster.model_copy(update={"num_gpus": n}), job, target, pins, scorers):
+        if _has_plan(model, cluster.model_copy(update={"num_gpus": n}), job, pins, scorers):
             return n
     return None
