@@ -15,6 +15,7 @@ are tried, never what a plan costs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from cost_models.layer_cost import layer_cost
 from cost_models.memory import activation_bytes_per_microbatch
@@ -42,23 +43,32 @@ def module_price(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], mo
     return seconds, freed
 
 
-class ModuleLadder(list):
-    """The ladder's module sets (a list of tuples), plus ``default``: whether Megatron's default set (``core_attn``,
-    which a layout searches as ``recompute_modules`` None) runs for the model under the runtime at all (False: DeepSeek
-    sparse attention before core_v0.19.0, ``targets.megatron.dsa_recompute_error``), so the search skips it."""
+@dataclass(frozen=True)
+class ModuleLadder:
+    """The ladder's module sets, smallest first (``sets``), and ``default``: whether Megatron's default set
+    (``core_attn``, which a layout searches as ``recompute_modules`` None) runs for the model under the runtime at all
+    (False: DeepSeek sparse attention before core_v0.19.0, ``targets.megatron.dsa_recompute_error``), so the search
+    skips it. Both fields are given where a ladder is built: no ladder rebuilt from its sets alone re-allows the
+    default."""
 
-    default: bool = True
+    sets: tuple[tuple[str, ...], ...]
+    default: bool
+
+
+# No module sets beside the default, which runs: a target without Megatron's ``--recompute-modules`` (its own
+# selective recompute), or a caller that asks for the structure of the layouts alone.
+NO_LADDER = ModuleLadder((), True)
 
 
 def module_ladder(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], model: ModelSpec,
-                  cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, rt: Runtime) -> list[tuple[str, ...]]:
+                  cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, rt: Runtime) -> ModuleLadder:
     """The module sets to price, smallest first: the prefixes of the modules ``model`` has that free bytes, ordered by
     re-run seconds per byte freed (ties: Megatron's order), each set in Megatron's order (``RECOMPUTE_MODULES``),
     none that the target profile refuses (``module_errors``; ``dsa_recompute_error``: no ``core_attn`` with DSA before
     core_v0.19.0, and then not the default either: ``ModuleLadder.default``). Empty where selective recompute is not
     Megatron's module recompute (``rt.selective``)."""
     if rt.selective != "attention":
-        return ModuleLadder()
+        return NO_LADDER
     priced = []
     for rank, m in enumerate(RECOMPUTE_MODULES):
         if module_errors(model, par.model_copy(update={"recompute_modules": (m,)}), rt.fp8_recipe) is not None:
@@ -69,6 +79,5 @@ def module_ladder(graphs: Mapping[str, LayerGraph], counts: Mapping[str, int], m
         if freed > 0.0:
             priced.append((max(seconds, 0.0) / freed, rank, m))
     order = [m for _, _, m in sorted(priced)]
-    ladder = ModuleLadder(tuple(m for m in RECOMPUTE_MODULES if m in order[:i]) for i in range(1, len(order) + 1))
-    ladder.default = dsa_recompute_error(model, ("core_attn",), rt.megatron_core) is None
-    return ladder
+    return ModuleLadder(tuple(tuple(m for m in RECOMPUTE_MODULES if m in order[:i]) for i in range(1, len(order) + 1)),
+                        default=dsa_recompute_error(model, ("core_attn",), rt.megatron_core) is None)

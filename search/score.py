@@ -56,6 +56,7 @@ from cost_models.memory import (
 from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, kind_counts, layer_kinds, model_kinds
 from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
+from cost_models.recompute_ladder import ModuleLadder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
 from cost_models.targets.common import TargetProfile
@@ -169,7 +170,7 @@ class Scorer:
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
-        self._ladders: dict[str, list[tuple[str, ...]]] = {}  # target: module_ladder
+        self._ladders: dict[str, ModuleLadder] = {}  # target: module_ladder
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
         """A Scorer for another GPU count or global batch of the same model, GPU, network, sequence length and
@@ -185,7 +186,7 @@ class Scorer:
             setattr(other, name, getattr(self, name))
         return other
 
-    def module_ladder(self, target: str) -> list[tuple[str, ...]]:
+    def module_ladder(self, target: str) -> ModuleLadder:
         """The selective-recompute module sets ``target``'s layouts are searched with (``search.space.module_ladder_for``
         on this Scorer's cluster and knobs), once per target: a batch worker's searches of one job share them."""
         hit = self._ladders.get(target)

@@ -34,7 +34,7 @@ Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ from cost_models.errors import divisors
 from cost_models.pipeline_split import legal_vp
 from cost_models.memory import graphs_for
 from cost_models.opgraph import kind_counts
-from cost_models.recompute_ladder import module_ladder
+from cost_models.recompute_ladder import NO_LADDER, ModuleLadder, module_ladder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software, get_profile, runtime_for
 
@@ -318,32 +318,32 @@ def recompute_choices(pins: dict[str, Any], tally: Tally) -> list[str]:
 
 
 def module_ladder_for(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: str,
-                      software: Software | None = None) -> list[tuple[str, ...]]:
+                      software: Software | None = None) -> ModuleLadder:
     """The module sets ``target``'s selective layouts are searched with beside Megatron's default
     (``cost_models.recompute_ladder.module_ladder``), ordered on the reference layout tp = cp = ep = pp = 1 with one
     micro-batch and the target's runtime with the user's knobs; none where the target does not run Megatron's
-    ``--recompute-modules`` (``TargetProfile.megatron_field_error``)."""
+    ``--recompute-modules`` (``TargetProfile.megatron_field_error``), its own default selective recompute then."""
     if target not in PROFILES or PROFILES[target].megatron_field_error("recompute_modules") is not None:
-        return []
+        return NO_LADDER
     par = ParallelConfig(micro_batch_size=1)
     return module_ladder(graphs_for(model, job.seq_len), kind_counts(model), model, cluster, job, par,
                          runtime_for(target, job, cluster, par, software))
 
 
-def module_choices(pins: dict[str, Any], ladder: Sequence[tuple[str, ...]]) -> list[tuple[str, ...] | None]:
+def module_choices(pins: dict[str, Any], ladder: ModuleLadder) -> list[tuple[str, ...] | None]:
     """The ``recompute_modules`` of a selective layout: the user's pin, or Megatron's default (None: core_attn) and
     then each rung of the target's module ladder (``cost_models.recompute_ladder``; none where the target has no
     module recompute), the default's own set ``(core_attn,)`` once. The default is skipped where the ladder says
     Megatron cannot run it for the model (``ModuleLadder.default``: DeepSeek sparse attention before core_v0.19.0)."""
     if pins.get("recompute_modules") is not None:  # pinned with recompute 'selective' (autoplan.schema.ParallelPins)
         return [pins["recompute_modules"]]
-    default: list[tuple[str, ...] | None] = [None] if getattr(ladder, "default", True) else []
-    return [*default, *(r for r in ladder if r != ("core_attn",))]
+    default: list[tuple[str, ...] | None] = [None] if ladder.default else []
+    return [*default, *(r for r in ladder.sets if r != ("core_attn",))]
 
 
 def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
                       pins: dict[str, Any], tally: Tally,
-                      module_sets: Mapping[str, Sequence[tuple[str, ...]]] | None = None) -> Iterator[Layout]:
+                      module_sets: Mapping[str, ModuleLadder] | None = None) -> Iterator[Layout]:
     """Every layout that passes the structural checks, in a fixed order. ``any``: each target's layouts in turn
     (``ANY_TARGETS`` order), each labelled with its target. ``module_sets``: per target, the selective-recompute
     module sets to try beside Megatron's default (``module_choices``; the planner prices them, ``Scorer.module_ladder``);
@@ -353,7 +353,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
             yield from enumerate_layouts(model, cluster, job, t, pins, tally, module_sets)  # type: ignore[arg-type]
         return
     N = cluster.num_gpus
-    selective_modules = module_choices(pins, (module_sets or {}).get(target, ()))
+    selective_modules = module_choices(pins, (module_sets or {}).get(target, NO_LADDER))
     sp = bool(pins.get("sequence_parallel", True))
     moe_sp = model.is_moe  # check_parallel's rule: MoE under TP runs SP (TargetProfile.moe_sp_source)
     for tp in tp_choices(model, cluster, target, pins, tally):

@@ -537,17 +537,20 @@ def test_search_never_proposes_core_attn_for_dsa() -> None:
     from autoplan.catalog import build_cluster
     from cost_models.specs import JobSpec
     from cost_models.targets.common import Software
+    from cost_models.recompute_ladder import ModuleLadder
     from search.space import Tally, enumerate_layouts, module_choices, module_ladder_for
 
     m, cluster = load_model(DS), build_cluster("h100-sxm", 256)
     job = JobSpec(global_batch_size=1024, seq_len=4096)
     old = module_ladder_for(m, cluster, job, "megatron")
-    assert old and not old.default and all("core_attn" not in r for r in old)  # type: ignore[attr-defined]
-    assert None not in module_choices({}, old) and module_choices({}, old) == list(old)
+    assert old.sets and not old.default and all("core_attn" not in r for r in old.sets)
+    assert None not in module_choices({}, old) and module_choices({}, old) == list(old.sets)
+    with pytest.raises(TypeError):  # a ladder rebuilt from its sets alone cannot silently re-allow the default
+        ModuleLadder(old.sets)  # type: ignore[call-arg]
     new = module_ladder_for(m, cluster, job, "megatron", Software(megatron_core="0.19.0"))
-    assert new.default and module_choices({}, new)[0] is None  # type: ignore[attr-defined]
-    assert any("core_attn" in r for r in new)
-    assert module_ladder_for(load_model("deepseek-v3"), cluster, job, "megatron").default  # type: ignore[attr-defined]
+    assert new.default and module_choices({}, new)[0] is None
+    assert any("core_attn" in r for r in new.sets)
+    assert module_ladder_for(load_model("deepseek-v3"), cluster, job, "megatron").default
     lays = [lay for lay in enumerate_layouts(m, cluster, job, "megatron", {"recompute": "selective"}, Tally(),
                                              {"megatron": old})]
     assert lays and all(lay.recompute_modules is not None and "core_attn" not in lay.recompute_modules for lay in lays)

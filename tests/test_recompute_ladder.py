@@ -10,7 +10,7 @@ from autoplan.catalog import build_cluster, load_model
 from cost_models.memory import graphs_for
 from cost_models.opgraph import kind_counts
 from cost_models.recompute import module_errors
-from cost_models.recompute_ladder import module_price
+from cost_models.recompute_ladder import NO_LADDER, module_price
 from cost_models.specs import RECOMPUTE_MODULES, JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
 from search.planner import search
@@ -29,7 +29,7 @@ def _price(model, cluster, job, module, software=None):  # type: ignore[no-untyp
 @pytest.mark.parametrize("name", ["deepseek-v3", "llama3-8b", "mixtral-8x7b", "llama4-maverick-17b-128e"])
 def test_ladder_is_nested_cheapest_per_byte_first_and_only_modules_that_free_bytes(name: str) -> None:
     model, cluster = load_model(name), build_cluster("h100-sxm", 256, target="megatron")
-    ladder = module_ladder_for(model, cluster, JOB, "megatron")
+    ladder = module_ladder_for(model, cluster, JOB, "megatron").sets
     assert ladder, f"{name}: no module frees activations"
     added: list[str] = []
     for i, rung in enumerate(ladder):
@@ -54,20 +54,20 @@ def test_deepseek_v3_ladder_holds_megatron_bridge_recipe_set() -> None:
     """Megatron-Bridge's DeepSeek-V3 recipes recompute mla_up_proj, moe_act and layernorm: the three cheapest per
     byte on this model, so one rung of its ladder."""
     model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 256, target="megatron")
-    assert ("moe_act", "layernorm", "mla_up_proj") in module_ladder_for(model, cluster, JOB, "megatron")
+    assert ("moe_act", "layernorm", "mla_up_proj") in module_ladder_for(model, cluster, JOB, "megatron").sets
 
 
 def test_ladder_follows_the_targets_rules() -> None:
     model = load_model("deepseek-v3")
-    assert module_ladder_for(model, build_cluster("h100-sxm", 256, target="torchtitan"), JOB, "torchtitan") == []
-    assert module_ladder_for(model, build_cluster("h100-sxm", 256, target="fsdp2"), JOB, "fsdp2") == []
+    assert module_ladder_for(model, build_cluster("h100-sxm", 256, target="torchtitan"), JOB, "torchtitan") == NO_LADDER
+    assert module_ladder_for(model, build_cluster("h100-sxm", 256, target="fsdp2"), JOB, "fsdp2") == NO_LADDER
     # fp8 with delayed scaling: Megatron refuses moe_act and layernorm recompute (transformer_config.py:1241-1247)
     cluster = build_cluster("h100-sxm", 256, target="megatron")
     fp8 = JOB.model_copy(update={"precision": "fp8"})
-    delayed = module_ladder_for(model, cluster, fp8, "megatron", Software(fp8_recipe="delayed"))
+    delayed = module_ladder_for(model, cluster, fp8, "megatron", Software(fp8_recipe="delayed")).sets
     assert delayed and not {"moe_act", "layernorm"} & set(delayed[-1])
     assert {"moe_act", "layernorm"} <= set(module_ladder_for(model, cluster, fp8, "megatron",
-                                                              Software(fp8_recipe="blockwise"))[-1])
+                                                              Software(fp8_recipe="blockwise")).sets[-1])
 
 
 def test_selective_layouts_come_once_per_rung_and_a_pin_sets_one() -> None:
@@ -78,10 +78,10 @@ def test_selective_layouts_come_once_per_rung_and_a_pin_sets_one() -> None:
     by_rc = {rc: [lay.recompute_modules for lay in lays if lay.recompute == rc] for rc in ("none", "selective", "full")}
     assert by_rc["none"] == by_rc["full"] == [None] * len(by_rc["none"])
     per = len(by_rc["none"])
-    assert by_rc["selective"] == [m for _ in range(per) for m in [None, *ladder]]
+    assert by_rc["selective"] == [m for _ in range(per) for m in [None, *ladder.sets]]
     pinned = list(enumerate_layouts(model, cluster, JOB, "megatron",
-                                    {**shape, "recompute_modules": ladder[0]}, Tally(), {"megatron": ladder}))
-    assert {lay.recompute_modules for lay in pinned} == {ladder[0]}
+                                    {**shape, "recompute_modules": ladder.sets[0]}, Tally(), {"megatron": ladder}))
+    assert {lay.recompute_modules for lay in pinned} == {ladder.sets[0]}
     # no ladder given (the structural callers): Megatron's default only, as before
     plain = list(enumerate_layouts(model, cluster, JOB, "megatron", shape, Tally()))
     assert [lay.recompute_modules for lay in plain if lay.recompute == "selective"] == [None] * per
@@ -93,7 +93,7 @@ def test_search_is_no_worse_than_any_rung_pinned_and_finds_module_plans() -> Non
     model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 256, target="megatron")
     free = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False)
     best = free.plans[0]
-    for rung in module_ladder_for(model, cluster, JOB, "megatron"):
+    for rung in module_ladder_for(model, cluster, JOB, "megatron").sets:
         pinned = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False,
                         pins={"recompute_modules": rung})
         assert best.prediction.composite_cost <= pinned.plans[0].prediction.composite_cost * (1 + 1e-12)
