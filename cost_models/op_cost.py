@@ -22,6 +22,7 @@ from cost_models.moe import (moe_load_imbalance, permutation_passes, quantizatio
 from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, mean_keys_per_query, topk_keys_per_query
 from cost_models.quant_layout import op_job
+from cost_models.recompute import reruns
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
@@ -68,8 +69,6 @@ class OpCompute:
         if recompute == "selective" and self.op_sac_f is not None:
             return self.op_sac_f
         if recompute == "selective" and modules is not None and graph is not None and self.op_rerun_f:
-            from cost_models.recompute import reruns
-
             return sum(f for op, f in zip(graph.ops, self.op_rerun_f) if reruns(op, graph, modules))
         return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
 
@@ -162,8 +161,6 @@ def skips_forward(op: Op, graph: LayerGraph, recompute: str, modules: frozenset[
     if recompute == "full":
         return True
     if recompute == "selective" and modules is not None:
-        from cost_models.recompute import reruns
-
         return reruns(op, graph, modules)
     return False
 
@@ -178,8 +175,6 @@ def op_recompute_s(op: Op, graph: LayerGraph, oc: OpCompute, recompute: str, mod
     ``modules`` its forward where they re-run it, else its own ``recompute_s``; summed over a layer's ops, the
     layer's (the intra-op strategies price each op with it)."""
     if recompute == "selective" and modules is not None and oc.op_sac_f is None:
-        from cost_models.recompute import reruns
-
         return rerun_forward_s(op, oc) if reruns(op, graph, modules) else 0.0
     return oc.recompute_s(recompute)
 

@@ -35,9 +35,13 @@ Megatron-Bridge DeepSeek-V3 Blackwell recipe runs tp 1), the fp8 re-quantization
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cost_models.opgraph import MOE_KINDS, TRANSFORMER_KINDS, LayerGraph, Op
 from cost_models.specs import ModelSpec, ParallelConfig
-from cost_models.targets.common import Runtime
+
+if TYPE_CHECKING:  # annotations only: the target profiles import this module (targets.megatron)
+    from cost_models.targets.common import Runtime
 
 _NORMS = ("attn_norm", "mlp_norm")
 _NORM_OUTPUTS = {"attn_in": "attn_norm", "mlp_in": "mlp_norm"}  # the norm whose output each is
