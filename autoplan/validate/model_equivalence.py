@@ -132,6 +132,11 @@ def _hf_router(c: dict[str, Any], model: Any) -> dict[str, Any] | None:
 
 
 def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
+    """The router as the config.json states it (``c``); its booleans read as the catalog reads them
+    (``_Config.flag``: a string such as "false" is refused, not taken for its truth value)."""
+    from autoplan.catalog.hf import _Config
+
+    flags = _Config(c, "config.json")
     if c.get("model_type") in ("llama4", "llama4_text"):  # Llama4Router: top-k logits, sigmoid of each, on the input
         return {"experts": experts, "top_k": c.get("num_experts_per_tok", 1), "score": "sigmoid", "groups": 1,
                 "group_top_k": 1, "expert_bias": False, "scale": 1.0, "renormalize": False,
@@ -140,7 +145,7 @@ def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
         groups = c.get("n_group", 1)
         return {"experts": experts, "top_k": c.get("num_experts_per_tok", 8), "score": "sigmoid", "groups": groups,
                 "group_top_k": c.get("topk_group", 1) if groups > 1 else 1, "expert_bias": True,
-                "scale": c.get("routed_scaling_factor", 1.0), "renormalize": bool(c.get("norm_topk_prob", True)),
+                "scale": c.get("routed_scaling_factor", 1.0), "renormalize": flags.flag("norm_topk_prob", True),
                 "aux_coeff": None, "probs_on_input": False}  # no load-balancing loss in the config (or the model)
     return {"experts": experts, "top_k": c["num_experts_per_tok"], "score": c.get("scoring_func", "softmax"),
             "groups": c.get("n_group", 1) if c.get("topk_method") == "noaux_tc" else 1,
@@ -148,7 +153,7 @@ def _hf_router_config(c: dict[str, Any], experts: int) -> dict[str, Any]:
             "expert_bias": c.get("topk_method") == "noaux_tc", "scale": c.get("routed_scaling_factor", 1.0),
             # Mixtral: top-k of the logits, softmax over them (renormalized); Qwen/DeepSeek: norm_topk_prob
             # GPT-OSS (GptOssTopKRouter): top-k of the logits, softmax over them, as Mixtral
-            "renormalize": bool(c.get("norm_topk_prob", c.get("model_type") in ("mixtral", "gpt_oss"))),
+            "renormalize": flags.flag("norm_topk_prob", c.get("model_type") in ("mixtral", "gpt_oss")),
             "aux_coeff": c.get("router_aux_loss_coef", c.get("aux_loss_alpha")), "probs_on_input": False}
 
 
