@@ -193,6 +193,27 @@ def test_a_module_the_model_lacks_is_estimates_error() -> None:
     assert "llama3-8b has no experts" in str(err.value) and "valid: core_attn, layernorm, mlp" in str(err.value)
 
 
+def test_no_layout_keeping_a_module_pin_names_the_ladders_sets() -> None:
+    """Where no layout keeps the pins and ``recompute_modules`` is the pin to blame, the error names the value, the
+    constraint and, as its valid choices, the module sets the search prices: the target's ladder
+    (``Scorer.module_ladder``; ``_pin_choices`` enumerated without it and said "relax the pins"). The CLI refuses a
+    module the model or target cannot run earlier, with the Megatron rule (tests above), and a module pin alone cuts
+    no layout, so ``_infeasible`` is driven directly as the search calls it when no layout is left."""
+    from search.planner import _infeasible, _pin_choices, target_scorers
+
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 256, target="megatron")
+    job = JobSpec(global_batch_size=256, seq_len=4096)
+    scorers = target_scorers(model, cluster, job, "megatron", None, None)
+    sets = [r for r in scorers["megatron"].module_ladder("megatron").sets if r != ("core_attn",)]
+    pins = {"recompute_modules": ("shared_experts",)}
+    key, valid = _pin_choices(model, cluster, job, "megatron", pins, scorers)
+    assert key == "recompute_modules" and len(sets) >= 3 and sorted(valid) == sorted(sets)
+    err = _infeasible(model, cluster, job, "megatron", pins, [], scorers, False, Tally())
+    assert isinstance(err, ConfigError) and sorted(err.valid or []) == sorted(sets)
+    assert "no layout keeps recompute_modules=('shared_experts',)" in str(err)
+    assert f"valid: {', '.join(str(v) for v in err.valid or [])}" in str(err)
+
+
 def test_pin_rules_are_parallel_configs() -> None:
     """'' recomputes nothing (recompute none, as estimate reads it); modules with full recompute are refused."""
     from autoplan.schema import ParallelPins
