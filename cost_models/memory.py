@@ -52,12 +52,12 @@ from cost_models.mamba import cp_a2a_widths
 from cost_models.moe import router_padding_share
 from cost_models.muon import optimizer_state_bytes
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params,
-                             mtp_projection_saved_bytes, mtp_stage_params)
+                             mtp_projection_saved_bytes, mtp_root_params, mtp_stage_params)
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, layer_graph, layer_kind, model_kinds, tp_divisor
 from cost_models.quant_layout import op_precision
 from cost_models.recompute import drops, is_mla, modules_in_effect
 from cost_models.specs import JobSpec, MambaSpec, ModelSpec, ParallelConfig
-from cost_models.targets.common import Runtime
+from cost_models.targets.common import FsdpMtpUnit, Runtime
 
 GIB = 2**30
 WEIGHT_BYTES, GRAD_BYTES, OPTIM_BYTES = 2.0, 2.0, 12.0  # ZeRO paper accounting (bf16 weights and grads)
@@ -135,9 +135,9 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
 
 
 def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int) -> Any:
-    """Bytes torch FSDP2's output-layer and embedding units add at the activation peak (the end of the forward and
-    the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest layer),
-    on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
+    """Bytes torch FSDP2's output-layer, embedding and root units add at the activation peak (the end of the forward
+    and the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest
+    layer), on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
     ``rt.pp_unsharded_bytes``). Less the rank's own shard, as ``zero3_transient_bytes``; ``largest`` may be an array.
 
     - ``rt.fsdp_head_unit == "own"`` (torchtitan 0.3.0 distributed/fsdp.py:193-207: ``fully_shard(tok_embeddings)``,
@@ -156,22 +156,29 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
       the fsdp2 target's emitted ``apply_fsdp``): FSDP2 does not reshard the root after forward (``_lazy_init``; with
       an explicit True or int the root's post-forward reshards it and its pre-backward gathers it again) and, its inputs being
       token ids, runs its post-backward in the final callback (_fsdp_state.py:395-425): the gathered embedding,
-      norm and output (2 B each) and the output layer's unsharded gradient (2 B) stay through the backward."""
+      norm and output (2 B each) and the output layer's unsharded gradient (2 B) stay through the backward.
+
+    Plus the MTP modules' projection and norms where the root holds them (``rt.fsdp_mtp_unit == "root"``, Megatron-LM
+    --use-torch-fsdp2, the megatron profile's doc; their block layers are the units ``largest`` counts): gathered
+    (``rt.gather_bytes``) through the forward and again from the start of the backward, as the root above. Their
+    unsharded gradients (kept to the final callback) come after the MTP block's backward has freed its activations,
+    past the peak: not counted."""
     group = max(1, group)
     out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
     head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
+    # An explicit reshard_after_forward frees the root after forward (True) or keeps 1/r of it (an int r, whose
+    # 1/r - 1/group zero3_transient_bytes counts) and gathers it whole again for backward (torch 2.13
+    # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
+    r = rt.reshard_after_forward
+    regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
+    root_mtp = rt.gather_bytes * mtp_root_params(model, tp, rt.fsdp_mtp_unit) * regathered
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
-        # An explicit reshard_after_forward frees the root after forward (True) or keeps 1/r of it (an int r, whose
-        # 1/r - 1/group zero3_transient_bytes counts) and gathers it whole again for backward (torch 2.13
-        # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
-        r = rt.reshard_after_forward
-        regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
-        return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group)
+        return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group) + root_mtp
     g = rt.gathered_unit_bytes
     r = g - 6.0
     big = np.asarray(largest, dtype=float)
     peak = np.maximum.reduce([4.0 * head + 2.0 * big, (r + 2.0) * head + 2.0 * big, r * head + 6.0 * big])
-    out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group)
+    out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group) + root_mtp
     return float(out) if out.ndim == 0 else out  # type: ignore[return-value]
 
 
@@ -205,9 +212,10 @@ class StageParams:
 
 
 def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
-                 last: bool, mtp: bool | None = None) -> StageParams:
+                 last: bool, mtp: bool | None = None, mtp_unit: FsdpMtpUnit = "module") -> StageParams:
     """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``, the
-    MTP modules if ``mtp``: default ``last``; an explicit pipeline layout may put them on another stage) holds."""
+    MTP modules if ``mtp``: default ``last``; an explicit pipeline layout may put them on another stage) holds;
+    ``mtp_unit``: the runtime's ``fsdp_mtp_unit``, for the MTP modules' ZeRO-3 unit (``mtp_stage_params``)."""
     t, e = par.tp, par.ep
     dense = expert = largest = 0.0
     # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
@@ -227,8 +235,8 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         if model.tied_embeddings and par.pp > 1:  # the last stage keeps its own copy of the tied weight
             dense += model.vocab_size * model.hidden_size / t
     if last if mtp is None else mtp:  # the MTP modules (cost_models.mtp), and the embedding copy they need there
-        mtp_dense, mtp_expert, mtp_unit = mtp_stage_params(model, t, e)
-        dense, expert, largest = dense + mtp_dense, expert + mtp_expert, max(largest, mtp_unit)
+        mtp_dense, mtp_expert, mtp_largest = mtp_stage_params(model, t, e, mtp_unit)
+        dense, expert, largest = dense + mtp_dense, expert + mtp_expert, max(largest, mtp_largest)
         body += mtp_dense
         if not first:
             dense += mtp_embedding_copy_params(model, t, par.pp, par.schedule, on_last=last)
@@ -543,12 +551,13 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     dual = par.schedule == "dualpipe"
     mtp_at = par.pp - 1 if mtp_stage is None else mtp_stage
     standalone = bool(model.arch.mtp_layers) and mtp_at != par.pp - 1
-    sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at)
+    unit = runtime.fsdp_mtp_unit
+    sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at, mtp_unit=unit)
     if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
         mirror = par.pp - 1 - stage
         start = sum(layers[:mirror])
         mp = stage_params(model, par, range(start, start + layers[mirror]), first=mirror == 0,
-                          last=mirror == par.pp - 1)
+                          last=mirror == par.pp - 1, mtp_unit=unit)
         sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer),
                          sp.outside_te + mp.outside_te)
     group = par.hsdp_shard_size or dp * par.cp
@@ -594,7 +603,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if par.zero_stage == 3:
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
-        if par.pp == 1:  # the output layer's and embedding's units (with pp > 1: the unsharded stage above)
+        if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)
             transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)

@@ -29,6 +29,7 @@ from cost_models.gemm import matmul_time_s
 from cost_models.knob_effects import tp_overlap_mode
 from cost_models.opgraph import BF16, HYBRID_KINDS, LayerKind, layer_kind
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.targets.common import FsdpMtpUnit
 from cost_models.tp_comm import tp_collectives
 
 
@@ -42,18 +43,31 @@ def mtp_block_kinds(model: ModelSpec) -> list[LayerKind]:
     return [layer_kind(model, model.num_layers - 1)]
 
 
-def mtp_stage_params(model: ModelSpec, tp: int, ep: int) -> tuple[float, float, float]:
-    """(dense, expert, largest unit) parameters one last-stage rank holds for all MTP modules: each block layer
-    sharded as a decoder layer (``memory.stage_params``), ``eh_proj`` column-parallel over TP, the three norms
-    replicated; ``ModelSpec.mtp_weight_copies`` modules hold them."""
+def mtp_stage_params(model: ModelSpec, tp: int, ep: int, unit: FsdpMtpUnit = "module") -> tuple[float, float, float]:
+    """(dense, expert, largest ZeRO-3 unit) parameters one last-stage rank holds for all MTP modules: each block
+    layer sharded as a decoder layer (``memory.stage_params``), ``eh_proj`` column-parallel over TP, the three norms
+    replicated; ``ModelSpec.mtp_weight_copies`` modules hold them. The unit (``Runtime.fsdp_mtp_unit``): "module", one
+    module's block, projection and norms together; "root", its largest block layer alone (the projection and norms
+    are the root unit's, ``mtp_root_params``)."""
     n = model.mtp_weight_copies
     if not n:
         return 0.0, 0.0, 0.0
+    layers = [((p - ex - whole) / tp + whole, ex / ep) for p, ex, whole in model.mtp_block_layers]
+    dense = sum(d for d, _ in layers) + _projection_params(model, tp)
+    ex = sum(e for _, e in layers)
+    return n * dense, n * ex, dense + ex if unit == "module" else max(d + e for d, e in layers)
+
+
+def mtp_root_params(model: ModelSpec, tp: int, unit: FsdpMtpUnit) -> float:
+    """Parameters one rank holds in the root FSDP2 unit for all MTP modules under ``unit`` "root" (0 under "module"):
+    each module's ``eh_proj`` and its enorm, hnorm and final norm (``_projection_params``)."""
+    return model.mtp_weight_copies * _projection_params(model, tp) if unit == "root" else 0.0
+
+
+def _projection_params(model: ModelSpec, tp: int) -> float:
+    """One module's ``eh_proj`` (2h·h, column-parallel over TP) and its three norms (h each, on every TP rank)."""
     h = model.hidden_size
-    block = model.mtp_block_layers
-    dense = sum((p - ex - whole) / tp + whole for p, ex, whole in block) + 2 * h * h / tp + 3 * h
-    ex = sum(e for _, e, _ in block)
-    return n * dense, n * ex / ep, dense + ex / ep
+    return 2 * h * h / tp + 3 * h
 
 
 def mtp_embedding_copy_params(model: ModelSpec, tp: int, pp: int, schedule: str, on_last: bool = True) -> float:

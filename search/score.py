@@ -59,7 +59,7 @@ from cost_models.pipeline_split import fields_for
 from cost_models.recompute_ladder import ModuleLadder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, runtime_for
-from cost_models.targets.common import TargetProfile
+from cost_models.targets.common import FsdpMtpUnit, TargetProfile
 from cost_models.validate import pipeline_split
 from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
@@ -667,11 +667,11 @@ class Scorer:
         each = [self.act_pieces(lay, recompute, fields) for fields in cands]
         return ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
 
-    def mtp_params(self, tp: int, ep: int) -> tuple[float, float, float]:
-        """``cost_models.mtp.mtp_stage_params``, once per (tp, ep)."""
-        hit = self._mtp.get((tp, ep))
+    def mtp_params(self, tp: int, ep: int, unit: FsdpMtpUnit = "module") -> tuple[float, float, float]:
+        """``cost_models.mtp.mtp_stage_params``, once per (tp, ep, the runtime's ``fsdp_mtp_unit``)."""
+        hit = self._mtp.get((tp, ep, unit))
         if hit is None:
-            hit = self._mtp[(tp, ep)] = mtp_stage_params(self.model, tp, ep)
+            hit = self._mtp[(tp, ep, unit)] = mtp_stage_params(self.model, tp, ep, unit)
         return hit
 
     def knob_delta_s(self, lay: Layout, kind: str, recompute: str | None = None) -> float:
@@ -714,10 +714,12 @@ class Scorer:
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
         """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest unit in it: its layers', and on
-        the last stage, ``j = L``, the MTP modules' ``mtp_stage_params`` unit, as ``memory.stage_params``'s
-        ``largest_layer``), at ``per_largest`` bytes per parameter of it (``memory.zero3_transient_bytes``)."""
+        the last stage, ``j = L``, the MTP modules' ``mtp_stage_params`` unit under the runtime's ``fsdp_mtp_unit``,
+        as ``memory.stage_params``'s ``largest_layer``), at ``per_largest`` bytes per parameter of it
+        (``memory.zero3_transient_bytes``)."""
         frag = self.reserve_factor(lay)
-        key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag)
+        unit = self.default_runtime(lay).fsdp_mtp_unit
+        key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag, unit)
         hit = self._zero3.get(key)
         if hit is None:
             L = self.L
@@ -725,7 +727,7 @@ class Scorer:
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
             if self.model.arch.mtp_layers:  # the stage ending at L runs the MTP modules (stage_params: mtp = last)
-                hit[:L, L] = np.maximum(hit[:L, L], self.mtp_params(lay.tp, lay.ep)[2])
+                hit[:L, L] = np.maximum(hit[:L, L], self.mtp_params(lay.tp, lay.ep, unit)[2])
             hit *= per_largest * frag
             self._zero3[key] = hit
         return hit
@@ -826,12 +828,13 @@ class Scorer:
         if lay.recompute == "full":  # the transient one layer re-run holds: with the chosen knobs (lower: floor)
             none = self.act_floor(lay, "none")[0] if lower else self.act_pieces(lay, "none", self.chosen_knobs(lay))[0]
             peak = max(none[k] for k in self.full_peak_kinds)
-        if lay.zero_stage == 3 and lay.pp == 1:  # FSDP2's output-layer and embedding units (memory.stage_memory)
+        if lay.zero_stage == 3 and lay.pp == 1:  # FSDP2's output-layer, embedding and root units (memory.stage_memory)
+            rt = self.default_runtime(lay)
             big = float(largest.max()) if self.L else 0.0
             if self.model.arch.mtp_layers:
-                big = max(big, self.mtp_params(lay.tp, lay.ep)[2])
+                big = max(big, self.mtp_params(lay.tp, lay.ep, rt.fsdp_mtp_unit)[2])
             last_state = last_state + frag * zero3_head_unit_bytes(
-                self.default_runtime(lay), self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp)
+                rt, self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,

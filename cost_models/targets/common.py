@@ -24,6 +24,12 @@ CrossEntropyFusion = Literal["none", "te"]
 # the end of the backward with their gradients unsharded until then (torchtitan before 83e6941; the fsdp2 target's
 # emitted module).
 FsdpHeadUnit = Literal["own", "root"]
+# Where a torch FSDP2 (ZeRO-3) run puts an MTP module's projection ``eh_proj`` and its norms (enorm, hnorm, final
+# norm) (``mtp.mtp_stage_params``, ``memory.zero3_head_unit_bytes``): "module" = with its block in one unit (torchtitan
+# 0.3.0: MTPTransformerBlock holds them, models/deepseek_v3/mtp.py:109-134, and apply_fsdp_to_mtp_decoder shards it as
+# one of model.layers, l. 281-320); "root" = in the root unit, each block layer its own unit (Megatron-LM
+# --use-torch-fsdp2; the megatron profile's module doc cites the wrap set).
+FsdpMtpUnit = Literal["module", "root"]
 # Megatron-Core 0.16.1 CUDA graphs (transformer_config.py ``cuda_graph_impl`` / ``cuda_graph_scope``; enums.py
 # ``CudaGraphScope``): the capture backend, and what it captures (empty = each whole transformer layer)
 CudaGraphImpl = Literal["none", "local", "transformer_engine"]
@@ -295,6 +301,8 @@ class Runtime:
     pp_unsharded_bytes: float = 0.0
     # ZeRO-3 (torch FSDP2): which unit holds the output layer and the embedding (``FsdpHeadUnit``)
     fsdp_head_unit: FsdpHeadUnit = "own"
+    # ZeRO-3 (torch FSDP2): which unit holds an MTP module's projection and norms (``FsdpMtpUnit``)
+    fsdp_mtp_unit: FsdpMtpUnit = "module"
     # Sharded gradients reduced in every micro-batch's backward (Megatron-FSDP ``optim_grads``): the DP
     # reduce-scatter runs m times per step, and each model chunk's backward holds its gradients unsharded in
     # ``grad_bytes`` until they are reduced (``memory.sharded_grad_transient_bytes``). ``grad_bucket_cap`` bounds
@@ -951,5 +959,5 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "FsdpMtpUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]

@@ -40,7 +40,19 @@ Run-time semantics:
   master copies of the bf16 shards (optimizer.py:674) and Adam m, v; the bf16 gradient shards become fp32 main
   gradients only inside the step (optimizer.py:754-765), with no activations alive. 2 + 2 + 12 B, all sharded.
   The embedding and output layer are their own units (torch_fully_sharded_data_parallel.py:60-65;
-  ``memory.zero3_head_unit_bytes``). Kept, not replaced by
+  ``memory.zero3_head_unit_bytes``). An MTP module is not: the wrapper shards each module that is an instance of
+  TransformerLayer, LanguageModelEmbedding, RotaryEmbedding or tensor_parallel.ColumnParallelLinear (l. 60-65,
+  127-143; ColumnParallelLinear dropped under ``transformer_impl == "local"``, l. 112-118; ``_fsdp_modules`` set only
+  by the HF wrappers), then the root (l. 146). MultiTokenPredictionLayer's ``transformer_layer`` is a
+  TransformerLayer (its own unit), while its enorm, hnorm and final_layernorm (TENorm, which builds te.pytorch's
+  RMSNorm / LayerNorm) and ``eh_proj`` (TEColumnParallelLinear, a te.pytorch.Linear, not a ColumnParallelLinear:
+  extensions/transformer_engine.py:433-470, 934; extensions/transformer_engine_spec_provider.py:32-55;
+  multi_token_prediction.py:432-439, 632-678) stay in the root unit, as does the decoder's final norm. The root gets
+  the explicit ``reshard_after_forward`` (l. 84; TorchFullyShardedDataParallelConfig default True), so torch 2.13
+  reshards it after forward and gathers it whole again for the backward (``fsdp_mtp_unit`` "root"). The same at
+  core_v0.19.0 (the wrap set unchanged; the GPT path's MTP block is ``mtp_model_layer``, a TransformerLayer,
+  multi_token_prediction.py:1000-1048).
+  Kept, not replaced by
   Megatron-FSDP ``optim_grads_params``: that one would lift FSDP2's pp/ep refusals, but its runtime differs
   (per-TransformerLayer units with a 2-unit prefetch, bf16 weight shards beside fp32 main weights,
   mcore_fsdp_adapter.py:96-97, megatron_fsdp.py:377-387) and is not priced here yet; one zero stage = one
@@ -964,6 +976,7 @@ class MegatronProfile(TargetProfile):
             # --use-torch-fsdp2 runs torch fully_shard (its gathered units); the loss, fp8 saves and selective
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
+            fsdp_mtp_unit="root",  # --use-torch-fsdp2: eh_proj and the MTP norms in the root unit (module doc)
             grad_reduce_every_microbatch=mfsdp,
             grad_bucket_cap=cap,
             env=env,
