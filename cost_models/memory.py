@@ -134,7 +134,8 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
     return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
 
 
-def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int) -> Any:
+def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int,
+                          root_layers: float = 0.0) -> Any:
     """Bytes torch FSDP2's output-layer, embedding and root units add at the activation peak (the end of the forward
     and the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest
     layer), on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
@@ -162,7 +163,12 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     --use-torch-fsdp2, the megatron profile's doc; their block layers are the units ``largest`` counts): gathered
     (``rt.gather_bytes``) through the forward and again from the start of the backward, as the root above. Their
     unsharded gradients (kept to the final callback) come after the MTP block's backward has freed its activations,
-    past the peak: not counted."""
+    past the peak: not counted.
+
+    Plus the decoder layers the root holds (``rt.fsdp_root_kinds``; ``root_layers``: their parameters on the rank,
+    ``StageParams.root_held``): gathered (``rt.gather_bytes``) as the root above, and their unsharded gradients
+    (bf16, 2 B; reduced in the root's post-backward, the final callback, _fsdp_state.py:395-425), which grow through
+    the backward as the activations shrink: counted whole at the activation peak, a bound from above."""
     group = max(1, group)
     out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
     head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
@@ -171,7 +177,8 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
     r = rt.reshard_after_forward
     regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
-    root_mtp = rt.gather_bytes * mtp_root_params(model, tp, rt.fsdp_mtp_unit) * regathered
+    root_mtp = (rt.gather_bytes * (mtp_root_params(model, tp, rt.fsdp_mtp_unit) + root_layers) * regathered
+                + 2.0 * root_layers * (1 - 1 / group))
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
         return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group) + root_mtp
     g = rt.gathered_unit_bytes
@@ -209,15 +216,20 @@ class StageParams:
     # ColumnParallelLinear, megatron/core/models/gpt/gpt_model.py:241 @ core_v0.16.1), so TE caches no quantized copy
     # of them (``Runtime.weight_cache_bytes``).
     outside_te: float = 0.0
+    # of ``dense + expert``: the decoder layers of a kind the ZeRO-3 wrapper leaves in the root unit
+    # (``Runtime.fsdp_root_kinds``), not counted in ``largest_layer``
+    root_held: float = 0.0
 
 
 def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
-                 last: bool, mtp: bool | None = None, mtp_unit: FsdpMtpUnit = "module") -> StageParams:
+                 last: bool, mtp: bool | None = None, mtp_unit: FsdpMtpUnit = "module",
+                 root_kinds: frozenset[str] = frozenset()) -> StageParams:
     """What one rank of a stage holding decoder layers ``layer_ids`` (+ embedding if ``first``, head if ``last``, the
     MTP modules if ``mtp``: default ``last``; an explicit pipeline layout may put them on another stage) holds;
-    ``mtp_unit``: the runtime's ``fsdp_mtp_unit``, for the MTP modules' ZeRO-3 unit (``mtp_stage_params``)."""
+    ``mtp_unit``: the runtime's ``fsdp_mtp_unit``, for the MTP modules' ZeRO-3 unit (``mtp_stage_params``);
+    ``root_kinds``: its ``fsdp_root_kinds``, layers held by the root unit rather than their own (``root_held``)."""
     t, e = par.tp, par.ep
-    dense = expert = largest = 0.0
+    dense = expert = largest = root = 0.0
     # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
     kv_whole = model.kv_replicated(par)
     for i in layer_ids:
@@ -226,7 +238,10 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         d = (model.layer_params(i) - ex - whole) / t + whole + model.layer_kv_whole_extra(i, t, kv_whole)
         dense += d
         expert += ex / e  # expert TP = 1: experts are not split by tp
-        largest = max(largest, d + ex / e)
+        if root_kinds and layer_kind(model, i) in root_kinds:
+            root += d + ex / e
+        else:
+            largest = max(largest, d + ex / e)
     body = dense  # decoder layers (+ the MTP modules below): what TE's linears hold
     if first:
         dense += model.embedding_params / t
@@ -240,7 +255,7 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
         body += mtp_dense
         if not first:
             dense += mtp_embedding_copy_params(model, t, par.pp, par.schedule, on_last=last)
-    return StageParams(dense, expert, largest, dense - body)
+    return StageParams(dense, expert, largest, dense - body, root)
 
 
 def expert_data_parallel_size(tp: int, cp: int, dp: int, ep: int) -> int:
@@ -551,15 +566,15 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     dual = par.schedule == "dualpipe"
     mtp_at = par.pp - 1 if mtp_stage is None else mtp_stage
     standalone = bool(model.arch.mtp_layers) and mtp_at != par.pp - 1
-    unit = runtime.fsdp_mtp_unit
-    sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at, mtp_unit=unit)
+    unit, root = runtime.fsdp_mtp_unit, runtime.fsdp_root_kinds if par.zero_stage == 3 else frozenset()
+    sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at, mtp_unit=unit, root_kinds=root)
     if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
         mirror = par.pp - 1 - stage
         start = sum(layers[:mirror])
         mp = stage_params(model, par, range(start, start + layers[mirror]), first=mirror == 0,
-                          last=mirror == par.pp - 1, mtp_unit=unit)
+                          last=mirror == par.pp - 1, mtp_unit=unit, root_kinds=root)
         sp = StageParams(sp.dense + mp.dense, sp.expert + mp.expert, max(sp.largest_layer, mp.largest_layer),
-                         sp.outside_te + mp.outside_te)
+                         sp.outside_te + mp.outside_te, sp.root_held + mp.root_held)
     group = par.hsdp_shard_size or dp * par.cp
     expert_group = expert_shard_group(par.tp, par.cp, dp, par.ep, par.zero_stage, par.hsdp_shard_size)
     w1, g1, o1 = runtime.state_bytes(sp.dense, par.zero_stage, group, uncached=sp.outside_te)
@@ -604,7 +619,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
         if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)
-            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group)
+            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)

@@ -667,6 +667,11 @@ class Scorer:
         each = [self.act_pieces(lay, recompute, fields) for fields in cands]
         return ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
 
+    def root_held(self, rt: Runtime) -> np.ndarray:
+        """(L,) bool: the decoder layers whose kind the runtime's ZeRO-3 wrapper leaves in the root unit
+        (``Runtime.fsdp_root_kinds``, as ``memory.stage_params``)."""
+        return np.array([k in rt.fsdp_root_kinds for k in layer_kinds(self.model)], dtype=bool)
+
     def mtp_params(self, tp: int, ep: int, unit: FsdpMtpUnit = "module") -> tuple[float, float, float]:
         """``cost_models.mtp.mtp_stage_params``, once per (tp, ep, the runtime's ``fsdp_mtp_unit``)."""
         hit = self._mtp.get((tp, ep, unit))
@@ -713,16 +718,19 @@ class Scorer:
         return hit
 
     def _zero3_table(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray:
-        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest unit in it: its layers', and on
+        """(L+1, L+1): ZeRO-3's gathered + prefetched units of range [i, j) (largest unit in it: its layers' but those
+        the root holds, ``root_held``, and on
         the last stage, ``j = L``, the MTP modules' ``mtp_stage_params`` unit under the runtime's ``fsdp_mtp_unit``,
         as ``memory.stage_params``'s ``largest_layer``), at ``per_largest`` bytes per parameter of it
         (``memory.zero3_transient_bytes``)."""
         frag = self.reserve_factor(lay)
-        unit = self.default_runtime(lay).fsdp_mtp_unit
-        key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag, unit)
+        rt = self.default_runtime(lay)
+        unit = rt.fsdp_mtp_unit
+        key = (lay.tp, lay.ep, per_largest, lay.kv_replication, frag, unit, rt.fsdp_root_kinds)
         hit = self._zero3.get(key)
         if hit is None:
             L = self.L
+            largest = np.where(self.root_held(rt), 0.0, largest)  # the root's layers are no unit of their own
             hit = np.zeros((L + 1, L + 1))
             for i in range(L):
                 hit[i, i + 1:] = np.maximum.accumulate(largest[i:])
@@ -830,11 +838,12 @@ class Scorer:
             peak = max(none[k] for k in self.full_peak_kinds)
         if lay.zero_stage == 3 and lay.pp == 1:  # FSDP2's output-layer, embedding and root units (memory.stage_memory)
             rt = self.default_runtime(lay)
-            big = float(largest.max()) if self.L else 0.0
+            root = self.root_held(rt)
+            big = float(np.where(root, 0.0, largest).max()) if self.L else 0.0
             if self.model.arch.mtp_layers:
                 big = max(big, self.mtp_params(lay.tp, lay.ep, rt.fsdp_mtp_unit)[2])
             last_state = last_state + frag * zero3_head_unit_bytes(
-                rt, self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp)
+                rt, self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp, float(largest[root].sum()))
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,

@@ -456,6 +456,8 @@ def test_pin_no_layout_keeps_names_why() -> None:
     ("deepseek-v3", 256, JobSpec(global_batch_size=1024, seq_len=4096), "megatron"),
     # ... where its layouts fit: the MTP projection and norms in the root unit (Runtime.fsdp_mtp_unit "root")
     ("glm-4.5-air", 64, JobSpec(global_batch_size=64, seq_len=4096), "megatron"),
+    # a hybrid stack: its Mamba layers in the root unit, the others their own units (Runtime.fsdp_root_kinds)
+    ("nemotron-h-8b", 64, JobSpec(global_batch_size=64, seq_len=4096), "megatron"),
 ])
 def test_zero3_scorer_memory_holds_the_mtp_unit_as_estimate(name, gpus, job, target) -> None:  # type: ignore[no-untyped-def]
     """ZeRO-3 with MTP: the last stage's gathered unit is the largest of its layers' and the MTP module's

@@ -303,6 +303,10 @@ class Runtime:
     fsdp_head_unit: FsdpHeadUnit = "own"
     # ZeRO-3 (torch FSDP2): which unit holds an MTP module's projection and norms (``FsdpMtpUnit``)
     fsdp_mtp_unit: FsdpMtpUnit = "module"
+    # ZeRO-3 (torch FSDP2): the decoder layer kinds (``opgraph.LayerKind``) the target's wrapper does not shard as
+    # their own units, so they sit in the root unit, gathered through the forward and the backward
+    # (``memory.stage_params`` leaves them out of the largest unit, ``memory.zero3_head_unit_bytes`` prices them)
+    fsdp_root_kinds: frozenset[str] = frozenset()
     # Sharded gradients reduced in every micro-batch's backward (Megatron-FSDP ``optim_grads``): the DP
     # reduce-scatter runs m times per step, and each model chunk's backward holds its gradients unsharded in
     # ``grad_bytes`` until they are reduced (``memory.sharded_grad_transient_bytes``). ``grad_bucket_cap`` bounds

@@ -52,6 +52,17 @@ Run-time semantics:
   reshards it after forward and gathers it whole again for the backward (``fsdp_mtp_unit`` "root"). The same at
   core_v0.19.0 (the wrap set unchanged; the GPT path's MTP block is ``mtp_model_layer``, a TransformerLayer,
   multi_token_prediction.py:1000-1048).
+  A hybrid stack's Mamba layers are the root's too (``fsdp_root_kinds``): MambaStack builds "M" as MambaLayer, a
+  GraphableMegatronModule, not a TransformerLayer (ssm/mamba_block.py:121-158, ssm/mamba_layer.py:51;
+  models/mamba/mamba_layer_specs.py:39-50), whose in_proj / out_proj are TELayerNormColumnParallelLinear
+  (te.pytorch.LayerNormLinear) / TERowParallelLinear (< TELinear < te.pytorch.Linear; extensions/
+  transformer_engine.py:470, 711, 1040), none a ColumnParallelLinear; "*" is a TransformerLayer, "-" an MLPLayer and
+  "E" a MoETransformerLayer, both TransformerLayer subclasses (ssm/mlp_layer.py:13, transformer/transformer_layer.py:1228): their
+  own units. Nothing in arguments.py:605-615 or training.py:1277-1290 refuses MambaModel under --use-torch-fsdp2
+  (pretrain_mamba.py builds it with the same get_model), so it runs, with every Mamba layer gathered for the whole
+  forward and again for the whole backward. The same at core_v0.19.0 (wrap set unchanged; HybridStack,
+  models/hybrid/hybrid_block.py:134-200, builds "M" as MambaLayer, the others, GDN included, as TransformerLayer
+  or its subclasses).
   Kept, not replaced by
   Megatron-FSDP ``optim_grads_params``: that one would lift FSDP2's pp/ep refusals, but its runtime differs
   (per-TransformerLayer units with a 2-unit prefetch, bf16 weight shards beside fp32 main weights,
@@ -977,6 +988,7 @@ class MegatronProfile(TargetProfile):
             # recompute are Megatron-Core / Transformer Engine's (Runtime defaults).
             gathered_unit_bytes=fsdp2_gathered_unit_bytes(grad) if fsdp else 4.0,
             fsdp_mtp_unit="root",  # --use-torch-fsdp2: eh_proj and the MTP norms in the root unit (module doc)
+            fsdp_root_kinds=frozenset({"mamba"}),  # --use-torch-fsdp2: a hybrid stack's MambaLayers (module doc)
             grad_reduce_every_microbatch=mfsdp,
             grad_bucket_cap=cap,
             env=env,
