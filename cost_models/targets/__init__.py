@@ -45,7 +45,8 @@ allowed values, default, source), ``hsdp_choices(cluster, dp_cp, cp)`` (HSDP sha
   ``fp8_saved_bytes``, ``selective`` (what selective recompute keeps), ``gathered_unit_bytes`` (ZeRO-3 units),
   ``pp_unsharded_bytes`` (FSDP2 under pipelining), ``fsdp_head_unit`` (FSDP2: the output layer and embedding in
   their own units or in the root, ``memory.zero3_head_unit_bytes``), ``fsdp_mtp_unit`` (FSDP2: an MTP module's
-  projection and norms with its block or in the root, ``mtp.mtp_stage_params``), ``state_bytes()``,
+  projection and norms with its block or in the root, ``mtp.mtp_stage_params``), ``fsdp_root_kinds`` (FSDP2: the
+  decoder layer kinds left in the root unit, ``memory.stage_params``), ``state_bytes()``,
   ``adam_bytes_per_param``;
 - ``runtime_for(target, job, cluster, par, software)``: the resolved runtime ``estimate`` and the search Scorer
   price with (``None``/``any``: Megatron's; ``deepseek``: DeepSeek-V3's HAI-LLM as its report states it,
