@@ -148,7 +148,7 @@ class Scorer:
         self._inflight: dict[tuple, np.ndarray] = {}
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
-        self._mtp: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self._mtp: dict[tuple[int, int, FsdpMtpUnit], tuple[float, float, float]] = {}  # (tp, ep, unit): mtp_params
         self._knob_delta: dict[tuple, float] = {}  # (bound key, knobs, kind): layer_cost with the knobs − without
         self._pieces: dict[tuple, tuple[dict[str, float], float]] = {}  # (bound key, knobs, floor?): times, head
         self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # (knob_key, runtime key): the knob floor
