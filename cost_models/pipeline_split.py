@@ -376,9 +376,11 @@ def candidates(L: int, pp: int, vp: int) -> tuple[PipelineSplit, ...]:
     return tuple(out)
 
 
-def fields_for(layers: tuple[int, ...], vp: int) -> dict[str, int | bool | None]:
+def fields_for(layers: tuple[int, ...], vp: int, mtp_layers: int = 0) -> dict[str, int | bool | str | None]:
     """``ParallelConfig`` fields that make Megatron build ``layers`` decoder layers per rank (with ``vp`` chunks
-    each): the default split's (none), else a matching candidate's, else first/last counts (checked later)."""
+    each): the default split's (none), else a matching candidate's (with ``vp > 1`` and no flag split at all, the
+    explicit layout ``balanced_layout`` builds for ``layers``: ``pipeline_layout``), else first/last counts
+    (checked later)."""
     L, pp = sum(layers), len(layers)
     if pp == 1:
         return {}
@@ -388,4 +390,85 @@ def fields_for(layers: tuple[int, ...], vp: int) -> dict[str, int | bool | None]
         for sp in candidates(L, pp, vp):
             if tuple(sp.rank_layers) == tuple(layers):
                 return sp.fields()
+        if not candidates(L, pp, vp) and (text := balanced_layout(tuple(layers), vp, mtp_layers)) is not None:
+            return {"pipeline_layout": text}
     return {"first_stage_layers": layers[0], "last_stage_layers": layers[-1]}
+
+
+# ---- explicit layouts where Megatron's split flags build no interleaved split ------------------------------------
+def balanced_layout(layers: tuple[int, ...], vp: int, mtp_layers: int = 0) -> str | None:
+    """The explicit Megatron layout (``cost_models.pipeline_layout``) that builds ``layers[r]`` decoder layers on
+    pipeline rank ``r`` over its ``vp`` chunks, or None when it cannot. The embedding ``E`` opens chunk (0, 0) and
+    the MTP layers and loss ``mL`` close chunk (pp−1, vp−1), as Megatron's layout must (PLL:94-130: first E, last L,
+    every MTP layer after every decoder layer, all in one chunk of a rank's last virtual stage). Each rank's items are
+    spread as evenly as they go over its chunks, the extra ones to its later chunks; ``E`` counts as one (as
+    ``--account-for-embedding-in-pipeline-split`` counts it: get_num_layers_to_build), so chunk (0, 0) may hold it
+    alone. The loss's chunk holds the last decoder layer (``mL`` does not count): the rank that runs the output layer,
+    the losses and the MTP blocks is the one holding layer L−1, as the search's stage tables price them
+    (``search.inter_op.range_costs``: the head on the range that ends at L). Every chunk holds an item (a chunk of
+    nothing is no stage). Example (DeepSeek-V3, 61 layers + 1 MTP, pp 16, vp 2): ranks ``(3, 4, ..., 4, 2)`` →
+    ``'Et|(tt|)*14t|(tt|)*15tmL'``: the per-rank layers of Megatron-Bridge's DeepSeek-V3 layout
+    ``'Et|(tt|)*29tt|mL'``, whose last rank holds layers 29 and 30 and leaves layer 60 to rank 14."""
+    pp = len(layers)
+    if pp < 2 or vp < 2:
+        return None
+    items = [n + (r == 0) for r, n in enumerate(layers)]  # E on rank 0
+    if min(items) < vp:
+        return None
+    grid = []
+    for n in items:
+        base, extra = divmod(n, vp)
+        grid.append([base + (v >= vp - extra) for v in range(vp)])
+    grid[0][0] -= 1
+    flat = ["t" * grid[r][v] for v in range(vp) for r in range(pp)]  # PLL:47-55: chunk v·pp + r is (r, v)
+    flat[0] = "E" + flat[0]
+    flat[-1] += "m" * mtp_layers + "L"
+    return _compress(flat)
+
+
+def _compress(flat: list[str]) -> str:
+    """``flat`` chunks joined by ``|``, each run of k ≥ 2 equal chunks but the last chunk written ``(c|)*k``
+    (Megatron's repeat, PLL:291-301), e.g. ``['Et', 'tt', 'tt', 'mL']`` → ``'Et|(tt|)*2mL'``."""
+    out: list[str] = []
+    i, last = 0, len(flat) - 1
+    while i < last:
+        j = i
+        while j + 1 < last and flat[j + 1] == flat[i]:
+            j += 1
+        k = j - i + 1
+        out.append(f"({flat[i]}|)*{k}" if k > 1 else f"{flat[i]}|")
+        i = j + 1
+    return "".join(out) + flat[last]
+
+
+@lru_cache(maxsize=1024)
+def layout_candidates(L: int, pp: int, vp: int, mtp_layers: int = 0) -> tuple[PipelineSplit, ...]:
+    """The explicit layouts the search weighs for one (L, pp, vp) that Megatron's split flags cannot build (no
+    ``candidates``; () otherwise): per-rank counts (first f, last l, the pp−2 middle ranks sharing the rest as
+    evenly as it goes, their extra layers on the later middle ranks, which hold fewer micro-batches in flight:
+    ``memory.inflight_microbatches``), f and l at most the largest middle share (the embedding's and the loss's
+    ranks are the light ones), each laid out by ``balanced_layout`` (f ≥ vp − 1, every other count ≥ vp); only those whose largest rank is within one
+    layer of the least largest rank among them. Distinct per-rank layers, ordered by (largest rank, its spread,
+    most layers first) as ``resolve``'s uneven form is: a tie goes to the earlier."""
+    if pp < 2 or vp < 2 or candidates(L, pp, vp):
+        return ()
+    top = -(-L // pp) + 1
+    found: dict[tuple[int, ...], tuple[tuple[int, int, int, int], PipelineSplit]] = {}
+    for f in range(vp - 1, top + 1):
+        for la in range(vp, top + 1):
+            rest, n_mid = L - f - la, pp - 2
+            if (n_mid == 0 and rest) or rest < n_mid * vp:
+                continue
+            mids = [rest // n_mid + (i >= n_mid - rest % n_mid) for i in range(n_mid)] if n_mid else []
+            if mids and (f > max(mids) or la > max(mids)):
+                continue
+            layers = (f, *mids, la)
+            text = balanced_layout(layers, vp, mtp_layers)
+            if text is None or layers in found:
+                continue
+            key = (max(layers), max(layers) - min(layers), -f, -la)
+            found[layers] = (key, layout_split(text, L, mtp_layers, pp))
+    if not found:
+        return ()
+    low = min(k[0] for k, _ in found.values())
+    return tuple(sp for _, sp in sorted((v for v in found.values() if v[0][0] <= low + 1), key=lambda x: x[0]))

@@ -633,6 +633,9 @@ class TargetProfile:
 
     # Megatron's layout fields this target runs (``ParallelConfig.pipeline_layout`` / ``recompute_modules``)
     megatron_fields: tuple[str, ...] = ()
+    # Whether the search weighs explicit pipeline layouts (``pipeline_split.layout_candidates``) for the interleaved
+    # splits this target's split flags cannot build (the target's own layout rules are ``pipeline_layout``'s)
+    searches_pipeline_layouts: bool = False
 
     def megatron_field_error(self, field: str) -> ConfigError | None:
         """Why this target cannot run Megatron's layout ``field`` (``pipeline_layout`` / ``recompute_modules``) set,

@@ -450,6 +450,10 @@ class MegatronProfile(TargetProfile):
     # all-gathered and each rank keeps one group (attention.py:289-300, 1398-1416): "gather".
     kv_modes = ("shard", "gather")
     megatron_fields = ("pipeline_layout", "recompute_modules")  # cost_models.pipeline_layout / recompute
+    # --pipeline-model-parallel-layout (arguments.py:504-527; PLL validate_layer_layout) builds the interleaved splits
+    # no --decoder-first/last-pipeline-num-layers or accounting flag can (61 layers on pp 16 at any vp > 1), as
+    # Megatron-Bridge's DeepSeek-V3 recipes do: the search weighs them (pipeline_split.layout_candidates)
+    searches_pipeline_layouts = True
     kv_source = f"{TC}:939-946; megatron/core/transformer/attention.py:289-300, 1398-1416 @{COMMIT}"
     loss_modes = ("F",)  # vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
     knobs = {
