@@ -1,4 +1,6 @@
-"""Reference search: every layout of ``search.space`` × every layer split ``ParallelConfig`` can express × every
+"""Reference search: every layout of ``search.space`` × every layer split ``ParallelConfig`` can express with
+Megatron's split flags (and, for an interleaved layout of a target that takes explicit layouts, the balanced layouts
+``pipeline_split.layout_candidates`` lists: the family the planner weighs, not every layout string) × every
 legal setting of the knobs the target searches (``TargetProfile.knob_candidates``), each scored by
 ``cost_models.estimate.estimate``. Slow by design (it is what the planner must equal); the
 tests run it on small spaces and ``benchmarks/search_speed.py`` times it (or extrapolates it)."""
@@ -11,6 +13,7 @@ from typing import Any
 
 from cost_models.errors import ConfigError
 from cost_models.estimate import CostWeights, Prediction, estimate
+from cost_models.pipeline_split import layout_candidates
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software
 from search.space import ANY_TARGETS, Layout, Tally, Target, enumerate_layouts, module_ladder_for
@@ -62,6 +65,10 @@ def exhaustive_points(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     for lay in enumerate_layouts(model, cluster, job, target, pins, Tally(), ladders):
         for fields in expressible_split_fields(model.num_layers, lay.pp, lay.vp):
             yield lay, ParallelConfig(**{**lay.parallel_kwargs(), **fields})
+        prof = PROFILES.get(lay.target)
+        if lay.vp > 1 and prof is not None and prof.searches_pipeline_layouts:  # the explicit layouts it weighs
+            for sp in layout_candidates(model.num_layers, lay.pp, lay.vp, model.arch.mtp_layers):
+                yield lay, ParallelConfig(**{**lay.parallel_kwargs(), "pipeline_layout": sp.layout.text})
 
 
 def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target = "megatron",

@@ -43,7 +43,7 @@ from cost_models.errors import ConfigError, InfeasibleError, divisors
 from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error, vp_schedule_error
 from cost_models.pipeline import pipeline_time_s
-from cost_models.pipeline_split import candidates, legal_vp
+from cost_models.pipeline_split import PipelineSplit, candidates, layout_candidates, legal_vp
 from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
@@ -101,11 +101,33 @@ def _equivalent(a: _Scored, b: _Scored) -> bool:
 
 
 def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> ParallelConfig:
-    """The ParallelConfig of a layout and split; first/last stage sizes only when they differ from the default."""
+    """The ParallelConfig of a layout and split; first/last stage sizes (or, where Megatron's flags build no split
+    of ``lay.vp``, the explicit layout) only when they differ from the default."""
     par = ParallelConfig(**lay.parallel_kwargs())
-    if lay.pp > 1 and tuple(stage_layers(model, par)) != tuple(layers):
-        par = ParallelConfig(**lay.parallel_kwargs(), **split_fields(layers, lay.vp))
+    if lay.pp > 1 and _default_layers(model, lay) != tuple(layers):
+        par = ParallelConfig(**lay.parallel_kwargs(), **split_fields(layers, lay.vp, model.arch.mtp_layers))
     return with_explicit_split(model, par)
+
+
+def _default_layers(model: ModelSpec, lay: Layout) -> tuple[int, ...] | None:
+    """Megatron's default split of ``lay`` with no split flags (``stage_layers``); None where its flags build none
+    (an interleaved layout the search runs with an explicit layout: ``pipeline_split.layout_candidates``)."""
+    try:
+        return tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+    except ConfigError:
+        return None
+
+
+def interleaved_candidates(model: ModelSpec, lay: Layout) -> tuple[PipelineSplit, ...]:
+    """The splits the search weighs for an interleaved layout: Megatron's flag splits (``pipeline_split.candidates``)
+    or, where there are none and the target takes explicit layouts (``TargetProfile.searches_pipeline_layouts``),
+    the balanced layouts (``pipeline_split.layout_candidates``)."""
+    L = model.num_layers
+    found = candidates(L, lay.pp, lay.vp)
+    prof = get_profile(lay.target)
+    if not found and prof is not None and prof.searches_pipeline_layouts:
+        found = layout_candidates(L, lay.pp, lay.vp, model.arch.mtp_layers)
+    return found
 
 
 def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
@@ -118,21 +140,24 @@ def _time_lower_bound(lay: Layout, scorer: Scorer) -> float:
 ALPHA_SCHEDULES = ("1f1b", "interleaved", "zb-h1")  # cost_models.pipeline: T = α·Σ t + (m − α)·max t exactly
 
 
-def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
+def _split_lower_bound(lay: Layout, scorer: Scorer, stop: float = np.inf) -> float:
     """A lower bound on the step time of the split ``_split`` picks (no split pins), before the intra-op ILP
     is solved, from ``Scorer.tables(lower=True)`` (every layer cost and activation at or below the ILP's).
     pp > 1, vp = 1: the stage DP's optimum on those tables and Megatron's default split priced on them, plus
-    the fill. Otherwise the split is one of a few (pp = 1: all layers; vp > 1: ``pipeline_split.candidates``):
+    the fill. Otherwise the split is one of a few (pp = 1: all layers; vp > 1: ``interleaved_candidates``):
     the least, over those that fit the floor memory, of ``pipeline_time_s`` on the floor stage times (an interleaved
     rank's: over its chunks, as ``Scorer.score`` sums them; it is monotone in them) + fill + ``dp_exposed_s`` with an unbounded overlap window + the optimizer step
-    (``Scorer.score``'s terms). Less 1e-9 for rounding; +inf when no split fits even the floor memory."""
+    (``Scorer.score``'s terms). Less 1e-9 for rounding; +inf when no split fits even the floor memory.
+    ``stop``: for the explicit layouts (``pipeline_split.layout_candidates``, a dozen or so per layout), the least
+    pipeline time + fill over them all (memory unchecked: a floor of the bound) is returned when it is already ≥
+    ``stop`` (the caller cuts the layout either way; their memory and DP terms are the costly part)."""
     tables = scorer.tables(lay, lower=True)
     model, limit = scorer.model, scorer.limit_bytes
-    try:
-        default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
-    except ConfigError:
+    default = _default_layers(model, lay)
+    if default is None and lay.vp == 1:
         return -np.inf  # _split decides
     if lay.pp > 1 and lay.vp == 1:
+        assert default is not None
         if lay.schedule not in ALPHA_SCHEDULES:
             return -np.inf  # the stage DP's α·Σt + (m − α)·max t is pipeline_time_s only for these
         alpha = schedule_alpha(lay.schedule, lay.vp)
@@ -143,8 +168,14 @@ def _split_lower_bound(lay: Layout, scorer: Scorer) -> float:
             t = stage_costs(tables, default)
             lb = min(lb, alpha * float(t.sum()) + (lay.m - alpha) * float(t.max()))
         return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)
-    splits = ([tuple(sp.rank_layers) for sp in candidates(model.num_layers, lay.pp, lay.vp)] if lay.vp > 1
+    splits = ([tuple(sp.rank_layers) for sp in interleaved_candidates(model, lay)] if lay.vp > 1
               else [default])
+    if lay.vp > 1 and np.isfinite(stop) and not candidates(model.num_layers, lay.pp, lay.vp):
+        quick = min(pipeline_time_s(list(chunked_costs(tables, scorer.rank_chunks(lay, layers))), lay.m,
+                                    lay.schedule, lay.vp) for layers in splits)  # type: ignore[arg-type]
+        quick = quick * (1 - 1e-9) + scorer.p2p_fill_s(lay)
+        if quick >= stop:
+            return quick
     lb = np.inf
     for layers in splits:
         if float(scorer.stage_memory(lay, layers, tables).max()) > limit:
@@ -214,10 +245,10 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any],
 
 def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tuple[int, ...] | None:
     """With ``vp > 1`` the stage DP's contiguous splits are not Megatron's: weigh its few legal interleaved
-    splits (``pipeline_split.candidates``: even, embedding/loss accounting, first/last counts) by the exact
-    score and keep the cheapest that fits (ties: the earlier candidate, i.e. what ``resolve`` picks)."""
+    splits (``interleaved_candidates``: even, embedding/loss accounting, first/last counts; else explicit layouts)
+    by the exact score and keep the cheapest that fits (ties: the earlier candidate, i.e. what ``resolve`` picks)."""
     best: tuple[float, int, tuple[int, ...]] | None = None
-    for i, sp in enumerate(candidates(scorer.model.num_layers, lay.pp, lay.vp)):
+    for i, sp in enumerate(interleaved_candidates(scorer.model, lay)):
         layers = tuple(sp.rank_layers)
         if float(scorer.stage_memory(lay, layers, tables).max()) > scorer.limit_bytes:
             continue
@@ -430,7 +461,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             break
         scorer = scorers[lay.target]
         if len(best) >= keep and not any(k in pins for k in SPLIT_PINS):
-            split_lb = _split_lower_bound(lay, scorer)  # the split on the cost floors, before any ILP solve
+            stop = best[keep - 1].cost / w_min if w_min > 0 else np.inf
+            split_lb = _split_lower_bound(lay, scorer, stop)  # the split on the cost floors, before any ILP solve
             if w_min * split_lb >= best[keep - 1].cost:
                 tally.cut("split_bound" if np.isfinite(split_lb) else "memory")
                 continue
@@ -567,7 +599,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
     peak, lay = min(((float(scorers[lay.target].stage_memory(
-                          lay, tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs()))),
+                          lay, _default_layers(model, lay) or tuple(interleaved_candidates(model, lay)[0].rank_layers),
                           scorers[lay.target].tables(lay)).max()) / 2**30, lay)
                      for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.memory_limit_gib

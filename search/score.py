@@ -480,7 +480,8 @@ class Scorer:
         key = (tuple(layers), lay.pp, lay.vp)
         hit = self._rank_ids.get(key)
         if hit is None:
-            split = pipeline_split(self.model, self._par(lay, **split_fields(layers, lay.vp)))
+            fields = split_fields(layers, lay.vp, self.model.arch.mtp_layers)
+            split = pipeline_split(self.model, self._par(lay, **fields))
             hit = self._rank_ids[key] = [list(rank_ids) for rank_ids in split.layer_ids]
         return hit
 
@@ -934,7 +935,7 @@ class Scorer:
                lay.kv_replication, rt, lay.vp)  # vp: the unbucketed chunks, and a rank's chunks' layer ids
         hit = self._dp.get(key)
         if hit is None:
-            par = self._par(lay, **split_fields(layers, lay.vp))
+            par = self._par(lay, **split_fields(layers, lay.vp, self.model.arch.mtp_layers))
             ids = None if lay.vp == 1 else self.rank_layer_ids(lay, layers)
             hit = data_parallel_cost(self.model, self.cluster, par, list(layers), lay.dp,
                                      RankStrides.megatron(lay.tp, lay.cp, lay.dp, lay.ep), lay.m, ids, rt=rt)
@@ -1041,6 +1042,7 @@ class Scorer:
         return max(mean, first)
 
 
-def split_fields(layers: tuple[int, ...], vp: int) -> dict[str, int | bool | None]:
-    """ParallelConfig fields that make ``stage_layers`` return ``layers`` (``pipeline_split.fields_for``)."""
-    return fields_for(tuple(layers), vp)
+def split_fields(layers: tuple[int, ...], vp: int, mtp_layers: int = 0) -> dict[str, int | bool | str | None]:
+    """ParallelConfig fields that make ``stage_layers`` return ``layers`` (``pipeline_split.fields_for``; with vp > 1
+    and no flag split, the explicit layout of a model with ``mtp_layers`` MTP layers)."""
+    return fields_for(tuple(layers), vp, mtp_layers)

@@ -20,7 +20,8 @@ target rule, checked before any cost is computed (COST_MODEL.md §7):
 - ``ep_divisibility``: ``ep`` must divide ``num_experts`` and the target's expert ranks (MoE parallel folding:
   Megatron re-cuts the ``tp·cp·dp`` ranks of a stage as ep × edp, so EP may span the TP ranks);
 - ``interleave_divisibility``: interleaving needs ``m % pp == 0`` (Megatron); only ``vp`` with a split Megatron
-  builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``) are listed;
+  builds (even, embedding/loss accounting or first/last counts: ``cost_models.pipeline_split``; where none is, an
+  explicit layout on a target that takes one: ``TargetProfile.searches_pipeline_layouts``) are listed;
 - ``pin``: a value the user pinned excludes it;
 - ``target_rule``: the launch target cannot run it — the target profile's ``layout_error``
   (``cost_models.targets``: e.g. Megatron-LM refuses --use-torch-fsdp2 with pp > 1 or ep > 1, runs ZeRO-2 as
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cost_models.errors import divisors
-from cost_models.pipeline_split import legal_vp
+from cost_models.pipeline_split import layout_candidates, legal_vp
 from cost_models.memory import graphs_for
 from cost_models.opgraph import kind_counts
 from cost_models.recompute_ladder import NO_LADDER, ModuleLadder, module_ladder
@@ -275,6 +276,12 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
     return out
 
 
+# The largest vp the search weighs explicit layouts at (``pipeline_split.layout_candidates``): a search-speed cap, not
+# a Megatron rule (a pinned --vp is searched at any value). Every vp would list each interleaved layout of a model
+# whose layers no flag split divides up to num_layers / pp times over: deepseek-v3 on 1024 H100s took 10 min, not 24 s.
+MAX_LAYOUT_VP = 4
+
+
 def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: dict[str, Any],
                      tally: Tally) -> list[tuple[str, int]]:
     """(schedule, vp) pairs the target's profile runs: 1F1B, interleaved with every ``vp`` Megatron accepts (a pinned
@@ -293,9 +300,12 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
             if prof is not None and prof.interleave_error(model) is not None:
                 tally.cut("target_rule")  # e.g. Megatron's Mamba hybrid stacks: no virtual stages
                 continue
+            layouts = prof is not None and prof.searches_pipeline_layouts
             for v in range(2, model.num_layers // pp + 1):
-                if not legal_vp(model.num_layers, pp, v):  # no even or uneven split Megatron builds
-                    continue
+                if not legal_vp(model.num_layers, pp, v) and not (  # no even or uneven split Megatron's flags
+                        layouts and (v <= MAX_LAYOUT_VP or pins.get("vp") == v)  # build, nor an explicit layout
+                        and layout_candidates(model.num_layers, pp, v, model.arch.mtp_layers)):  # the target
+                    continue  # takes
                 if m % pp:
                     tally.cut("interleave_divisibility")
                 else:

@@ -108,9 +108,10 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         return
     scorer = Scorer(model, cluster, job)
     for lay in data.draw(st.lists(st.sampled_from(layouts), min_size=1, max_size=8)):
-        from search.planner import to_parallel
+        from search.planner import _default_layers, interleaved_candidates, to_parallel
 
-        par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
+        default = _default_layers(model, lay)  # None: no flag split at this vp, an explicit layout (the first weighed)
+        par = to_parallel(model, lay, default or tuple(interleaved_candidates(model, lay)[0].rank_layers))
         layers = tuple(stage_layers(model, par))
         fs = scorer.score(lay, layers)
         pred = estimate(model, cluster, job, par, target=lay.target,  # any: every layout has the target that runs it
