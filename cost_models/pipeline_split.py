@@ -447,9 +447,11 @@ def layout_candidates(L: int, pp: int, vp: int, mtp_layers: int = 0) -> tuple[Pi
     ``candidates``; () otherwise): per-rank counts (first f, last l, the pp−2 middle ranks sharing the rest as
     evenly as it goes, their extra layers on the later middle ranks, which hold fewer micro-batches in flight:
     ``memory.inflight_microbatches``), f and l at most the largest middle share (the embedding's and the loss's
-    ranks are the light ones), each laid out by ``balanced_layout`` (f ≥ vp − 1, every other count ≥ vp); only those whose largest rank is within one
-    layer of the least largest rank among them. Distinct per-rank layers, ordered by (largest rank, its spread,
-    most layers first) as ``resolve``'s uneven form is: a tie goes to the earlier."""
+    ranks are the light ones), each laid out by ``balanced_layout`` (f ≥ vp − 1, every other count ≥ vp); only
+    those whose largest rank is within one layer of the least largest rank among them. Not a search of every layout
+    string: the per-rank counts are what the cost model prices (a rank's time and memory are its layers'), and
+    these are the balanced ones. Distinct per-rank layers, ordered by (largest rank, its spread, most layers first)
+    as ``resolve``'s uneven form is: a tie goes to the earlier."""
     if pp < 2 or vp < 2 or candidates(L, pp, vp):
         return ()
     top = -(-L // pp) + 1

@@ -13,7 +13,7 @@ from autoplan.emit.plan import priced_software
 from cost_models.estimate import estimate
 from cost_models.pipeline_layout import layout_from_text
 from cost_models.pipeline_split import balanced_layout, candidates, layout_candidates, layout_split
-from cost_models.specs import JobSpec, ModelSpec
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec
 from cost_models.targets import Software
 from search.exhaustive import exhaustive_search
 from search.planner import interleaved_candidates, search, to_parallel
@@ -78,7 +78,7 @@ def test_tiny_search_weighs_layouts_and_equals_exhaustive() -> None:
     assert not [lay for lay in enumerate_layouts(model, cluster, job, "torchtitan", pins, Tally())]
 
 
-def _check_scorer_equals_estimate(model: ModelSpec, cluster, job: JobSpec, pins: dict) -> int:  # type: ignore[no-untyped-def]
+def _check_scorer_equals_estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict) -> int:
     scorer, n = Scorer(model, cluster, job), 0
     for lay in enumerate_layouts(model, cluster, job, "megatron", pins, Tally()):
         for sp in interleaved_candidates(model, lay):
@@ -86,7 +86,8 @@ def _check_scorer_equals_estimate(model: ModelSpec, cluster, job: JobSpec, pins:
             par = to_parallel(model, lay, layers)
             assert par.pipeline_layout == sp.layout.text  # type: ignore[union-attr]
             fs = scorer.score(lay, layers)
-            pred = estimate(model, cluster, job, par, target="megatron", software=Software(**scorer.chosen_knobs(lay)))
+            pred = estimate(model, cluster, job, par, target="megatron",
+                            software=Software(**scorer.chosen_knobs(lay)))
             assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
             assert fs.peak_memory_bytes / 2**30 == pytest.approx(pred.peak_memory_gib, rel=1e-9)
             assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)

@@ -16,6 +16,7 @@ from autoplan.emit.plan import priced_software
 from cost_models.errors import InfeasibleError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ModelSpec, ParallelConfig
+from cost_models.pipeline_split import candidates
 from cost_models.targets import PROFILES, Software
 from cost_models.validate import check_parallel, stage_layers
 from search.exhaustive import exhaustive_search
@@ -195,6 +196,9 @@ def test_split_lower_bound_on_catalog_models(name: str, gpus: int, target: str) 
     layouts = list(enumerate_layouts(model, cluster, job, target, {}, Tally()))  # type: ignore[arg-type]
     rng = np.random.default_rng(0)
     picked = [layouts[i] for i in rng.choice(len(layouts), size=min(40, len(layouts)), replace=False)]
+    # and the first of each kind the sample may miss: pp = 1, and an explicit layout (no flag split at its vp)
+    picked += [next(lay for lay in layouts if lay.pp == 1)]
+    picked += [lay for lay in layouts if lay.vp > 1 and not candidates(model.num_layers, lay.pp, lay.vp)][:1]
     assert {lay.vp > 1 for lay in picked} == {True, False} and any(lay.pp == 1 for lay in picked)
     scorer = Scorer(model, cluster, job)
     for lay in picked:
