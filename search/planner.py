@@ -118,6 +118,12 @@ def _default_layers(model: ModelSpec, lay: Layout) -> tuple[int, ...] | None:
         return None
 
 
+def default_split(model: ModelSpec, lay: Layout) -> tuple[int, ...]:
+    """The split ``lay`` runs with no split chosen: Megatron's default (``stage_layers``), or where its flags build
+    none at ``lay.vp``, the first explicit layout the search weighs (``interleaved_candidates``)."""
+    return _default_layers(model, lay) or tuple(interleaved_candidates(model, lay)[0].rank_layers)
+
+
 def interleaved_candidates(model: ModelSpec, lay: Layout) -> tuple[PipelineSplit, ...]:
     """The splits the search weighs for an interleaved layout: Megatron's flag splits (``pipeline_split.candidates``)
     or, where there are none and the target takes explicit layouts (``TargetProfile.searches_pipeline_layouts``),
@@ -599,7 +605,7 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
     peak, lay = min(((float(scorers[lay.target].stage_memory(
-                          lay, _default_layers(model, lay) or tuple(interleaved_candidates(model, lay)[0].rank_layers),
+                          lay, default_split(model, lay),
                           scorers[lay.target].tables(lay)).max()) / 2**30, lay)
                      for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.memory_limit_gib

@@ -109,10 +109,9 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         return
     scorer = Scorer(model, cluster, job)
     for lay in data.draw(st.lists(st.sampled_from(layouts), min_size=1, max_size=8)):
-        from search.planner import _default_layers, interleaved_candidates, to_parallel
+        from search.planner import default_split, to_parallel
 
-        default = _default_layers(model, lay)  # None: no flag split at this vp, an explicit layout (the first weighed)
-        par = to_parallel(model, lay, default or tuple(interleaved_candidates(model, lay)[0].rank_layers))
+        par = to_parallel(model, lay, default_split(model, lay))  # an explicit layout where no flag split exists
         layers = tuple(stage_layers(model, par))
         fs = scorer.score(lay, layers)
         pred = estimate(model, cluster, job, par, target=lay.target,  # any: every layout has the target that runs it
@@ -357,9 +356,9 @@ def test_sequence_parallel_pin_is_priced_like_estimate() -> None:
         _check_plan_constraints(model, cluster, job, p)
     scorer = Scorer(model, cluster, job)
     for lay in list(enumerate_layouts(model, cluster, job, "any", {"sequence_parallel": False}, Tally()))[::37]:
-        from search.planner import to_parallel
+        from search.planner import default_split, to_parallel
 
-        layers = tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,))))
+        layers = default_split(model, lay)
         fs, pred = scorer.score(lay, layers), estimate(model, cluster, job, to_parallel(model, lay, layers),
                                                    target=lay.target, software=Software(**scorer.chosen_knobs(lay)))
         assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
@@ -470,7 +469,7 @@ def test_zero3_scorer_memory_holds_the_mtp_unit_as_estimate(name, gpus, job, tar
     Megatron's root unit holding eh_proj and the norms: ``memory.zero3_head_unit_bytes``); the Scorer's range table
     holds it too, so its peak and fit equal ``estimate``'s (before: low by per_largest x eh_proj, 0.84 GiB at
     deepseek-v3 tp1)."""
-    from search.planner import to_parallel
+    from search.planner import default_split, to_parallel
 
     model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
     scorer = Scorer(model, cluster, job)
@@ -479,7 +478,7 @@ def test_zero3_scorer_memory_holds_the_mtp_unit_as_estimate(name, gpus, job, tar
             if lay.tp <= 2 and lay.cp == 1]
     assert lays
     for lay in lays:
-        layers = tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,))))
+        layers = default_split(model, lay)
         fs = scorer.score(lay, layers)
         pred = estimate(model, cluster, job, to_parallel(model, lay, layers), target=lay.target,
                         software=Software(**scorer.chosen_knobs(lay)))

@@ -24,7 +24,7 @@ from cost_models.recompute import module_errors
 from cost_models.specs import RECOMPUTE_MODULES, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import Software
 from cost_models.validate import stage_layers
-from search.planner import _time_lower_bound, search, to_parallel
+from search.planner import _time_lower_bound, default_split, search, to_parallel
 from search.score import Scorer
 from search.space import Tally, enumerate_layouts
 
@@ -48,7 +48,7 @@ def _score_vs_estimate(model: ModelSpec, cluster, job: JobSpec, modules: tuple[s
     assert layouts and all(lay.recompute == "selective" and lay.recompute_modules == modules for lay in layouts)
     scorer = Scorer(model, cluster, job)
     for lay in draw(layouts):
-        par = to_parallel(model, lay, tuple(stage_layers(model, to_parallel(model, lay, (model.num_layers,)))))
+        par = to_parallel(model, lay, default_split(model, lay))
         assert par.recompute == "selective" and par.recompute_modules == modules
         layers = tuple(stage_layers(model, par))
         fs = scorer.score(lay, layers)
