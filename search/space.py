@@ -278,8 +278,11 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
 
 # The largest vp the search weighs explicit layouts at (``pipeline_split.layout_candidates``): a search-speed cap, not
 # a Megatron rule (a pinned --vp is searched at any value). Every vp would list each interleaved layout of a model
-# whose layers no flag split divides up to num_layers / pp times over: deepseek-v3 on 1024 H100s took 10 min, not 24 s.
-MAX_LAYOUT_VP = 4
+# whose layers no flag split divides up to num_layers / pp times over: deepseek-v3 on 1024 H100s took 10 min, not 24 s
+# (its #1 then: pp 2 vp 15, 12.280 s). Measured CPU s of search() (deepseek-v3 2048 H800 / 1024 H100): 12.5 / 17.2
+# without layouts, 21.6 / 28.6 at cap 2, 60.1 / 57.2 at cap 4, the same #1 at both caps (vp 2 halves the bubble: the
+# interleaved bubble falls as 1/vp, cost_models.pipeline).
+MAX_LAYOUT_VP = 2
 
 
 def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: dict[str, Any],
