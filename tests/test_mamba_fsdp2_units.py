@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
-import os
-import socket
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,23 +16,15 @@ from autoplan.catalog import build_cluster, load_model
 from cost_models.memory import graphs_for, stage_memory, stage_params, zero3_transient_bytes
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
+from megatron_fsdp2_wrap import wrap_units
 
 # Runs Megatron-Core's TorchFullyShardedDataParallel.__init__ (its wrap-set selection, unchanged) over a MambaModel
 # with one layer of each hybrid kind ("M*-E"), built on CPU: the stack, MambaLayer, TransformerLayer, MLPLayer and
 # MoETransformerLayer are Megatron's; two stand-ins where CUDA-only code is: MambaMixer (needs mamba_ssm) becomes a
 # module with in_proj / out_proj, and the stack's final TENorm (Transformer Engine) a torch norm — neither is a
-# wrap-set class in the real build either (the test reads that from the source). fully_shard and the CUDA
-# DeviceMesh are replaced by recorders. Prints, per parameter, the module whose unit holds it ("" = the root).
-_WRAP = r"""
-import json, warnings
-warnings.filterwarnings("ignore")
+# wrap-set class in the real build either (the test reads that from the source). For megatron_fsdp2_wrap.wrap_units.
+_BUILD = r"""
 import torch
-import torch.distributed as dist
-dist.init_process_group("gloo", rank=0, world_size=1)
-from megatron.core import parallel_state
-parallel_state.initialize_model_parallel()
-from megatron.core.distributed import DistributedDataParallelConfig
-import megatron.core.distributed.torch_fully_sharded_data_parallel as tfsdp
 import megatron.core.ssm.mamba_block as mb
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.mamba.mamba_model import MambaModel
@@ -66,26 +53,8 @@ cfg = TransformerConfig(num_layers=4, hidden_size=16, num_attention_heads=2, ffn
                         use_cpu_initialization=True, transformer_impl="local", num_moe_experts=2,
                         moe_router_topk=1, moe_router_pre_softmax=True)
 model = MambaModel(cfg, stack, vocab_size=64, max_sequence_length=8, hybrid_override_pattern="M*-E")
-sharded = []
-tfsdp.fully_shard = lambda module, **kw: sharded.append(module)
-tfsdp.DeviceMesh = type("Mesh", (), {"from_group": staticmethod(lambda *a, **k: None)})
-tfsdp.TorchFullyShardedDataParallel(cfg, DistributedDataParallelConfig(), model, process_group=dist.group.WORLD)
-assert sharded[-1] is model  # the root, last
-names = {id(m): n for n, m in model.named_modules()}
-units = [names[id(m)] for m in sharded[:-1]]
-owner = {}
-for p, _ in model.named_parameters():
-    held = [u for u in units if p.startswith(u + ".")]
-    owner[p] = max(held, key=len) if held else ""
-print(json.dumps({"units": units, "owner": owner,
-                  "layers": [type(l).__name__ for l in model.decoder.layers]}))
+extra = {"layers": [type(l).__name__ for l in model.decoder.layers]}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_megatron_fsdp2_leaves_mamba_layers_in_the_root() -> None:
@@ -102,10 +71,7 @@ def test_megatron_fsdp2_leaves_mamba_layers_in_the_root() -> None:
     from megatron.core.ssm.mlp_layer import MLPLayer
     from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayer
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    out = subprocess.run([sys.executable, "-c", _WRAP], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = wrap_units(_BUILD)
     assert got["layers"] == ["MambaLayer", "TransformerLayer", "MLPLayer", "MoETransformerLayer"]
     owner = got["owner"]
     assert {"decoder.layers.1", "decoder.layers.2", "decoder.layers.3"} <= set(got["units"])

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
-import os
-import socket
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,19 +17,10 @@ from cost_models.memory import graphs_for, stage_memory, stage_params
 from cost_models.mtp import mtp_root_params, mtp_stage_params
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
+from megatron_fsdp2_wrap import wrap_units
 
-# Runs Megatron-Core's TorchFullyShardedDataParallel.__init__ (its wrap-set selection, unchanged) over a small GPTModel
-# with one MTP layer, built on CPU with the local spec; fully_shard and the CUDA DeviceMesh are replaced by recorders.
-# Prints, for each parameter, the name of the module whose unit holds it ("" = the root).
-_WRAP = r"""
-import json, os, sys, warnings
-warnings.filterwarnings("ignore")
-import torch.distributed as dist
-dist.init_process_group("gloo", rank=0, world_size=1)
-from megatron.core import parallel_state
-parallel_state.initialize_model_parallel()
-from megatron.core.distributed import DistributedDataParallelConfig
-import megatron.core.distributed.torch_fully_sharded_data_parallel as tfsdp
+# A small GPTModel with one MTP layer, built on CPU with the local spec, for megatron_fsdp2_wrap.wrap_units.
+_BUILD = r"""
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -44,25 +30,7 @@ cfg = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, use
 spec = get_gpt_layer_local_spec()
 model = GPTModel(cfg, spec, vocab_size=64, max_sequence_length=8,
                  mtp_block_spec=get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False))
-sharded = []
-tfsdp.fully_shard = lambda module, **kw: sharded.append(module)
-tfsdp.DeviceMesh = type("Mesh", (), {"from_group": staticmethod(lambda *a, **k: None)})
-tfsdp.TorchFullyShardedDataParallel(cfg, DistributedDataParallelConfig(), model, process_group=dist.group.WORLD)
-assert sharded[-1] is model  # the root, last
-names = {id(m): n for n, m in model.named_modules()}
-units = [names[id(m)] for m in sharded[:-1]]
-owner = {}
-for p, _ in model.named_parameters():
-    held = [u for u in units if p.startswith(u + ".")]
-    owner[p] = max(held, key=len) if held else ""
-print(json.dumps({"units": units, "owner": owner}))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _class_bases(path: Path) -> dict[str, list[str]]:
@@ -87,10 +55,7 @@ def test_megatron_fsdp2_shards_the_mtp_layer_and_keeps_its_projection_and_norms_
     import megatron.core
     from megatron.core.distributed.torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    out = subprocess.run([sys.executable, "-c", _WRAP], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = wrap_units(_BUILD)
     owner = got["owner"]
     mtp = "mtp.layers.0"
     assert f"{mtp}.transformer_layer" in got["units"] and "embedding" in got["units"]
