@@ -1,0 +1,238 @@
+"""Kernel measurements on one H200 against the cost model's prices of the same work (issue #12: where the held-out
+MoE misses are not).
+
+The measurements were taken with the device probes in ``benchmarks/gpu/`` (PyTorch only, CUDA events) on one
+NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04 and are stored as they came back:
+``benchmarks/data/h200_moe_probe_2026_12_04.json`` (``moe_layer_probe.py``: a GEMM grid, the routed experts of
+the held-out MoE layouts, an eager MoE block, SDPA attention, HBM copies) and
+``benchmarks/data/h200_dense_layer_probe_2026_12_04.json`` (``dense_layer_probe.py``: a Llama decoder layer,
+forward + backward, eager and compiled, beside its GEMMs and its attention alone).
+
+The prices come from the model itself (``cost_models.gemm.matmul_time_s``, ``cost_models.op_cost.layer_compute``)
+on ``build_cluster("h200", 1)``: the ``hopper`` generation's efficiencies, fitted on whole training runs. H200 has
+H100's SMs, clocks and 700 W board power, so its GEMM and attention kernels stand for Hopper's; its HBM is faster
+(4.8 vs 3.35 TB/s), which moves only memory-bound kernels.
+
+    python benchmarks/h200_probe.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autoplan.catalog import build_cluster, load_model  # noqa: E402
+from cost_models.gemm import matmul_time_s  # noqa: E402
+from cost_models.op_cost import layer_compute  # noqa: E402
+from cost_models.opgraph import layer_graph  # noqa: E402
+from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig  # noqa: E402
+from cost_models.targets import runtime_for  # noqa: E402
+from cost_models.targets.common import Software  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data"
+MOE_PROBE = DATA / "h200_moe_probe_2026_12_04.json"
+DENSE_PROBE = DATA / "h200_dense_layer_probe_2026_12_04.json"
+# FlashAttention's backward does 2.5x its forward's FLOPs (Dao 2023, §3.2; cost_models.attention_cost.ATTN_BWD_FACTOR)
+ATTN_FWD_BWD_FLOPS = 3.5
+
+
+def probe_cluster() -> ClusterSpec:
+    return build_cluster("h200", 1)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    m: int
+    k: int
+    n: int
+    measured_s: float  # mean of fprop, dgrad and wgrad: the model prices each as the forward shape
+    model_s: float
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.k * self.n
+
+
+def gemm_points(probe: dict, cluster: ClusterSpec) -> list[GemmPoint]:
+    return [GemmPoint(r["m"], r["k"], r["n"], (r["fprop_ms"] + r["dgrad_ms"] + r["wgrad_ms"]) / 3e3,
+                      matmul_time_s(r["m"], r["k"], r["n"], cluster)) for r in probe["gemm"]]
+
+
+def abs_errors(pred: list[float], meas: list[float]) -> np.ndarray:
+    return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
+
+
+def fit_flop_saturation(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """Least squares on log time of ``t = (F + F½) / (peak · g)`` under the HBM roofline: a fixed ramp of ``F½``
+    FLOPs' worth per GEMM (prologue, tail wave, epilogue) and a plateau ``g``. Returns (g, F½, MAPE, worst)."""
+    peak, bw = cluster.gpu.peak_bf16_tflops * 1e12, cluster.gpu.hbm_tbytes_per_s * 1e12
+
+    def pred(p: np.ndarray, pt: GemmPoint) -> float:
+        return max((pt.flops + p[1] * 1e9) / (peak * p[0]), 2.0 * (pt.m * pt.k + pt.k * pt.n + pt.m * pt.n) / bw)
+
+    sol = least_squares(lambda p: [np.log(pred(p, pt) / pt.measured_s) for pt in points], [0.7, 10.0],
+                        bounds=([0.3, 0.0], [1.0, 1e3]))
+    err = abs_errors([pred(sol.x, pt) for pt in points], [pt.measured_s for pt in points])
+    return float(sol.x[0]), float(sol.x[1]) * 1e9, float(err.mean()), float(err.max())
+
+
+def fit_dim_product(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """The catalog's own form, ``peak · gemm_max · Π x/(x + x½)``, refitted on the kernels (gemm_max bounded to 1).
+    Returns (gemm_max, x½, MAPE, worst)."""
+    peak, bw = cluster.gpu.peak_bf16_tflops * 1e12, cluster.gpu.hbm_tbytes_per_s * 1e12
+
+    def pred(p: np.ndarray, pt: GemmPoint) -> float:
+        shape = np.prod([x / (x + p[1]) for x in (pt.m, pt.k, pt.n)])
+        return max(pt.flops / (peak * p[0] * shape), 2.0 * (pt.m * pt.k + pt.k * pt.n + pt.m * pt.n) / bw)
+
+    sol = least_squares(lambda p: [np.log(pred(p, pt) / pt.measured_s) for pt in points], [0.8, 300.0],
+                        bounds=([0.3, 1.0], [1.0, 3000.0]))
+    err = abs_errors([pred(sol.x, pt) for pt in points], [pt.measured_s for pt in points])
+    return float(sol.x[0]), float(sol.x[1]), float(err.mean()), float(err.max())
+
+
+def expert_model_s(row: dict, cluster: ClusterSpec) -> float:
+    """One rank's routed experts, forward + backward, as ``op_cost.op_compute`` prices the two expert ops: local
+    experts × (fc1 + fc2) at the forward shape, backward 2× (dgrad + wgrad)."""
+    fc1_out = 2 * row["ffn"] if row["gated"] else row["ffn"]
+    per_expert = matmul_time_s(row["rows"], row["hidden"], fc1_out, cluster) \
+        + matmul_time_s(row["rows"], row["ffn"], row["hidden"], cluster)
+    return 3.0 * row["experts"] * per_expert
+
+
+def expert_rows(probe: dict, cluster: ClusterSpec) -> list[tuple[str, float, float, float]]:
+    """(case, measured per-expert loop fwd+bwd s, measured torch._grouped_mm fwd+bwd s, model s)."""
+    return [(r["case"], (r["loop_fwd_ms"] + r["loop_bwd_ms"]) / 1e3, r.get("grouped_fwd_bwd_ms", float("nan")) / 1e3,
+             expert_model_s(r, cluster)) for r in probe["experts"]]
+
+
+def attention_rows(probe: dict) -> list[tuple[str, int, float, float]]:
+    """(case, head dim, cuDNN fwd+bwd TFLOP/s on causal FLOPs, flash fwd+bwd TFLOP/s)."""
+    out = []
+    for r in probe["attention"]:
+        work = ATTN_FWD_BWD_FLOPS * r["causal_fwd_flops"]
+        out.append((r["case"], r["head_dim"], work / r["cudnn_fwd_bwd_ms"] / 1e9, work / r["flash_fwd_bwd_ms"] / 1e9))
+    return out
+
+
+def head_dim_ratio(probe: dict) -> float:
+    """cuDNN fwd+bwd rate at head dim 64 over head dim 128 at equal causal FLOPs and sequence (the gpt-oss d64 tp1
+    and qwen3-30b d128 cases: 64 x 64 and 32 x 128 heads, 4096 tokens)."""
+    rates = {(r[1], c): r[2] for c, r in ((r[0], r) for r in attention_rows(probe))}
+    return rates[(64, "gpt-oss d64 tp1")] / rates[(128, "qwen3-30b d128 tp1")]
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    gemm_s: float
+    attention_s: float
+    other_s: float  # memory-bound kernels (model) / the rest of the measured layer
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.other_s
+
+
+def dense_measured(row: dict, compiled: bool) -> LayerSplit:
+    total = row["compiled_fwd_bwd_ms" if compiled else "eager_fwd_bwd_ms"] / 1e3
+    gemm, attn = row["gemms_fwd_bwd_ms"] / 1e3, row["attention_fwd_bwd_ms"] / 1e3
+    return LayerSplit(gemm, attn, total - gemm - attn)
+
+
+def dense_model(cluster: ClusterSpec, compiled: bool) -> LayerSplit:
+    """llama3-8b's decoder layer, 8192 tokens, one rank, as ``layer_compute`` prices it for torchtitan (eager or
+    ``compile``): GEMMs 3× forward, the attention core forward + backward, the memory-bound kernels."""
+    model = load_model("llama3-8b")
+    job = JobSpec(global_batch_size=1, seq_len=8192, precision="bf16")
+    par = ParallelConfig(tp=1, micro_batch_size=1, zero_stage=3)
+    rt = runtime_for("torchtitan", job, cluster, par, Software(compile=compiled))
+    oc = layer_compute(layer_graph(model, "dense", job.seq_len), model, cluster, job, par, rt)
+    return LayerSplit(3.0 * oc.gemm_f, oc.attn_f + oc.attn_b, oc.mem_f + oc.mem_b)
+
+
+def main() -> int:
+    cluster = probe_cluster()
+    moe, dense = load(MOE_PROBE), load(DENSE_PROBE)
+    info = moe["info"]
+    print(f"# {info['device']}, torch {info['torch']}, cuDNN {info['cudnn']}; {moe['method']}")
+    print(f"model: build_cluster('h200', 1), hopper efficiencies: gemm_max {cluster.efficiency.gemm_max}, "
+          f"gemm_half_dim {cluster.efficiency.gemm_half_dim}, attention {cluster.efficiency.attention}\n")
+
+    points = gemm_points(moe, cluster)
+    print("## GEMMs (bf16; measured = mean of fprop, dgrad, wgrad; 20 back-to-back launches per sample)\n")
+    print("| m | k | n | measured TFLOP/s | model TFLOP/s | model / measured time |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for p in points:
+        print(f"| {p.m} | {p.k} | {p.n} | {p.flops / p.measured_s / 1e12:.0f} | {p.flops / p.model_s / 1e12:.0f} "
+              f"| {p.model_s / p.measured_s:.2f} |")
+    err = abs_errors([p.model_s for p in points], [p.measured_s for p in points])
+    signed = np.mean([p.model_s / p.measured_s - 1 for p in points])
+    g, fh, f_mape, f_worst = fit_flop_saturation(points, cluster)
+    gm, xh, d_mape, d_worst = fit_dim_product(points, cluster)
+    print(f"\ncatalog curve vs the {len(points)} kernels: MAPE {err.mean():.1%}, mean signed {signed:+.1%}, "
+          f"worst {err.max():.1%}")
+    print(f"the same per-dim form refitted on them: gemm_max {gm:.3f}, half-dim {xh:.0f}: MAPE {d_mape:.1%}, "
+          f"worst {d_worst:.1%}")
+    print(f"work saturation t = (F + F½)/(peak·g): g {g:.3f} ({g * cluster.gpu.peak_bf16_tflops:.0f} TFLOP/s), "
+          f"F½ {fh / 1e9:.2f} GFLOP ({fh / (g * cluster.gpu.peak_bf16_tflops * 1e12) * 1e6:.1f} µs per GEMM): "
+          f"MAPE {f_mape:.1%}, worst {f_worst:.1%}\n")
+
+    print("## Routed experts of the held-out layouts (one rank, bf16, forward + backward)\n")
+    print("| case | measured loop ms | measured grouped_mm ms | model ms | model / loop |")
+    print("|---|---:|---:|---:|---:|")
+    for case, loop, grouped, model in expert_rows(moe, cluster):
+        print(f"| {case} | {loop * 1e3:.2f} | {grouped * 1e3:.2f} | {model * 1e3:.2f} | {model / loop:.2f} |")
+
+    print("\n## Eager MoE block without its all-to-alls (router, top-k, sort, gather, grouped GEMMs, SwiGLU, "
+          "scale, scatter; fwd+bwd)\n")
+    print("| case | block ms | its grouped GEMMs ms | rest / GEMMs |")
+    print("|---|---:|---:|---:|")
+    for r in moe["moe_block"]:
+        rest = r["block_fwd_bwd_ms"] - r["gemm_only_ms"]
+        print(f"| {r['case']} | {r['block_fwd_bwd_ms']:.2f} | {r['gemm_only_ms']:.2f} | {rest / r['gemm_only_ms']:.2f} |")
+
+    print("\n## Attention core (SDPA, causal, GQA; fwd+bwd TFLOP/s on causal FLOPs, backward 2.5x forward)\n")
+    print("| case | head dim | cuDNN | flash (FA2) |")
+    print("|---|---:|---:|---:|")
+    for case, d, cudnn, flash in attention_rows(moe):
+        print(f"| {case} | {d} | {cudnn:.0f} | {flash:.0f} |")
+    print(f"\ncuDNN head dim 64 / 128 at equal FLOPs: {head_dim_ratio(moe):.3f} (catalog hopper attention_d64 "
+          f"{cluster.efficiency.attention_d64}); catalog hopper `attention` {cluster.efficiency.attention} = "
+          f"{cluster.efficiency.attention * cluster.gpu.peak_bf16_tflops:.0f} TFLOP/s\n")
+
+    print("## llama3-8b decoder layer, 8192 tokens, one H200 (forward + backward, ms)\n")
+    print("| | GEMMs | attention | the rest | layer |")
+    print("|---|---:|---:|---:|---:|")
+    for compiled in (False, True):
+        label = "compiled" if compiled else "eager"
+        meas = dense_measured(dense["layers"][0], compiled)
+        mod = dense_model(cluster, compiled)
+        print(f"| measured, {label} | {meas.gemm_s * 1e3:.2f} | {meas.attention_s * 1e3:.2f} | "
+              f"{meas.other_s * 1e3:.2f} | {meas.total_s * 1e3:.2f} |")
+        print(f"| model, torchtitan {label} | {mod.gemm_s * 1e3:.2f} | {mod.attention_s * 1e3:.2f} | "
+              f"{mod.other_s * 1e3:.2f} | {mod.total_s * 1e3:.2f} |")
+    r70 = dense["layers"][1]
+    print(f"\n{r70['case']}: eager {r70['eager_fwd_bwd_ms']:.2f} ms, compiled {r70['compiled_fwd_bwd_ms']:.2f}, "
+          f"GEMMs {r70['gemms_fwd_bwd_ms']:.2f}, attention {r70['attention_fwd_bwd_ms']:.2f}")
+    copy = next(r for r in moe["memory"] if r["case"].startswith("copy"))
+    print(f"HBM copy: {copy['bytes'] / copy['ms'] / 1e9:.2f} TB/s = "
+          f"{copy['bytes'] / copy['ms'] / 1e9 / cluster.gpu.hbm_tbytes_per_s:.3f} of the datasheet "
+          f"(catalog hbm_bus {cluster.efficiency.hbm_bus})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
