@@ -43,14 +43,14 @@ from cost_models.errors import ConfigError, InfeasibleError, divisors
 from cost_models.estimate import CostWeights, Prediction, dp_exposed_s, estimate
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig, interleave_pp_error, vp_schedule_error
 from cost_models.pipeline import pipeline_time_s
-from cost_models.pipeline_split import PipelineSplit, candidates, layout_candidates, legal_vp
+from cost_models.pipeline_split import PipelineSplit, candidates, layout_candidates
 from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split, chunked_costs, stage_costs
 from search.score import Scorer, schedule_alpha, split_fields
-from search.space import (ANY_TARGETS, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts, tp_choices,
-                          zero_choices)
+from search.space import (ANY_TARGETS, MAX_LAYOUT_VP, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts,
+                          interleavable_vp, pinnable_vps, tp_choices, zero_choices)
 
 Progress = Callable[[int, int], None]
 SPLIT_PINS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
@@ -333,10 +333,13 @@ def _no_interleaving(model: ModelSpec, layouts: list[Layout], pins: Mapping[str,
     if not pps:
         return "every layout has pp=1 (virtual stages need pp > 1)"
     n = model.num_layers
-    split = [p for p in pps if any(legal_vp(n, p, v) for v in range(2, n // p + 1))]
+    targets = list(dict.fromkeys(lay.target for lay in layouts))
+    split = [p for p in pps if any(interleavable_vp(model, t, p, v, pinned=False)
+                                   for t in targets for v in range(2, n // p + 1))]
     if not split:
         return (f"{model.name}'s {n} decoder layers have no split into pp x vp chunks (vp > 1) at pp "
-                f"{', '.join(map(str, pps))} without first/last-stage layer counts (pipeline_split.split_ok)")
+                f"{', '.join(map(str, pps))} that the target runs (split flags, pipeline_split.split_ok, or an "
+                f"explicit layout up to vp {MAX_LAYOUT_VP} unless vp is pinned)")
     return (f"at pp {', '.join(map(str, split))} the interleaved schedule needs the micro-batch count divisible by pp "
             "(Megatron), which no layout's is")
 
@@ -672,8 +675,12 @@ def _pin_choices(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: T
         if key == "hsdp_shard_size":  # the search offers few groups unpinned; a pin may take any that divides dp*cp
             values: set[Any] = set(_hsdp_sizes(model, cluster, job, target, rest))
         else:
-            values = {getattr(lay, key, None) for t in scorers
-                      for lay in enumerate_layouts(model, cluster, job, t, rest, Tally(), ladders)}  # type: ignore[arg-type]
+            layouts = [lay for t in scorers
+                       for lay in enumerate_layouts(model, cluster, job, t, rest, Tally(), ladders)]  # type: ignore[arg-type]
+            values = {getattr(lay, key, None) for lay in layouts}
+            if key == "vp":  # unpinned, explicit layouts stop at MAX_LAYOUT_VP; a pin may take any the target runs
+                values.update(v for pp, t in {(lay.pp, lay.target) for lay in layouts if lay.vp > 1}
+                              for v in pinnable_vps(model, t, pp))
         values.discard(None)
         if values:
             return key, sorted(values, key=lambda v: (str(type(v)), v))

@@ -285,6 +285,22 @@ def zero_choices(target: Target, cluster: ClusterSpec, dp_cp: int, pp: int, pins
 MAX_LAYOUT_VP = 2
 
 
+def interleavable_vp(model: ModelSpec, target: Target, pp: int, v: int, pinned: bool) -> bool:
+    """Whether the target runs ``v`` virtual stages on ``pp`` ranks: an even or uneven split Megatron's flags build
+    (``legal_vp``), or, where the target searches explicit layouts, one of ``layout_candidates`` (up to
+    ``MAX_LAYOUT_VP`` unless ``v`` is the user's pin)."""
+    if legal_vp(model.num_layers, pp, v):
+        return True
+    prof = get_profile(target)
+    return bool(prof is not None and prof.searches_pipeline_layouts and (v <= MAX_LAYOUT_VP or pinned)
+                and layout_candidates(model.num_layers, pp, v, model.arch.mtp_layers))
+
+
+def pinnable_vps(model: ModelSpec, target: Target, pp: int) -> list[int]:
+    """The virtual-stage counts > 1 a ``vp`` pin may take on ``pp`` ranks (``interleavable_vp`` as a pin)."""
+    return [v for v in range(2, model.num_layers // pp + 1) if interleavable_vp(model, target, pp, v, pinned=True)]
+
+
 def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: dict[str, Any],
                      tally: Tally) -> list[tuple[str, int]]:
     """(schedule, vp) pairs the target's profile runs: 1F1B, interleaved with every ``vp`` Megatron accepts (a pinned
@@ -303,12 +319,9 @@ def schedule_choices(model: ModelSpec, target: Target, pp: int, m: int, pins: di
             if prof is not None and prof.interleave_error(model) is not None:
                 tally.cut("target_rule")  # e.g. Megatron's Mamba hybrid stacks: no virtual stages
                 continue
-            layouts = prof is not None and prof.searches_pipeline_layouts
             for v in range(2, model.num_layers // pp + 1):
-                if not legal_vp(model.num_layers, pp, v) and not (  # no even or uneven split Megatron's flags
-                        layouts and (v <= MAX_LAYOUT_VP or pins.get("vp") == v)  # build, nor an explicit layout
-                        and layout_candidates(model.num_layers, pp, v, model.arch.mtp_layers)):  # the target
-                    continue  # takes
+                if not interleavable_vp(model, target, pp, v, pinned=pins.get("vp") == v):
+                    continue
                 if m % pp:
                     tally.cut("interleave_divisibility")
                 else:

@@ -121,3 +121,22 @@ def test_deepseek_v3_layouts_scorer_equals_estimate() -> None:
         assert par.pipeline_layout is not None and par.vp == 2
         assert plan.prediction == estimate(model, cluster, job, par, target="megatron",
                                            software=priced_software(plan.prediction.software))
+
+
+def test_refused_vp_pin_lists_every_vp_a_pin_plans() -> None:
+    """Unpinned, the search stops explicit layouts at MAX_LAYOUT_VP; a pin takes any vp the target runs. So a
+    refused vp pin's 'valid:' list names every vp a pin would plan (llama3-8b, 32 layers on pp 2: 1 to 16, the
+    uneven ones through explicit layouts), and each listed value does plan."""
+    from cost_models.errors import ConfigError
+    from search.space import MAX_LAYOUT_VP
+
+    model, cluster, job = load_model("llama3-8b"), build_cluster("h100-sxm", 8), JobSpec(global_batch_size=64,
+                                                                                          seq_len=4096)
+    with pytest.raises(ConfigError) as err:
+        search(model, cluster, job, pins={"pp": 2, "vp": 40}, find_smallest_cluster=False)
+    assert err.value.valid == list(range(1, 17))
+    beyond_cap = [v for v in err.value.valid if v > MAX_LAYOUT_VP and 32 % (2 * v)]
+    assert beyond_cap  # the list is more than the capped unpinned search offers
+    for v in (beyond_cap[0], beyond_cap[-1]):
+        res = search(model, cluster, job, pins={"pp": 2, "vp": v}, top_k=1, find_smallest_cluster=False)
+        assert res.plans[0].parallel.vp == v and res.plans[0].parallel.pipeline_layout is not None
