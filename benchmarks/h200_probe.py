@@ -6,7 +6,9 @@ NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04 
 ``benchmarks/data/h200_moe_probe_2026_12_04.json`` (``moe_layer_probe.py``: a GEMM grid, the routed experts of
 the held-out MoE layouts, an eager MoE block, SDPA attention, HBM copies) and
 ``benchmarks/data/h200_dense_layer_probe_2026_12_04.json`` (``dense_layer_probe.py``: a Llama decoder layer,
-forward + backward, eager and compiled, beside its GEMMs and its attention alone).
+forward + backward, eager and compiled, beside its GEMMs and its attention alone) and
+``benchmarks/data/h200_elementwise_probe_2026_12_04.json`` (``elementwise_probe.py``: the layer's memory-bound
+ops one at a time, eager and compiled, against the bytes an ideal fused kernel moves).
 
 The prices come from the model itself (``cost_models.gemm.matmul_time_s``, ``cost_models.op_cost.layer_compute``)
 on ``build_cluster("h200", 1)``: the ``hopper`` generation's efficiencies, fitted on whole training runs. H200 has
@@ -41,6 +43,7 @@ from cost_models.targets.common import Software  # noqa: E402
 DATA = ROOT / "benchmarks" / "data"
 MOE_PROBE = DATA / "h200_moe_probe_2026_12_04.json"
 DENSE_PROBE = DATA / "h200_dense_layer_probe_2026_12_04.json"
+ELEMENTWISE_PROBE = DATA / "h200_elementwise_probe_2026_12_04.json"
 # FlashAttention's backward does 2.5x its forward's FLOPs (Dao 2023, §3.2; cost_models.attention_cost.ATTN_BWD_FACTOR)
 ATTN_FWD_BWD_FLOPS = 3.5
 
@@ -163,6 +166,15 @@ def dense_model(cluster: ClusterSpec, compiled: bool) -> LayerSplit:
     return LayerSplit(3.0 * oc.gemm_f, oc.attn_f + oc.attn_b, oc.mem_f + oc.mem_b)
 
 
+def elementwise_rows(probe: dict, cluster: ClusterSpec) -> list[tuple[str, float, float, float]]:
+    """(op, ideal GB, eager share, compiled share): the ideal fused kernel's bytes over the measured time, as a share
+    of the datasheet HBM bandwidth (one forward + backward through autograd, launch gaps included)."""
+    bw = cluster.gpu.hbm_tbytes_per_s * 1e12
+    return [(r["case"], r["ideal_bytes"] / 1e9, r["ideal_bytes"] / (r["eager_ms"] / 1e3) / bw,
+             r["ideal_bytes"] / (r["compiled_ms"] / 1e3) / bw if "compiled_ms" in r else float("nan"))
+            for r in probe["ops"]]
+
+
 def main() -> int:
     cluster = probe_cluster()
     moe, dense = load(MOE_PROBE), load(DENSE_PROBE)
@@ -224,6 +236,12 @@ def main() -> int:
               f"{meas.other_s * 1e3:.2f} | {meas.total_s * 1e3:.2f} |")
         print(f"| model, torchtitan {label} | {mod.gemm_s * 1e3:.2f} | {mod.attention_s * 1e3:.2f} | "
               f"{mod.other_s * 1e3:.2f} | {mod.total_s * 1e3:.2f} |")
+    print("\n## Memory-bound ops, llama3-8b shapes, 8192 tokens (fwd+bwd; ideal fused bytes / time, share of "
+          f"{cluster.gpu.hbm_tbytes_per_s} TB/s)\n")
+    print("| op | ideal GB | eager | compiled |")
+    print("|---|---:|---:|---:|")
+    for op, gb, eager, comp in elementwise_rows(load(ELEMENTWISE_PROBE), cluster):
+        print(f"| {op} | {gb:.3f} | {eager:.3f} | {comp:.3f} |")
     r70 = dense["layers"][1]
     print(f"\n{r70['case']}: eager {r70['eager_fwd_bwd_ms']:.2f} ms, compiled {r70['compiled_fwd_bwd_ms']:.2f}, "
           f"GEMMs {r70['gemms_fwd_bwd_ms']:.2f}, attention {r70['attention_fwd_bwd_ms']:.2f}")

@@ -25,6 +25,7 @@ def moe():
 def test_probe_data_says_where_it_was_measured(moe) -> None:
     assert moe["info"]["device"] == "NVIDIA H200"
     assert hp.load(hp.DENSE_PROBE)["device"] == "NVIDIA H200"
+    assert hp.load(hp.ELEMENTWISE_PROBE)["device"] == "NVIDIA H200"
     pytest.importorskip("torch")  # the probe script imports it; its grid is what the stored data must cover
     probe = load_benchmark("gpu/moe_layer_probe", "moe_layer_probe")
     assert [(r["m"], r["k"], r["n"]) for r in moe["gemm"]] == probe.GEMM_GRID
