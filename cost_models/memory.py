@@ -135,7 +135,7 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
 
 
 def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int,
-                          root_layers: float = 0.0) -> Any:
+                          root_layers: float = 0.0, root_grad_excess: float = 0.0) -> Any:
     """Bytes torch FSDP2's output-layer, embedding and root units add at the activation peak (the end of the forward
     and the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest
     layer), on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
@@ -166,9 +166,10 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     past the peak: not counted.
 
     Plus the decoder layers the root holds (``rt.fsdp_root_kinds``; ``root_layers``: their parameters on the rank,
-    ``StageParams.root_held``): gathered (``rt.gather_bytes``) as the root above, and their unsharded gradients
-    (bf16, 2 B; reduced in the root's post-backward, the final callback, _fsdp_state.py:395-425), which grow through
-    the backward as the activations shrink: counted whole at the activation peak, a bound from above."""
+    ``StageParams.root_held``): gathered (``rt.gather_bytes``) as the root above; their unsharded gradients
+    (reduced in the root's post-backward, the final callback, _fsdp_state.py:395-425) grow through the backward as
+    the activations shrink: what they add above the activation peak is the caller's ``root_grad_excess``
+    (``root_grad_excess_bytes``)."""
     group = max(1, group)
     out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
     head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
@@ -177,8 +178,8 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
     r = rt.reshard_after_forward
     regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
-    root_mtp = (rt.gather_bytes * (mtp_root_params(model, tp, rt.fsdp_mtp_unit) + root_layers) * regathered
-                + 2.0 * root_layers * (1 - 1 / group))
+    root_mtp = rt.gather_bytes * (mtp_root_params(model, tp, rt.fsdp_mtp_unit) + root_layers) * regathered \
+        + root_grad_excess
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
         return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group) + root_mtp
     g = rt.gathered_unit_bytes
@@ -187,6 +188,25 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     peak = np.maximum.reduce([4.0 * head + 2.0 * big, (r + 2.0) * head + 2.0 * big, r * head + 6.0 * big])
     out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group) + root_mtp
     return float(out) if out.ndim == 0 else out  # type: ignore[return-value]
+
+
+def root_grad_excess_bytes(layer_acts: Sequence[float], layer_root_params: Sequence[float], head_act: float,
+                           group: int, reduce_bytes: float) -> float:
+    """What the unsharded gradients of the decoder layers a ZeRO-3 root unit holds (``Runtime.fsdp_root_kinds``)
+    add above the activation peak of one micro-batch (pp 1), walking its backward: the head's activations are freed
+    first; then, layer by layer from the last, a root layer's bf16 gradient (2 B per parameter, less the rank's own
+    1/``group`` shard, as the sharded gradients count it) is whole while its activations are still held, and each
+    layer's activations (``layer_acts``, in layer order) are freed after its backward; in the final callback the
+    root's post-backward copies all of them into the ``reduce_bytes`` reduce-scatter input (torch 2.13
+    _fsdp_state.py:395-425, _fsdp_collectives.py:597-606). The largest excess over the start of the backward, or 0:
+    the activations a Mamba layer frees usually outweigh its gradients, so the peak stays where it was."""
+    excess, peak, grads = -head_act, 0.0, 0.0
+    for a, p in zip(reversed(layer_acts), reversed(layer_root_params)):
+        g = 2.0 * p * (1 - 1 / max(1, group))
+        peak = max(peak, excess + g)
+        excess += g - a
+        grads += p
+    return max(peak, excess + reduce_bytes * grads)
 
 
 def sharded_grad_transient_bytes(rt: Runtime, layer_params: Any, n_layers: Any, vp: int) -> Any:
@@ -221,6 +241,23 @@ class StageParams:
     root_held: float = 0.0
 
 
+def layer_rank_params(model: ModelSpec, par: ParallelConfig, i: int) -> tuple[float, float]:
+    """(dense, expert) parameters of decoder layer ``i`` one rank holds: dense ÷ tp but the norms (+ a latent MoE's
+    projections) and, with tp > num_kv_heads under kv_replication 'replicate', the K/V weights, on every TP rank;
+    experts ÷ ep (expert TP = 1: experts are not split by tp)."""
+    ex = model.layer_expert_params(i)
+    whole = model.layer_unsplit_params(i)
+    d = (model.layer_params(i) - ex - whole) / par.tp + whole \
+        + model.layer_kv_whole_extra(i, par.tp, model.kv_replicated(par))
+    return d, ex / par.ep
+
+
+def root_layer_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int],
+                      root_kinds: frozenset[str]) -> list[float]:
+    """Per layer of ``layer_ids``: its parameters on the rank where the ZeRO-3 root unit holds it, else 0."""
+    return [sum(layer_rank_params(model, par, i)) if layer_kind(model, i) in root_kinds else 0.0 for i in layer_ids]
+
+
 def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int], *, first: bool,
                  last: bool, mtp: bool | None = None, mtp_unit: FsdpMtpUnit = "module",
                  root_kinds: frozenset[str] = frozenset()) -> StageParams:
@@ -230,18 +267,14 @@ def stage_params(model: ModelSpec, par: ParallelConfig, layer_ids: Sequence[int]
     ``root_kinds``: its ``fsdp_root_kinds``, layers held by the root unit rather than their own (``root_held``)."""
     t, e = par.tp, par.ep
     dense = expert = largest = root = 0.0
-    # K/V weights replicated on every TP rank (tp > num_kv_heads, kv_replication='replicate'): not ÷ t
-    kv_whole = model.kv_replicated(par)
     for i in layer_ids:
-        ex = model.layer_expert_params(i)
-        whole = model.layer_unsplit_params(i)  # norms (+ a latent MoE's projections): on every TP rank
-        d = (model.layer_params(i) - ex - whole) / t + whole + model.layer_kv_whole_extra(i, t, kv_whole)
+        d, ex = layer_rank_params(model, par, i)
         dense += d
-        expert += ex / e  # expert TP = 1: experts are not split by tp
+        expert += ex
         if root_kinds and layer_kind(model, i) in root_kinds:
-            root += d + ex / e
+            root += d + ex
         else:
-            largest = max(largest, d + ex / e)
+            largest = max(largest, d + ex)
     body = dense  # decoder layers (+ the MTP modules below): what TE's linears hold
     if first:
         dense += model.embedding_params / t
@@ -582,11 +615,10 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     if runtime.optimizer != "adam":  # Muon's 8 B for the 2-D matrices, Adam's 12 B for the rest (cost_models.muon)
         o1, o2 = optimizer_state_bytes(model, par, ids, sp.dense, sp.expert, runtime.optimizer, group, expert_group,
                                        mtp=bool(model.arch.mtp_layers) and stage == mtp_at)
-    per_mb = 0.0
-    for i in ids:
-        if i < runtime.cpu_offload_layers:
-            continue  # in host memory at the peak (TE cpu_offload; pp 1, the profile cites the schedule)
-        per_mb += activation_bytes_per_microbatch(graphs[layer_kind(model, i)], model, job, par, runtime)
+    layer_acts = [0.0 if i < runtime.cpu_offload_layers  # in host memory at the peak (TE cpu_offload; pp 1, the
+                  else activation_bytes_per_microbatch(graphs[layer_kind(model, i)], model, job, par, runtime)
+                  for i in ids]  # profile cites the schedule)
+    per_mb = sum(layer_acts)
     if dual:  # a chunk runs on either of the rank's two stages: their mean
         per_mb = per_mb * (layers[stage] + layers[par.pp - 1 - stage]) / (2.0 * max(1, n))
     if standalone and stage == mtp_at:  # the MTP blocks and projections, in flight like the stage's layers
@@ -619,7 +651,10 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
         if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)
-            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held)
+            excess = root_grad_excess_bytes(layer_acts, root_layer_params(model, par, ids, root), head, group,
+                                            runtime.gathered_unit_bytes - 6.0) if sp.root_held else 0.0
+            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held,
+                                               excess)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)

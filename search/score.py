@@ -48,6 +48,7 @@ from cost_models.memory import (
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
+    root_grad_excess_bytes,
     runtime_overhead_bytes,
     sharded_grad_transient_bytes,
     zero3_head_unit_bytes,
@@ -843,8 +844,11 @@ class Scorer:
             big = float(np.where(root, 0.0, largest).max()) if self.L else 0.0
             if self.model.arch.mtp_layers:
                 big = max(big, self.mtp_params(lay.tp, lay.ep, rt.fsdp_mtp_unit)[2])
+            group = lay.hsdp_shard_size or lay.dp * lay.cp
+            excess = root_grad_excess_bytes(per_layer.tolist(), np.where(root, largest, 0.0).tolist(), float(head_a),
+                                            group, rt.gathered_unit_bytes - 6.0) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
-                rt, self.model, lay.tp, big, lay.hsdp_shard_size or lay.dp * lay.cp, float(largest[root].sum()))
+                rt, self.model, lay.tp, big, group, float(largest[root].sum()), excess)
         return StageTables(
             time=time, static=static, act=act, last_time=head_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from autoplan.catalog import build_cluster, load_model
-from cost_models.memory import graphs_for, stage_memory, stage_params, zero3_transient_bytes
+from cost_models.memory import (activation_bytes_per_microbatch, graphs_for, stage_memory, stage_params,
+                                zero3_transient_bytes)
+from cost_models.opgraph import layer_kind
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
 from megatron_fsdp2_wrap import wrap_units
@@ -107,11 +109,28 @@ def test_megatron_fsdp2_leaves_mamba_layers_in_the_root() -> None:
     assert not runtime_for("torchtitan", job, cluster, ParallelConfig(zero_stage=3, ep=2)).fsdp_root_kinds
 
 
+def _backward_walk_peak(acts: list[float], root_params: list[float], head: float, dp: int, reduce: float) -> float:
+    """Bytes above the activation peak, memory sampled at each point of one micro-batch's backward: the head freed,
+    then per layer from the last: its gradient whole beside its activations, then its activations freed; at the
+    end the root's reduce-scatter input beside all the gradients."""
+    samples: list[float] = []
+    freed, grads, params = head, 0.0, 0.0
+    for a, p in zip(acts[::-1], root_params[::-1]):
+        grads += 2.0 * p * (1 - 1 / dp)
+        params += p
+        samples.append(grads - freed)
+        freed += a
+    samples.append(grads + reduce * params - freed)
+    return max([0.0, *samples])
+
+
 def test_megatron_zero3_prices_the_mamba_layers_in_the_root() -> None:
     """nemotron-h-8b, megatron --use-torch-fsdp2, tp 1 pp 1 on 64 GPUs: the Mamba layers leave the gathered units
     (the largest unit becomes the largest non-Mamba layer) and the root holds their parameters gathered in bf16
-    (``gather_bytes``) plus their unsharded bf16 gradients (2 B), less the rank's own 1/dp shard. Recomputed from
-    the model's per-layer parameters; the state and activations do not move."""
+    (``gather_bytes``), less the rank's own 1/dp shard; their unsharded gradients add what a walk of the backward
+    finds above the activation peak (here nothing: each Mamba layer frees more activations than its gradient
+    takes; with full recompute, where little is saved, they do add). Recomputed from the model's per-layer
+    parameters and activations; the state and activations do not move."""
     model, cluster = load_model("nemotron-h-8b"), build_cluster("h100-sxm", 64)
     job = JobSpec(global_batch_size=64, seq_len=4096)
     par = ParallelConfig(tp=1, pp=1, zero_stage=3, recompute="none", sequence_parallel=False)
@@ -133,6 +152,15 @@ def test_megatron_zero3_prices_the_mamba_layers_in_the_root() -> None:
     assert (got.weights, got.grads, got.optimizer, got.activations) == (was.weights, was.grads, was.optimizer,
                                                                        was.activations)
     _, per_largest = zero3_transient_bytes(rt, dp, 1)
-    moved = (rt.gather_bytes + 2.0) * held * (1 - 1 / dp) - per_largest * (max(params) - others)
-    assert got.transients - was.transients == pytest.approx(moved, rel=1e-9)
-    assert moved > 2**30  # more than a GiB on an 8B model: the old price was low
+    for recompute in ("none", "full"):
+        p = par.model_copy(update={"recompute": recompute})
+        got = stage_memory(model, job, p, dp, 0, [L], m, graphs, rt)
+        was = stage_memory(model, job, p, dp, 0, [L], m, graphs, was_rt)
+        acts = [activation_bytes_per_microbatch(graphs[layer_kind(model, i)], model, job, p, rt) for i in range(L)]
+        head = activation_bytes_per_microbatch(graphs["head"], model, job, p, rt)
+        grads = _backward_walk_peak(acts, [params[i] if i in mamba else 0.0 for i in range(L)], head, dp,
+                                    rt.gathered_unit_bytes - 6.0)
+        moved = rt.gather_bytes * held * (1 - 1 / dp) + grads - per_largest * (max(params) - others)
+        assert got.transients - was.transients == pytest.approx(moved, rel=1e-9)
+        assert moved > 2**30  # more than a GiB on an 8B model: the old price was low
+        assert (grads > 0) == (recompute == "full")
