@@ -2,7 +2,8 @@
 MoE misses are not).
 
 The measurements were taken with the device probes in ``benchmarks/gpu/`` (PyTorch only, CUDA events) on one
-NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04 and are stored as they came back:
+NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04, twice (``RUNS``: the second on a
+fresh machine, files ``*_run2.json``), and are stored as they came back:
 ``benchmarks/data/h200_moe_probe_2026_12_04.json`` (``moe_layer_probe.py``: a GEMM grid, the routed experts of
 the held-out MoE layouts, an eager MoE block, SDPA attention, HBM copies) and
 ``benchmarks/data/h200_dense_layer_probe_2026_12_04.json`` (``dense_layer_probe.py``: a Llama decoder layer,
@@ -44,6 +45,9 @@ DATA = ROOT / "benchmarks" / "data"
 MOE_PROBE = DATA / "h200_moe_probe_2026_12_04.json"
 DENSE_PROBE = DATA / "h200_dense_layer_probe_2026_12_04.json"
 ELEMENTWISE_PROBE = DATA / "h200_elementwise_probe_2026_12_04.json"
+# The same three probes run again on another machine of the kind the same day (``_run2``): run-to-run spread
+RUNS = [(MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE),
+        tuple(path.with_name(path.stem + "_run2.json") for path in (MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE))]
 # FlashAttention's backward does 2.5x its forward's FLOPs (Dao 2023, §3.2; cost_models.attention_cost.ATTN_BWD_FACTOR)
 ATTN_FWD_BWD_FLOPS = 3.5
 
@@ -242,6 +246,19 @@ def main() -> int:
     print("|---|---:|---:|---:|")
     for op, gb, eager, comp in elementwise_rows(load(ELEMENTWISE_PROBE), cluster):
         print(f"| {op} | {gb:.3f} | {eager:.3f} | {comp:.3f} |")
+    print("\n## Run to run (the same probes on a second machine, the same day)\n")
+    print("| run | catalog GEMM MAPE | work fit g / F½ GFLOP / MAPE | experts model / loop | d64 / d128 | 8b layer eager / "
+          "compiled ms |")
+    print("|---|---:|---:|---|---:|---:|")
+    for i, (mp, dp, _) in enumerate(RUNS, 1):
+        run = load(mp)
+        pts = gemm_points(run, cluster)
+        cat = abs_errors([p.model_s for p in pts], [p.measured_s for p in pts]).mean()
+        g_i, fh_i, m_i, _ = fit_flop_saturation(pts, cluster)
+        ratios = ", ".join(f"{m / loop:.2f}" for _, loop, _, m in expert_rows(run, cluster))
+        lay = load(dp)["layers"][0]
+        print(f"| {i} | {cat:.1%} | {g_i:.3f} / {fh_i / 1e9:.2f} / {m_i:.1%} | {ratios} | {head_dim_ratio(run):.3f} | "
+              f"{lay['eager_fwd_bwd_ms']:.2f} / {lay['compiled_fwd_bwd_ms']:.2f} |")
     r70 = dense["layers"][1]
     print(f"\n{r70['case']}: eager {r70['eager_fwd_bwd_ms']:.2f} ms, compiled {r70['compiled_fwd_bwd_ms']:.2f}, "
           f"GEMMs {r70['gemms_fwd_bwd_ms']:.2f}, attention {r70['attention_fwd_bwd_ms']:.2f}")

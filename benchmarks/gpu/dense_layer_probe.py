@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+import probe_common
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,25 +24,8 @@ LAYERS = [
 ]
 
 
-def timed_ms(fn, warmup: int = 3, reps: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def timed_ms(fn) -> float:
+    return probe_common.timed_ms(fn, warmup=3, reps=10)
 
 
 def make_layer(s: int, h: int, hq: int, hkv: int, d: int, f: int):
@@ -60,8 +44,8 @@ def make_layer(s: int, h: int, hq: int, hkv: int, d: int, f: int):
         y = F.rms_norm(x, (h,), w["norm1"], 1e-5)
         qkv = y @ w["qkv"].t()
         q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
-        q = rope(q.view(s, hq, d), cos, sin).transpose(0, 1).unsqueeze(0)
-        k = rope(k.view(s, hkv, d), cos, sin).transpose(0, 1).unsqueeze(0)
+        q = probe_common.rope(q.view(s, hq, d), cos, sin).transpose(0, 1).unsqueeze(0)
+        k = probe_common.rope(k.view(s, hkv, d), cos, sin).transpose(0, 1).unsqueeze(0)
         v = v.view(s, hkv, d).transpose(0, 1).unsqueeze(0)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+import probe_common
 import torch
 import torch.nn.functional as F
 
@@ -18,29 +19,12 @@ DT = torch.bfloat16
 TOKENS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 8192, 4096, 32, 8, 128, 14336, 128256  # llama3-8b, 8k
 
 
-def timed_ms(fn, warmup: int = 3, reps: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+def timed_ms(fn) -> float:
+    return probe_common.timed_ms(fn, warmup=3, reps=10)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, 1e-5)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
@@ -76,7 +60,7 @@ def cases() -> list[tuple[str, object, tuple, float]]:
         # norm: fwd read x, write y; bwd read dy, x, write dx (weight grad: a reduction, small)
         ("rms_norm", rms_norm, (x, w), b * (2 * n + 3 * n)),
         # rope on q: fwd read q (+cos/sin, small), write; bwd read dy, write dq
-        ("rope_q", rope, (q, cos, sin), b * (2 * nq + 2 * nq)),
+        ("rope_q", probe_common.rope, (q, cos, sin), b * (2 * nq + 2 * nq)),
         # swiglu: fwd read g,u write a; bwd read da, g, u, write dg, du
         ("swiglu", swiglu, (gu,), b * (3 * TOKENS * FFN + 5 * TOKENS * FFN)),
         # residual add: fwd read 2 write 1; bwd the gradient passes through (no kernel needed)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import probe_common
 import torch
 import torch.nn.functional as F
 
@@ -52,22 +53,7 @@ ATTN_CASES = [
 
 
 def timed_ms(fn, warmup: int = WARMUP, reps: int = REPS, inner: int = 1) -> float:
-    """Median over ``reps`` of the time of ``inner`` back-to-back calls between two events, per call: with
-    ``inner`` > 1 the launch queue stays ahead of the GPU, so a short kernel is not timed with its launch gap."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    times.sort()
-    return times[len(times) // 2]
+    return probe_common.timed_ms(fn, warmup, reps, inner)
 
 
 GEMM_INNER = 20  # back-to-back launches per timed sample on the GEMM grid (the training loop's regime)

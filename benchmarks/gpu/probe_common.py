@@ -1,0 +1,34 @@
+"""What the device probes of ``benchmarks/gpu/`` share: the CUDA-event timer and the rotary embedding they apply
+(PyTorch only; the probes run as scripts there, so ``python3 benchmarks/gpu/<probe>.py`` finds this module beside them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def timed_ms(fn: Callable[[], object], warmup: int, reps: int, inner: int = 1) -> float:
+    """Median over ``reps`` of the time of ``inner`` back-to-back calls between two CUDA events, per call, after
+    ``warmup`` calls: with ``inner`` > 1 the launch queue stays ahead of the GPU, so a short kernel is not timed with
+    its launch gap."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / inner)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, half-split (Llama's ``rotate_half``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
