@@ -9,7 +9,9 @@ the held-out MoE layouts, an eager MoE block, SDPA attention, HBM copies) and
 ``benchmarks/data/h200_dense_layer_probe_2026_12_04.json`` (``dense_layer_probe.py``: a Llama decoder layer,
 forward + backward, eager and compiled, beside its GEMMs and its attention alone) and
 ``benchmarks/data/h200_elementwise_probe_2026_12_04.json`` (``elementwise_probe.py``: the layer's memory-bound
-ops one at a time, eager and compiled, against the bytes an ideal fused kernel moves).
+ops one at a time, eager and compiled, against the bytes an ideal fused kernel moves), and
+``benchmarks/data/h200_sustained_gemm_2026_12_04.json`` (``sustained_gemm_probe.py``: GEMMs held 30 s without
+pause, per-second throughput, SM clock, power and temperature).
 
 The prices come from the model itself (``cost_models.gemm.matmul_time_s``, ``cost_models.op_cost.layer_compute``)
 on ``build_cluster("h200", 1)``: the ``hopper`` generation's efficiencies, fitted on whole training runs. H200 has
@@ -45,6 +47,7 @@ DATA = ROOT / "benchmarks" / "data"
 MOE_PROBE = DATA / "h200_moe_probe_2026_12_04.json"
 DENSE_PROBE = DATA / "h200_dense_layer_probe_2026_12_04.json"
 ELEMENTWISE_PROBE = DATA / "h200_elementwise_probe_2026_12_04.json"
+SUSTAINED_PROBE = DATA / "h200_sustained_gemm_2026_12_04.json"
 # The same three probes run again on another machine of the kind the same day (``_run2``): run-to-run spread
 RUNS = [(MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE),
         tuple(path.with_name(path.stem + "_run2.json") for path in (MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE))]
@@ -179,6 +182,16 @@ def elementwise_rows(probe: dict, cluster: ClusterSpec) -> list[tuple[str, float
             for r in probe["ops"]]
 
 
+def sustained_rows(probe: dict) -> list[tuple[tuple[int, int, int], float, float, float, str, str]]:
+    """(shape, first-window TFLOP/s, last-window TFLOP/s, min/max over windows, first smi, last smi)."""
+    out = []
+    for sh in probe["shapes"]:
+        tf = [w["tflops"] for w in sh["windows"]]
+        out.append(((sh["m"], sh["k"], sh["n"]), tf[0], tf[-1], min(tf) / max(tf), sh["windows"][0]["smi"],
+                    sh["windows"][-1]["smi"]))
+    return out
+
+
 def main() -> int:
     cluster = probe_cluster()
     moe, dense = load(MOE_PROBE), load(DENSE_PROBE)
@@ -259,6 +272,11 @@ def main() -> int:
         lay = load(dp)["layers"][0]
         print(f"| {i} | {cat:.1%} | {g_i:.3f} / {fh_i / 1e9:.2f} / {m_i:.1%} | {ratios} | {head_dim_ratio(run):.3f} | "
               f"{lay['eager_fwd_bwd_ms']:.2f} / {lay['compiled_fwd_bwd_ms']:.2f} |")
+    print("\n## Sustained GEMMs (30 s without pause; nvidia-smi SM MHz, W, C after the first and last window)\n")
+    print("| m, k, n | first TFLOP/s | last TFLOP/s | min / max | first | last |")
+    print("|---|---:|---:|---:|---|---|")
+    for shape, first, last, spread, s0, s1 in sustained_rows(load(SUSTAINED_PROBE)):
+        print(f"| {shape} | {first:.0f} | {last:.0f} | {spread:.3f} | {s0} | {s1} |")
     r70 = dense["layers"][1]
     print(f"\n{r70['case']}: eager {r70['eager_fwd_bwd_ms']:.2f} ms, compiled {r70['compiled_fwd_bwd_ms']:.2f}, "
           f"GEMMs {r70['gemms_fwd_bwd_ms']:.2f}, attention {r70['attention_fwd_bwd_ms']:.2f}")

@@ -62,3 +62,12 @@ def test_work_saturation_fits_the_kernels_better_than_the_dim_product(moe, clust
     g, f_half, work_mape, _ = hp.fit_flop_saturation(points, cluster)
     assert work_mape < 0.10 < product_mape < catalog
     assert 0.5 < g < 0.9 and f_half > 0
+
+
+def test_sustained_gemms_hold_their_rate() -> None:
+    # a GPU kept busy for 30 s at its power cap does not drift below its first second: the gap between the fitted
+    # (run-level) efficiencies and single kernels is not a sustained-power slowdown on this machine
+    rows = hp.sustained_rows(hp.load(hp.SUSTAINED_PROBE))
+    assert len(rows) == 2
+    for shape, first, last, spread, *_ in rows:
+        assert spread > 0.98 and abs(last / first - 1) < 0.02, shape
