@@ -2,8 +2,10 @@
 MoE misses are not).
 
 The measurements were taken with the device probes in ``benchmarks/gpu/`` (PyTorch only, CUDA events) on one
-NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04, twice (``RUNS``: the second on a
-fresh machine, files ``*_run2.json``), and are stored as they came back:
+NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130, cuDNN 9.19.0) on 2026-12-04, the MoE-layer probe twice
+(``MOE_RUNS``: the second on a fresh machine), and are stored as they came back. The GEMM grid times 20 launches on
+the same operands, so shapes whose operands fit the 60 MB L2 run cache-warm; the expert loops use distinct weights
+per expert. Files:
 ``benchmarks/data/h200_moe_probe_2026_12_04.json`` (``moe_layer_probe.py``: a GEMM grid, the routed experts of
 the held-out MoE layouts, an eager MoE block, SDPA attention, HBM copies) and
 ``benchmarks/data/h200_dense_layer_probe_2026_12_04.json`` (``dense_layer_probe.py``: a Llama decoder layer,
@@ -18,14 +20,18 @@ on ``build_cluster("h200", 1)``: the ``hopper`` generation's efficiencies, fitte
 H100's SMs, clocks and 700 W board power, so its GEMM and attention kernels stand for Hopper's; its HBM is faster
 (4.8 vs 3.35 TB/s), which moves only memory-bound kernels.
 
-    python benchmarks/h200_probe.py
+    python benchmarks/h200_probe.py                      # the tables
+    python benchmarks/h200_probe.py --heldout-what-if    # + held-out Hopper priced with the kernels' GEMM curve
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +42,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autoplan.catalog import build_cluster, load_model  # noqa: E402
+from cost_models.attention_cost import ATTN_BWD_FACTOR  # noqa: E402
+from cost_models import gemm  # noqa: E402
 from cost_models.gemm import matmul_time_s  # noqa: E402
-from cost_models.op_cost import layer_compute  # noqa: E402
+from cost_models.op_cost import layer_compute, op_compute  # noqa: E402
 from cost_models.opgraph import layer_graph  # noqa: E402
 from cost_models.specs import ClusterSpec, JobSpec, ParallelConfig  # noqa: E402
 from cost_models.targets import runtime_for  # noqa: E402
@@ -48,11 +56,10 @@ MOE_PROBE = DATA / "h200_moe_probe_2026_12_04.json"
 DENSE_PROBE = DATA / "h200_dense_layer_probe_2026_12_04.json"
 ELEMENTWISE_PROBE = DATA / "h200_elementwise_probe_2026_12_04.json"
 SUSTAINED_PROBE = DATA / "h200_sustained_gemm_2026_12_04.json"
-# The same three probes run again on another machine of the kind the same day (``_run2``): run-to-run spread
-RUNS = [(MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE),
-        tuple(path.with_name(path.stem + "_run2.json") for path in (MOE_PROBE, DENSE_PROBE, ELEMENTWISE_PROBE))]
+# The MoE-layer probe run again on another machine of the kind the same day (``_run2``): run-to-run spread
+MOE_RUNS = [MOE_PROBE, MOE_PROBE.with_name(MOE_PROBE.stem + "_run2.json")]
 # FlashAttention's backward does 2.5x its forward's FLOPs (Dao 2023, §3.2; cost_models.attention_cost.ATTN_BWD_FACTOR)
-ATTN_FWD_BWD_FLOPS = 3.5
+ATTN_FWD_BWD_FLOPS = 1.0 + ATTN_BWD_FACTOR
 
 
 def probe_cluster() -> ClusterSpec:
@@ -114,19 +121,56 @@ def fit_dim_product(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[floa
     return float(sol.x[0]), float(sol.x[1]), float(err.mean()), float(err.max())
 
 
-def expert_model_s(row: dict, cluster: ClusterSpec) -> float:
-    """One rank's routed experts, forward + backward, as ``op_cost.op_compute`` prices the two expert ops: local
-    experts × (fc1 + fc2) at the forward shape, backward 2× (dgrad + wgrad)."""
-    fc1_out = 2 * row["ffn"] if row["gated"] else row["ffn"]
-    per_expert = matmul_time_s(row["rows"], row["hidden"], fc1_out, cluster) \
-        + matmul_time_s(row["rows"], row["ffn"], row["hidden"], cluster)
-    return 3.0 * row["experts"] * per_expert
+def _qwen3_30b() -> dict:
+    """Qwen3-30B-A3B as the held-out rows define it (no catalog entry): the model of one of its card rows."""
+    cases = json.loads((DATA / "more_runs_bridge_cards.json").read_text())["cases"]
+    return next(c["model"] for c in cases if c["id"] == "mbcard_Qwen3_30B_a3B_h100_16gpu_BF16_natural")
 
 
-def expert_rows(probe: dict, cluster: ClusterSpec) -> list[tuple[str, float, float, float]]:
-    """(case, measured per-expert loop fwd+bwd s, measured torch._grouped_mm fwd+bwd s, model s)."""
-    return [(r["case"], (r["loop_fwd_ms"] + r["loop_bwd_ms"]) / 1e3, r.get("grouped_fwd_bwd_ms", float("nan")) / 1e3,
-             expert_model_s(r, cluster)) for r in probe["experts"]]
+# The layout each probe expert case stands for: (model, tp, ep, micro-batch size, sequence length), sequence parallel
+# with tp > 1, bf16, Megatron. Its routed rows per local expert, tokens / tp · top-k · ep / experts, are the probe's
+# rows (checked in ``expert_rows``). Two cases timed twice the rows their label's layout routes (16 x 8192 for
+# Qwen3-30B ep 8 mbs 2, 2 x 8192 for Maverick ep 64 mbs 1): they stand for mbs 4 and mbs 2.
+EXPERT_LAYOUTS: dict[str, tuple[str, int, int, int, int]] = {
+    "gpt-oss-120b tp2 ep16 (card h100 64gpu)": ("gpt-oss-120b", 2, 16, 1, 4096),
+    "gpt-oss-120b tp1 ep8 (mb26.02 h100 64gpu)": ("gpt-oss-120b", 1, 8, 1, 4096),
+    "gpt-oss-20b tp2 ep4 (card h100 16gpu)": ("gpt-oss-20b", 2, 4, 1, 4096),
+    "qwen3-30b-a3b tp1 ep16 mbs1 (card h100 16gpu)": ("qwen3-30b-a3b", 1, 16, 1, 4096),
+    "qwen3-30b-a3b tp1 ep8 mbs2 (mb2511 h100 16gpu)": ("qwen3-30b-a3b", 1, 8, 4, 4096),
+    "llama4-maverick tp1 ep64 (gb200 128gpu)": ("llama4-maverick-17b-128e", 1, 64, 2, 8192),
+}
+
+
+def expert_model_s(case: str, cluster: ClusterSpec, balanced: bool) -> tuple[float, float]:
+    """(model seconds, routed rows per local expert) of one rank's routed experts, forward + backward, as
+    ``op_cost.op_compute`` prices the layer's expert ops (GEMMs 3x forward) for the case's layout on Megatron:
+    with the layout's load imbalance and router padding, or at ``balanced`` routing (capacity factor 1: rho = 1,
+    as the probe routes)."""
+    name, tp, ep, mbs, seq = EXPERT_LAYOUTS[case]
+    model = load_model(_qwen3_30b() if name == "qwen3-30b-a3b" else name)
+    job = JobSpec(global_batch_size=mbs * 64, seq_len=seq, precision="bf16")
+    par = ParallelConfig(tp=tp, ep=ep, micro_batch_size=mbs, sequence_parallel=tp > 1)
+    rt = runtime_for("megatron", job, cluster, par)
+    if balanced:
+        rt = replace(rt, moe_capacity_factor=1.0)
+    graph = layer_graph(model, "moe", seq)
+    gemm_f = sum(op_compute(op, graph, model, cluster, job, par, rt).gemm_f for op in graph.ops if op.kind == "experts")
+    rows = mbs * seq / (tp if tp > 1 else 1) * model.moe_top_k * ep / model.num_experts
+    return 3.0 * gemm_f, rows
+
+
+def expert_rows(probe: dict, cluster: ClusterSpec) -> list[tuple[str, float, float, float, float]]:
+    """(case, measured per-expert loop fwd+bwd s, measured torch._grouped_mm fwd+bwd s, model s at balanced routing,
+    model s as it prices the run). Raises where a case's layout does not route the rows the probe timed."""
+    out = []
+    for r in probe["experts"]:
+        balanced, rows = expert_model_s(r["case"], cluster, balanced=True)
+        if rows != r["rows"]:
+            raise ValueError(f"{r['case']}: its layout routes {rows:g} rows per expert, the probe timed {r['rows']}")
+        priced, _ = expert_model_s(r["case"], cluster, balanced=False)
+        out.append((r["case"], (r["loop_fwd_ms"] + r["loop_bwd_ms"]) / 1e3,
+                    r.get("grouped_fwd_bwd_ms", float("nan")) / 1e3, balanced, priced))
+    return out
 
 
 def attention_rows(probe: dict) -> list[tuple[str, int, float, float]]:
@@ -192,7 +236,47 @@ def sustained_rows(probe: dict) -> list[tuple[tuple[int, int, int], float, float
     return out
 
 
-def main() -> int:
+@contextmanager
+def kernel_gemm_curve(plateau: float, half_flops: float) -> Iterator[None]:
+    """Diagnostic only, never the catalog: within the block, the ``hopper`` generation's GEMMs take the kernels'
+    work-saturation curve ``plateau · F/(F + half_flops)`` in place of the fitted per-dim curve
+    (``cost_models.gemm.gemm_efficiency``); other generations and every other price stay as they are."""
+    fitted = gemm.gemm_efficiency
+
+    def kernel(m: float, k: float, n: float, cluster: ClusterSpec) -> float:
+        if cluster.gpu.generation != "hopper":
+            return fitted(m, k, n, cluster)
+        work = 2.0 * m * k * n
+        return plateau * work / (work + half_flops)
+
+    gemm.gemm_efficiency = kernel  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        gemm.gemm_efficiency = fitted  # type: ignore[assignment]
+
+
+def heldout_hopper_mape(plateaus: list[float], half_flops: float) -> list[tuple[str, int, float, float]]:
+    """(label, n, MAPE, mean signed) of the held-out Hopper rows (``benchmarks/heldout.py``) with the fitted curve,
+    then with the kernel curve at each plateau (``kernel_gemm_curve``), nothing refitted."""
+    import heldout  # benchmarks/ is this script's sys.path[0]; heldout imports fidelity by name the same way
+
+    def hopper(rows: list) -> tuple[int, float, float]:
+        row = next(r for r in heldout.summarize(rows, "generation") if r[0] == "hopper")
+        return row[1], row[2], row[3]
+
+    out = [("fitted curve (catalog)", *hopper(heldout.evaluate()[0]))]
+    for g in plateaus:
+        with kernel_gemm_curve(g, half_flops):
+            out.append((f"kernel curve, plateau {g:.3f}", *hopper(heldout.evaluate()[0])))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heldout-what-if", action="store_true",
+                    help="also price the held-out runs with the kernels' GEMM curve on Hopper (diagnostic, ~1 min)")
+    args = ap.parse_args(argv)
     cluster = probe_cluster()
     moe, dense = load(MOE_PROBE), load(DENSE_PROBE)
     info = moe["info"]
@@ -220,10 +304,15 @@ def main() -> int:
           f"MAPE {f_mape:.1%}, worst {f_worst:.1%}\n")
 
     print("## Routed experts of the held-out layouts (one rank, bf16, forward + backward)\n")
-    print("| case | measured loop ms | measured grouped_mm ms | model ms | model / loop |")
-    print("|---|---:|---:|---:|---:|")
-    for case, loop, grouped, model in expert_rows(moe, cluster):
-        print(f"| {case} | {loop * 1e3:.2f} | {grouped * 1e3:.2f} | {model * 1e3:.2f} | {model / loop:.2f} |")
+    print("model: op_cost.op_compute on the layer's expert ops (gate, up, down) at the layout, balanced (rho = 1, as the "
+          "probe routes) and as priced for the run (its load imbalance and router padding)\n")
+    print("| case (the probe's label) | layout priced | measured loop ms | measured grouped_mm ms | model ms, balanced | "
+          "model / loop | model ms, as priced |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for case, loop, grouped, balanced, priced in expert_rows(moe, cluster):
+        _, tp, ep, mbs, seq = EXPERT_LAYOUTS[case]
+        print(f"| {case} | tp{tp} ep{ep} mbs{mbs} s{seq} | {loop * 1e3:.2f} | {grouped * 1e3:.2f} | "
+              f"{balanced * 1e3:.2f} | {balanced / loop:.2f} | {priced * 1e3:.2f} |")
 
     print("\n## Eager MoE block without its all-to-alls (router, top-k, sort, gather, grouped GEMMs, SwiGLU, "
           "scale, scatter; fwd+bwd)\n")
@@ -260,18 +349,15 @@ def main() -> int:
     for op, gb, eager, comp in elementwise_rows(load(ELEMENTWISE_PROBE), cluster):
         print(f"| {op} | {gb:.3f} | {eager:.3f} | {comp:.3f} |")
     print("\n## Run to run (the same probes on a second machine, the same day)\n")
-    print("| run | catalog GEMM MAPE | work fit g / F½ GFLOP / MAPE | experts model / loop | d64 / d128 | 8b layer eager / "
-          "compiled ms |")
-    print("|---|---:|---:|---|---:|---:|")
-    for i, (mp, dp, _) in enumerate(RUNS, 1):
+    print("| run | catalog GEMM MAPE | work fit g / F½ GFLOP / MAPE | experts model / loop | d64 / d128 |")
+    print("|---|---:|---:|---|---:|")
+    for i, mp in enumerate(MOE_RUNS, 1):
         run = load(mp)
         pts = gemm_points(run, cluster)
         cat = abs_errors([p.model_s for p in pts], [p.measured_s for p in pts]).mean()
         g_i, fh_i, m_i, _ = fit_flop_saturation(pts, cluster)
-        ratios = ", ".join(f"{m / loop:.2f}" for _, loop, _, m in expert_rows(run, cluster))
-        lay = load(dp)["layers"][0]
-        print(f"| {i} | {cat:.1%} | {g_i:.3f} / {fh_i / 1e9:.2f} / {m_i:.1%} | {ratios} | {head_dim_ratio(run):.3f} | "
-              f"{lay['eager_fwd_bwd_ms']:.2f} / {lay['compiled_fwd_bwd_ms']:.2f} |")
+        ratios = ", ".join(f"{m / loop:.2f}" for _, loop, _, m, _ in expert_rows(run, cluster))
+        print(f"| {i} | {cat:.1%} | {g_i:.3f} / {fh_i / 1e9:.2f} / {m_i:.1%} | {ratios} | {head_dim_ratio(run):.3f} |")
     print("\n## Sustained GEMMs (30 s without pause; nvidia-smi SM MHz, W, C after the first and last window)\n")
     print("| m, k, n | first TFLOP/s | last TFLOP/s | min / max | first | last |")
     print("|---|---:|---:|---:|---|---|")
@@ -284,6 +370,13 @@ def main() -> int:
     print(f"HBM copy: {copy['bytes'] / copy['ms'] / 1e9:.2f} TB/s = "
           f"{copy['bytes'] / copy['ms'] / 1e9 / cluster.gpu.hbm_tbytes_per_s:.3f} of the datasheet "
           f"(catalog hbm_bus {cluster.efficiency.hbm_bus})")
+    if args.heldout_what_if:
+        print(f"\n## What-if (diagnostic, not the catalog): held-out Hopper rows with the kernels' GEMM curve, F½ "
+              f"{fh / 1e9:.2f} GFLOP (run 1), nothing refitted\n")
+        print("| GEMM curve | Hopper rows | MAPE | mean signed |")
+        print("|---|---:|---:|---:|")
+        for label, n, mape, signed in heldout_hopper_mape([0.56, 0.60, 0.64, round(g, 3)], fh):
+            print(f"| {label} | {n} | {mape:.1%} | {signed:+.1%} |")
     return 0
 
 

@@ -334,7 +334,7 @@ def _no_interleaving(model: ModelSpec, layouts: list[Layout], pins: Mapping[str,
         return "every layout has pp=1 (virtual stages need pp > 1)"
     n = model.num_layers
     targets = list(dict.fromkeys(lay.target for lay in layouts))
-    split = [p for p in pps if any(interleavable_vp(model, t, p, v, pinned=False)
+    split = [p for p in pps if any(interleavable_vp(model, t, p, v, pinned=pins.get("vp") == v)
                                    for t in targets for v in range(2, n // p + 1))]
     if not split:
         return (f"{model.name}'s {n} decoder layers have no split into pp x vp chunks (vp > 1) at pp "

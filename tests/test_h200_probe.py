@@ -19,12 +19,13 @@ def cluster():
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["run1", "run2"])
 def moe(request):
-    return hp.load(hp.RUNS[request.param][0])
+    return hp.load(hp.MOE_RUNS[request.param])
 
 
 def test_probe_data_says_where_it_was_measured(moe, monkeypatch) -> None:
     assert moe["info"]["device"] == "NVIDIA H200"
-    assert all(hp.load(path)["device"] == "NVIDIA H200" for run in hp.RUNS for path in run[1:])
+    assert all(hp.load(path)["device"] == "NVIDIA H200"
+               for path in (hp.DENSE_PROBE, hp.ELEMENTWISE_PROBE, hp.SUSTAINED_PROBE))
     pytest.importorskip("torch")  # the probe script imports it; its grid is what the stored data must cover
     monkeypatch.syspath_prepend(str(hp.ROOT / "benchmarks" / "gpu"))  # the probes import probe_common beside them
     probe = load_benchmark("gpu/moe_layer_probe", "moe_layer_probe")
@@ -32,11 +33,11 @@ def test_probe_data_says_where_it_was_measured(moe, monkeypatch) -> None:
     assert [r["case"] for r in moe["experts"]] == [c[0] for c in probe.EXPERT_CASES]
 
 
-def test_catalog_head_dim_64_ratio_lies_within_our_runs(cluster) -> None:
-    # hopper attention_d64 [meas] comes from NVIDIA's cudnn-frontend numbers; our two SDPA runs give 0.80 and 0.88
-    # (each run's d64 and d128 fwd+bwd times moved ~5%, in opposite directions): the catalog sits within them, at
-    # most one such 5% below the lower
-    ratios = [hp.head_dim_ratio(hp.load(run[0])) for run in hp.RUNS]
+def test_catalog_head_dim_64_ratio_is_near_our_runs(cluster) -> None:
+    # hopper attention_d64 [meas] comes from NVIDIA's cudnn-frontend numbers; our two SDPA runs give 0.801 and 0.876
+    # (each run's d64 and d128 fwd+bwd times moved ~5%, in opposite directions): the catalog's 0.796 is just below
+    # both, within one such 5% of the lower; not a confirmation tighter than the runs' 9% spread
+    ratios = [hp.head_dim_ratio(hp.load(path)) for path in hp.MOE_RUNS]
     assert 0.95 * min(ratios) <= cluster.efficiency.attention_d64 <= max(ratios)
 
 
@@ -46,13 +47,14 @@ def test_catalog_hbm_bus_holds_on_our_copy(moe, cluster) -> None:
     assert achieved == pytest.approx(cluster.efficiency.hbm_bus, rel=0.05)
 
 
-def test_model_does_not_price_the_hopper_moe_experts_faster_than_they_run(moe, cluster) -> None:
-    # the held-out GPT-OSS / Qwen3-30B H100 rows are predicted too fast; their expert GEMMs are not why
+def test_model_does_not_price_the_bf16_hopper_moe_experts_faster_than_they_run(moe, cluster) -> None:
+    # the held-out GPT-OSS H100 rows (bf16) are predicted too fast; their expert GEMMs, as op_compute prices them at
+    # the published layouts, are not why. (The too-fast Qwen3-30B H100 rows are fp8: the probe timed bf16.)
     rows = [r for r in hp.expert_rows(moe, cluster) if "h100" in r[0]]
     assert len(rows) == 5
-    for case, loop_s, grouped_s, model_s in rows:
-        assert model_s > loop_s, case
-        assert math.isnan(grouped_s) or model_s > grouped_s, case
+    for case, loop_s, grouped_s, balanced_s, priced_s in rows:
+        assert priced_s >= balanced_s > loop_s, case
+        assert math.isnan(grouped_s) or balanced_s > grouped_s, case
 
 
 def test_work_saturation_fits_the_kernels_better_than_the_dim_product(moe, cluster) -> None:

@@ -62,17 +62,23 @@ def probe(name: str, s: int, h: int, hq: int, hkv: int, d: int, f: int) -> dict:
     x = torch.randn(s, h, device="cuda", dtype=DT, requires_grad=True)
     dy = torch.randn(s, h, device="cuda", dtype=DT)
 
+    leaves = [x, *w.values()]
+
     def eager():
+        probe_common.fresh_grads(*leaves)
         layer(x).backward(dy)
 
-    # the same four GEMMs (forward, dgrad, wgrad through autograd) on stand-in inputs
+    # the same four GEMMs (forward, dgrad, wgrad through autograd) on stand-in inputs, output gradients made once
     xin = torch.randn(s, h, device="cuda", dtype=DT, requires_grad=True)
     ain = torch.randn(s, hq * d, device="cuda", dtype=DT, requires_grad=True)
+    xin2 = torch.randn(s, h, device="cuda", dtype=DT, requires_grad=True)
     fin = torch.randn(s, f, device="cuda", dtype=DT, requires_grad=True)
+    gouts = [torch.randn(s, n, device="cuda", dtype=DT) for n in ((hq + 2 * hkv) * d, h, 2 * f, h)]
 
     def gemms():
-        outs = [xin @ w["qkv"].t(), ain @ w["o"].t(), xin @ w["w13"].t(), fin @ w["w2"].t()]
-        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        probe_common.fresh_grads(xin, ain, xin2, fin, *w.values())
+        outs = [xin @ w["qkv"].t(), ain @ w["o"].t(), xin2 @ w["w13"].t(), fin @ w["w2"].t()]
+        torch.autograd.backward(outs, gouts)
 
     q = torch.randn(1, hq, s, d, device="cuda", dtype=DT, requires_grad=True)
     k = torch.randn(1, hkv, s, d, device="cuda", dtype=DT, requires_grad=True)
@@ -80,6 +86,7 @@ def probe(name: str, s: int, h: int, hq: int, hkv: int, d: int, f: int) -> dict:
     do = torch.randn(1, hq, s, d, device="cuda", dtype=DT)
 
     def attn():
+        probe_common.fresh_grads(q, k, v)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(do)
 
@@ -91,6 +98,7 @@ def probe(name: str, s: int, h: int, hq: int, hkv: int, d: int, f: int) -> dict:
         compiled = torch.compile(layer)
 
         def comp():
+            probe_common.fresh_grads(*leaves)
             compiled(x).backward(dy)
 
         comp()
@@ -104,7 +112,7 @@ def probe(name: str, s: int, h: int, hq: int, hkv: int, d: int, f: int) -> dict:
 def main(out_path: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-              "method": "CUDA events around one forward+backward, median of 10 after 3 warm-ups", "layers": []}
+              "method": "CUDA events around one forward+backward (leaf gradients dropped before each), median of 10 after 3 warm-ups", "layers": []}
     for case in LAYERS:
         s = time.time()
         result["layers"].append(probe(*case))

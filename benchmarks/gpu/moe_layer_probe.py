@@ -39,6 +39,8 @@ EXPERT_CASES = [
     ("gpt-oss-120b tp1 ep8 (mb26.02 h100 64gpu)", 16, 1024, 2880, 2880, True),
     ("gpt-oss-20b tp2 ep4 (card h100 16gpu)", 8, 1024, 2880, 2880, True),
     ("qwen3-30b-a3b tp1 ep16 mbs1 (card h100 16gpu)", 8, 4096, 2048, 768, True),
+    # these two time twice the rows their label's layout routes (4096 per expert): they stand for mbs 4 and mbs 2
+    # (benchmarks/h200_probe.py EXPERT_LAYOUTS); the labels are kept as the stored data carries them
     ("qwen3-30b-a3b tp1 ep8 mbs2 (mb2511 h100 16gpu)", 16, 8192, 2048, 768, True),
     ("llama4-maverick tp1 ep64 (gb200 128gpu)", 2, 8192, 5120, 8192, True),
 ]

@@ -28,6 +28,13 @@ def timed_ms(fn: Callable[[], object], warmup: int, reps: int, inner: int = 1) -
     return times[len(times) // 2]
 
 
+def fresh_grads(*tensors: torch.Tensor) -> None:
+    """Drop the leaves' ``.grad`` before a timed backward, so it writes new gradients as a training step's first
+    micro-batch does instead of reading and adding into the last call's (a pass per input no ideal count holds)."""
+    for t in tensors:
+        t.grad = None
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding, half-split (Llama's ``rotate_half``)."""
     x1, x2 = x.chunk(2, dim=-1)
