@@ -29,9 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -92,35 +93,39 @@ def abs_errors(pred: list[float], meas: list[float]) -> np.ndarray:
     return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
 
 
-def fit_flop_saturation(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[float, float, float, float]:
-    """Least squares on log time of ``t = (F + F½) / (peak · g)`` under the HBM roofline: a fixed ramp of ``F½``
-    FLOPs' worth per GEMM (prologue, tail wave, epilogue) and a plateau ``g``. Returns (g, F½, MAPE, worst)."""
+def _fit_gemm_curve(points: list[GemmPoint], cluster: ClusterSpec,
+                    efficiency: Callable[[np.ndarray, GemmPoint], float], start: list[float],
+                    bounds: tuple[list[float], list[float]]) -> tuple[np.ndarray, float, float]:
+    """Least squares on log time of ``F / (peak · efficiency(p, shape))`` under the HBM roofline (operands and
+    result cross HBM once): (the fitted p, MAPE, worst)."""
     peak, bw = cluster.gpu.peak_bf16_tflops * 1e12, cluster.gpu.hbm_tbytes_per_s * 1e12
 
     def pred(p: np.ndarray, pt: GemmPoint) -> float:
-        return max((pt.flops + p[1] * 1e9) / (peak * p[0]), 2.0 * (pt.m * pt.k + pt.k * pt.n + pt.m * pt.n) / bw)
+        return max(pt.flops / (peak * efficiency(p, pt)), 2.0 * (pt.m * pt.k + pt.k * pt.n + pt.m * pt.n) / bw)
 
-    sol = least_squares(lambda p: [np.log(pred(p, pt) / pt.measured_s) for pt in points], [0.7, 10.0],
-                        bounds=([0.3, 0.0], [1.0, 1e3]))
+    sol = least_squares(lambda p: [np.log(pred(p, pt) / pt.measured_s) for pt in points], start, bounds=bounds)
     err = abs_errors([pred(sol.x, pt) for pt in points], [pt.measured_s for pt in points])
-    return float(sol.x[0]), float(sol.x[1]) * 1e9, float(err.mean()), float(err.max())
+    return sol.x, float(err.mean()), float(err.max())
+
+
+def fit_flop_saturation(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """``t = (F + F½) / (peak · g)``, the efficiency ``g · F/(F + F½)``: a fixed ramp of ``F½`` FLOPs' worth per GEMM
+    (prologue, tail wave, epilogue) and a plateau ``g``. Returns (g, F½, MAPE, worst)."""
+    p, mape, worst = _fit_gemm_curve(points, cluster, lambda p, pt: p[0] * pt.flops / (pt.flops + p[1] * 1e9),
+                                     [0.7, 10.0], ([0.3, 0.0], [1.0, 1e3]))
+    return float(p[0]), float(p[1]) * 1e9, mape, worst
 
 
 def fit_dim_product(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[float, float, float, float]:
     """The catalog's own form, ``peak · gemm_max · Π x/(x + x½)``, refitted on the kernels (gemm_max bounded to 1).
     Returns (gemm_max, x½, MAPE, worst)."""
-    peak, bw = cluster.gpu.peak_bf16_tflops * 1e12, cluster.gpu.hbm_tbytes_per_s * 1e12
-
-    def pred(p: np.ndarray, pt: GemmPoint) -> float:
-        shape = np.prod([x / (x + p[1]) for x in (pt.m, pt.k, pt.n)])
-        return max(pt.flops / (peak * p[0] * shape), 2.0 * (pt.m * pt.k + pt.k * pt.n + pt.m * pt.n) / bw)
-
-    sol = least_squares(lambda p: [np.log(pred(p, pt) / pt.measured_s) for pt in points], [0.8, 300.0],
-                        bounds=([0.3, 1.0], [1.0, 3000.0]))
-    err = abs_errors([pred(sol.x, pt) for pt in points], [pt.measured_s for pt in points])
-    return float(sol.x[0]), float(sol.x[1]), float(err.mean()), float(err.max())
+    p, mape, worst = _fit_gemm_curve(
+        points, cluster, lambda p, pt: p[0] * float(np.prod([x / (x + p[1]) for x in (pt.m, pt.k, pt.n)])),
+        [0.8, 300.0], ([0.3, 1.0], [1.0, 3000.0]))
+    return float(p[0]), float(p[1]), mape, worst
 
 
+@cache
 def _qwen3_30b() -> dict:
     """Qwen3-30B-A3B as the held-out rows define it (no catalog entry): the model of one of its card rows."""
     cases = json.loads((DATA / "more_runs_bridge_cards.json").read_text())["cases"]

@@ -134,6 +134,13 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
     return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
 
 
+def reduce_input_bytes(rt: Runtime) -> float:
+    """Bytes per parameter of FSDP2's reduce-scatter input (the unsharded gradient copied into the reduce dtype,
+    _fsdp_collectives.py:597-606): what ``rt.gathered_unit_bytes`` adds beyond a unit's 6 B of gathered weight,
+    gradient and prefetch (``targets.common.fsdp2_gathered_unit_bytes``)."""
+    return rt.gathered_unit_bytes - 6.0
+
+
 def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int,
                           root_layers: float = 0.0, root_grad_excess: float = 0.0) -> Any:
     """Bytes torch FSDP2's output-layer, embedding and root units add at the activation peak (the end of the forward
@@ -183,7 +190,7 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
         return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group) + root_mtp
     g = rt.gathered_unit_bytes
-    r = g - 6.0
+    r = reduce_input_bytes(rt)
     big = np.asarray(largest, dtype=float)
     peak = np.maximum.reduce([4.0 * head + 2.0 * big, (r + 2.0) * head + 2.0 * big, r * head + 6.0 * big])
     out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group) + root_mtp
@@ -652,7 +659,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
         if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)
             excess = root_grad_excess_bytes(layer_acts, root_layer_params(model, par, ids, root), head, group,
-                                            runtime.gathered_unit_bytes - 6.0) if sp.root_held else 0.0
+                                            reduce_input_bytes(runtime)) if sp.root_held else 0.0
             transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held,
                                                excess)
     if runtime.grad_reduce_every_microbatch and not dual:

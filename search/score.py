@@ -48,6 +48,7 @@ from cost_models.memory import (
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
+    reduce_input_bytes,
     root_grad_excess_bytes,
     runtime_overhead_bytes,
     sharded_grad_transient_bytes,
@@ -846,7 +847,7 @@ class Scorer:
                 big = max(big, self.mtp_params(lay.tp, lay.ep, rt.fsdp_mtp_unit)[2])
             group = lay.hsdp_shard_size or lay.dp * lay.cp
             excess = root_grad_excess_bytes(per_layer.tolist(), np.where(root, largest, 0.0).tolist(), float(head_a),
-                                            group, rt.gathered_unit_bytes - 6.0) if root.any() else 0.0
+                                            group, reduce_input_bytes(rt)) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
                 rt, self.model, lay.tp, big, group, float(largest[root].sum()), excess)
         return StageTables(
