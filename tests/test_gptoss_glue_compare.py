@@ -1,0 +1,32 @@
+"""benchmarks/gptoss_glue_compare.py: the model's side of the GPT-OSS glue probe (benchmarks/gpu/gptoss_glue_probe.py)
+recomputed from the byte counts it claims to price, so a change in op_traffic's glue counts or the H200's HBM rate
+shows here."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark_modules import load_benchmark
+from autoplan.catalog import build_cluster, load_model
+from cost_models.gemm import hbm_time_s
+from cost_models.op_traffic import MCORE_EXPERT_BIAS_BYTES, MCORE_UNFUSED_ROTARY_BYTES
+
+compare = load_benchmark("gptoss_glue_compare", "gptoss_glue_compare")
+
+
+@pytest.mark.parametrize("rows", [1024, 4096])
+def test_fc2_bias_and_rope_are_the_byte_counts_over_hbm(rows: int) -> None:
+    m = compare.model_prices_ms(rows)
+    model, cluster = load_model("gpt-oss-120b"), build_cluster("h200", 8)
+    routed = 16 * rows  # 16 local experts at ep 8
+    bias_bytes = sum(MCORE_EXPERT_BIAS_BYTES["bf16"]) * routed * model.hidden_size
+    assert m["fc2_bias"] == pytest.approx(hbm_time_s(bias_bytes, cluster) * 1e3, rel=1e-9)
+    tokens = m["mbs"] * compare.SEQ
+    qk = tokens * (model.num_attention_heads + model.num_kv_heads) * model.head_dim
+    assert m["rope"] == pytest.approx(hbm_time_s(sum(MCORE_UNFUSED_ROTARY_BYTES) * qk, cluster) * 1e3, rel=1e-9)
+    assert m["mbs"] == rows // 1024
+
+
+def test_rows_must_be_a_whole_micro_batch() -> None:
+    with pytest.raises(ValueError, match="whole micro-batch"):
+        compare.model_prices_ms(1000)
