@@ -1,5 +1,6 @@
-"""The cost model's price of GPT-OSS's Megatron-Core BF16 glue on an H200, beside ``benchmarks/gpu/gptoss_glue_probe.py``'s
-timings of the same kernels (issue #12: every GPT-OSS-120B Megatron-Bridge row is predicted 20-50% fast).
+"""The cost model's price of GPT-OSS's Megatron-Core BF16 glue on an H200, beside the timings of
+``benchmarks/gpu/gptoss_glue_probe.py`` of the same kernels (issue #12: every GPT-OSS-120B Megatron-Bridge row is
+predicted 20-50% fast).
 
 The model's side: ``op_cost.op_compute`` on GPT-OSS-120B's MoE layer, tp 1, ep 8, seq 4096, Megatron with the
 alltoall dispatcher (bf16 routing probs) at balanced routing, on ``build_cluster("h200", 8)`` (the hopper
