@@ -11,7 +11,8 @@ its layers and micro-batches): ``(measured - predicted) / compute``.
   another miss.) Qwen3-30B / 235B MXFP8 on the same GPUs are priced right, so the shared part is not every
   Blackwell row: it needs a cause common to Maverick, Nemotron-3 Super and GPT-OSS (none is found here).
 So the GPT-OSS-specific piece is ~0.05-0.25 of the priced compute (H100: ~2.3 ms per layer-micro-batch of 4096
-tokens); the rest of its Blackwell miss is not GPT-OSS's. benchmarks/gpu/gptoss_glue_probe.py times the Megatron-Core glue that only GPT-OSS runs against its price."""
+tokens); the rest of its Blackwell miss is not GPT-OSS's. benchmarks/gpu/gptoss_glue_probe.py times the
+Megatron-Core glue that only GPT-OSS runs, against its price."""
 
 from __future__ import annotations
 
