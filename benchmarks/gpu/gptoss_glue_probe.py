@@ -16,14 +16,17 @@ The pieces, written here from what the framework's code does (not imported):
 - ``rope_yarn_unfused``: ``_apply_rotary_pos_emb_bshd`` on q (64 heads) and k (8 heads), head dim 64, with cos / sin
   scaled by YaRN's mscale each call, rotate-half by chunk / neg / cat, and the concatenation with the (empty)
   pass-through part; ``rope_ideal`` the same math compiled;
-- ``experts_gemm``: the per-expert GEMMs alone (fc1 with its bias, fc2 without), a loop over local experts, and
-  ``experts_full``: the same loop with the glue between them as the layer runs it (fc1 outputs concatenated, the
-  activation, split, fc2, the bias) — so glue measured in place (launch gaps included) = full - gemm.
+- ``experts_gemm``: the routed-expert GEMMs alone, fc1 and fc2 as one ``torch._grouped_mm`` each (one output buffer,
+  as TE's GroupedLinear writes; fc1's bias, a cuBLAS epilogue in TE, left out), forward + backward, and
+  ``experts_full``: fc1, the activation, fc2 and fc2's bias chained as the layer runs them — so the glue measured in
+  place (launch gaps and stream order included) = full - gemm.
 
 Cases: one rank at tp 1, ep 8 (16 local experts of GPT-OSS-120B) with 1024 routed rows per expert (mbs 1 x 4096:
 the H100 rows) and 4096 (mbs 4 x 4096: the Blackwell rows), forced-balanced routing.
 
-Usage: ``python benchmarks/gpu/gptoss_glue_probe.py OUT.json`` (about a minute on an H200);
+Usage: ``python benchmarks/gpu/gptoss_glue_probe.py OUT.json`` (estimated 1-2 minutes on an H200, most of it
+``torch.compile``: every compiled function is compiled once with dynamic shapes, as ``jit_fuser`` ends up after a
+second shape);
 ``--smoke`` runs tiny shapes on the CPU to check the script.
 
 What it decides: if ``act_mcore`` + ``fc2_bias_*`` + ``rope_yarn_unfused`` (and ``experts_full - experts_gemm``) run
@@ -41,7 +44,6 @@ import time
 
 import probe_common
 import torch
-import torch.nn.functional as F
 
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
@@ -63,13 +65,13 @@ def timed_ms(fn) -> float:
 
 
 # --- the activation, as Megatron-Core splits it: eager clamp, then a Function with compiled forward / backward -------
-@torch.compile
+@torch.compile(dynamic=True)
 def _qgeglu_w(y: torch.Tensor, w: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
     g, lin = y.chunk(2, -1)
     return (g * torch.sigmoid(QG_ALPHA * g) * (lin + off) * w).to(y.dtype)
 
 
-@torch.compile
+@torch.compile(dynamic=True)
 def _qgeglu_w_back(dy: torch.Tensor, y: torch.Tensor, w: torch.Tensor, off: torch.Tensor):
     g, lin = y.chunk(2, -1)
     s = torch.sigmoid(QG_ALPHA * g)
@@ -100,7 +102,7 @@ def act_mcore(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return _WeightedQGeGLU.apply(y, w, off)
 
 
-@torch.compile
+@torch.compile(dynamic=True)
 def act_ideal(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     g, lin = y.chunk(2, -1)
     g, lin = g.clamp(max=CLAMP), lin.clamp(min=-CLAMP, max=CLAMP)
@@ -128,7 +130,7 @@ def rope_unfused(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.cat((rot, passthrough), dim=-1)
 
 
-rope_ideal = torch.compile(rope_unfused)
+rope_ideal = torch.compile(rope_unfused, dynamic=True)
 
 
 def leaf(*shape: int, dtype: torch.dtype = DT) -> torch.Tensor:
@@ -143,42 +145,52 @@ def fwd_bwd(fn, inputs: list[torch.Tensor], *args) -> float:
     return timed_ms(run)
 
 
+def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """One grouped GEMM over the local experts into one buffer, as TE's GroupedLinear writes it: ``torch._grouped_mm``
+    where the build has it (sm_90+), else a per-expert loop and a concatenation (the CPU smoke run)."""
+    if not SMOKE:
+        return torch._grouped_mm(x, w, offs=offs)
+    return torch.cat([xe @ we for xe, we in zip(x.split(counts), w.unbind(0))])
+
+
 def expert_rows(rows: int) -> dict:
     n, counts = LOCAL_EXPERTS * rows, [rows] * LOCAL_EXPERTS
+    offs = torch.arange(1, LOCAL_EXPERTS + 1, device=DEV, dtype=torch.int32) * rows
     y, w_bf16, w_fp32 = leaf(n, 2 * FFN), leaf(n, 1), leaf(n, 1, dtype=torch.float32)
     out = leaf(n, HIDDEN)
     biases = [leaf(HIDDEN) for _ in range(LOCAL_EXPERTS)]
-    x = leaf(n, HIDDEN)
-    w1 = [leaf(2 * FFN, HIDDEN) for _ in range(LOCAL_EXPERTS)]
-    b1 = [leaf(2 * FFN) for _ in range(LOCAL_EXPERTS)]
-    w2 = [leaf(HIDDEN, FFN) for _ in range(LOCAL_EXPERTS)]
-    params = [x, *w1, *b1, *w2]
+    x, a = leaf(n, HIDDEN), leaf(n, FFN)
+    w1 = (torch.randn(LOCAL_EXPERTS, HIDDEN, 2 * FFN, device=DEV, dtype=DT) * 0.02).requires_grad_(True)
+    w2 = (torch.randn(LOCAL_EXPERTS, FFN, HIDDEN, device=DEV, dtype=DT) * 0.02).requires_grad_(True)
 
-    def gemms(x, *_):
-        xs = x.split(counts)
-        h = [F.linear(xs[e], w1[e], b1[e]) for e in range(LOCAL_EXPERTS)]
-        return torch.cat([F.linear(h[e][:, :FFN], w2[e]) for e in range(LOCAL_EXPERTS)])
+    def gemms() -> None:  # fc1 and fc2 on independent inputs, forward + backward: the GEMMs alone
+        probe_common.fresh_grads(x, a, w1, w2)
+        h, o = _grouped(x, w1, offs, counts), _grouped(a, w2, offs, counts)
+        torch.autograd.backward([h, o], [torch.ones_like(h), torch.ones_like(o)])
 
-    def full(x, *_):
-        xs = x.split(counts)
-        h = torch.cat([F.linear(xs[e], w1[e], b1[e]) for e in range(LOCAL_EXPERTS)])
-        a = act_mcore(h, w_bf16).split(counts)
-        o = torch.cat([F.linear(a[e], w2[e]) for e in range(LOCAL_EXPERTS)])
-        return fc2_bias(o, biases, w_bf16, counts)
+    def full() -> None:  # fc1 -> Megatron's activation -> fc2 -> fc2's bias, forward + backward
+        probe_common.fresh_grads(x, w1, w2, w_bf16, *biases)
+        o = fc2_bias(_grouped(act_mcore(_grouped(x, w1, offs, counts), w_bf16), w2, offs, counts),
+                     biases, w_bf16, counts)
+        o.backward(torch.ones_like(o))
 
-    r = {"rows_per_expert": rows, "local_experts": LOCAL_EXPERTS}
+    r = {"rows_per_expert": rows, "local_experts": LOCAL_EXPERTS,
+         "gemm": "torch._grouped_mm" if not SMOKE else "per-expert loop"}
     t0 = time.perf_counter()
     r["act_mcore_ms"] = fwd_bwd(act_mcore, [y, w_bf16])
     r["act_ideal_ms"] = fwd_bwd(act_ideal, [y, w_bf16])
     r["compile_s"] = round(time.perf_counter() - t0, 1)
     r["fc2_bias_bf16_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_bf16])
     r["fc2_bias_fp32_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_fp32])
-    r["experts_gemm_ms"] = fwd_bwd(gemms, params)
-    r["experts_full_ms"] = fwd_bwd(full, params + [w_bf16])
+    r["experts_gemm_ms"] = timed_ms(gemms)
+    r["experts_full_ms"] = timed_ms(full)
     # ideal bytes: each input read and output written once, forward and backward (the gradients of what it saved)
     e = 2.0
     r["act_ideal_bytes"] = e * (n * 2 * FFN + n * FFN) + e * (n * FFN + 2 * n * 2 * FFN)
     r["fc2_bias_ideal_bytes"] = e * 2 * n * HIDDEN + e * 2 * n * HIDDEN
+    del y, out, x, a, w1, w2
+    if not SMOKE:
+        torch.cuda.empty_cache()
     return r
 
 
