@@ -117,7 +117,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         if op.kind in ("dispatch", "combine") else 1
     pad = op.kind == "experts" and quantization_padded(model, job, par, cluster, rt)
     mem_f, mem_b = op_traffic_bytes(op, graph, model, job, par, rt, eager_elementwise(eff, rt),
-                                    non_tn_fp8_gemm(cluster), passes, pad)
+                                    non_tn_fp8_gemm(cluster), passes, pad, eff.mcore_glue_time_ratio)
     mem_f, mem_b = mem_f + idx_mf, mem_b + idx_mb
     if routed_rows_op(op):  # capacity rows or the router's padded copies: moved, padded, activated like the routed
         rows = routed_rows(model, job, par, cluster, rt)

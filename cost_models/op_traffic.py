@@ -159,13 +159,16 @@ def _add_quant_padding(op: Op, graph: LayerGraph, per_rank: Callable[[str], floa
 def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: JobSpec,
                      par: ParallelConfig, rt: Runtime | None = None,
                      eager: bool = False, non_tn_gemm: bool = False, permute_passes: int = 1,
-                     quant_padding: bool = False) -> tuple[float, float]:
+                     quant_padding: bool = False, glue_ratio: float = 1.0) -> tuple[float, float]:
     """HBM bytes (forward, backward) of one op's memory-bound kernels for one micro-batch on one rank. ``eager``:
     norms, rotary and the gated activation run op by op (``EAGER_*``); the loss is torch's op-by-op cross-entropy
     (``TORCH_LOSS_BYTES``) when the runtime's loss is not fused (``Runtime.fused_loss``). ``non_tn_gemm``: the GPU's
     fp8 GEMM takes any layout (``knob_effects.non_tn_fp8_gemm``: no fp8 transposes). ``permute_passes``: the
     dispatcher's passes over the routed copies per dispatch / combine (``moe.permutation_passes``). ``quant_padding``
     (an experts op): TE pads the routed rows per expert for the quantized grouped GEMM (``moe.quantization_padded``).
+    ``glue_ratio``: Megatron-Core's eager glue bytes (``MCORE_EXPERT_CLAMP_BYTES``, ``MCORE_EXPERT_BIAS_BYTES``,
+    ``MCORE_UNFUSED_ROTARY_BYTES``) count this many times: the generation's measured device time of those kernels
+    over their bytes' streaming time (``Efficiency.mcore_glue_time_ratio``).
 
     Hidden-width tensors are split across TP only with sequence parallelism (otherwise every TP rank repeats
     the norms and residual adds); head/FFN/vocab-width tensors are split by TP. ``par`` is how *this op* is
@@ -190,9 +193,10 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         if model is not None and (model.learned_position_embeddings or model.arch.no_position_encoding):
             return 0.0, 0.0  # absolute positions are added once at the embedding, or none at all: no rotary kernel
         w = sum(per_rank(x) for x in op.inputs)
-        rb = EAGER_ROTARY_BYTES if eager else MCORE_UNFUSED_ROTARY_BYTES if mcore_unfused_rope(rt, model) \
-            else ROTARY_BYTES
-        fwd, bwd = rb[0] * w, rb[1] * w
+        unfused = not eager and mcore_unfused_rope(rt, model)
+        rb = EAGER_ROTARY_BYTES if eager else MCORE_UNFUSED_ROTARY_BYTES if unfused else ROTARY_BYTES
+        g = glue_ratio if unfused else 1.0
+        fwd, bwd = rb[0] * w * g, rb[1] * w * g
     elif op.kind == "elementwise" and len(op.inputs) == 2 and graph.tensors[op.output].dim_kind == "hidden":
         w = per_rank(op.output)  # residual / shared-expert add
         fwd, bwd = RESIDUAL_BYTES[0] * w, RESIDUAL_BYTES[1] * w
@@ -208,7 +212,8 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
         if op.name.startswith("expert_") and fused_grouped_mlp(rt, model):  # in the GEMM epilogues
             fwd, bwd = 0.0, BF16_BYTES * FUSED_GLU_BWD_INPUT_READS * ins * tf
         elif op.name.startswith("expert_") and op.clamped and mcore_glue(rt, model):
-            fwd, bwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf, bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf
+            fwd = fwd + MCORE_EXPERT_CLAMP_BYTES[0] * ins * tf * glue_ratio
+            bwd = bwd + MCORE_EXPERT_CLAMP_BYTES[1] * ins * tf * glue_ratio
     elif op.kind == "ssm" and model is not None and model.mamba is not None:
         fwd, bwd = ssd_traffic_bytes(model.mamba, t, par.cp)
         cf, cb = layout_copy_bytes(model.mamba, t, par.cp, par.micro_batch_size)
@@ -234,7 +239,7 @@ def op_traffic_bytes(op: Op, graph: LayerGraph, model: ModelSpec | None, job: Jo
     elif op.kind == "experts" and graph.tensors[op.output].dim_kind == "hidden" and mcore_glue(rt, model) \
             and model.linear_bias:  # fc2's bias added per expert outside the GEMM (MCORE_EXPERT_BIAS_BYTES)
         probs = "fp32" if rt.moe_dispatcher in ("deepep", "hybridep") else "bf16"
-        w = per_rank(op.output) * tf
+        w = per_rank(op.output) * tf * glue_ratio
         fwd, bwd = fwd + MCORE_EXPERT_BIAS_BYTES[probs][0] * w, bwd + MCORE_EXPERT_BIAS_BYTES[probs][1] * w
     if quant_padding and op.kind == "experts":
         fwd, bwd = _add_quant_padding(op, graph, per_rank, fwd, bwd)

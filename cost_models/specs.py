@@ -1018,6 +1018,13 @@ class Efficiency(_Frozen):
                                         "scale: SFU/ALU) once and the MMAs in proportion to d, so throughput ∝ "
                                         "d/(d + d½); this ratio sets d½ (attention_cost.head_dim_factor). Head dims "
                                         ">= 128 keep the measured d-128 share; unset: no head-dim dependence")
+    mcore_glue_time_ratio: float = Field(default=1.0, ge=1.0, le=5.0, description="device time of Megatron-Core's "
+                                         "eager glue kernels (GPT-OSS's expert clamp, fc2's per-expert bias, YaRN's "
+                                         "op-by-op RoPE: op_traffic.MCORE_EXPERT_CLAMP_BYTES / MCORE_EXPERT_BIAS_BYTES"
+                                         " / MCORE_UNFUSED_ROTARY_BYTES) over their bytes at the streaming rate "
+                                         "(hbm_bus): the bytes count what the code reads and writes, this what the "
+                                         "kernels take to move them (op_traffic.op_traffic_bytes ``glue_ratio``); "
+                                         "1: at the streaming rate")
     ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
                                      "(mamba_ssm's Triton chunked scan, forward and backward) sustain: the op takes at "
                                      "least its FLOPs at this rate (cost_models.mamba.ssd_flops); unset: priced by its "

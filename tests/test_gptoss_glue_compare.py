@@ -16,7 +16,7 @@ compare = load_benchmark("gptoss_glue_compare", "gptoss_glue_compare")
 
 @pytest.mark.parametrize("rows", [1024, 4096])
 def test_fc2_bias_and_rope_are_the_byte_counts_over_hbm(rows: int) -> None:
-    m = compare.model_prices_ms(rows)
+    m = compare.model_prices_ms(rows, streaming=True)
     model, cluster = load_model("gpt-oss-120b"), build_cluster("h200", 8)
     routed = 16 * rows  # 16 local experts at ep 8
     bias_bytes = sum(MCORE_EXPERT_BIAS_BYTES["bf16"]) * routed * model.hidden_size
@@ -34,15 +34,46 @@ def test_rows_must_be_a_whole_micro_batch() -> None:
 
 def test_stored_h200_run_glue_is_issue_bound_not_priced() -> None:
     """The stored H200 run (benchmarks/data/h200_gptoss_glue_probe_2026_12_04.json): Megatron's GPT-OSS glue in place
-    takes over twice the bytes the model prices for it at both sizes, while the expert GEMMs take less than theirs;
+    takes over twice its bytes' streaming time at both sizes, while the expert GEMMs take less than theirs;
     and the probe's compiled one-kernel references stay under a fifth of the H200's HBM rate (4.8 TB/s): neither the
     byte count nor a one-kernel ideal holds this glue's time there (the limit the compare script states)."""
     import json
 
     probe = json.loads(compare.STORED.read_text())
-    got = {name: meas / model for name, meas, model in compare.rows(probe)}
+    got = {name: meas / model for name, meas, model in compare.rows(probe, streaming=True)}
     for rows in (1024, 4096):
         mbs = rows // 1024
         assert got[f"glue in place (full - GEMMs), {rows} rows/expert (mbs {mbs})"] > 2.0
         assert got[f"expert GEMMs, {rows} rows/expert (mbs {mbs})"] < 1.0
     assert all(rate < 0.2 * 4.8 for _, rate in compare.reference_rates_tb_s(probe))
+
+
+def test_catalog_glue_ratio_is_the_profiled_measurement() -> None:
+    """Efficiency.mcore_glue_time_ratio (hopper [meas], blackwell [prior]) is what the profiled H200 run measures:
+    recomputed from the stored kernel times and the model's own byte counts at the streaming rate, not copied."""
+    import json
+
+    from autoplan.catalog.registry import efficiency_for_gpu
+
+    probe = json.loads(compare.PROFILED.read_text())
+    ratio = compare.glue_time_ratio(probe)
+    assert 1.3 < ratio < 3.0
+    for gpu in ("h100-sxm", "h200", "b200", "gb200"):
+        assert efficiency_for_gpu(gpu).mcore_glue_time_ratio == pytest.approx(ratio, abs=5e-4), gpu
+    pieces = compare.glue_pieces(probe)
+    assert len(pieces) == 8 and all(1.3 < meas / model < 3.0 for _, meas, model in pieces)
+
+
+def test_glue_ratio_prices_only_megatrons_glue() -> None:
+    """The ratio scales Megatron-Core's glue bytes and nothing else: GPT-OSS's act / fc2 / RoPE prices at the catalog
+    are the streaming-rate prices' glue part times the ratio; its expert GEMMs do not move."""
+    from autoplan.catalog.registry import efficiency_for_gpu
+
+    r = efficiency_for_gpu("h200").mcore_glue_time_ratio
+    for rows in (1024, 4096):
+        cat, base = compare.model_prices_ms(rows), compare.model_prices_ms(rows, streaming=True)
+        assert cat["clamp"] == pytest.approx(r * base["clamp"], rel=1e-9)
+        assert cat["fc2_bias"] == pytest.approx(r * base["fc2_bias"], rel=1e-9)
+        assert cat["rope"] == pytest.approx(r * base["rope"], rel=1e-9)
+        assert cat["act"] - cat["clamp"] == pytest.approx(base["act"] - base["clamp"], rel=1e-9)
+        assert cat["expert_gemms"] == pytest.approx(base["expert_gemms"], rel=1e-12)

@@ -26,7 +26,9 @@ nothing large left unpriced (each item is priced, or small, as its source says):
 The data locate the miss (these tests): it is per token, not per step; it is not the attention core (doubling the
 sequence at equal tokens per micro-batch moves it by a small fraction of the attention work it adds); and no cost
 class the model prices for both models explains GPT-OSS and Qwen3 together, so a per-class factor would be a
-per-model fit. What remains is GPT-OSS-specific and halves under the MXFP8 fused grouped MLP; it needs a profile."""
+per-model fit. What remains is GPT-OSS-specific and halves under the MXFP8 fused grouped MLP; it needs a profile.
+s26: the glue's kernels, timed on an H200 under torch.profiler, move its bytes at 1/1.82 of the streaming rate
+(``Efficiency.mcore_glue_time_ratio``, benchmarks/gptoss_glue_compare.py): priced since, the miss is ~1 ms smaller."""
 
 from __future__ import annotations
 
@@ -110,7 +112,8 @@ def test_the_attention_core_is_not_the_missing_term(rows) -> None:  # type: igno
     assert added > 1.0  # ms: the model prices the longer sequence's attention
     k_minus_1 = (a["excess_ms"] - b["excess_ms"]) / added
     assert abs(k_minus_1) < 0.25  # so the kernel runs within ~25% of its price...
-    assert b["excess_ms"] > 4 * added  # ...while the miss would need it > 5x its price (and > 2x at seq 8192)
+    assert b["excess_ms"] > 2.5 * added  # ...while the miss would need it > 3.5x its price (s26: the glue's measured
+    # kernel rate, Efficiency.mcore_glue_time_ratio, took ~1 ms of it; before, > 4x)
     # GB200 (recompute recipe): 25.11 runs mbs 1 x 8192, 26.02 mbs 4 x 4096. Per token, the longer sequence misses
     # less, though its attention per token doubles.
     c, d = rows["mb25.11_GPT_OSS_120B_gb200_64gpu_BF16"], rows["mb26.02_GPT_OSS_120B_gb200_64gpu_BF16"]
@@ -128,7 +131,8 @@ def test_no_cost_class_of_both_models_explains_the_gpt_oss_miss(rows) -> None:  
     oss = [r for r in sel if r["gpt_oss"]]
     qwen = [r for r in sel if not r["gpt_oss"]]
     assert len(oss) >= 14 and len(qwen) >= 20
-    assert min(r["excess_ms"] for r in oss) > 2.5  # every GPT-OSS row misses by > 2.5 ms per layer-micro-batch
+    # every GPT-OSS row misses by > 2 ms per layer-micro-batch (> 2.5 before s26's measured glue kernel rate)
+    assert min(r["excess_ms"] for r in oss) > 2.0
     assert np.sqrt(np.mean([r["excess_ms"] ** 2 for r in qwen])) < 1.5  # the Qwen3 rows are priced right
     y = np.array([r["excess_ms"] for r in sel])
     for cls in ("experts", "gemm", "attention", "memory", "tokens"):

@@ -24,7 +24,8 @@ The pieces, written here from what the framework's code does (not imported):
 Cases: one rank at tp 1, ep 8 (16 local experts of GPT-OSS-120B) with 1024 routed rows per expert (mbs 1 x 4096:
 the H100 rows) and 4096 (mbs 4 x 4096: the Blackwell rows), forced-balanced routing.
 
-Usage: ``python benchmarks/gpu/gptoss_glue_probe.py OUT.json`` (estimated 1-2 minutes on an H200, most of it
+Usage: ``python benchmarks/gpu/gptoss_glue_probe.py OUT.json [--profile]`` (``--profile``: also each piece's kernel
+time per call under torch.profiler, ``device_ms``: the device's busy time without the host's issue gaps) (estimated 1-2 minutes on an H200, most of it
 ``torch.compile``: every compiled function is compiled once with dynamic shapes, as ``jit_fuser`` ends up after a
 second shape);
 ``--smoke`` runs tiny shapes on the CPU to check the script.
@@ -133,15 +134,41 @@ def rope_unfused(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 rope_ideal = torch.compile(rope_unfused, dynamic=True)
 
 
+def device_ms(fn, calls: int = 5) -> float:
+    """Kernel time per call: the sum of every kernel's (and device copy's / memset's) device time over ``calls``
+    calls under torch.profiler (CUPTI), after one warm-up call — the device's busy time, whatever the host's issue
+    time between kernels (``--profile``; None on the CPU smoke run)."""
+    if SMOKE:
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    try:  # CUDA activity only: the events are the kernels / copies themselves, no CPU op holding them twice
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / calls
+    except Exception as e:  # a profiler the build lacks must not lose the timings
+        print(f"device_ms: {e!r}", file=sys.stderr)
+        return float("nan")
+
+
 def leaf(*shape: int, dtype: torch.dtype = DT) -> torch.Tensor:
     return torch.randn(*shape, device=DEV, dtype=dtype).requires_grad_(True)
 
 
-def fwd_bwd(fn, inputs: list[torch.Tensor], *args) -> float:
+PROFILE = "--profile" in sys.argv
+DEVICE_MS: dict[str, float] = {}  # piece -> kernel ms per call (``--profile``)
+
+
+def fwd_bwd(fn, inputs: list[torch.Tensor], *args, name: str = "") -> float:
     def run() -> None:
         probe_common.fresh_grads(*inputs)
         out = fn(*inputs, *args)
         out.backward(torch.ones_like(out))
+    if PROFILE and name:
+        DEVICE_MS[name] = device_ms(run)
     return timed_ms(run)
 
 
@@ -177,13 +204,17 @@ def expert_rows(rows: int) -> dict:
     r = {"rows_per_expert": rows, "local_experts": LOCAL_EXPERTS,
          "gemm": "torch._grouped_mm" if not SMOKE else "per-expert loop"}
     t0 = time.perf_counter()
-    r["act_mcore_ms"] = fwd_bwd(act_mcore, [y, w_bf16])
-    r["act_ideal_ms"] = fwd_bwd(act_ideal, [y, w_bf16])
+    r["act_mcore_ms"] = fwd_bwd(act_mcore, [y, w_bf16], name="act_mcore")
+    r["act_ideal_ms"] = fwd_bwd(act_ideal, [y, w_bf16], name="act_ideal")
     r["compile_s"] = round(time.perf_counter() - t0, 1)
-    r["fc2_bias_bf16_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_bf16])
-    r["fc2_bias_fp32_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_fp32])
+    r["fc2_bias_bf16_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_bf16], name="fc2_bias_bf16")
+    r["fc2_bias_fp32_ms"] = fwd_bwd(lambda o, p: fc2_bias(o, biases, p, counts), [out, w_fp32], name="fc2_bias_fp32")
     r["experts_gemm_ms"] = timed_ms(gemms)
     r["experts_full_ms"] = timed_ms(full)
+    if PROFILE:
+        DEVICE_MS["experts_gemm"], DEVICE_MS["experts_full"] = device_ms(gemms), device_ms(full)
+        r["device_ms"] = dict(DEVICE_MS)
+        DEVICE_MS.clear()
     # ideal bytes: each input read and output written once, forward and backward (the gradients of what it saved)
     e = 2.0
     r["act_ideal_bytes"] = e * (n * 2 * FFN + n * FFN) + e * (n * FFN + 2 * n * 2 * FFN)
@@ -198,17 +229,24 @@ def rope_rows(mbs: int) -> dict:
     q, k = leaf(SEQ, mbs, HEADS, HEAD_DIM), leaf(SEQ, mbs, KV_HEADS, HEAD_DIM)
     freqs = torch.randn(SEQ, 1, 1, HEAD_DIM, device=DEV)
 
-    def q_and_k(fn):
+    def q_and_k(fn, name: str):
         def run() -> None:
             probe_common.fresh_grads(q, k)
             oq, ok = fn(q, freqs), fn(k, freqs)
             torch.autograd.backward((oq, ok), (torch.ones_like(oq), torch.ones_like(ok)))
+        if PROFILE:
+            DEVICE_MS[name] = device_ms(run)
         return timed_ms(run)
 
     elems = SEQ * mbs * (HEADS + KV_HEADS) * HEAD_DIM
-    return {"mbs": mbs, "tokens": SEQ * mbs, "qk_elements": elems,
-            "rope_yarn_unfused_ms": q_and_k(rope_unfused), "rope_ideal_ms": q_and_k(rope_ideal),
-            "rope_ideal_bytes": 2.0 * 2 * elems * 2}
+    r = {"mbs": mbs, "tokens": SEQ * mbs, "qk_elements": elems,
+         "rope_yarn_unfused_ms": q_and_k(rope_unfused, "rope_yarn_unfused"),
+         "rope_ideal_ms": q_and_k(rope_ideal, "rope_ideal"),
+         "rope_ideal_bytes": 2.0 * 2 * elems * 2}
+    if PROFILE:
+        r["device_ms"] = {"rope_yarn_unfused": DEVICE_MS.pop("rope_yarn_unfused"),
+                          "rope_ideal": DEVICE_MS.pop("rope_ideal")}
+    return r
 
 
 def main(out_path: str) -> None:
