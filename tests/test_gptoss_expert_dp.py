@@ -21,8 +21,8 @@ The data say no as well. Fitting each row's miss (measured - predicted) as a per
 recipe family plus beta x the DP time the model hides: the graph recipes (GB300/B300: TE CUDA graphs, no
 recompute) want beta ~1, the recompute recipes (GB200/B200) beta ~0 — B200 ep8, whose hidden DP time is twice
 B300's (400 vs 800 Gb/s NICs), misses by what GB200 ep64 (no expert DP at all) misses. And even with every second
-of DP exposed each ep8 row stays more than 10% fast. So nothing is landed for it; these tests fail when the model
-or the data change that picture, to be looked at again.
+of DP exposed each ep8 row stays more than 5% fast (10% before s26's glue kernel rate). So nothing is landed for it;
+these tests fail when the model or the data change that picture, to be looked at again.
 """
 
 from __future__ import annotations
@@ -105,4 +105,5 @@ def test_the_recipe_families_disagree_on_the_dp_share_of_the_miss(rows) -> None:
 def test_even_fully_exposed_dp_leaves_the_ep8_rows_fast(rows) -> None:  # type: ignore[no-untyped-def]
     for key, r in rows.items():
         if r["ep"] == 8:
-            assert (r["predicted"] + r["hidden_dp"]) / r["measured"] - 1 < -0.10, key
+            # > 10% fast before s26 priced the glue's measured kernel rate (Efficiency.mcore_glue_time_ratio)
+            assert (r["predicted"] + r["hidden_dp"]) / r["measured"] - 1 < -0.05, key

@@ -25,7 +25,8 @@ Cases: one rank at tp 1, ep 8 (16 local experts of GPT-OSS-120B) with 1024 route
 the H100 rows) and 4096 (mbs 4 x 4096: the Blackwell rows), forced-balanced routing.
 
 Usage: ``python benchmarks/gpu/gptoss_glue_probe.py OUT.json [--profile]`` (``--profile``: also each piece's kernel
-time per call under torch.profiler, ``device_ms``: the device's busy time without the host's issue gaps) (estimated 1-2 minutes on an H200, most of it
+time per call under torch.profiler, ``device_ms``: the device's busy time without the host's issue gaps); 119 s on an
+H200 (70 s with --profile on another), most of it
 ``torch.compile``: every compiled function is compiled once with dynamic shapes, as ``jit_fuser`` ends up after a
 second shape);
 ``--smoke`` runs tiny shapes on the CPU to check the script.
