@@ -25,7 +25,7 @@ from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_shard_group, graphs_for, hsdp_replicas,
                                 stage_memory, stage_params)
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
-from cost_models.moe import host_synced
+from cost_models.moe import host_synced, moe_a2a_overlapped
 from cost_models.muon import optimizer_step_s
 from cost_models.op_cost import model_flops_per_token
 from cost_models.op_traffic import memory_traffic_bytes, yarn_rope_notes
@@ -127,7 +127,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     stage_t = [sum(parts.values()) for parts in stage_parts]
     slowest = max(range(p), key=lambda i: stage_t[i])
     pipe = pipeline_time_s(stage_t, m, par.schedule, par.vp)
-    pp_fill = pp_fill_s(model, cluster, job, par, dp)
+    pp_fill = pp_fill_s(model, cluster, job, par, dp) + combined_1f1b_p2p_s(model, cluster, job, par, dp, m, runtime)
     dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime,
                                                          mtp_rank=split.mtp_rank)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
@@ -260,9 +260,45 @@ def pp_fill_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Paralle
     ``p·v − 1`` sends each way (interleaving multiplies the boundaries by ``v``: Narayanan et al. SC'21 §2.2)."""
     if par.pp == 1:
         return 0.0
+    return 2 * (par.pp * par.vp - 1) * pp_send_s(model, cluster, job, par, dp)
+
+
+def pp_send_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, dp: int) -> float:
+    """One micro-batch's activation (or its gradient) sent to the next (previous) pipeline stage."""
     strides = RankStrides.megatron(par.tp, par.cp, dp)
-    send = group_collective_time_s("send_recv", pp_activation_bytes(model, job, par), 2, strides.pp, cluster)
-    return 2 * (par.pp * par.vp - 1) * send
+    return group_collective_time_s("send_recv", pp_activation_bytes(model, job, par), 2, strides.pp, cluster)
+
+
+def combined_1f1b_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, dp: int, m: int,
+                        rt: Runtime | None) -> float:
+    """PP sends the A2A overlap's interleaved schedule leaves on the critical path beside ``pp_fill_s``'s: one per
+    combined (steady 1F1B) step of the last stage, ``m·v − (v − 1)·p − 1`` of them (its warm-up count with the
+    overlap's extra micro-batch, schedules.py:765-779). pp > 1 with Megatron-Core's ``overlap_moe_expert_parallel_comm``
+    (which needs vp > 1 there).
+
+    Megatron-Core 0.16.1 runs each 1F1B step of the interleaved schedule as one unit, the forward of one model chunk
+    and the backward of another merged layer by layer (pipeline_parallel/schedules.py:1583-1725
+    ``forward_backward_helper_wrapper`` with ``pp_pre_forward`` / ``pp_post_forward`` / ``pp_pre_backward`` /
+    ``pp_post_backward``; combined_1f1b.py ``combined_1f1b_schedule_for_interleaved_pipelining``). In
+    ``TransformerModelChunkSchedulePlan.run`` (models/common/model_chunk_schedule_plan.py:413-535) the step first
+    waits for both received tensors (``pre_forward`` / ``pre_backward``: the forward input and the output grad, before
+    any layer) and sends its own two (``post_forward`` / ``post_backward``) only after all of the chunk's layers have
+    been issued: the backward's input grad is ready at the step's end (its chain ends with the chunk's first layer's
+    attention backward, the last node issued). The plain interleaved schedule sends the forward's output half way
+    through its step, before the backward runs, so the neighbour's wait is covered. Here stage ``s`` runs the
+    backward of virtual micro-batch ``k`` in its ``k``-th steady step and needs stage ``s + 1``'s, which that stage
+    computes in its own ``k``-th step; the forward it needs was computed two steps earlier (warm-up counts differ by 2
+    per stage, plus the overlap's one extra warm-up micro-batch, the same on every stage). Two steps of the stage pair
+    then span two step times plus a send each way: the period grows by one send per step. A max-plus run of
+    Megatron's interleaved order (tests/test_combined_1f1b_p2p.py: its own schedule table and warm-up counts, uniform
+    step times) gives the plain schedule exactly ``pp_fill_s``'s sends more than with free sends, the combined one
+    those and this count more, within 1%. Not modelled: a chunk whose forward chain ends before the step does, so its
+    forward send leaves early (a variant of that run with the forward done 0.3 of a step early: the same count at
+    pp 2 and 4, about 20% fewer at pp 8 vp 4; issue-12, s26-a2aov)."""
+    if par.pp == 1 or not moe_a2a_overlapped(cluster, rt):
+        return 0.0
+    steps = max(0, m * par.vp - (par.vp - 1) * par.pp - 1)
+    return steps * pp_send_s(model, cluster, job, par, dp)
 
 
 def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec,

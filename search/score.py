@@ -29,8 +29,8 @@ import numpy as np
 from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
-from cost_models.estimate import (CostWeights, data_parallel_cost, dp_exposed_s, dp_sync_every_microbatch, head_cost,
-                                  pp_fill_s)
+from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_parallel_cost, dp_exposed_s,
+                                  dp_sync_every_microbatch, head_cost, pp_fill_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
@@ -929,6 +929,16 @@ class Scorer:
             hit = self._p2p[key] = self._p2p_fill_s(lay)
         return hit
 
+    def combined_p2p_s(self, lay: Layout) -> float:
+        """The A2A overlap's per-step PP sends (``estimate.combined_1f1b_p2p_s``) with the knobs ``lay`` is priced
+        with (``runtime``). Not in the planner's lower bounds (``p2p_fill_s`` alone): ≥ 0, they stay bounds; nor in
+        ``chosen_knobs``' ranking, which compares the layers' time per micro-batch."""
+        if lay.pp == 1:
+            return 0.0
+        par = ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, vp=lay.vp, micro_batch_size=lay.micro_batch_size,
+                             sequence_parallel=lay.sequence_parallel)
+        return combined_1f1b_p2p_s(self.model, self.cluster, self.job, par, lay.dp, lay.m, self.runtime(lay))
+
     def _p2p_fill_s(self, lay: Layout) -> float:
         par = ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, vp=lay.vp, micro_batch_size=lay.micro_batch_size,
                              sequence_parallel=lay.sequence_parallel)
@@ -956,7 +966,7 @@ class Scorer:
         else:  # an interleaved rank: its chunks' layers (chunk edges cut the cover too)
             stage_t = chunked_costs(tables, self.rank_chunks(lay, layers)) + self.cover_correction_s(lay, layers)
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
-        fill = self.p2p_fill_s(lay)
+        fill = self.p2p_fill_s(lay) + self.combined_p2p_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
                                   dp_sync_every_microbatch(self.default_runtime(lay), lay.zero_stage, lay.pp))
