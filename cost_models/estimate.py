@@ -3,7 +3,8 @@
 Step time (critical path, with overlap — COST_MODEL.md §4–6):
 ``T = pipeline(t_i, m) + 2(p−1)·t_p2p + T_dp,exposed + T_optimizer`` where ``t_i`` is stage ``i``'s
 per-micro-batch time (compute, recompute, TP and EP on the critical path, CP's ring net of the attention
-it hides behind), PP sends overlap with compute except in the fill/drain, and DP/FSDP traffic hides under
+it hides behind), PP sends overlap with compute except in the fill/drain (and, under Megatron's A2A overlap,
+one per combined 1F1B step: ``combined_1f1b_p2p_s``), and DP/FSDP traffic hides under
 the step's compute but for ``(1 − dp_overlap)`` (its tail) — never less than what the compute cannot cover.
 Composite cost (seed 000 §6.7.7): ``C = w1·T_compute + w2·T_comm + w3·max(0, M_peak − M_limit)²``
 with memory in GiB.
