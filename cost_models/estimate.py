@@ -275,7 +275,7 @@ def combined_1f1b_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pa
     """PP sends the A2A overlap's interleaved schedule leaves on the critical path beside ``pp_fill_s``'s: one per
     combined (steady 1F1B) step of the last stage, ``m·v − (v − 1)·p − 1`` of them (its warm-up count with the
     overlap's extra micro-batch, schedules.py:765-779). pp > 1 with Megatron-Core's ``overlap_moe_expert_parallel_comm``
-    (which needs vp > 1 there).
+    (which needs the interleaved schedule there).
 
     Megatron-Core 0.16.1 runs each 1F1B step of the interleaved schedule as one unit, the forward of one model chunk
     and the backward of another merged layer by layer (pipeline_parallel/schedules.py:1583-1725
@@ -296,8 +296,8 @@ def combined_1f1b_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pa
     those and this count more, within 1%. Not modelled: a chunk whose forward chain ends before the step does, so its
     forward send leaves early (a variant of that run with the forward done 0.3 of a step early: the same count at
     pp 2 and 4, about 20% fewer at pp 8 vp 4; issue-12, s26-a2aov)."""
-    if par.pp == 1 or not moe_a2a_overlapped(cluster, rt):
-        return 0.0
+    if par.pp == 1 or par.schedule != "interleaved" or not moe_a2a_overlapped(cluster, rt):
+        return 0.0  # DualPipe pairs its chunks its own way (layer_cost prices its overlap)
     steps = max(0, m * par.vp - (par.vp - 1) * par.pp - 1)
     return steps * pp_send_s(model, cluster, job, par, dp)
 

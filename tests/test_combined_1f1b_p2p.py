@@ -118,6 +118,10 @@ def test_estimate_and_scorer_price_the_sends_of_the_combined_steps() -> None:
     assert sends > 0.0
     assert on.time.exposed_comm_s["pp"] - off.time.exposed_comm_s["pp"] == pytest.approx(sends, rel=1e-12)
     assert combined_1f1b_p2p_s(model, cluster, job, par, dp, m, None) == 0.0  # the catalog's default: no overlap
+    dualpipe = ParallelConfig(tp=2, pp=8, ep=32, micro_batch_size=1, schedule="dualpipe", sequence_parallel=True)
+    rt = SimpleNamespace(moe_a2a_overlap=True)  # DualPipe's own pairing: not the combined 1F1B's sends
+    assert combined_1f1b_p2p_s(model, cluster, job, dualpipe, dp, m, rt) == 0.0  # type: ignore[arg-type]
+    assert combined_1f1b_p2p_s(model, cluster, job, par, dp, m, rt) == pytest.approx(sends)  # type: ignore[arg-type]
     lay = Layout(tp=2, cp=1, pp=8, dp=dp, ep=32, micro_batch_size=1, m=m, recompute=par.recompute, zero_stage=1,
                  hsdp_shard_size=None, schedule="interleaved", vp=4, sequence_parallel=True)
     fs = Scorer(model, cluster, job, software=Software(moe_a2a_overlap=True)).score(
