@@ -326,7 +326,7 @@ def expert_shard_group(tp: int, cp: int, dp: int, ep: int, zero_stage: int, hsdp
     return edp
 
 
-def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
+def op_sac_saved(graph: LayerGraph, saves_attention: bool = True) -> set[tuple[str, str]]:
     """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
     other ``aten.mm`` (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
     everything else is recomputed from them and the block input.
@@ -339,7 +339,8 @@ def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
     SDPA kernels, reduce_scatter, max; torchtitan 0.3.0 distributed/activation_checkpoint.py:31-70 adds linear,
     flex_attention, topk, all_to_all_single, never ``_grouped_mm``). MLA's key and value up-projection is one
     ``wkv_b`` matmul (deepseek_v3/model/model.py ``Attention``): the graph's ``k_proj`` / ``v_proj`` pair counts once,
-    both kept or both recomputed."""
+    both kept or both recomputed. ``saves_attention`` False (``Runtime.sac_saves_attention``: torchtitan before
+    b39377f9f running SDPA on cuDNN, whose op is not in the list): the attention output is recomputed, not kept."""
     keep: set[tuple[str, str]] = set()
     mm = 0
     mla = any(op.name == "kv_down" for op in graph.ops)
@@ -349,7 +350,7 @@ def op_sac_saved(graph: LayerGraph) -> set[tuple[str, str]]:
                 mm += 1
             if mm % 2 == 1:
                 keep.add((op.name, op.output))
-        elif op.kind == "attention":
+        elif op.kind == "attention" and saves_attention:
             keep.add((op.name, op.output))
     return keep
 
@@ -385,7 +386,7 @@ def activation_bytes_per_microbatch(graph: LayerGraph, model: ModelSpec, job: Jo
         sp = par.sequence_parallel and t > 1
         total = recompute_input_bytes(model, job, par)  # the block input
         tokens = par.micro_batch_size * job.seq_len / par.cp
-        kept = op_sac_saved(graph)
+        kept = op_sac_saved(graph, runtime.sac_saves_attention)
         if runtime.model_compiled:  # AOTAutograd saves only what the backward reads (unread_by_backward)
             kept -= unread_by_backward(graph, kept)
         for op_name, tensor in sorted(kept):

@@ -201,12 +201,15 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
     # output are saved, every other op is recomputed): the backward re-runs every memory-bound forward kernel (norms,
     # rotary, activation, residual adds, casts: eager or fused as the runtime runs them) and every other GEMM's
-    # forward; the attention core is not re-run.
+    # forward; the attention core is not re-run where the save list holds its kernel (``Runtime.sac_saves_attention``:
+    # torchtitan before b39377f9f re-runs cuDNN's).
     from cost_models.memory import op_sac_saved  # memory imports this module's callers
 
-    kept = op_sac_saved(graph)
+    kept = op_sac_saved(graph, rt.sac_saves_attention)
     redo = sum(p.mem_f + (p.gemm_f + p.gemm_fwd_extra if op.kind in ("matmul", "experts", "router")
-                          and (op.name, op.output) not in kept else 0.0) for op, p in zip(graph.ops, parts))
+                          and (op.name, op.output) not in kept else 0.0)
+               + (p.attn_f if op.kind == "attention" and (op.name, op.output) not in kept else 0.0)
+               for op, p in zip(graph.ops, parts))
     return replace(total, op_sac_f=redo)
 
 def kv_gather_width(graph: LayerGraph, t: int) -> int:

@@ -295,6 +295,13 @@ class Runtime:
     # "Save _to_copy and a2a in selective AC policy"; 0.3.0 distributed/activation_checkpoint.py:61-64, 248-256).
     # False before: the backward's recompute re-runs the forward's dispatch and combine (recompute.ep_forward_repeats).
     sac_saves_a2a: bool = True
+    # torch's per-op SAC keeps the attention core's output: torchtitan's save list holds the SDPA flash and efficient
+    # kernels, and cuDNN's ``aten._scaled_dot_product_cudnn_attention`` only since b39377f9f (2025-12-01, #2095, "add
+    # all SDPA backends to op_sac_save_list", after pytorch/torchtitan#2091). False where an older torchtitan runs
+    # SDPA on cuDNN (``TargetProfile.sdpa_cudnn_first``: 3b85aa31f, 2025-05-14, on sm100): its ``_custom_policy``
+    # returns PREFER_RECOMPUTE for the cuDNN op, so the backward re-runs the attention forward and its output is not
+    # kept (op_cost._compute, memory.op_sac_saved).
+    sac_saves_attention: bool = True
     # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).

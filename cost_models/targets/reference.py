@@ -110,9 +110,13 @@ class Torchtitan2025Profile(TorchtitanProfile):
     def resolve(self, software: Software | None, job: JobSpec, cluster: ClusterSpec,
                 par: ParallelConfig | None = None) -> Runtime:
         # per-op SAC saved no all-to-all output before c4e2291 (2025-09-06): deepseek_v3/infra/parallelize.py
-        # ``_save_list`` @ f738a03^ holds mm, the SDPA kernels, reduce_scatter_tensor and max only
+        # ``_save_list`` @ f738a03^ holds mm, the SDPA kernels, reduce_scatter_tensor and max only; and of the SDPA
+        # kernels only flash and efficient (models/llama3/infra/parallelize.py:234-243 @ 6fc499f6: no
+        # ``_scaled_dot_product_cudnn_attention`` until b39377f9f, 2025-12-01): where this release puts cuDNN first
+        # (``sdpa_cudnn_first``) the policy recomputes the attention core (``Runtime.sac_saves_attention``)
         return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
-                       sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES)
+                       sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES,
+                       sac_saves_attention=cluster.gpu.generation not in self.sdpa_cudnn_first)
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):
