@@ -57,4 +57,5 @@ def test_recompute_adds_the_attention_forward_and_memory_drops_its_output() -> N
     # memory: one [tokens, heads x head_dim] bf16 output per layer less
     drop = activation_bytes_per_microbatch(graph, model, JOB, SEL, saved) \
         - activation_bytes_per_microbatch(graph, model, JOB, SEL, old)
-    assert drop == pytest.approx(JOB.seq_len * model.num_attention_heads * (model.hidden_size // model.num_attention_heads) * 2)
+    head_dim = model.hidden_size // model.num_attention_heads
+    assert drop == pytest.approx(JOB.seq_len * model.num_attention_heads * head_dim * 2)
