@@ -246,7 +246,8 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     helpers they call, the op-SAC branch): for one graph, model, cluster and job, equal keys give equal answers
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
-                                     rt.selective, ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
+                                     rt.selective, rt.sac_saves_attention,  # the op-SAC branch's attention re-run
+                                     ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.moe_router_padding, rt.quantized_run,  # moe.router_padding_share, run_pad_align
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,
                                      rt.moe_fused_grouped_mlp, rt.megatron_core,  # op_traffic.fused_grouped_mlp

@@ -23,7 +23,9 @@ from cost_models.targets.common import Runtime, Software
 # they are varied only where they keep the ring steps, below).
 PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["none", "selective", "full"],
            "schedule": ["1f1b", "interleaved"], "hsdp_shard_size": [None, 2]}
-RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective", "cp_comm_type",
+RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective",
+          "sac_saves_attention",  # the op-SAC branch re-runs the attention core where the save list lacks its op
+          "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
           "moe_router_padding",  # the router's padded rows (moe.router_padding_share)
           "quantized_run",  # a bf16 layer's experts still pad for the run's recipe (moe.run_pad_align)
