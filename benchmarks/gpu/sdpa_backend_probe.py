@@ -16,8 +16,9 @@ causal bf16, at the attention shapes of two held-out torchtitan runs, each backe
   attention share of the priced step (r = the flash(padded) rate over the efficient rate, each on its own
   causal FLOPs: ``ratios.dsv3_16b_r_...``). At edef029 the row prices its attention (FA2 rate) at 27 layers x
   (3.4 + 8.6) ms = 0.324 s of 3.752 s (measured 4.887 s): a time ratio r adds 0.324 (r - 1) s, so r >= 3.0
-  brings the row within 10%, r = 4.5 matches it, r < 2 leaves it beyond -15% (the kernel is then not the main cause). The ratio is
-  taken to carry from the H200 to the 500 W H100 96GB the run used (both Hopper SMs, both kernels compute-bound).
+  brings the row within 10%, r = 4.5 matches it, r < 2 leaves it beyond -15% (the kernel is then not the main
+  cause). The ratio is taken to carry from the H200 to the 500 W H100 96GB the run used (both Hopper SMs, both
+  kernels compute-bound).
 
 Per backend: median ms (``probe_common.timed_ms``) of the forward and of forward + backward (fresh leaf grads),
 and TFLOP/s on causal FLOPs (forward 2·b·h·s²·(d_qk + d_v)/2, backward 2.5x forward, as the cost model
