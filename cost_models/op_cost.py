@@ -73,6 +73,17 @@ class OpCompute:
         return {"none": 0.0, "selective": self.attn_f, "full": self.forward_s}[recompute]
 
 
+def efficient_sdpa(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | None) -> bool:
+    """Whether the attention core runs PyTorch SDPA's memory-efficient kernel in place of FlashAttention-2: the
+    stack puts flash first with efficient next (``Runtime.sdpa_unequal_v_efficient``; priced as FA2 there,
+    ``Efficiency.attention_fa2``), flash refuses the model's value head dim unequal to its query/key head dim (MLA),
+    and the generation has the kernel's measured rate (``Efficiency.attention_efficient_fwd`` / ``_bwd``)."""
+    eff, mla = cluster.efficiency, model.mla
+    return (rt is not None and rt.sdpa_unequal_v_efficient and eff.attention_fa2 and mla is not None
+            and mla.qk_nope_head_dim + mla.qk_rope_head_dim != mla.v_head_dim
+            and eff.attention_efficient_fwd is not None and eff.attention_efficient_bwd is not None)
+
+
 def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, rt: Runtime | None = None) -> OpCompute:
     """Compute time of one op for one micro-batch on one rank, sharded as ``par`` says (the uniform layer
@@ -111,6 +122,8 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             slow = attention_kernel_factor(model, job, par, cluster, steps, graph.kind)
             attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
             attn_b = ATTN_BWD_FACTOR * attn_f
+            if efficient_sdpa(model, cluster, rt):  # flash refuses v != q/k: SDPA's memory-efficient kernel runs
+                attn_f, attn_b = attn_f / eff.attention_efficient_fwd, attn_b / eff.attention_efficient_bwd
         else:
             attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
     passes = permutation_passes(cluster, model.num_experts // par.ep, rt, op.kind, par.ep) \
@@ -247,6 +260,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     (callers cache on it; keep it in step with those functions)."""
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, rt.sac_saves_attention,  # the op-SAC branch's attention re-run
+                                     rt.sdpa_unequal_v_efficient,  # efficient_sdpa
                                      ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.moe_router_padding, rt.quantized_run,  # moe.router_padding_share, run_pad_align
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,

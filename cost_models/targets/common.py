@@ -302,6 +302,12 @@ class Runtime:
     # returns PREFER_RECOMPUTE for the cuDNN op, so the backward re-runs the attention forward and its output is not
     # kept (op_cost._compute, memory.op_sac_saved).
     sac_saves_attention: bool = True
+    # PyTorch SDPA runs the memory-efficient kernel for attention whose value head dim differs from its query/key head
+    # dim (MLA: 192 / 128): the stack's backend list has FLASH_ATTENTION then EFFICIENT_ATTENTION with no cuDNN before
+    # them, and flash refuses v != q/k ("Flash attention requires q,k,v to have the same last dimension", sdp_utils
+    # ``check_head_dim_size_flash``). Priced at ``Efficiency.attention_efficient_fwd`` / ``_bwd`` of FlashAttention-2
+    # (op_cost.op_compute). Set by the torchtitan 2024-12 / 2025 profiles off their cuDNN-first generations.
+    sdpa_unequal_v_efficient: bool = False
     # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).

@@ -114,9 +114,17 @@ class Torchtitan2025Profile(TorchtitanProfile):
         # kernels only flash and efficient (models/llama3/infra/parallelize.py:234-243 @ 6fc499f6: no
         # ``_scaled_dot_product_cudnn_attention`` until b39377f9f, 2025-12-01): where this release puts cuDNN first
         # (``sdpa_cudnn_first``) the policy recomputes the attention core (``Runtime.sac_saves_attention``)
+        # Off those generations the SDPA backend list is [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH] (models/
+        # attention.py:207-213, used under ``sdpa_kernel(backends, set_priority=True)`` :223 @ 8a749c6, the parent of
+        # f738a03bf whose H100 DeepSeek-V3 16B SDPA log is tt_dsv3_16b_h100_8gpu_sdpa; the same list at 6fc499f6,
+        # :205-211), and in 2024-12's torch order (aten/src/ATen/Context.h ``sdp_priority_order``: flash, efficient,
+        # math, cudnn): flash refuses MLA's v head dim 128 != q/k 192, the memory-efficient kernel runs (f738a03bf's
+        # message: "the only available backend for SDPA for DeepSeekV3 is efficient attention kernel";
+        # Runtime.sdpa_unequal_v_efficient)
+        flash_first = cluster.gpu.generation not in self.sdpa_cudnn_first
         return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
                        sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES,
-                       sac_saves_attention=cluster.gpu.generation not in self.sdpa_cudnn_first)
+                       sac_saves_attention=flash_first, sdpa_unequal_v_efficient=flash_first)
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):
