@@ -79,7 +79,8 @@ def test_attention_core_priced_at_the_efficient_rates() -> None:
     graph = layer_graph(run.model, "moe", run.job.seq_len)
     core = next(op for op in graph.ops if op.kind == "attention")
     on = op_compute(core, graph, run.model, cluster, run.job, run.parallel, rt)
-    off = op_compute(core, graph, run.model, cluster, run.job, run.parallel, replace(rt, sdpa_unequal_v_efficient=False))
+    flash = replace(rt, sdpa_unequal_v_efficient=False)
+    off = op_compute(core, graph, run.model, cluster, run.job, run.parallel, flash)
     eff = cluster.efficiency
     assert on.attn_f == pytest.approx(off.attn_f / eff.attention_efficient_fwd, rel=1e-12)
     assert on.attn_b == pytest.approx(off.attn_b / eff.attention_efficient_bwd, rel=1e-12)

@@ -10,7 +10,8 @@ causal bf16, at the attention shapes of two held-out torchtitan runs, each backe
 - ``dsv3_16b``: torchtitan's DeepSeek-V3 16B (MLA: q/k head dim 192 = 128 nope + 64 rope, v head dim 128, 16 heads)
   at seq 4096, local batch 8 (tt_dsv3_16b_h100_8gpu_sdpa). FlashAttention-2 refuses v != q/k head dims
   (sdp_utils.cpp ``check_head_dim_size_flash``), so SDPA ran the memory-efficient (CUTLASS) kernel
-  (pytorch/torchtitan f738a03bf's message); autoplan prices it as FlashAttention-2. EFFICIENT as run; CUDNN if it
+  (pytorch/torchtitan f738a03bf's message); autoplan priced it as FlashAttention-2 until this probe's H200 run (now:
+  gpus.yaml hopper ``attention_efficient_fwd`` / ``_bwd``, op_cost.efficient_sdpa). EFFICIENT as run; CUDNN if it
   accepts the shapes; FLASH with v zero-padded to 192 (the FA2 rate at this shape, for the ratio). Decides whether
   the efficient kernel's cost explains that row's -23%: the ratio efficient / flash(padded) fwd+bwd times the
   attention share of the priced step (r = the flash(padded) rate over the efficient rate, each on its own
