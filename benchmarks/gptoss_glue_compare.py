@@ -19,16 +19,16 @@ Usage: ``python benchmarks/gptoss_glue_compare.py [PROBE.json]`` (the probe's ou
 ``benchmarks/data/h200_gptoss_glue_probe_2026_12_04.json``). Prints measured / model per piece, then the HBM rate the
 probe's own ``torch.compile``d one-kernel references reach (``act_ideal``, ``rope_ideal`` over their ideal bytes).
 
-What the stored runs show (one H200 each, torch 2.11). The first times each call alone between two events (the
-host's Python / autograd / dynamo-guard time per call inside): the glue in place (full - GEMMs) takes 4.3x its
-streaming-rate price at 1024 rows per expert and 2.6x at 4096, the expert GEMMs 0.53-0.71x theirs, and even the
-probe's compiled one-kernel references reach only 0.14-0.58 TB/s of the H200's 4.8. The second (``--profile``,
-``PROFILED``) sums each piece's kernel time under torch.profiler, the device's own busy time whatever the host
-does: 1.5-2.6x the bytes' streaming time (the eager clamp 1.5x, fc2's bias 1.7-2.6x, the op-by-op RoPE 2.2-2.4x),
-pooled 1.82. So the byte counts (op_traffic, read from the code) hold what moves; the kernels move it at about half
-the streaming rate. ``Efficiency.mcore_glue_time_ratio`` (hopper [meas], blackwell [prior]) prices the glue's
-bytes at that rate; the host's issue time beyond it is the MoE host cost's (ep_comm.host_bound_s), fitted on
-models without this glue: not priced here."""
+What the stored runs show (one H200 each, torch 2.11). The first times each call alone between two events (the host's
+Python / autograd / dynamo-guard time per call inside): the glue in place (full - GEMMs) takes 4.3x its streaming-rate
+price at 1024 rows per expert and 2.6x at 4096, the expert GEMMs 0.53-0.71x theirs, and even the probe's compiled
+one-kernel references reach only 0.14-0.58 TB/s of the H200's 4.8. The second (``--profile``, ``PROFILED``) sums each
+piece's kernel time under torch.profiler, the device's own busy time whatever the host does: 1.5-2.6x the bytes'
+streaming time (the eager clamp 1.5x, fc2's bias 1.7-2.6x, the op-by-op RoPE 2.2-2.4x), pooled 1.82 (1.84 in a repeat
+on another machine). So the byte counts (op_traffic, read from the code) hold what moves; the kernels move it at about
+half the streaming rate. ``Efficiency.mcore_glue_time_ratio`` (hopper [meas], blackwell [prior]) prices the glue's
+bytes at that rate; the host's issue time beyond it is the MoE host cost's (ep_comm.host_bound_s), fitted on models
+without this glue: not priced here."""
 
 from __future__ import annotations
 
@@ -119,6 +119,8 @@ STORED = ROOT / "benchmarks" / "data" / "h200_gptoss_glue_probe_2026_12_04.json"
 # The same probe with ``--profile`` (a second H200 machine): each piece's kernel time per call under torch.profiler
 # (``device_ms``), the device's busy time without the host's issue gaps between calls.
 PROFILED = ROOT / "benchmarks" / "data" / "h200_gptoss_glue_probe_2026_12_04_profile.json"
+# Its repeat on a third machine, to see the measurement hold (pooled 1.837 against the first's 1.820).
+PROFILED_RUN2 = ROOT / "benchmarks" / "data" / "h200_gptoss_glue_probe_2026_12_04_profile_run2.json"
 
 
 def glue_pieces(probe: dict) -> list[tuple[str, float, float]]:
@@ -171,7 +173,8 @@ def main(argv: list[str]) -> int:
         print(f"{'piece':52s} {'kernel ms':>11s} {'bytes ms':>9s} {'ratio':>6s}")
         for name, meas, model in glue_pieces(prof):
             print(f"{name:52s} {meas:11.3f} {model:9.3f} {meas / model:6.2f}")
-        print(f"pooled (Efficiency.mcore_glue_time_ratio as measured): {glue_time_ratio(prof):.3f}")
+        print(f"pooled (Efficiency.mcore_glue_time_ratio as measured): {glue_time_ratio(prof):.3f}; "
+              f"the repeat ({PROFILED_RUN2.name}): {glue_time_ratio(json.loads(PROFILED_RUN2.read_text())):.3f}")
     return 0
 
 

@@ -77,3 +77,12 @@ def test_glue_ratio_prices_only_megatrons_glue() -> None:
         assert cat["rope"] == pytest.approx(r * base["rope"], rel=1e-9)
         assert cat["act"] - cat["clamp"] == pytest.approx(base["act"] - base["clamp"], rel=1e-9)
         assert cat["expert_gemms"] == pytest.approx(base["expert_gemms"], rel=1e-12)
+
+
+def test_the_repeat_measures_the_same_ratio() -> None:
+    """The profiled probe's repeat on another H200 machine gives the pooled ratio within 2% of the first run's."""
+    import json
+
+    first = compare.glue_time_ratio(json.loads(compare.PROFILED.read_text()))
+    again = compare.glue_time_ratio(json.loads(compare.PROFILED_RUN2.read_text()))
+    assert again == pytest.approx(first, rel=0.02)
