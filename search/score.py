@@ -936,7 +936,7 @@ class Scorer:
         if lay.pp == 1:
             return 0.0
         par = ParallelConfig(tp=lay.tp, pp=lay.pp, cp=lay.cp, vp=lay.vp, micro_batch_size=lay.micro_batch_size,
-                             sequence_parallel=lay.sequence_parallel)
+                             sequence_parallel=lay.sequence_parallel, schedule=lay.schedule)  # type: ignore[arg-type]
         return combined_1f1b_p2p_s(self.model, self.cluster, self.job, par, lay.dp, lay.m, self.runtime(lay))
 
     def _p2p_fill_s(self, lay: Layout) -> float:

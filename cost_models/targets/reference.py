@@ -113,7 +113,7 @@ class Torchtitan2025Profile(TorchtitanProfile):
         # ``_save_list`` @ f738a03^ holds mm, the SDPA kernels, reduce_scatter_tensor and max only; and of the SDPA
         # kernels only flash and efficient (models/llama3/infra/parallelize.py:234-243 @ 6fc499f6: no
         # ``_scaled_dot_product_cudnn_attention`` until b39377f9f, 2025-12-01): where this release puts cuDNN first
-        # (``sdpa_cudnn_first``) the policy recomputes the attention core (``Runtime.sac_saves_attention``)
+        # (``sdpa_cudnn_first``) the policy recomputes the attention core (``Runtime.sac_saves_attention``).
         # Off those generations the SDPA backend list is [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH] (models/
         # attention.py:207-213, used under ``sdpa_kernel(backends, set_priority=True)`` :223 @ 8a749c6, the parent of
         # f738a03bf whose H100 DeepSeek-V3 16B SDPA log is tt_dsv3_16b_h100_8gpu_sdpa; the same list at 6fc499f6,
