@@ -1028,8 +1028,8 @@ class Efficiency(_Frozen):
     attention_efficient_fwd: float | None = Field(default=None, gt=0, le=1, description="PyTorch SDPA's "
                                                   "memory-efficient (CUTLASS) kernel's forward throughput over "
                                                   "FlashAttention-2's at MLA head dims (q/k 192, v 128), each on its "
-                                                  "own causal FLOPs: the kernel SDPA falls back to where flash refuses a "
-                                                  "value head dim unequal to q/k's (Runtime.sdpa_unequal_v_efficient; "
+                                                  "own causal FLOPs: the kernel SDPA falls back to where flash refuses "
+                                                  "a value head dim unequal to q/k's (Runtime.sdpa_unequal_v_efficient; "
                                                   "op_cost.op_compute); unset: priced as FlashAttention-2")
     attention_efficient_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
                                                   "(``attention_efficient_fwd``)")
