@@ -1029,8 +1029,9 @@ class Efficiency(_Frozen):
                                                   "memory-efficient (CUTLASS) kernel's forward throughput over "
                                                   "FlashAttention-2's at MLA head dims (q/k 192, v 128), each on its "
                                                   "own causal FLOPs: the kernel SDPA falls back to where flash refuses "
-                                                  "a value head dim unequal to q/k's (Runtime.sdpa_unequal_v_efficient; "
-                                                  "op_cost.op_compute); unset: priced as FlashAttention-2")
+                                                  "a value head dim unequal to q/k's "
+                                                  "(Runtime.sdpa_unequal_v_efficient; op_cost.op_compute); unset: "
+                                                  "priced as FlashAttention-2")
     attention_efficient_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
                                                   "(``attention_efficient_fwd``)")
     ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
