@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from autoplan.emit.megatron import megatron_args, parse_megatron_args
 from autoplan.emit.ranks import megatron_layout, rank_coordinates, rank_groups
 from autoplan.emit.torchtitan import (CONFIG_MODULE, check_v02, config_module, module_fqns_per_model_part,
                                       torchtitan_overrides, v02_document)
-from cost_models.targets.torchtitan_models import UnsupportedModelError
+from cost_models.targets.torchtitan_models import UnsupportedModelError, arch_overrides
 from autoplan.errors import ConfigError, UserInputError
 from cost_models.specs import JobSpec, ParallelConfig
 
@@ -207,7 +208,7 @@ def test_torchtitan_says_which_moe_balancing_it_cannot_train(model: str, said: l
     gpus, par = {"qwen3-235b-a22b": (1024, dict(tp=4, pp=8, ep=8)), "deepseek-v3": (2048, dict(tp=2, ep=64)),  # pp 1: its MTP
                  "llama3-8b": (64, dict(tp=2))}[model]
     e = emit(plan(model, gpus, gpus, seq=4096, zero_stage=3, **par), "torchtitan")
-    warned = [n for n in e.notes if n.startswith("WARNING: ")]
+    warned = [n for n in e.notes if n.startswith("WARNING: ") and "torchtitan_v02.toml" not in n]
     assert len(warned) == len(said) and all(any(s in w for w in warned) for s in said), warned
     assert all(w in e.files["README.txt"] for w in warned)
 
@@ -237,6 +238,18 @@ def test_torchtitan_refuses_tp_over_kv_heads_megatron_accepts() -> None:
         emit(rep, "megatron")
 
 
+def test_torchtitan_v02_toml_says_what_it_cannot_carry() -> None:
+    """A 0.2 job file names a flavor: where the model differs from the 0.3.0 flavor (DeepSeek-V3's eps and MTP),
+    the file and the notes say the 0.2 file cannot set it; where it does not (Llama 3.1 70B), nothing is said."""
+    e = emit(plan("deepseek-v3", 2048, 2048, seq=4096, zero_stage=3, tp=2, ep=64), "torchtitan")
+    said = [n for n in e.notes if "torchtitan_v02.toml" in n]
+    assert len(said) == 1 and "num_mtp_layers" in said[0] and "eps" in said[0]
+    assert e.files["torchtitan_v02.toml"].splitlines()[1] == "# " + said[0]
+    same = plan("llama3.1-70b", 64, 64, seq=4096, zero_stage=3, tp=2)
+    assert not arch_overrides(same.model)
+    assert not any("torchtitan_v02.toml" in n for n in emit(same, "torchtitan").notes)
+
+
 def test_torchtitan_v02_toml() -> None:
     e = emit(plan(**L70_VP2, zero_stage=3), "torchtitan")
     doc = tomllib.loads(e.files["torchtitan_v02.toml"])
@@ -250,8 +263,52 @@ def test_torchtitan_v02_toml() -> None:
     assert parts[-1][-2:] == ["norm", "output"] and not any("lm_head" in p for p in parts)
     assert ",norm,lm_head" in e.files["torchtitan_overrides.txt"]  # 0.3's CLI overrides keep 0.3's name
     fp8 = tomllib.loads(emit(plan(**L70_PP8, precision="fp8", zero_stage=3), "torchtitan").files["torchtitan_v02.toml"])
-    assert fp8["model"]["converters"] == ["float8"] and fp8["float8"]["recipe_name"] == "rowwise"
+    assert fp8["model"]["converters"] == ["quantize.linear.float8"]
+    assert fp8["quantize"]["linear"]["float8"] == {"recipe_name": "rowwise", "filter_fqns": ["output"]}
+    assert fp8["compile"] == {"enable": False} and fp8["parallelism"]["enable_async_tensor_parallel"] is False
     assert fp8["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+# torchtitan 0.2.2 beside 0.3.0: .ci/run installs it with ``pip install --no-deps --target DIR`` and names DIR here
+TORCHTITAN_02 = os.environ.get("AUTOPLAN_TORCHTITAN_02_PATH", "")
+_PARSE_02 = """
+import json, sys
+from torchtitan.config.manager import ConfigManager
+c = ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
+p, f8 = c.parallelism, c.quantize.linear.float8
+print(json.dumps({"converters": c.model.converters, "flavor": c.model.flavor, "compile": c.compile.enable,
+                  "components": c.compile.components, "async_tp": p.enable_async_tensor_parallel,
+                  "tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree, "recipe": f8.recipe_name,
+                  "filter": f8.filter_fqns, "ac": c.activation_checkpoint.mode}))
+"""
+
+
+@pytest.mark.skipif(not TORCHTITAN_02, reason="AUTOPLAN_TORCHTITAN_02_PATH (torchtitan 0.2.2) not set")
+@pytest.mark.parametrize("precision,software", [("bf16", {}), ("fp8", {"compile": True, "async_tp": True})])
+def test_torchtitan_v02_toml_parses_in_torchtitan_022(tmp_path: Path, precision: str, software: dict) -> None:
+    """torchtitan 0.2.2's own ConfigManager reads the job file back with the priced knobs: compile and async TP
+    (the file used to drop both and run eager), float8 by its 0.2 converter name with the output layer in bf16."""
+    from cost_models.targets import Software
+
+    p = plan(**L70_PP8, precision=precision, zero_stage=3)
+    p = EmitPlan(p.model, p.cluster, p.job, p.parallel, software=Software(**software))
+    path = tmp_path / "job.toml"
+    path.write_text(emit(p, "torchtitan").files["torchtitan_v02.toml"])
+    env = dict(os.environ, PYTHONPATH=TORCHTITAN_02)
+    res = subprocess.run([sys.executable, "-c", _PARSE_02, str(path)], env=env, capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    rt = p.runtime("torchtitan")
+    assert (got["compile"], got["async_tp"], got["tp"], got["pp"], got["ac"]) == \
+        (rt.compile, rt.async_tp, 8, 8, "selective")
+    if rt.compile:
+        assert sorted(got["components"]) == sorted(rt.compile_components.split("+"))
+    if precision == "fp8":
+        assert got["converters"] == ["quantize.linear.float8"] and got["recipe"] == rt.fp8_recipe
+        assert got["filter"] == ["output"]
+    else:
+        assert got["converters"] == [] and got["recipe"] is None
 
 
 @pytest.mark.parametrize("section,key,value,msg", [

@@ -151,6 +151,32 @@ def test_compile_components_loss_alone_compiles_the_loss_only(tmp_path) -> None:
     assert cfg.compile.enable and list(cfg.compile.components) == ["loss"]
 
 
+def test_compile_components_are_stated_over_the_config_functions_own(tmp_path) -> None:  # noqa: ANN001
+    """torchtitan's deepseek_v3_671b config function compiles the loss alone (config_registry.py), and the command
+    line overrides that base: a plan priced with the model compiled and async TP must say compile.components, or
+    CompileConfig.__post_init__ refuses async TP ("requires 'model' in --compile.components"). The comma-joined
+    value is torchtitan's list[str] rule (config/manager.py list_str_rule); validate's knob check reads it back."""
+    pytest.importorskip("torchtitan")
+    from autoplan.emit import write_plan
+    from autoplan.validate.torchtitan_checks import _knobs, _parse
+
+    model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 16)
+    par = ParallelConfig(tp=2, ep=8, zero_stage=3, recompute="selective")
+    plan = EmitPlan(model=model, cluster=cluster, job=JOB, parallel=par,
+                    software=Software(compile=True, async_tp=True))
+    write_plan(plan, "torchtitan", tmp_path)
+    _, cfg = _parse(tmp_path)
+    assert cfg.compile.enable and cfg.compile.enable_async_tensor_parallel
+    assert list(cfg.compile.components) == ["model", "loss"]
+    assert _knobs(plan, cfg)[1]["components"] == ["loss", "model"]
+    eager = EmitPlan(model=model, cluster=cluster, job=JOB, parallel=par, software=Software(compile=False))
+    write_plan(eager, "torchtitan", tmp_path / "eager")
+    _, cfg = _parse(tmp_path / "eager")
+    assert not cfg.compile.enable and _knobs(eager, cfg)[1]["compile"] is False
+    with pytest.raises(AssertionError, match="priced"):
+        _knobs(plan, cfg)
+
+
 def test_forced_balance_is_not_a_knob_of_torchtitan_before_it_existed() -> None:
     """debug.moe_force_load_balance came with 99fee810b (2025-10-03): the 2025 reference profiles refuse it."""
     cluster, par = build_cluster("h100-sxm", 8), ParallelConfig(tp=1, ep=8, zero_stage=3)

@@ -99,7 +99,7 @@ def test_torchtitan_consumers_accept(case: str) -> None:
 
     plan = make(case, "torchtitan")
     checks = run_checks(plan, "torchtitan")
-    assert len(checks) == 5 and all(c.ok for c in checks), report(checks)
+    assert len(checks) == 6 and all(c.ok for c in checks), report(checks)
     assert ("as planned" if plan.parallel.pp > 1 else "parallelize_fn applied") in checks[-1].detail
 
 

@@ -114,8 +114,9 @@ def titan_settings(plan: EmitPlan) -> dict[str, dict[str, Any]]:
     t = {"local_batch_size": local, "global_batch_size": plan.job.global_batch_size, "seq_len": plan.job.seq_len}
     rt = plan.runtime("torchtitan")
     c: dict[str, Any] = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
-    if rt.compile and rt.compile_components != "model+loss":  # compile.components (configs.py:298)
-        c["components"] = [rt.compile_components]
+    if rt.compile:  # compile.components (configs.py:298), always stated: the config functions set their own
+        # (deepseek_v3_671b and kimi_k2 compile the loss alone, llama3/qwen3's large ones the model alone)
+        c["components"] = rt.compile_components.split("+")
     out = {"parallelism": p, "training": t, "compile": c}
     if rt.moe_force_balance:  # config/configs.py:365 (round-robin routing)
         out["debug"] = {"moe_force_load_balance": True}
@@ -134,6 +135,7 @@ def notes(plan: EmitPlan) -> list[str]:
                if t.config_precision != plan.job.precision else
                f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
+    out += v02_model_notes(plan)
     out += dynamic_rope_notes(plan) + balancing_warnings(plan.model) + router_precision_warnings(plan.model)
     return out
 
@@ -175,8 +177,10 @@ def router_precision_warnings(model: ModelSpec) -> list[str]:
 def _flag(section: str, key: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [f"--{section}.{key}" if value else f"--{section}.no-{key.replace('_', '-')}"]
-    if isinstance(value, list):  # list[str] (compile.components): one item each; list[list[str]]: comma-joined
-        return [f"--{section}.{key}", *(v if isinstance(v, str) else ",".join(v) for v in value)]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # list[str] (compile.components):
+        return [f"--{section}.{key}", ",".join(value)]  # one comma-joined value (config/manager.py list_str_rule)
+    if isinstance(value, list):  # list[list[str]] (module_fqns_per_model_part): one comma-joined value per part
+        return [f"--{section}.{key}", *(",".join(v) for v in value)]
     return [f"--{section}.{key}", str(value)]
 
 
@@ -269,15 +273,16 @@ def config_module(plan: EmitPlan) -> str:
         "", "",
         f"def {CONFIG_FN}():", "    config = _base()"]
     extra = f", num_mtp_layers={mtp}" if mtp else ""
+    compile_on = plan.runtime("torchtitan").model_compiled
     if fp8 and recipe == "mxfp8":
         lines += [
-            "    compile_on = config.compile.enable and 'model' in config.compile.components",
+            f"    compile_on = {compile_on}  # the plan's compile (the command line sets compile.*, not _base())",
             f"    config.model_spec = model_registry({t.flavor!r}{extra}, converters=[",
             "        MXFP8LinearConverter.Config(model_compile_enabled=compile_on)])  # mxfp8: sm_100",
         ]
     elif fp8:
         lines += [
-            "    compile_on = config.compile.enable and 'model' in config.compile.components",
+            f"    compile_on = {compile_on}  # the plan's compile (the command line sets compile.*, not _base())",
             f"    config.model_spec = model_registry({t.flavor!r}{extra}, converters=[",
             f"        Float8LinearConverter.Config(recipe_name={recipe!r}, filter_fqns=['lm_head'],",
             "                                     model_compile_enabled=compile_on)])",
@@ -299,19 +304,22 @@ def config_module(plan: EmitPlan) -> str:
 
 # ---- torchtitan <= 0.2.x: TOML ----------------------------------------------------------------------
 
-V02_SCHEMA: dict[str, dict[str, Any]] = {
+V02_SCHEMA: dict[str, dict[str, Any]] = {  # torchtitan 0.2.x config/job_config.py (0.2.0 and 0.2.2 agree here);
+    # tests/test_emit.py parses the emitted file with 0.2.2's own ConfigManager where it is installed
     "job": {"description": str},
     "model": {"name": str, "flavor": str, "converters": list},
     "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int},
     "parallelism": {
         "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
         "fsdp_reshard_after_forward": ("default", "always", "never"), "tensor_parallel_degree": int,
-        "disable_loss_parallel": bool, "pipeline_parallel_degree": int, "pipeline_parallel_schedule": str,
-        "pipeline_parallel_microbatch_size": int, "module_fqns_per_model_part": list,
-        "context_parallel_degree": int, "expert_parallel_degree": int,
+        "disable_loss_parallel": bool, "enable_async_tensor_parallel": bool, "pipeline_parallel_degree": int,
+        "pipeline_parallel_schedule": str, "pipeline_parallel_microbatch_size": int,
+        "module_fqns_per_model_part": list, "context_parallel_degree": int, "expert_parallel_degree": int,
     },
     "activation_checkpoint": {"mode": ("selective", "full", "none"), "selective_ac_option": str},
-    "float8": {"recipe_name": ("tensorwise", "rowwise", "rowwise_with_gw_hp")},
+    "compile": {"enable": bool, "components": list},
+    "quantize.linear.float8": {"recipe_name": ("tensorwise", "rowwise", "rowwise_with_gw_hp"), "filter_fqns": list},
+    "quantize.linear.mx": {"recipe_name": str, "filter_fqns": list},
 }
 
 
@@ -347,17 +355,22 @@ def v02_document(plan: EmitPlan) -> dict[str, dict[str, Any]]:
         # and a part's unlisted modules become None: "lm_head" would drop it
         par["module_fqns_per_model_part"] = [["output" if n == "lm_head" else n for n in part]
                                              for part in par["module_fqns_per_model_part"]]
+    rt = plan.runtime("torchtitan")
+    par["enable_async_tensor_parallel"] = rt.async_tp  # 0.2 keeps it under [parallelism], 0.3 under [compile]
+    # 0.2 registers its converters by section name (components/quantization/float8.py:238, mx.py:171 @ v0.2.2);
+    # the output projection (0.2's ``output``) stays in bf16 as in the 0.3 config module's filter
+    quant = {"mxfp8": "quantize.linear.mx"}.get(rt.fp8_recipe, "quantize.linear.float8")
     doc: dict[str, dict[str, Any]] = {
         "job": {"description": f"autoplan plan for {plan.model.name}"},
-        "model": {"name": t.module, "flavor": t.flavor, "converters": ["float8"] if plan.job.precision == "fp8" else []},
+        "model": {"name": t.module, "flavor": t.flavor, "converters": [quant] if plan.job.precision == "fp8" else []},
         "training": settings["training"],
         "parallelism": par,
         "activation_checkpoint": {"mode": plan.parallel.recompute}
         | ({"selective_ac_option": "op"} if plan.parallel.recompute == "selective" else {}),
+        "compile": {"enable": rt.compile} | ({"components": settings["compile"]["components"]} if rt.compile else {}),
     }
     if plan.job.precision == "fp8":
-        recipe = plan.runtime("torchtitan").fp8_recipe
-        doc["float8"] = {"recipe_name": recipe if recipe in V02_SCHEMA["float8"]["recipe_name"] else "rowwise"}
+        doc[quant] = ({"recipe_name": rt.fp8_recipe} if quant.endswith("float8") else {}) | {"filter_fqns": ["output"]}
     return doc
 
 
@@ -373,10 +386,22 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
+def v02_model_notes(plan: EmitPlan) -> list[str]:
+    """What the 0.2 job file cannot say: it names a flavor, so differences from the flavor are not set there."""
+    differs = arch_overrides(plan.model)
+    if not differs:
+        return []
+    t = titan_model(plan.model)
+    return [f"torchtitan_v02.toml names torchtitan's {t.module} {t.flavor} flavor only: {plan.model.name} differs from "
+            f"0.3.0's in {sorted(differs)}, which the 0.3 command line sets and a 0.2 job file cannot (0.2's own "
+            "flavors are not checked: the file trains whatever its flavor is)"]
+
+
 def toml_v02(plan: EmitPlan) -> str:
     doc = v02_document(plan)
     check_v02(doc)
     out = ["# torchtitan <= 0.2.x job file (generated by autoplan); run with --job.config_file <this file>"]
+    out += [f"# {n}" for n in v02_model_notes(plan)]
     for section, fields in doc.items():
         out.append(f"\n[{section}]")
         out += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
