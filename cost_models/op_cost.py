@@ -23,7 +23,7 @@ from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, mean_keys_per_query, topk_keys_per_query
 from cost_models.quant_layout import op_job
 from cost_models.recompute import reruns
-from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import FA2_VS_CUDNN, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 
@@ -84,6 +84,29 @@ def efficient_sdpa(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | None) -
             and eff.attention_efficient_fwd is not None and eff.attention_efficient_bwd is not None)
 
 
+def titan_attention_rates(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | None) -> tuple[float, float] | None:
+    """(forward, backward) throughput of the attention kernel torchtitan 0.3.0 runs ``model`` on, over the cuDNN
+    SDPA figure the generation prices (``Runtime.titan_attention``): FlexAttention's measured rates
+    (``Efficiency.attention_flex_*``, the MLA pair where the value head dim differs from the query/key one). None:
+    not that runtime, a model torchtitan does not ship, the varlen FlashAttention kernel (gpt_oss: not measured,
+    priced at the cuDNN figure) or a generation without the rates (priced at the cuDNN figure)."""
+    if rt is None or not rt.titan_attention:
+        return None
+    from cost_models.targets.torchtitan_models import UnsupportedModelError, titan_model
+
+    try:
+        backend = titan_model(model).attn_backend
+    except UnsupportedModelError:
+        return None
+    eff, mla = cluster.efficiency, model.mla
+    unequal = mla is not None and mla.qk_nope_head_dim + mla.qk_rope_head_dim != mla.v_head_dim
+    fwd, bwd = ((eff.attention_flex_mla_fwd, eff.attention_flex_mla_bwd) if unequal else
+                (eff.attention_flex_fwd, eff.attention_flex_bwd))
+    if backend != "flex" or fwd is None or bwd is None:
+        return None
+    return fwd, bwd
+
+
 def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                par: ParallelConfig, rt: Runtime | None = None) -> OpCompute:
     """Compute time of one op for one micro-batch on one rank, sharded as ``par`` says (the uniform layer
@@ -124,6 +147,10 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             attn_b = ATTN_BWD_FACTOR * attn_f
             if efficient_sdpa(model, cluster, rt):  # flash refuses v != q/k: SDPA's memory-efficient kernel runs
                 attn_f, attn_b = attn_f / eff.attention_efficient_fwd, attn_b / eff.attention_efficient_bwd
+            flex = titan_attention_rates(model, cluster, rt)
+            if flex is not None:  # torchtitan 0.3.0: FlexAttention, not SDPA; its rates are over cuDNN's figure
+                to_cudnn = FA2_VS_CUDNN if eff.attention_fa2 else 1.0  # (attention_time_s priced FA2 there)
+                attn_f, attn_b = attn_f * to_cudnn / flex[0], attn_b * to_cudnn / flex[1]
         else:
             attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
     passes = permutation_passes(cluster, model.num_experts // par.ep, rt, op.kind, par.ep) \
@@ -261,6 +288,7 @@ def layer_compute_key(par: ParallelConfig, rt: Runtime | None) -> tuple:
     knobs = None if rt is None else (rt.model_compiled, rt.fp8_recipe, rt.fp8_impl, rt.fused_elementwise, rt.fused_loss,
                                      rt.selective, rt.sac_saves_attention,  # the op-SAC branch's attention re-run
                                      rt.sdpa_unequal_v_efficient,  # efficient_sdpa
+                                     rt.titan_attention,  # titan_attention_rates
                                      ring_steps(par, rt), rt.moe_force_balance, rt.moe_capacity_factor,
                                      rt.moe_router_padding, rt.quantized_run,  # moe.router_padding_share, run_pad_align
                                      rt.mcore_expert_glue, rt.mcore_yarn_unfused_rope, rt.moe_dispatcher, rt.moe_passes,

@@ -1034,6 +1034,18 @@ class Efficiency(_Frozen):
                                                   "priced as FlashAttention-2")
     attention_efficient_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
                                                   "(``attention_efficient_fwd``)")
+    attention_flex_fwd: float | None = Field(default=None, gt=0, le=1, description="compiled FlexAttention's "
+                                             "(torch.nn.attention.flex_attention, causal BlockMask, torchtitan 0.3.0's "
+                                             "inductor options) forward throughput over cuDNN SDPA's, equal q/k and v "
+                                             "head dims: the kernel torchtitan 0.3.0 runs its language models' "
+                                             "attention on (Runtime.titan_attention; op_cost.titan_attention_rates); "
+                                             "unset: priced at the cuDNN figure")
+    attention_flex_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
+                                             "(``attention_flex_fwd``)")
+    attention_flex_mla_fwd: float | None = Field(default=None, gt=0, le=1, description="``attention_flex_fwd`` at "
+                                                 "MLA head dims (q/k 192, v 128: the kernel rounds q/k to 256)")
+    attention_flex_mla_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
+                                                 "(``attention_flex_mla_fwd``)")
     ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
                                      "(mamba_ssm's Triton chunked scan, forward and backward) sustain: the op takes at "
                                      "least its FLOPs at this rate (cost_models.mamba.ssd_flops); unset: priced by its "

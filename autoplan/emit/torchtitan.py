@@ -135,9 +135,27 @@ def notes(plan: EmitPlan) -> list[str]:
                if t.config_precision != plan.job.precision else
                f"{plan.model.name} differs from torchtitan's {t.module} {t.flavor} flavor in {sorted(differs)}")
         out.append(f"{why}: emitted {CONFIG_MODULE}.py (put its folder on PYTHONPATH; the launch scripts do)")
-    out += v02_model_notes(plan)
+    out += attention_notes(plan) + v02_model_notes(plan)
     out += dynamic_rope_notes(plan) + balancing_warnings(plan.model) + router_precision_warnings(plan.model)
     return out
+
+
+def attention_notes(plan: EmitPlan) -> list[str]:
+    """The attention kernel torchtitan 0.3.0 builds (``Runtime.titan_attention``) and what its mask leaves unpriced:
+    get_attention_config's backends mask per document (block-causal, from the dataloader's positions)."""
+    if not plan.runtime("torchtitan").titan_attention:
+        return []
+    from cost_models.op_cost import titan_attention_rates
+
+    backend = titan_model(plan.model).attn_backend
+    kernel = {"flex": "FlexAttention", "varlen": "varlen FlashAttention"}[backend]
+    rates = titan_attention_rates(plan.model, plan.cluster, plan.runtime("torchtitan"))
+    how = (f"at the measured FlexAttention rate (forward {rates[0]:.2f}, backward {rates[1]:.2f} of cuDNN SDPA's)"
+           if rates else "at the cuDNN SDPA figure (no measured rate for this kernel on "
+           f"{plan.cluster.gpu.generation})")
+    return [f"torchtitan 0.3.0 runs {plan.model.name}'s attention on {kernel} with per-document (block-causal) masks "
+            f"from the dataloader's positions: priced {how}, as one document per {plan.job.seq_len}-token sequence; "
+            "shorter documents do less attention work than priced"]
 
 
 def balancing_warnings(model: ModelSpec) -> list[str]:

@@ -42,16 +42,22 @@ def _ac_name(ac: Any) -> str:
 
 
 def _knobs(plan: EmitPlan, cfg: Any) -> tuple[str, Any]:
-    """The parsed config runs what was priced: compile (and what it covers), async TP, activation checkpointing.
-    The config function's own settings are the base the command line overrides (deepseek_v3_671b compiles the
-    loss alone), so a knob the emitter leaves unsaid would run the config function's choice, not the plan's."""
+    """The parsed config runs what was priced: compile (and what it covers), async TP, activation checkpointing, the
+    attention kernel (``TitanModel.attn_backend``). The config function's own settings are the base the command line
+    overrides (deepseek_v3_671b compiles the loss alone), so a knob the emitter leaves unsaid would run the config
+    function's choice, not the plan's."""
     rt = plan.runtime("torchtitan")
     c = cfg.compile
+    kernels = {type(layer.attention.inner_attention).__qualname__.split(".")[0]
+               for layer in cfg.model_spec.model.layers}
     got = {"compile": c.enable, "components": sorted(c.components) if c.enable else None,
-           "async_tp": c.enable_async_tensor_parallel, "ac": _ac_name(cfg.activation_checkpoint)}
+           "async_tp": c.enable_async_tensor_parallel, "ac": _ac_name(cfg.activation_checkpoint),
+           "attention": sorted(kernels)}
     want = {"compile": rt.compile, "components": sorted(rt.compile_components.split("+")) if rt.compile else None,
             "async_tp": rt.async_tp, "ac": {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}.get(
-                plan.parallel.recompute, plan.parallel.recompute)}
+                plan.parallel.recompute, plan.parallel.recompute),
+            "attention": [{"flex": "FlexAttention", "varlen": "VarlenAttention"}[titan_model(plan.model).attn_backend]]
+            if rt.titan_attention else sorted(kernels)}
     if got != want:
         raise AssertionError(f"parsed {got} != priced {want}")
     return ", ".join(f"{k}={v}" for k, v in got.items()) + " (as priced)", got
@@ -189,7 +195,8 @@ def run(plan: EmitPlan, out: Path, rep) -> None:  # type: ignore[no-untyped-def]
     cfg = rep.check("torchtitan: ConfigManager().parse_args accepts the emitted overrides", lambda: _parse(out))
     if cfg is None:
         return
-    rep.check("torchtitan: the parsed compile / async TP / AC knobs are the priced ones", lambda: _knobs(plan, cfg))
+    rep.check("torchtitan: the parsed compile / async TP / AC / attention kernel are the priced ones",
+              lambda: _knobs(plan, cfg))
     rep.check("torchtitan: the shipped model's architecture equals the plan's", lambda: _architecture(plan, cfg))
     pd = rep.check(f"torchtitan: ParallelDims validates the degrees ({plan.cluster.num_gpus} ranks)",
                    lambda: _dims(plan, cfg))

@@ -308,6 +308,12 @@ class Runtime:
     # ``check_head_dim_size_flash``). Priced at ``Efficiency.attention_efficient_fwd`` / ``_bwd`` of FlashAttention-2
     # (op_cost.op_compute). Set by the torchtitan 2024-12 / 2025 profiles off their cuDNN-first generations.
     sdpa_unequal_v_efficient: bool = False
+    # torchtitan 0.3.0 builds no SDPA attention for a language model: models/common/config_utils.py
+    # ``get_attention_config`` maps each model's ``attn_backend`` to FlexAttention (``flex``, the default of llama3,
+    # qwen3, deepseek_v3, kimi_k2_7) or varlen FlashAttention (``varlen``, gpt_oss) and refuses ``sdpa``; both mask
+    # per document (block-causal). True: the attention core runs the model's backend (``torchtitan_models.TitanModel.
+    # attn_backend``), priced at the generation's FlexAttention rates (op_cost.titan_attention_rates).
+    titan_attention: bool = False
     # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).

@@ -124,7 +124,8 @@ class Torchtitan2025Profile(TorchtitanProfile):
         flash_first = cluster.gpu.generation not in self.sdpa_cudnn_first
         return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
                        sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES,
-                       sac_saves_attention=flash_first, sdpa_unequal_v_efficient=flash_first)
+                       sac_saves_attention=flash_first, sdpa_unequal_v_efficient=flash_first,
+                       titan_attention=False)  # 2024-12 / 2025 torchtitan ran its models' attention on SDPA
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):

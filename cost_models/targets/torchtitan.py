@@ -72,6 +72,8 @@ class TorchtitanProfile(TargetProfile):
     # MATH]`` under ``sdpa_kernel(..., set_priority=True)`` on every GPU (since 6a3a9da95, 2025-10-09, "Refactor
     # attention": models/attention.py:89-93 there; unchanged through the mirror's head b5bcd76c6, 2026-08-21,
     # models/common/attention.py:388-393). Volta runs the unfused path (cuDNN SDPA needs sm80); ROCm has no cuDNN.
+    # 0.3.0's language models do not call it (Runtime.titan_attention: FlexAttention or varlen); the cuDNN figure
+    # this sets is the one their measured FlexAttention rates are relative to (op_cost.titan_attention_rates).
     sdpa_cudnn_first = ("ampere", "hopper", "blackwell")
     # torchtitan 0.3.0's torchtitan/models: llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7, flux, muse_glimmer
     hybrid_refusal = "torchtitan 0.3.0 ships no Mamba / Nemotron-H model (torchtitan/models has none)"
@@ -286,6 +288,7 @@ class TorchtitanProfile(TargetProfile):
         recipe = k.get("fp8_recipe", "rowwise") if job.precision == "fp8" else None
         return Runtime(
             target="torchtitan",
+            titan_attention=True,  # FlexAttention / varlen, never SDPA (Runtime.titan_attention)
             compile=bool(k.get("compile", False)),
             compile_components=comps,
             async_tp=bool(k.get("async_tp", False)) and tp > 1,

@@ -46,6 +46,10 @@ class TitanModel:
     params: int = 0
     # the router it fixes (MoE; ``router_facts``): top-k, score function, renormalized, scale, groups, groups kept
     router: tuple[Any, ...] | None = None
+    # the attention kernel its model_registry builds (models/<module>/__init__.py ``attn_backend`` default, which the
+    # config functions autoplan emits keep; models/common/config_utils.py get_attention_config): FlexAttention or
+    # varlen FlashAttention, each masking per document (tests/test_flex_attention.py builds every entry's config)
+    attn_backend: Literal["flex", "varlen"] = "flex"
 
 
 def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
@@ -75,7 +79,7 @@ QWEN3_ROUTER = (8, "softmax", True, 1.0, 0, 0)  # torchtitan qwen3 MoE flavors: 
 
 def _gpt_oss(flavor: str, fn: str, dims: Dims, params: int) -> TitanModel:
     return TitanModel("gpt_oss", flavor, fn, "bf16", dims, 150000.0, "yarn", 1e-5, attention=GPT_OSS_ATTENTION,
-                      params=params, router=(4, "softmax", True, 1.0, 0, 0))
+                      params=params, router=(4, "softmax", True, 1.0, 0, 0), attn_backend="varlen")
 
 
 def _qwen3(flavor: str, fn: str, dims: Dims, params: int, theta: float = 1e6, base: str = "",
