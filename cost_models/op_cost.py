@@ -87,9 +87,9 @@ def efficient_sdpa(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | None) -
 def titan_attention_rates(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | None) -> tuple[float, float] | None:
     """(forward, backward) throughput of the attention kernel torchtitan 0.3.0 runs ``model`` on, over the cuDNN
     SDPA figure the generation prices (``Runtime.titan_attention``): FlexAttention's measured rates
-    (``Efficiency.attention_flex_*``, the MLA pair where the value head dim differs from the query/key one). None:
-    not that runtime, a model torchtitan does not ship, the varlen FlashAttention kernel (gpt_oss: not measured,
-    priced at the cuDNN figure) or a generation without the rates (priced at the cuDNN figure)."""
+    (``Efficiency.attention_flex_*``, the MLA pair where the value head dim differs from the query/key one) or varlen
+    FlashAttention's (``attention_varlen_*``: gpt_oss). None: not that runtime, a model torchtitan does not ship or a
+    generation without the rates (priced at the cuDNN figure)."""
     if rt is None or not rt.titan_attention:
         return None
     from cost_models.targets.torchtitan_models import UnsupportedModelError, titan_model
@@ -100,11 +100,10 @@ def titan_attention_rates(model: ModelSpec, cluster: ClusterSpec, rt: Runtime | 
         return None
     eff, mla = cluster.efficiency, model.mla
     unequal = mla is not None and mla.qk_nope_head_dim + mla.qk_rope_head_dim != mla.v_head_dim
-    fwd, bwd = ((eff.attention_flex_mla_fwd, eff.attention_flex_mla_bwd) if unequal else
+    fwd, bwd = ((eff.attention_varlen_fwd, eff.attention_varlen_bwd) if backend == "varlen" else
+                (eff.attention_flex_mla_fwd, eff.attention_flex_mla_bwd) if unequal else
                 (eff.attention_flex_fwd, eff.attention_flex_bwd))
-    if backend != "flex" or fwd is None or bwd is None:
-        return None
-    return fwd, bwd
+    return None if fwd is None or bwd is None else (fwd, bwd)
 
 
 def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
@@ -148,7 +147,7 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
             if efficient_sdpa(model, cluster, rt):  # flash refuses v != q/k: SDPA's memory-efficient kernel runs
                 attn_f, attn_b = attn_f / eff.attention_efficient_fwd, attn_b / eff.attention_efficient_bwd
             flex = titan_attention_rates(model, cluster, rt)
-            if flex is not None:  # torchtitan 0.3.0: FlexAttention, not SDPA; its rates are over cuDNN's figure
+            if flex is not None:  # torchtitan 0.3.0: FlexAttention / varlen, not SDPA; rates over cuDNN's figure
                 to_cudnn = FA2_VS_CUDNN if eff.attention_fa2 else 1.0  # (attention_time_s priced FA2 there)
                 attn_f, attn_b = attn_f * to_cudnn / flex[0], attn_b * to_cudnn / flex[1]
         else:

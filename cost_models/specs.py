@@ -1046,6 +1046,13 @@ class Efficiency(_Frozen):
                                                  "MLA head dims (q/k 192, v 128: the kernel rounds q/k to 256)")
     attention_flex_mla_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
                                                  "(``attention_flex_mla_fwd``)")
+    attention_varlen_fwd: float | None = Field(default=None, gt=0, le=1, description="varlen FlashAttention's "
+                                               "(torch.nn.attention.varlen.varlen_attn, causal) forward throughput "
+                                               "over cuDNN SDPA's at head dim 64 with GQA: the kernel torchtitan 0.3.0 "
+                                               "runs GPT-OSS's attention on (op_cost.titan_attention_rates); unset: "
+                                               "priced at the cuDNN figure")
+    attention_varlen_bwd: float | None = Field(default=None, gt=0, le=1, description="the same, backward "
+                                               "(``attention_varlen_fwd``)")
     ssd_tflops: float | None = Field(default=None, gt=0, description="tensor-core TFLOP/s the Mamba-2 SSD kernels "
                                      "(mamba_ssm's Triton chunked scan, forward and backward) sustain: the op takes at "
                                      "least its FLOPs at this rate (cost_models.mamba.ssd_flops); unset: priced by its "

@@ -150,7 +150,7 @@ def attention_notes(plan: EmitPlan) -> list[str]:
     backend = titan_model(plan.model).attn_backend
     kernel = {"flex": "FlexAttention", "varlen": "varlen FlashAttention"}[backend]
     rates = titan_attention_rates(plan.model, plan.cluster, plan.runtime("torchtitan"))
-    how = (f"at the measured FlexAttention rate (forward {rates[0]:.2f}, backward {rates[1]:.2f} of cuDNN SDPA's)"
+    how = (f"at its measured rate (forward {rates[0]:.2f}, backward {rates[1]:.2f} of cuDNN SDPA's)"
            if rates else "at the cuDNN SDPA figure (no measured rate for this kernel on "
            f"{plan.cluster.gpu.generation})")
     return [f"torchtitan 0.3.0 runs {plan.model.name}'s attention on {kernel} with per-document (block-causal) masks "

@@ -14,15 +14,16 @@ qwen3, deepseek_v3, kimi_k2_7) or ``varlen`` (gpt_oss). Both mask per document (
 - ``cudnn``: ``F.scaled_dot_product_attention(is_causal=True)`` under ``sdpa_kernel([CUDNN_ATTENTION])`` (KV heads
   expanded): what autoplan priced torchtitan 0.3.0's attention at (``TorchtitanProfile.sdpa_cudnn_first``).
 
-Shapes: ``llama3_8b`` (32 heads, 8 KV heads, head dim 128, seq 8192, batch 1) and ``dsv3_16b`` (MLA: q/k head dim
-192, v 128, 16 heads, seq 4096, batch 8; cuDNN takes the unequal v head dim).
+Shapes: ``llama3_8b`` (32 heads, 8 KV heads, head dim 128, seq 8192, batch 1), ``dsv3_16b`` (MLA: q/k head dim
+192, v 128, 16 heads, seq 4096, batch 8; cuDNN takes the unequal v head dim) and ``gpt_oss_20b`` (64 heads, 8 KV heads,
+head dim 64, seq 8192: its full-attention layers, without the sinks).
 
 Per kernel: median ms (``probe_common.timed_ms``) of the forward and of forward + backward (fresh leaf grads), and
 TFLOP/s on causal FLOPs (forward 2·b·h·s²·(d_qk + d_v)/2, forward + backward 3.5x that). A kernel that refuses the
 inputs is recorded with its error. Rows are written to OUT as they finish (the compile of the autotuned kernel
 takes minutes).
 
-Usage: ``python benchmarks/gpu/flex_attention_probe.py OUT.json``.
+Usage: ``python benchmarks/gpu/flex_attention_probe.py OUT.json [KERNELS [CASES]]`` (comma-separated subsets).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from probe_common import fresh_grads, timed_ms
 SHAPES = {
     "llama3_8b": {"b": 1, "h": 32, "kv": 8, "s": 8192, "d_qk": 128, "d_v": 128},
     "dsv3_16b": {"b": 8, "h": 16, "kv": 16, "s": 4096, "d_qk": 192, "d_v": 128},
+    "gpt_oss_20b": {"b": 1, "h": 64, "kv": 8, "s": 8192, "d_qk": 64, "d_v": 64},  # full layers; no sinks here
 }
 TORCHTITAN_FLEX_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False}
 WARMUP, REPS = 3, 10
@@ -72,13 +74,20 @@ def kernels(shape: dict) -> dict:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
     def varlen(q, k, v):  # noqa: ANN001, ANN202 - (b, h, s, d) -> (b*s, h, d), one sequence per batch row
+        import inspect
+
         from torch.nn.attention.varlen import varlen_attn
 
+        params = inspect.signature(varlen_attn).parameters  # the keywords differ between torch releases
+        if h != kv and "enable_gqa" not in params:
+            k, v = (t.repeat_interleave(h // kv, dim=1) for t in (k, v))
         qt, kt, vt = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[-1]) for t in (q, k, v))
-        try:
-            out = varlen_attn(qt, kt, vt, cu, cu, s, s, scale=scale, window_size=(-1, 0), enable_gqa=h != kv)
-        except TypeError:  # releases before window_size: is_causal
-            out = varlen_attn(qt, kt, vt, cu, cu, s, s, is_causal=True, scale=scale)
+        kw: dict = {"scale": scale} if "scale" in params else {}
+        kw.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
+        if h != kv and "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        out = varlen_attn(qt, kt, vt, cu, cu, s, s, **kw)
+        out = out[0] if isinstance(out, tuple) else out
         return out.reshape(b, s, h, d_v).transpose(1, 2)
 
     return {"cudnn": cudnn, "varlen": varlen, "flex_default": flex(flex_default), "flex": flex(flex_tt)}
@@ -135,8 +144,14 @@ def main(out_path: str) -> None:
                         "flex compiled with torchtitan 0.3.0's FlexAttention inductor options %s" %
                         (REPS, WARMUP, TORCHTITAN_FLEX_OPTIONS),
               "rows": []}
+    only_kernels = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+    only_cases = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
     for case, shape in SHAPES.items():
+        if only_cases and case not in only_cases:
+            continue
         for name, fn in kernels(shape).items():
+            if only_kernels and name not in only_kernels:
+                continue
             row = measure(shape, name, fn)
             row["case"] = case
             result["rows"].append(row)
