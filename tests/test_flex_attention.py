@@ -100,3 +100,18 @@ def test_torchtitan_03_prices_flex_attention(model: str, gpus: int, par: Paralle
     gpt = load_model("gpt-oss-20b")
     assert titan_attention_rates(gpt, cluster, new) == (eff.attention_varlen_fwd, eff.attention_varlen_bwd)
     assert titan_attention_rates(gpt, build_cluster("a100-80g", 8), new) is None  # no rate on ampere: cuDNN's
+
+
+def test_probe_shapes_are_the_models(monkeypatch) -> None:  # noqa: ANN001
+    """The probe times the catalog models' own attention shapes (heads, KV heads, head dims)."""
+    pytest.importorskip("torch")
+    from benchmark_modules import load_benchmark
+
+    monkeypatch.syspath_prepend(str(DATA.parent / "gpu"))  # the probes import probe_common beside them
+    probe = load_benchmark("gpu/flex_attention_probe", "flex_attention_probe")
+    for case, name in (("llama3_8b", "llama3-8b"), ("gpt_oss_20b", "gpt-oss-20b")):
+        m, shape = load_model(name), probe.SHAPES[case]
+        assert (shape["h"], shape["kv"], shape["d_qk"], shape["d_v"]) == \
+            (m.num_attention_heads, m.num_kv_heads, m.head_dim_resolved, m.head_dim_resolved), case
+    mla, shape = load_model("deepseek-v3").mla, probe.SHAPES["dsv3_16b"]
+    assert (shape["d_qk"], shape["d_v"]) == (mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim)

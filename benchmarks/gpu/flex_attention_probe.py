@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from probe_common import fresh_grads, timed_ms
+from probe_common import attention_times, causal_flops, fresh_grads
 
 SHAPES = {
     "llama3_8b": {"b": 1, "h": 32, "kv": 8, "s": 8192, "d_qk": 128, "d_v": 128},
@@ -46,10 +46,6 @@ SHAPES = {
 }
 TORCHTITAN_FLEX_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False}
 WARMUP, REPS = 3, 10
-
-
-def causal_flops(b: int, h: int, s: int, d_qk: int, d_v: int) -> float:
-    return 2.0 * b * h * s * s * (d_qk + d_v) / 2
 
 
 def _causal(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202 - a FlexAttention mask_mod
@@ -114,11 +110,7 @@ def measure(shape: dict, name: str, fn) -> dict:  # noqa: ANN001
         return row
     row["first_call_s"] = round(time.time() - t0, 1)
     fl = causal_flops(b, h, s, d_qk, d_v)
-    with torch.no_grad():
-        f_ms = timed_ms(lambda: fn(q, k, v), WARMUP, REPS)
-    fb_ms = timed_ms(fwd_bwd, WARMUP, REPS)
-    row.update(fwd_ms=round(f_ms, 4), fwd_bwd_ms=round(fb_ms, 4), bwd_ms=round(fb_ms - f_ms, 4),
-               fwd_tflops=round(fl / f_ms / 1e9, 1), fwd_bwd_tflops=round(3.5 * fl / fb_ms / 1e9, 1))
+    row.update(attention_times(lambda: fn(q, k, v), fwd_bwd, fl, WARMUP, REPS))
     return row
 
 

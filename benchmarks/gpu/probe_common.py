@@ -28,6 +28,22 @@ def timed_ms(fn: Callable[[], object], warmup: int, reps: int, inner: int = 1) -
     return times[len(times) // 2]
 
 
+def causal_flops(b: int, h: int, s: int, d_qk: int, d_v: int) -> float:
+    """Forward FLOPs of causal attention as the cost model counts them: 2·b·h·s²·(d_qk + d_v)/2."""
+    return 2.0 * b * h * s * s * (d_qk + d_v) / 2
+
+
+def attention_times(fwd: Callable[[], object], fwd_bwd: Callable[[], object], flops: float, warmup: int,
+                    reps: int) -> dict[str, float]:
+    """An attention kernel's row: median ms of its forward (under no_grad) and of forward + backward, the backward
+    as their difference, and TFLOP/s on ``flops`` (forward + backward counted 3.5x the forward)."""
+    with torch.no_grad():
+        f_ms = timed_ms(fwd, warmup, reps)
+    fb_ms = timed_ms(fwd_bwd, warmup, reps)
+    return {"fwd_ms": round(f_ms, 4), "fwd_bwd_ms": round(fb_ms, 4), "bwd_ms": round(fb_ms - f_ms, 4),
+            "fwd_tflops": round(flops / f_ms / 1e9, 1), "fwd_bwd_tflops": round(3.5 * flops / fb_ms / 1e9, 1)}
+
+
 def fresh_grads(*tensors: torch.Tensor) -> None:
     """Drop the leaves' ``.grad`` before a timed backward, so it writes new gradients as a training step's first
     micro-batch does instead of reading and adding into the last call's (a pass per input no ideal count holds)."""

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from probe_common import fresh_grads, timed_ms
+from probe_common import attention_times, causal_flops, fresh_grads
 
 SHAPES = {
     "llama3_8b": {"b": 1, "h": 32, "s": 8192, "d_qk": 128, "d_v": 128},
@@ -46,10 +46,6 @@ SHAPES = {
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 WARMUP, REPS = 3, 10
-
-
-def causal_flops(b: int, h: int, s: int, d_qk: int, d_v: int) -> float:
-    return 2.0 * b * h * s * s * (d_qk + d_v) / 2
 
 
 def measure(shape: dict, backend: str, pad_v: bool) -> dict:
@@ -77,11 +73,7 @@ def measure(shape: dict, backend: str, pad_v: bool) -> dict:
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         return row
     fl = causal_flops(b, h, s, d_qk, dv_run)
-    with torch.no_grad():
-        f_ms = timed_ms(fwd, WARMUP, REPS)
-    fb_ms = timed_ms(fwd_bwd, WARMUP, REPS)
-    row.update(fwd_ms=round(f_ms, 4), fwd_bwd_ms=round(fb_ms, 4), bwd_ms=round(fb_ms - f_ms, 4),
-               fwd_tflops=round(fl / f_ms / 1e9, 1), fwd_bwd_tflops=round(3.5 * fl / fb_ms / 1e9, 1))
+    row.update(attention_times(fwd, fwd_bwd, fl, WARMUP, REPS))
     return row
 
 
