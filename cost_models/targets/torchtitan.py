@@ -113,8 +113,9 @@ class TorchtitanProfile(TargetProfile):
         "grad_reduce_dtype": Knob("grad_reduce_dtype", ("fp32",), "fp32",
                                   f"{TT}config/configs.py:93 (mixed_precision_reduce: Literal['float32'])"),
         "cp_comm_type": Knob("cp_comm_type", ("allgather",), "allgather",
-                             f"{TT}distributed/context_parallel/api.py (SDPA through torch's CP dispatcher, whose "
-                             "rotate method defaults to all-gather; torchtitan 0.3.0 has no knob for it)"),
+                             f"{TT}distributed/context_parallel/api.py:46-73 (FlexAttention, its language models' "
+                             "kernel: K/V all-gathered over cp by flex_cp_allgather; SDPA through torch's CP "
+                             "dispatcher defaults to all-gather too; torchtitan 0.3.0 has no knob for it)"),
         "reshard_after_forward": Knob("reshard_after_forward", (True, False), True,
                                       f"{TT}config/configs.py:136 (fsdp_reshard_after_forward: default, always, "
                                       "never; no group size)"),
