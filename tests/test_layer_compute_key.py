@@ -26,6 +26,7 @@ PAR_OUT = {"pp": [1, 4], "vp": [1, 2], "zero_stage": [0, 1, 3], "recompute": ["n
 RT_KEY = {"compile", "fp8_recipe", "fp8_impl", "fused_elementwise", "fused_loss", "selective",
           "sac_saves_attention",  # the op-SAC branch re-runs the attention core where the save list lacks its op
           "sdpa_unequal_v_efficient",  # op_cost.efficient_sdpa: MLA's attention on SDPA's memory-efficient kernel
+          "titan_attention",  # op_cost.titan_attention_rates: torchtitan 0.3.0's FlexAttention / varlen kernel
           "cp_comm_type",
           "cp_a2a_size", "target", "notes", "env", "moe_force_balance", "moe_capacity_factor",
           "moe_router_padding",  # the router's padded rows (moe.router_padding_share)
