@@ -94,7 +94,8 @@ def test_torchtitan_03_prices_flex_attention(model: str, gpus: int, par: Paralle
     assert titan_attention_rates(m, cluster, old) is None
     from dataclasses import replace
 
-    flex, sdpa = (op_compute(attn, graph, m, cluster, JOB, par, rt) for rt in (new, replace(new, titan_attention=False)))
+    flex, sdpa = (op_compute(attn, graph, m, cluster, JOB, par, rt)
+                  for rt in (new, replace(new, titan_attention=False)))
     assert flex.attn_f == pytest.approx(sdpa.attn_f / getattr(eff, rates[0]), rel=1e-12)
     assert flex.attn_b == pytest.approx(sdpa.attn_b / getattr(eff, rates[1]), rel=1e-12)
     gpt = load_model("gpt-oss-20b")

@@ -115,7 +115,7 @@ def titan_settings(plan: EmitPlan) -> dict[str, dict[str, Any]]:
     rt = plan.runtime("torchtitan")
     c: dict[str, Any] = {"enable": rt.compile, "enable_async_tensor_parallel": rt.async_tp}
     if rt.compile:  # compile.components (configs.py:298), always stated: the config functions set their own
-        # (deepseek_v3_671b and kimi_k2 compile the loss alone, llama3/qwen3's large ones the model alone)
+        # (deepseek_v3_671b's and kimi_k2_7's compile the loss alone, the llama3 / qwen3 nvfp4 and mxfp8 ones the model)
         c["components"] = rt.compile_components.split("+")
     out = {"parallelism": p, "training": t, "compile": c}
     if rt.moe_force_balance:  # config/configs.py:365 (round-robin routing)

@@ -312,7 +312,7 @@ class Runtime:
     # ``get_attention_config`` maps each model's ``attn_backend`` to FlexAttention (``flex``, the default of llama3,
     # qwen3, deepseek_v3, kimi_k2_7) or varlen FlashAttention (``varlen``, gpt_oss) and refuses ``sdpa``; both mask
     # per document (block-causal). True: the attention core runs the model's backend (``torchtitan_models.TitanModel.
-    # attn_backend``), priced at the generation's FlexAttention rates (op_cost.titan_attention_rates).
+    # attn_backend``), priced at the generation's measured FlexAttention / varlen rates (op_cost.titan_attention_rates).
     titan_attention: bool = False
     # ZeRO-3: bytes per parameter of the largest unit for the gathered units (current + prefetched [+ gradient]).
     gathered_unit_bytes: float = 4.0
