@@ -79,8 +79,21 @@ def attention_time_s(flops: float, cluster: ClusterSpec) -> float:
     """Flash-attention core (always bf16 here): FLOPs at the attention efficiency (cuDNN / TE fused attention;
     FlashAttention-2 at ``FA2_VS_CUDNN`` of it where the stack runs that kernel)."""
     eff = cluster.efficiency
-    fa2 = FA2_VS_CUDNN if eff.attention_fa2 and not eff.attention_measures_fa2 else 1.0
-    return flops / (cluster.gpu.peak_bf16_tflops * 1e12 * eff.attention * fa2) * straggler_pace(cluster)
+    return _attention_s(flops, cluster, FA2_VS_CUDNN if eff.attention_fa2 and not eff.attention_measures_fa2 else 1.0)
+
+
+def cudnn_attention_time_s(flops: float, cluster: ClusterSpec) -> float:
+    """The core at the generation's cuDNN / TE fused-attention figure whichever kernel its stack runs: what a kernel's
+    measured rate over cuDNN's divides (``op_cost.titan_attention_rates``). Where ``attention`` itself measures
+    FlashAttention-2 (``attention_measures_fa2``), cuDNN runs 1 / ``FA2_VS_CUDNN`` as fast."""
+    eff = cluster.efficiency
+    return _attention_s(flops, cluster, 1.0 / FA2_VS_CUDNN if eff.attention_fa2 and eff.attention_measures_fa2 else 1.0)
+
+
+def _attention_s(flops: float, cluster: ClusterSpec, kernel: float) -> float:
+    """FLOPs at the attention efficiency times ``kernel`` (the kernel's throughput over the one it measures)."""
+    peak = cluster.gpu.peak_bf16_tflops
+    return flops / (peak * 1e12 * cluster.efficiency.attention * kernel) * straggler_pace(cluster)
 
 
 def hbm_time_s(nbytes: float, cluster: ClusterSpec) -> float:

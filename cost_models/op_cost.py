@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.attention_cost import ATTN_BWD_FACTOR, attention_kernel_factor, cp_merge_bytes, unfused_attention_s
 from cost_models.dsa import dsa_fused, indexer_op_s
-from cost_models.gemm import attention_time_s, hbm_time_s, matmul_time_s, straggler_pace
+from cost_models.gemm import attention_time_s, cudnn_attention_time_s, hbm_time_s, matmul_time_s, straggler_pace
 from cost_models.gdn import gdn_core_flops
 from cost_models.mamba import ssd_flops
 from cost_models.knob_effects import (eager_elementwise, fp8_forward_gemm_efficiency, fp8_gemm_time_ratio,
@@ -23,7 +23,7 @@ from cost_models.op_traffic import local_widths, op_traffic_bytes
 from cost_models.opgraph import DECODER_KINDS, LayerGraph, Op, gemm_precision, mean_keys_per_query, topk_keys_per_query
 from cost_models.quant_layout import op_job
 from cost_models.recompute import reruns
-from cost_models.specs import FA2_VS_CUDNN, ClusterSpec, JobSpec, ModelSpec, ParallelConfig
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime
 
 
@@ -142,14 +142,16 @@ def op_compute(op: Op, graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec
         if eff.flash_attention:
             steps = ring_steps(par, rt)
             slow = attention_kernel_factor(model, job, par, cluster, steps, graph.kind)
-            attn_f = attention_time_s(op.flops_per_token * tokens / t, cluster) * slow
-            attn_b = ATTN_BWD_FACTOR * attn_f
+            flops = op.flops_per_token * tokens / t
+            titan = titan_attention_rates(model, cluster, rt)
+            if titan is not None:  # torchtitan 0.3.0: FlexAttention / varlen, not SDPA, at its rate over cuDNN's
+                base = cudnn_attention_time_s(flops, cluster) * slow
+                attn_f, attn_b = base / titan[0], ATTN_BWD_FACTOR * base / titan[1]
+            else:
+                attn_f = attention_time_s(flops, cluster) * slow
+                attn_b = ATTN_BWD_FACTOR * attn_f
             if efficient_sdpa(model, cluster, rt):  # flash refuses v != q/k: SDPA's memory-efficient kernel runs
                 attn_f, attn_b = attn_f / eff.attention_efficient_fwd, attn_b / eff.attention_efficient_bwd
-            flex = titan_attention_rates(model, cluster, rt)
-            if flex is not None:  # torchtitan 0.3.0: FlexAttention / varlen, not SDPA; rates over cuDNN's figure
-                to_cudnn = FA2_VS_CUDNN if eff.attention_fa2 else 1.0  # (attention_time_s priced FA2 there)
-                attn_f, attn_b = attn_f * to_cudnn / flex[0], attn_b * to_cudnn / flex[1]
         else:
             attn_f, attn_b = unfused_attention_s(op, model, cluster, job, par)
     passes = permutation_passes(cluster, model.num_experts // par.ep, rt, op.kind, par.ep) \

@@ -16,7 +16,7 @@ from cost_models.op_cost import titan_attention_rates
 from cost_models.memory import graphs_for
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
-from cost_models.targets.torchtitan_models import SHIPPED
+from cost_models.targets.torchtitan_models import ATTENTION_MODULE, SHIPPED
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 PROBE = DATA / "h200_flex_attention_probe_2026_12_04.json"
@@ -60,7 +60,6 @@ def test_every_shipped_flavor_builds_the_backend_priced() -> None:
 
     with pytest.raises(ValueError, match="sdpa is no longer supported"):
         get_attention_config("sdpa")
-    kernel = {"flex": "FlexAttention", "varlen": "VarlenAttention"}
     for t in SHIPPED:
         pkg = importlib.import_module(f"torchtitan.models.{t.module}")
         specs = [pkg.model_registry(t.flavor).model]
@@ -69,7 +68,7 @@ def test_every_shipped_flavor_builds_the_backend_priced() -> None:
             specs.append(fn().model_spec.model)
         for spec in specs:
             got = {type(layer.attention.inner_attention).__qualname__.split(".")[0] for layer in spec.layers}
-            assert got == {kernel[t.attn_backend]}, (t.module, t.flavor, got)
+            assert got == {ATTENTION_MODULE[t.attn_backend]}, (t.module, t.flavor, got)
 
 
 @pytest.mark.parametrize(("model", "gpus", "par", "rates"), [

@@ -143,13 +143,13 @@ def notes(plan: EmitPlan) -> list[str]:
 def attention_notes(plan: EmitPlan) -> list[str]:
     """The attention kernel torchtitan 0.3.0 builds (``Runtime.titan_attention``) and what its mask leaves unpriced:
     get_attention_config's backends mask per document (block-causal, from the dataloader's positions)."""
-    if not plan.runtime("torchtitan").titan_attention:
+    rt = plan.runtime("torchtitan")
+    if not rt.titan_attention:
         return []
     from cost_models.op_cost import titan_attention_rates
 
-    backend = titan_model(plan.model).attn_backend
-    kernel = {"flex": "FlexAttention", "varlen": "varlen FlashAttention"}[backend]
-    rates = titan_attention_rates(plan.model, plan.cluster, plan.runtime("torchtitan"))
+    kernel = {"flex": "FlexAttention", "varlen": "varlen FlashAttention"}[titan_model(plan.model).attn_backend]
+    rates = titan_attention_rates(plan.model, plan.cluster, rt)
     how = (f"at its measured rate (forward {rates[0]:.2f}, backward {rates[1]:.2f} of cuDNN SDPA's)"
            if rates else "at the cuDNN SDPA figure (no measured rate for this kernel on "
            f"{plan.cluster.gpu.generation})")

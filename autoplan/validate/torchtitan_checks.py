@@ -11,6 +11,7 @@ from typing import Any
 
 from autoplan.emit import EmitPlan
 from autoplan.emit.torchtitan import module_fqns_per_model_part, titan_model
+from cost_models.targets.torchtitan_models import ATTENTION_MODULE
 
 # Spellings torchtitan's MeshAxisName uses for the axes autoplan plans.
 _AXES = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep"}
@@ -56,8 +57,7 @@ def _knobs(plan: EmitPlan, cfg: Any) -> tuple[str, Any]:
     want = {"compile": rt.compile, "components": sorted(rt.compile_components.split("+")) if rt.compile else None,
             "async_tp": rt.async_tp, "ac": {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}.get(
                 plan.parallel.recompute, plan.parallel.recompute),
-            "attention": [{"flex": "FlexAttention", "varlen": "VarlenAttention"}[titan_model(plan.model).attn_backend]]
-            if rt.titan_attention else sorted(kernels)}
+            "attention": [ATTENTION_MODULE[titan_model(plan.model).attn_backend]]}
     if got != want:
         raise AssertionError(f"parsed {got} != priced {want}")
     return ", ".join(f"{k}={v}" for k, v in got.items()) + " (as priced)", got

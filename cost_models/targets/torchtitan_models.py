@@ -52,6 +52,11 @@ class TitanModel:
     attn_backend: Literal["flex", "varlen"] = "flex"
 
 
+# The inner-attention module each ``attn_backend`` builds (models/common/attention.py; config_utils.py
+# get_attention_config): what validate and the tests read back from the built config.
+ATTENTION_MODULE = {"flex": "FlexAttention", "varlen": "VarlenAttention"}
+
+
 def attention_facts(m: ModelSpec) -> tuple[Any, ...]:
     """What a torchtitan flavor fixes in code and no config field changes (compared with ``TitanModel.attention``)."""
     a = m.arch
