@@ -41,6 +41,9 @@ MAX_YAML_ALIASES = 256
 MAX_INT_DIGITS = 30
 MAX_ABS_INT = 1 << 53  # no count autoplan handles comes near; beyond it floats lose integers
 MAX_NAME_CHARS = 1024
+# One path component's bytes where the file system stops (NAME_MAX on Linux and macOS): a longer name makes every
+# stat() of it fail with ENAMETOOLONG, which Path.is_dir() / is_file() do not swallow.
+MAX_COMPONENT_BYTES = 255
 MAX_NUM_LAYERS = 4096  # a resolved model's decoder layers (names, files, inline specs): per-layer work is linear
 MAX_NUM_EXPERTS = 4096
 
@@ -66,6 +69,14 @@ def user_path(text: str | Path) -> Path:
     if "\x00" in raw:
         raise UserInputError(f"path {_short(raw)} contains a NUL character")
     path = Path(raw)
+    for part in path.parts:
+        try:
+            size = len(os.fsencode(part))
+        except UnicodeEncodeError:
+            raise UserInputError(f"path {_short(raw)} is not encodable as a file name") from None
+        if size > MAX_COMPONENT_BYTES:
+            raise UserInputError(f"path {_short(raw)}: the name {_short(part)} is longer than "
+                                 f"{MAX_COMPONENT_BYTES} bytes")
     try:
         return path.expanduser()
     except RuntimeError:  # "Could not determine home directory" for ~nobody-here

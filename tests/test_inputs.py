@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import autoplan
 from autoplan.cli import cli
+from autoplan.catalog import load_model
 from autoplan.errors import UserInputError
 from autoplan.inputs import MAX_FILE_BYTES, check_tree, parse_json, parse_yaml, read_mapping
 
@@ -41,6 +42,14 @@ def test_binary_utf16_and_special_model_files(tmp_path: Path) -> None:
     assert "not a regular file" in _one_line_error(*_cli(*EST, "--model", "llama3-8b", "--cluster", str(fifo)))
     assert "no such user" in _one_line_error(*_cli(*EST, "--model", "~no-such-user-xyz/m.json"))
     assert "longer than" in _one_line_error(*_cli(*EST, "--model", "x" * 5000 + ".json"))
+
+
+@pytest.mark.parametrize("name", ["0" * 40 + "\x80İĳ" * 120, "y" * 300, "dir/" + "z" * 256 + ".json", "a\udc80\ud800"])
+def test_a_name_the_file_system_cannot_hold_is_a_user_error(name: str) -> None:
+    """Under 1024 characters but over NAME_MAX bytes in one component (a serve fuzz case: 'File name too long', an
+    internal error), or not encodable at all: refused by name, as any bad model source."""
+    with pytest.raises(UserInputError, match="longer than 255 bytes|not encodable"):
+        load_model(name)
 
 
 def test_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
