@@ -32,7 +32,6 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -125,13 +124,6 @@ def fit_dim_product(points: list[GemmPoint], cluster: ClusterSpec) -> tuple[floa
     return float(p[0]), float(p[1]), mape, worst
 
 
-@cache
-def _qwen3_30b() -> dict:
-    """Qwen3-30B-A3B as the held-out rows define it (no catalog entry): the model of one of its card rows."""
-    cases = json.loads((DATA / "more_runs_bridge_cards.json").read_text())["cases"]
-    return next(c["model"] for c in cases if c["id"] == "mbcard_Qwen3_30B_a3B_h100_16gpu_BF16_natural")
-
-
 # The layout each probe expert case stands for: (model, tp, ep, micro-batch size, sequence length), sequence parallel
 # with tp > 1, bf16, Megatron. Its routed rows per local expert, tokens / tp · top-k · ep / experts, are the probe's
 # rows (checked in ``expert_rows``). Two cases timed twice the rows their label's layout routes (16 x 8192 for
@@ -152,7 +144,7 @@ def expert_model_s(case: str, cluster: ClusterSpec, balanced: bool) -> tuple[flo
     with the layout's load imbalance and router padding, or at ``balanced`` routing (capacity factor 1: rho = 1,
     as the probe routes)."""
     name, tp, ep, mbs, seq = EXPERT_LAYOUTS[case]
-    model = load_model(_qwen3_30b() if name == "qwen3-30b-a3b" else name)
+    model = load_model(name)
     job = JobSpec(global_batch_size=mbs * 64, seq_len=seq, precision="bf16")
     par = ParallelConfig(tp=tp, ep=ep, micro_batch_size=mbs, sequence_parallel=tp > 1)
     rt = runtime_for("megatron", job, cluster, par)

@@ -88,7 +88,8 @@ def test_missing_model_sources(source: str, pattern: str) -> None:
 @pytest.mark.parametrize(("hub_id", "close"), [
     ("meta-llama/Meta-Llama-3-70B", "llama3-70b, llama3.1-70b, llama2-70b"),
     ("deepseek-ai/DeepSeek-V3", "deepseek-v3, deepseek-v3.2"),
-    ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b, qwen3-next-80b-a3b"),
+    ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b, qwen3-30b-a3b, qwen3-8b"),
+    ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b, qwen3-235b-a22b, qwen3-next-80b-a3b"),
 ])
 def test_hub_id_names_the_config_and_the_catalog_entry(hub_id: str, close: str) -> None:
     """A Hugging Face Hub id (what a new user types first) said only "model file '...' does not exist"."""

@@ -24,7 +24,7 @@ CATALOG_FILES = {
     "nemotron-3-nano-30b-a3b": "nemotron-3-nano-30b-a3b", "glm-4.5": "glm-4.5", "glm-4.5-air": "glm-4.5-air",
     "olmoe-1b-7b": "olmoe-1b-7b-0924", "nemotron4-15b": "nemotron4-15b",
     "llama4-scout-17b-16e": "llama4-scout-17b-16e", "qwen3-next-80b-a3b": "qwen3-next-80b-a3b",
-    "deepseek-v3.2": "deepseek-v3.2", "glm-5.1": "glm-5.1",
+    "deepseek-v3.2": "deepseek-v3.2", "glm-5.1": "glm-5.1", "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-8b": "qwen3-8b",
 }
 # one published config per supported model_type
 BY_TYPE = {json.loads(p.read_text())["model_type"]: p.stem for p in sorted(HF.glob("*.json"))}
