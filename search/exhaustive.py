@@ -98,11 +98,11 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
 def knob_settings(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout,
                   par: ParallelConfig) -> list[Software]:
     """Every legal setting of the knobs the target's profile searches on this layout (none set by a user here),
-    the default first: the memory knobs (``TargetProfile.memory_knob_options``) × the layer-time knobs
+    the default first: the layout knobs (``TargetProfile.layout_knob_options``) × the layer-time knobs
     (``TargetProfile.knob_candidates``); just the defaults where there is nothing to choose (estimate refuses the
     illegal ones)."""
     prof = PROFILES.get(lay.target)
     if prof is None:
         return [Software()]
     cands = prof.knob_candidates(model, cluster, job, par, None) or [{}]
-    return [Software(**mem, **c) for mem in prof.memory_knob_options(cluster, job, par, {}) for c in cands]
+    return [Software(**mem, **c) for mem in prof.layout_knob_options(cluster, job, par, {}) for c in cands]

@@ -748,15 +748,15 @@ def _searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins
     """The layouts ``search`` prices on ``cluster`` (and ``_has_plan`` tries), in search order: each target's layouts
     with its Megatron selective-recompute module ladder (``Scorer.module_ladder``, unless the user pinned the
     modules), a pinned split's rule (``_legal_splits``), those whose target runs the knobs (``_runs_with_knobs``),
-    and each setting of the knobs that change memory (FSDP2 reshard_after_forward) as a layout of its own
-    (``Scorer.memory_variants``). Raises ``ConfigError`` where the pins or knobs rule out every layout."""
+    and each setting of the layout knobs (FSDP2 reshard_after_forward, Megatron's EP A2A overlap) as a layout of
+    its own (``Scorer.knob_variants``). Raises ``ConfigError`` where the pins or knobs rule out every layout."""
     ladders = {t: sc.module_ladder(t) for t, sc in scorers.items()}
     layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally,  # type: ignore[arg-type]
                                                                  ladders)]
     if any(k in pins for k in SPLIT_PINS):
         layouts = _legal_splits(layouts, model, pins, tally)
     layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
-    return [var for lay in layouts for var in scorers[lay.target].memory_variants(lay)]
+    return [var for lay in layouts for var in scorers[lay.target].knob_variants(lay)]
 
 
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],

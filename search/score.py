@@ -221,15 +221,16 @@ class Scorer:
         """``lay``'s runtime with the user's knobs alone (what the search's choices are explained against)."""
         return self._runtime_with(lay, {}, own=False)
 
-    def memory_variants(self, lay: Layout) -> list[Layout]:
-        """``lay`` with each setting of the knobs that change memory its target offers and the user left unset
-        (``TargetProfile.memory_knob_options``; the default first), each legal (``check_runtime``)."""
+    def knob_variants(self, lay: Layout) -> list[Layout]:
+        """``lay`` with each setting of the layout knobs its target offers and the user left unset (knobs that change
+        memory or the step as a whole: ``TargetProfile.layout_knob_options``; the default first), each legal
+        (``check_runtime``)."""
         prof = PROFILES[lay.target]
-        if not lay.knobs and type(prof).memory_knob_options is TargetProfile.memory_knob_options:
+        if not lay.knobs and type(prof).layout_knob_options is TargetProfile.layout_knob_options:
             return [lay]  # the profile offers no such knob ([{}]): the layout itself
         par = ParallelConfig(**lay.parallel_kwargs())
         out = []
-        for fields in prof.memory_knob_options(self.cluster, self.job, par, self.software.given()):
+        for fields in prof.layout_knob_options(self.cluster, self.job, par, self.software.given()):
             var = replace(lay, knobs=tuple(sorted(fields.items())))
             if fields:
                 try:
@@ -318,9 +319,13 @@ class Scorer:
 
     @staticmethod
     def bound_key(lay: Layout, recompute: str | None = None) -> tuple:
+        """What a decoder layer's time and activations read of ``lay``: its mesh, micro-batch, recompute, target and
+        the layout knobs that change a layer (``TargetProfile.layer_time_layout_knobs``: Megatron's A2A overlap)."""
         rc = recompute or lay.recompute
+        layer_knobs = PROFILES[lay.target].layer_time_layout_knobs if lay.knobs else ()
         return (lay.tp, lay.cp, lay.ep, lay.micro_batch_size, rc, lay.sequence_parallel,
-                lay.target, lay.kv_replication, _modules(lay, rc))
+                lay.target, lay.kv_replication, _modules(lay, rc),
+                tuple(kv for kv in lay.knobs if kv[0] in layer_knobs))
 
     def _layer_cost(self, lay: Layout, bkey: tuple, kind: str, chosen: dict[str, Any]) -> LayerCost:
         """``layer_cost`` of one decoder layer kind on ``bkey``'s mesh with the user's and the ``chosen`` knobs,

@@ -90,8 +90,9 @@ class Layout:
     sequence_parallel: bool = True  # searched layouts always use SP (it only saves memory); a pin may turn it off
     target: Target = "megatron"  # the framework that runs it: which per-op strategies the intra-op ILP may use
     kv_replication: str = "gather"  # tp > num_kv_heads: how K/V heads are replicated (kv_choices)
-    # knobs that change memory as well as time, set per layout by the search where the user left them unset
-    # (``TargetProfile.memory_knob_options``: FSDP2's reshard_after_forward); () = the target's defaults
+    # knobs the search sets per layout where the user left them unset, each setting a layout of its own: those that
+    # change memory or the step as a whole (``TargetProfile.layout_knob_options``: FSDP2's reshard_after_forward,
+    # Megatron's EP A2A overlap); () = the target's defaults
     knobs: tuple[tuple[str, Any], ...] = ()
     # Megatron --recompute-modules under selective recompute (a user pin: ``ParallelConfig.recompute_modules``, priced
     # by ``cost_models.recompute``); None: Megatron's default (core_attn) or another recompute mode

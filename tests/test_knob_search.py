@@ -160,7 +160,7 @@ def test_a2a_p2p_rules_name_the_legal_sizes() -> None:
 
 
 def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> None:
-    """reshard_after_forward changes memory as well as time: each setting is a layout (Scorer.memory_variants) and
+    """reshard_after_forward changes memory as well as time: each setting is a layout (Scorer.knob_variants) and
     the search keeps the cheapest that fits, priced by estimate; a user's setting is kept."""
     from autoplan.catalog import build_cluster
 
@@ -170,12 +170,12 @@ def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> Non
     found = Engine().search(req).plans[0]
     cluster = build_cluster("h100-sxm", 64)
     job, par = JobSpec(global_batch_size=1024, seq_len=8192), found.parallel
-    opts = PROFILES["fsdp2"].memory_knob_options(cluster, job, par, {})
+    opts = PROFILES["fsdp2"].layout_knob_options(cluster, job, par, {})
     assert opts[0] == {} and {"reshard_after_forward": False} in opts
     # the integer form (a node-local group) where the shard group spans nodes
-    whole = PROFILES["fsdp2"].memory_knob_options(cluster, job, ParallelConfig(tp=2, pp=1, zero_stage=3), {})
+    whole = PROFILES["fsdp2"].layout_knob_options(cluster, job, ParallelConfig(tp=2, pp=1, zero_stage=3), {})
     assert whole == [{}, {"reshard_after_forward": False}, {"reshard_after_forward": 8}]
-    assert PROFILES["fsdp2"].memory_knob_options(cluster, job, ParallelConfig(tp=2, pp=2, zero_stage=3), {}) == [{}]
+    assert PROFILES["fsdp2"].layout_knob_options(cluster, job, ParallelConfig(tp=2, pp=2, zero_stage=3), {}) == [{}]
     eng = Engine()  # estimate on the cluster as fsdp2 runs on it (its efficiency set), like the search
     preds = [eng.estimate({"model": "llama3-8b", "cluster": req["cluster"], "job": req["job"], "target": "fsdp2",
                            "parallel": par.model_dump(exclude_none=True), "software": o}).prediction for o in opts]
@@ -188,6 +188,45 @@ def test_fsdp2_reshard_after_forward_is_searched_as_a_layout_of_its_own() -> Non
     assert len({p.peak_memory_gib for p in preds}) == len(opts)  # each setting holds different memory
     kept = Engine().search({**req, "software": {"reshard_after_forward": True}}).plans[0]
     assert kept.prediction.software["reshard_after_forward"] is True
+
+
+def test_megatron_ep_a2a_overlap_is_searched_as_a_layout_of_its_own() -> None:
+    """--overlap-moe-expert-parallel-comm changes each MoE layer's exposed all-to-all and, with a virtual pipeline,
+    the combined 1F1B's pipeline sends (a step-level cost): each setting is a layout (Scorer.knob_variants), offered
+    where ep > 1 and the user left it unset, dropped where Megatron refuses it; the plan is estimate's price of the
+    cheaper legal setting, and a user's setting is kept."""
+    from autoplan.catalog import build_cluster, load_model
+    from search.score import Scorer
+    from search.space import Layout
+
+    prof, cluster = PROFILES["megatron"], build_cluster("h100-sxm", 16)
+    job = JobSpec(global_batch_size=128, seq_len=4096)
+    assert prof.layout_knob_options(cluster, job, ParallelConfig(tp=1, pp=1, ep=8), {}) == \
+        [{}, {"moe_a2a_overlap": not cluster.efficiency.moe_a2a_overlap}]
+    assert prof.layout_knob_options(cluster, job, ParallelConfig(tp=1, pp=1, ep=1), {}) == [{}]
+    assert prof.layout_knob_options(cluster, job, ParallelConfig(tp=1, pp=1, ep=8), {"moe_a2a_overlap": False}) == [{}]
+    sc = Scorer(load_model("qwen3-30b-a3b"), cluster, job)
+    base = dict(tp=1, cp=1, dp=8, ep=8, micro_batch_size=1, m=16, recompute="none", zero_stage=1, hsdp_shard_size=None)
+    plain = Layout(**base, pp=2, schedule="1f1b", vp=1)  # type: ignore[arg-type]
+    assert sc.knob_variants(plain) == [plain]  # pp > 1 without a virtual pipeline: Megatron refuses the overlap
+    chunked = Layout(**base, pp=2, schedule="interleaved", vp=2)  # type: ignore[arg-type]
+    assert [v.knobs for v in sc.knob_variants(chunked)] == [(), (("moe_a2a_overlap", True),)]
+
+    req = {"model": "qwen3-30b-a3b", "cluster": {"gpu": "h100-sxm", "num_gpus": 16},
+           "job": {"global_batch_size": 128, "seq_len": 4096}, "parallel": {"tp": 1, "ep": 8, "pp": 1}, "top": 1}
+    found = Engine().search(req).plans[0]
+    eng, par = Engine(), found.parallel.model_dump(exclude_none=True)
+    preds = {on: eng.estimate({"model": req["model"], "cluster": req["cluster"], "job": req["job"], "parallel": par,
+                               "software": {"moe_a2a_overlap": on}}).prediction for on in (False, True)}
+    want = min((p.composite_cost, on) for on, p in preds.items() if p.fits)[1]
+    assert found.prediction.software["moe_a2a_overlap"] is want
+    assert found.prediction.step_time_s == pytest.approx(preds[want].step_time_s, rel=1e-12)
+    assert want is True and preds[True].step_time_s < preds[False].step_time_s  # ep 8: exposed all-to-alls hidden
+    emitted = EmitPlan(load_model("qwen3-30b-a3b"), cluster, job, found.parallel,
+                       software=priced_software(found.prediction.software))
+    assert "--overlap-moe-expert-parallel-comm" in megatron_args(emitted)
+    kept = Engine().search({**req, "software": {"moe_a2a_overlap": False}}).plans[0]
+    assert not kept.prediction.software.get("moe_a2a_overlap")  # (the software view leaves a false one out)
 
 
 @pytest.mark.parametrize("software", [dict(cp_comm_type="a2a+p2p", cp_a2a_size=3),

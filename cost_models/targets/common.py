@@ -594,11 +594,17 @@ class TargetProfile:
         size); () or one: no choice."""
         return ()
 
-    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+    def layout_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                             given: dict[str, Any]) -> list[dict[str, Any]]:
-        """Settings of the knobs that change memory as well as time (FSDP2 ``reshard_after_forward``) the search
-        tries on this layout as layouts of their own, the target's default ({}) first; [{}]: none."""
+        """Settings of the knobs the search tries on this layout as layouts of their own, each priced whole: those
+        that change memory as well as time (FSDP2 ``reshard_after_forward``) or the step beyond its layers' time per
+        micro-batch (Megatron's EP A2A overlap: the combined 1F1B's pipeline sends), the target's default ({}) first;
+        [{}]: none. Those among them that change a layer's time are ``layer_time_layout_knobs``."""
         return [{}]
+
+    # Layout knobs (``layout_knob_options``) that change a decoder layer's time or activations: the search keys its
+    # per-layer caches on them (``search.score.Scorer.bound_key``); the others change only memory or the step.
+    layer_time_layout_knobs: frozenset[str] = frozenset()
 
     def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
         """Searched-knob settings under which ``layer_cost`` (and ``head_cost``) are at most what any legal setting

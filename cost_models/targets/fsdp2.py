@@ -61,7 +61,7 @@ class FSDP2Profile(TargetProfile):
                                     "launch script (PyTorch's default allocator otherwise)"),
     }
 
-    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+    def layout_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                             given: dict[str, Any]) -> list[dict[str, Any]]:
         """reshard_after_forward True (default), False, or a node / NVLink-domain group (``fully_shard``'s int)."""
         return reshard_options(cluster, par, given, int_groups=True)

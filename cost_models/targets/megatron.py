@@ -571,6 +571,20 @@ class MegatronProfile(TargetProfile):
                 out += [{"cp_comm_type": kind, "cp_a2a_size": a} for a in sizes]
         return tuple(out)
 
+    # the EP A2A overlap changes each MoE layer's exposed all-to-all and host wait (``layer_cost``)
+    layer_time_layout_knobs = frozenset({"moe_a2a_overlap"})
+
+    def layout_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                            given: dict[str, Any]) -> list[dict[str, Any]]:
+        """The EP A2A overlap (``--overlap-moe-expert-parallel-comm``) where ep > 1 and the user left it unset: the
+        catalog's default first, then the other setting. A layout knob rather than a layer-time one
+        (``knob_options``): beside each MoE layer's exposed all-to-all and host wait it adds the combined 1F1B's
+        pipeline sends (``estimate.combined_1f1b_p2p_s``), which only the whole step prices. ``check_runtime`` drops
+        it where Megatron refuses it (pp > 1 without a virtual pipeline, full recompute, MTP, hybrid stacks)."""
+        if "moe_a2a_overlap" in given or par.ep <= 1:
+            return [{}]
+        return [{}, {"moe_a2a_overlap": not cluster.efficiency.moe_a2a_overlap}]
+
     def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
         """a2a without its traffic: the attention core in one kernel (no ring steps: no per-step kernel slowdown,
         no merges; ``knob_effects.ring_steps``) and no CP traffic; every CP type runs at least that."""

@@ -186,7 +186,7 @@ class TorchtitanProfile(TargetProfile):
             return ({"async_tp": False}, {"async_tp": True})
         return ()
 
-    def memory_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+    def layout_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                             given: dict[str, Any]) -> list[dict[str, Any]]:
         """fsdp_reshard_after_forward default (True without PP) or never (configs.py:136 has no group size)."""
         return reshard_options(cluster, par, given, int_groups=False)
