@@ -14,6 +14,7 @@ from cost_models.recompute_ladder import NO_LADDER, module_price
 from cost_models.specs import RECOMPUTE_MODULES, JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
 from search.planner import search
+from search.score import Scorer
 from search.space import Tally, enumerate_layouts, module_ladder_for
 
 JOB = JobSpec(global_batch_size=256, seq_len=4096)
@@ -89,16 +90,19 @@ def test_selective_layouts_come_once_per_rung_and_a_pin_sets_one() -> None:
 
 def test_search_is_no_worse_than_any_rung_pinned_and_finds_module_plans() -> None:
     """The search covers every pinned rung's layouts, so its best plan costs at most each pinned search's best; on
-    DeepSeek-V3 (memory-bound at this size) a module set wins over Megatron's default."""
+    DeepSeek-V3 (memory-bound at this size) a module set wins over Megatron's default. With the EP A2A overlap held
+    off: searched (a layout knob), it hides the all-to-alls and recompute none wins here, which would not exercise
+    the ladder."""
     model, cluster = load_model("deepseek-v3"), build_cluster("h100-sxm", 256, target="megatron")
-    free = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False)
+    scorer = Scorer(model, cluster, JOB, software=Software(moe_a2a_overlap=False))
+    free = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False, scorer=scorer)
     best = free.plans[0]
     for rung in module_ladder_for(model, cluster, JOB, "megatron").sets:
         pinned = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False,
-                        pins={"recompute_modules": rung})
+                        pins={"recompute_modules": rung}, scorer=scorer)
         assert best.prediction.composite_cost <= pinned.plans[0].prediction.composite_cost * (1 + 1e-12)
     default = search(model, cluster, JOB, top_k=1, find_smallest_cluster=False,
-                     pins={"recompute_modules": ("core_attn",)})
+                     pins={"recompute_modules": ("core_attn",)}, scorer=scorer)
     assert best.prediction.composite_cost < default.plans[0].prediction.composite_cost
     assert best.parallel.recompute == "selective" and best.parallel.recompute_modules not in (None, ("core_attn",))
 

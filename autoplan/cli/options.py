@@ -160,7 +160,7 @@ software_options = stack(
                       "[default: the cluster profile's or the catalog's, alltoall]"),
     click.option("--moe-a2a-overlap/--no-moe-a2a-overlap", "moe_a2a_overlap", default=None,
                  help="megatron --overlap-moe-expert-parallel-comm: EP all-to-all under another micro-batch's compute "
-                      "(ep > 1; interleaved schedule when pp > 1)"),
+                      "(ep > 1; interleaved schedule when pp > 1) [searched where ep > 1]"),
     click.option("--moe-force-balance/--no-moe-force-balance", "moe_force_balance", default=None,
                  help="megatron --moe-router-force-load-balancing: random router logits, as benchmarks run; "
                       "torchtitan --debug.moe_force_load_balance: round-robin experts"),
