@@ -327,6 +327,8 @@ def test_kimi_k2_rows_are_the_published_model(heldout) -> None:
     cases, rules = fidelity.load_cases(fidelity.DATA / "more_runs_bridge2.json")
     kimi = [resolve_run(fidelity.to_run(c, rules)).model for c in cases if c["id"].split("_")[1] == "Kimi"]
     assert len(kimi) == 4 and all(m.model_dump(exclude={"name"}) == kimi[0].model_dump(exclude={"name"}) for m in kimi)
+    # the rows name the catalog entry (each resolved model takes its row's name)
+    assert kimi[0].model_dump(exclude={"name"}) == catalog_model("kimi-k2").model_dump(exclude={"name"})
     k = kimi[0]
     assert k.num_experts == 384 and k.moe_top_k == 8 and k.num_shared_experts == 1 and k.first_dense_layers == 1
     assert 1.0e12 <= k.num_params <= 1.05e12
