@@ -44,7 +44,8 @@ def test_binary_utf16_and_special_model_files(tmp_path: Path) -> None:
     assert "longer than" in _one_line_error(*_cli(*EST, "--model", "x" * 5000 + ".json"))
 
 
-@pytest.mark.parametrize("name", ["0" * 40 + "\x80İĳ" * 120, "y" * 300, "dir/" + "z" * 256 + ".json", "a\udc80\ud800"])
+@pytest.mark.parametrize("name", ["0" * 40 + "\x80İĳ" * 120, "y" * 300, "dir/" + "z" * 256 + ".json",
+                                  "a\udc80\ud800"])
 def test_a_name_the_file_system_cannot_hold_is_a_user_error(name: str) -> None:
     """Under 1024 characters but over NAME_MAX bytes in one component (a serve fuzz case: 'File name too long', an
     internal error), or not encodable at all: refused by name, as any bad model source."""

@@ -113,8 +113,9 @@ def test_per_layer_caches_hold_for_every_layout_of_their_key(name: str, target: 
     """The Scorer's per-layer caches (``_lc``, ``_knob_delta``, ``_ktime``, ``_pieces``, ``_acts``, ``_bounds``,
     ``_floor_layers``, ``_covers``, ``_layer``) key on the bound key and the knob fields, not on the ZeRO stage, the
     pipeline or the ``Layout.knobs`` that change no layer, which the runtime they price with is resolved from: a
-    Scorer that priced the other layouts of a key first answers each as a fresh one does. (A layout knob or a ZeRO / pipeline-dependent runtime
-    default that changed a layer's price would make the first layout of a key decide the others'.)"""
+    Scorer that priced the other layouts of a key first answers each as a fresh one does. (A layout knob the key left
+    out, or a ZeRO / pipeline-dependent runtime default, that changed a layer's price would make the first layout of a
+    key decide the others'.)"""
     model, cluster = load_model(name), build_cluster("h100-sxm", gpus, target=target)
     job = JobSpec(global_batch_size=256, seq_len=seq)
     base = Layout(**{**dict(tp=1, cp=1, pp=1, dp=1, ep=1, micro_batch_size=1, m=8, recompute="none", zero_stage=1,
