@@ -148,6 +148,7 @@ class Scorer:
         self._zero3: dict[tuple, np.ndarray] = {}
         self._blocks: dict[tuple, np.ndarray | None] = {}  # (bound key, chosen knobs, layout knobs): block_transient_table
         self._inflight: dict[tuple, np.ndarray] = {}
+        self._mem_lb: dict[Layout, float] = {}  # layout less its memory-neutral knobs: memory_lower_bound
         self._p2p: dict[tuple, float] = {}
         self._bounds: dict[tuple, tuple[dict[str, tuple[float, float]], float, float]] = {}
         self._mtp: dict[tuple[int, int, FsdpMtpUnit], tuple[float, float, float]] = {}  # (tp, ep, unit): mtp_params
@@ -1041,7 +1042,16 @@ class Scorer:
     def memory_lower_bound(self, lay: Layout) -> float:
         """A bound on the peak memory of any split with ≥ 1 layer per stage, from scalars only: the mean
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
-        the embedding and its single cheapest layer with all its in-flight micro-batches."""
+        the embedding and its single cheapest layer with all its in-flight micro-batches. Once per layout up to
+        the layout knobs that change no memory (``TargetProfile.memory_neutral_layout_knobs``), bounded without them."""
+        neutral = PROFILES[lay.target].memory_neutral_layout_knobs
+        key = replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+        hit = self._mem_lb.get(key)
+        if hit is None:
+            hit = self._mem_lb[key] = self._memory_lower_bound(key)
+        return hit
+
+    def _memory_lower_bound(self, lay: Layout) -> float:
         kinds, head_a = self.act_floor(lay)
         per_state, emb_state, last_state = self.state_pieces(lay)  # the stage DP's own state tables
         frag = self.reserve_factor(lay)

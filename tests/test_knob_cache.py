@@ -130,3 +130,31 @@ def test_per_layer_caches_hold_for_every_layout_of_their_key(name: str, target: 
         fresh = Scorer(model, cluster, job)
         fresh.ilp = shared.ilp  # the intra-op ILP's cache keys on its whole request
         assert _pieces(shared, lay) == _pieces(fresh, lay), lay
+
+
+# ---- the memory bound of memory-neutral layout knobs ------------------------------------------------------------
+
+@pytest.mark.parametrize("pp, schedule, vp, recompute", [(1, "1f1b", 1, "none"), (2, "interleaved", 2, "none"),
+                                                          (4, "interleaved", 4, "selective")],
+                         ids=["pp1", "pp2-vp2", "pp4-vp4-selective"])
+def test_memory_neutral_layout_knobs_change_no_priced_byte(pp: int, schedule: str, vp: int, recompute: str) -> None:
+    """``TargetProfile.memory_neutral_layout_knobs`` (Megatron's EP A2A overlap) change no byte of ``estimate``'s
+    memory, so the search bounds a layout's memory once for every setting of them (``Scorer.memory_lower_bound``):
+    the cached bound of each setting equals the bound a fresh Scorer computes for that setting itself."""
+    name, gpus = "mixtral-8x7b", 32
+    model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
+    job = JobSpec(global_batch_size=64, seq_len=4096)
+    prof = PROFILES["megatron"]
+    assert prof.memory_neutral_layout_knobs == {"moe_a2a_overlap"}
+    lay = Layout(tp=2, cp=1, pp=pp, dp=gpus // (2 * pp), ep=8, micro_batch_size=1, m=64 // (gpus // (2 * pp)),
+                 recompute=recompute, zero_stage=1, hsdp_shard_size=None, schedule=schedule, vp=vp)
+    shared = Scorer(model, cluster, job)
+    variants = shared.knob_variants(lay)
+    assert [dict(v.knobs) for v in variants] == [{}, {"moe_a2a_overlap": True}]  # the overlap legal on each
+    par = ParallelConfig(**lay.parallel_kwargs())
+    mems = [estimate(model, cluster, job, par, target="megatron", software=Software(moe_a2a_overlap=on), check=False)
+            for on in (False, True)]
+    assert mems[0].step_time_s != mems[1].step_time_s  # the knob is priced ...
+    assert mems[0].memory_gib == mems[1].memory_gib  # ... and changes no byte
+    for var in variants:
+        assert shared.memory_lower_bound(var) == Scorer(model, cluster, job)._memory_lower_bound(var)

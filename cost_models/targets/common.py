@@ -605,6 +605,9 @@ class TargetProfile:
     # Layout knobs (``layout_knob_options``) that change a decoder layer's time or activations: the search keys its
     # per-layer caches on them (``search.score.Scorer.bound_key``); the others change only memory or the step.
     layer_time_layout_knobs: frozenset[str] = frozenset()
+    # Layout knobs that change no byte ``estimate`` prices in memory (``cost_models.memory`` never reads them): the
+    # search bounds a layout's memory once for all their settings (``search.score.Scorer.memory_lower_bound``).
+    memory_neutral_layout_knobs: frozenset[str] = frozenset()
 
     def knob_floor(self) -> tuple[dict[str, Any], bool] | None:
         """Searched-knob settings under which ``layer_cost`` (and ``head_cost``) are at most what any legal setting

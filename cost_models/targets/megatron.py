@@ -573,6 +573,11 @@ class MegatronProfile(TargetProfile):
 
     # the EP A2A overlap changes each MoE layer's exposed all-to-all and host wait (``layer_cost``)
     layer_time_layout_knobs = frozenset({"moe_a2a_overlap"})
+    # and no memory, to one layer's activations: the combined 1F1B runs one more forward in the interleaved warmup
+    # (schedules.py:775-779 @ core_v0.16.1) and then each forward paired layer by layer with a backward
+    # (combined_1f1b.py), so a rank's peak holds the warmup + 1 chunk-micro-batches it holds without the overlap
+    # (``memory.inflight_microbatches``)
+    memory_neutral_layout_knobs = frozenset({"moe_a2a_overlap"})
 
     def layout_knob_options(self, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
                             given: dict[str, Any]) -> list[dict[str, Any]]:
