@@ -146,5 +146,27 @@ def cp_merge_bytes(op: Op, graph: LayerGraph, job: JobSpec, par: ParallelConfig,
 
 
 def ring_exposed_s(ring_s: float, attention_s: float) -> float:
-    """Ring attention overlaps each K/V block transfer with the previous block's compute: what shows."""
+    """CP traffic that overlaps the attention core as a whole (``attention_s``: the share it can hide behind): what
+    shows. A ring's blocks are priced step by step: ``ring_steps_exposed_s``."""
     return max(0.0, ring_s - attention_s)
+
+
+def ring_steps_exposed_s(ring_s: float, attention_f_s: float, attention_b_s: float, steps: int) -> float:
+    """What shows of ring attention's K/V traffic (``cp_ring``: ``3·(n−1)`` equal blocks, ``ring_s`` in all) beside
+    its ``n`` = ``steps`` step kernels, step by step as Transformer Engine's ``AttnFuncWithCPAndKVP2P`` overlaps them
+    (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py @ d0067d0). Forward (l.
+    1698-1716): step i's kernel runs while the K/V block of step i+1 travels, so the n−1 blocks hide behind the first
+    n−1 of the n kernels and the last kernel hides nothing. Backward (l. 2459-2497, waits at l. 2718): each step's
+    kernel runs beside one transfer: the next K/V block (step 0), the next K/V with the dK/dV accumulated so far
+    (steps 1..n−2: two blocks), the last dK/dV (step n−1). Causal load balance (2n chunks, rank i holding i and
+    2n−1−i) gives every step the same work: each kernel is 1/n of its pass's attention core. Never less than the
+    whole-core overlap ``ring_exposed_s`` prices; more where a block outlasts its step's kernel (short chunks,
+    wide K/V: MHA or MLA heads)."""
+    n = steps
+    if n <= 1 or ring_s <= 0.0:
+        return 0.0
+    block = ring_s / (3 * (n - 1))
+    f, g = attention_f_s / n, attention_b_s / n
+    forward = (n - 1) * max(0.0, block - f)
+    backward = 2 * max(0.0, block - g) + (n - 2) * max(0.0, 2 * block - g)
+    return forward + backward

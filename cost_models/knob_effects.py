@@ -218,13 +218,15 @@ def _ulysses(graph: LayerGraph, cluster: ClusterSpec, tokens: float, tp: int, gr
 
 
 def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-            rt: Runtime | None, mamba: MambaSpec | None = None) -> tuple[float, float, float, float]:
+            rt: Runtime | None, mamba: MambaSpec | None = None) -> tuple[float, float, float, float, int]:
     """(seconds, bytes each rank sends, share of the attention core it can hide behind, seconds of it nothing
-    hides) of one layer's context-parallel traffic for one micro-batch, by ``rt.cp_comm_type`` (``p2p`` when
-    ``rt`` is None). ``c`` = cp, ``t`` = tp, ``s·b/c`` tokens per rank, ``w_x`` the width of tensor x.
+    hides, steps of the P2P ring it travels, 0 for none) of one layer's context-parallel traffic for one
+    micro-batch, by ``rt.cp_comm_type`` (``p2p`` when ``rt`` is None). ``c`` = cp, ``t`` = tp, ``s·b/c`` tokens
+    per rank, ``w_x`` the width of tensor x.
 
     - p2p ring (Liu et al. 2023, Ring Attention): ``3(c−1)`` K/V blocks of ``(s/c)·b·(w_k+w_v)/t`` bf16 (forward
-      K, V; backward K, V and dK, dV), each hidden behind a block of attention: the whole core can hide them.
+      K, V; backward K, V and dK, dV), each beside one of the ``c`` step kernels of its pass
+      (``attention_cost.ring_steps_exposed_s``).
     - allgather (torch ``context_parallel`` with its default all-gather rotater; Megatron ``all_gather``): the same
       blocks, gathered at once; only the local block's attention (1/c of it) runs before the wait.
     - a2a (Ulysses, Jacobs et al. 2023): q, k, v and the output re-split from sequence to heads and back, forward
@@ -241,32 +243,32 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
       ``r`` steps (``ring_steps``)."""
     c = par.cp
     if c <= 1:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0
     tokens = par.micro_batch_size * job.seq_len / c
     if any(op.kind == "ssm" for op in graph.ops):  # a Mamba-2 mixer: its own all-to-all CP, whatever cp_comm_type
         if mamba is None:
             raise ValueError("cp_comm: a Mamba-2 layer graph needs its MambaSpec")
         seconds, nbytes = cp_all_to_all(mamba, cluster, tokens, par.tp, c, stride)
-        return seconds, nbytes, 0.0, 0.0
+        return seconds, nbytes, 0.0, 0.0, 0
     if not any(op.kind == "attention" for op in graph.ops):
-        return 0.0, 0.0, 0.0, 0.0  # a hybrid stack's MLP / MoE layer: token-wise, nothing to exchange
+        return 0.0, 0.0, 0.0, 0.0, 0  # a hybrid stack's MLP / MoE layer: token-wise, nothing to exchange
     kind = rt.cp_comm_type if rt is not None else "p2p"
     if kind == "a2a":
         seconds, nbytes = _ulysses(graph, cluster, tokens, par.tp, c, stride)
-        return seconds, nbytes, 0.0, 0.0
+        return seconds, nbytes, 0.0, 0.0, 0
     if kind == "allgather":
         kv_width = graph.tensors["k"].width + graph.tensors["v"].width
         block = tokens * kv_width / par.tp * 2.0
         ag = group_collective_time_s("all_gather", block * c, c, stride, cluster)
         rs = group_collective_time_s("reduce_scatter", block * c, c, stride, cluster)
-        return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c, 0.0
+        return 2 * ag + rs, 3 * (c - 1) * block, 1.0 / c, 0.0, 0
     if kind == "a2a+p2p" and rt is not None and rt.cp_a2a_size:
         a = rt.cp_a2a_size
         a2a_s, a2a_b = _ulysses(graph, cluster, tokens, par.tp, a, stride)
         ring_s, ring_b = cp_ring(graph, cluster, job, par, stride * a, ring=c // a)
-        return a2a_s + ring_s, a2a_b + ring_b, 1.0, a2a_s
+        return a2a_s + ring_s, a2a_b + ring_b, 1.0, a2a_s, c // a
     ring_s, ring_b = cp_ring(graph, cluster, job, par, stride)
-    return ring_s, ring_b, 1.0, 0.0
+    return ring_s, ring_b, 1.0, 0.0, c
 
 
 def ring_steps(par: ParallelConfig, rt: Runtime | None) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models.a2a_overlap import OverlapNodes
-from cost_models.attention_cost import ring_exposed_s
+from cost_models.attention_cost import ring_exposed_s, ring_steps_exposed_s
 from cost_models.collectives import RankStrides
 from cost_models.ep_comm import (a2a_overlap_compute_split, a2a_overlap_exposed_s, a2a_rows, host_wait_s,
                                  moe_all_to_all_parts)
@@ -38,6 +38,9 @@ class LayerCost:
     cp_bytes: float
     cp_window: float = 1.0  # share of the attention core CP traffic can hide behind (knob_effects.cp_comm)
     cp_unhidden_s: float = 0.0  # part of cp_s nothing hides (a2a+p2p's all-to-alls; knob_effects.cp_comm)
+    # steps of a P2P ring, whose blocks hide step by step (ring_steps_exposed_s); 0: behind cp_window of the core
+    cp_ring_steps: int = 0
+    attention_f_s: float = 0.0  # the attention core's forward (of attention_s)
     host_s: float = 0.0  # host-bound wait beyond the device's work (host_bound_s)
     # where the dispatcher syncs the host each layer (host_wait_s): the share of the device work in the forward, and
     # the forward device work left to run beside the host's issue of the experts once the sync has released it
@@ -46,10 +49,14 @@ class LayerCost:
 
     @property
     def cp_exposed_s(self) -> float:
-        """Ring attention overlaps each K/V block transfer with the previous block's compute (an all-gather only
-        with the local block; Ulysses' all-to-alls with nothing; a2a+p2p: its ring as a ring, its all-to-alls
-        with nothing)."""
-        return self.cp_unhidden_s + ring_exposed_s(self.cp_s - self.cp_unhidden_s, self.attention_s * self.cp_window)
+        """Ring attention overlaps each K/V block transfer with one step kernel (``ring_steps_exposed_s``; an
+        all-gather only with the local block; Ulysses' all-to-alls with nothing; a2a+p2p: its ring as a ring, its
+        all-to-alls with nothing)."""
+        ring = self.cp_s - self.cp_unhidden_s
+        if self.cp_ring_steps > 1:
+            return self.cp_unhidden_s + ring_steps_exposed_s(ring, self.attention_f_s,
+                                                             self.attention_s - self.attention_f_s, self.cp_ring_steps)
+        return self.cp_unhidden_s + ring_exposed_s(ring, self.attention_s * self.cp_window)
 
     @property
     def total_s(self) -> float:
@@ -143,11 +150,11 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
                 # the ``moe`` module's re-run dispatch/combine sit in the backward's recompute, outside the steps
                 ep_s = (a2a_overlap_exposed_s([p[0] for p in parts], nodes)
                         + again * sum(p[0] for p in parts))
-    window, unhidden = 1.0, 0.0
+    window, unhidden, ring_steps = 1.0, 0.0, 0
     if c > 1 and is_block:
-        cp_s, cp_bytes, window, unhidden = cp_comm(graph, cluster, job, par, strides.cp, rt, model.mamba)
+        cp_s, cp_bytes, window, unhidden, ring_steps = cp_comm(graph, cluster, job, par, strides.cp, rt, model.mamba)
     out = LayerCost(forward, backward, recompute, cc.attn_f + cc.attn_b, tp_s, ep_s, cp_s, tp_bytes,
-                    ep_bytes, cp_bytes, window, unhidden)
+                    ep_bytes, cp_bytes, window, unhidden, cp_ring_steps=ring_steps, attention_f_s=cc.attn_f)
     if graph.kind in MOE_KINDS:
         # forward device work: compute, the forward's exposed all-to-alls (all of dispatch and combine without the
         # overlap), half of the TP/CP collectives; after the sync the host issues the experts beside the device

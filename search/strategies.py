@@ -50,7 +50,7 @@ from typing import Literal
 
 from cost_models.collectives import CollectiveKind
 from cost_models.errors import ConfigError
-from cost_models.attention_cost import cp_ring, ring_exposed_s
+from cost_models.attention_cost import cp_ring, ring_steps_exposed_s
 from cost_models.ep_comm import ep_all_to_all
 from cost_models.dsa import dsa_path_runtime, op_runtime
 from cost_models.op_cost import kv_gather_width, op_compute, op_forward_s, op_recompute_s
@@ -346,19 +346,19 @@ class _Eval:
         return tuple(self.letter(a, tensor, side) for a in self.ctx.mesh.axes)
 
     # -- priced by cost_models -------------------------------------------------------------------------
-    def compute(self) -> tuple[float, float]:
-        """(forward + backward + recompute, attention core fwd + bwd) per micro-batch: ``op_compute``, DSA's ops
-        with ``LayerContext.dsa_runtime`` on the unfused path (``dsa.op_runtime``)."""
+    def compute(self) -> tuple[float, float, float]:
+        """(forward + backward + recompute, attention core forward, its backward) per micro-batch: ``op_compute``,
+        DSA's ops with ``LayerContext.dsa_runtime`` on the unfused path (``dsa.op_runtime``)."""
         ctx = self.ctx
-        total = attn = 0.0
+        total = attn_f = attn_b = 0.0
         modules = modules_in_effect(self.par, None)  # Megatron's selective modules (cost_models.recompute)
         for op in self.node.ops:  # DSA's ops as the target runs them, the rest at the reference (cost_models.dsa)
             rt = op_runtime(op, ctx.model, ctx.dsa_runtime)
             oc = op_compute(op, self.graph, ctx.model, ctx.mesh.cluster, ctx.job, self.par, rt)
             total += (op_forward_s(op, self.graph, oc, ctx.recompute, modules) + oc.backward_s
                       + op_recompute_s(op, self.graph, oc, ctx.recompute, modules))
-            attn += oc.attn_f + oc.attn_b
-        return total, attn
+            attn_f, attn_b = attn_f + oc.attn_f, attn_b + oc.attn_b
+        return total, attn_f, attn_b
 
     def activation_bytes(self) -> float:
         """Saved tensors (``memory.op_activation_bytes``, + the score-sized tensors Megatron-Core's unfused DSA saves,
@@ -476,10 +476,10 @@ def node_strategies(node: Node, graph: LayerGraph, ctx: LayerContext) -> list[St
     for tp in modes:
         for ep in ep_modes(node, ctx):
             ev = _Eval(node, graph, ctx, tp, ep)
-            compute, attention = ev.compute()
+            compute, attn_f, attn_b = ev.compute()
             tp_c, kv_c, ep_c = ev.tp_comms(), ev.kv_comms() + ev.dsa_comms(), ev.ep_comms()
             exposed = (sum(c.time_s * c.count for c in tp_c) * fraction + sum(c.time_s * c.count for c in kv_c + ep_c)
-                       + ring_exposed_s(ev.ring_s(), attention))
+                       + ring_steps_exposed_s(ev.ring_s(), attn_f, attn_b, ctx.mesh.size(MeshAxis.CP)))
             out.append(Strategy(
                 name="/".join(x for x in (f"tp:{tp}", f"ep:{ep}" if ep else "") if x), tp=tp, ep=ep,
                 in_layouts=tuple((x, ev.layout(x, "in")) for x in node.inputs),

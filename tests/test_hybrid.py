@@ -162,7 +162,7 @@ def test_mamba_cp_prices_what_megatron_cores_split_moves(tp: int, cp: int) -> No
         assert theirs.group_repeat_count == 2 and pre == 3088 and mb.in_proj_width // tp == 2576
     tokens = 8192 / cp
     par = ParallelConfig(tp=tp, cp=cp, micro_batch_size=1)
-    _, sent, _, _ = cp_comm(layer_graph(m, "mamba", 8192), build_cluster("h100-sxm", 64), JobSpec(seq_len=8192), par,
+    _, sent, _, _, _ = cp_comm(layer_graph(m, "mamba", 8192), build_cluster("h100-sxm", 64), JobSpec(seq_len=8192), par,
                             tp, None, mb)
     assert sent == pytest.approx(2 * tokens * (pre + post) * 2.0 * (cp - 1) / cp, rel=1e-12)
     # a rank's scan = a tp1 cp1 mixer of megatron-core's per-rank heads and groups over the whole sequence
