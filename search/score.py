@@ -1056,8 +1056,11 @@ class Scorer:
         per_state, emb_state, last_state = self.state_pieces(lay)  # the stage DP's own state tables
         frag = self.reserve_factor(lay)
         p = lay.pp
-        none = self.act_floor(lay, "none")[0]
-        peak = max(none[k] for k in self.full_peak_kinds) if lay.recompute == "full" else 0.0
+        if lay.recompute == "full":  # the layer re-run holds its activations once (memory.stage_memory's transient)
+            none = self.act_floor(lay, "none")[0]
+            peak = max(none[k] for k in self.full_peak_kinds)
+        else:
+            peak = 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
         acts = frag * sum(n * kinds[k] for k, n in self.kind_count.items())
         infl = self.inflight(lay)
