@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoplan.catalog import build_cluster, load_model  # noqa: E402
 from autoplan.report import describe_parallel  # noqa: E402
 from cost_models.errors import InfeasibleError  # noqa: E402
-from cost_models.specs import JobSpec  # noqa: E402
+from cost_models.specs import ClusterSpec, JobSpec, ModelSpec  # noqa: E402
 from search.planner import RankedPlan, search  # noqa: E402
 
 # (key, model, gpu, gpus, seq_len, global batch): vs_heuristic.py's cases whose best plan has used CP at <= 8k
@@ -35,9 +35,9 @@ CASES = [
 ]
 
 
-def _best(model: object, cluster: object, job: JobSpec, pins: dict[str, int]) -> RankedPlan | None:
+def _best(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, int]) -> RankedPlan | None:
     try:
-        return search(model, cluster, job, pins=pins, top_k=1, find_smallest_cluster=False).plans[0]  # type: ignore[arg-type]
+        return search(model, cluster, job, pins=pins, top_k=1, find_smallest_cluster=False).plans[0]
     except InfeasibleError:
         return None
 
@@ -73,8 +73,8 @@ def main() -> None:
         print(f"{key:<14} {text[:54]:<54} {seq // par.cp:>6} {pred.comm_volume_gib.get('cp', 0.0):>7.1f} "
               f"{pred.time.exposed_comm_s.get('cp', 0.0):>8.3f} {pred.step_time_s:>8.3f} {alt_text[:46]:<46} "
               f"{alt_s:>8.3f} {buys:>+8.1%} {time.perf_counter() - t0:>5.1f}")
-    print("\nchunk: tokens per rank (seq_len / cp); CP GiB: ring traffic per GPU per step; shown s: what of it the step "
-          "pays; CP buys: the cp=1 plan's step time over the best's, less 1")
+    print("\nchunk: tokens per rank (seq_len / cp); CP GiB: ring traffic per GPU per step; shown s: what of it the "
+          "step pays; CP buys: the cp=1 plan's step time over the best's, less 1")
 
 
 if __name__ == "__main__":
