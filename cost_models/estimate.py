@@ -114,6 +114,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         else:  # no profile (``any``, ``deepseek``): Megatron's rules; tp > num_kv_heads is priced (opgraph.tp_divisor)
             check_parallel(model, cluster, job, par, allow_kv_replication=True)
     weights = weights or CostWeights()
+    asked, model = model, _model_as_run(model, par, runtime)
     t, p, c = par.tp, par.pp, par.cp
     dp = cluster.num_gpus // (t * p * c)
     m = job.global_batch_size // (par.micro_batch_size * dp)
@@ -153,7 +154,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     composite = (weights.compute * (step - comm_s) + weights.comm * comm_s + weights.memory_s_per_gib2 * over**2)
 
     tokens = job.tokens_per_step
-    flops = _model_flops_per_step(model, graphs, job)
+    # MFU counts the model asked for (a padded vocabulary's rows are the framework's, not the model's work)
+    flops = _model_flops_per_step(asked, graphs if asked is model else graphs_for(asked, job.seq_len), job)
     per_gpu = flops / step / cluster.num_gpus
     # TP / CP / EP bytes of the rank that sends most, layer by layer (its kinds: dense-first, hybrid stacks)
     def busiest(field: str) -> float:
@@ -460,6 +462,15 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst
+
+
+def _model_as_run(model: ModelSpec, par: ParallelConfig, runtime: Runtime) -> ModelSpec:
+    """The model as ``runtime``'s target builds it on ``par``'s TP group (``TargetProfile.runs_model``: Megatron's
+    padded vocabulary), what is priced; the model itself without a profile."""
+    from cost_models.targets import profile_for
+
+    prof = profile_for(runtime.target)
+    return model if prof is None else prof.runs_model(model, par.tp)
 
 
 def _model_flops_per_step(model: ModelSpec, graphs: dict[str, LayerGraph], job: JobSpec) -> float:

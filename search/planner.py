@@ -449,7 +449,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
     misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
     for lay in layouts:
-        scorer = scorers[lay.target]
+        scorer = scorers[lay.target].as_run(lay)
         mem_lb = scorer.memory_lower_bound(lay)
         if mem_lb > scorer.limit_bytes:
             tally.cut("memory_lower_bound")
@@ -468,7 +468,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         if len(best) >= keep and w_min * lb >= best[keep - 1].cost:
             tally.cut("bound", len(bounded) - n)
             break
-        scorer = scorers[lay.target]
+        scorer = scorers[lay.target].as_run(lay)
         if len(best) >= keep and not any(k in pins for k in SPLIT_PINS):
             stop = best[keep - 1].cost / w_min if w_min > 0 else np.inf
             split_lb = _split_lower_bound(lay, scorer, stop)  # the split on the cost floors, before any ILP solve
@@ -504,7 +504,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     finals = []
     for s in best:
         par = to_parallel(model, s.layout, s.layers)
-        sc = scorers[s.layout.target]
+        sc = scorers[s.layout.target].as_run(s.layout)
         pred = estimate(model, sc.cluster, job, par, weights, runtime=sc.runtime(s.layout))
         if pred.fits:
             finals.append((pred.composite_cost, s.key, par, pred, s.layout))
@@ -515,14 +515,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
         text = explain(par, pred, nxt[2], nxt[3], cluster) if nxt else "no other layout fits"
         if nxt is not None and nxt[4].target != lay.target:
             text += f" (#{i + 2} runs on {nxt[4].target})"
-        note = _knob_note(scorers[lay.target], lay, par, pred, weights)
+        note = _knob_note(scorers[lay.target].as_run(lay), lay, par, pred, weights)
         text += f". {note[0].upper()}{note[1:]}" if note else ""
         par, runs = PROFILES[lay.target].runs_as(par, cluster.num_gpus)  # a pinned HSDP group of all dp*cp ranks
         if runs is not None:  # is the plain sharding (priced the same): the plan says what runs, and why
             text += f". Runs as: {runs}"
             pred = pred.model_copy(update={"software": {**pred.software, "runs_as": runs}})
         plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
-                                op_shardings=op_shardings(scorers[lay.target], lay), target=lay.target))
+                                op_shardings=op_shardings(scorers[lay.target].as_run(lay), lay), target=lay.target))
     return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
                          wall_time_s=time.perf_counter() - t0, target=target,
                          ilp_solves=sum(c.misses for c in ilps) - solves0,
@@ -607,9 +607,9 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Ta
                   + on_batch if fewer else "change the global batch size or the GPU count"))
     # The closest: least peak memory of the default split among the layouts with the lowest bounds.
     misses.sort(key=lambda x: (x[0], x[1]))
-    peak, lay = min(((float(scorers[lay.target].stage_memory(
+    peak, lay = min(((float(scorers[lay.target].as_run(lay).stage_memory(
                           lay, default_split(model, lay),
-                          scorers[lay.target].tables(lay)).max()) / 2**30, lay)
+                          scorers[lay.target].as_run(lay).tables(lay)).max()) / 2**30, lay)
                      for _, _, lay in misses[:CLOSEST_CANDIDATES]), key=lambda x: (x[0], x[1].sort_key()))
     limit = cluster.memory_limit_gib
     msg = (f"no layout of {model.name} fits in {limit:.1f} GiB per GPU on {cluster.num_gpus} x {cluster.gpu.name}; "
@@ -756,7 +756,7 @@ def _searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins
     if any(k in pins for k in SPLIT_PINS):
         layouts = _legal_splits(layouts, model, pins, tally)
     layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
-    return [var for lay in layouts for var in scorers[lay.target].knob_variants(lay)]
+    return [var for lay in layouts for var in scorers[lay.target].as_run(lay).knob_variants(lay)]
 
 
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
@@ -776,12 +776,12 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[s
         return False
     bounded = []
     for lay in layouts:
-        sc = scs[lay.target]
+        sc = scs[lay.target].as_run(lay)
         lb = sc.memory_lower_bound(lay)
         if lb <= sc.limit_bytes:
             bounded.append((lb, lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first
-    return any(_split(lay, scs[lay.target], pins) is not None for _, _, lay in bounded)
+    return any(_split(lay, scs[lay.target].as_run(lay), pins) is not None for _, _, lay in bounded)
 
 
 def smallest_feasible_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],

@@ -60,7 +60,7 @@ from cost_models.pipeline import ZB_H1_BUBBLE_FRACTION, pipeline_time_s
 from cost_models.pipeline_split import fields_for
 from cost_models.recompute_ladder import ModuleLadder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
-from cost_models.targets import PROFILES, Runtime, Software, runtime_for
+from cost_models.targets import PROFILES, Runtime, Software, profile_for, runtime_for
 from cost_models.targets.common import FsdpMtpUnit, TargetProfile
 from cost_models.validate import pipeline_split
 from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
@@ -173,7 +173,25 @@ class Scorer:
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
+        self.layer_model = model  # the model the ILP's decoder layers are keyed on (as_run: the asked one)
         self._ladders: dict[str, ModuleLadder] = {}  # target: module_ladder
+        self._as_run: dict[int, Scorer] = {}  # vocabulary as run: the Scorer pricing that model (as_run)
+
+    def as_run(self, lay: Layout) -> "Scorer":
+        """The Scorer for ``lay``: this one, or where ``lay``'s target builds another model on its TP group
+        (``TargetProfile.runs_model``: Megatron pads the vocabulary to a multiple of tp) one pricing that model, as
+        ``cost_models.estimate`` does. It shares this one's ILP solutions: the decoder layers' graphs never read
+        the vocabulary (``opgraph.layer_graph``: only the embedding and the head do), so it keys them on the same
+        model (``layer_model``)."""
+        prof = profile_for(lay.target)
+        run = self.model if prof is None else prof.runs_model(self.model, lay.tp)
+        if run is self.model:
+            return self
+        hit = self._as_run.get(run.vocab_size)
+        if hit is None:
+            hit = self._as_run[run.vocab_size] = Scorer(run, self.cluster, self.job, self.weights, self.software)
+            hit.ilp, hit.layer_model = self.ilp, self.layer_model
+        return hit
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
         """A Scorer for another GPU count or global batch of the same model, GPU, network, sequence length and
@@ -380,7 +398,7 @@ class Scorer:
                              recompute_modules=_modules(lay, rc),
                              # DSA's ops as the layout's runtime runs them (megatron's default: the unfused path)
                              dsa_kernel_backend=self.runtime(lay).dsa_kernel_backend)  # type: ignore[arg-type]
-        return solve_layer(self.model, mesh, req, cache=self.ilp)
+        return solve_layer(self.layer_model, mesh, req, cache=self.ilp)
 
     def layer_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[np.ndarray, float, float, float, float]:
         """(time prefix sums over layers, head time, act per dense layer, act per MoE layer, head act):

@@ -22,6 +22,7 @@ from autoplan.validate import megatron_lm
 from autoplan.validate.megatron_checks import megatron_lm_case
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software
+from cost_models.targets.megatron import padded_vocab_size
 from tests.written_configs import MISTRAL_7B
 
 pytestmark = [pytest.mark.consumers, pytest.mark.slow]
@@ -44,7 +45,9 @@ CASES = [("llama3-8b", 64, dict(tp=2)), ("llama3-70b", 1024, dict(tp=8, pp=4)),
          # Llama 4 Maverick: NoPE every 4th layer, interleaved RoPE, top-1 sigmoid on the expert input, MoE every 2nd
          ("llama4-maverick-17b-128e", 128, dict(tp=1, pp=2, ep=64)),
          # Qwen3-Next: Gated DeltaNet layers with gated attention every 4th (experimental_attention_variant)
-         ("qwen3-next-80b-a3b", 64, dict(tp=2, pp=2, ep=16))]
+         ("qwen3-next-80b-a3b", 64, dict(tp=2, pp=2, ep=16)),
+         # GPT-3: 50,257 tokens, no multiple of tp=4: Megatron pads them to 50,260, the vocabulary priced
+         ("gpt3-175b", 1024, dict(tp=4, pp=16))]
 SOFTWARE = {7: Software(cp_comm_type="a2a"), 8: Software(cp_comm_type="a2a+p2p", cp_a2a_size=4),
             9: Software(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess")),
             10: Software(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",), moe_capacity_factor=1.0)}
@@ -87,7 +90,8 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
         m, got = plan.model, res["facts"]
         a, r = m.arch, m.arch.router
         want = {"dp": plan.dp, "num_microbatches": plan.num_microbatches, "train_iters": TRAIN_ITERS,
-                "padded_vocab_size": m.vocab_size, "tokenizer_vocab_size": m.vocab_size,
+                "padded_vocab_size": padded_vocab_size(m.vocab_size, plan.parallel.tp),  # what is priced
+                "tokenizer_vocab_size": m.vocab_size,
                 "num_layers": m.num_layers, "hidden_size": m.hidden_size,
                 "config": "MLATransformerConfig" if m.mla is not None else "TransformerConfig",
                 "rotary_base": a.rope_theta, "norm_epsilon": a.norm_eps, "qk_layernorm": a.qk_norm or m.mla is not None,  # MLA: the q/kv latent norms
@@ -101,7 +105,8 @@ def test_megatron_lm_sets_up_the_emitted_runs(tmp_path: Path) -> None:
                 "activation_func": {"silu": "silu", "quick_gelu": "quick_gelu",
                                     "relu2": "squared_relu"}.get(a.activation, "gelu"),
                 "is_hybrid_model": m.is_hybrid, "hybrid_override_pattern": m.hybrid_pattern,
-                "position_embedding_type": "none" if a.no_position_encoding else "rope",
+                "position_embedding_type": "none" if a.no_position_encoding
+                else "learned_absolute" if m.learned_position_embeddings else "rope",
                 "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
                 "layernorm_zero_centered_gamma": a.norm_zero_centered_gamma, "rotary_percent": a.rotary_fraction}
         want.update(attention_output_gate=a.attention_output_gate)

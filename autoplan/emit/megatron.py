@@ -21,7 +21,7 @@ from cost_models.muon import MUON_NS_STEPS
 from cost_models.targets import MEGATRON, Runtime
 from cost_models.targets.common import CORE_RELEASES
 from cost_models.targets.megatron import (PROFILE, FUSED_MLP_GLU_INTERLEAVE, fixed_rope_error, model_flags_error,
-                                          rope_scaling_error)
+                                          padded_vocab_size, rope_scaling_error, vocab_divisor)
 from cost_models.validate import pipeline_split
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -179,17 +179,6 @@ def megatron_args(plan: EmitPlan) -> list[str]:
 # MLATransformerConfig's YaRN fields that Megatron-LM 0.16 has no flag for (megatron/core/transformer/
 # transformer_config.py): a model needing other values cannot be expressed. llama3's: the profile's LLAMA3_FIXED.
 YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
-
-
-def vocab_divisor(vocab_size: int, tp: int) -> int:
-    """``--make-vocab-size-divisible-by``: Megatron pads the tokenizer's vocabulary up to a multiple of
-    ``divisor * tp`` (``_vocab_size_with_padding``, megatron/training/tokenizer/tokenizer.py). The largest power of
-    two <= 128 (Megatron's default) that keeps the model's published vocabulary unpadded; 1 when tp does not divide
-    it (then Megatron pads to the next multiple of tp, see ``notes``)."""
-    for d in (128, 64, 32, 16, 8, 4, 2, 1):
-        if vocab_size % (d * tp) == 0:
-            return d
-    return 1
 
 
 def model_args(plan: EmitPlan) -> list[str]:
@@ -595,9 +584,9 @@ def notes(plan: EmitPlan) -> list[str]:
     if m.arch.activation == "gelu_tanh" and not m.gated_mlp:
         out.append("activation gelu_tanh: megatron-core's GPTModel has no tanh-approximate GELU flag (--openai-gelu "
                    "is legacy-model only); it trains with erf GELU")
-    if m.vocab_size % plan.parallel.tp:
+    if (padded := padded_vocab_size(m.vocab_size, plan.parallel.tp)) != m.vocab_size:
         out.append(f"vocabulary {m.vocab_size} is not a multiple of tp={plan.parallel.tp}: Megatron pads it to "
-                   f"{-(-m.vocab_size // plan.parallel.tp) * plan.parallel.tp}")
+                   f"{padded} (priced padded)")
     if m.is_moe and m.arch.router.aux_loss != "none" and not m.arch.router.aux_loss_coeff:
         out.append("the model states no load-balancing loss coefficient: emitted --moe-router-load-balancing-type none")
     if par.schedule == "zb-h1":

@@ -11,6 +11,7 @@ from typing import Any
 from autoplan.emit import EmitPlan
 from autoplan.emit.megatron import parse_megatron_args
 from autoplan.emit.ranks import megatron_layout
+from cost_models.targets.megatron import PROFILE as MEGATRON_PROFILE
 
 
 def _moe_freq(text: str) -> int | list[int]:
@@ -337,9 +338,11 @@ def _check_megatron_lm(plan: EmitPlan, out: Path) -> str:
     if f["dsa"][:len(want_dsa)] != want_dsa:
         raise AssertionError(f"Megatron-LM settled DSA [variant, indexer heads, head dim, top-k, loss coeff, rope "
                              f"fusion] = {f['dsa']}; autoplan priced {want_dsa}")
-    if f["num_microbatches"] != plan.num_microbatches or f["padded_vocab_size"] != plan.model.vocab_size:
+    # the vocabulary priced: the model as the megatron target builds it on tp ranks (padded, runs_model)
+    vocab = MEGATRON_PROFILE.runs_model(plan.model, plan.parallel.tp).vocab_size
+    if f["num_microbatches"] != plan.num_microbatches or f["padded_vocab_size"] != vocab:
         raise AssertionError(f"Megatron-LM settled {f['num_microbatches']} micro-batches and a {f['padded_vocab_size']}"
-                             f"-token vocabulary; autoplan priced {plan.num_microbatches} and {plan.model.vocab_size}")
+                             f"-token vocabulary; autoplan priced {plan.num_microbatches} and {vocab}")
     return (f"the launch script's {len(argv)} tokens (mock data) pass parse_args, validate_args, the micro-batch "
             f"calculator ({f['num_microbatches']}), build_tokenizer (vocab {f['padded_vocab_size']}), "
             f"core_transformer_config_from_args and update_train_iters")

@@ -883,6 +883,12 @@ class TargetProfile:
             return str(err)
         return None
 
+    def runs_model(self, model: ModelSpec, tp: int) -> ModelSpec:
+        """The model as the framework builds it on ``tp`` ranks, where that differs from the user's in a fact the
+        cost model reads (Megatron pads the vocabulary to a multiple of tp: ``MegatronProfile.runs_model``); the
+        model itself elsewhere (torchtitan and FSDP2 shard an uneven vocabulary as DTensor does, unpadded)."""
+        return model
+
     def runs_as(self, par: ParallelConfig, num_gpus: int) -> tuple[ParallelConfig, str | None]:
         """The layout the framework really runs for ``par`` (e.g. torchtitan runs ZeRO-0 with cp > 1 as FSDP
         over cp), and a note saying so; ``par`` itself when it runs as written."""

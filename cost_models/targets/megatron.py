@@ -426,8 +426,30 @@ def dsa_layout_error(model: ModelSpec, cp: int) -> ConfigError | None:
     return None
 
 
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """The ``--make-vocab-size-divisible-by`` autoplan emits: the largest power of two <= 128 (Megatron's default)
+    that keeps the model's vocabulary unpadded at ``tp``; 1 when tp does not divide it (Megatron then pads to the
+    next multiple of tp: ``padded_vocab_size``)."""
+    return next((d for d in (128, 64, 32, 16, 8, 4, 2) if vocab_size % (d * tp) == 0), 1)
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """The vocabulary Megatron-LM builds at ``tp`` under the emitted divisor: ``_vocab_size_with_padding``
+    (megatron/training/tokenizer/tokenizer.py:117-130 @ core_v0.16.1) rounds it up to a multiple of
+    ``make_vocab_size_divisible_by * tp``; with ``vocab_divisor`` that is the next multiple of tp."""
+    multiple = vocab_divisor(vocab_size, tp) * tp
+    return -(-vocab_size // multiple) * multiple
+
+
 class MegatronProfile(TargetProfile):
     name = "megatron"
+
+    def runs_model(self, model: ModelSpec, tp: int) -> ModelSpec:
+        """The model with Megatron's padded vocabulary (``padded_vocab_size``): the embedding, output layer and
+        vocab-parallel loss are built, run and held at that size (VocabParallelEmbedding / ColumnParallelLinear of
+        ``args.padded_vocab_size`` rows: gpt_builders.py:98 @ core_v0.16.1)."""
+        v = padded_vocab_size(model.vocab_size, tp)
+        return model if v == model.vocab_size else model.model_copy(update={"vocab_size": v})
     rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
 
     def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
