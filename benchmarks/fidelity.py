@@ -126,7 +126,8 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
         model["vocab_size"] = _pad_vocab(model["vocab_size"], par["tp"])
     per_case = group.get("cases", {}).get(case["id"], {})
     defaults = group.get("defaults", {})
-    mbs = job["micro_batch_size"] or per_case.get("micro_batch_size") or defaults.get("micro_batch_size")
+    # a case's resolution first: it corrects the data where the run's own source says otherwise
+    mbs = per_case.get("micro_batch_size") or job["micro_batch_size"] or defaults.get("micro_batch_size")
     vp = par["vp"] or per_case.get("vp") or defaults.get("vp") or 1
     sp = par["sequence_parallel"]
     if sp is None:

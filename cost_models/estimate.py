@@ -133,7 +133,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime,
                                                          mtp_rank=split.mtp_rank)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
-                              dp_sync_every_microbatch(runtime, par.zero_stage, par.pp))
+                              dp_sync_every_microbatch(runtime, par.zero_stage, par.pp), par.pp)
     step = pipe + pp_fill + dp_exposed + opt_s
 
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s], split.mtp_rank) for s in range(p)]
@@ -305,16 +305,17 @@ def combined_1f1b_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pa
 
 
 def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec,
-                 blocking_s: float = 0.0, every_microbatch: bool = False) -> float:
+                 blocking_s: float = 0.0, every_microbatch: bool = False, pp: int = 1) -> float:
     """DP/FSDP time left on the critical path. ZeRO-0/1/2 (Megatron ``--overlap-grad-reduce`` /
     ``--overlap-param-gather``) reduce gradients during the last micro-batch's backward and gather weights
-    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP, and sharded gradients
-    reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``), communicate in every
-    micro-batch, behind the whole step's compute. Either way at least ``1 − dp_overlap`` of it (the tail after
-    the last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute
-    stream as soon as it starts (``data_parallel_cost``): exposed in full."""
+    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP without pipelining, and
+    sharded gradients reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``),
+    communicate in every micro-batch, behind the whole step's compute; FSDP2 under pipelining gathers once, in the
+    first micro-batch (``data_parallel_cost``). Either way at least ``1 − dp_overlap`` of it (the tail after the
+    last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute stream as
+    soon as it starts (``data_parallel_cost``): exposed in full."""
     rest = dp_s - blocking_s
-    window = microbatch_s * (m if zero_stage == 3 or every_microbatch else 1)
+    window = microbatch_s * (m if (zero_stage == 3 and pp == 1) or every_microbatch else 1)
     return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
 
 
@@ -381,7 +382,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
     step, or in each of the ``m`` micro-batches where ``dp_sync_every_microbatch``: torchtitan without PP);
     ZeRO-1/2 reduce-scatter gradients and all-gather updated weights; ZeRO-3 also all-gathers weights for the
     forward and again for the backward (COST_MODEL.md §4) — in every one of the ``m`` micro-batches, as FSDP2 does
-    under gradient accumulation. Where the runtime reduces sharded gradients in every micro-batch
+    under gradient accumulation; under torch's pipelining once per step (``pp_fsdp_gathers``), the reduce-scatter
+    once and blocking. Where the runtime reduces sharded gradients in every micro-batch
     (``rt.grad_reduce_every_microbatch``, Megatron-FSDP ``optim_grads``) the ZeRO-2 reduce-scatter runs ``m``
     times, and with ``vp`` model chunks the ``(vp − 1)/vp`` of it that belongs to the unbucketed chunks is
     ``blocking`` (waited for at the end of each chunk's backward: the target profile cites the code). Gradients travel in the target's reduce dtype (``rt.reduce_bytes``: fp32 in Megatron
@@ -413,15 +415,21 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                     ops.append(("all_gather", weight, g, 1))
             elif par.zero_stage in (1, 2):
                 ops = [("reduce_scatter", grad, g, m if every else 1), ("all_gather", weight, g, 1)]
+            elif par.pp > 1:
+                # Under pipelining torch backs every micro-batch with resharding after backward and gradient sync
+                # off (stage.py:844-848 @ torch 2.13) and reduces once, in perform_reduce_grad after the stage's
+                # last backward (:1164-1177), the compute stream waiting for it: one reduce-scatter, blocking. The
+                # stage stays unsharded from its first backward on (memory: pp_unsharded_bytes); with
+                # reshard_after_forward False (torchtitan's default under PP, distributed/fsdp.py:71-74) it is
+                # gathered once per step (``pp_fsdp_gathers``); the others, after a reshard to groups of r ranks
+                # (an int), inside them.
+                r = rt.reshard_after_forward
+                again = pp_fsdp_gathers(r, m, par.pp) - 1
+                ops = [("all_gather", weight, g, 1), ("reduce_scatter", grad, g, 1)]
+                if again:
+                    ops.append(("all_gather", weight, g if r is True else min(int(r), g), again))
             else:
-                # Under pipelining torch keeps the stage unsharded and syncs once per step (stage.py
-                # backward_maybe_with_nosync; the memory model holds it so: pp_unsharded_bytes), yet this prices a
-                # forward and a backward gather per micro-batch, as before: with one gather per step the published
-                # torchtitan 405B pp=8 run is predicted 40% fast (benchmarks/fidelity.py). Left to the calibration.
-                # The reduce-scatter likewise: torch reduces once per step, in perform_reduce_grad after the last
-                # backward, blocking (stage.py:844-848, 1164-1177 @ torch 2.13); priced so, that run goes +0.5% ->
-                # -18.0% (s15-fixes; tests/test_hsdp_grad_sync.py strict xfail).
-                r = True if par.pp > 1 else rt.reshard_after_forward
+                r = rt.reshard_after_forward
                 again = [] if r is False else [("all_gather", weight, g if r is True else min(int(r), g), m)]
                 ops = [("all_gather", weight, g, m), *again, ("reduce_scatter", grad, g, m)]
             placed = [(kind, payload, n, calls, stride) for kind, payload, n, calls in ops]
@@ -450,6 +458,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 total_b += calls * (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
                 if every and kind == "reduce_scatter":
                     blocking += op_s * (par.vp - 1) / par.vp
+                elif par.zero_stage == 3 and par.pp > 1 and kind != "all_gather":  # perform_reduce_grad, above
+                    blocking += op_s
         if not rt.overlap_grad_reduce and par.zero_stage < 2:
             # Megatron without --overlap-grad-reduce reduces after the backward (and gathers in the step): exposed
             blocking = total_s
@@ -462,6 +472,15 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst
+
+
+def pp_fsdp_gathers(reshard_after_forward: bool | int, m: int, pp: int) -> int:
+    """All-gathers per step of one FSDP2 unit of a pipeline stage (1F1B, ``m`` micro-batches): with resharding after
+    backward off (torch 2.13 pipelining/stage.py:844-848) a unit gathered in a backward stays so. Not resharded after
+    forward either: once, in the first forward. Resharded after each forward: every backward gathers it again, and
+    so does each warm-up forward before the first backward (at most pp of them, the first stage's); a forward after
+    a backward finds it gathered. tests/test_fsdp2_pipelining_sync.py counts torch's own calls."""
+    return 1 if reshard_after_forward is False else m + min(m, pp)
 
 
 def _model_as_run(model: ModelSpec, par: ParallelConfig, runtime: Runtime) -> ModelSpec:

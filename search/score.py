@@ -993,7 +993,7 @@ class Scorer:
         fill = self.p2p_fill_s(lay) + self.combined_p2p_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
-                                  dp_sync_every_microbatch(self.default_runtime(lay), lay.zero_stage, lay.pp))
+                                  dp_sync_every_microbatch(self.default_runtime(lay), lay.zero_stage, lay.pp), lay.pp)
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)

@@ -92,18 +92,15 @@ def test_torchtitan_hsdp_all_reduces_expert_shards_every_microbatch() -> None:
     assert dp_s == pytest.approx(seconds, rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not priced so: the per-micro-batch reduce-scatter (like the per-micro-batch "
-                   "gathers, estimate.data_parallel_cost) is what holds the one FSDP2 + PP calibration run; priced once "
-                   "per step and blocking, torchtitan_405B_t5_3d_1f1b goes +0.5% -> -18.0%, calibration 2.9% -> 3.2%, "
-                   "and refit_catalog would take torchtitan dp_overlap 0.47 -> 0 (bound), scale.gemm_max 0.848 -> "
-                   "0.921: a missing torchtitan-PP cost, not a DP one (s15-fixes)")
 @pytest.mark.parametrize("hsdp", [None, 16])
 def test_fsdp2_under_pipelining_reduces_once_per_step(hsdp: int | None) -> None:
     """torchtitan (FSDP2) under pp 2: torch's pipelining stage backs every micro-batch with gradient sync off and
-    reduces once, in ``perform_reduce_grad`` after the stage's last backward (torch 2.13 distributed/pipelining/
-    stage.py:844-848, 1164-1177), and the compute stream waits for it there: one reduce-scatter (and one replica
-    all-reduce) per step, all of it blocking, while the forward and backward gathers stay per micro-batch. Recomputed
-    here per stage, collective by collective; before, the reduce-scatter was priced in each of the m micro-batches."""
+    resharding after backward off, and reduces once, in ``perform_reduce_grad`` after the stage's last backward
+    (torch 2.13 distributed/pipelining/stage.py:844-848, 1164-1177), the compute stream waiting for it there: one
+    reduce-scatter (and one replica all-reduce) per step, all of it blocking. torchtitan does not reshard after
+    forward under PP (distributed/fsdp.py:71-74), so the stage is gathered once per step. Recomputed here per stage,
+    collective by collective; before, gathers and reduce-scatter were priced in each of the m micro-batches (which
+    held a calibration row entered with 4x its real micro-batch count: resolutions.json)."""
     cluster = build_cluster("h100-sxm", 64)
     par = ParallelConfig(pp=2, ep=8, zero_stage=3, hsdp_shard_size=hsdp)
     rt = runtime_for("torchtitan", JOB, cluster, par)
@@ -121,7 +118,8 @@ def test_fsdp2_under_pipelining_reduces_once_per_step(hsdp: int | None) -> None:
         for params, g, stride in ((sp.dense, group, strides.cp),
                                   (sp.expert, expert_shard_group(1, 1, dp, 8, 3, hsdp), strides.edp)):
             grad, weight = rt.reduce_bytes * params, rt.gather_bytes * params
-            total += 2 * m * group_collective_time_s("all_gather", weight, g, stride, cluster)
+            assert rt.reshard_after_forward is False
+            total += group_collective_time_s("all_gather", weight, g, stride, cluster)  # once per step
             synced = group_collective_time_s("reduce_scatter", grad, g, stride, cluster)  # once per step
             if replicas > 1:
                 synced += group_collective_time_s("all_reduce", grad / g, replicas, strides.cp * group, cluster)
