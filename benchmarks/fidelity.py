@@ -128,13 +128,14 @@ def to_run(case: dict[str, Any], rules: dict[str, Any]) -> MeasuredRun:
     defaults = group.get("defaults", {})
     # a case's resolution first: it corrects the data where the run's own source says otherwise
     mbs = per_case.get("micro_batch_size") or job["micro_batch_size"] or defaults.get("micro_batch_size")
-    vp = par["vp"] or per_case.get("vp") or defaults.get("vp") or 1
+    vp = per_case.get("vp") or par["vp"] or defaults.get("vp") or 1
     sp = par["sequence_parallel"]
     if sp is None:
         sp = bool(defaults.get("sequence_parallel_when_tp")) and par["tp"] > 1
     parallel = {"tp": par["tp"], "pp": par["pp"], "cp": par["cp"], "ep": par["ep"], "vp": vp,
                 "micro_batch_size": mbs, "sequence_parallel": sp, "zero_stage": par["zero_stage"],
-                "recompute": par["recompute"] or "none", **{k: par[k] for k in OPTIONAL_PARALLEL if k in par}}
+                "recompute": par["recompute"] or "none",
+                **{k: per_case[k] if k in per_case else par[k] for k in OPTIONAL_PARALLEL if k in par or k in per_case}}
     dp = cl["num_gpus"] // (par["tp"] * par["pp"] * par["cp"])
     assert dp == par["dp"], (case["id"], dp, par["dp"])
     sw = case.get("software") or {}

@@ -50,7 +50,8 @@ def test_mape_and_worst_case(rows) -> None:  # type: ignore[no-untyped-def]
     errors = [abs(r.error) for r in rows]
     assert sum(errors) / len(errors) <= 0.08
     for r in rows:
-        assert abs(r.error) <= IRREGULAR.get(r.id, 0.20), (r.id, r.error)
+        # issue #12: no run worse than 25% (torchtitan_8B_t2_cp2_64k, the CP series' outlier, sits at 20.0%)
+        assert abs(r.error) <= IRREGULAR.get(r.id, 0.25), (r.id, r.error)
     for name, n, mape, worst, worst_id, _ in fidelity.summarize(rows, "group"):
         assert mape <= 0.08, (name, mape)
 
@@ -232,7 +233,7 @@ def test_memory_against_published_peaks() -> None:
     """Published peak memory (torchtitan: max_memory_reserved) vs the model's reserved peak for target torchtitan
     (issue #12 target: MAPE ≤ 10%); every configuration that really trained fits under the default headroom."""
     rows = fidelity.memory_rows()
-    assert len(rows) == 17
+    assert len(rows) == 18
     errors = [abs(p / m - 1) for _, m, p, _ in rows]
     assert sum(errors) / len(errors) <= 0.10
     for _, measured, predicted, parts in rows:
@@ -340,7 +341,7 @@ def test_ranking_of_differently_configured_runs(rows) -> None:  # type: ignore[n
     the model orders them right in >= 85% of the pairs (in-sample; the leave-one-group-out ranking is reported by
     benchmarks/fidelity.py, not asserted)."""
     right, total, wrong = fidelity.ranking(rows)
-    assert total == 7  # torchtitan's compile / fp8 / async-TP series (the interleaved 405B run is skipped)
+    assert total == 8  # torchtitan's compile / fp8 / async-TP series and the 405B 1F1B / interleaved pair
     assert right / total >= 0.85, wrong
     assert "Ranking (in-sample)" in fidelity.render_ranking(rows)
 
@@ -349,7 +350,7 @@ def test_calibration_runs_fit_under_the_default_headroom() -> None:
     """Issue #12: a configuration that really trained is predicted to fit (priced with the knobs its recipe states:
     Nemotron-4 340B with the bf16 gradients and bf16 Adam moments of NeMo 24.07's recipe, resolutions.json)."""
     rows = fidelity.calibration_fits()
-    assert len(rows) == 38 + 15 + 5
+    assert len(rows) == 38 + 16 + 5
     over = [(cid, round(gib, 2), limit) for cid, gib, limit, fits in rows if not fits]
     assert not over, over
     assert "predicted to fit" in fidelity.render_fits(rows)
