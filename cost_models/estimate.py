@@ -193,8 +193,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
         memory_gib=peak.gib(),
         comm_volume_gib=volume,
         software=runtime.knobs(),
-        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, model),
-               *target_model_notes(target or runtime.target, model, job)],
+        notes=[*runtime.notes, *unpriced_knob_notes(cluster, runtime, par), *yarn_rope_notes(runtime, asked),
+               *target_model_notes(target or runtime.target, asked, job),
+               *([] if asked is model else [f"{runtime.target} pads the vocabulary {asked.vocab_size} -> "
+                                           f"{model.vocab_size} (a multiple of tp={par.tp}): priced padded; MFU "
+                                           f"counts the model's {asked.vocab_size}"])],
     )
 
 

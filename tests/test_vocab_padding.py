@@ -54,6 +54,8 @@ def test_estimate_prices_the_padded_vocabulary_on_megatron_only() -> None:
     assert asked.step_time_s == pytest.approx(built.step_time_s, rel=1e-12)
     assert asked.peak_memory_gib == pytest.approx(built.peak_memory_gib, rel=1e-12)
     assert asked.mfu < built.mfu  # MFU counts the asked model's work: the padded rows are not the model's
+    assert any("pads the vocabulary 50257 -> 50260" in n for n in asked.notes)
+    assert not any("pads the vocabulary" in n for n in built.notes)
     # torchtitan shards the 50,257 rows as they are: its price differs from the padded model's
     tt = build_cluster("a100-80g", 256, target="torchtitan")
     tpar = ParallelConfig(tp=4, pp=8, sequence_parallel=True, zero_stage=3, schedule="1f1b")
