@@ -133,7 +133,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: Parallel
     dp_s, dp_bytes, opt_s, blocking = data_parallel_cost(model, cluster, par, layers, dp, strides, m, ids, runtime,
                                                          mtp_rank=split.mtp_rank)
     dp_exposed = dp_exposed_s(dp_s, par.zero_stage, stage_t[slowest], m, cluster, blocking,
-                              dp_sync_every_microbatch(runtime, par.zero_stage, par.pp), par.pp)
+                              dp_sync_every_microbatch(runtime, par.zero_stage, par.pp),
+                              fsdp_gathered_once(runtime, par.zero_stage, par.pp))
     step = pipe + pp_fill + dp_exposed + opt_s
 
     mems = [stage_memory(model, job, par, dp, s, layers, m, graphs, runtime, ids[s], split.mtp_rank) for s in range(p)]
@@ -308,17 +309,17 @@ def combined_1f1b_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pa
 
 
 def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, cluster: ClusterSpec,
-                 blocking_s: float = 0.0, every_microbatch: bool = False, pp: int = 1) -> float:
+                 blocking_s: float = 0.0, every_microbatch: bool = False, gathered_once: bool = False) -> float:
     """DP/FSDP time left on the critical path. ZeRO-0/1/2 (Megatron ``--overlap-grad-reduce`` /
     ``--overlap-param-gather``) reduce gradients during the last micro-batch's backward and gather weights
-    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP without pipelining, and
-    sharded gradients reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``),
-    communicate in every micro-batch, behind the whole step's compute; FSDP2 under pipelining gathers once, in the
-    first micro-batch (``data_parallel_cost``). Either way at least ``1 − dp_overlap`` of it (the tail after the
+    during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP, and sharded gradients
+    reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``), communicate in every
+    micro-batch, behind the whole step's compute; a pipeline stage FSDP2 keeps gathered (``gathered_once``,
+    ``fsdp_gathered_once``) gathers once, in the first micro-batch. Either way at least ``1 − dp_overlap`` of it (the tail after the
     last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute stream as
     soon as it starts (``data_parallel_cost``): exposed in full."""
     rest = dp_s - blocking_s
-    window = microbatch_s * (m if (zero_stage == 3 and pp == 1) or every_microbatch else 1)
+    window = microbatch_s * (m if (zero_stage == 3 and not gathered_once) or every_microbatch else 1)
     return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
 
 
@@ -475,6 +476,12 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
         if total_s + opt_s > worst[0] + worst[2]:
             worst = (total_s, total_b, opt_s, blocking)
     return worst
+
+
+def fsdp_gathered_once(rt: Runtime, zero_stage: int, pp: int) -> bool:
+    """Whether FSDP2 gathers each unit once per step: a pipeline stage not resharded after forward (torchtitan's
+    default under PP), ``pp_fsdp_gathers``."""
+    return zero_stage == 3 and pp > 1 and rt.reshard_after_forward is False
 
 
 def pp_fsdp_gathers(reshard_after_forward: bool | int, m: int, pp: int) -> int:

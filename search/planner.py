@@ -189,8 +189,7 @@ def _split_lower_bound(lay: Layout, scorer: Scorer, stop: float = np.inf) -> flo
         # a rank's layers: its chunks with vp > 1 (Scorer.score's chunked_costs), not a contiguous range of its count
         t = chunked_costs(tables, scorer.rank_chunks(lay, layers)) if lay.vp > 1 else stage_costs(tables, layers)
         dp_s, _, opt_s, blocking = scorer.data_parallel(lay, layers)
-        hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster, blocking,  # falls as stages grow
-                                   pp=lay.pp)
+        hidden_most = dp_exposed_s(dp_s, lay.zero_stage, np.inf, lay.m, scorer.cluster, blocking)  # falls as stages grow
         pipe = pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         lb = min(lb, pipe + hidden_most + opt_s)
     return lb * (1 - 1e-9) + scorer.p2p_fill_s(lay)

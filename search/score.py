@@ -30,7 +30,7 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_parallel_cost, dp_exposed_s,
-                                  dp_sync_every_microbatch, head_cost, pp_fill_s)
+                                  dp_sync_every_microbatch, fsdp_gathered_once, head_cost, pp_fill_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
@@ -992,8 +992,10 @@ class Scorer:
         pipe = pipeline_time_s(list(stage_t), lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
         fill = self.p2p_fill_s(lay) + self.combined_p2p_s(lay)
         dp_s, _, opt_s, blocking = self.data_parallel(lay, layers)
+        rt = self.default_runtime(lay)
         dp_exposed = dp_exposed_s(dp_s, lay.zero_stage, float(stage_t.max()), lay.m, self.cluster, blocking,
-                                  dp_sync_every_microbatch(self.default_runtime(lay), lay.zero_stage, lay.pp), lay.pp)
+                                  dp_sync_every_microbatch(rt, lay.zero_stage, lay.pp),
+                                  fsdp_gathered_once(rt, lay.zero_stage, lay.pp))
         step = pipe + fill + dp_exposed + opt_s
         peak = float(self.stage_memory(lay, layers, tables).max())
         over = max(0.0, peak / GIB - self.cluster.memory_limit_gib)

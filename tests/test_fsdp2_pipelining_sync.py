@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 from autoplan.catalog import build_cluster
-from cost_models.estimate import pp_fsdp_gathers
+from cost_models.estimate import fsdp_gathered_once, pp_fsdp_gathers
 from cost_models.specs import JobSpec, ParallelConfig
-from cost_models.targets import runtime_for
+from cost_models.targets import Software, runtime_for
 
 MICROBATCHES = 4
 UNITS = 2
@@ -87,4 +87,7 @@ def test_torchtitan_keeps_the_stage_gathered_under_pp() -> None:
     assert get_fsdp_reshard_after_forward_policy("default", pp_enabled=False) is True
     cluster, job = build_cluster("h100-sxm", 64, target="torchtitan"), JobSpec(global_batch_size=64, seq_len=4096)
     par = ParallelConfig(pp=2, zero_stage=3)
-    assert runtime_for("torchtitan", job, cluster, par).reshard_after_forward is False
+    rt = runtime_for("torchtitan", job, cluster, par)
+    assert rt.reshard_after_forward is False and fsdp_gathered_once(rt, 3, 2)  # its one gather: the first micro-batch
+    resharded = runtime_for("torchtitan", job, cluster, par, Software(reshard_after_forward=True))
+    assert not fsdp_gathered_once(resharded, 3, 2)  # gathers in every micro-batch, behind each of them

@@ -443,13 +443,6 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
 
 class MegatronProfile(TargetProfile):
     name = "megatron"
-
-    def runs_model(self, model: ModelSpec, tp: int) -> ModelSpec:
-        """The model with Megatron's padded vocabulary (``padded_vocab_size``): the embedding, output layer and
-        vocab-parallel loss are built, run and held at that size (VocabParallelEmbedding / ColumnParallelLinear of
-        ``args.padded_vocab_size`` rows: gpt_builders.py:98 @ core_v0.16.1)."""
-        v = padded_vocab_size(model.vocab_size, tp)
-        return model if v == model.vocab_size else model.model_copy(update={"vocab_size": v})
     rope_framework = "Megatron-LM"  # --position-embedding-type rope: no dynamic-NTK setting (seq_len_error)
 
     def seq_len_error(self, model: ModelSpec, seq_len: int) -> ConfigError | None:
@@ -457,6 +450,13 @@ class MegatronProfile(TargetProfile):
         in TransformerConfig / attention.py; NeMo chunks Llama 4's inputs in its own Llama4SelfAttention)."""
         return super().seq_len_error(model, seq_len) or chunked_attention_error(model, seq_len,
                                                                                 "Megatron-LM core_v0.16.1")
+
+    def runs_model(self, model: ModelSpec, tp: int) -> ModelSpec:
+        """The model with Megatron's padded vocabulary (``padded_vocab_size``): the embedding, output layer and
+        vocab-parallel loss are built, run and held at that size (VocabParallelEmbedding / ColumnParallelLinear of
+        ``args.padded_vocab_size`` rows: gpt_builders.py:98 @ core_v0.16.1)."""
+        v = padded_vocab_size(model.vocab_size, tp)
+        return model if v == model.vocab_size else model.model_copy(update={"vocab_size": v})
     efficiency_set = "megatron"
     hybrid_models = True  # pretrain_mamba.py (MambaModel): mamba_layout_error, hybrid_pipeline_error
     gdn_models = True  # pretrain_gpt.py with experimental_attention_variant gated_delta_net: gdn_layout_error
