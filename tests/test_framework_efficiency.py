@@ -136,7 +136,7 @@ def test_the_ratio_fields_are_stored_as_ratios_and_the_overlaps_absolute() -> No
 def test_the_ratios_give_the_hopper_fit_back_as_written() -> None:
     """Fitted on Hopper, stored as ratios to hopper's written values: on Hopper they give back a value of the fit's
     written precision (4 decimals) to 1e-9 — so every calibration run (all Hopper) is priced as with the fit's
-    absolute values. The prices of the 13 torchtitan calibration runs with those rounded absolutes equal the
+    absolute values. The prices of the 14 torchtitan calibration runs with those rounded absolutes equal the
     catalog's to 1e-9."""
     from benchmark_modules import load_benchmark
 
@@ -147,7 +147,7 @@ def test_the_ratios_give_the_hopper_fit_back_as_written() -> None:
     for field, ratio in entry["scale"].items():
         assert getattr(hopper, field) * ratio == pytest.approx(absolute[field], rel=1e-9), field
     runs = [r for _, r in fidelity.calibration_runs() if framework_of(r.target) == "torchtitan"]
-    assert len(runs) == 13 and {r.cluster.gpu.generation for r in runs} == {"hopper"}
+    assert len(runs) == 14 and {r.cluster.gpu.generation for r in runs} == {"hopper"}
     for r in runs:
         written = r.cluster.efficiency.model_copy(update=absolute)
         assert r.predict() == pytest.approx(r.predict(written), rel=1e-9), r.name
