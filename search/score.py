@@ -175,7 +175,8 @@ class Scorer:
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
         self.layer_model = model  # the model the ILP's decoder layers are keyed on (as_run: the asked one)
         self._ladders: dict[str, ModuleLadder] = {}  # target: module_ladder
-        self._as_run: dict[int, Scorer] = {}  # vocabulary as run: the Scorer pricing that model (as_run)
+        self._as_run: dict[tuple[str, int], Scorer] = {}  # (target, tp): the Scorer pricing that model (as_run)
+        self._by_vocab: dict[int, Scorer] = {}  # vocabulary as run: that Scorer, one per model (as_run)
 
     def as_run(self, lay: Layout) -> "Scorer":
         """The Scorer for ``lay``: this one, or where ``lay``'s target builds another model on its TP group
@@ -183,14 +184,19 @@ class Scorer:
         ``cost_models.estimate`` does. It shares this one's ILP solutions: the decoder layers' graphs never read
         the vocabulary (``opgraph.layer_graph``: only the embedding and the head do), so it keys them on the same
         model (``layer_model``)."""
+        hit = self._as_run.get((lay.target, lay.tp))
+        if hit is not None:
+            return hit
         prof = profile_for(lay.target)
         run = self.model if prof is None else prof.runs_model(self.model, lay.tp)
         if run is self.model:
-            return self
-        hit = self._as_run.get(run.vocab_size)
-        if hit is None:
-            hit = self._as_run[run.vocab_size] = Scorer(run, self.cluster, self.job, self.weights, self.software)
-            hit.ilp, hit.layer_model = self.ilp, self.layer_model
+            hit = self
+        else:
+            hit = self._by_vocab.get(run.vocab_size)
+            if hit is None:
+                hit = self._by_vocab[run.vocab_size] = Scorer(run, self.cluster, self.job, self.weights, self.software)
+                hit.ilp, hit.layer_model = self.ilp, self.layer_model
+        self._as_run[(lay.target, lay.tp)] = hit
         return hit
 
     def derive(self, cluster: ClusterSpec, job: JobSpec) -> "Scorer":
