@@ -266,9 +266,9 @@ def cp_comm(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: Parallel
         a = rt.cp_a2a_size
         a2a_s, a2a_b = _ulysses(graph, cluster, tokens, par.tp, a, stride)
         ring_s, ring_b = cp_ring(graph, cluster, job, par, stride * a, ring=c // a)
-        return a2a_s + ring_s, a2a_b + ring_b, 1.0, a2a_s, c // a
+        return a2a_s + ring_s, a2a_b + ring_b, 1.0, a2a_s, ring_steps(par, rt)
     ring_s, ring_b = cp_ring(graph, cluster, job, par, stride)
-    return ring_s, ring_b, 1.0, 0.0, c
+    return ring_s, ring_b, 1.0, 0.0, ring_steps(par, rt)
 
 
 def ring_steps(par: ParallelConfig, rt: Runtime | None) -> int:
