@@ -242,6 +242,11 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
+        if par.zero_stage == 3 and p > 1:  # FSDP2's unsharded gradient accumulation, in each of the rank's backwards
+            sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,
+                              mtp=None if split.mtp_rank is None else s == split.mtp_rank)
+            m = job.global_batch_size // (par.micro_batch_size * dp)
+            parts["compute"] += pp_grad_accumulation_s(sp.dense + sp.expert, m, runtime, cluster)
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
             mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
             proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
@@ -491,6 +496,15 @@ def pp_fsdp_gathers(reshard_after_forward: bool | int, m: int, pp: int) -> int:
     so does each warm-up forward before the first backward (at most pp of them, the first stage's); a forward after
     a backward finds it gathered. tests/test_fsdp2_pipelining_sync.py counts torch's own calls."""
     return 1 if reshard_after_forward is False else m + min(m, pp)
+
+
+def pp_grad_accumulation_s(params: Any, m: int, rt: Runtime, cluster: ClusterSpec) -> Any:
+    """Seconds per micro-batch a ZeRO-3 pipeline stage holding ``params`` parameters (a float or an array) spends
+    accumulating its unsharded gradients over the step's ``m`` micro-batches (``rt.pp_grad_accumulation_bytes``:
+    torch FSDP2 with gradient sync off, ``targets.common.fsdp2_pp_grad_accumulation_bytes``): memory-bound kernels
+    on the compute stream inside each backward, averaged over the micro-batches (the first only copies)."""
+    first, later = rt.pp_grad_accumulation_bytes
+    return hbm_time_s(params * (first + (m - 1) * later) / m, cluster)
 
 
 def _model_as_run(model: ModelSpec, par: ParallelConfig, runtime: Runtime) -> ModelSpec:

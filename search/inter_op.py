@@ -191,6 +191,7 @@ class StageTables:
     #                                       the stage's edges: search.score.Scorer.cover_table)
     range_peak: np.ndarray | None = None  # (L+1, L+1) bytes a stage of range [i, j) holds once, one layer at a time (a
     #                                       block-wide selective recompute's re-run: Scorer.block_transient_table)
+    first_time: float = 0.0  # seconds per micro-batch the stage holding the embedding adds (its gradient accumulation)
 
 
 def range_static_bytes(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray | float:
@@ -205,9 +206,12 @@ def range_static_bytes(tables: StageTables, start: np.ndarray, end: np.ndarray) 
 
 def range_costs(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Seconds per micro-batch of the stages ``[start, end)`` (arrays of any shape): the layers' prefix sums, the
-    head on the stage that ends at L, and ``range_time``. The one stage cost the DP, its scan and the Scorer read."""
+    head on the stage that ends at L, ``first_time`` on the one that starts at 0, and ``range_time``. The one stage
+    cost the DP, its scan and the Scorer read."""
     L = tables.time.size - 1
     cost = tables.time[end] - tables.time[start] + np.where(end == L, tables.last_time, 0.0)
+    if tables.first_time:
+        cost = cost + np.where(start == 0, tables.first_time, 0.0)
     if tables.range_time is not None:
         cost = cost + tables.range_time[start, end]
     return cost
@@ -374,7 +378,7 @@ def best_split(tables: StageTables, *, n_stages: int, n_microbatches: int, infli
     m = n_microbatches
     per_layer = np.diff(tables.time)
     c_min = float(per_layer.min()) if per_layer.size else 0.0
-    total = float(tables.time[-1]) + tables.last_time
+    total = float(tables.time[-1]) + tables.last_time + tables.first_time
     p = n_stages
 
     def bound(q: int) -> float:

@@ -30,7 +30,8 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_parallel_cost, dp_exposed_s,
-                                  dp_sync_every_microbatch, fsdp_gathered_once, head_cost, pp_fill_s)
+                                  dp_sync_every_microbatch, fsdp_gathered_once, head_cost, pp_fill_s,
+                                  pp_grad_accumulation_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
@@ -853,6 +854,19 @@ class Scorer:
         last += opt([], last_dense, 0.0) + opt([], mtp_dense, mtp_expert, mtp=bool(m.arch.mtp_layers))
         return per, first, last
 
+    def grad_accumulation_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
+        """(seconds per micro-batch per decoder layer, what the embedding adds on the first stage, what the head and
+        MTP add on the last) of a ZeRO-3 pipeline's unsharded gradient accumulation: ``estimate.pp_grad_accumulation_s``
+        of the parameters ``state_pieces`` counts (``memory.stage_params``)."""
+        dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
+        m = self.model
+        last = m.head_params / lay.tp + (m.vocab_size * m.hidden_size / lay.tp if m.tied_embeddings else 0.0)
+        last += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule) + sum(self.mtp_params(lay.tp, lay.ep)[:2])
+        rt = self.default_runtime(lay)
+        per, first, last = (pp_grad_accumulation_s(x, lay.m, rt, self.cluster)
+                            for x in (dense + expert, m.embedding_params / lay.tp, last))
+        return per, float(first), float(last)
+
     # ---- what the stage DP reads -------------------------------------------------------------------
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
         """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
@@ -880,8 +894,12 @@ class Scorer:
                                             group, reduce_input_bytes(rt)) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
                 rt, self.model, lay.tp, big, group, float(largest[root].sum()), excess)
+        first_t = 0.0
+        if lay.zero_stage == 3 and lay.pp > 1:  # FSDP2's unsharded gradient accumulation (estimate.stage_time_parts)
+            per_acc, first_t, last_acc = self.grad_accumulation_pieces(lay)
+            time, head_t = time + np.concatenate([[0.0], np.cumsum(per_acc)]), head_t + last_acc
         return StageTables(
-            time=time, static=static, act=act, last_time=head_t,
+            time=time, static=static, act=act, last_time=head_t, first_time=first_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,
             stage_static=runtime_overhead_bytes() + frag * peak,
             range_static=self._range_static(lay, largest, per_largest),

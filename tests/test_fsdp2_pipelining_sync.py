@@ -5,7 +5,9 @@ torch 2.13's ``PipelineStage`` backs every micro-batch with gradient sync and re
 :1164-1177). Here a 2-unit stage runs ``Schedule1F1B`` on a fake 2-rank data-parallel mesh (CPU), and the
 all-gathers and reduce-scatters FSDP2 issues are counted per step: what ``estimate.data_parallel_cost`` prices
 (``pp_fsdp_gathers``; one reduce-scatter, blocking) for torchtitan's default under PP (no reshard after forward,
-torchtitan distributed/fsdp.py:71-74) and for resharding after forward.
+torchtitan distributed/fsdp.py:71-74) and for resharding after forward. Under torchtitan's mixed precision (bf16
+parameters, fp32 reduce) the bytes FSDP2 moves to accumulate the unsharded gradients over the micro-batches are
+counted the same way: what ``estimate.pp_grad_accumulation_s`` prices (``fsdp2_pp_grad_accumulation_bytes``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ MICROBATCHES = 4
 UNITS = 2
 
 
-def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool) -> tuple[int, int]:
-    """(all-gathers, reduce-scatters) of the second step (the first also runs the stage's shape inference)."""
+def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool,
+                    mixed_precision: bool = False) -> tuple[int, int, list[float]]:
+    """(all-gathers, reduce-scatters, HBM bytes per element of each gradient accumulation FSDP2 ran, in order) of the
+    second step (the first also runs the stage's shape inference); ``mixed_precision``: torchtitan's policy."""
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -45,10 +50,30 @@ def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool
     try:
         mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("pp", "dp"))
         model = Blocks()
+        # torchtitan's mixed_precision_param / mixed_precision_reduce defaults (distributed/fsdp.py apply_fsdp)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+            else MixedPrecisionPolicy()
         for layer in model.layers:  # one FSDP unit per block, the root holding none (torchtitan's wrapping)
-            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
         seen: list[str] = []
+        accumulated: list[float] = []  # bytes per element each accumulation reads and writes
+        to_acc, acc = FSDPParam.to_accumulated_grad_if_needed, FSDPParam.accumulate_unsharded_grad_if_needed
+
+        def copied(self):  # type: ignore[no-untyped-def]  # the gradient copied into the reduce dtype: read, write
+            grad = self._unsharded_param.grad
+            to_acc(self)
+            if grad is not None and self.unsharded_accumulated_grad is not None:
+                accumulated.append(grad.element_size() + self.unsharded_accumulated_grad.element_size())
+
+        def added(self):  # type: ignore[no-untyped-def]  # ``+=``: read both, write the accumulator
+            grad, into = self.unsharded_param.grad, self.unsharded_accumulated_grad
+            acc(self)
+            if grad is not None and into is not None:
+                accumulated.append(grad.element_size() + 2 * into.element_size())
+
+        monkeypatch.setattr(FSDPParam, "to_accumulated_grad_if_needed", copied)
+        monkeypatch.setattr(FSDPParam, "accumulate_unsharded_grad_if_needed", added)
         gather, scatter = dist.all_gather_single, dist.reduce_scatter_single  # FSDP2's DefaultAllGather / ReduceScatter
 
         def counted(kind: str, real):  # type: ignore[no-untyped-def]
@@ -63,15 +88,16 @@ def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool
         schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=lambda out, target: out.sum())
         for _ in range(2):
             seen.clear()
+            accumulated.clear()
             schedule.step(torch.randn(8, 8), target=torch.randn(8, 8), losses=[])
-        return seen.count("all_gather"), seen.count("reduce_scatter")
+        return seen.count("all_gather"), seen.count("reduce_scatter"), accumulated
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("reshard_after_forward", [False, True])
 def test_stage_units_gather_and_reduce_as_priced(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool) -> None:
-    gathers, reduces = _calls_per_step(monkeypatch, reshard_after_forward)
+    gathers, reduces, _ = _calls_per_step(monkeypatch, reshard_after_forward)
     # one stage (pp 1 of the pipeline API): its warm-up is one forward
     assert gathers == UNITS * pp_fsdp_gathers(reshard_after_forward, MICROBATCHES, 1)
     assert reduces == UNITS  # once per step, not per micro-batch
@@ -91,3 +117,52 @@ def test_torchtitan_keeps_the_stage_gathered_under_pp() -> None:
     assert rt.reshard_after_forward is False and fsdp_gathered_once(rt, 3, 2)  # its one gather: the first micro-batch
     resharded = runtime_for("torchtitan", job, cluster, par, Software(reshard_after_forward=True))
     assert not fsdp_gathered_once(resharded, 3, 2)  # gathers in every micro-batch, behind each of them
+
+
+def test_unsharded_gradient_accumulation_bytes_as_torch_moves_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 parameters, fp32 reduce: each unit's two parameters (weight, bias) are copied into an fp32 accumulator in
+    the first micro-batch and added to in each later one, the step's total what the price counts per parameter."""
+    from cost_models.targets.common import fsdp2_pp_grad_accumulation_bytes
+
+    _, _, seen = _calls_per_step(monkeypatch, False, mixed_precision=True)
+    first, later = fsdp2_pp_grad_accumulation_bytes("fp32")
+    params = 2 * UNITS
+    assert len(seen) == params * MICROBATCHES  # every micro-batch, every parameter: none reduced in between
+    assert sorted(seen) == sorted([first] * params + [later] * params * (MICROBATCHES - 1))
+    assert (first, later) == (6.0, 10.0)
+
+
+def test_scorer_prices_the_accumulation_as_estimate() -> None:
+    """A torchtitan ZeRO-3 pipeline: the stage times carry the accumulation (estimate.pp_grad_accumulation_s) and
+    the search's Scorer prices the split to the same step time; zeroing the bytes removes exactly that much."""
+    from dataclasses import replace
+
+    from autoplan.catalog.registry import catalog_model
+    from cost_models.estimate import estimate, pp_grad_accumulation_s, stage_time_parts
+    from cost_models.memory import stage_params
+    from cost_models.validate import pipeline_split
+    from search.score import Scorer
+    from search.space import Layout
+
+    model = catalog_model("llama3-8b")
+    cluster, job = build_cluster("h100-sxm", 16, target="torchtitan"), JobSpec(global_batch_size=32, seq_len=4096)
+    par = ParallelConfig(pp=2, zero_stage=3, recompute="full")
+    dp, m = 8, 32 // 8
+    split = pipeline_split(model, par)
+    lay = Layout(tp=1, cp=1, pp=2, dp=dp, ep=1, micro_batch_size=1, m=m, recompute="full", zero_stage=3,
+                 hsdp_shard_size=None, schedule=par.schedule, vp=1, sequence_parallel=False, target="torchtitan")
+    scorer = Scorer(model, cluster, job)
+    sw = Software(**scorer.chosen_knobs(lay))  # the knobs the search sets on the layout (compile)
+    rt = runtime_for("torchtitan", job, cluster, par, sw)
+    with_acc = stage_time_parts(model, cluster, job, par, rt, dp)
+    without = stage_time_parts(model, cluster, job, par, replace(rt, pp_grad_accumulation_bytes=(0.0, 0.0)), dp)
+    for s in range(2):
+        sp = stage_params(model, par, split.layer_ids[s], first=s == 0, last=s == 1)
+        added = with_acc[s]["compute"] - without[s]["compute"]
+        assert added == pytest.approx(pp_grad_accumulation_s(sp.dense + sp.expert, m, rt, cluster), rel=1e-12)
+        assert added > 0
+    pred = estimate(model, cluster, job, par, target="torchtitan", software=sw)
+    assert pred.num_microbatches == m
+    fs = scorer.score(lay, tuple(split.rank_layers))
+    assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)

@@ -130,7 +130,7 @@ def _check_split_lower_bound(scorer: Scorer, lay) -> None:  # type: ignore[no-un
     low, true = scorer.tables(lay, lower=True), scorer.tables(lay)
     for name in ("time", "act"):
         assert (np.diff(getattr(low, name)) <= np.diff(getattr(true, name)) * (1 + 1e-12)).all()
-    assert low.last_time <= true.last_time and low.last_act <= true.last_act
+    assert low.last_time <= true.last_time and low.last_act <= true.last_act and low.first_time <= true.first_time
     layers = _split(lay, scorer, {})
     if layers is None:
         return
@@ -140,6 +140,7 @@ def _check_split_lower_bound(scorer: Scorer, lay) -> None:  # type: ignore[no-un
         bounds = np.concatenate([[0], np.cumsum(layers)])
         t = true.time[bounds[1:]] - true.time[bounds[:-1]]
         t[-1] += true.last_time
+        t[0] += true.first_time  # a ZeRO-3 pipeline's embedding gradient accumulation (Scorer.grad_accumulation_pieces)
         assert bound <= pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp) + scorer.p2p_fill_s(lay)  # type: ignore[arg-type]
 
 

@@ -318,6 +318,10 @@ class Runtime:
     gathered_unit_bytes: float = 4.0
     # ZeRO-3 with pp > 1: bytes per stage parameter kept unsharded through the step (torchtitan under PP).
     pp_unsharded_bytes: float = 0.0
+    # ZeRO-3 with pp > 1: HBM bytes per stage parameter the runtime moves to accumulate the unsharded gradients
+    # across micro-batches outside the backward's GEMMs, (in the first micro-batch, in each later one)
+    # (``fsdp2_pp_grad_accumulation_bytes``; ``estimate.pp_grad_accumulation_s`` prices them)
+    pp_grad_accumulation_bytes: tuple[float, float] = (0.0, 0.0)
     # ZeRO-3 (torch FSDP2): which unit holds the output layer and the embedding (``FsdpHeadUnit``)
     fsdp_head_unit: FsdpHeadUnit = "own"
     # ZeRO-3 (torch FSDP2): which unit holds an MTP module's projection and norms (``FsdpMtpUnit``)
@@ -963,10 +967,27 @@ def fsdp2_gathered_unit_bytes(reduce_dtype: GradDtype) -> float:
     return 6.0 + (4.0 if reduce_dtype == "fp32" else 2.0)
 
 
-# torch FSDP2 under pipelining (torchtitan apply_fsdp: reshard_after_forward off with PP; torch/distributed/
-# pipelining/stage.py backward_maybe_with_nosync: no reshard, no gradient sync but for the last micro-batch): the
-# stage's bf16 parameters (2) and fp32 unsharded gradients (4) stay through the step.
-FSDP2_PP_UNSHARDED_BYTES = 6.0
+def fsdp2_pp_unsharded_bytes(reduce_dtype: GradDtype) -> float:
+    """torch FSDP2 under pipelining (torchtitan apply_fsdp: reshard_after_forward off with PP; torch/distributed/
+    pipelining/stage.py backward_maybe_with_nosync: no reshard, no gradient sync but for the last micro-batch): the
+    stage's bf16 parameters (2) and its unsharded gradients, accumulated in the reduce dtype
+    (``fsdp2_pp_grad_accumulation_bytes``), stay through the step: 6 with an fp32 reduce, 4 with bf16."""
+    return 2.0 + DTYPE_BYTES[reduce_dtype]
+
+
+def fsdp2_pp_grad_accumulation_bytes(reduce_dtype: GradDtype) -> tuple[float, float]:
+    """HBM bytes per stage parameter torch FSDP2 moves to accumulate a stage's unsharded gradients under pipelining,
+    (first micro-batch, each later one). Gradient sync off, each backward leaves the unit's bf16 gradient on the
+    unsharded parameter (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``). Where the
+    reduce dtype is wider (fp32), ``FSDPParam.to_accumulated_grad_if_needed`` copies it into
+    ``unsharded_accumulated_grad`` in the reduce dtype (read 2, write 4), and each later micro-batch's
+    ``accumulate_unsharded_grad_if_needed`` adds the new bf16 gradient to it (``+=``: read 2 + 4, write 4)
+    (_fsdp_param.py). With a bf16 reduce autograd's ``AccumulateGrad`` adds into ``.grad`` in place (read 2 + 2,
+    write 2) from the second micro-batch on. tests/test_fsdp2_pipelining_sync.py counts them on torch's code."""
+    grad, acc = DTYPE_BYTES["bf16"], DTYPE_BYTES[reduce_dtype]
+    if acc == grad:
+        return 0.0, 3 * grad
+    return grad + acc, grad + 2 * acc
 
 
 # Peak bytes per logit of torch's cross_entropy on ``pred.float()`` (torchtitan/components/loss.py
@@ -991,7 +1012,8 @@ def torch_memory_facts(reduce_dtype: GradDtype, compiled_loss: bool = False) -> 
         # per-op SAC (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule)
         selective="op_sac",
         gathered_unit_bytes=fsdp2_gathered_unit_bytes(reduce_dtype),
-        pp_unsharded_bytes=FSDP2_PP_UNSHARDED_BYTES,
+        pp_unsharded_bytes=fsdp2_pp_unsharded_bytes(reduce_dtype),
+        pp_grad_accumulation_bytes=fsdp2_pp_grad_accumulation_bytes(reduce_dtype),
     )
 
 
@@ -1000,5 +1022,6 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "FsdpMtpUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "FSDP2_PP_UNSHARDED_BYTES", "fsdp2_gathered_unit_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "FsdpMtpUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "fsdp2_gathered_unit_bytes", "fsdp2_pp_grad_accumulation_bytes",
+           "fsdp2_pp_unsharded_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
            "TargetName", "TargetProfile", "nearest"]
