@@ -24,9 +24,10 @@ UNITS = 2
 
 
 def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool,
-                    mixed_precision: bool = False) -> tuple[int, int, list[float]]:
+                    reduce_dtype: str | None = None) -> tuple[int, int, list[float]]:
     """(all-gathers, reduce-scatters, HBM bytes per element of each gradient accumulation FSDP2 ran, in order) of the
-    second step (the first also runs the stage's shape inference); ``mixed_precision``: torchtitan's policy."""
+    second step (the first also runs the stage's shape inference); ``reduce_dtype``: bf16 parameters reduced in it
+    (torchtitan's mixed precision with "float32"), None: no mixed precision."""
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -51,8 +52,8 @@ def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool
         mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("pp", "dp"))
         model = Blocks()
         # torchtitan's mixed_precision_param / mixed_precision_reduce defaults (distributed/fsdp.py apply_fsdp)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
-            else MixedPrecisionPolicy()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype)) \
+            if reduce_dtype else MixedPrecisionPolicy()
         for layer in model.layers:  # one FSDP unit per block, the root holding none (torchtitan's wrapping)
             fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
@@ -124,12 +125,23 @@ def test_unsharded_gradient_accumulation_bytes_as_torch_moves_them(monkeypatch: 
     the first micro-batch and added to in each later one, the step's total what the price counts per parameter."""
     from cost_models.targets.common import fsdp2_pp_grad_accumulation_bytes
 
-    _, _, seen = _calls_per_step(monkeypatch, False, mixed_precision=True)
+    _, _, seen = _calls_per_step(monkeypatch, False, reduce_dtype="float32")
     first, later = fsdp2_pp_grad_accumulation_bytes("fp32")
     params = 2 * UNITS
     assert len(seen) == params * MICROBATCHES  # every micro-batch, every parameter: none reduced in between
     assert sorted(seen) == sorted([first] * params + [later] * params * (MICROBATCHES - 1))
     assert (first, later) == (6.0, 10.0)
+
+
+def test_bf16_reduce_leaves_the_accumulation_to_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reduced in the parameter dtype, FSDP2 keeps no accumulator of its own (nothing copied or added by FSDPParam):
+    autograd's AccumulateGrad adds each micro-batch's bf16 gradient into ``.grad`` in place, the (0, 6) priced."""
+    from cost_models.targets.common import fsdp2_pp_grad_accumulation_bytes, fsdp2_pp_unsharded_bytes
+
+    _, _, seen = _calls_per_step(monkeypatch, False, reduce_dtype="bfloat16")
+    assert seen == []
+    assert fsdp2_pp_grad_accumulation_bytes("bf16") == (0.0, 6.0)
+    assert fsdp2_pp_unsharded_bytes("bf16") == 4.0 and fsdp2_pp_unsharded_bytes("fp32") == 6.0
 
 
 def test_scorer_prices_the_accumulation_as_estimate() -> None:
