@@ -24,7 +24,7 @@ from cost_models.host_cover import host_light_kinds, moe_host_cover_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_shard_group, graphs_for, hsdp_replicas,
-                                stage_memory, stage_params)
+                                pp_unsharded_stage, stage_memory, stage_params)
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.moe import host_synced, moe_a2a_overlapped
 from cost_models.muon import optimizer_step_s
@@ -242,7 +242,7 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
-        if par.zero_stage == 3 and p > 1:  # FSDP2's unsharded gradient accumulation, in each of the rank's backwards
+        if pp_unsharded_stage(runtime, par.zero_stage, p):  # FSDP2's unsharded gradient accumulation, each backward
             sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,
                               mtp=None if split.mtp_rank is None else s == split.mtp_rank)
             m = job.global_batch_size // (par.micro_batch_size * dp)
@@ -467,8 +467,8 @@ def data_parallel_cost(model: ModelSpec, cluster: ClusterSpec, par: ParallelConf
                 total_b += calls * (2 if kind == "all_reduce" else 1) * (n - 1) / n * payload
                 if every and kind == "reduce_scatter":
                     blocking += op_s * (par.vp - 1) / par.vp
-                elif par.zero_stage == 3 and par.pp > 1 and kind != "all_gather":  # perform_reduce_grad, above
-                    blocking += op_s
+                elif pp_unsharded_stage(rt, par.zero_stage, par.pp) and kind != "all_gather":  # perform_reduce_grad,
+                    blocking += op_s  # above (FSDP2's ZeRO-0 too: its all-reduce)
         if not rt.overlap_grad_reduce and par.zero_stage < 2:
             # Megatron without --overlap-grad-reduce reduces after the backward (and gathers in the step): exposed
             blocking = total_s

@@ -116,6 +116,14 @@ def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
     return p / r, g / r, o / r
 
 
+def pp_unsharded_stage(rt: Runtime, zero_stage: int, pp: int) -> bool:
+    """Whether a pipeline stage holds its parameters unsharded through the step with their gradient accumulators
+    (``rt.pp_unsharded_bytes``; their time ``rt.pp_grad_accumulation_bytes``): torch FSDP2 under torch's pipelining,
+    which turns resharding after backward and gradient sync off for every micro-batch (stage.py:844-848), at ZeRO-3
+    and at the ZeRO-0 a runtime runs as FSDP2 over one-rank shards (``Runtime.zero0_fsdp2``)."""
+    return pp > 1 and (zero_stage == 3 or (zero_stage == 0 and rt.zero0_fsdp2))
+
+
 def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, float]:
     """ZeRO-3/FSDP bytes beyond the shards, as (per parameter of the stage, per parameter of its largest layer).
     The gathered units (``rt.gathered_unit_bytes`` of the largest layer, less its own shard); under pipelining
@@ -663,6 +671,8 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
                                             reduce_input_bytes(runtime)) if sp.root_held else 0.0
             transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held,
                                                excess)
+    elif pp_unsharded_stage(runtime, par.zero_stage, par.pp):  # FSDP2's ZeRO-0 under pipelining: the stage unsharded
+        transient += runtime.pp_unsharded_bytes * (sp.dense + sp.expert)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)

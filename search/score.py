@@ -49,6 +49,7 @@ from cost_models.memory import (
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
+    pp_unsharded_stage,
     reduce_input_bytes,
     root_grad_excess_bytes,
     runtime_overhead_bytes,
@@ -805,7 +806,10 @@ class Scorer:
         rt = self.default_runtime(lay)
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(rt.state_bytes(1.0, lay.zero_stage, edp))
-        if lay.zero_stage != 3:
+        if pp_unsharded_stage(rt, lay.zero_stage, lay.pp) and lay.zero_stage != 3:  # FSDP2's ZeRO-0 under PP
+            extra = rt.pp_unsharded_bytes * (1.0 + held_reserve_fraction(rt))
+            hit = (kd + extra, ke + extra, 0.0)
+        elif lay.zero_stage != 3:
             hit = (kd, ke, 0.0)
         else:
             per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
@@ -895,7 +899,8 @@ class Scorer:
             last_state = last_state + frag * zero3_head_unit_bytes(
                 rt, self.model, lay.tp, big, group, float(largest[root].sum()), excess)
         first_t = 0.0
-        if lay.zero_stage == 3 and lay.pp > 1:  # FSDP2's unsharded gradient accumulation (estimate.stage_time_parts)
+        if pp_unsharded_stage(self.default_runtime(lay), lay.zero_stage, lay.pp):  # FSDP2's unsharded gradient
+            # accumulation (estimate.stage_time_parts)
             per_acc, first_t, last_acc = self.grad_accumulation_pieces(lay)
             time, head_t = time + np.concatenate([[0.0], np.cumsum(per_acc)]), head_t + last_acc
         return StageTables(

@@ -178,3 +178,124 @@ def test_scorer_prices_the_accumulation_as_estimate() -> None:
     fs = scorer.score(lay, tuple(split.rank_layers))
     assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
     assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")  # the toy decoder's views: no in-place op
+def test_torchtitan_zero0_under_pp_accumulates_as_zero3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan 0.3.0's ZeRO-0 (dp_replicate 2 x dp_shard 1) is FSDP2 too: ``apply_fsdp_to_decoder`` wraps the
+    decoder on the (dp_replicate, fsdp) mesh with the mixed-precision policy, not resharded after forward with PP.
+    Run through torch's pipelining it accumulates each parameter's gradient in an fp32 accumulator exactly as
+    ZeRO-3 does (``Runtime.zero0_fsdp2``, ``memory.pp_unsharded_stage``)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchtitan")
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as titan_dims
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    from cost_models.memory import pp_unsharded_stage
+    from cost_models.targets.common import fsdp2_pp_grad_accumulation_bytes
+
+    class Decoder(torch.nn.Module):  # the attributes apply_fsdp_to_decoder reads
+        enable_weight_tying = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok_embeddings = torch.nn.Embedding(16, 8)
+            self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8) for i in range(UNITS)})
+            self.norm = torch.nn.LayerNorm(8)
+            self.lm_head = torch.nn.Linear(8, 16)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            h = self.tok_embeddings(x)
+            for layer in self.layers.values():
+                h = layer(h)
+            return self.lm_head(self.norm(h))
+
+    monkeypatch.setattr(titan_dims, "device_type", "cpu")
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        dims = titan_dims.ParallelDims(dp_replicate=2, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=2,
+                                       spmd_backend="partial_dtensor")
+        dims.build_mesh()
+        model = Decoder()
+        apply_fsdp_to_decoder(model, dims.get_mesh(["dp_replicate", "fsdp"]), param_dtype=torch.bfloat16,
+                              reduce_dtype=torch.float32, pp_enabled=True)
+        seen: list[float] = []
+        to_acc, acc = FSDPParam.to_accumulated_grad_if_needed, FSDPParam.accumulate_unsharded_grad_if_needed
+
+        def copied(self):  # type: ignore[no-untyped-def]
+            grad = self._unsharded_param.grad
+            to_acc(self)
+            if grad is not None and self.unsharded_accumulated_grad is not None:
+                seen.append(grad.element_size() + self.unsharded_accumulated_grad.element_size())
+
+        def added(self):  # type: ignore[no-untyped-def]
+            grad, into = self.unsharded_param.grad, self.unsharded_accumulated_grad
+            acc(self)
+            if grad is not None and into is not None:
+                seen.append(grad.element_size() + 2 * into.element_size())
+
+        monkeypatch.setattr(FSDPParam, "to_accumulated_grad_if_needed", copied)
+        monkeypatch.setattr(FSDPParam, "accumulate_unsharded_grad_if_needed", added)
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=dist.new_group([0]))
+        schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=lambda out, target: out.float().sum())
+        for _ in range(2):
+            seen.clear()
+            schedule.step(torch.randint(0, 16, (8, 4)), target=torch.zeros(8), losses=[])
+        params = sum(1 for _ in model.parameters())
+    finally:
+        dist.destroy_process_group()
+    first, later = fsdp2_pp_grad_accumulation_bytes("fp32")
+    assert sorted(seen) == sorted([first] * params + [later] * params * (MICROBATCHES - 1))
+    cluster, job = build_cluster("h100-sxm", 16, target="torchtitan"), JobSpec(global_batch_size=32, seq_len=4096)
+    rt = runtime_for("torchtitan", job, cluster, ParallelConfig(pp=2, zero_stage=0))
+    assert rt.zero0_fsdp2 and pp_unsharded_stage(rt, 0, 2) and not pp_unsharded_stage(rt, 0, 1)
+    older = runtime_for("torchtitan-2025-08", job, cluster, ParallelConfig(pp=1, zero_stage=0))
+    assert not older.zero0_fsdp2  # DDP (replicate) before 00b7f5693
+
+
+def test_zero0_under_pp_priced_unsharded_and_scored_as_estimate() -> None:
+    """torchtitan ZeRO-0 on a pipeline: the stage's unsharded bf16 parameters and fp32 accumulators in memory, the
+    accumulation in its stage time, the one all-reduce blocking (perform_reduce_grad), and the Scorer agreeing."""
+    from dataclasses import replace
+
+    from autoplan.catalog.registry import catalog_model
+    from cost_models.collectives import RankStrides
+    from cost_models.estimate import data_parallel_cost, estimate, pp_grad_accumulation_s, stage_time_parts
+    from cost_models.memory import GIB, graphs_for, stage_memory, stage_params
+    from cost_models.validate import pipeline_split
+    from search.score import Scorer
+    from search.space import Layout
+
+    model = catalog_model("llama3-8b")
+    cluster, job = build_cluster("h100-sxm", 16, target="torchtitan"), JobSpec(global_batch_size=32, seq_len=4096)
+    par = ParallelConfig(pp=2, zero_stage=0, recompute="full")
+    dp, m = 8, 4
+    lay = Layout(tp=1, cp=1, pp=2, dp=dp, ep=1, micro_batch_size=1, m=m, recompute="full", zero_stage=0,
+                 hsdp_shard_size=None, schedule=par.schedule, vp=1, sequence_parallel=False, target="torchtitan")
+    scorer = Scorer(model, cluster, job)
+    sw = Software(**scorer.chosen_knobs(lay))
+    rt = runtime_for("torchtitan", job, cluster, par, sw)
+    split = pipeline_split(model, par)
+    plain = replace(rt, zero0_fsdp2=False)
+    graphs = graphs_for(model, job.seq_len)
+    for s in range(2):
+        sp = stage_params(model, par, split.layer_ids[s], first=s == 0, last=s == 1)
+        with_stage, without = (stage_memory(model, job, par, dp, s, split.rank_layers, m, graphs, r, split.layer_ids[s])
+                               for r in (rt, plain))
+        held = with_stage.transients - without.transients
+        assert held == pytest.approx(rt.pp_unsharded_bytes * (sp.dense + sp.expert), rel=1e-12)
+        added = stage_time_parts(model, cluster, job, par, rt, dp)[s]["compute"] \
+            - stage_time_parts(model, cluster, job, par, plain, dp)[s]["compute"]
+        assert added == pytest.approx(pp_grad_accumulation_s(sp.dense + sp.expert, m, rt, cluster), rel=1e-12)
+    strides = RankStrides.megatron(1, 1, dp)
+    dp_s, _, _, blocking = data_parallel_cost(model, cluster, par, split.rank_layers, dp, strides, m, rt=rt)
+    assert blocking == dp_s > 0  # the one all-reduce, after the last backward
+    pred = estimate(model, cluster, job, par, target="torchtitan", software=sw)
+    fs = scorer.score(lay, tuple(split.rank_layers))
+    assert fs.step_time_s == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert fs.peak_memory_bytes / GIB == pytest.approx(pred.peak_memory_gib, rel=1e-9)

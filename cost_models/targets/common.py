@@ -342,6 +342,12 @@ class Runtime:
     # micro-batch's backward. False: DDP's ``no_sync`` (Megatron: once per step). Under pp > 1 torch's pipelining
     # stage turns the sync off for every backward but the last (distributed/pipelining/stage.py:844-848): once.
     zero0_sync_every_microbatch: bool = False
+    # ZeRO-0 is torch FSDP2 over one-rank shards, HSDP (dp_replicate, fsdp = 1) with the mixed-precision policy
+    # (torchtitan since 00b7f5693, 2026-04-09, "replace amp and replicate with fully_shard": 0.3.0
+    # models/llama3/parallelize.py ``apply_fsdp_to_decoder`` runs whatever the shard degree). Under pipelining such
+    # a stage holds its bf16 parameters and gradient accumulators unsharded as ZeRO-3 does
+    # (``memory.pp_unsharded_stage``).
+    zero0_fsdp2: bool = False
 
     @property
     def model_compiled(self) -> bool:
@@ -1022,6 +1028,7 @@ def nearest(value: int, choices: list[int]) -> list[int]:
     return sorted(choices, key=lambda c: (abs(c - value), c))
 
 
-__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "FsdpMtpUnit", "reshard_options", "CpCommType", "DTYPE_BYTES", "fsdp2_gathered_unit_bytes", "fsdp2_pp_grad_accumulation_bytes",
-           "fsdp2_pp_unsharded_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype", "Knob", "Runtime", "Software", "TARGET_NAMES",
-           "TargetName", "TargetProfile", "nearest"]
+__all__ = ["ALLOC_CONF_VAR", "EXPANDABLE_SEGMENTS_ENV", "FsdpHeadUnit", "FsdpMtpUnit", "reshard_options",
+           "CpCommType", "DTYPE_BYTES", "fsdp2_gathered_unit_bytes", "fsdp2_pp_grad_accumulation_bytes",
+           "fsdp2_pp_unsharded_bytes", "TORCH_LOSS_BYTES_PER_LOGIT", "torch_memory_facts", "Fp8Recipe", "GradDtype",
+           "Knob", "Runtime", "Software", "TARGET_NAMES", "TargetName", "TargetProfile", "nearest"]

@@ -125,7 +125,8 @@ class Torchtitan2025Profile(TorchtitanProfile):
         return replace(super().resolve(software, job, cluster, par), fsdp_head_unit=self.fsdp_head_unit,
                        sac_saves_a2a=False, moe_passes=TORCHTITAN_2025_MOE_PASSES,
                        sac_saves_attention=flash_first, sdpa_unequal_v_efficient=flash_first,
-                       titan_attention=False)  # 2024-12 / 2025 torchtitan ran its models' attention on SDPA
+                       titan_attention=False,  # 2024-12 / 2025 torchtitan ran its models' attention on SDPA
+                       zero0_fsdp2=False)  # ZeRO-0 was DDP (replicate) before 00b7f5693 (2026-04-09)
 
 
 class Torchtitan202508Profile(Torchtitan2025Profile):

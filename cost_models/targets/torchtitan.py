@@ -301,6 +301,7 @@ class TorchtitanProfile(TargetProfile):
             overlap_grad_reduce=True,
             overlap_param_gather=True,
             zero0_sync_every_microbatch=True,  # the module docstring: FSDP2 HSDP, no sync toggled off
+            zero0_fsdp2=True,
             # "default": reshard after forward unless pipelining (torchtitan apply_fsdp: not pp_enabled)
             reshard_after_forward=k.get("reshard_after_forward", par is None or par.pp == 1),
             weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, gather_bytes=2.0,
