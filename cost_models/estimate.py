@@ -222,6 +222,7 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
     if head is None:
         head = head_cost(graphs["head"], cluster, job, par, runtime)
     bf16_costs: dict[str, LayerCost] = {}  # layers run in bf16 under a quantized job (cost_models.quant_layout)
+    m = job.global_batch_size // (par.micro_batch_size * dp)  # micro-batches per step
 
     def cost_of(kind: str, bf16: bool) -> LayerCost:
         if not bf16:
@@ -245,7 +246,6 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         if pp_unsharded_stage(runtime, par.zero_stage, p):  # FSDP2's unsharded gradient accumulation, each backward
             sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,
                               mtp=None if split.mtp_rank is None else s == split.mtp_rank)
-            m = job.global_batch_size // (par.micro_batch_size * dp)
             parts["compute"] += pp_grad_accumulation_s(sp.dense + sp.expert, m, runtime, cluster)
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
             mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
@@ -320,8 +320,8 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     during the first one's forward: one micro-batch of compute can hide them. ZeRO-3/FSDP, and sharded gradients
     reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``), communicate in every
     micro-batch, behind the whole step's compute; a pipeline stage FSDP2 keeps gathered (``gathered_once``,
-    ``fsdp_gathered_once``) gathers once, in the first micro-batch. Either way at least ``1 − dp_overlap`` of it (the tail after the
-    last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute stream as
+    ``fsdp_gathered_once``) gathers once, in the first micro-batch. Either way at least ``1 − dp_overlap`` of it
+    (the tail after the last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute stream as
     soon as it starts (``data_parallel_cost``): exposed in full."""
     rest = dp_s - blocking_s
     window = microbatch_s * (m if (zero_stage == 3 and not gathered_once) or every_microbatch else 1)
@@ -499,10 +499,11 @@ def pp_fsdp_gathers(reshard_after_forward: bool | int, m: int, pp: int) -> int:
 
 
 def pp_grad_accumulation_s(params: Any, m: int, rt: Runtime, cluster: ClusterSpec) -> Any:
-    """Seconds per micro-batch a ZeRO-3 pipeline stage holding ``params`` parameters (a float or an array) spends
-    accumulating its unsharded gradients over the step's ``m`` micro-batches (``rt.pp_grad_accumulation_bytes``:
-    torch FSDP2 with gradient sync off, ``targets.common.fsdp2_pp_grad_accumulation_bytes``): memory-bound kernels
-    on the compute stream inside each backward, averaged over the micro-batches (the first only copies)."""
+    """Seconds per micro-batch a pipeline stage FSDP2 holds unsharded (``memory.pp_unsharded_stage``) with ``params``
+    parameters (a float or an array) spends accumulating its unsharded gradients over the step's ``m`` micro-batches
+    (``rt.pp_grad_accumulation_bytes``: gradient sync off, ``targets.common.fsdp2_pp_grad_accumulation_bytes``):
+    memory-bound kernels on the compute stream inside each backward, averaged over the micro-batches (the first only
+    copies)."""
     first, later = rt.pp_grad_accumulation_bytes
     return hbm_time_s(params * (first + (m - 1) * later) / m, cluster)
 

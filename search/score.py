@@ -806,15 +806,15 @@ class Scorer:
         rt = self.default_runtime(lay)
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(rt.state_bytes(1.0, lay.zero_stage, edp))
-        if pp_unsharded_stage(rt, lay.zero_stage, lay.pp) and lay.zero_stage != 3:  # FSDP2's ZeRO-0 under PP
-            extra = rt.pp_unsharded_bytes * (1.0 + held_reserve_fraction(rt))
-            hit = (kd + extra, ke + extra, 0.0)
-        elif lay.zero_stage != 3:
-            hit = (kd, ke, 0.0)
-        else:
+        if lay.zero_stage == 3:
             per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
             extra = per_param * (1.0 + held_reserve_fraction(rt))
             hit = (kd + extra, ke + extra, per_largest)
+        elif pp_unsharded_stage(rt, lay.zero_stage, lay.pp):  # FSDP2's ZeRO-0 under PP: the stage unsharded
+            extra = rt.pp_unsharded_bytes * (1.0 + held_reserve_fraction(rt))
+            hit = (kd + extra, ke + extra, 0.0)
+        else:
+            hit = (kd, ke, 0.0)
         self._state[key] = hit
         return hit
 
@@ -836,15 +836,11 @@ class Scorer:
         kd, ke, _ = self.state_coefficients(lay)
         dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         m = self.model
-        last_dense = m.head_params / lay.tp
-        if m.tied_embeddings and lay.pp > 1:
-            last_dense += m.vocab_size * m.hidden_size / lay.tp
-        last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)  # cost_models.memory.stage_params
-        mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
+        emb, last_dense, mtp_dense, mtp_expert = self.end_params(lay)
         per = kd * dense + ke * expert
         rt = self.default_runtime(lay)
         ko = kd - rt.weight_cache_bytes  # embedding, output layer, embedding copies: no TE cache (StageParams.outside_te)
-        first, last = ko * m.embedding_params / lay.tp, ko * last_dense + kd * mtp_dense + ke * mtp_expert
+        first, last = ko * emb, ko * last_dense + kd * mtp_dense + ke * mtp_expert
         if rt.optimizer == "adam":
             return per, first, last
         od, oe = rt.state_bytes(1.0, lay.zero_stage, group)[2], rt.state_bytes(1.0, lay.zero_stage, edp)[2]
@@ -854,21 +850,32 @@ class Scorer:
             return sum(optimizer_state_bytes(m, par, ids, d, e, rt.optimizer, group, edp, mtp=mtp)) - od * d - oe * e
 
         per = per + np.array([opt([i], float(dense[i]), float(expert[i])) for i in range(self.L)])
-        first += opt([], m.embedding_params / lay.tp, 0.0)
+        first += opt([], emb, 0.0)
         last += opt([], last_dense, 0.0) + opt([], mtp_dense, mtp_expert, mtp=bool(m.arch.mtp_layers))
         return per, first, last
 
+    def end_params(self, lay: Layout) -> tuple[float, float, float, float]:
+        """Parameters a rank holds beyond the decoder layers (``memory.stage_params``): (the embedding on the first
+        stage; on the last the output layer and final norm, a tied weight's copy with pp > 1 and the MTP modules'
+        embedding copy; the MTP modules' dense and expert parameters)."""
+        m = self.model
+        last_dense = m.head_params / lay.tp
+        if m.tied_embeddings and lay.pp > 1:
+            last_dense += m.vocab_size * m.hidden_size / lay.tp
+        last_dense += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule)
+        mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
+        return m.embedding_params / lay.tp, last_dense, mtp_dense, mtp_expert
+
     def grad_accumulation_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
         """(seconds per micro-batch per decoder layer, what the embedding adds on the first stage, what the head and
-        MTP add on the last) of a ZeRO-3 pipeline's unsharded gradient accumulation: ``estimate.pp_grad_accumulation_s``
-        of the parameters ``state_pieces`` counts (``memory.stage_params``)."""
+        MTP add on the last) of the unsharded gradient accumulation of a stage FSDP2 holds unsharded under
+        pipelining (``memory.pp_unsharded_stage``): ``estimate.pp_grad_accumulation_s`` of the parameters
+        ``state_pieces`` counts."""
         dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
-        m = self.model
-        last = m.head_params / lay.tp + (m.vocab_size * m.hidden_size / lay.tp if m.tied_embeddings else 0.0)
-        last += mtp_embedding_copy_params(m, lay.tp, lay.pp, lay.schedule) + sum(self.mtp_params(lay.tp, lay.ep)[:2])
+        emb, last_dense, mtp_dense, mtp_expert = self.end_params(lay)
         rt = self.default_runtime(lay)
         per, first, last = (pp_grad_accumulation_s(x, lay.m, rt, self.cluster)
-                            for x in (dense + expert, m.embedding_params / lay.tp, last))
+                            for x in (dense + expert, emb, last_dense + mtp_dense + mtp_expert))
         return per, float(first), float(last)
 
     # ---- what the stage DP reads -------------------------------------------------------------------
