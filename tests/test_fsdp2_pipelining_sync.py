@@ -18,9 +18,36 @@ from autoplan.catalog import build_cluster
 from cost_models.estimate import fsdp_gathered_once, pp_fsdp_gathers
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import Software, runtime_for
+from titan_toys import titan_zero0_decoder
 
 MICROBATCHES = 4
 UNITS = 2
+
+
+def _record_accumulation(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Wraps FSDP2's two gradient-accumulation steps (torch 2.13 ``_fsdp_param.py``) to record, per call that did
+    work, the bytes per element it read and wrote: the copy into the reduce-dtype accumulator (read the gradient,
+    write the accumulator) and each ``+=`` (read both, write the accumulator)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    seen: list[float] = []
+    to_acc, acc = FSDPParam.to_accumulated_grad_if_needed, FSDPParam.accumulate_unsharded_grad_if_needed
+
+    def copied(self):  # type: ignore[no-untyped-def]
+        grad = self._unsharded_param.grad
+        to_acc(self)
+        if grad is not None and self.unsharded_accumulated_grad is not None:
+            seen.append(grad.element_size() + self.unsharded_accumulated_grad.element_size())
+
+    def added(self):  # type: ignore[no-untyped-def]
+        grad, into = self.unsharded_param.grad, self.unsharded_accumulated_grad
+        acc(self)
+        if grad is not None and into is not None:
+            seen.append(grad.element_size() + 2 * into.element_size())
+
+    monkeypatch.setattr(FSDPParam, "to_accumulated_grad_if_needed", copied)
+    monkeypatch.setattr(FSDPParam, "accumulate_unsharded_grad_if_needed", added)
+    return seen
 
 
 def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool,
@@ -32,7 +59,6 @@ def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -58,23 +84,7 @@ def _calls_per_step(monkeypatch: pytest.MonkeyPatch, reshard_after_forward: bool
             fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward, mp_policy=mp)
         seen: list[str] = []
-        accumulated: list[float] = []  # bytes per element each accumulation reads and writes
-        to_acc, acc = FSDPParam.to_accumulated_grad_if_needed, FSDPParam.accumulate_unsharded_grad_if_needed
-
-        def copied(self):  # type: ignore[no-untyped-def]  # the gradient copied into the reduce dtype: read, write
-            grad = self._unsharded_param.grad
-            to_acc(self)
-            if grad is not None and self.unsharded_accumulated_grad is not None:
-                accumulated.append(grad.element_size() + self.unsharded_accumulated_grad.element_size())
-
-        def added(self):  # type: ignore[no-untyped-def]  # ``+=``: read both, write the accumulator
-            grad, into = self.unsharded_param.grad, self.unsharded_accumulated_grad
-            acc(self)
-            if grad is not None and into is not None:
-                accumulated.append(grad.element_size() + 2 * into.element_size())
-
-        monkeypatch.setattr(FSDPParam, "to_accumulated_grad_if_needed", copied)
-        monkeypatch.setattr(FSDPParam, "accumulate_unsharded_grad_if_needed", added)
+        accumulated = _record_accumulation(monkeypatch)
         gather, scatter = dist.all_gather_single, dist.reduce_scatter_single  # FSDP2's DefaultAllGather / ReduceScatter
 
         def counted(kind: str, real):  # type: ignore[no-untyped-def]
@@ -189,66 +199,19 @@ def test_torchtitan_zero0_under_pp_accumulates_as_zero3(monkeypatch: pytest.Monk
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchtitan")
     import torch.distributed as dist
-    import torchtitan.distributed.parallel_dims as titan_dims
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     from cost_models.memory import pp_unsharded_stage
     from cost_models.targets.common import fsdp2_pp_grad_accumulation_bytes
 
-    class Decoder(torch.nn.Module):  # the attributes apply_fsdp_to_decoder reads
-        enable_weight_tying = False
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok_embeddings = torch.nn.Embedding(16, 8)
-            self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8) for i in range(UNITS)})
-            self.norm = torch.nn.LayerNorm(8)
-            self.lm_head = torch.nn.Linear(8, 16)
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            h = self.tok_embeddings(x)
-            for layer in self.layers.values():
-                h = layer(h)
-            return self.lm_head(self.norm(h))
-
-    monkeypatch.setattr(titan_dims, "device_type", "cpu")
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        dims = titan_dims.ParallelDims(dp_replicate=2, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=2,
-                                       spmd_backend="partial_dtensor")
-        dims.build_mesh()
-        model = Decoder()
-        apply_fsdp_to_decoder(model, dims.get_mesh(["dp_replicate", "fsdp"]), param_dtype=torch.bfloat16,
-                              reduce_dtype=torch.float32, pp_enabled=True)
-        seen: list[float] = []
-        to_acc, acc = FSDPParam.to_accumulated_grad_if_needed, FSDPParam.accumulate_unsharded_grad_if_needed
-
-        def copied(self):  # type: ignore[no-untyped-def]
-            grad = self._unsharded_param.grad
-            to_acc(self)
-            if grad is not None and self.unsharded_accumulated_grad is not None:
-                seen.append(grad.element_size() + self.unsharded_accumulated_grad.element_size())
-
-        def added(self):  # type: ignore[no-untyped-def]
-            grad, into = self.unsharded_param.grad, self.unsharded_accumulated_grad
-            acc(self)
-            if grad is not None and into is not None:
-                seen.append(grad.element_size() + 2 * into.element_size())
-
-        monkeypatch.setattr(FSDPParam, "to_accumulated_grad_if_needed", copied)
-        monkeypatch.setattr(FSDPParam, "accumulate_unsharded_grad_if_needed", added)
+    with titan_zero0_decoder(monkeypatch, UNITS, "bfloat16", pp_enabled=True) as model:
+        seen = _record_accumulation(monkeypatch)
         stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=dist.new_group([0]))
         schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=lambda out, target: out.float().sum())
         for _ in range(2):
             seen.clear()
             schedule.step(torch.randint(0, 16, (8, 4)), target=torch.zeros(8), losses=[])
         params = sum(1 for _ in model.parameters())
-    finally:
-        dist.destroy_process_group()
     first, later = fsdp2_pp_grad_accumulation_bytes("fp32")
     assert sorted(seen) == sorted([first] * params + [later] * params * (MICROBATCHES - 1))
     cluster, job = build_cluster("h100-sxm", 16, target="torchtitan"), JobSpec(global_batch_size=32, seq_len=4096)

@@ -19,6 +19,7 @@ from cost_models.targets import Software, runtime_for
 from cost_models.validate import pipeline_split
 from search.score import Scorer
 from search.space import Layout
+from titan_toys import titan_zero0_decoder
 
 LLAMA = load_model("llama3-8b")
 JOB = JobSpec(global_batch_size=64, seq_len=8192)
@@ -31,36 +32,8 @@ def _all_reduces_per_backward(monkeypatch: pytest.MonkeyPatch, microbatches: int
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchtitan")
     import torch.distributed as dist
-    import torchtitan.distributed.parallel_dims as titan_dims
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
-    class Decoder(torch.nn.Module):  # the attributes apply_fsdp_to_decoder reads
-        enable_weight_tying = False
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok_embeddings = torch.nn.Embedding(16, 8)
-            self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8) for i in range(2)})
-            self.norm = torch.nn.LayerNorm(8)
-            self.lm_head = torch.nn.Linear(8, 16)
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            h = self.tok_embeddings(x)
-            for layer in self.layers.values():
-                h = layer(h)
-            return self.lm_head(self.norm(h))
-
-    monkeypatch.setattr(titan_dims, "device_type", "cpu")
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        dims = titan_dims.ParallelDims(dp_replicate=2, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=2,
-                                       spmd_backend="partial_dtensor")
-        dims.build_mesh()
-        model = Decoder()
-        apply_fsdp_to_decoder(model, dims.get_mesh(["dp_replicate", "fsdp"]), param_dtype=torch.float32,
-                              reduce_dtype=torch.float32, pp_enabled=False)
+    with titan_zero0_decoder(monkeypatch, 2, "float32", pp_enabled=False) as model:
         seen: list[int] = []
         real = dist.all_reduce
 
@@ -75,8 +48,6 @@ def _all_reduces_per_backward(monkeypatch: pytest.MonkeyPatch, microbatches: int
             after.append(len(seen))
         assert set(seen) == {2}  # over dp_replicate
         return after
-    finally:
-        dist.destroy_process_group()
 
 
 def test_torchtitan_zero0_all_reduces_in_every_microbatch(monkeypatch: pytest.MonkeyPatch) -> None:
