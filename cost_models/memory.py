@@ -116,30 +116,19 @@ def zero_state_bytes(params: float, zero_stage: int, shard_group: int,
     return p / r, g / r, o / r
 
 
+def fsdp_units(rt: Runtime, zero_stage: int) -> bool:
+    """Whether the runtime runs the stage's parameters as torch FSDP2 units (gathered per unit, gradients
+    reduce-scattered per unit): ZeRO-3, and the ZeRO-0 a runtime runs as FSDP2 over one-rank shards
+    (``Runtime.zero0_fsdp2``), whose units are gathered and reduced as ZeRO-3's at a shard group of 1."""
+    return zero_stage == 3 or (zero_stage == 0 and rt.zero0_fsdp2)
+
+
 def pp_unsharded_stage(rt: Runtime, zero_stage: int, pp: int) -> bool:
     """Whether a pipeline stage holds its parameters unsharded through the step with their gradient accumulators
     (``rt.pp_unsharded_bytes``; their time ``rt.pp_grad_accumulation_bytes``): torch FSDP2 under torch's pipelining,
     which turns resharding after backward and gradient sync off for every micro-batch (stage.py:844-848), at ZeRO-3
     and at the ZeRO-0 a runtime runs as FSDP2 over one-rank shards (``Runtime.zero0_fsdp2``)."""
-    return pp > 1 and (zero_stage == 3 or (zero_stage == 0 and rt.zero0_fsdp2))
-
-
-def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, float]:
-    """ZeRO-3/FSDP bytes beyond the shards, as (per parameter of the stage, per parameter of its largest layer).
-    The gathered units (``rt.gathered_unit_bytes`` of the largest layer, less its own shard); under pipelining
-    what the runtime keeps unsharded through the step (``rt.pp_unsharded_bytes``); otherwise FSDP2's
-    ``reshard_after_forward`` (``fully_shard`` docstring): True frees each unit after forward, False keeps the
-    stage's gathered bf16 parameters until backward, an int ``r`` keeps ``1/r`` of them."""
-    group = max(1, group)
-    unit = rt.gathered_unit_bytes * (1 - 1 / group)
-    r = rt.reshard_after_forward
-    if pp > 1:
-        return rt.pp_unsharded_bytes, unit
-    if r is True:
-        return 0.0, unit
-    if r is False:
-        return rt.gather_bytes * (1 - 1 / group), unit
-    return rt.gather_bytes * max(0.0, 1 / min(int(r), group) - 1 / group), unit
+    return pp > 1 and fsdp_units(rt, zero_stage)
 
 
 def reduce_input_bytes(rt: Runtime) -> float:
@@ -149,12 +138,41 @@ def reduce_input_bytes(rt: Runtime) -> float:
     return rt.gathered_unit_bytes - 6.0
 
 
+def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, float]:
+    """ZeRO-3/FSDP bytes beyond the shards, as (per parameter of the stage, per parameter of its largest layer).
+    The gathered units (``rt.gathered_unit_bytes`` of the largest layer); under pipelining what the runtime keeps
+    unsharded through the step (``rt.pp_unsharded_bytes``), beside which a unit adds only its new bf16 gradient
+    (before ``FSDPParam.accumulate_unsharded_grad_if_needed`` folds it in) and the reduce-scatter input
+    (``reduce_input_bytes``; ``foreach_reduce`` frees the accumulated gradient after copying it in,
+    _fsdp_collectives.py:603-606); otherwise FSDP2's ``reshard_after_forward``
+    (``fully_shard`` docstring): True frees each unit after forward, False keeps the stage's gathered bf16
+    parameters until backward, an int ``r`` keeps ``1/r`` of them. All are buffers of their own beside the rank's
+    shards, whatever the shard group (``group``, 1 included): FSDP2 all-gathers into a full-size output it allocates
+    (``FSDPParam.init_all_gather_outputs``; at a shard group of 1 ``FSDPParamGroup.wait_for_unshard`` copies the
+    shard into it, torch 2.13 _fsdp_param_group.py:437-455) and reduce-scatters from a full-size input
+    (``reduce_input_bytes``); tests/test_fsdp2_buffers.py checks both on torch's code."""
+    group = max(1, group)
+    r = rt.reshard_after_forward
+    if pp > 1 and rt.pp_unsharded_bytes:  # the stage gathered and its accumulators held already: per unit, its new
+        # bf16 gradient and (last micro-batch) the reduce-scatter input the accumulated one is copied into
+        return rt.pp_unsharded_bytes, 2.0 + reduce_input_bytes(rt)
+    if pp > 1:
+        return 0.0, rt.gathered_unit_bytes
+    if r is True:
+        return 0.0, rt.gathered_unit_bytes
+    if r is False:
+        return rt.gather_bytes, rt.gathered_unit_bytes
+    # an int equal to the shard group is True (torch 2.13 _fsdp_init.py:181-182 ``_get_post_forward_mesh_info``)
+    return (0.0 if int(r) >= group else rt.gather_bytes / int(r)), rt.gathered_unit_bytes
+
+
 def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, group: int,
                           root_layers: float = 0.0, root_grad_excess: float = 0.0) -> Any:
     """Bytes torch FSDP2's output-layer, embedding and root units add at the activation peak (the end of the forward
     and the start of the backward) to the decoder layers' gathered units (``rt.gathered_unit_bytes`` × the largest
     layer), on the one stage of a ZeRO-3 run without pipelining (with pp > 1 the whole stage stays unsharded:
-    ``rt.pp_unsharded_bytes``). Less the rank's own shard, as ``zero3_transient_bytes``; ``largest`` may be an array.
+    ``rt.pp_unsharded_bytes``). Buffers of their own beside the rank's shards, as ``zero3_transient_bytes``;
+    ``largest`` may be an array.
 
     - ``rt.fsdp_head_unit == "own"`` (torchtitan 0.3.0 distributed/fsdp.py:193-207: ``fully_shard(tok_embeddings)``,
       ``fully_shard([norm, lm_head])``; Megatron-LM torch_fully_sharded_data_parallel.py:60-65, 127-143 @ core_v0.16.1:
@@ -189,35 +207,35 @@ def zero3_head_unit_bytes(rt: Runtime, model: ModelSpec, tp: int, largest: Any, 
     out_w = model.vocab_size * model.hidden_size / tp  # the output projection's weight (the tied one when tied)
     head = model.head_params / tp  # output projection + final norm (the norm alone when tied)
     # An explicit reshard_after_forward frees the root after forward (True) or keeps 1/r of it (an int r, whose
-    # 1/r - 1/group zero3_transient_bytes counts) and gathers it whole again for backward (torch 2.13
-    # _fully_shard.py:246, _fsdp_state.py:205-207); False keeps it gathered, already counted there.
+    # 1/r zero3_transient_bytes counts) and gathers it whole again for backward (torch 2.13 _fully_shard.py:246,
+    # _fsdp_state.py:205-207); False keeps it gathered, already counted there.
     r = rt.reshard_after_forward
-    regathered = 0.0 if r is False else 1 - 1 / group if r is True else 1 - 1 / min(int(r), group)
+    regathered = 0.0 if r is False else 1.0 if r is True or int(r) >= group else 1 - 1 / int(r)
     root_mtp = rt.gather_bytes * (mtp_root_params(model, tp, rt.fsdp_mtp_unit) + root_layers) * regathered \
         + root_grad_excess
     if rt.fsdp_head_unit == "root" or model.tied_embeddings:
-        return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w * (1 - 1 / group) + root_mtp
+        return 2.0 * (model.embedding_params / tp + head) * regathered + 2.0 * out_w + root_mtp
     g = rt.gathered_unit_bytes
     r = reduce_input_bytes(rt)
     big = np.asarray(largest, dtype=float)
     peak = np.maximum.reduce([4.0 * head + 2.0 * big, (r + 2.0) * head + 2.0 * big, r * head + 6.0 * big])
-    out = np.maximum(peak - g * big, 0.0) * (1 - 1 / group) + root_mtp
+    out = np.maximum(peak - g * big, 0.0) + root_mtp
     return float(out) if out.ndim == 0 else out  # type: ignore[return-value]
 
 
 def root_grad_excess_bytes(layer_acts: Sequence[float], layer_root_params: Sequence[float], head_act: float,
-                           group: int, reduce_bytes: float) -> float:
+                           reduce_bytes: float) -> float:
     """What the unsharded gradients of the decoder layers a ZeRO-3 root unit holds (``Runtime.fsdp_root_kinds``)
     add above the activation peak of one micro-batch (pp 1), walking its backward: the head's activations are freed
-    first; then, layer by layer from the last, a root layer's bf16 gradient (2 B per parameter, less the rank's own
-    1/``group`` shard, as the sharded gradients count it) is whole while its activations are still held, and each
+    first; then, layer by layer from the last, a root layer's bf16 gradient (2 B per parameter, a buffer of its own
+    beside the sharded gradients, as ``zero3_transient_bytes``) is whole while its activations are still held, and each
     layer's activations (``layer_acts``, in layer order) are freed after its backward; in the final callback the
     root's post-backward copies all of them into the ``reduce_bytes`` reduce-scatter input (torch 2.13
     _fsdp_state.py:395-425, _fsdp_collectives.py:597-606). The largest excess over the start of the backward, or 0:
     the activations a Mamba layer frees usually outweigh its gradients, so the peak stays where it was."""
     excess, peak, grads = -head_act, 0.0, 0.0
     for a, p in zip(reversed(layer_acts), reversed(layer_root_params)):
-        g = 2.0 * p * (1 - 1 / max(1, group))
+        g = 2.0 * p
         peak = max(peak, excess + g)
         excess += g - a
         grads += p
@@ -615,7 +633,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
     dual = par.schedule == "dualpipe"
     mtp_at = par.pp - 1 if mtp_stage is None else mtp_stage
     standalone = bool(model.arch.mtp_layers) and mtp_at != par.pp - 1
-    unit, root = runtime.fsdp_mtp_unit, runtime.fsdp_root_kinds if par.zero_stage == 3 else frozenset()
+    unit, root = runtime.fsdp_mtp_unit, runtime.fsdp_root_kinds if fsdp_units(runtime, par.zero_stage) else frozenset()
     sp = stage_params(model, par, ids, first=first, last=last, mtp=stage == mtp_at, mtp_unit=unit, root_kinds=root)
     if dual:  # each rank also holds the mirror stage p−1−i (DeepSeek-V3 report §3.2.1: "two copies")
         mirror = par.pp - 1 - stage
@@ -663,16 +681,15 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
                             for k in mtp_block_kinds(model))
             head += mtp_activation_bytes(model, mtp_block, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head
-    if par.zero_stage == 3:
-        per_param, per_largest = zero3_transient_bytes(runtime, group, par.pp)
+    if fsdp_units(runtime, par.zero_stage):  # torch FSDP2's units: ZeRO-3, or ZeRO-0 over one-rank shards
+        unit_group = group if par.zero_stage == 3 else 1
+        per_param, per_largest = zero3_transient_bytes(runtime, unit_group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
         if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)
-            excess = root_grad_excess_bytes(layer_acts, root_layer_params(model, par, ids, root), head, group,
+            excess = root_grad_excess_bytes(layer_acts, root_layer_params(model, par, ids, root), head,
                                             reduce_input_bytes(runtime)) if sp.root_held else 0.0
-            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, group, sp.root_held,
+            transient += zero3_head_unit_bytes(runtime, model, par.tp, sp.largest_layer, unit_group, sp.root_held,
                                                excess)
-    elif pp_unsharded_stage(runtime, par.zero_stage, par.pp):  # FSDP2's ZeRO-0 under pipelining: the stage unsharded
-        transient += runtime.pp_unsharded_bytes * (sp.dense + sp.expert)
     if runtime.grad_reduce_every_microbatch and not dual:
         body = stage_params(model, par, ids, first=False, last=False)
         transient += sharded_grad_transient_bytes(runtime, body.dense + body.expert, n, par.vp)

@@ -46,6 +46,7 @@ from cost_models.memory import (
     activation_bytes_per_microbatch,
     block_recompute_transient_bytes,
     expert_shard_group,
+    fsdp_units,
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
@@ -702,6 +703,15 @@ class Scorer:
         each = [self.act_pieces(lay, recompute, fields) for fields in cands]
         return ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
 
+    def fsdp_units(self, lay: Layout) -> bool:
+        """Whether the layout's runtime runs its stages as torch FSDP2 units (``memory.fsdp_units``)."""
+        return fsdp_units(self.default_runtime(lay), lay.zero_stage)
+
+    @staticmethod
+    def unit_group(lay: Layout) -> int:
+        """The shard group of the layout's FSDP2 units: the ZeRO-3 group, one rank at ZeRO-0 (``stage_memory``)."""
+        return (lay.hsdp_shard_size or lay.dp * lay.cp) if lay.zero_stage == 3 else 1
+
     def root_held(self, rt: Runtime) -> np.ndarray:
         """(L,) bool: the decoder layers whose kind the runtime's ZeRO-3 wrapper leaves in the root unit
         (``Runtime.fsdp_root_kinds``, as ``memory.stage_params``)."""
@@ -806,13 +816,10 @@ class Scorer:
         rt = self.default_runtime(lay)
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(rt.state_bytes(1.0, lay.zero_stage, edp))
-        if lay.zero_stage == 3:
-            per_param, per_largest = zero3_transient_bytes(rt, group, lay.pp)
+        if fsdp_units(rt, lay.zero_stage):  # torch FSDP2's units: ZeRO-3, or ZeRO-0 over one-rank shards
+            per_param, per_largest = zero3_transient_bytes(rt, self.unit_group(lay), lay.pp)
             extra = per_param * (1.0 + held_reserve_fraction(rt))
             hit = (kd + extra, ke + extra, per_largest)
-        elif pp_unsharded_stage(rt, lay.zero_stage, lay.pp):  # FSDP2's ZeRO-0 under PP: the stage unsharded
-            extra = rt.pp_unsharded_bytes * (1.0 + held_reserve_fraction(rt))
-            hit = (kd + extra, ke + extra, 0.0)
         else:
             hit = (kd, ke, 0.0)
         self._state[key] = hit
@@ -894,17 +901,16 @@ class Scorer:
         if lay.recompute == "full":  # the transient one layer re-run holds: with the chosen knobs (lower: floor)
             none = self.act_floor(lay, "none")[0] if lower else self.act_pieces(lay, "none", self.chosen_knobs(lay))[0]
             peak = max(none[k] for k in self.full_peak_kinds)
-        if lay.zero_stage == 3 and lay.pp == 1:  # FSDP2's output-layer, embedding and root units (memory.stage_memory)
+        if self.fsdp_units(lay) and lay.pp == 1:  # FSDP2's output-layer, embedding and root units (stage_memory)
             rt = self.default_runtime(lay)
             root = self.root_held(rt)
             big = float(np.where(root, 0.0, largest).max()) if self.L else 0.0
             if self.model.arch.mtp_layers:
                 big = max(big, self.mtp_params(lay.tp, lay.ep, rt.fsdp_mtp_unit)[2])
-            group = lay.hsdp_shard_size or lay.dp * lay.cp
             excess = root_grad_excess_bytes(per_layer.tolist(), np.where(root, largest, 0.0).tolist(), float(head_a),
-                                            group, reduce_input_bytes(rt)) if root.any() else 0.0
+                                            reduce_input_bytes(rt)) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
-                rt, self.model, lay.tp, big, group, float(largest[root].sum()), excess)
+                rt, self.model, lay.tp, big, self.unit_group(lay), float(largest[root].sum()), excess)
         first_t = 0.0
         if pp_unsharded_stage(self.default_runtime(lay), lay.zero_stage, lay.pp):  # FSDP2's unsharded gradient
             # accumulation (estimate.stage_time_parts)
@@ -953,8 +959,8 @@ class Scorer:
         return table
 
     def _range_static(self, lay: Layout, largest: np.ndarray, per_largest: float) -> np.ndarray | None:
-        """Non-additive bytes of a layer range: ZeRO-3's gathered units, or Megatron-FSDP's gradient bucket."""
-        if lay.zero_stage == 3:
+        """Non-additive bytes of a layer range: FSDP2's gathered units, or Megatron-FSDP's gradient bucket."""
+        if self.fsdp_units(lay):
             return self._zero3_table(lay, largest, per_largest)
         rt = self.default_runtime(lay)  # state: the user's knobs (the searched ones change no state)
         if lay.zero_stage == 2 and rt.grad_reduce_every_microbatch:
@@ -1088,7 +1094,7 @@ class Scorer:
         them all (the max of its chunks' entries); the per-micro-batch gradient bucket, their parameters and layer
         count together (``memory.sharded_grad_transient_bytes``, as ``stage_memory`` prices the rank's body)."""
         assert tables.range_static is not None
-        if lay.zero_stage == 3:
+        if self.fsdp_units(lay):
             return np.array([max(float(tables.range_static[a, b]) for a, b in r) for r in chunks])
         _, _, params = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         rt = self.default_runtime(lay)

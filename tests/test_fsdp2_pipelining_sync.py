@@ -222,14 +222,16 @@ def test_torchtitan_zero0_under_pp_accumulates_as_zero3(monkeypatch: pytest.Monk
 
 
 def test_zero0_under_pp_priced_unsharded_and_scored_as_estimate() -> None:
-    """torchtitan ZeRO-0 on a pipeline: the stage's unsharded bf16 parameters and fp32 accumulators in memory, the
-    accumulation in its stage time, the one all-reduce blocking (perform_reduce_grad), and the Scorer agreeing."""
+    """torchtitan ZeRO-0 on a pipeline: the stage's unsharded bf16 parameters and fp32 accumulators in memory (with
+    its largest unit's new gradient and reduce-scatter input, as ZeRO-3's), the accumulation in its stage time, the
+    one all-reduce blocking (perform_reduce_grad), and the Scorer agreeing."""
     from dataclasses import replace
 
     from autoplan.catalog.registry import catalog_model
     from cost_models.collectives import RankStrides
     from cost_models.estimate import data_parallel_cost, estimate, pp_grad_accumulation_s, stage_time_parts
-    from cost_models.memory import GIB, graphs_for, stage_memory, stage_params
+    from cost_models.memory import (GIB, graphs_for, reduce_input_bytes, stage_memory, stage_params,
+                                    zero3_transient_bytes)
     from cost_models.validate import pipeline_split
     from search.score import Scorer
     from search.space import Layout
@@ -250,8 +252,11 @@ def test_zero0_under_pp_priced_unsharded_and_scored_as_estimate() -> None:
         sp = stage_params(model, par, split.layer_ids[s], first=s == 0, last=s == 1)
         with_stage, without = (stage_memory(model, job, par, dp, s, split.rank_layers, m, graphs, r, split.layer_ids[s])
                                for r in (rt, plain))
-        held = with_stage.transients - without.transients
-        assert held == pytest.approx(rt.pp_unsharded_bytes * (sp.dense + sp.expert), rel=1e-12)
+        held = with_stage.transients - without.transients  # the stage unsharded + the largest unit's gradient and
+        unit = 2.0 + reduce_input_bytes(rt)  # reduce-scatter input, as ZeRO-3's stage under PP (shard group 1)
+        assert held == pytest.approx(rt.pp_unsharded_bytes * (sp.dense + sp.expert) + unit * sp.largest_layer,
+                                     rel=1e-12)
+        assert zero3_transient_bytes(rt, 1, 2) == (rt.pp_unsharded_bytes, unit)
         added = stage_time_parts(model, cluster, job, par, rt, dp)[s]["compute"] \
             - stage_time_parts(model, cluster, job, par, plain, dp)[s]["compute"]
         assert added == pytest.approx(pp_grad_accumulation_s(sp.dense + sp.expert, m, rt, cluster), rel=1e-12)

@@ -349,9 +349,11 @@ def test_memory_summary_scores_the_published_peaks_against_reserved(heldout, eva
     # worst +33.5% since s10-units priced FSDP2's output-layer / embedding units (memory.zero3_head_unit_bytes,
     # +1.1..2.6 GiB on the 8B FSDP rows, every one of them compiled): compiled blocks are priced with eager's saved
     # activations, and the calibration's eager/compiled pairs (priced alike) measure 5 GiB apart (fidelity.py); 8.9%,
-    # worst +26.4% since a compiled block's op-SAC drops the down projection's output (memory.unread_by_backward)
+    # worst +26.4% since a compiled block's op-SAC drops the down projection's output (memory.unread_by_backward); 9.0%,
+    # worst +28.6% since FSDP2's gathered units and reduce-scatter inputs are priced whole, not less the rank's own
+    # shard (tests/test_fsdp2_buffers.py reads them off torch's code): +0.6 GiB on those same 8B rows
     worst = max(abs(r.reserved_gib / r.measured_peak_gib - 1) for r in peaks)
-    assert mape <= 0.089 + MARGIN and worst <= 0.264 + MARGIN, (mape, worst)
+    assert mape <= 0.090 + MARGIN and worst <= 0.286 + MARGIN, (mape, worst)
 
 
 def test_layouts_that_cannot_fit_are_over_the_whole_hbm(heldout, evaluated) -> None:

@@ -109,14 +109,14 @@ def test_megatron_fsdp2_leaves_mamba_layers_in_the_root() -> None:
     assert not runtime_for("torchtitan", job, cluster, ParallelConfig(zero_stage=3, ep=2)).fsdp_root_kinds
 
 
-def _backward_walk_peak(acts: list[float], root_params: list[float], head: float, dp: int, reduce: float) -> float:
+def _backward_walk_peak(acts: list[float], root_params: list[float], head: float, reduce: float) -> float:
     """Bytes above the activation peak, memory sampled at each point of one micro-batch's backward: the head freed,
     then per layer from the last: its gradient whole beside its activations, then its activations freed; at the
     end the root's reduce-scatter input beside all the gradients."""
     samples: list[float] = []
     freed, grads, params = head, 0.0, 0.0
     for a, p in zip(acts[::-1], root_params[::-1]):
-        grads += 2.0 * p * (1 - 1 / dp)
+        grads += 2.0 * p
         params += p
         samples.append(grads - freed)
         freed += a
@@ -127,7 +127,7 @@ def _backward_walk_peak(acts: list[float], root_params: list[float], head: float
 def test_megatron_zero3_prices_the_mamba_layers_in_the_root() -> None:
     """nemotron-h-8b, megatron --use-torch-fsdp2, tp 1 pp 1 on 64 GPUs: the Mamba layers leave the gathered units
     (the largest unit becomes the largest non-Mamba layer) and the root holds their parameters gathered in bf16
-    (``gather_bytes``), less the rank's own 1/dp shard; their unsharded gradients add what a walk of the backward
+    (``gather_bytes``), a buffer of its own beside the shards; their unsharded gradients add what a walk of the backward
     finds above the activation peak (here nothing: each Mamba layer frees more activations than its gradient
     takes; with full recompute, where little is saved, they do add). Recomputed from the model's per-layer
     parameters and activations; the state and activations do not move."""
@@ -158,9 +158,9 @@ def test_megatron_zero3_prices_the_mamba_layers_in_the_root() -> None:
         was = stage_memory(model, job, p, dp, 0, [L], m, graphs, was_rt)
         acts = [activation_bytes_per_microbatch(graphs[layer_kind(model, i)], model, job, p, rt) for i in range(L)]
         head = activation_bytes_per_microbatch(graphs["head"], model, job, p, rt)
-        grads = _backward_walk_peak(acts, [params[i] if i in mamba else 0.0 for i in range(L)], head, dp,
+        grads = _backward_walk_peak(acts, [params[i] if i in mamba else 0.0 for i in range(L)], head,
                                     rt.gathered_unit_bytes - 6.0)
-        moved = rt.gather_bytes * held * (1 - 1 / dp) + grads - per_largest * (max(params) - others)
+        moved = rt.gather_bytes * held + grads - per_largest * (max(params) - others)
         assert got.transients - was.transients == pytest.approx(moved, rel=1e-9)
         assert moved > 2**30  # more than a GiB on an 8B model: the old price was low
         assert (grads > 0) == (recompute == "full")

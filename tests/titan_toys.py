@@ -32,11 +32,12 @@ def titan_decoder(units: int = 2) -> Any:
 
 
 @contextmanager
-def titan_zero0_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enabled: bool) -> Iterator[Any]:
-    """torchtitan 0.3.0's ZeRO-0 on 2 ranks (CPU, fake process group): ``titan_decoder(units)`` wrapped by its own
-    ``apply_fsdp_to_decoder`` on the (dp_replicate 2, fsdp 1) mesh ``parallelize_llama`` picks for
-    ``data_parallel_replicate_degree`` 2 x ``data_parallel_shard_degree`` 1 (models/llama3/parallelize.py), parameters
-    in ``param_dtype``, gradients reduced in fp32; the process group is torn down on exit."""
+def titan_fsdp_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enabled: bool, dp_replicate: int,
+                       dp_shard: int) -> Iterator[Any]:
+    """``titan_decoder(units)`` wrapped by torchtitan 0.3.0's own ``apply_fsdp_to_decoder`` on the (dp_replicate,
+    fsdp) mesh ``parallelize_llama`` picks for ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``
+    (models/llama3/parallelize.py) over ``dp_replicate * dp_shard`` ranks (CPU, fake process group), parameters in
+    ``param_dtype``, gradients reduced in fp32; the process group is torn down on exit."""
     import torch
     import torch.distributed as dist
     import torchtitan.distributed.parallel_dims as titan_dims
@@ -45,14 +46,23 @@ def titan_zero0_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enabl
 
     monkeypatch.setattr(titan_dims, "device_type", "cpu")
     assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    world = dp_replicate * dp_shard
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        dims = titan_dims.ParallelDims(dp_replicate=2, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=2,
-                                       spmd_backend="partial_dtensor")
+        dims = titan_dims.ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=1, tp=1, pp=1, ep=1,
+                                       world_size=world, spmd_backend="partial_dtensor")
         dims.build_mesh()
         model = titan_decoder(units)
-        apply_fsdp_to_decoder(model, dims.get_mesh(["dp_replicate", "fsdp"]), param_dtype=getattr(torch, param_dtype),
+        names = ["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]  # parallelize_llama's choice
+        apply_fsdp_to_decoder(model, dims.get_mesh(names), param_dtype=getattr(torch, param_dtype),
                               reduce_dtype=torch.float32, pp_enabled=pp_enabled)
         yield model
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def titan_zero0_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enabled: bool) -> Iterator[Any]:
+    """torchtitan 0.3.0's ZeRO-0 on 2 ranks: ``titan_fsdp_decoder`` on the (dp_replicate 2, fsdp 1) mesh."""
+    with titan_fsdp_decoder(monkeypatch, units, param_dtype, pp_enabled, 2, 1) as model:
+        yield model
