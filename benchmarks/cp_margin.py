@@ -3,9 +3,11 @@
 Per case: the best plan, and, where it uses CP, the local chunk each rank holds (``seq_len / cp``), the CP traffic
 per GPU per step and what of it shows (ring CP: each K/V block beside one ring step's kernel,
 ``attention_cost.ring_steps_exposed_s``), and the best plan with CP pinned to 1 with the margin between the two.
-A margin within the model's error (``benchmarks/heldout.py``) is a tie, not a reason to run CP. Prints; never asserts.
+A margin within the model's error (``benchmarks/heldout.py``) is a tie, not a reason to run CP. Then the measured
+runs that used CP on short chunks (held-out rows of ``benchmarks/heldout.py`` whose ``seq_len / cp`` is at most
+``--chunk`` tokens): what the cost model predicts for them against what they measured. Prints; never asserts.
 
-    python benchmarks/cp_margin.py [--cases gpt3,dsv3]
+    python benchmarks/cp_margin.py [--cases gpt3,dsv3] [--chunk 4096] [--measured-only]
 """
 
 from __future__ import annotations
@@ -42,10 +44,35 @@ def _best(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, 
         return None
 
 
+def measured_short_chunks(chunk: int) -> None:
+    """The held-out measured runs with cp > 1 and at most ``chunk`` tokens per rank: predicted vs measured step."""
+    from heldout import evaluate  # benchmarks/heldout.py, beside this script
+
+    rows, _, cases = evaluate()
+    seq = {c["id"]: c["job"]["seq_len"] for c in cases}
+    short = sorted((r for r in rows if r.cp > 1 and seq[r.id] // r.cp <= chunk), key=lambda r: r.id)
+    print(f"\nmeasured runs with context parallelism on chunks of <= {chunk} tokens (held-out, benchmarks/heldout.py)")
+    hdr = f"{'run':<48} {'seq':>6} {'cp':>3} {'chunk':>6} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in short:
+        print(f"{r.id[:48]:<48} {seq[r.id]:>6} {r.cp:>3} {seq[r.id] // r.cp:>6} {r.num_gpus:>5} {r.measured_s:>11.3f} "
+              f"{r.predicted_s:>12.3f} {r.error:>+7.1%}")
+    if short:
+        mape = sum(abs(r.error) for r in short) / len(short)
+        signed = sum(r.error for r in short) / len(short)
+        print(f"{len(short)} runs: MAPE {mape:.1%}, mean signed {signed:+.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", help="comma-separated case keys (default: all)")
+    ap.add_argument("--chunk", type=int, default=4096, help="largest tokens per rank of the measured runs shown")
+    ap.add_argument("--measured-only", action="store_true", help="only the measured runs, no search")
     args = ap.parse_args()
+    if args.measured_only:
+        measured_short_chunks(args.chunk)
+        return
     keys = set(args.cases.split(",")) if args.cases else None
     hdr = (f"{'case':<14} {'best plan':<54} {'chunk':>6} {'CP GiB':>7} {'shown s':>8} {'step s':>8} "
            f"{'best cp=1':<46} {'step s':>8} {'CP buys':>8} {'s':>5}")
@@ -75,6 +102,7 @@ def main() -> None:
               f"{alt_s:>8.3f} {buys:>+8.1%} {time.perf_counter() - t0:>5.1f}")
     print("\nchunk: tokens per rank (seq_len / cp); CP GiB: ring traffic per GPU per step; shown s: what of it the "
           "step pays; CP buys: the cp=1 plan's step time over the best's, less 1")
+    measured_short_chunks(args.chunk)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def zero3_transient_bytes(rt: Runtime, group: int, pp: int) -> tuple[float, floa
     unsharded through the step (``rt.pp_unsharded_bytes``), beside which a unit adds only its new bf16 gradient
     (before ``FSDPParam.accumulate_unsharded_grad_if_needed`` folds it in) and the reduce-scatter input
     (``reduce_input_bytes``; ``foreach_reduce`` frees the accumulated gradient after copying it in,
-    _fsdp_collectives.py:603-606); otherwise FSDP2's ``reshard_after_forward``
+    _fsdp_collectives.py:603-606; tests/test_fsdp2_pipelining_sync.py counts one gather and one reduce per unit and
+    step); otherwise FSDP2's ``reshard_after_forward``
     (``fully_shard`` docstring): True frees each unit after forward, False keeps the stage's gathered bf16
     parameters until backward, an int ``r`` keeps ``1/r`` of them. All are buffers of their own beside the rank's
     shards, whatever the shard group (``group``, 1 included): FSDP2 all-gathers into a full-size output it allocates
