@@ -23,8 +23,9 @@ from cost_models.gemm import hbm_time_s, matmul_time_s
 from cost_models.host_cover import host_light_kinds, moe_host_cover_s
 from cost_models.knob_effects import eager_elementwise, non_tn_fp8_gemm, unpriced_knob_notes
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_shard_group, graphs_for, hsdp_replicas,
-                                pp_unsharded_stage, stage_memory, stage_params)
+from cost_models.memory import (DEFAULT_RUNTIME, GIB, MemoryBreakdown, expert_shard_group, fsdp_unit_groups,
+                                fsdp_units, graphs_for, hsdp_replicas, pp_unsharded_stage, stage_memory,
+                                stage_params)
 from cost_models.mtp import mtp_block_kinds, mtp_projection_flops_per_token, mtp_projection_time_s
 from cost_models.moe import host_synced, moe_a2a_overlapped
 from cost_models.muon import optimizer_step_s
@@ -243,10 +244,15 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
-        if pp_unsharded_stage(runtime, par.zero_stage, p):  # FSDP2's unsharded gradient accumulation, each backward
-            sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,
+        if fsdp_units(runtime, par.zero_stage):  # FSDP2's unshard copies; under PP its unsharded gradient
+            sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,  # accumulation, each backward
                               mtp=None if split.mtp_rank is None else s == split.mtp_rank)
-            parts["compute"] += pp_grad_accumulation_s(sp.dense + sp.expert, m, runtime, cluster)
+            group, expert_group = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size)
+            gathers = fsdp2_gathers_per_microbatch(runtime, p, m)
+            parts["compute"] += fsdp2_unshard_copy_s(sp.dense, group, gathers, runtime, cluster) \
+                + fsdp2_unshard_copy_s(sp.expert, expert_group, gathers, runtime, cluster)
+            if p > 1:
+                parts["compute"] += pp_grad_accumulation_s(sp.dense + sp.expert, m, runtime, cluster)
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
             mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
             proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
@@ -496,6 +502,29 @@ def pp_fsdp_gathers(reshard_after_forward: bool | int, m: int, pp: int) -> int:
     so does each warm-up forward before the first backward (at most pp of them, the first stage's); a forward after
     a backward finds it gathered. tests/test_fsdp2_pipelining_sync.py counts torch's own calls."""
     return 1 if reshard_after_forward is False else m + min(m, pp)
+
+
+def fsdp2_gathers_per_microbatch(rt: Runtime, pp: int, m: int) -> float:
+    """Unshards per micro-batch of one FSDP2 unit: under pipelining ``pp_fsdp_gathers`` per step over its ``m``
+    micro-batches; without, each forward gathers and each backward again unless ``reshard_after_forward`` is False
+    (resharded after each backward, FSDP2's default: torch 2.13 _fully_shard.py ``reshard_after_backward``)."""
+    if pp > 1:
+        return pp_fsdp_gathers(rt.reshard_after_forward, m, pp) / m
+    return 1.0 if rt.reshard_after_forward is False else 2.0
+
+
+def fsdp2_unshard_copy_s(params: Any, group: int, gathers: float, rt: Runtime, cluster: ClusterSpec) -> Any:
+    """Seconds per micro-batch of the copies FSDP2 runs on the compute stream to unshard ``params`` parameters
+    (a float or an array) sharded over ``group`` ranks, ``gathers`` times per micro-batch (memory-bound kernels):
+    over more than one rank, ``foreach_all_gather_copy_out`` splits the all-gather output into the unsharded
+    parameters (read and write ``rt.gather_bytes``; torch 2.13 _fsdp_param_group.py ``wait_for_unshard``, on the
+    current stream; the cast and copy-in run on the all-gather stream); over one rank (torchtitan's ZeRO-0, an
+    expert group of one) ``wait_for_unshard`` casts the shard (``rt.weight_bytes``) to the gather dtype and copies it
+    into the full-size output (l. 437-455). tests/test_fsdp2_buffers.py reads those buffers off torch's code."""
+    per = 2.0 * rt.gather_bytes
+    if group <= 1 and rt.weight_bytes != rt.gather_bytes:
+        per += rt.weight_bytes + rt.gather_bytes
+    return hbm_time_s(params * per * gathers, cluster)
 
 
 def pp_grad_accumulation_s(params: Any, m: int, rt: Runtime, cluster: ClusterSpec) -> Any:

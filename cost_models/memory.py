@@ -353,6 +353,14 @@ def expert_shard_group(tp: int, cp: int, dp: int, ep: int, zero_stage: int, hsdp
     return edp
 
 
+def fsdp_unit_groups(zero_stage: int, tp: int, cp: int, dp: int, ep: int, hsdp: int | None) -> tuple[int, int]:
+    """(dense, expert) shard groups of a stage's torch FSDP2 units (``fsdp_units``): ZeRO-3's (the HSDP group or
+    dp·cp; ``expert_shard_group``), one rank each at the ZeRO-0 a runtime runs as FSDP2 over one-rank shards."""
+    if zero_stage != 3:
+        return 1, 1
+    return hsdp or dp * cp, expert_shard_group(tp, cp, dp, ep, zero_stage, hsdp)
+
+
 def op_sac_saved(graph: LayerGraph, saves_attention: bool = True) -> set[tuple[str, str]]:
     """(op, tensor) pairs torchtitan's per-op selective AC keeps: the outputs of the attention core and of every
     other ``aten.mm`` (torchtitan/models/llama3/infra/parallelize.py ``_save_list`` and the ``mm_count % 2`` rule);
@@ -683,7 +691,7 @@ def stage_memory(model: ModelSpec, job: JobSpec, par: ParallelConfig, dp: int, s
             head += mtp_activation_bytes(model, mtp_block, head, job, par)
     acts = per_mb * inflight_microbatches(stage, par, m) + head
     if fsdp_units(runtime, par.zero_stage):  # torch FSDP2's units: ZeRO-3, or ZeRO-0 over one-rank shards
-        unit_group = group if par.zero_stage == 3 else 1
+        unit_group = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size)[0]
         per_param, per_largest = zero3_transient_bytes(runtime, unit_group, par.pp)
         transient += per_largest * sp.largest_layer + per_param * (sp.dense + sp.expert)
         if par.pp == 1:  # the output layer's, embedding's and root units (with pp > 1: the unsharded stage above)

@@ -30,8 +30,8 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_parallel_cost, dp_exposed_s,
-                                  dp_sync_every_microbatch, fsdp_gathered_once, head_cost, pp_fill_s,
-                                  pp_grad_accumulation_s)
+                                  dp_sync_every_microbatch, fsdp2_gathers_per_microbatch, fsdp2_unshard_copy_s,
+                                  fsdp_gathered_once, head_cost, pp_fill_s, pp_grad_accumulation_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
@@ -46,11 +46,11 @@ from cost_models.memory import (
     activation_bytes_per_microbatch,
     block_recompute_transient_bytes,
     expert_shard_group,
+    fsdp_unit_groups,
     fsdp_units,
     graphs_for,
     held_reserve_fraction,
     inflight_microbatches,
-    pp_unsharded_stage,
     reduce_input_bytes,
     root_grad_excess_bytes,
     runtime_overhead_bytes,
@@ -708,9 +708,9 @@ class Scorer:
         return fsdp_units(self.default_runtime(lay), lay.zero_stage)
 
     @staticmethod
-    def unit_group(lay: Layout) -> int:
-        """The shard group of the layout's FSDP2 units: the ZeRO-3 group, one rank at ZeRO-0 (``stage_memory``)."""
-        return (lay.hsdp_shard_size or lay.dp * lay.cp) if lay.zero_stage == 3 else 1
+    def unit_groups(lay: Layout) -> tuple[int, int]:
+        """(dense, expert) shard groups of the layout's FSDP2 units (``memory.fsdp_unit_groups``)."""
+        return fsdp_unit_groups(lay.zero_stage, lay.tp, lay.cp, lay.dp, lay.ep, lay.hsdp_shard_size)
 
     def root_held(self, rt: Runtime) -> np.ndarray:
         """(L,) bool: the decoder layers whose kind the runtime's ZeRO-3 wrapper leaves in the root unit
@@ -817,7 +817,7 @@ class Scorer:
         kd = sum(rt.state_bytes(1.0, lay.zero_stage, group))
         ke = sum(rt.state_bytes(1.0, lay.zero_stage, edp))
         if fsdp_units(rt, lay.zero_stage):  # torch FSDP2's units: ZeRO-3, or ZeRO-0 over one-rank shards
-            per_param, per_largest = zero3_transient_bytes(rt, self.unit_group(lay), lay.pp)
+            per_param, per_largest = zero3_transient_bytes(rt, self.unit_groups(lay)[0], lay.pp)
             extra = per_param * (1.0 + held_reserve_fraction(rt))
             hit = (kd + extra, ke + extra, per_largest)
         else:
@@ -873,17 +873,26 @@ class Scorer:
         mtp_dense, mtp_expert, _ = self.mtp_params(lay.tp, lay.ep)
         return m.embedding_params / lay.tp, last_dense, mtp_dense, mtp_expert
 
-    def grad_accumulation_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
+    def fsdp_time_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
         """(seconds per micro-batch per decoder layer, what the embedding adds on the first stage, what the head and
-        MTP add on the last) of the unsharded gradient accumulation of a stage FSDP2 holds unsharded under
-        pipelining (``memory.pp_unsharded_stage``): ``estimate.pp_grad_accumulation_s`` of the parameters
-        ``state_pieces`` counts."""
+        MTP add on the last) of what torch FSDP2 runs on the compute stream for the parameters ``state_pieces``
+        counts (``memory.fsdp_units``): its unshard copies (``estimate.fsdp2_unshard_copy_s``, dense and expert
+        parameters over their own shard groups) and, on a stage it holds unsharded under pipelining
+        (``memory.pp_unsharded_stage``), its gradient accumulation (``estimate.pp_grad_accumulation_s``)."""
         dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         emb, last_dense, mtp_dense, mtp_expert = self.end_params(lay)
         rt = self.default_runtime(lay)
-        per, first, last = (pp_grad_accumulation_s(x, lay.m, rt, self.cluster)
-                            for x in (dense + expert, emb, last_dense + mtp_dense + mtp_expert))
-        return per, float(first), float(last)
+        group, expert_group = self.unit_groups(lay)
+        gathers = fsdp2_gathers_per_microbatch(rt, lay.pp, lay.m)
+
+        def seconds(d: Any, e: Any) -> Any:
+            out = fsdp2_unshard_copy_s(d, group, gathers, rt, self.cluster) \
+                + fsdp2_unshard_copy_s(e, expert_group, gathers, rt, self.cluster)
+            if lay.pp > 1:
+                out = out + pp_grad_accumulation_s(d + e, lay.m, rt, self.cluster)
+            return out
+
+        return seconds(dense, expert), float(seconds(emb, 0.0)), float(seconds(last_dense + mtp_dense, mtp_expert))
 
     # ---- what the stage DP reads -------------------------------------------------------------------
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
@@ -910,12 +919,11 @@ class Scorer:
             excess = root_grad_excess_bytes(per_layer.tolist(), np.where(root, largest, 0.0).tolist(), float(head_a),
                                             reduce_input_bytes(rt)) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
-                rt, self.model, lay.tp, big, self.unit_group(lay), float(largest[root].sum()), excess)
+                rt, self.model, lay.tp, big, self.unit_groups(lay)[0], float(largest[root].sum()), excess)
         first_t = 0.0
-        if pp_unsharded_stage(self.default_runtime(lay), lay.zero_stage, lay.pp):  # FSDP2's unsharded gradient
-            # accumulation (estimate.stage_time_parts)
-            per_acc, first_t, last_acc = self.grad_accumulation_pieces(lay)
-            time, head_t = time + np.concatenate([[0.0], np.cumsum(per_acc)]), head_t + last_acc
+        if self.fsdp_units(lay):  # FSDP2's compute-stream copies and accumulation (estimate.stage_time_parts)
+            per_fsdp, first_t, last_fsdp = self.fsdp_time_pieces(lay)
+            time, head_t = time + np.concatenate([[0.0], np.cumsum(per_fsdp)]), head_t + last_fsdp
         return StageTables(
             time=time, static=static, act=act, last_time=head_t, first_time=first_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,

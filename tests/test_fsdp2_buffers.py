@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from autoplan.catalog import build_cluster, load_model
+from cost_models.estimate import fsdp2_gathers_per_microbatch, fsdp2_unshard_copy_s
+from cost_models.gemm import hbm_time_s
 from cost_models.memory import graphs_for, stage_memory, stage_params, zero3_head_unit_bytes, zero3_transient_bytes
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import runtime_for
@@ -92,3 +94,52 @@ def test_torchtitan_zero0_units_priced_as_zero3_at_one_rank() -> None:
     units = rt0.gathered_unit_bytes * sp.largest_layer + zero3_head_unit_bytes(rt0, model, 1, sp.largest_layer, 1)
     assert m0.transients == pytest.approx(m3.transients)
     assert m0.transients - ddp.transients == pytest.approx(units) and units > 1.5 * 2**30
+
+
+def _unshard_copies(monkeypatch: Any, dp_replicate: int, dp_shard: int, policy: str) -> dict[int, int]:
+    """Per block of the decoder: how many times one forward + backward copied its gathered parameters on the
+    compute stream (``FSDPParamGroup.wait_for_unshard`` with an all-gather result to copy out)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchtitan")
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    counts: dict[int, int] = {}
+    wait = FSDPParamGroup.wait_for_unshard
+
+    def counted(self: Any) -> None:
+        if self._all_gather_result is not None:
+            counts[id(self)] = counts.get(id(self), 0) + 1
+        wait(self)
+
+    monkeypatch.setattr(FSDPParamGroup, "wait_for_unshard", counted)
+    with titan_fsdp_decoder(monkeypatch, 2, "bfloat16", False, dp_replicate, dp_shard, policy) as model:
+        groups = [block._get_fsdp_state()._fsdp_param_group for block in model.layers.values()]
+        model(torch.zeros(1, 4, dtype=torch.long)).float().sum().backward()
+    return {i: counts.get(id(g), 0) for i, g in enumerate(groups)}
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")  # the toy decoder's views: no in-place op
+@pytest.mark.parametrize("dp_replicate, dp_shard", [(2, 1), (1, 2)])
+def test_unshard_copies_per_microbatch_as_priced(monkeypatch: Any, dp_replicate: int, dp_shard: int) -> None:
+    """torchtitan without PP: its "default" policy reshards each block after forward, so a block is unsharded twice
+    per micro-batch (forward, backward); "never" keeps it to the backward: once. What
+    ``fsdp2_gathers_per_microbatch`` says for reshard_after_forward True and False, at one rank as at two."""
+    job, cluster = JobSpec(global_batch_size=8, seq_len=4096), build_cluster("h100-sxm", 8)
+    rt = runtime_for("torchtitan", job, cluster, ParallelConfig(zero_stage=3))
+    assert rt.reshard_after_forward is True
+    for policy, runtime in (("default", rt), ("never", replace(rt, reshard_after_forward=False))):
+        want = fsdp2_gathers_per_microbatch(runtime, 1, 1)
+        assert _unshard_copies(monkeypatch, dp_replicate, dp_shard, policy) == {0: want, 1: want}, policy
+
+
+def test_unshard_copy_bytes() -> None:
+    """Per parameter and gather: the copy-out (read + write bf16) over a group; over one rank the cast of the fp32
+    shard to bf16 and the copy into the output (torchtitan's fp32 shards); Megatron's bf16 shards need no cast."""
+    job, cluster = JobSpec(global_batch_size=8, seq_len=4096), build_cluster("h100-sxm", 8)
+    titan = runtime_for("torchtitan", job, cluster, ParallelConfig(zero_stage=3))
+    mega = runtime_for("megatron", job, cluster, ParallelConfig(zero_stage=3))
+    assert (titan.weight_bytes, titan.gather_bytes, mega.weight_bytes, mega.gather_bytes) == (4.0, 2.0, 2.0, 2.0)
+    n = 1e9
+    assert fsdp2_unshard_copy_s(n, 8, 2.0, titan, cluster) == pytest.approx(hbm_time_s(n * 4 * 2, cluster))
+    assert fsdp2_unshard_copy_s(n, 1, 2.0, titan, cluster) == pytest.approx(hbm_time_s(n * 10 * 2, cluster))
+    assert fsdp2_unshard_copy_s(n, 1, 1.0, mega, cluster) == pytest.approx(hbm_time_s(n * 4, cluster))

@@ -223,13 +223,14 @@ def test_torchtitan_zero0_under_pp_accumulates_as_zero3(monkeypatch: pytest.Monk
 
 def test_zero0_under_pp_priced_unsharded_and_scored_as_estimate() -> None:
     """torchtitan ZeRO-0 on a pipeline: the stage's unsharded bf16 parameters and fp32 accumulators in memory (with
-    its largest unit's new gradient and reduce-scatter input, as ZeRO-3's), the accumulation in its stage time, the
-    one all-reduce blocking (perform_reduce_grad), and the Scorer agreeing."""
+    its largest unit's new gradient and reduce-scatter input, as ZeRO-3's), the accumulation and the one-rank unshard
+    copy in its stage time, the one all-reduce blocking (perform_reduce_grad), and the Scorer agreeing."""
     from dataclasses import replace
 
     from autoplan.catalog.registry import catalog_model
     from cost_models.collectives import RankStrides
-    from cost_models.estimate import data_parallel_cost, estimate, pp_grad_accumulation_s, stage_time_parts
+    from cost_models.estimate import (data_parallel_cost, estimate, fsdp2_gathers_per_microbatch, fsdp2_unshard_copy_s,
+                                      pp_grad_accumulation_s, stage_time_parts)
     from cost_models.memory import (GIB, graphs_for, reduce_input_bytes, stage_memory, stage_params,
                                     zero3_transient_bytes)
     from cost_models.validate import pipeline_split
@@ -259,7 +260,8 @@ def test_zero0_under_pp_priced_unsharded_and_scored_as_estimate() -> None:
         assert zero3_transient_bytes(rt, 1, 2) == (rt.pp_unsharded_bytes, unit)
         added = stage_time_parts(model, cluster, job, par, rt, dp)[s]["compute"] \
             - stage_time_parts(model, cluster, job, par, plain, dp)[s]["compute"]
-        assert added == pytest.approx(pp_grad_accumulation_s(sp.dense + sp.expert, m, rt, cluster), rel=1e-12)
+        copies = fsdp2_unshard_copy_s(sp.dense + sp.expert, 1, fsdp2_gathers_per_microbatch(rt, 2, m), rt, cluster)
+        assert added == pytest.approx(pp_grad_accumulation_s(sp.dense + sp.expert, m, rt, cluster) + copies, rel=1e-12)
     strides = RankStrides.megatron(1, 1, dp)
     dp_s, _, _, blocking = data_parallel_cost(model, cluster, par, split.rank_layers, dp, strides, m, rt=rt)
     assert blocking == dp_s > 0  # the one all-reduce, after the last backward

@@ -140,7 +140,7 @@ def _check_split_lower_bound(scorer: Scorer, lay) -> None:  # type: ignore[no-un
         bounds = np.concatenate([[0], np.cumsum(layers)])
         t = true.time[bounds[1:]] - true.time[bounds[:-1]]
         t[-1] += true.last_time
-        t[0] += true.first_time  # a ZeRO-3 pipeline's embedding gradient accumulation (Scorer.grad_accumulation_pieces)
+        t[0] += true.first_time  # FSDP2's copies / accumulation for the embedding (Scorer.fsdp_time_pieces)
         assert bound <= pipeline_time_s(list(t), lay.m, lay.schedule, lay.vp) + scorer.p2p_fill_s(lay)  # type: ignore[arg-type]
 
 

@@ -33,11 +33,12 @@ def titan_decoder(units: int = 2) -> Any:
 
 @contextmanager
 def titan_fsdp_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enabled: bool, dp_replicate: int,
-                       dp_shard: int) -> Iterator[Any]:
+                       dp_shard: int, reshard_policy: str = "default") -> Iterator[Any]:
     """``titan_decoder(units)`` wrapped by torchtitan 0.3.0's own ``apply_fsdp_to_decoder`` on the (dp_replicate,
     fsdp) mesh ``parallelize_llama`` picks for ``data_parallel_replicate_degree`` x ``data_parallel_shard_degree``
     (models/llama3/parallelize.py) over ``dp_replicate * dp_shard`` ranks (CPU, fake process group), parameters in
-    ``param_dtype``, gradients reduced in fp32; the process group is torn down on exit."""
+    ``param_dtype``, gradients reduced in fp32, ``reshard_policy`` its ``fsdp_reshard_after_forward`` (default,
+    always, never); the process group is torn down on exit."""
     import torch
     import torch.distributed as dist
     import torchtitan.distributed.parallel_dims as titan_dims
@@ -55,7 +56,8 @@ def titan_fsdp_decoder(monkeypatch: Any, units: int, param_dtype: str, pp_enable
         model = titan_decoder(units)
         names = ["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]  # parallelize_llama's choice
         apply_fsdp_to_decoder(model, dims.get_mesh(names), param_dtype=getattr(torch, param_dtype),
-                              reduce_dtype=torch.float32, pp_enabled=pp_enabled)
+                              reduce_dtype=torch.float32, pp_enabled=pp_enabled,
+                              reshard_after_forward_policy=reshard_policy)
         yield model
     finally:
         dist.destroy_process_group()
