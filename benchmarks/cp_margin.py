@@ -52,7 +52,8 @@ def measured_short_chunks(chunk: int) -> None:
     seq = {c["id"]: c["job"]["seq_len"] for c in cases}
     short = sorted((r for r in rows if r.cp > 1 and seq[r.id] // r.cp <= chunk), key=lambda r: r.id)
     print(f"\nmeasured runs with context parallelism on chunks of <= {chunk} tokens (held-out, benchmarks/heldout.py)")
-    hdr = f"{'run':<48} {'seq':>6} {'cp':>3} {'chunk':>6} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>7}"
+    hdr = (f"{'run':<48} {'seq':>6} {'cp':>3} {'chunk':>6} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} "
+           f"{'error':>7}")
     print(hdr)
     print("-" * len(hdr))
     for r in short:

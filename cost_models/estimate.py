@@ -247,12 +247,8 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         if fsdp_units(runtime, par.zero_stage):  # FSDP2's unshard copies; under PP its unsharded gradient
             sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,  # accumulation, each backward
                               mtp=None if split.mtp_rank is None else s == split.mtp_rank)
-            group, expert_group = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size)
-            gathers = fsdp2_gathers_per_microbatch(runtime, p, m)
-            parts["compute"] += fsdp2_unshard_copy_s(sp.dense, group, gathers, runtime, cluster) \
-                + fsdp2_unshard_copy_s(sp.expert, expert_group, gathers, runtime, cluster)
-            if p > 1:
-                parts["compute"] += pp_grad_accumulation_s(sp.dense + sp.expert, m, runtime, cluster)
+            groups = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size)
+            parts["compute"] += fsdp2_compute_s(sp.dense, sp.expert, groups, p, m, runtime, cluster)
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
             mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
             proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
@@ -327,8 +323,8 @@ def dp_exposed_s(dp_s: float, zero_stage: int, microbatch_s: float, m: int, clus
     reduced in every micro-batch (``every_microbatch``: Megatron-FSDP ``optim_grads``), communicate in every
     micro-batch, behind the whole step's compute; a pipeline stage FSDP2 keeps gathered (``gathered_once``,
     ``fsdp_gathered_once``) gathers once, in the first micro-batch. Either way at least ``1 − dp_overlap`` of it
-    (the tail after the last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the compute stream as
-    soon as it starts (``data_parallel_cost``): exposed in full."""
+    (the tail after the last layer's backward) stays exposed. ``blocking_s`` (part of ``dp_s``) is waited for by the
+    compute stream as soon as it starts (``data_parallel_cost``): exposed in full."""
     rest = dp_s - blocking_s
     window = microbatch_s * (m if (zero_stage == 3 and not gathered_once) or every_microbatch else 1)
     return blocking_s + max(rest * (1 - cluster.efficiency.dp_overlap), rest - window)
@@ -525,6 +521,20 @@ def fsdp2_unshard_copy_s(params: Any, group: int, gathers: float, rt: Runtime, c
     if group <= 1 and rt.weight_bytes != rt.gather_bytes:
         per += rt.weight_bytes + rt.gather_bytes
     return hbm_time_s(params * per * gathers, cluster)
+
+
+def fsdp2_compute_s(dense: Any, expert: Any, groups: tuple[int, int], pp: int, m: int, rt: Runtime,
+                    cluster: ClusterSpec) -> Any:
+    """Seconds per micro-batch torch FSDP2 runs on the compute stream for a stage's ``dense`` and ``expert``
+    parameters (floats or arrays) over their shard ``groups`` (``memory.fsdp_unit_groups``): the unshard copies
+    (``fsdp2_unshard_copy_s``, ``fsdp2_gathers_per_microbatch`` times) and, under pipelining, the unsharded gradient
+    accumulation (``pp_grad_accumulation_s``). ``stage_time_parts`` and the search's Scorer both price it here."""
+    gathers = fsdp2_gathers_per_microbatch(rt, pp, m)
+    out = fsdp2_unshard_copy_s(dense, groups[0], gathers, rt, cluster) \
+        + fsdp2_unshard_copy_s(expert, groups[1], gathers, rt, cluster)
+    if pp > 1:
+        out = out + pp_grad_accumulation_s(dense + expert, m, rt, cluster)
+    return out
 
 
 def pp_grad_accumulation_s(params: Any, m: int, rt: Runtime, cluster: ClusterSpec) -> Any:

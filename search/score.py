@@ -30,8 +30,8 @@ from cost_models.collectives import RankStrides
 from cost_models.ep_comm import host_wait_s
 from cost_models.errors import ConfigError
 from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_parallel_cost, dp_exposed_s,
-                                  dp_sync_every_microbatch, fsdp2_gathers_per_microbatch, fsdp2_unshard_copy_s,
-                                  fsdp_gathered_once, head_cost, pp_fill_s, pp_grad_accumulation_s)
+                                  dp_sync_every_microbatch, fsdp2_compute_s, fsdp_gathered_once, head_cost,
+                                  pp_fill_s)
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
@@ -876,21 +876,14 @@ class Scorer:
     def fsdp_time_pieces(self, lay: Layout) -> tuple[np.ndarray, float, float]:
         """(seconds per micro-batch per decoder layer, what the embedding adds on the first stage, what the head and
         MTP add on the last) of what torch FSDP2 runs on the compute stream for the parameters ``state_pieces``
-        counts (``memory.fsdp_units``): its unshard copies (``estimate.fsdp2_unshard_copy_s``, dense and expert
-        parameters over their own shard groups) and, on a stage it holds unsharded under pipelining
-        (``memory.pp_unsharded_stage``), its gradient accumulation (``estimate.pp_grad_accumulation_s``)."""
+        counts (``memory.fsdp_units``): ``estimate.fsdp2_compute_s`` (its unshard copies and, on a stage it holds
+        unsharded under pipelining, its gradient accumulation)."""
         dense, expert, _ = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         emb, last_dense, mtp_dense, mtp_expert = self.end_params(lay)
-        rt = self.default_runtime(lay)
-        group, expert_group = self.unit_groups(lay)
-        gathers = fsdp2_gathers_per_microbatch(rt, lay.pp, lay.m)
+        rt, groups = self.default_runtime(lay), self.unit_groups(lay)
 
         def seconds(d: Any, e: Any) -> Any:
-            out = fsdp2_unshard_copy_s(d, group, gathers, rt, self.cluster) \
-                + fsdp2_unshard_copy_s(e, expert_group, gathers, rt, self.cluster)
-            if lay.pp > 1:
-                out = out + pp_grad_accumulation_s(d + e, lay.m, rt, self.cluster)
-            return out
+            return fsdp2_compute_s(d, e, groups, lay.pp, lay.m, rt, self.cluster)
 
         return seconds(dense, expert), float(seconds(emb, 0.0)), float(seconds(last_dense + mtp_dense, mtp_expert))
 
