@@ -154,6 +154,20 @@ NCCL_ALLTOALL_ACROSS_DOMAINS: tuple[tuple[str, int, int, int, float, float, str]
     ("gb300", 128, 2, 17179869184, 48.04, 800.0, f"{OCI_GPU_QUICKSTARTS}/GB300/README-GB300.md"),
 )
 
+# B200's HBM bandwidth from its memory bus as the CUDA 13 driver reports it (cudaDeviceProp.memoryBusWidth 7680 bits;
+# nvidia-smi clocks.max.memory 3996 MHz; HBM3e moves two transfers per clock): pytorch/ao#4002 (2026-03-05),
+# torchao/testing/training/roofline_utils.py @ df68b8253 "NVIDIA B200" peak_mem_bw_bytes_sec. The datasheet's 8 TB/s is
+# the 8192-bit width older drivers reported. (gpu, bus width bits, memory clock MHz, source)
+MEMORY_BUS: tuple[tuple[str, int, int, str], ...] = (
+    ("b200", 7680, 3996, "https://github.com/pytorch/ao/pull/4002"),
+)
+
+
+def hbm_tbytes_per_s(bus_width_bits: int, memory_clock_mhz: int) -> float:
+    """Peak HBM bandwidth, TB/s: bus width in bytes x memory clock x 2 (double data rate)."""
+    return bus_width_bits / 8 * memory_clock_mhz * 1e6 * 2 / 1e12
+
+
 # BF16 GEMM on B300, autocast mode (BF16 has no quantization), Fprop rows of TE's GEMM profiling guide, M = 31 x 512
 # tokens: NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst @ 1609c890e (TE#2863), "GEMM
 # Benchmark (Model Config Mode) on NVIDIA B300 SXM6 AC": (m, k, n) -> ms. A cross-check of the generation's GEMM curve

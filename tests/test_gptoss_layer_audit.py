@@ -131,8 +131,9 @@ def test_no_cost_class_of_both_models_explains_the_gpt_oss_miss(rows) -> None:  
     oss = [r for r in sel if r["gpt_oss"]]
     qwen = [r for r in sel if not r["gpt_oss"]]
     assert len(oss) >= 14 and len(qwen) >= 20
-    # every GPT-OSS row misses by > 2 ms per layer-micro-batch (> 2.5 before s26's measured glue kernel rate)
-    assert min(r["excess_ms"] for r in oss) > 2.0
+    # every GPT-OSS row misses by > 1.9 ms per layer-micro-batch (> 2.5 before s26's measured glue kernel rate, > 2.0
+    # before s33's B200 HBM rate of 7.672 TB/s)
+    assert min(r["excess_ms"] for r in oss) > 1.9
     assert np.sqrt(np.mean([r["excess_ms"] ** 2 for r in qwen])) < 1.5  # the Qwen3 rows are priced right
     y = np.array([r["excess_ms"] for r in sel])
     for cls in ("experts", "gemm", "attention", "memory", "tokens"):

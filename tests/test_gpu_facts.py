@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from autoplan.catalog import build_cluster, load_model
-from autoplan.catalog.registry import efficiency_catalog, efficiency_for, efficiency_for_gpu, gpu_efficiency
+from autoplan.catalog.registry import efficiency_catalog, efficiency_for, efficiency_for_gpu, gpu_efficiency, load_gpu
 from cost_models.estimate import estimate
 from cost_models.gemm import attention_time_s, matmul_time_s
 from cost_models.specs import JobSpec, ParallelConfig
@@ -290,3 +290,10 @@ def test_alltoall_bus_efficiency_prices_nccl_all_to_alls_only() -> None:
                                                                                          ring) * 1.05
     assert group_collective_time_s("all_gather", 2**30, 8, 1, c) == group_collective_time_s("all_gather", 2**30, 8, 1,
                                                                                           ring)
+
+
+def test_b200_hbm_bandwidth_is_its_reported_memory_bus() -> None:
+    """The catalog's B200 HBM rate is the driver-reported bus x clock (7.672 TB/s), not the datasheet's 8: every
+    memory-bound kernel and the Blackwell generation's GEMM saturation dim (its ridge point) read it."""
+    for gpu, width, clock, _ in facts.MEMORY_BUS:
+        assert load_gpu(gpu).hbm_tbytes_per_s == pytest.approx(facts.hbm_tbytes_per_s(width, clock), rel=1e-4)

@@ -444,7 +444,7 @@ def test_a_blackwell_only_ssd_rate_cut_contradicts_mamba904() -> None:
     gap. mamba#904 measured the same kernels (Megatron-Core trains through mamba_ssm's mamba_split_conv1d_scan_combined
     at core_v0.16.1-0.19.0) 1.51x faster on GB200 than on H200: with Hopper kept at the catalog's rate, a GB200 rate of
     25 predicts GB200 slower than H200, and the Hopper rate that measurement then needs is below the Blackwell one
-    (the Hopper hybrid rows, within -0.6..+3.3% at 47.3, would move ~+10%: benchmarks/heldout.py --what-if)."""
+    (the Hopper hybrid rows, within -0.6..+3.3% at 47.3 in s32, would move ~+10%: benchmarks/heldout.py --what-if)."""
     from autoplan.catalog.cluster import build_cluster
 
     from benchmark_modules import load_benchmark
