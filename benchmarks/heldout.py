@@ -81,6 +81,8 @@ class HeldRow:
     host_priced_ms: float = 0.0
     pp: int = 1
     vp: int = 1
+    # everything the run is but its GPU: model, GPU count, job, parallel layout, knobs, target (``sibling_gpus``)
+    config: str = ""
 
     @property
     def error(self) -> float:
@@ -180,7 +182,9 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 pred.peak_allocated_gib,
                                 rules["groups"][case["group"]].get("cases", {}).get(case["id"], {})
                                 .get("layout_cannot_fit", {}).get("why", ""),
-                                *_host_view(run, pred)))
+                                *_host_view(run, pred),
+                                config=repr((fidelity.model_name(case), run.cluster.num_gpus, run.job, par,
+                                             sorted(run.knobs.given().items()), run.target))))
     return rows, skipped, cases
 
 
@@ -284,6 +288,23 @@ def scaling(rows: list[HeldRow], cases: list[dict[str, Any]]) -> list[tuple[str,
     return out
 
 
+def sibling_gpus(rows: list[HeldRow]) -> list[tuple[str, str, float, float]]:
+    """Runs of one source that differ in their GPU alone (same model, GPU count, job, layout, knobs and target: the
+    ``config`` of each row): (run, its sibling on the other GPU, measured step-time ratio run / sibling, predicted
+    ratio). What the catalog says one GPU is worth against another, against what the same recipe measured on both;
+    the per-source level error cancels."""
+    by: dict[tuple[str, str], list[HeldRow]] = defaultdict(list)
+    for r in rows:
+        by[(r.group, r.config)].append(r)
+    out = []
+    for fam in by.values():
+        fam.sort(key=lambda r: r.id)
+        for i, a in enumerate(fam):
+            for b in fam[i + 1:]:
+                out.append((a.id, b.id, a.measured_s / b.measured_s, a.predicted_s / b.predicted_s))
+    return sorted(out)
+
+
 def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
     lines = ["| case | group | gen | prec | GPUs | measured s | predicted s | error | peak GiB / limit | fits |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
@@ -308,6 +329,12 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
                       "GPU, sequence, precision and tp/pp/cp; the level error cancels):", "",
                       "| run | vs | measured | predicted | difference |", "|---|---|---:|---:|---:|"]
             lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in pairs]
+    siblings = sibling_gpus(rows)
+    if siblings:
+        lines += ["", "The same run on two GPUs (one source; model, GPU count, job, layout and knobs equal; step-time "
+                  "ratio first / second):", "", "| run | vs | measured | predicted | difference |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in siblings]
     over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits and not r.cannot_fit]
     bad = [f"{r.id} ({r.peak_gib:.1f} GiB)" for r in rows if r.cannot_fit]
     sound = [r for r in rows if not r.cannot_fit]

@@ -240,6 +240,25 @@ def test_heldout_error_regression_guard(heldout, evaluated) -> None:
         assert worst <= worst_at + MARGIN, f"{name}: held-out worst {worst:.1%} ({wid}) > {worst_at:.1%} + {MARGIN:.0%}"
 
 
+def test_sibling_gpus_pair_one_sources_same_run_on_two_gpus(heldout, evaluated) -> None:
+    """``sibling_gpus`` pairs rows of one source whose configuration (model, GPU count, job, layout, knobs, target)
+    is equal and whose GPU differs; the ratios are the rows' own step times."""
+    rows, _, _ = evaluated
+    by_id = {r.id: r for r in rows}
+    pairs = heldout.sibling_gpus(rows)
+    assert pairs
+    for a, b, measured, predicted in pairs:
+        ra, rb = by_id[a], by_id[b]
+        assert ra.group == rb.group and ra.config == rb.config
+        assert measured == pytest.approx(ra.measured_s / rb.measured_s)
+        assert predicted == pytest.approx(ra.predicted_s / rb.predicted_s)
+    found = {(a, b) for a, b, _, _ in pairs}
+    # the same Megatron-Bridge 25.11 recipe on GB200 and GB300 (8 GPUs, Llama 3 8B, FP8 current scaling)
+    assert ("mb2511_LLAMA3_8B_gb200_8gpu_FP8-CS", "mb2511_LLAMA3_8B_gb300_8gpu_FP8-CS") in found
+    # a 70B run whose CPU offload differs between its GB200 and GB300 recipes (40 vs 20 layers) is no such pair
+    assert ("mb2602_LLAMA3_70B_gb200_64gpu_FP8", "mb2602_LLAMA3_70B_gb300_64gpu_FP8") not in found
+
+
 def test_script_prints_the_summaries(heldout, evaluated, tmp_path) -> None:
     assert heldout.main(["--out", str(tmp_path)]) == 0
     text = (tmp_path / "heldout.md").read_text()
