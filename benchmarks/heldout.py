@@ -83,6 +83,7 @@ class HeldRow:
     vp: int = 1
     # everything the run is but its GPU: model, GPU count, job, parallel layout, knobs, target (``sibling_gpus``)
     config: str = ""
+    gpu: str = ""
 
     @property
     def error(self) -> float:
@@ -184,7 +185,8 @@ def evaluate(files: list[Path] | None = None, what_if: dict[tuple[str, str], Any
                                 .get("layout_cannot_fit", {}).get("why", ""),
                                 *_host_view(run, pred),
                                 config=repr((fidelity.model_name(case), run.cluster.num_gpus, run.job, par,
-                                             sorted(run.knobs.given().items()), run.target))))
+                                             sorted(run.knobs.given().items()), run.target)),
+                                gpu=run.cluster.gpu.name))
     return rows, skipped, cases
 
 
@@ -290,9 +292,9 @@ def scaling(rows: list[HeldRow], cases: list[dict[str, Any]]) -> list[tuple[str,
 
 def sibling_gpus(rows: list[HeldRow]) -> list[tuple[str, str, float, float]]:
     """Runs of one source that differ in their GPU alone (same model, GPU count, job, layout, knobs and target: the
-    ``config`` of each row): (run, its sibling on the other GPU, measured step-time ratio run / sibling, predicted
-    ratio). What the catalog says one GPU is worth against another, against what the same recipe measured on both;
-    the per-source level error cancels."""
+    ``config`` of each row; different ``gpu``): (run, its sibling on the other GPU, measured step-time ratio run /
+    sibling, predicted ratio). What the catalog says one GPU is worth against another, against what the same recipe
+    measured on both; the per-source level error cancels."""
     by: dict[tuple[str, str], list[HeldRow]] = defaultdict(list)
     for r in rows:
         by[(r.group, r.config)].append(r)
@@ -301,8 +303,27 @@ def sibling_gpus(rows: list[HeldRow]) -> list[tuple[str, str, float, float]]:
         fam.sort(key=lambda r: r.id)
         for i, a in enumerate(fam):
             for b in fam[i + 1:]:
-                out.append((a.id, b.id, a.measured_s / b.measured_s, a.predicted_s / b.predicted_s))
+                if a.gpu != b.gpu:
+                    out.append((a.id, b.id, a.measured_s / b.measured_s, a.predicted_s / b.predicted_s))
     return sorted(out)
+
+
+def repeat_floor(rows: list[HeldRow]) -> tuple[int, int, float, float]:
+    """Runs measured more than once as the model sees them (same ``config`` and ``gpu``; in practice the same
+    recipe in several releases): (families, rows, floor MAPE, the model's MAPE on those rows). The floor is the MAPE
+    of the best single step time per family, what any model pricing only what the runs state must miss on them."""
+    fams: dict[tuple[str, str], list[HeldRow]] = defaultdict(list)
+    for r in rows:
+        fams[(r.config, r.gpu)].append(r)
+    multi = [f for f in fams.values() if len(f) > 1]
+    n = sum(len(f) for f in multi)
+    if not n:
+        return 0, 0, 0.0, 0.0
+    floor = 0.0
+    for f in multi:
+        ms = [r.measured_s for r in f]
+        floor += min(sum(abs(p / m - 1.0) for m in ms) for p in ms)  # the best is one of the measured values
+    return len(multi), n, floor / n, sum(abs(r.error) for f in multi for r in f) / n
 
 
 def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
@@ -335,6 +356,11 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
                   "ratio first / second):", "", "| run | vs | measured | predicted | difference |",
                   "|---|---|---:|---:|---:|"]
         lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in siblings]
+    fams, n, floor, model = repeat_floor(rows)
+    if n:
+        lines += ["", f"Measured more than once (same configuration and GPU, e.g. one recipe in several releases): "
+                  f"{fams} runs, {n} rows; the best single step time per run misses them by {floor:.1%} MAPE (what no "
+                  f"model of the stated configuration can beat); the model: {model:.1%}"]
     over = [f"{r.id} ({r.peak_gib:.1f} vs {r.limit_gib:.1f} GiB)" for r in rows if not r.fits and not r.cannot_fit]
     bad = [f"{r.id} ({r.peak_gib:.1f} GiB)" for r in rows if r.cannot_fit]
     sound = [r for r in rows if not r.cannot_fit]

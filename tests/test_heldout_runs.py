@@ -249,7 +249,7 @@ def test_sibling_gpus_pair_one_sources_same_run_on_two_gpus(heldout, evaluated) 
     assert pairs
     for a, b, measured, predicted in pairs:
         ra, rb = by_id[a], by_id[b]
-        assert ra.group == rb.group and ra.config == rb.config
+        assert ra.group == rb.group and ra.config == rb.config and ra.gpu != rb.gpu
         assert measured == pytest.approx(ra.measured_s / rb.measured_s)
         assert predicted == pytest.approx(ra.predicted_s / rb.predicted_s)
     found = {(a, b) for a, b, _, _ in pairs}
@@ -257,6 +257,24 @@ def test_sibling_gpus_pair_one_sources_same_run_on_two_gpus(heldout, evaluated) 
     assert ("mb2511_LLAMA3_8B_gb200_8gpu_FP8-CS", "mb2511_LLAMA3_8B_gb300_8gpu_FP8-CS") in found
     # a 70B run whose CPU offload differs between its GB200 and GB300 recipes (40 vs 20 layers) is no such pair
     assert ("mb2602_LLAMA3_70B_gb200_64gpu_FP8", "mb2602_LLAMA3_70B_gb300_64gpu_FP8") not in found
+    # two B200 recipes the model cannot tell apart (MXFP8 scale rounding) are one GPU: no pair
+    assert ("torchao_b200_8B_mxfp8_cublas", "torchao_b200_8B_mxfp8_cublas_rceil") not in found
+
+
+def test_repeat_floor_is_the_best_constant_per_repeated_run(heldout) -> None:
+    """``repeat_floor`` on toy rows: a run measured at 1.0 and 1.2 s (predicted 1.1) and a single run. The best
+    constant is one of the measured values: 1.0 misses the 1.2 s row by 1/6, 1.2 the 1.0 s row by 0.2 -> 1/6 over
+    2 rows; the model misses both by 0.1 / 1.0 and 0.1 / 1.2."""
+    def row(i: str, gpu: str, config: str, measured: float, predicted: float):  # type: ignore[no-untyped-def]
+        return heldout.HeldRow(i, "g", "f", "hopper", "bf16", False, 1, 1, 8, measured, predicted, 1.0, 2.0, True,
+                               config=config, gpu=gpu)
+
+    rows = [row("a", "h100", "x", 1.0, 1.1), row("b", "h100", "x", 1.2, 1.1), row("c", "h100", "y", 1.0, 1.0),
+            row("d", "h200", "x", 5.0, 1.0)]
+    fams, n, floor, model = heldout.repeat_floor(rows)
+    assert (fams, n) == (1, 2)
+    assert floor == pytest.approx((1 - 1.0 / 1.2) / 2)
+    assert model == pytest.approx((0.1 / 1.0 + 0.1 / 1.2) / 2)
 
 
 def test_script_prints_the_summaries(heldout, evaluated, tmp_path) -> None:
