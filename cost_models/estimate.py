@@ -233,6 +233,10 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
             bf16_costs[kind] = layer_cost(graphs[kind], model, cluster, job_b, par, dp, rt_b)
         return bf16_costs[kind]
 
+    # FSDP2's compute-stream work (its unshard copies; under PP its unsharded gradient accumulation, each backward)
+    # over the (dense, expert) shard groups of its units, where the runtime runs them
+    fsdp_groups = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size) \
+        if fsdp_units(runtime, par.zero_stage) else None
     stage_parts: list[dict[str, float]] = []
     for s in range(p):
         parts = {"compute": 0.0, "recompute": 0.0, "tp": 0.0, "ep": 0.0, "cp": 0.0, "host": 0.0}
@@ -244,11 +248,10 @@ def stage_time_parts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: 
         parts["host"] += host_cover_delta_s(rank_layers, graphs, model, cluster, par, runtime)
         if s == p - 1:
             parts["compute"] += head * (1 + model.arch.mtp_layers)  # the main and MTP heads + losses: last rank
-        if fsdp_units(runtime, par.zero_stage):  # FSDP2's unshard copies; under PP its unsharded gradient
-            sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,  # accumulation, each backward
+        if fsdp_groups is not None:
+            sp = stage_params(model, par, ids[s], first=s == 0, last=s == p - 1,
                               mtp=None if split.mtp_rank is None else s == split.mtp_rank)
-            groups = fsdp_unit_groups(par.zero_stage, par.tp, par.cp, dp, par.ep, par.hsdp_shard_size)
-            parts["compute"] += fsdp2_compute_s(sp.dense, sp.expert, groups, p, m, runtime, cluster)
+            parts["compute"] += fsdp2_compute_s(sp.dense, sp.expert, fsdp_groups, p, m, runtime, cluster)
         if model.arch.mtp_layers and s == split.mtp_rank:  # cost_models.mtp: the MTP blocks + projections, on the
             mtp_job = run_as(job, runtime, "bf16")[0] if mtp_in_bf16(job, runtime) else job  # last rank or a
             proj_gemm, proj_tp = mtp_projection_time_s(model, cluster, mtp_job, par)        # layout's standalone
