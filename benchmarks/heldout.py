@@ -326,6 +326,12 @@ def repeat_floor(rows: list[HeldRow]) -> tuple[int, int, float, float]:
     return len(multi), n, floor / n, sum(abs(r.error) for f in multi for r in f) / n
 
 
+def _ratio_table(pairs: list[tuple[str, str, float, float]]) -> list[str]:
+    """Markdown rows of (run, reference, measured ratio, predicted ratio), with the predicted one's difference."""
+    return ["| run | vs | measured | predicted | difference |", "|---|---|---:|---:|---:|"] + [
+        f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in pairs]
+
+
 def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict[str, Any]]) -> str:
     lines = ["| case | group | gen | prec | GPUs | measured s | predicted s | error | peak GiB / limit | fits |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
@@ -347,15 +353,11 @@ def render(rows: list[HeldRow], skipped: list[tuple[str, str]], cases: list[dict
         pairs = scaling(rows, cases)
         if pairs:
             lines += ["", "Scaling within a source (GPU-seconds per sample vs the source's smallest run of the same model, "
-                      "GPU, sequence, precision and tp/pp/cp; the level error cancels):", "",
-                      "| run | vs | measured | predicted | difference |", "|---|---|---:|---:|---:|"]
-            lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in pairs]
+                      "GPU, sequence, precision and tp/pp/cp; the level error cancels):", ""] + _ratio_table(pairs)
     siblings = sibling_gpus(rows)
     if siblings:
         lines += ["", "The same run on two GPUs (one source; model, GPU count, job, layout and knobs equal; step-time "
-                  "ratio first / second):", "", "| run | vs | measured | predicted | difference |",
-                  "|---|---|---:|---:|---:|"]
-        lines += [f"| {a} | {b} | {m:.3f} | {p:.3f} | {p / m - 1:+.1%} |" for a, b, m, p in siblings]
+                  "ratio first / second):", ""] + _ratio_table(siblings)
     fams, n, floor, model = repeat_floor(rows)
     if n:
         lines += ["", f"Measured more than once (same configuration and GPU, e.g. one recipe in several releases): "
