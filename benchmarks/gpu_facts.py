@@ -19,6 +19,11 @@ measurements at equal peaks:
 It also holds the NVLink 5 collective measurements behind the ``blackwell`` generation's ``link_bus`` / ``nvls_bus``
 (``NCCL_ALLREDUCE_BUSBW``: one report measuring H100 and B300 the same way).
 
+NVIDIA's ai-dynamo/aiconfigurator ships GEMM tables measured by one collector on B200, GB200, B300 and GB300 (and
+Hopper) for several inference-framework versions: each version is one harness run on every GPU, so their ratios are
+the GPUs' relative GEMM throughput at training-size shapes — ``AIC_GEMM_VS_B200`` (benchmarks/aic_gemm.py makes it),
+held against the catalog by ``aic_crosscheck``: a cross-check, not a value (it moved the held-out runs the wrong way).
+
 ``blackwell_ultra_efficiency`` turns them into the GPU's ratios to the ``blackwell`` generation's values;
 ``tests/test_gpu_facts.py`` recomputes the catalog from it.
 
@@ -59,6 +64,35 @@ SUSTAINED_FP8_GEMM: dict[tuple[int, int, int], tuple[float, float]] = {
 # Shapes whose every dim is >= this run on the plateau on both GPUs (the training GEMMs' regime): the sustained
 # ratio is their mean. Smaller / skinny shapes measure launch and tile quantization, not the power budget.
 PLATEAU_DIM = 4096
+
+# GEMM throughput over B200's in NVIDIA's own same-harness tables: ai-dynamo/aiconfigurator @ 095f58a51c4c
+# (aic-core/src/aiconfigurator_core/systems/data/<system>/gemm/<framework>/<version>/gemm_perf.parquet), GPU -> dtype
+# -> harness -> geometric mean over the shapes with every dim >= PLATEAU_DIM of B200's latency / the GPU's (n = 675-693
+# shapes per harness). Made by benchmarks/aic_gemm.py from a checkout of that commit. A cross-check
+# (``aic_crosscheck``): applied as per-GPU gemm_max scales over B200's (s34: GB200 0.973, B300 1.0637, GB300 1.1024;
+# the MoE host cost and the SSD rate refitted) they put the same-recipe GPU pairs of benchmarks/heldout.py 13% closer,
+# but the 324 held-out runs 12.42% -> 12.63% MAPE (GB300 dense +5.8% -> +8.5% slow, Nemotron 3 Super B300 +30% ->
+# +34%): not adopted.
+AIC_GEMM_VS_B200: dict[str, dict[str, dict[str, float]]] = {
+    "gb200": {
+        "bf16": {"sglang/0.5.10": 1.07, "sglang/0.5.14": 1.049, "sglang/0.5.9": 1.065, "trtllm/1.3.0rc10": 1.102,
+                 "trtllm/1.3.0rc20": 1.055, "vllm/0.19.0": 1.094, "vllm/0.22.0": 1.121, "vllm/0.24.0": 0.847},
+        "fp8": {"sglang/0.5.10": 1.108, "sglang/0.5.14": 1.094, "sglang/0.5.9": 1.11, "trtllm/1.3.0rc10": 1.077,
+                 "trtllm/1.3.0rc20": 1.052, "vllm/0.19.0": 1.152, "vllm/0.24.0": 1.095},
+    },
+    "b300": {
+        "bf16": {"sglang/0.5.10": 1.07, "sglang/0.5.9": 1.045, "trtllm/1.3.0rc10": 1.05, "trtllm/1.3.0rc20": 1.035,
+                 "vllm/0.19.0": 1.063, "vllm/0.24.0": 1.058},
+        "fp8": {"sglang/0.5.10": 1.085, "sglang/0.5.9": 1.077, "trtllm/1.3.0rc10": 1.055, "trtllm/1.3.0rc20": 1.052,
+                 "vllm/0.19.0": 1.077, "vllm/0.24.0": 1.07},
+    },
+    "gb300": {
+        "bf16": {"sglang/0.5.10": 1.247, "sglang/0.5.14": 1.238, "sglang/0.5.9": 1.234, "trtllm/1.3.0rc10": 1.269,
+                 "trtllm/1.3.0rc20": 1.257, "vllm/0.19.0": 1.234, "vllm/0.24.0": 1.229},
+        "fp8": {"sglang/0.5.10": 1.293, "sglang/0.5.14": 1.285, "sglang/0.5.9": 1.291, "trtllm/1.3.0rc10": 1.212,
+                 "trtllm/1.3.0rc20": 1.21, "vllm/0.19.0": 1.186, "vllm/0.24.0": 1.196},
+    },
+}
 
 # cuDNN SDPA, bf16, causal, batch 1, 128 query / 8 KV heads, head dim 128 (Llama 3.1 405B's shape), cuDNN 9.17
 # (cudnn-frontend 1.17): tokens -> (forward, backward) TFLOP/s on GB300. NVIDIA/cudnn-frontend
@@ -278,6 +312,35 @@ def sustained_gemm_ratio() -> float:
     return sum(ratios) / len(ratios)
 
 
+def median_ratio(gpu: str, dtype: str) -> float:
+    """``gpu``'s ``dtype`` GEMM throughput over B200's: the median over the harnesses of ``AIC_GEMM_VS_B200`` (one
+    harness's outlier, e.g. vllm 0.24.0's GB200 bf16 table at 0.85, does not move it)."""
+    from statistics import median
+
+    return float(median(AIC_GEMM_VS_B200[gpu][dtype].values()))
+
+
+def aic_gemm_ratio(gpu: str) -> float:
+    """``gpu``'s GEMM throughput over B200's: the geometric mean of bf16's and fp8's ``median_ratio`` (the per-GPU
+    scale serves both: fp8 runs at the generation's ``fp8_gemm_speedup`` over bf16)."""
+    return (median_ratio(gpu, "bf16") * median_ratio(gpu, "fp8")) ** 0.5
+
+
+def aic_crosscheck() -> list[tuple[str, float, float]]:
+    """(GPU, measured, priced) GEMM throughput over B200's on the plateau: ``aic_gemm_ratio`` against the catalog's
+    (datasheet peak x ``gemm_max`` of the GPU over B200's, bf16 and fp8 alike). Not used to make a value: applied as
+    per-GPU scales (s34) they moved the held-out runs the other way (see ``AIC_GEMM_VS_B200``)."""
+    from autoplan.catalog import build_cluster
+
+    ref = build_cluster("b200", 8)
+    rows = []
+    for gpu in AIC_GEMM_VS_B200:
+        c = build_cluster(gpu, 8)
+        priced = (c.gpu.peak_bf16_tflops * c.efficiency.gemm_max) / (ref.gpu.peak_bf16_tflops * ref.efficiency.gemm_max)
+        rows.append((gpu, aic_gemm_ratio(gpu), priced))
+    return rows
+
+
 def attention_share_ratio() -> float:
     """GB300 / GB200 fused-attention kernel share of peak (fwd + 2.5x bwd FLOPs) at the reference length (8k
     tokens = ATTENTION_REF_KEYS keys per query), same benchmark commit; both GPUs' datasheet peaks are 2500."""
@@ -369,6 +432,8 @@ def blackwell_ultra_efficiency() -> dict[str, dict[str, Any]]:
 if __name__ == "__main__":
     print(f"sustained FP8 GEMM GB300/GB200: {sustained_gemm_ratio():.4f}; "
           f"attention kernel share GB300/GB200 at 8k: {attention_share_ratio():.4f}")
+    print("GEMM throughput over B200's, aiconfigurator's same-harness tables vs the catalog: "
+          + ", ".join(f"{g} {m:.4f} vs {p:.4f}" for g, m, p in aic_crosscheck()))
     for name, fields in blackwell_ultra_efficiency().items():
         print(f"  {name}: {fields}")
     print("attention_d64 (cuDNN 9.19.1, d 64 / d 128 at ~1000 keys per query): "
