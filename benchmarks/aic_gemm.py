@@ -61,13 +61,18 @@ class Tree:
         return sorted("/".join(n.split("/")[-3:-1]) for n in names)
 
     def read(self, system: str, harness: str) -> Any:
+        """``system``'s GEMM table of one harness."""
+        return self.read_file(f"{DATA}/{system}/gemm/{harness}/gemm_perf.parquet")
+
+    def read_file(self, rel: str) -> Any:
+        """The parquet table at ``rel`` (FileNotFoundError where the checkout has none)."""
         import pandas as pd
 
-        rel = f"{DATA}/{system}/gemm/{harness}/gemm_perf.parquet"
         if self.bare:
-            blob = subprocess.run(["git", "--git-dir", str(self.path), "show", f"HEAD:{rel}"], check=True,
-                                  capture_output=True).stdout
-            return pd.read_parquet(io.BytesIO(blob))
+            found = subprocess.run(["git", "--git-dir", str(self.path), "show", f"HEAD:{rel}"], capture_output=True)
+            if found.returncode:
+                raise FileNotFoundError(rel)
+            return pd.read_parquet(io.BytesIO(found.stdout))
         return pd.read_parquet(self.path / rel)
 
 

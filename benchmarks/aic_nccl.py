@@ -33,20 +33,9 @@ LATENCY_BOUND_BYTES = 512 * 1024
 
 def read(tree: Tree, system: str, version: str):  # type: ignore[no-untyped-def]
     """The system's fp16 rows of one NCCL version's table (None where it has none)."""
-    import io
-    import subprocess
-
-    import pandas as pd
-
-    rel = f"{DATA}/{system}/comm/nccl/{version}/nccl_perf.parquet"
     try:
-        if tree.bare:
-            blob = subprocess.run(["git", "--git-dir", str(tree.path), "show", f"HEAD:{rel}"], check=True,
-                                  capture_output=True).stdout
-            table = pd.read_parquet(io.BytesIO(blob))
-        else:
-            table = pd.read_parquet(tree.path / rel)
-    except (subprocess.CalledProcessError, FileNotFoundError):
+        table = tree.read_file(f"{DATA}/{system}/comm/nccl/{version}/nccl_perf.parquet")
+    except FileNotFoundError:
         return None
     return table[table.nccl_dtype == "half"]
 

@@ -19,13 +19,13 @@ measurements at equal peaks:
 It also holds the NVLink 5 collective measurements behind the ``blackwell`` generation's ``link_bus`` / ``nvls_bus``
 (``NCCL_ALLREDUCE_BUSBW``: one report measuring H100 and B300 the same way).
 
+``blackwell_ultra_efficiency`` turns them into the GPU's ratios to the ``blackwell`` generation's values;
+``tests/test_gpu_facts.py`` recomputes the catalog from it.
+
 NVIDIA's ai-dynamo/aiconfigurator ships GEMM tables measured by one collector on B200, GB200, B300 and GB300 (and
 Hopper) for several inference-framework versions: each version is one harness run on every GPU, so their ratios are
 the GPUs' relative GEMM throughput at training-size shapes — ``AIC_GEMM_VS_B200`` (benchmarks/aic_gemm.py makes it),
 held against the catalog by ``aic_crosscheck``: a cross-check, not a value (it moved the held-out runs the wrong way).
-
-``blackwell_ultra_efficiency`` turns them into the GPU's ratios to the ``blackwell`` generation's values;
-``tests/test_gpu_facts.py`` recomputes the catalog from it.
 
 CDNA 3 (MI300X, MI325X) has no measured training run in the calibration set. AMD publishes its Max-Achievable FLOPs
 (``AMD_MAF``): hipBLASLt-bench on one large, CU-balanced GEMM per precision, both GPUs, the same benchmark —
@@ -78,19 +78,19 @@ AIC_GEMM_VS_B200: dict[str, dict[str, dict[str, float]]] = {
         "bf16": {"sglang/0.5.10": 1.07, "sglang/0.5.14": 1.049, "sglang/0.5.9": 1.065, "trtllm/1.3.0rc10": 1.102,
                  "trtllm/1.3.0rc20": 1.055, "vllm/0.19.0": 1.094, "vllm/0.22.0": 1.121, "vllm/0.24.0": 0.847},
         "fp8": {"sglang/0.5.10": 1.108, "sglang/0.5.14": 1.094, "sglang/0.5.9": 1.11, "trtllm/1.3.0rc10": 1.077,
-                 "trtllm/1.3.0rc20": 1.052, "vllm/0.19.0": 1.152, "vllm/0.24.0": 1.095},
+                "trtllm/1.3.0rc20": 1.052, "vllm/0.19.0": 1.152, "vllm/0.24.0": 1.095},
     },
     "b300": {
         "bf16": {"sglang/0.5.10": 1.07, "sglang/0.5.9": 1.045, "trtllm/1.3.0rc10": 1.05, "trtllm/1.3.0rc20": 1.035,
                  "vllm/0.19.0": 1.063, "vllm/0.24.0": 1.058},
         "fp8": {"sglang/0.5.10": 1.085, "sglang/0.5.9": 1.077, "trtllm/1.3.0rc10": 1.055, "trtllm/1.3.0rc20": 1.052,
-                 "vllm/0.19.0": 1.077, "vllm/0.24.0": 1.07},
+                "vllm/0.19.0": 1.077, "vllm/0.24.0": 1.07},
     },
     "gb300": {
         "bf16": {"sglang/0.5.10": 1.247, "sglang/0.5.14": 1.238, "sglang/0.5.9": 1.234, "trtllm/1.3.0rc10": 1.269,
                  "trtllm/1.3.0rc20": 1.257, "vllm/0.19.0": 1.234, "vllm/0.24.0": 1.229},
         "fp8": {"sglang/0.5.10": 1.293, "sglang/0.5.14": 1.285, "sglang/0.5.9": 1.291, "trtllm/1.3.0rc10": 1.212,
-                 "trtllm/1.3.0rc20": 1.21, "vllm/0.19.0": 1.186, "vllm/0.24.0": 1.196},
+                "trtllm/1.3.0rc20": 1.21, "vllm/0.19.0": 1.186, "vllm/0.24.0": 1.196},
     },
 }
 
