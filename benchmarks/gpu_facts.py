@@ -70,7 +70,7 @@ PLATEAU_DIM = 4096
 # -> harness -> geometric mean over the shapes with every dim >= PLATEAU_DIM of B200's latency / the GPU's (n = 675-693
 # shapes per harness). Made by benchmarks/aic_gemm.py from a checkout of that commit. A cross-check
 # (``aic_crosscheck``): applied as per-GPU gemm_max scales over B200's (s34: GB200 0.973, B300 1.0637, GB300 1.1024;
-# the MoE host cost and the SSD rate refitted) they put the same-recipe GPU pairs of benchmarks/heldout.py 13% closer,
+# the MoE host cost and the SSD rate refitted) they put the same-recipe GPU pairs of benchmarks/heldout.py 12% closer,
 # but the 324 held-out runs 12.42% -> 12.63% MAPE (GB300 dense +5.8% -> +8.5% slow, Nemotron 3 Super B300 +30% ->
 # +34%): not adopted.
 AIC_GEMM_VS_B200: dict[str, dict[str, dict[str, float]]] = {
