@@ -64,6 +64,13 @@ class Tree:
         """``system``'s GEMM table of one harness."""
         return self.read_file(f"{DATA}/{system}/gemm/{harness}/gemm_perf.parquet")
 
+    def read_optional(self, rel: str) -> Any:
+        """``read_file``, or None where the checkout has no such table."""
+        try:
+            return self.read_file(rel)
+        except FileNotFoundError:
+            return None
+
     def read_file(self, rel: str) -> Any:
         """The parquet table at ``rel`` (FileNotFoundError where the checkout has none)."""
         import pandas as pd
@@ -74,6 +81,15 @@ class Tree:
                 raise FileNotFoundError(rel)
             return pd.read_parquet(io.BytesIO(found.stdout))
         return pd.read_parquet(self.path / rel)
+
+
+def checkout_args(doc: str, version: str, version_help: str, argv: list[str] | None) -> tuple[Tree, str]:
+    """The aiconfigurator checkout (``--aic``, required) and table version (``--version``) the table scripts take."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--aic", type=Path, required=True, help="an ai-dynamo/aiconfigurator checkout")
+    ap.add_argument("--version", default=version, help=version_help)
+    args = ap.parse_args(argv)
+    return Tree(args.aic), args.version
 
 
 def plateau(table: Any, dtype: str) -> Any:

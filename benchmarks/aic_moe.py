@@ -14,7 +14,6 @@ the GPUs' ratios say against each other (one harness on every GPU) is the diagno
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.aic_gemm import DATA, Tree  # noqa: E402
+from benchmarks.aic_gemm import DATA, checkout_args  # noqa: E402
 
 GPUS = {"h100-sxm": "h100_sxm", "b200": "b200_sxm", "gb200": "gb200", "gb300": "gb300"}
 MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b")
@@ -44,16 +43,11 @@ def priced_s(model, cluster, tokens: int, dtype: str, ep: int) -> float:  # type
 def main(argv: list[str] | None = None) -> int:
     from autoplan.catalog import build_cluster, load_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--aic", type=Path, required=True, help="an ai-dynamo/aiconfigurator checkout")
-    ap.add_argument("--version", default="trtllm/1.3.0rc20", help="framework/version directory of the MoE tables")
-    args = ap.parse_args(argv)
-    tree = Tree(args.aic)
+    tree, version = checkout_args(__doc__, "trtllm/1.3.0rc20", "framework/version directory of the MoE tables", argv)
     tables = {}
     for gpu, system in GPUS.items():
-        try:
-            t = tree.read_file(f"{DATA}/{system}/moe/{args.version}/moe_perf.parquet")
-        except FileNotFoundError:
+        t = tree.read_optional(f"{DATA}/{system}/moe/{version}/moe_perf.parquet")
+        if t is None:
             continue
         tables[gpu] = t[(t.distribution == "balanced") & (t.moe_tp_size == 1)]
     print("measured fused MoE / priced expert GEMMs (balanced routing, smallest EP, forward); columns: "

@@ -13,7 +13,6 @@ A diagnostic: nothing is fitted into the catalog from it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.aic_gemm import DATA, Tree  # noqa: E402
+from benchmarks.aic_gemm import DATA, Tree, checkout_args  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "b300": "b300_sxm", "gb200": "gb200",
            "gb300": "gb300"}
@@ -33,11 +32,8 @@ LATENCY_BOUND_BYTES = 512 * 1024
 
 def read(tree: Tree, system: str, version: str):  # type: ignore[no-untyped-def]
     """The system's fp16 rows of one NCCL version's table (None where it has none)."""
-    try:
-        table = tree.read_file(f"{DATA}/{system}/comm/nccl/{version}/nccl_perf.parquet")
-    except FileNotFoundError:
-        return None
-    return table[table.nccl_dtype == "half"]
+    table = tree.read_optional(f"{DATA}/{system}/comm/nccl/{version}/nccl_perf.parquet")
+    return None if table is None else table[table.nccl_dtype == "half"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,15 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     from autoplan.catalog import build_cluster
     from cost_models.collectives import group_collective_time_s, place_group
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--aic", type=Path, required=True, help="an ai-dynamo/aiconfigurator checkout")
-    ap.add_argument("--version", default="2.29.2", help="NCCL version directory (every system has 2.29.2)")
-    args = ap.parse_args(argv)
-    tree = Tree(args.aic)
+    tree, version = checkout_args(__doc__, "2.29.2", "NCCL version directory (every system has 2.29.2)", argv)
     print("measured / priced time at " + ", ".join(f"{s:g} MiB" for s in SIZES_MIB)
           + f"; alpha0 + steps x alpha1 fitted on <= {LATENCY_BOUND_BYTES // 1024} KiB (us)")
     for gpu, system in SYSTEMS.items():
-        table = read(tree, system, args.version)
+        table = read(tree, system, version)
         if table is None:
             continue
         cluster = build_cluster(gpu, 8)
