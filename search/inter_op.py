@@ -227,7 +227,14 @@ def chunked_costs(tables: StageTables, ranges: Sequence[Sequence[tuple[int, int]
     """``range_costs`` summed over each rank's layer ranges ``[a, b)`` (``host_cover.consecutive_ranges`` of its
     ids): an interleaved rank's chunks, priced as ``estimate`` sums them, where ``stage_costs`` would read one
     contiguous range of the rank's layer count (equal only where every layer costs the same)."""
-    return np.array([float(sum(range_costs(tables, np.array([a]), np.array([b]))[0] for a, b in r)) for r in ranges])
+    flat = [ab for r in ranges for ab in r]
+    each = range_costs(tables, np.array([a for a, _ in flat], dtype=np.int64),
+                       np.array([b for _, b in flat], dtype=np.int64)).tolist() if flat else []
+    out, i = [], 0
+    for r in ranges:  # one vectorized range_costs; each rank's chunks summed in order, as one call per chunk would
+        out.append(float(sum(each[i:i + len(r)])))
+        i += len(r)
+    return np.array(out)
 
 
 def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> StageEdges:

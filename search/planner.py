@@ -2,9 +2,12 @@
 
 1. ``search.space.enumerate_layouts`` lists every layout that passes the hard constraints (tallying why
    the others were cut).
-2. Each layout gets a cheap lower bound on its step time (perfectly balanced stages; nothing but the
-   pipeline and its fill) and on its peak memory (``Scorer.memory_lower_bound``); over-memory bounds are cut.
-3. Layouts are visited in order of their time bound (branch and bound): the stage DP
+2. Each layout whose model state fits (``Scorer.state_lower_bound``) gets a cheap lower bound on its step time
+   (perfectly balanced stages; nothing but the pipeline and its fill).
+3. Layouts are visited in order of their time bound (branch and bound). A visited layout's peak memory is bounded
+   first (``Scorer.memory_lower_bound``: over the limit, it is cut, tally ``memory_lower_bound``); layouts past the
+   stop are never bounded (tally ``bound``): the memory bound of every layout cost more than the rest of the search
+   (deepseek-v3 on 2048 H800s: 135,300 layouts, about 2,600 visited). Then the stage DP
    (``search.inter_op.best_split``) chooses the layer split under the memory limit and ``Scorer.score``
    prices it exactly as ``estimate`` would; the visit stops once a bound reaches the ``keep``-th best cost.
    Before a layout's intra-op ILP is solved, its split priced on the cost floors (``Scorer.tables(lower=True)``,
@@ -31,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -264,33 +267,24 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
     return None if best is None else best[2]
 
 
-def _runs_with_knobs(layouts: list[Layout], model: ModelSpec, job: JobSpec, scorers: Mapping[str, Scorer],
-                     tally: Tally, pins: Mapping[str, Any]) -> list[Layout]:
-    """The layouts whose target runs the user's knobs (``TargetProfile.check_runtime``, as ``estimate`` checks
-    them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard
-    group; under ``any`` a target without a knob the user set runs none of its layouts); the rest are cut as
-    ``knob_rule``. When the knobs rule out every layout, the rules they break are the error (``_knob_refusal``: bad
-    input, not an infeasible job)."""
-    kept: list[Layout] = []
-    rules: dict[str, ConfigError] = {}  # each rule the cut layouts break, once (its first refusal), in layout order
-    for lay in layouts:
-        prof = get_profile(lay.target)
-        if prof is not None:
-            sc = scorers[lay.target]
-            par = ParallelConfig(**lay.parallel_kwargs())
-            try:  # the defaults first (no pricing); else the knobs the search chose, legal if any setting is
-                prof.check_runtime(model, sc.cluster, job, par, sc.default_runtime(lay))
-            except ConfigError as err:
-                try:
-                    prof.check_runtime(model, sc.cluster, job, par, sc.runtime(lay))
-                except ConfigError:
-                    tally.cut("knob_rule")
-                    rules.setdefault(re.sub(r"\d+", "#", err.reason), err)
-                    continue
-        kept.append(lay)
-    if layouts and not kept and rules:
-        raise _knob_refusal(list(rules.values()), layouts, model, scorers, pins)
-    return kept
+def _knob_rule_error(lay: Layout, model: ModelSpec, job: JobSpec, scorers: Mapping[str, Scorer]) -> ConfigError | None:
+    """Why ``lay``'s target does not run the user's knobs on it (``TargetProfile.check_runtime``, as ``estimate``
+    checks them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard group;
+    under ``any`` a target without a knob the user set runs none of its layouts); None where it does, with its
+    defaults or else with the knobs the search chose for it (legal if any setting is)."""
+    prof = get_profile(lay.target)
+    if prof is None:
+        return None
+    sc = scorers[lay.target]
+    par = lay.parallel_config()
+    try:
+        prof.check_runtime(model, sc.cluster, job, par, sc.default_runtime(lay))
+    except ConfigError as err:
+        try:
+            prof.check_runtime(model, sc.cluster, job, par, sc.runtime(lay))
+        except ConfigError:
+            return err
+    return None
 
 
 def _knob_refusal(errs: list[ConfigError], layouts: list[Layout], model: ModelSpec,
@@ -445,18 +439,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             raise errs[0]  # type: ignore[misc]
     ilps = list({id(sc.ilp): sc.ilp for sc in scorers.values()}.values())
     solves0, hits0 = sum(c.misses for c in ilps), sum(c.hits for c in ilps)
-    layouts = _searched_layouts(model, cluster, job, pins, scorers, tally)
+    # Every layout in order of its step-time lower bound (ties: the simpler); the memory bound is asked only of those
+    # the step-time bound has not cut yet. Of the layouts that fit it, the order and the cut are those of a list of
+    # them alone (the cut holds at any later bound), so the plans are; what does not fit is cut where it is met.
+    # A layout whose model state alone is over the limit (``Scorer.state_lower_bound``, ≤ its memory bound) is cut
+    # before its step time is bounded; should no plan be found, its memory bound is asked then (the closest layout).
     bounded: list[tuple[float, tuple[Any, ...], Layout]] = []
-    misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
-    for lay in layouts:
+    over_state: list[Layout] = []
+    candidates = 0
+    for lay in _iter_searched_layouts(model, cluster, job, pins, scorers, tally):
+        candidates += 1
         scorer = scorers[lay.target].as_run(lay)
-        mem_lb = scorer.memory_lower_bound(lay)
-        if mem_lb > scorer.limit_bytes:
+        if scorer.state_lower_bound(lay) > scorer.limit_bytes:
             tally.cut("memory_lower_bound")
-            misses.append((mem_lb, lay.sort_key(), lay))
+            over_state.append(lay)
             continue
         bounded.append((_time_lower_bound(lay, scorer), lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))
+    misses: list[tuple[float, tuple[Any, ...], Layout]] = []  # (memory bound, key, layout) of what did not fit
 
     keep = top_k + 4  # finalists: top_k, the runner-up each is explained against, and a margin
     best: list[_Scored] = []
@@ -469,6 +469,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             tally.cut("bound", len(bounded) - n)
             break
         scorer = scorers[lay.target].as_run(lay)
+        mem_lb = scorer.memory_lower_bound(lay)
+        if mem_lb > scorer.limit_bytes:
+            tally.cut("memory_lower_bound")
+            misses.append((mem_lb, key, lay))
+            continue
         if len(best) >= keep and not any(k in pins for k in SPLIT_PINS):
             stop = best[keep - 1].cost / w_min if w_min > 0 else np.inf
             split_lb = _split_lower_bound(lay, scorer, stop)  # the split on the cost floors, before any ILP solve
@@ -499,6 +504,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if progress is not None:
         progress(len(bounded), len(bounded))
     if not best:
+        misses += [(scorers[lay.target].as_run(lay).memory_lower_bound(lay), lay.sort_key(), lay) for lay in over_state]
         raise _infeasible(model, cluster, job, target, pins, misses, scorers, find_smallest_cluster, tally)
 
     finals = []
@@ -523,7 +529,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
             pred = pred.model_copy(update={"software": {**pred.software, "runs_as": runs}})
         plans.append(RankedPlan(rank=i + 1, parallel=par, prediction=pred, explanation=text,
                                 op_shardings=op_shardings(scorers[lay.target].as_run(lay), lay), target=lay.target))
-    return PlannerResult(plans=plans, candidates=len(layouts), evaluated=evaluated, pruned=tally.as_dict(),
+    return PlannerResult(plans=plans, candidates=candidates, evaluated=evaluated, pruned=tally.as_dict(),
                          wall_time_s=time.perf_counter() - t0, target=target,
                          ilp_solves=sum(c.misses for c in ilps) - solves0,
                          ilp_cache_hits=sum(c.hits for c in ilps) - hits0)
@@ -745,18 +751,40 @@ def _fewer_legal_gpus(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
 
 def _searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
                       scorers: Mapping[str, Scorer], tally: Tally) -> list[Layout]:
+    """``_iter_searched_layouts`` as a list."""
+    return list(_iter_searched_layouts(model, cluster, job, pins, scorers, tally))
+
+
+def _iter_searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],
+                           scorers: Mapping[str, Scorer], tally: Tally) -> Iterator[Layout]:
     """The layouts ``search`` prices on ``cluster`` (and ``_has_plan`` tries), in search order: each target's layouts
     with its Megatron selective-recompute module ladder (``Scorer.module_ladder``, unless the user pinned the
-    modules), a pinned split's rule (``_legal_splits``), those whose target runs the knobs (``_runs_with_knobs``),
-    and each setting of the layout knobs (FSDP2 reshard_after_forward, Megatron's EP A2A overlap) as a layout of
-    its own (``Scorer.knob_variants``). Raises ``ConfigError`` where the pins or knobs rule out every layout."""
+    modules), a pinned split's rule (``_legal_splits``), those whose target runs the knobs (``_knob_rule_error``;
+    the rest are cut as ``knob_rule``), and each setting of the layout knobs (FSDP2 reshard_after_forward,
+    Megatron's EP A2A overlap) as a layout of its own (``Scorer.knob_variants``). One layout at a time, so what is
+    asked of it in a row is validated once (``Layout.parallel_config``). Raises ``ConfigError``, once every layout
+    has been seen, where the pins or knobs rule out every layout: the rules the knobs break (``_knob_refusal``: bad
+    input, not an infeasible job)."""
     ladders = {t: sc.module_ladder(t) for t, sc in scorers.items()}
-    layouts = [lay for t in scorers for lay in enumerate_layouts(model, cluster, job, t, pins, tally,  # type: ignore[arg-type]
-                                                                 ladders)]
+    layouts: Iterable[Layout] = (lay for t in scorers for lay in enumerate_layouts(  # type: ignore[arg-type]
+        model, cluster, job, t, pins, tally, ladders))  # type: ignore[arg-type]
     if any(k in pins for k in SPLIT_PINS):
-        layouts = _legal_splits(layouts, model, pins, tally)
-    layouts = _runs_with_knobs(layouts, model, job, scorers, tally, pins)
-    return [var for lay in layouts for var in scorers[lay.target].as_run(lay).knob_variants(lay)]
+        layouts = _legal_splits(list(layouts), model, pins, tally)
+    seen: list[Layout] = []
+    kept = False
+    rules: dict[str, ConfigError] = {}  # each rule the cut layouts break, once (its first refusal), in layout order
+    for lay in layouts:
+        if not kept:  # only asked when none is kept
+            seen.append(lay)
+        err = _knob_rule_error(lay, model, job, scorers)
+        if err is not None:
+            tally.cut("knob_rule")
+            rules.setdefault(re.sub(r"\d+", "#", err.reason), err)
+            continue
+        kept = True
+        yield from scorers[lay.target].as_run(lay).knob_variants(lay)
+    if seen and not kept and rules:
+        raise _knob_refusal(list(rules.values()), seen, model, scorers, pins)
 
 
 def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[str, Any],

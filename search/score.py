@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,6 +114,14 @@ class FastScore:
     fits: bool
 
 
+
+@lru_cache(maxsize=4096)
+def _layer_par(tp: int, cp: int, ep: int, mbs: int, recompute: str, sp: bool, kv: str,
+               modules: tuple[str, ...] | None) -> ParallelConfig:
+    """The mesh, micro-batch and recompute a decoder layer's cost reads (``Scorer._bound_par``), validated once."""
+    return ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, recompute=recompute,  # type: ignore[arg-type]
+                          sequence_parallel=sp, kv_replication=kv, recompute_modules=modules)  # type: ignore[arg-type]
+
 class Scorer:
     """Caches for one (model, cluster, job, weights); callers may keep it across requests for that job."""
 
@@ -175,6 +184,10 @@ class Scorer:
         self._chunks: dict[tuple, list[list[tuple[int, int]]]] = {}  # (split, pp, vp): rank_chunks
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
+        self._summaries: dict[tuple, tuple[float, float, float, float]] = {}  # floor_per_layer's key: time_summary
+        self._act_floors: dict[tuple, tuple[dict[str, float], float]] = {}  # (bound key, candidates): act_floor
+        self._state_lb: dict[tuple, float] = {}  # state_pieces' key: state_lower_bound
+        self._cand_keys: dict[int, tuple] = {}  # id of a _cands list: its settings as a key (_cands_key)
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
         self.layer_model = model  # the model the ILP's decoder layers are keyed on (as_run: the asked one)
         self._ladders: dict[str, ModuleLadder] = {}  # target: module_ladder
@@ -256,10 +269,11 @@ class Scorer:
         prof = PROFILES[lay.target]
         if not lay.knobs and type(prof).layout_knob_options is TargetProfile.layout_knob_options:
             return [lay]  # the profile offers no such knob ([{}]): the layout itself
-        par = ParallelConfig(**lay.parallel_kwargs())
+        par = lay.parallel_config()
         out = []
         for fields in prof.layout_knob_options(self.cluster, self.job, par, self.software.given()):
-            var = replace(lay, knobs=tuple(sorted(fields.items())))
+            knobs = tuple(sorted(fields.items()))
+            var = lay if knobs == lay.knobs else replace(lay, knobs=knobs)
             if fields:
                 try:
                     prof.check_runtime(self.model, self.cluster, self.job, par, self.default_runtime(var))
@@ -324,7 +338,7 @@ class Scorer:
 
     def _knob_lookup(self, lay: Layout) -> tuple[tuple, list[dict[str, Any]]]:
         kw = lay.parallel_kwargs()
-        par = ParallelConfig(**kw)  # the validated fields (validation may rewrite one: modules () is recompute none)
+        par = lay.parallel_config()  # the validated fields (validation may rewrite one: modules () is recompute none)
         for fields in self._cand_reads.get(lay.target, ()):
             key = (lay.target, fields, tuple(getattr(par, f) for f in fields))
             hit = self._cands.get(key)
@@ -384,10 +398,8 @@ class Scorer:
 
     @staticmethod
     def _bound_par(lay: Layout, recompute: str) -> ParallelConfig:
-        return ParallelConfig(tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-                              recompute=recompute, sequence_parallel=lay.sequence_parallel,  # type: ignore[arg-type]
-                              kv_replication=lay.kv_replication,  # type: ignore[arg-type]
-                              recompute_modules=_modules(lay, recompute))  # type: ignore[arg-type]
+        return _layer_par(lay.tp, lay.cp, lay.ep, lay.micro_batch_size, recompute, lay.sequence_parallel,
+                          lay.kv_replication, _modules(lay, recompute))
 
     # ---- cached pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -580,14 +592,14 @@ class Scorer:
         hit = self._floor_layers.get(key)
         if hit is not None:
             return hit
-        kinds, _, _ = self.bound_pieces(lay, exact_knobs=exact_knobs)
-        hit = np.array([kinds[k][0] for k in self.kind_of])
+        kinds, _ = self.bound_times(lay, exact_knobs=exact_knobs)
+        hit = np.array([kinds[k] for k in self.kind_of])
         covers: list[float] | None = None
         for kind in self.moe_kinds:
             lc = self._layer_cost(lay, self.bound_key(lay, rc), kind, fields)
             if lc.host_s <= 0.0:
                 continue
-            device = kinds[kind][0] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
+            device = kinds[kind] - lc.host_s  # the floor's device time (bound_pieces: total [− CP] of layer_cost)
             if covers is None:
                 covers = self.host_covers(lay, rc, fields)
                 if floor is not None:  # which layers cover is the stack's and the graph scope's (no searched knob's)
@@ -622,13 +634,20 @@ class Scorer:
         if hit is not None:
             return hit
         acts, head_a = self.act_pieces(lay, rc, fields) if floor is None else self.act_floor(lay, rc)
-        if floor is None:
-            times, head_t = self.exact_pieces(lay, rc)
-        else:
-            times, head_t = self._pieces_with(lay, rc, fields, floor[1])  # floor: (fields, drop_cp)
+        times, head_t = self.bound_times(lay, rc, exact_knobs)
         out = ({kind: (t, acts[kind]) for kind, t in times.items()}, head_t, head_a)
         self._bounds[key] = out
         return out
+
+    def bound_times(self, lay: Layout, recompute: str | None = None,
+                    exact_knobs: bool = False) -> tuple[dict[str, float], float]:
+        """The times of ``bound_pieces`` (per decoder layer kind, the head's) without their activations: what the
+        step-time bounds read."""
+        rc = recompute or lay.recompute
+        floor, fields, _ = self._bound_knobs(lay, rc, exact_knobs)
+        if floor is None:
+            return self.exact_pieces(lay, rc)
+        return self._pieces_with(lay, rc, fields, floor[1])  # floor: (fields, drop_cp)
 
     def exact_pieces(self, lay: Layout, recompute: str | None = None) -> tuple[dict[str, float], float]:
         """Per decoder layer kind, the uniform pattern's time (``bound_pieces``' formula) and the head's (+ MTP)
@@ -698,10 +717,23 @@ class Scorer:
         (``act_pieces`` over ``knob_candidates``; the defaults where nothing is left to choose): what a memory
         bound may assume without pricing the choice (``chosen_knobs`` ranks time)."""
         cands = self.knob_candidates(lay)
-        if len(cands) <= 1:
-            return self.act_pieces(lay, recompute, cands[0] if cands else None)
-        each = [self.act_pieces(lay, recompute, fields) for fields in cands]
-        return ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
+        key = (self.bound_key(lay, recompute), self._cands_key(cands))  # what act_pieces reads of each
+        hit = self._act_floors.get(key)
+        if hit is None:
+            if len(cands) <= 1:
+                hit = self.act_pieces(lay, recompute, cands[0] if cands else None)
+            else:
+                each = [self.act_pieces(lay, recompute, fields) for fields in cands]
+                hit = ({k: min(a[0][k] for a in each) for k in each[0][0]}, min(a[1] for a in each))
+            self._act_floors[key] = hit
+        return hit
+
+    def _cands_key(self, cands: list[dict[str, Any]]) -> tuple:
+        """The knob settings ``cands`` (a ``knob_candidates`` list, cached and kept: its id is stable) as a key."""
+        hit = self._cand_keys.get(id(cands))
+        if hit is None:
+            hit = self._cand_keys[id(cands)] = tuple(tuple(sorted(f.items())) for f in cands)
+        return hit
 
     def fsdp_units(self, lay: Layout) -> bool:
         """Whether the layout's runtime runs its stages as torch FSDP2 units (``memory.fsdp_units``)."""
@@ -830,14 +862,19 @@ class Scorer:
         for the head and MTP) a rank holds: ``state_coefficients`` × the layer's parameters, and under Muon
         (``Runtime.optimizer``) each layer's optimizer bytes as ``estimate`` prices them
         (``muon.optimizer_state_bytes``: linear over layers; the embedding and output layer are Adam's)."""
-        group = lay.hsdp_shard_size or lay.dp * lay.cp
-        edp = expert_shard_group(lay.tp, lay.cp, lay.dp, lay.ep, lay.zero_stage, lay.hsdp_shard_size)
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.ep, lay.sequence_parallel, lay.knobs,
-               lay.kv_replication, lay.schedule, group, edp)
+        key, group, edp = self._state_key(lay)
         hit = self._state_pieces.get(key)
         if hit is None:
             hit = self._state_pieces[key] = self._state_pieces_of(lay, group, edp)
         return hit
+
+    @staticmethod
+    def _state_key(lay: Layout) -> tuple[tuple, int, int]:
+        """(what ``state_pieces`` reads of ``lay``, its dense and expert shard groups)."""
+        group = lay.hsdp_shard_size or lay.dp * lay.cp
+        edp = expert_shard_group(lay.tp, lay.cp, lay.dp, lay.ep, lay.zero_stage, lay.hsdp_shard_size)
+        return (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.ep, lay.sequence_parallel, lay.knobs,
+                lay.kv_replication, lay.schedule, group, edp), group, edp
 
     def _state_pieces_of(self, lay: Layout, group: int, edp: int) -> tuple[np.ndarray, float, float]:
         kd, ke, _ = self.state_coefficients(lay)
@@ -983,9 +1020,13 @@ class Scorer:
     def time_summary(self, lay: Layout) -> tuple[float, float, float, float]:
         """(Σ layer times + head, slowest layer, fastest layer, head) per micro-batch, lower bounds of the
         ILP's (``bound_pieces``), for the planner's branch and bound."""
-        head_t = self.bound_pieces(lay)[1]
-        per = self.floor_per_layer(lay)  # the MoE layers' host waits with the whole stack's cover
-        return float(per.sum()) + head_t, float(per.max()), float(per.min()), head_t
+        key = self._bound_knobs(lay, lay.recompute, False)[2]  # what bound_pieces and floor_per_layer are keyed on
+        hit = self._summaries.get(key)
+        if hit is None:
+            head_t = self.bound_times(lay)[1]
+            per = self.floor_per_layer(lay)  # the MoE layers' host waits with the whole stack's cover
+            hit = self._summaries[key] = (float(per.sum()) + head_t, float(per.max()), float(per.min()), head_t)
+        return hit
 
     def p2p_fill_s(self, lay: Layout) -> float:
         if lay.pp == 1:
@@ -1114,6 +1155,33 @@ class Scorer:
             hit = self._mem_lb[key] = self._memory_lower_bound(key)
         return hit
 
+    def state_lower_bound(self, lay: Layout) -> float:
+        """``memory_lower_bound`` with no activation, transient or allocator reserve (each ≥ 0 in it, so this is ≤
+        it): the model state and the runtime overhead alone, from the state tables, pricing no activation."""
+        neutral = PROFILES[lay.target].memory_neutral_layout_knobs
+        key = replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+        skey = self._state_key(key)[0]  # the bound reads the state pieces (their key holds pp) and nothing else
+        hit = self._state_lb.get(skey)
+        if hit is None:
+            per_state, emb_state, last_state = self.state_pieces(key)
+            hit = self._state_lb[skey] = self._stage_bound(lay.pp, per_state, emb_state, last_state,
+                                                           runtime_overhead_bytes(), 0.0, 0.0, 0.0,
+                                                           np.zeros(lay.pp + 1))
+        return hit
+
+    @staticmethod
+    def _stage_bound(p: int, per_state: np.ndarray, emb_state: float, last_state: float, stage_static: float,
+                     head: float, acts: float, cheapest_act: float, infl: np.ndarray) -> float:
+        """``_memory_lower_bound``'s arithmetic on its pieces (bytes; ``head``, ``acts``, ``cheapest_act`` with the
+        allocator reserve)."""
+        state = float(per_state.sum()) + emb_state + last_state
+        first_state = emb_state + float(per_state.min())
+        resident = state + p * stage_static + head  # the head's activations: held once
+        mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
+        if p == 1:
+            return mean
+        return max(mean, first_state + stage_static + cheapest_act * float(infl[p]))
+
     def _memory_lower_bound(self, lay: Layout) -> float:
         kinds, head_a = self.act_floor(lay)
         per_state, emb_state, last_state = self.state_pieces(lay)  # the stage DP's own state tables
@@ -1126,16 +1194,9 @@ class Scorer:
             peak = 0.0
         stage_static = runtime_overhead_bytes() + frag * peak
         acts = frag * sum(n * kinds[k] for k, n in self.kind_count.items())
-        infl = self.inflight(lay)
-        state = float(per_state.sum()) + emb_state + last_state
-        first_state = emb_state + float(per_state.min())
-        resident = state + p * stage_static + frag * head_a  # the head's activations: held once
-        mean = (resident + acts * float(infl[1])) / p  # the last stage holds the fewest micro-batches
-        if p == 1:
-            return mean
         cheapest_act = frag * min(kinds[k] for k in self.kinds)
-        first = first_state + stage_static + cheapest_act * float(infl[p])
-        return max(mean, first)
+        return self._stage_bound(p, per_state, emb_state, last_state, stage_static, frag * head_a, acts, cheapest_act,
+                                 self.inflight(lay))
 
 
 def split_fields(layers: tuple[int, ...], vp: int, mtp_layers: int = 0) -> dict[str, int | bool | str | None]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from cost_models.errors import divisors
@@ -56,6 +57,11 @@ MAX_MBS = 8
 # ZeRO stage no profile offers (ZB-H1, ZeRO-2 before a profile lists it, DualPipe) is not in ``any``: it is
 # priced only where estimate is asked for it with a reference runtime, never returned as a plan.
 ANY_TARGETS: tuple[str, ...] = tuple(PROFILES)
+
+
+@lru_cache(maxsize=1024)
+def _parallel_config(items: tuple[tuple[str, Any], ...]) -> ParallelConfig:
+    return ParallelConfig(**dict(items))
 
 
 @dataclass
@@ -108,6 +114,11 @@ class Layout:
         if self.recompute_modules is not None:
             kw["recompute_modules"] = self.recompute_modules
         return kw
+
+    def parallel_config(self) -> ParallelConfig:
+        """``ParallelConfig(**parallel_kwargs())``, validated once per layout shape among the recent ones (the search
+        asks it for one layout several times in a row: its knob rules, variants and candidates; it is frozen)."""
+        return _parallel_config(tuple(self.parallel_kwargs().items()))
 
     def sort_key(self) -> tuple[Any, ...]:
         """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no

@@ -13,8 +13,10 @@ from search.inter_op import (
     StageTables,
     best_split,
     brute_force,
+    chunked_costs,
     megatron_edges,
     mid_layer_choices,
+    range_costs,
     stage_dp,
 )
 
@@ -181,3 +183,22 @@ def test_megatron_scan_gives_the_stage_dps_answer_ties_included(seed: int) -> No
                 assert megatron_scan(t, p, q, **kw) == megatron_dp(t, p, q, **kw), (p, q, kw)
             ref = best_split(t, n_stages=p, solver=megatron_dp, **kw)
             assert best_split(t, n_stages=p, **kw) == ref == best_split(t, n_stages=p, solver=megatron_scan, **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 2**31 - 1), st.booleans(), st.booleans())
+def test_chunked_costs_is_each_chunk_priced_alone_and_summed_in_order(L: int, seed: int, first: bool,
+                                                                     ranged: bool) -> None:
+    # One vectorized range_costs for every chunk, summed per rank in order: bit for bit what pricing each chunk on
+    # its own gives (the planner's bounds and Scorer.score compare such sums with ``>=``).
+    rng = np.random.default_rng(seed)
+    tables = StageTables(time=np.concatenate([[0.0], np.cumsum(rng.random(L))]), static=np.zeros(L + 1),
+                         act=np.zeros(L + 1), last_time=float(rng.random()), first_static=0.0, last_static=0.0,
+                         last_act=0.0, first_time=float(rng.random()) if first else 0.0,
+                         range_time=rng.random((L + 1, L + 1)) if ranged else None)
+    cuts = sorted({0, L, *(int(x) for x in rng.integers(0, L + 1, size=int(rng.integers(0, L + 1))))})
+    chunks = list(zip(cuts[:-1], cuts[1:]))
+    ranks = int(rng.integers(1, len(chunks) + 1))
+    ranges = [chunks[r::ranks] for r in range(ranks)] + [[]]  # interleaved ranks, and a rank holding nothing
+    alone = [float(sum(range_costs(tables, np.array([a]), np.array([b]))[0] for a, b in r)) for r in ranges]
+    assert chunked_costs(tables, ranges).tolist() == alone

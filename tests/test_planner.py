@@ -121,6 +121,8 @@ def test_fast_scorer_equals_estimate(model, cj, data) -> None:  # type: ignore[n
         assert fs.composite_cost == pytest.approx(pred.composite_cost, rel=1e-9)
         assert fs.fits == pred.fits
         assert scorer.memory_lower_bound(lay) <= fs.peak_memory_bytes * (1 + 1e-12)
+        # the search cuts on the state bound before it bounds the step time: it may never exceed the memory bound
+        assert scorer.state_lower_bound(lay) <= scorer.memory_lower_bound(lay)
 
 
 def _check_split_lower_bound(scorer: Scorer, lay) -> None:  # type: ignore[no-untyped-def]

@@ -34,11 +34,11 @@ class _Progress:
     def __call__(self, done: int, total: int) -> None:
         if time.perf_counter() - self.start < self.delay_s:
             return
-        # ``total`` counts the layouts whose memory lower bound fits (the result's "searched" counts all)
+        # ``total`` counts every layout, in the order of its step-time bound; the search stops where the bound does
         if self.tty:
-            click.echo(f"\rscoring: {done}/{total} layouts that may fit in memory", nl=False, err=True)
+            click.echo(f"\rscoring: {done}/{total} layouts, fastest bound first", nl=False, err=True)
         elif not self.shown:
-            click.echo(f"scoring {total} layouts that may fit in memory ...", err=True)
+            click.echo(f"scoring up to {total} layouts, fastest bound first ...", err=True)
         self.shown = True
 
     def close(self) -> None:

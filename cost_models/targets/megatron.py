@@ -1229,6 +1229,8 @@ def check_cp_comm(model: ModelSpec, par: ParallelConfig, kind: str, cluster: Clu
                   a2a_size: int | None = None) -> None:
     """Context-parallel communication types and what they need (TC:732-743, MLM:403-408). Ulysses (a2a, and the
     a2a level of a2a+p2p) splits the query and KV heads a rank holds after TP over its all-to-all group."""
+    if kind not in ("a2a+p2p", "a2a"):  # p2p and allgather need nothing of the heads
+        return
     heads = model.num_attention_heads // par.tp
     kv = max(1, model.num_kv_heads // par.tp)
     # What the valid lists hold: the settings both rules below accept on this layout
