@@ -29,6 +29,7 @@ Recompute = Literal["none", "selective", "full"]
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                                       "shared_experts")
+_RECOMPUTE_SET = frozenset(RECOMPUTE_MODULES)
 MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]  # cost_models.moe prices each
 Schedule = Literal["1f1b", "interleaved", "zb-h1", "dualpipe"]
 Generation = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "cdna4"]
@@ -1151,6 +1152,8 @@ def recompute_module_names_error(names: tuple[object, ...]) -> str | None:
     """What is wrong with ``names`` as Megatron's --recompute-modules (the allowed modules of megatron/core/transformer/
     transformer_config.py:1198-1211 @ core_v0.16.1: ``RECOMPUTE_MODULES``), or None: the first name that is not a module
     (with the nearest one), then a repeat. The CLI flag and a request's ``parallel.recompute_modules`` say the same."""
+    if all(isinstance(n, str) for n in names) and _RECOMPUTE_SET.issuperset(names) and len(set(names)) == len(names):
+        return None  # the common case, checked at once (every ParallelConfig with modules asks it)
     bad = next((n for n in names if n not in RECOMPUTE_MODULES), None)
     if bad is not None:
         close = difflib.get_close_matches(str(bad), RECOMPUTE_MODULES, n=1)
