@@ -31,6 +31,7 @@ cached per (kind, mesh, mbs, recompute, target)); every plan carries the per-op 
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import time
@@ -504,7 +505,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
     if progress is not None:
         progress(len(bounded), len(bounded))
     if not best:
-        misses += [(scorers[lay.target].as_run(lay).memory_lower_bound(lay), lay.sort_key(), lay) for lay in over_state]
+        misses += _closest_over_state(over_state, scorers, misses)
         raise _infeasible(model, cluster, job, target, pins, misses, scorers, find_smallest_cluster, tally)
 
     finals = []
@@ -533,6 +534,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
                          wall_time_s=time.perf_counter() - t0, target=target,
                          ilp_solves=sum(c.misses for c in ilps) - solves0,
                          ilp_cache_hits=sum(c.hits for c in ilps) - hits0)
+
+
+def _closest_over_state(over_state: list[Layout], scorers: Mapping[str, Scorer],
+                        misses: list[tuple[float, tuple[Any, ...], Layout]]) -> list[tuple[float, tuple[Any, ...], Layout]]:
+    """(memory bound, key, layout) of the layouts cut on their model state that can be among the
+    ``CLOSEST_CANDIDATES`` least (memory bound, key) of them and ``misses`` (what ``_infeasible`` names the closest
+    from): bounded in order of their state bound, which is ≤ the memory bound, until it passes the last of those."""
+    found = sorted(((lb, key) for lb, key, _ in misses))[:CLOSEST_CANDIDATES]
+    out: list[tuple[float, tuple[Any, ...], Layout]] = []
+    for state, key, lay in sorted(((scorers[lay.target].as_run(lay).state_lower_bound(lay), lay.sort_key(), lay)
+                                    for lay in over_state), key=lambda x: (x[0], x[1])):
+        if len(found) >= CLOSEST_CANDIDATES and state > found[-1][0]:
+            break  # every later one's memory bound is above the CLOSEST_CANDIDATES found: none can enter
+        lb = scorers[lay.target].as_run(lay).memory_lower_bound(lay)
+        out.append((lb, key, lay))
+        bisect.insort(found, (lb, key))
+        del found[CLOSEST_CANDIDATES:]
+    return out
 
 
 def _knob_note(scorer: Scorer, lay: Layout, par: ParallelConfig, pred: Prediction,
@@ -798,16 +817,17 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[s
         if id(sc) not in derived:
             derived[id(sc)] = sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}), job)
     scs = {t: derived[id(sc)] for t, sc in scorers.items()}
+    bounded = []
     try:
-        layouts = _searched_layouts(model, cluster, job, pins, scs, Tally())
+        for lay in _iter_searched_layouts(model, cluster, job, pins, scs, Tally()):
+            sc = scs[lay.target].as_run(lay)
+            if sc.state_lower_bound(lay) > sc.limit_bytes:  # ≤ its memory bound: over it too
+                continue
+            lb = sc.memory_lower_bound(lay)
+            if lb <= sc.limit_bytes:
+                bounded.append((lb, lay.sort_key(), lay))
     except ConfigError:  # the pins or knobs rule out every layout at this size
         return False
-    bounded = []
-    for lay in layouts:
-        sc = scs[lay.target].as_run(lay)
-        lb = sc.memory_lower_bound(lay)
-        if lb <= sc.limit_bytes:
-            bounded.append((lb, lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first
     return any(_split(lay, scs[lay.target].as_run(lay), pins) is not None for _, _, lay in bounded)
 

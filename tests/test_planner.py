@@ -266,6 +266,28 @@ def test_infeasible_names_closest_and_smallest_cluster() -> None:
             search(model, build_cluster("h100-sxm", n // 2), job, find_smallest_cluster=False)
 
 
+@pytest.mark.parametrize("name,gpus", [("llama3-70b", 8), ("deepseek-v3", 64), ("mixtral-8x7b", 8)])
+def test_state_cut_layouts_leave_the_closest_candidates_as_bounding_all_would(name: str, gpus: int) -> None:
+    # Layouts cut on their model state are memory-bounded only until no later one can be among the closest the
+    # infeasible error names: the CLOSEST_CANDIDATES least (memory bound, key) must be those of bounding them all.
+    from search.planner import CLOSEST_CANDIDATES, _closest_over_state, _searched_layouts, target_scorers
+
+    model, cluster, job = load_model(name), build_cluster("h100-sxm", gpus), JobSpec(global_batch_size=64)
+    scorers = target_scorers(model, cluster, job, "megatron", None, None)
+    sc = scorers["megatron"]
+    layouts = _searched_layouts(model, cluster, job, {}, scorers, Tally())
+    over = [lay for lay in layouts if sc.as_run(lay).state_lower_bound(lay) > sc.limit_bytes]
+    assert len(over) > CLOSEST_CANDIDATES  # the cut has something to skip
+    cut = set(over)
+    rest = [(sc.as_run(lay).memory_lower_bound(lay), lay.sort_key(), lay) for lay in layouts if lay not in cut]
+    every = sorted(rest + [(sc.as_run(lay).memory_lower_bound(lay), lay.sort_key(), lay) for lay in over],
+                   key=lambda x: (x[0], x[1]))
+    some = sorted(rest + _closest_over_state(over, scorers, rest), key=lambda x: (x[0], x[1]))
+    assert [x[:2] for x in some[:CLOSEST_CANDIDATES]] == [x[:2] for x in every[:CLOSEST_CANDIDATES]]
+    for lay in over:  # and the state bound is below the memory bound it stands in for
+        assert sc.as_run(lay).state_lower_bound(lay) <= sc.as_run(lay).memory_lower_bound(lay)
+
+
 def test_smallest_cluster_hint_tries_the_module_ladder() -> None:
     """The hint prices the layouts the search would: with only selective recompute left (a pin), what fits 16 GPUs
     is a larger set of Megatron's modules from the ladder (``Scorer.module_ladder``), so the hint says 16, not the
