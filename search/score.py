@@ -273,13 +273,13 @@ class Scorer:
         out = []
         for fields in prof.layout_knob_options(self.cluster, self.job, par, self.software.given()):
             knobs = tuple(sorted(fields.items()))
-            var = lay if knobs == lay.knobs else replace(lay, knobs=knobs)
-            if fields:
+            if fields:  # the variant's own runtime (its default_runtime), before the variant is built
                 try:
-                    prof.check_runtime(self.model, self.cluster, self.job, par, self.default_runtime(var))
+                    prof.check_runtime(self.model, self.cluster, self.job, par,
+                                       self._runtime_with(lay, dict(knobs), own=False))
                 except ConfigError:
                     continue
-            out.append(var)
+            out.append(lay if knobs == lay.knobs else replace(lay, knobs=knobs))
         return out or [lay]
 
     def _runtime_with(self, lay: Layout, chosen: dict[str, Any], own: bool = True) -> Runtime:
