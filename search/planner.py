@@ -818,16 +818,20 @@ def _has_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pins: dict[s
             derived[id(sc)] = sc.derive(sc.cluster.model_copy(update={"num_gpus": cluster.num_gpus}), job)
     scs = {t: derived[id(sc)] for t, sc in scorers.items()}
     bounded = []
-    try:
-        for lay in _iter_searched_layouts(model, cluster, job, pins, scs, Tally()):
-            sc = scs[lay.target].as_run(lay)
-            if sc.state_lower_bound(lay) > sc.limit_bytes:  # ≤ its memory bound: over it too
-                continue
-            lb = sc.memory_lower_bound(lay)
-            if lb <= sc.limit_bytes:
-                bounded.append((lb, lay.sort_key(), lay))
-    except ConfigError:  # the pins or knobs rule out every layout at this size
-        return False
+    layouts = _iter_searched_layouts(model, cluster, job, pins, scs, Tally())
+    while True:
+        try:
+            lay = next(layouts)
+        except StopIteration:
+            break
+        except ConfigError:  # the pins or knobs rule out every layout at this size
+            return False
+        sc = scs[lay.target].as_run(lay)
+        if sc.state_lower_bound(lay) > sc.limit_bytes:  # ≤ its memory bound: over it too
+            continue
+        lb = sc.memory_lower_bound(lay)
+        if lb <= sc.limit_bytes:
+            bounded.append((lb, lay.sort_key(), lay))
     bounded.sort(key=lambda x: (x[0], x[1]))  # most likely to fit first
     return any(_split(lay, scs[lay.target].as_run(lay), pins) is not None for _, _, lay in bounded)
 
