@@ -537,7 +537,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, target: Targ
 
 
 def _closest_over_state(over_state: list[Layout], scorers: Mapping[str, Scorer],
-                        misses: list[tuple[float, tuple[Any, ...], Layout]]) -> list[tuple[float, tuple[Any, ...], Layout]]:
+                        misses: list[tuple[float, tuple[Any, ...], Layout]]
+                        ) -> list[tuple[float, tuple[Any, ...], Layout]]:
     """(memory bound, key, layout) of the layouts cut on their model state that can be among the
     ``CLOSEST_CANDIDATES`` least (memory bound, key) of them and ``misses`` (what ``_infeasible`` names the closest
     from): bounded in order of their state bound, which is ≤ the memory bound, until it passes the last of those."""

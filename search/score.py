@@ -114,13 +114,13 @@ class FastScore:
     fits: bool
 
 
-
 @lru_cache(maxsize=4096)
 def _layer_par(tp: int, cp: int, ep: int, mbs: int, recompute: str, sp: bool, kv: str,
                modules: tuple[str, ...] | None) -> ParallelConfig:
     """The mesh, micro-batch and recompute a decoder layer's cost reads (``Scorer._bound_par``), validated once."""
     return ParallelConfig(tp=tp, cp=cp, ep=ep, micro_batch_size=mbs, recompute=recompute,  # type: ignore[arg-type]
                           sequence_parallel=sp, kv_replication=kv, recompute_modules=modules)  # type: ignore[arg-type]
+
 
 class Scorer:
     """Caches for one (model, cluster, job, weights); callers may keep it across requests for that job."""
