@@ -21,12 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.aic_gemm import DATA, checkout_args  # noqa: E402
+from benchmarks.aic_gemm import DATA, DTYPES, checkout_args  # noqa: E402
 
 GPUS = {"h100-sxm": "h100_sxm", "b200": "b200_sxm", "gb200": "gb200", "gb300": "gb300"}
 MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "mixtral-8x7b")
 TOKENS = (4096, 16384)
-DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 
 
 def priced_s(model, cluster, tokens: int, dtype: str, ep: int) -> float:  # type: ignore[no-untyped-def]

@@ -107,7 +107,7 @@ def _equivalent(a: _Scored, b: _Scored) -> bool:
 def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> ParallelConfig:
     """The ParallelConfig of a layout and split; first/last stage sizes (or, where Megatron's flags build no split
     of ``lay.vp``, the explicit layout) only when they differ from the default."""
-    par = ParallelConfig(**lay.parallel_kwargs())
+    par = lay.parallel_config()
     if lay.pp > 1 and _default_layers(model, lay) != tuple(layers):
         par = ParallelConfig(**lay.parallel_kwargs(), **split_fields(layers, lay.vp, model.arch.mtp_layers))
     return with_explicit_split(model, par)
@@ -117,7 +117,7 @@ def _default_layers(model: ModelSpec, lay: Layout) -> tuple[int, ...] | None:
     """Megatron's default split of ``lay`` with no split flags (``stage_layers``); None where its flags build none
     (an interleaved layout the search runs with an explicit layout: ``pipeline_split.layout_candidates``)."""
     try:
-        return tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+        return tuple(stage_layers(model, lay.parallel_config()))
     except ConfigError:
         return None
 
@@ -243,7 +243,7 @@ def _split(lay: Layout, scorer: Scorer, pins: dict[str, Any],
     if found is None:
         return None
     # Among equally fast splits prefer Megatron's default (no first/last-stage flags to emit).
-    default = tuple(stage_layers(model, ParallelConfig(**lay.parallel_kwargs())))
+    default = tuple(stage_layers(model, lay.parallel_config()))
     if default != tuple(found[0]) and min(default) >= 1:
         t = stage_costs(tables, default)  # the DP's own stage costs
         obj = alpha * float(t.sum()) + (lay.m - alpha) * float(t.max())

@@ -1148,18 +1148,23 @@ class Scorer:
         over stages of their memory (≤ the max) with activations held at least once, and stage 0 holding
         the embedding and its single cheapest layer with all its in-flight micro-batches. Once per layout up to
         the layout knobs that change no memory (``TargetProfile.memory_neutral_layout_knobs``), bounded without them."""
-        neutral = PROFILES[lay.target].memory_neutral_layout_knobs
-        key = replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+        key = self._memory_layout(lay)
         hit = self._mem_lb.get(key)
         if hit is None:
             hit = self._mem_lb[key] = self._memory_lower_bound(key)
         return hit
 
+    @staticmethod
+    def _memory_layout(lay: Layout) -> Layout:
+        """``lay`` less the layout knobs that change no memory (``TargetProfile.memory_neutral_layout_knobs``): what
+        the memory bounds are computed and cached on."""
+        neutral = PROFILES[lay.target].memory_neutral_layout_knobs
+        return replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+
     def state_lower_bound(self, lay: Layout) -> float:
         """``memory_lower_bound`` with no activation, transient or allocator reserve (each ≥ 0 in it, so this is ≤
         it): the model state and the runtime overhead alone, from the state tables, pricing no activation."""
-        neutral = PROFILES[lay.target].memory_neutral_layout_knobs
-        key = replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+        key = self._memory_layout(lay)
         skey = self._state_key(key)[0]  # the bound reads the state pieces (their key holds pp) and nothing else
         hit = self._state_lb.get(skey)
         if hit is None:
