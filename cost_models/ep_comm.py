@@ -5,12 +5,13 @@ host-bound wait where the host issues the experts (``host_bound_s``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from cost_models.a2a_overlap import OverlapNodes, exposed_s as overlap_exposed_s
 from cost_models.collectives import link_all_to_all_bandwidth, link_bandwidth, nic_bandwidth, place_group
 from cost_models.moe import (host_synced, moe_dispatcher, moe_layer_host_issued, moe_load_imbalance,
                              router_padding_share)
-from cost_models.op_cost import op_compute, op_forward_s
+from cost_models.op_cost import OpCompute, job_precision_ops, op_forward_s
 from cost_models.opgraph import MOE_KINDS, LayerGraph
 from cost_models.recompute import modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -109,15 +110,16 @@ COMBINE_NODE_OPS = ("combine", "shared_add", "mlp_residual")
 
 
 def a2a_overlap_compute_split(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                              par: ParallelConfig, rt: Runtime | None) -> OverlapNodes:
+                              par: ParallelConfig, rt: Runtime | None,
+                              ops: Sequence[OpCompute] | None = None) -> OverlapNodes:
     """Compute seconds of one MoE layer per node of the A2A-overlap schedule (``a2a_overlap``): the ``mlp`` node is
     the routed experts (``experts`` ops, named ``expert_*``), the combine node's post-processing ``COMBINE_NODE_OPS``,
     the ``attn`` node everything else (attention block, norms, router, permutation, shared experts:
-    fine_grained_callables.py:477 runs them in the attention node)."""
+    fine_grained_callables.py:477 runs them in the attention node). ``ops``: ``op_cost.job_precision_ops`` of the
+    graph, when the caller has them."""
     side = {"attn": [0.0, 0.0], "mlp": [0.0, 0.0], "comb": [0.0, 0.0]}
     modules = modules_in_effect(par, rt)
-    for op in graph.ops:
-        oc = op_compute(op, graph, model, cluster, job, par, rt)
+    for op, oc in zip(graph.ops, ops or job_precision_ops(graph, model, cluster, job, par, rt)):
         key = ("mlp" if op.kind == "experts" or op.name.startswith("expert_")
                else "comb" if op.name in COMBINE_NODE_OPS else "attn")
         side[key][0] += op_forward_s(op, graph, oc, par.recompute, modules)  # (op_cost.skips_forward)

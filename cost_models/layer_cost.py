@@ -14,7 +14,7 @@ from cost_models.ep_comm import (a2a_overlap_compute_split, a2a_overlap_exposed_
 from cost_models.knob_effects import cp_comm
 from cost_models.moe import dispatcher_sm_fraction, moe_a2a_overlapped, moe_dispatcher
 from cost_models.dsa import op_runtime
-from cost_models.op_cost import OpCompute, _compute, op_compute, op_forward_s, op_recompute_s
+from cost_models.op_cost import OpCompute, _compute, job_precision_ops, op_compute, op_forward_s, op_recompute_s
 from cost_models.opgraph import DECODER_KINDS, MOE_KINDS, LayerGraph
 from cost_models.recompute import ep_forward_repeats, modules_in_effect
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
@@ -113,9 +113,10 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     tokens = par.micro_batch_size * job.seq_len / c
     tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in DECODER_KINDS
+    ops = cc.ops or None  # op_compute of each op in the job's precision, where cc holds them (job_precision_ops)
     if t > 1 and is_block:
         for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt,
-                                                 model):
+                                                 model, ops):
             tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
@@ -144,7 +145,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
             if par.schedule == "dualpipe":  # only what the layer's compute cannot cover stays exposed
                 ep_s = max(0.0, ep_s - (forward + backward))
             else:
-                nodes = a2a_overlap_compute_split(graph, model, cluster, job, par, rt)
+                nodes = a2a_overlap_compute_split(graph, model, cluster, job, par, rt, ops)
                 nodes = OverlapNodes(*(x * slow for x in (nodes.attn_f, nodes.attn_b, nodes.mlp_f, nodes.mlp_b,
                                                           nodes.comb_f, nodes.comb_b)))
                 # the ``moe`` module's re-run dispatch/combine sit in the backward's recompute, outside the steps
@@ -161,7 +162,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         # running them (and, for ``alltoall``, the dispatch all-to-all issued after its sync point)
         ep_fwd = 0.0 if e <= 1 or par.schedule == "dualpipe" or moe_a2a_overlapped(cluster, rt) \
             else (parts[0][0] + parts[1][0])
-        expert_f = sum(op_compute(op, graph, model, cluster, job, par, rt).forward_s for op in graph.ops
+        expert_f = sum(oc.forward_s for op, oc in zip(graph.ops, ops or job_precision_ops(graph, model, cluster, job,
+                                                                                          par, rt))
                        if op.kind == "experts")
         win = expert_f + (parts[0][0] if e > 1 and moe_dispatcher(cluster, rt) == "alltoall" else 0.0)
         share = (forward + ep_fwd + (tp_s + cp_s) / 2) / out.total_s if out.total_s > 0 else 0.5

@@ -42,6 +42,8 @@ class OpCompute:
     # per op of the graph: the forward time a selective-recompute module re-running it adds (``cost_models.recompute``;
     # the attention core: its kernel, ``attn_f``, as plain ``selective`` has always priced it)
     op_rerun_f: tuple[float, ...] = ()
+    # per op of the graph, its ``op_compute`` in the job's precision (a layer's sum only; ``job_precision_ops``)
+    ops: tuple["OpCompute", ...] = ()
 
     @property
     def forward_s(self) -> float:
@@ -236,7 +238,8 @@ def _compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: Job
     total = OpCompute(*(sum(getattr(p, f) for p in parts)
                         for f in ("gemm_f", "attn_f", "attn_b", "mem_f", "mem_b", "wgrad_hp")),
                       gemm_fwd_extra=sum(p.gemm_fwd_extra for p in parts),
-                      op_rerun_f=tuple(rerun_forward_s(op, p) for op, p in zip(graph.ops, parts)))
+                      op_rerun_f=tuple(rerun_forward_s(op, p) for op, p in zip(graph.ops, parts)),
+                      ops=tuple(parts) if rt is None or not rt.module_precision else ())
     if rt is None or rt.selective != "op_sac" or graph.kind not in DECODER_KINDS:
         return total
     # torchtitan's per-op SAC (parallelize_llama.py ``_save_list``, ``_custom_policy``: every other mm and the SDPA
@@ -273,6 +276,16 @@ def kv_replicated(graph: LayerGraph, par: ParallelConfig) -> bool:
     input is the one Q shares, and the weight gradient of each rank covers only its query heads: it is
     all-reduced over TP in backward (``kv_replica_grad_collectives``)."""
     return bool(kv_gather_width(graph, par.tp)) and par.kv_replication == "replicate"
+
+
+def job_precision_ops(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                      rt: Runtime | None, compute: OpCompute | None = None) -> tuple[OpCompute, ...]:
+    """``op_compute`` of each op of ``graph`` in the job's precision (what ``layer_cost``'s per-op terms read: the
+    GEMMs under TP userbuffers, the A2A overlap's nodes, the experts' forward): ``compute``'s own parts, where it is
+    ``layer_compute`` of the same arguments and no module runs in another precision, else computed."""
+    if compute is not None and compute.ops:
+        return compute.ops
+    return tuple(op_compute(op, graph, model, cluster, job, par, rt) for op in graph.ops)
 
 
 def layer_compute(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,

@@ -5,12 +5,13 @@ the QKV all-gather Megatron-Core adds when tp exceeds the KV heads."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from cost_models.collectives import CollectiveKind, bytes_sent_per_rank, group_collective_time_s
 from cost_models.dsa import dsa_fused
 from cost_models.knob_effects import torchao_cast_after_gather, tp_overlap_mode
-from cost_models.op_cost import kv_gather_width, op_compute
+from cost_models.op_cost import OpCompute, job_precision_ops, kv_gather_width
 from cost_models.op_traffic import COLUMN_KINDS
 from cost_models.opgraph import LayerGraph, indexer_share
 from cost_models.recompute import modules_in_effect, reruns
@@ -92,13 +93,14 @@ def _userbuffers_boundary(role: TpRole, elems: float, gemm_s: float, gather: flo
 
 
 def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig, stride: int,
-                      sequence_parallel: bool, rt: Runtime | None = None,
-                      model: ModelSpec | None = None) -> list[tuple[float, float]]:
+                      sequence_parallel: bool, rt: Runtime | None = None, model: ModelSpec | None = None,
+                      ops: Sequence[OpCompute] | None = None) -> list[tuple[float, float]]:
     """(exposed seconds, bytes each rank sends) of every TP boundary of the layer for one micro-batch, with or
     without sequence parallelism: ``tp_collectives`` on the full ``[tokens, width]`` bf16 tensor (all-gathers at
     ``rt.tp_gather_bytes``, the backward's output-gradient ones at ``rt.tp_grad_gather_bytes``: fp8 under
     torchtitan's Float8 tensorwise TP and TE's fp8 linears), × the share TP-comm overlap leaves exposed
-    (``tp_exposed_fraction``); under Megatron's userbuffers (``model`` given) each collective against its own GEMM."""
+    (``tp_exposed_fraction``); under Megatron's userbuffers (``model`` given) each collective against its own GEMM
+    (``ops``: ``op_cost.job_precision_ops`` of the graph, when the caller has them)."""
     t = par.tp
     fraction = tp_exposed_fraction(t, cluster.efficiency, rt)
     tokens = par.micro_batch_size * job.seq_len / par.cp
@@ -111,10 +113,10 @@ def tp_boundary_costs(graph: LayerGraph, cluster: ClusterSpec, job: JobSpec, par
     for tensor, role in tp_boundaries(graph):
         elems = tokens * graph.tensors[tensor].width
         if userbuffers:
-            ops = [op for op in graph.ops if op.kind == "matmul"
-                   and (op.inputs[0] == tensor if role == "column" else op.output == tensor)]
-            gemm = sum(p.gemm_f + p.gemm_fwd_extra for p in (op_compute(op, graph, model, cluster, job, par, rt)
-                                                            for op in ops))
+            assert model is not None
+            ops = ops or job_precision_ops(graph, model, cluster, job, par, rt)
+            gemm = sum(p.gemm_f + p.gemm_fwd_extra for op, p in zip(graph.ops, ops) if op.kind == "matmul"
+                       and (op.inputs[0] == tensor if role == "column" else op.output == tensor))
             out.append(_userbuffers_boundary(role, elems, gemm, gather, grad_gather, t, stride, cluster,
                                              2 if par.recompute == "full" else 1))
             continue

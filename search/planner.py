@@ -268,24 +268,22 @@ def _interleaved_split(lay: Layout, scorer: Scorer, tables: StageTables) -> tupl
     return None if best is None else best[2]
 
 
-def _knob_rule_error(lay: Layout, model: ModelSpec, job: JobSpec, scorers: Mapping[str, Scorer]) -> ConfigError | None:
+def _knob_rule_error(lay: Layout, scorers: Mapping[str, Scorer]) -> ConfigError | None:
     """Why ``lay``'s target does not run the user's knobs on it (``TargetProfile.check_runtime``, as ``estimate``
     checks them: e.g. Megatron's TP overlap needs tp > 1 with SP, an FSDP2 reshard group must divide the shard group;
     under ``any`` a target without a knob the user set runs none of its layouts); None where it does, with its
     defaults or else with the knobs the search chose for it (legal if any setting is)."""
-    prof = get_profile(lay.target)
-    if prof is None:
+    if get_profile(lay.target) is None:
         return None
     sc = scorers[lay.target]
-    par = lay.parallel_config()
+    err = sc.runtime_error(lay, {})
+    if err is None:
+        return None
     try:
-        prof.check_runtime(model, sc.cluster, job, par, sc.default_runtime(lay))
-    except ConfigError as err:
-        try:
-            prof.check_runtime(model, sc.cluster, job, par, sc.runtime(lay))
-        except ConfigError:
-            return err
-    return None
+        chosen = sc.chosen_knobs(lay)
+    except ConfigError:
+        return err
+    return err if sc.runtime_error(lay, chosen) is not None else None
 
 
 def _knob_refusal(errs: list[ConfigError], layouts: list[Layout], model: ModelSpec,
@@ -796,7 +794,7 @@ def _iter_searched_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     for lay in layouts:
         if not kept:  # only asked when none is kept
             seen.append(lay)
-        err = _knob_rule_error(lay, model, job, scorers)
+        err = _knob_rule_error(lay, scorers)
         if err is not None:
             tally.cut("knob_rule")
             rules.setdefault(re.sub(r"\d+", "#", err.reason), err)

@@ -22,8 +22,10 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import attrgetter
 from types import SimpleNamespace
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -80,6 +82,7 @@ def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
 
 
 _READS: ContextVar[set[str] | None] = ContextVar("_READS", default=None)
+_T = TypeVar("_T")
 _PAR_FIELDS = frozenset(ParallelConfig.model_fields)
 
 
@@ -95,6 +98,14 @@ class _ReadParallelConfig(ParallelConfig):
             elif name == "__dict__":
                 reads.update(_PAR_FIELDS)
         return super().__getattribute__(name)
+
+
+def _field_values(fields: tuple[str, ...]) -> Callable[[ParallelConfig], tuple]:
+    """A getter of ``fields``' values as a tuple (``attrgetter`` gives a bare value for one field, () for none)."""
+    if len(fields) == 1:
+        one = fields[0]
+        return lambda par: (getattr(par, one),)
+    return attrgetter(*fields) if fields else (lambda par: ())
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -172,8 +183,9 @@ class Scorer:
         self._compute: dict[tuple, OpCompute] = {}  # (kind, layer_compute_key): layer_compute
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
-        self._cands: dict[tuple, list[dict[str, Any]]] = {}  # knob_key: the profile's knob candidates
-        self._cand_reads: dict[str, list[tuple[str, ...]]] = {}  # target: the field sets its knob_keys read
+        self._memo: dict[tuple, Any] = {}  # (space, fields read, their values): what _recorded computed
+        # space: the field sets its computations read, each with a getter of their values as a tuple
+        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[ParallelConfig], tuple]]]] = {}
         self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
@@ -187,7 +199,7 @@ class Scorer:
         self._summaries: dict[tuple, tuple[float, float, float, float]] = {}  # floor_per_layer's key: time_summary
         self._act_floors: dict[tuple, tuple[dict[str, float], float]] = {}  # (bound key, candidates): act_floor
         self._state_lb: dict[tuple, float] = {}  # state_pieces' key: state_lower_bound
-        self._cand_keys: dict[int, tuple] = {}  # id of a _cands list: its settings as a key (_cands_key)
+        self._cand_keys: dict[int, tuple] = {}  # id of a knob_candidates list: its settings as a key (_cands_key)
         self.ilp = IntraOpCache()  # the intra-op ILP's layer solutions, shared by every search of this job
         self.layer_model = model  # the model the ILP's decoder layers are keyed on (as_run: the asked one)
         self._ladders: dict[str, ModuleLadder] = {}  # target: module_ladder
@@ -273,26 +285,73 @@ class Scorer:
         out = []
         for fields in prof.layout_knob_options(self.cluster, self.job, par, self.software.given()):
             knobs = tuple(sorted(fields.items()))
-            if fields:  # the variant's own runtime (its default_runtime), before the variant is built
-                try:
-                    prof.check_runtime(self.model, self.cluster, self.job, par,
-                                       self._runtime_with(lay, dict(knobs), own=False))
-                except ConfigError:
-                    continue
+            if fields and self.runtime_error(lay, dict(knobs), own=False) is not None:
+                continue  # the variant's own runtime (its default_runtime) refused, before the variant is built
             out.append(lay if knobs == lay.knobs else replace(lay, knobs=knobs))
         return out or [lay]
 
-    def _runtime_with(self, lay: Layout, chosen: dict[str, Any], own: bool = True) -> Runtime:
-        fields = {**dict(lay.knobs), **chosen} if own else dict(chosen)
-        items = tuple(sorted(fields.items(), key=lambda kv: kv[0]))
-        key = (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel, items)
+    @staticmethod
+    def _runtime_key(lay: Layout, chosen: dict[str, Any], own: bool = True) -> tuple:
+        """What ``_runtime_with`` resolves a runtime from: the target, the fields its resolution reads and the knobs."""
+        fields = {**dict(lay.knobs), **chosen} if own and lay.knobs else chosen
+        return (lay.target, lay.zero_stage, lay.pp, lay.tp, lay.cp, lay.sequence_parallel,
+                tuple(sorted(fields.items(), key=lambda kv: kv[0])) if fields else ())
+
+    def _runtime_with(self, lay: Layout, chosen: dict[str, Any], own: bool = True, key: tuple | None = None) -> Runtime:
+        key = key or self._runtime_key(lay, chosen, own)
         hit = self._runtimes.get(key)
         if hit is None:
-            par = ParallelConfig(tp=lay.tp, cp=lay.cp, pp=lay.pp, zero_stage=lay.zero_stage,
-                                 sequence_parallel=lay.sequence_parallel)
-            sw = Software(**self.software.given(), **fields) if fields else self.software
-            hit = self._runtimes[key] = runtime_for(lay.target, self.job, self.cluster, par, sw)
+            target, zero, pp, tp, cp, sp, items = key
+            par = ParallelConfig(tp=tp, cp=cp, pp=pp, zero_stage=zero, sequence_parallel=sp)
+            sw = Software(**self.software.given(), **dict(items)) if items else self.software
+            hit = self._runtimes[key] = runtime_for(target, self.job, self.cluster, par, sw)
         return hit
+
+    def runtime_error(self, lay: Layout, chosen: dict[str, Any], own: bool = True) -> ConfigError | None:
+        """Why ``lay``'s target does not run it with the runtime ``_runtime_with(lay, chosen, own)``: the knobs'
+        resolution or ``TargetProfile.check_runtime``; None where it runs. The check is cached per runtime on the
+        ``ParallelConfig`` fields it read (``_recorded``), as the knob candidates are: the search asks it of every
+        layout, and layouts differing only in fields no rule of the runtime read share its answer."""
+        key = self._runtime_key(lay, chosen, own)
+        try:
+            rt = self._runtime_with(lay, chosen, own, key)
+        except ConfigError as err:
+            return err
+        prof = PROFILES[lay.target]
+
+        def check(par: ParallelConfig) -> ConfigError | None:
+            try:
+                prof.check_runtime(self.model, self.cluster, self.job, par, rt)
+            except ConfigError as err:
+                return err
+            return None
+
+        return self._recorded(("check_runtime", key), lay, check)[1]
+
+    def _recorded(self, space: tuple, lay: Layout, compute: Callable[[ParallelConfig], _T]) -> tuple[tuple, _T]:
+        """(key, ``compute(lay's ParallelConfig)``), computed once per key: ``space`` and the values of the fields
+        ``compute`` read of the config (recorded while it ran, ``_ReadParallelConfig``). A layout agreeing on every
+        field a computation read takes its branches, hence its answer (``compute`` reads nothing else that varies
+        within ``space``); the fields are recorded, not listed, so a new rule is covered."""
+        par = lay.parallel_config()  # the validated fields (validation may rewrite one: modules () is recompute none)
+        for fields, values in self._reads.get(space, ()):
+            key = (space, fields, values(par))
+            if key in self._memo:
+                return key, self._memo[key]
+        recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
+        reads: set[str] = set()
+        token = _READS.set(reads)
+        try:
+            value = compute(recorded)
+        finally:
+            _READS.reset(token)
+        fields = tuple(sorted(reads))
+        seen = self._reads.setdefault(space, [])
+        if all(f != fields for f, _ in seen):
+            seen.append((fields, _field_values(fields)))
+        key = (space, fields, tuple(getattr(par, f) for f in fields))
+        self._memo[key] = value
+        return key, value
 
     def chosen_knobs(self, lay: Layout) -> dict[str, Any]:
         """The knobs the search sets for ``lay`` (``Software`` fields added to the user's): of the target's legal
@@ -337,27 +396,9 @@ class Scorer:
         return entry
 
     def _knob_lookup(self, lay: Layout) -> tuple[tuple, list[dict[str, Any]]]:
-        kw = lay.parallel_kwargs()
-        par = lay.parallel_config()  # the validated fields (validation may rewrite one: modules () is recompute none)
-        for fields in self._cand_reads.get(lay.target, ()):
-            key = (lay.target, fields, tuple(getattr(par, f) for f in fields))
-            hit = self._cands.get(key)
-            if hit is not None:
-                return key, hit
-        reads: set[str] = set()
-        token = _READS.set(reads)
-        try:
-            cands = PROFILES[lay.target].knob_candidates(self.model, self.cluster, self.job,
-                                                         _ReadParallelConfig(**kw), self.software)
-        finally:
-            _READS.reset(token)
-        fields = tuple(sorted(reads))
-        seen = self._cand_reads.setdefault(lay.target, [])
-        if fields not in seen:
-            seen.append(fields)
-        key = (lay.target, fields, tuple(getattr(par, f) for f in fields))
-        self._cands[key] = cands
-        return key, cands
+        prof = PROFILES[lay.target]
+        return self._recorded((lay.target,), lay, lambda par: prof.knob_candidates(self.model, self.cluster, self.job,
+                                                                                    par, self.software))
 
     @staticmethod
     def bound_key(lay: Layout, recompute: str | None = None) -> tuple:

@@ -103,6 +103,8 @@ class Layout:
     # Megatron --recompute-modules under selective recompute (a user pin: ``ParallelConfig.recompute_modules``, priced
     # by ``cost_models.recompute``); None: Megatron's default (core_attn) or another recompute mode
     recompute_modules: tuple[str, ...] | None = None
+    # parallel_config's answer, kept on the instance (not a field of the layout: no compare, hash or replace)
+    _par: ParallelConfig | None = field(default=None, init=False, repr=False, compare=False)
 
     def parallel_kwargs(self) -> dict[str, Any]:
         kw = dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
@@ -116,9 +118,14 @@ class Layout:
         return kw
 
     def parallel_config(self) -> ParallelConfig:
-        """``ParallelConfig(**parallel_kwargs())``, validated once per layout shape among the recent ones (the search
-        asks it for one layout several times in a row: its knob rules, variants and candidates; it is frozen)."""
-        return _parallel_config(tuple(self.parallel_kwargs().items()))
+        """``ParallelConfig(**parallel_kwargs())``, validated once per layout and per layout shape among the recent
+        ones (the search asks it of one layout several times: its knob rules, variants and candidates; it is frozen;
+        a knob variant is another instance of the same shape)."""
+        par = self._par
+        if par is None:
+            par = _parallel_config(tuple(self.parallel_kwargs().items()))
+            object.__setattr__(self, "_par", par)
+        return par
 
     def sort_key(self) -> tuple[Any, ...]:
         """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no

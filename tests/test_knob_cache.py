@@ -15,11 +15,12 @@ import pytest
 from autoplan.api import Engine
 from autoplan.catalog import build_cluster, load_model
 from autoplan.emit.plan import priced_software
+from cost_models.errors import ConfigError
 from cost_models.estimate import estimate
 from cost_models.specs import JobSpec, ParallelConfig
 from cost_models.targets import PROFILES, Software, runtime_for
 from search.score import Scorer
-from search.space import Layout
+from search.space import Layout, Tally, enumerate_layouts
 
 MODEL, GPUS, SEQ, GBS = "olmoe-1b-7b", 16, 32768, 64
 USER = {"moe_a2a_overlap": True}
@@ -158,3 +159,56 @@ def test_memory_neutral_layout_knobs_change_no_priced_byte(pp: int, schedule: st
     assert mems[0].memory_gib == mems[1].memory_gib  # ... and changes no byte
     for var in variants:
         assert shared.memory_lower_bound(var) == Scorer(model, cluster, job)._memory_lower_bound(var)
+
+
+# ---- what the cached rule checks read ---------------------------------------------------------------------------
+
+def test_knob_key_holds_what_the_profile_read_not_what_parallel_config_validation_read() -> None:
+    """Building a ``ParallelConfig`` runs its validators, which read pp, vp, schedule, recompute and the modules: the
+    recorded config is built before the recording starts, so only the profile's reads key the cache. On cp=1
+    Megatron offers no cp_comm_type (``MegatronProfile.knob_options`` reads cp alone), so every such layout shares one
+    entry; recorded with the validators' reads the key held 7 fields, and llama3-70b on 1024 GPUs missed the cache on
+    3,580 of 16,164 layouts."""
+    model, cluster = load_model("llama3-70b"), build_cluster("h100-sxm", 64)
+    sc = Scorer(model, cluster, JobSpec(global_batch_size=64, seq_len=4096))
+    lays = [Layout(tp=4, cp=1, pp=pp, dp=16 // pp, ep=1, micro_batch_size=1, m=64 // (16 // pp), recompute=rc,
+                   zero_stage=1, hsdp_shard_size=None, schedule=sched, vp=vp)
+            for pp, sched, vp in ((1, "1f1b", 1), (4, "1f1b", 1), (4, "interleaved", 2)) for rc in ("none", "full")]
+    keys = {sc.knob_key(lay) for lay in lays}
+    assert len(keys) == 1
+    (_, fields, _), = keys
+    assert fields == ("cp",)
+    assert all(sc.knob_candidates(lay) == [] for lay in lays)
+
+
+@pytest.mark.parametrize("name, gpus, seq, user", [
+    ("olmoe-1b-7b", 16, 32768, {"moe_a2a_overlap": True}),  # refused on ep 1, full recompute, pp > 1 without vp
+    ("llama3-8b", 16, 8192, {"tp_comm_overlap": True}),  # refused where tp = 1 or SP is off
+], ids=["a2a-overlap", "tp-overlap"])
+def test_cached_rule_checks_answer_as_the_profile_does_on_every_layout(name: str, gpus: int, seq: int,
+                                                                     user: dict[str, Any]) -> None:
+    """``Scorer.runtime_error`` and ``knob_candidates`` cache the profile's answers on the fields it read
+    (``Scorer._recorded``); one Scorer asked of every layout the search enumerates, in its order, answers each as
+    ``check_runtime`` and ``knob_candidates`` do on that layout alone (a read the record missed would let an earlier
+    layout decide a later one's)."""
+    model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
+    job = JobSpec(global_batch_size=64, seq_len=seq)
+    sw = Software(**user)
+    sc = Scorer(model, cluster, job, software=sw)
+    prof = PROFILES["megatron"]
+    ladders = {"megatron": sc.module_ladder("megatron")}
+    lays = list(enumerate_layouts(model, cluster, job, "megatron", {}, Tally(), ladders))
+    assert len(lays) > 100
+    refused = 0
+    for lay in lays:
+        par = ParallelConfig(**lay.parallel_kwargs())
+        try:
+            prof.check_runtime(model, cluster, job, par, runtime_for("megatron", job, cluster, par, sw))
+            want = None
+        except ConfigError as err:
+            want = str(err)
+        got = sc.runtime_error(lay, {})
+        assert (None if got is None else str(got)) == want, lay
+        refused += want is not None
+        assert sc.knob_candidates(lay) == prof.knob_candidates(model, cluster, job, par, sw), lay
+    assert 0 < refused < len(lays)  # both answers occur
