@@ -20,7 +20,7 @@ full ``estimate``, which is what users see.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
 from types import SimpleNamespace
@@ -287,7 +287,7 @@ class Scorer:
             knobs = tuple(sorted(fields.items()))
             if fields and self.runtime_error(lay, dict(knobs), own=False) is not None:
                 continue  # the variant's own runtime (its default_runtime) refused, before the variant is built
-            out.append(lay if knobs == lay.knobs else replace(lay, knobs=knobs))
+            out.append(lay if knobs == lay.knobs else lay.with_knobs(knobs))
         return out or [lay]
 
     @staticmethod
@@ -1200,7 +1200,7 @@ class Scorer:
         """``lay`` less the layout knobs that change no memory (``TargetProfile.memory_neutral_layout_knobs``): what
         the memory bounds are computed and cached on."""
         neutral = PROFILES[lay.target].memory_neutral_layout_knobs
-        return replace(lay, knobs=tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
+        return lay.with_knobs(tuple(kv for kv in lay.knobs if kv[0] not in neutral)) if lay.knobs else lay
 
     def state_lower_bound(self, lay: Layout) -> float:
         """``memory_lower_bound`` with no activation, transient or allocator reserve (each ≥ 0 in it, so this is ≤

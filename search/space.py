@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, Literal
 
 from cost_models.errors import divisors
@@ -105,6 +106,20 @@ class Layout:
     recompute_modules: tuple[str, ...] | None = None
     # parallel_config's answer, kept on the instance (not a field of the layout: no compare, hash or replace)
     _par: ParallelConfig | None = field(default=None, init=False, repr=False, compare=False)
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)  # __hash__'s, once
+
+    def __hash__(self) -> int:
+        """The hash of the compared fields (as the dataclass's own), computed once: the search keys its per-layout
+        caches on layouts."""
+        h = self._hash
+        if h is None:
+            h = hash(_LAYOUT_FIELDS(self))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash: a string's hash differs between processes."""
+        return {**self.__dict__, "_hash": None}
 
     def parallel_kwargs(self) -> dict[str, Any]:
         kw = dict(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, vp=self.vp,
@@ -127,6 +142,12 @@ class Layout:
             object.__setattr__(self, "_par", par)
         return par
 
+    def with_knobs(self, knobs: tuple[tuple[str, Any], ...]) -> "Layout":
+        """This layout with other layout knobs; it keeps the validated ``parallel_config`` (knobs are not its fields)."""
+        out = replace(self, knobs=knobs)
+        object.__setattr__(out, "_par", self._par)
+        return out
+
     def sort_key(self) -> tuple[Any, ...]:
         """Stable tie-break among equal costs: simpler layouts first (fewer stages, less TP/CP/EP, no
         interleaving, larger micro-batches, less recompute, lower ZeRO stage)."""
@@ -134,6 +155,9 @@ class Layout:
                 RECOMPUTE_ORDER.index(self.recompute), self.zero_stage, self.hsdp_shard_size or 0, self.schedule,
                 self.kv_replication, self.target, tuple((k, repr(v)) for k, v in self.knobs),
                 self.recompute_modules or ())
+
+
+_LAYOUT_FIELDS = attrgetter(*(f.name for f in fields(Layout) if f.compare))
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:

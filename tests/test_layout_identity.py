@@ -1,0 +1,37 @@
+"""``search.space.Layout`` keeps its validated ``ParallelConfig`` and its hash on the instance (the search keys its
+per-layout caches on layouts); neither may change what a layout is equal to, and the hash must not travel between
+processes, where a string's hash differs (batch workers pickle layouts)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+from search.space import Layout
+
+LAY = Layout(tp=2, cp=1, pp=2, dp=4, ep=1, micro_batch_size=1, m=8, recompute="selective", zero_stage=1,
+             hsdp_shard_size=None, schedule="1f1b", vp=1, recompute_modules=("core_attn",))
+
+
+def test_cached_hash_and_config_leave_equality_as_the_fields_say() -> None:
+    twin = Layout(**{k: v for k, v in vars(LAY).items() if not k.startswith("_")})
+    assert LAY.parallel_config() is LAY.parallel_config()
+    assert twin == LAY and hash(twin) == hash(LAY)
+    knobbed = LAY.with_knobs((("moe_a2a_overlap", True),))
+    assert knobbed != LAY and knobbed.knobs == (("moe_a2a_overlap", True),)
+    assert knobbed.parallel_config() is LAY.parallel_config()  # knobs are no field of the config
+    assert hash(knobbed) == hash(Layout(**{**{k: v for k, v in vars(LAY).items() if not k.startswith("_")},
+                                         "knobs": (("moe_a2a_overlap", True),)}))
+
+
+def test_a_layout_unpickled_in_another_process_hashes_as_one_built_there() -> None:
+    hash(LAY)  # cached here, under this process's string hashes
+    code = ("import pickle, sys; from search.space import Layout; lay = pickle.loads(sys.stdin.buffer.read()); "
+            "fresh = Layout(**{k: v for k, v in vars(lay).items() if not k.startswith('_')}); "
+            "print(hash(lay) == hash(fresh) and {lay: 1}.get(fresh) == 1)")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(LAY), capture_output=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}, cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert out.stdout.decode().strip() == "True", out.stderr.decode()
