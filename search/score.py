@@ -22,7 +22,6 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
 from types import SimpleNamespace
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -98,14 +97,6 @@ class _ReadParallelConfig(ParallelConfig):
             elif name == "__dict__":
                 reads.update(_PAR_FIELDS)
         return super().__getattribute__(name)
-
-
-def _field_values(fields: tuple[str, ...]) -> Callable[[ParallelConfig], tuple]:
-    """A getter of ``fields``' values as a tuple (``attrgetter`` gives a bare value for one field, () for none)."""
-    if len(fields) == 1:
-        one = fields[0]
-        return lambda par: (getattr(par, one),)
-    return attrgetter(*fields) if fields else (lambda par: ())
 
 
 def schedule_alpha(schedule: str, vp: int) -> float:
@@ -184,8 +175,7 @@ class Scorer:
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._memo: dict[tuple, Any] = {}  # (space, fields read, their values): what _recorded computed
-        # space: the field sets its computations read, each with a getter of their values as a tuple
-        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[ParallelConfig], tuple]]]] = {}
+        self._reads: dict[tuple, list[tuple[str, ...]]] = {}  # space: the field sets its computations read
         self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
@@ -281,9 +271,11 @@ class Scorer:
         prof = PROFILES[lay.target]
         if not lay.knobs and type(prof).layout_knob_options is TargetProfile.layout_knob_options:
             return [lay]  # the profile offers no such knob ([{}]): the layout itself
-        par = lay.parallel_config()
+        given = self.software.given()
+        options = self._recorded(("layout_knob_options", lay.target), lay,
+                                 lambda par: prof.layout_knob_options(self.cluster, self.job, par, given))[1]
         out = []
-        for fields in prof.layout_knob_options(self.cluster, self.job, par, self.software.given()):
+        for fields in options:
             knobs = tuple(sorted(fields.items()))
             if fields and self.runtime_error(lay, dict(knobs), own=False) is not None:
                 continue  # the variant's own runtime (its default_runtime) refused, before the variant is built
@@ -333,9 +325,8 @@ class Scorer:
         ``compute`` read of the config (recorded while it ran, ``_ReadParallelConfig``). A layout agreeing on every
         field a computation read takes its branches, hence its answer (``compute`` reads nothing else that varies
         within ``space``); the fields are recorded, not listed, so a new rule is covered."""
-        par = lay.parallel_config()  # the validated fields (validation may rewrite one: modules () is recompute none)
-        for fields, values in self._reads.get(space, ()):
-            key = (space, fields, values(par))
+        for fields in self._reads.get(space, ()):
+            key = (space, fields, lay.config_values(fields))  # as validated (modules () is recompute none)
             if key in self._memo:
                 return key, self._memo[key]
         recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
@@ -347,9 +338,9 @@ class Scorer:
             _READS.reset(token)
         fields = tuple(sorted(reads))
         seen = self._reads.setdefault(space, [])
-        if all(f != fields for f, _ in seen):
-            seen.append((fields, _field_values(fields)))
-        key = (space, fields, tuple(getattr(par, f) for f in fields))
+        if fields not in seen:
+            seen.append(fields)
+        key = (space, fields, lay.config_values(fields))
         self._memo[key] = value
         return key, value
 

@@ -35,10 +35,10 @@ Memory pruning (lower bound, then the stage DP) happens in ``search.planner``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
 from cost_models.errors import divisors
@@ -107,6 +107,7 @@ class Layout:
     # parallel_config's answer, kept on the instance (not a field of the layout: no compare, hash or replace)
     _par: ParallelConfig | None = field(default=None, init=False, repr=False, compare=False)
     _hash: int | None = field(default=None, init=False, repr=False, compare=False)  # __hash__'s, once
+    _values: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # config_values'
 
     def __hash__(self) -> int:
         """The hash of the compared fields (as the dataclass's own), computed once: the search keys its per-layout
@@ -142,10 +143,25 @@ class Layout:
             object.__setattr__(self, "_par", par)
         return par
 
+    def config_values(self, fields: tuple[str, ...]) -> tuple[Any, ...]:
+        """The values ``parallel_config()`` holds in ``fields``, without validating this layout: its validators rewrite
+        only the fields they read (pp, vp, schedule, recompute, recompute_modules: ``_validated_shape``), and a field
+        no validator reads keeps the layout's value (the ParallelConfig default where the layout has none). What the
+        search keys its per-layout rule caches on (``Scorer._recorded``) before it has priced a layout."""
+        values = self._values
+        if values is None:
+            shape = _validated_shape(self.pp, self.vp, self.schedule, self.recompute, self.recompute_modules)
+            values = tuple(shape[f] if f in shape else getattr(self, f) if f in _LAYOUT_CONFIG_FIELDS
+                           else _CONFIG_DEFAULTS[f] for f in _CONFIG_FIELDS)
+            object.__setattr__(self, "_values", values)
+        return _config_getter(fields)(values)
+
     def with_knobs(self, knobs: tuple[tuple[str, Any], ...]) -> "Layout":
-        """This layout with other layout knobs; it keeps the validated ``parallel_config`` (knobs are not its fields)."""
+        """This layout with other layout knobs; it keeps the validated ``parallel_config`` and ``config_values`` (knobs
+        are no field of a config)."""
         out = replace(self, knobs=knobs)
         object.__setattr__(out, "_par", self._par)
+        object.__setattr__(out, "_values", self._values)
         return out
 
     def sort_key(self) -> tuple[Any, ...]:
@@ -158,6 +174,29 @@ class Layout:
 
 
 _LAYOUT_FIELDS = attrgetter(*(f.name for f in fields(Layout) if f.compare))
+# the ParallelConfig fields a layout holds as attributes of its own (parallel_kwargs), and the others' defaults
+_LAYOUT_CONFIG_FIELDS = frozenset(f.name for f in fields(Layout)) & frozenset(ParallelConfig.model_fields)
+_CONFIG_DEFAULTS = {name: f.default for name, f in ParallelConfig.model_fields.items()}
+_CONFIG_FIELDS = tuple(ParallelConfig.model_fields)
+
+
+@lru_cache(maxsize=None)
+def _config_getter(fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The values of ``fields`` as a tuple, from all of a config's values in ``_CONFIG_FIELDS`` order."""
+    index = [_CONFIG_FIELDS.index(f) for f in fields]
+    if len(index) == 1:
+        one = index[0]
+        return lambda values: (values[one],)
+    return itemgetter(*index) if index else (lambda values: ())
+
+
+@lru_cache(maxsize=4096)
+def _validated_shape(pp: int, vp: int, schedule: str, recompute: str,
+                     recompute_modules: tuple[str, ...] | None) -> dict[str, Any]:
+    """The fields ParallelConfig's validators read, as it validates them (``Layout.config_values``); the rest default."""
+    par = ParallelConfig(pp=pp, vp=vp, schedule=schedule, recompute=recompute,  # type: ignore[arg-type]
+                         recompute_modules=recompute_modules)
+    return {f: getattr(par, f) for f in ("pp", "vp", "schedule", "recompute", "recompute_modules")}
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:

@@ -8,8 +8,15 @@ import os
 import pickle
 import subprocess
 import sys
+from typing import Any
 
-from search.space import Layout
+import pytest
+
+from autoplan.catalog import build_cluster, load_model
+from cost_models.specs import JobSpec, ParallelConfig
+from cost_models.targets import PROFILES
+from search.score import Scorer
+from search.space import Layout, Tally, enumerate_layouts
 
 LAY = Layout(tp=2, cp=1, pp=2, dp=4, ep=1, micro_batch_size=1, m=8, recompute="selective", zero_stage=1,
              hsdp_shard_size=None, schedule="1f1b", vp=1, recompute_modules=("core_attn",))
@@ -35,3 +42,27 @@ def test_a_layout_unpickled_in_another_process_hashes_as_one_built_there() -> No
         out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(LAY), capture_output=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": seed}, cwd=os.path.dirname(os.path.dirname(__file__)))
         assert out.stdout.decode().strip() == "True", out.stderr.decode()
+
+
+@pytest.mark.parametrize("name, gpus, target, pins", [
+    ("deepseek-v3", 256, "megatron", {}),  # MoE, the selective-recompute module ladder, interleaving
+    ("llama3-8b", 64, "any", {}),  # every target's layouts
+    ("mixtral-8x7b", 64, "megatron", {"recompute": "selective", "recompute_modules": ("mlp", "core_attn")}),
+], ids=["dsv3-megatron", "8b-any", "mixtral-modules-pinned"])
+def test_config_values_are_the_validated_configs_on_every_searched_layout(name: str, gpus: int, target: str,
+                                                                         pins: dict[str, Any]) -> None:
+    """``Layout.config_values`` gives the values ``ParallelConfig`` validates a layout to without validating it (the
+    search keys its rule caches on them for layouts it never prices); a validator that rewrote a field it does not
+    know of (it reads pp, vp, schedule, recompute and the modules) would break it here."""
+    model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
+    job = JobSpec(global_batch_size=256, seq_len=4096)
+    ladders = {t: Scorer(model, cluster, job).module_ladder(t) for t in PROFILES}
+    targets = tuple(PROFILES) if target == "any" else (target,)
+    every = tuple(ParallelConfig.model_fields)
+    n = 0
+    for t in targets:
+        for lay in enumerate_layouts(model, cluster, job, t, pins, Tally(), ladders):  # type: ignore[arg-type]
+            par = ParallelConfig(**lay.parallel_kwargs())
+            assert lay.config_values(every) == tuple(getattr(par, f) for f in every), lay
+            n += 1
+    assert n > 200
