@@ -71,7 +71,7 @@ from cost_models.validate import pipeline_split
 from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
-from search.space import Layout, module_ladder_for
+from search.space import Layout, config_getter, module_ladder_for
 
 
 def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
@@ -175,7 +175,8 @@ class Scorer:
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._memo: dict[tuple, Any] = {}  # (space, fields read, their values): what _recorded computed
-        self._reads: dict[tuple, list[tuple[str, ...]]] = {}  # space: the field sets its computations read
+        # space: the field sets its computations read, each with the getter of their values (Layout.config_tuple)
+        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[tuple], tuple]]]] = {}
         self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
@@ -325,10 +326,13 @@ class Scorer:
         ``compute`` read of the config (recorded while it ran, ``_ReadParallelConfig``). A layout agreeing on every
         field a computation read takes its branches, hence its answer (``compute`` reads nothing else that varies
         within ``space``); the fields are recorded, not listed, so a new rule is covered."""
-        for fields in self._reads.get(space, ()):
-            key = (space, fields, lay.config_values(fields))  # as validated (modules () is recompute none)
-            if key in self._memo:
-                return key, self._memo[key]
+        reads_seen = self._reads.get(space)
+        if reads_seen:
+            config = lay.config_tuple()  # as validated (modules () is recompute none)
+            for fields, values in reads_seen:
+                key = (space, fields, values(config))
+                if key in self._memo:
+                    return key, self._memo[key]
         recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
         reads: set[str] = set()
         token = _READS.set(reads)
@@ -338,8 +342,8 @@ class Scorer:
             _READS.reset(token)
         fields = tuple(sorted(reads))
         seen = self._reads.setdefault(space, [])
-        if fields not in seen:
-            seen.append(fields)
+        if all(f != fields for f, _ in seen):
+            seen.append((fields, config_getter(fields)))
         key = (space, fields, lay.config_values(fields))
         self._memo[key] = value
         return key, value

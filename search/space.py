@@ -144,17 +144,22 @@ class Layout:
         return par
 
     def config_values(self, fields: tuple[str, ...]) -> tuple[Any, ...]:
-        """The values ``parallel_config()`` holds in ``fields``, without validating this layout: its validators rewrite
-        only the fields they read (pp, vp, schedule, recompute, recompute_modules: ``_validated_shape``), and a field
-        no validator reads keeps the layout's value (the ParallelConfig default where the layout has none). What the
-        search keys its per-layout rule caches on (``Scorer._recorded``) before it has priced a layout."""
+        """The values ``parallel_config()`` holds in ``fields``, without validating this layout (``config_getter``)."""
+        return config_getter(fields)(self.config_tuple())
+
+    def config_tuple(self) -> tuple[Any, ...]:
+        """Every field of ``parallel_config()`` (in ``ParallelConfig.model_fields`` order) without validating this
+        layout: its validators rewrite only the fields they read (pp, vp, schedule, recompute, recompute_modules:
+        ``_validated_shape``), and a field no validator reads keeps the layout's value (the ParallelConfig default
+        where the layout has none). What the search keys its per-layout rule caches on (``Scorer._recorded``) before
+        it has priced a layout."""
         values = self._values
         if values is None:
             shape = _validated_shape(self.pp, self.vp, self.schedule, self.recompute, self.recompute_modules)
             values = tuple(shape[f] if f in shape else getattr(self, f) if f in _LAYOUT_CONFIG_FIELDS
                            else _CONFIG_DEFAULTS[f] for f in _CONFIG_FIELDS)
             object.__setattr__(self, "_values", values)
-        return _config_getter(fields)(values)
+        return values
 
     def with_knobs(self, knobs: tuple[tuple[str, Any], ...]) -> "Layout":
         """This layout with other layout knobs; it keeps the validated ``parallel_config`` and ``config_values`` (knobs
@@ -181,8 +186,8 @@ _CONFIG_FIELDS = tuple(ParallelConfig.model_fields)
 
 
 @lru_cache(maxsize=None)
-def _config_getter(fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """The values of ``fields`` as a tuple, from all of a config's values in ``_CONFIG_FIELDS`` order."""
+def config_getter(fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The values of ``fields`` as a tuple, from ``Layout.config_tuple``."""
     index = [_CONFIG_FIELDS.index(f) for f in fields]
     if len(index) == 1:
         one = index[0]
