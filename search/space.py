@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from operator import attrgetter, itemgetter
 from typing import Any, Literal
@@ -155,18 +155,21 @@ class Layout:
         it has priced a layout."""
         values = self._values
         if values is None:
-            shape = _validated_shape(self.pp, self.vp, self.schedule, self.recompute, self.recompute_modules)
-            values = tuple(shape[f] if f in shape else getattr(self, f) if f in _LAYOUT_CONFIG_FIELDS
-                           else _CONFIG_DEFAULTS[f] for f in _CONFIG_FIELDS)
+            row = list(_CONFIG_DEFAULT_ROW)
+            for i, v in zip(_OWN_INDEX, _OWN_FIELDS(self)):
+                row[i] = v
+            for i, v in zip(_SHAPE_INDEX, _validated_shape(self.pp, self.vp, self.schedule, self.recompute,
+                                                          self.recompute_modules)):
+                row[i] = v
+            values = tuple(row)
             object.__setattr__(self, "_values", values)
         return values
 
     def with_knobs(self, knobs: tuple[tuple[str, Any], ...]) -> "Layout":
         """This layout with other layout knobs; it keeps the validated ``parallel_config`` and ``config_values`` (knobs
         are no field of a config)."""
-        out = replace(self, knobs=knobs)
-        object.__setattr__(out, "_par", self._par)
-        object.__setattr__(out, "_values", self._values)
+        out = object.__new__(Layout)  # a copy of the fields and caches (dataclasses.replace re-runs __init__: slow)
+        out.__dict__.update(self.__dict__, knobs=knobs, _hash=None)
         return out
 
     def sort_key(self) -> tuple[Any, ...]:
@@ -179,10 +182,15 @@ class Layout:
 
 
 _LAYOUT_FIELDS = attrgetter(*(f.name for f in fields(Layout) if f.compare))
-# the ParallelConfig fields a layout holds as attributes of its own (parallel_kwargs), and the others' defaults
-_LAYOUT_CONFIG_FIELDS = frozenset(f.name for f in fields(Layout)) & frozenset(ParallelConfig.model_fields)
-_CONFIG_DEFAULTS = {name: f.default for name, f in ParallelConfig.model_fields.items()}
+# Layout.config_tuple's pieces: ParallelConfig's fields (in its order) at their defaults; the fields its validators
+# read and may rewrite (_validated_shape); the other fields a layout holds as attributes of its own (parallel_kwargs)
 _CONFIG_FIELDS = tuple(ParallelConfig.model_fields)
+_CONFIG_DEFAULT_ROW = tuple(f.default for f in ParallelConfig.model_fields.values())
+_SHAPE_FIELDS = ("pp", "vp", "schedule", "recompute", "recompute_modules")
+_SHAPE_INDEX = tuple(_CONFIG_FIELDS.index(f) for f in _SHAPE_FIELDS)
+_OWN_NAMES = tuple(f.name for f in fields(Layout) if f.name in _CONFIG_FIELDS and f.name not in _SHAPE_FIELDS)
+_OWN_INDEX = tuple(_CONFIG_FIELDS.index(f) for f in _OWN_NAMES)
+_OWN_FIELDS = attrgetter(*_OWN_NAMES)
 
 
 @lru_cache(maxsize=None)
@@ -197,11 +205,11 @@ def config_getter(fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[
 
 @lru_cache(maxsize=4096)
 def _validated_shape(pp: int, vp: int, schedule: str, recompute: str,
-                     recompute_modules: tuple[str, ...] | None) -> dict[str, Any]:
-    """The fields ParallelConfig's validators read, as it validates them (``Layout.config_values``); the rest default."""
+                     recompute_modules: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """The fields ParallelConfig's validators read (``_SHAPE_FIELDS``), as it validates them (``Layout.config_tuple``)."""
     par = ParallelConfig(pp=pp, vp=vp, schedule=schedule, recompute=recompute,  # type: ignore[arg-type]
                          recompute_modules=recompute_modules)
-    return {f: getattr(par, f) for f in ("pp", "vp", "schedule", "recompute", "recompute_modules")}
+    return tuple(getattr(par, f) for f in _SHAPE_FIELDS)
 
 
 def _pinned(pins: dict[str, Any], key: str, values: list[Any], tally: Tally) -> list[Any]:
