@@ -19,11 +19,11 @@ full ``estimate``, which is what users see.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np

@@ -104,10 +104,11 @@ class Layout:
     # Megatron --recompute-modules under selective recompute (a user pin: ``ParallelConfig.recompute_modules``, priced
     # by ``cost_models.recompute``); None: Megatron's default (core_attn) or another recompute mode
     recompute_modules: tuple[str, ...] | None = None
-    # parallel_config's answer, kept on the instance (not a field of the layout: no compare, hash or replace)
+    # caches kept on the instance, no part of what the layout is (not compared, hashed or passed to __init__):
+    # parallel_config's answer
     _par: ParallelConfig | None = field(default=None, init=False, repr=False, compare=False)
     _hash: int | None = field(default=None, init=False, repr=False, compare=False)  # __hash__'s, once
-    _values: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # config_values'
+    _values: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)  # config_tuple's
 
     def __hash__(self) -> int:
         """The hash of the compared fields (as the dataclass's own), computed once: the search keys its per-layout
