@@ -316,7 +316,7 @@ class Scorer:
             try:
                 prof.check_runtime(self.model, self.cluster, self.job, par, rt)
             except ConfigError as err:
-                return err
+                return err.with_traceback(None)  # kept: not its frames
             return None
 
         return self._recorded(("check_runtime", key), lay, check)[1]
