@@ -1,6 +1,7 @@
-"""``search.space.Layout`` keeps its validated ``ParallelConfig`` and its hash on the instance (the search keys its
-per-layout caches on layouts); neither may change what a layout is equal to, and the hash must not travel between
-processes, where a string's hash differs (batch workers pickle layouts)."""
+"""``search.space.Layout`` keeps its validated ``ParallelConfig``, its hash and its config values on the instance (the
+search keys its per-layout caches on layouts, and its rule caches on the config values of layouts it never validates).
+None may change what a layout is equal to; the config values must be the validated ones; the hash must not travel
+between processes, where a string's hash differs (batch workers pickle layouts)."""
 
 from __future__ import annotations
 
