@@ -272,13 +272,12 @@ class Scorer:
         prof = PROFILES[lay.target]
         if not lay.knobs and type(prof).layout_knob_options is TargetProfile.layout_knob_options:
             return [lay]  # the profile offers no such knob ([{}]): the layout itself
-        given = self.software.given()
-        options = self._recorded(("layout_knob_options", lay.target), lay,
-                                 lambda par: prof.layout_knob_options(self.cluster, self.job, par, given))[1]
+        options = self._recorded(("layout_knob_options", lay.target), lay, lambda par: prof.layout_knob_options(
+            self.cluster, self.job, par, self.software.given()))[1]
         out = []
         for fields in options:
             knobs = tuple(sorted(fields.items()))
-            if fields and self.runtime_error(lay, dict(knobs), own=False) is not None:
+            if fields and self.runtime_error(lay, fields, own=False) is not None:
                 continue  # the variant's own runtime (its default_runtime) refused, before the variant is built
             out.append(lay if knobs == lay.knobs else lay.with_knobs(knobs))
         return out or [lay]
