@@ -174,9 +174,9 @@ class Scorer:
         self._compute: dict[tuple, OpCompute] = {}  # (kind, layer_compute_key): layer_compute
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
-        self._memo: dict[tuple, Any] = {}  # (space, fields read, their values): what _recorded computed
-        # space: the field sets its computations read, each with the getter of their values (Layout.config_tuple)
-        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[tuple], tuple]]]] = {}
+        # space: the field sets its computations read (in the order first seen), each with the getter of their values
+        # (Layout.config_tuple) and what _recorded computed per values
+        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[tuple], tuple], dict[tuple, Any]]]] = {}
         self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
@@ -328,10 +328,10 @@ class Scorer:
         reads_seen = self._reads.get(space)
         if reads_seen:
             config = lay.config_tuple()  # as validated (modules () is recompute none)
-            for fields, values in reads_seen:
-                key = (space, fields, values(config))
-                if key in self._memo:
-                    return key, self._memo[key]
+            for fields, values, table in reads_seen:
+                vals = values(config)
+                if vals in table:
+                    return (space, fields, vals), table[vals]
         recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
         reads: set[str] = set()
         token = _READS.set(reads)
@@ -341,11 +341,13 @@ class Scorer:
             _READS.reset(token)
         fields = tuple(sorted(reads))
         seen = self._reads.setdefault(space, [])
-        if all(f != fields for f, _ in seen):
-            seen.append((fields, config_getter(fields)))
-        key = (space, fields, lay.config_values(fields))
-        self._memo[key] = value
-        return key, value
+        table = next((t for f, _, t in seen if f == fields), None)
+        if table is None:
+            table = {}
+            seen.append((fields, config_getter(fields), table))
+        vals = lay.config_values(fields)
+        table[vals] = value
+        return (space, fields, vals), value
 
     def chosen_knobs(self, lay: Layout) -> dict[str, Any]:
         """The knobs the search sets for ``lay`` (``Software`` fields added to the user's): of the target's legal

@@ -156,13 +156,8 @@ class Layout:
         it has priced a layout."""
         values = self._values
         if values is None:
-            row = list(_CONFIG_DEFAULT_ROW)
-            for i, v in zip(_OWN_INDEX, _OWN_FIELDS(self)):
-                row[i] = v
-            for i, v in zip(_SHAPE_INDEX, _validated_shape(self.pp, self.vp, self.schedule, self.recompute,
-                                                          self.recompute_modules)):
-                row[i] = v
-            values = tuple(row)
+            values = _CONFIG_ORDER(_OWN_FIELDS(self) + _validated_shape(self.pp, self.vp, self.schedule, self.recompute,
+                                                                       self.recompute_modules) + _CONFIG_DEFAULTS)
             object.__setattr__(self, "_values", values)
         return values
 
@@ -186,12 +181,13 @@ _LAYOUT_FIELDS = attrgetter(*(f.name for f in fields(Layout) if f.compare))
 # Layout.config_tuple's pieces: ParallelConfig's fields (in its order) at their defaults; the fields its validators
 # read and may rewrite (_validated_shape); the other fields a layout holds as attributes of its own (parallel_kwargs)
 _CONFIG_FIELDS = tuple(ParallelConfig.model_fields)
-_CONFIG_DEFAULT_ROW = tuple(f.default for f in ParallelConfig.model_fields.values())
 _SHAPE_FIELDS = ("pp", "vp", "schedule", "recompute", "recompute_modules")
-_SHAPE_INDEX = tuple(_CONFIG_FIELDS.index(f) for f in _SHAPE_FIELDS)
 _OWN_NAMES = tuple(f.name for f in fields(Layout) if f.name in _CONFIG_FIELDS and f.name not in _SHAPE_FIELDS)
-_OWN_INDEX = tuple(_CONFIG_FIELDS.index(f) for f in _OWN_NAMES)
 _OWN_FIELDS = attrgetter(*_OWN_NAMES)
+_DEFAULT_NAMES = tuple(f for f in _CONFIG_FIELDS if f not in _OWN_NAMES and f not in _SHAPE_FIELDS)
+_CONFIG_DEFAULTS = tuple(ParallelConfig.model_fields[f].default for f in _DEFAULT_NAMES)
+# config_tuple: (own values, validated shape, defaults) reordered into ParallelConfig's field order
+_CONFIG_ORDER = itemgetter(*((_OWN_NAMES + _SHAPE_FIELDS + _DEFAULT_NAMES).index(f) for f in _CONFIG_FIELDS))
 
 
 @lru_cache(maxsize=None)
