@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from cost_models.gemm import hbm_time_s, matmul_time_s
+from cost_models.gemm import matmul_time_s
 from cost_models.opgraph import LayerGraph, Op, keys_per_query
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets.common import Runtime

@@ -69,7 +69,7 @@ def gdn_traffic_bytes(model: ModelSpec, t: int = 1) -> tuple[float, float]:
     g = model.gdn
     assert g is not None
     hv, c, dk, dv = g.num_value_heads / t, g.chunk_size, g.key_head_dim, g.value_head_dim
-    kd, vd, conv = g.key_dim / t, g.value_dim / t, g.conv_dim / t
+    kd, conv = g.key_dim / t, g.conv_dim / t  # (value_dim / t is hv·dv: v below)
     qk_rep, v, st = hv * dk, hv * dv, hv * dk * dv / c
     glue = BF16 * 2 * conv * 2 + BF16 * 2 * 2 * kd + BF16 * (2 * kd + 2 * qk_rep)  # copy + conv; l2 norms; repeat
     gates = (BF16 + FP32) * hv + BF16 * 2 * hv + FP32 * 2 * hv  # g (alpha in, fp32 out), beta, chunk cumsum
