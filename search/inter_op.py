@@ -172,6 +172,16 @@ def brute_force(edges: StageEdges, *, n_layers: int, n_microbatches: int, inflig
 
 # ==== driver: Megatron-expressible splits for one homogeneous pipeline ================================
 @dataclass(frozen=True)
+class StageTimes:
+    """The timed part of ``StageTables`` (the same fields): what ``range_costs`` reads, for a split's time alone."""
+
+    time: np.ndarray
+    last_time: float
+    first_time: float = 0.0
+    range_time: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class StageTables:
     """Per-layer prefix sums the driver builds edges from (all per rank, per micro-batch where timed).
 
@@ -204,7 +214,7 @@ def range_static_bytes(tables: StageTables, start: np.ndarray, end: np.ndarray) 
     return out
 
 
-def range_costs(tables: StageTables, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def range_costs(tables: StageTables | StageTimes, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Seconds per micro-batch of the stages ``[start, end)`` (arrays of any shape): the layers' prefix sums, the
     head on the stage that ends at L, ``first_time`` on the one that starts at 0, and ``range_time``. The one stage
     cost the DP, its scan and the Scorer read."""
@@ -223,18 +233,37 @@ def stage_costs(tables: StageTables, layers: Sequence[int]) -> np.ndarray:
     return range_costs(tables, bounds[:-1], bounds[1:])
 
 
-def chunked_costs(tables: StageTables, ranges: Sequence[Sequence[tuple[int, int]]]) -> np.ndarray:
+def chunked_costs(tables: StageTables | StageTimes, ranges: Sequence[Sequence[tuple[int, int]]]) -> np.ndarray:
     """``range_costs`` summed over each rank's layer ranges ``[a, b)`` (``host_cover.consecutive_ranges`` of its
     ids): an interleaved rank's chunks, priced as ``estimate`` sums them, where ``stage_costs`` would read one
     contiguous range of the rank's layer count (equal only where every layer costs the same)."""
-    flat = [ab for r in ranges for ab in r]
-    each = range_costs(tables, np.array([a for a, _ in flat], dtype=np.int64),
-                       np.array([b for _, b in flat], dtype=np.int64)).tolist() if flat else []
+    return np.array(split_chunk_costs(tables, flat_chunks([ranges]))[0])
+
+
+FlatChunks = tuple[np.ndarray, np.ndarray, list[list[int]]]  # (starts, ends, per split the chunks of each rank)
+
+
+def flat_chunks(splits: Sequence[Sequence[Sequence[tuple[int, int]]]]) -> FlatChunks:
+    """Every chunk ``[a, b)`` of every rank of several splits (each a rank's ranges, as ``chunked_costs`` takes), in
+    one pair of index arrays, with the number of chunks of each rank: ``split_chunk_costs``' input."""
+    flat = [ab for ranks in splits for r in ranks for ab in r]
+    return (np.array([a for a, _ in flat], dtype=np.int64), np.array([b for _, b in flat], dtype=np.int64),
+            [[len(r) for r in ranks] for ranks in splits])
+
+
+def split_chunk_costs(tables: StageTables | StageTimes, flat: FlatChunks) -> list[list[float]]:
+    """``chunked_costs`` of each split of ``flat`` (its ranks' seconds), by one vectorized ``range_costs``: each
+    rank's chunks summed in order, as one call per chunk would."""
+    starts, ends, sizes = flat
+    each = range_costs(tables, starts, ends).tolist() if starts.size else []
     out, i = [], 0
-    for r in ranges:  # one vectorized range_costs; each rank's chunks summed in order, as one call per chunk would
-        out.append(float(sum(each[i:i + len(r)])))
-        i += len(r)
-    return np.array(out)
+    for ranks in sizes:
+        costs = []
+        for n in ranks:
+            costs.append(float(sum(each[i:i + n])))
+            i += n
+        out.append(costs)
+    return out
 
 
 def megatron_edges(tables: StageTables, n_stages: int, mid_layers: int) -> StageEdges:

@@ -52,7 +52,7 @@ from cost_models.targets import PROFILES, get_profile, runtime_for
 from cost_models.validate import check_precision, nvlink_tp_refusal, stage_layers, with_explicit_split
 from search.explain import explain, knob_choice
 from search.inter_op import StageTables, best_split, chunked_costs, stage_costs
-from search.score import Scorer, schedule_alpha, split_fields
+from search.score import Scorer, default_split_layers, schedule_alpha, split_fields
 from search.space import (ANY_TARGETS, MAX_LAYOUT_VP, MIN_CP_TOKENS, Layout, Tally, Target, enumerate_layouts,
                           interleavable_vp, pinnable_vps, tp_choices, zero_choices)
 
@@ -114,12 +114,8 @@ def to_parallel(model: ModelSpec, lay: Layout, layers: tuple[int, ...]) -> Paral
 
 
 def _default_layers(model: ModelSpec, lay: Layout) -> tuple[int, ...] | None:
-    """Megatron's default split of ``lay`` with no split flags (``stage_layers``); None where its flags build none
-    (an interleaved layout the search runs with an explicit layout: ``pipeline_split.layout_candidates``)."""
-    try:
-        return tuple(stage_layers(model, lay.parallel_config()))
-    except ConfigError:
-        return None
+    """``default_split_layers`` of ``lay``'s config (``Scorer.default_layers`` caches it)."""
+    return default_split_layers(model, lay.parallel_config())
 
 
 def default_split(model: ModelSpec, lay: Layout) -> tuple[int, ...]:
@@ -161,13 +157,13 @@ def _split_lower_bound(lay: Layout, scorer: Scorer, stop: float = np.inf) -> flo
     ``stop``: for the explicit layouts (``pipeline_split.layout_candidates``, a dozen or so per layout), the least
     pipeline time + fill over them all (memory unchecked: a floor of the bound) is returned when it is already ≥
     ``stop`` (the caller cuts the layout either way; their memory and DP terms are the costly part)."""
-    tables = scorer.tables(lay, lower=True)
     model, limit = scorer.model, scorer.limit_bytes
-    default = _default_layers(model, lay)
+    default = scorer.default_layers(lay)
     if default is None and lay.vp == 1:
         return -np.inf  # _split decides
     if lay.pp > 1 and lay.vp == 1:
         assert default is not None
+        tables = scorer.tables(lay, lower=True)
         if lay.schedule not in ALPHA_SCHEDULES:
             return -np.inf  # the stage DP's α·Σt + (m − α)·max t is pipeline_time_s only for these
         alpha = schedule_alpha(lay.schedule, lay.vp)
@@ -181,11 +177,13 @@ def _split_lower_bound(lay: Layout, scorer: Scorer, stop: float = np.inf) -> flo
     splits = ([tuple(sp.rank_layers) for sp in interleaved_candidates(model, lay)] if lay.vp > 1
               else [default])
     if lay.vp > 1 and np.isfinite(stop) and not candidates(model.num_layers, lay.pp, lay.vp):
-        quick = min(pipeline_time_s(list(chunked_costs(tables, scorer.rank_chunks(lay, layers))), lay.m,
-                                    lay.schedule, lay.vp) for layers in splits)  # type: ignore[arg-type]
+        # the floor's times alone (no memory table yet), every explicit layout's ranks in one vectorized pass
+        quick = min(pipeline_time_s(t, lay.m, lay.schedule, lay.vp)  # type: ignore[arg-type]
+                    for t in scorer.split_rank_costs(scorer.lower_times(lay), lay, splits))  # type: ignore[arg-type]
         quick = quick * (1 - 1e-9) + scorer.p2p_fill_s(lay)
         if quick >= stop:
             return quick
+    tables = scorer.tables(lay, lower=True)
     lb = np.inf
     for layers in splits:
         if float(scorer.stage_memory(lay, layers, tables).max()) > limit:

@@ -19,7 +19,7 @@ full ``estimate``, which is what users see.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
@@ -67,8 +67,9 @@ from cost_models.recompute_ladder import ModuleLadder
 from cost_models.specs import ClusterSpec, JobSpec, ModelSpec, ParallelConfig
 from cost_models.targets import PROFILES, Runtime, Software, profile_for, runtime_for
 from cost_models.targets.common import FsdpMtpUnit, TargetProfile
-from cost_models.validate import pipeline_split
-from search.inter_op import StageTables, chunked_costs, range_static_bytes, stage_costs
+from cost_models.validate import pipeline_split, stage_layers
+from search.inter_op import (FlatChunks, StageTables, StageTimes, chunked_costs, flat_chunks, range_static_bytes,
+                             split_chunk_costs, stage_costs)
 from search.intra_op import IntraOpCache, IntraOpRequest, IntraOpResult, solve_layer
 from search.mesh import LogicalMesh
 from search.space import Layout, config_getter, module_ladder_for
@@ -185,6 +186,7 @@ class Scorer:
         self._cover_corr: dict[tuple, np.ndarray] = {}  # (layer_pieces' key, split, vp): cover_correction_s
         self._rank_ids: dict[tuple, list[list[int]]] = {}  # (split, pp, vp): rank_layer_ids
         self._chunks: dict[tuple, list[list[tuple[int, int]]]] = {}  # (split, pp, vp): rank_chunks
+        self._flat: dict[tuple, FlatChunks] = {}  # (splits, pp, vp): their rank_chunks as one index (split_rank_costs)
         self._cover_tab: dict[tuple, np.ndarray | None] = {}  # layer_pieces' key: cover_table
         self._floor_layers: dict[tuple, np.ndarray] = {}  # (bound key, knobs, drop cp): floor_per_layer
         self._summaries: dict[tuple, tuple[float, float, float, float]] = {}  # floor_per_layer's key: time_summary
@@ -579,6 +581,20 @@ class Scorer:
             hit = self._chunks[key] = [consecutive_ranges(ids) for ids in self.rank_layer_ids(lay, layers)]
         return hit
 
+    def split_rank_costs(self, times: StageTables | StageTimes, lay: Layout,
+                         splits: Sequence[tuple[int, ...]]) -> list[list[float]]:
+        """``chunked_costs(times, rank_chunks(lay, layers))`` of each split, as one vectorized ``range_costs`` (the
+        chunks' index once per (splits, pp, vp))."""
+        key = (tuple(splits), lay.pp, lay.vp)
+        flat = self._flat.get(key)
+        if flat is None:
+            flat = self._flat[key] = flat_chunks([self.rank_chunks(lay, layers) for layers in splits])
+        return split_chunk_costs(times, flat)
+
+    def default_layers(self, lay: Layout) -> tuple[int, ...] | None:
+        """``default_split_layers`` of ``lay``'s config, once per the fields it read (``_recorded``)."""
+        return self._recorded(("default_layers",), lay, lambda par: default_split_layers(self.model, par))[1]
+
     def cover_table(self, lay: Layout) -> np.ndarray | None:
         """(L+1, L+1): seconds per micro-batch a contiguous stage of layers ``[i, j)`` adds to its ``layer_pieces``
         time — its MoE layers' host waits with the cover its own layers give less with the whole stack's
@@ -962,9 +978,25 @@ class Scorer:
         return seconds(dense, expert), float(seconds(emb, 0.0)), float(seconds(last_dense + mtp_dense, mtp_expert))
 
     # ---- what the stage DP reads -------------------------------------------------------------------
+    def _timed_pieces(self, lay: Layout, lower: bool) -> tuple[np.ndarray, float, float, np.ndarray, float]:
+        """(time prefix sums, head seconds, the embedding stage's extra seconds, activations per layer, the head's) of
+        ``tables``: ``layer_pieces`` (``lower``: ``lower_pieces``) with FSDP2's compute-stream copies and accumulation
+        (estimate.stage_time_parts)."""
+        time, head_t, per_layer, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
+        first_t = 0.0
+        if self.fsdp_units(lay):
+            per_fsdp, first_t, last_fsdp = self.fsdp_time_pieces(lay)
+            time, head_t = time + np.concatenate([[0.0], np.cumsum(per_fsdp)]), head_t + last_fsdp
+        return time, head_t, first_t, per_layer, head_a
+
+    def lower_times(self, lay: Layout) -> StageTimes:
+        """The times of ``tables(lay, lower=True)`` alone (no memory table built): what a split's floor time reads."""
+        time, head_t, first_t, _, _ = self._timed_pieces(lay, lower=True)
+        return StageTimes(time=time, last_time=head_t, first_time=first_t)
+
     def tables(self, lay: Layout, lower: bool = False) -> StageTables:
         """The stage DP's tables; ``lower``: from ``lower_pieces`` (a floor of every entry, no ILP solve)."""
-        time, head_t, per_layer, head_a = self.lower_pieces(lay) if lower else self.layer_pieces(lay)
+        time, head_t, first_t, per_layer, head_a = self._timed_pieces(lay, lower)
         _, _, largest = self.param_pieces(lay.tp, lay.ep, lay.kv_replication)
         _, _, per_largest = self.state_coefficients(lay)
         per_state, first_state, last_state = self.state_pieces(lay)
@@ -987,10 +1019,6 @@ class Scorer:
                                             reduce_input_bytes(rt)) if root.any() else 0.0
             last_state = last_state + frag * zero3_head_unit_bytes(
                 rt, self.model, lay.tp, big, self.unit_groups(lay)[0], float(largest[root].sum()), excess)
-        first_t = 0.0
-        if self.fsdp_units(lay):  # FSDP2's compute-stream copies and accumulation (estimate.stage_time_parts)
-            per_fsdp, first_t, last_fsdp = self.fsdp_time_pieces(lay)
-            time, head_t = time + np.concatenate([[0.0], np.cumsum(per_fsdp)]), head_t + last_fsdp
         return StageTables(
             time=time, static=static, act=act, last_time=head_t, first_time=first_t,
             first_static=first_state, last_static=last_state, last_act=frag * head_a,
@@ -1239,6 +1267,15 @@ class Scorer:
         cheapest_act = frag * min(kinds[k] for k in self.kinds)
         return self._stage_bound(p, per_state, emb_state, last_state, stage_static, frag * head_a, acts, cheapest_act,
                                  self.inflight(lay))
+
+
+def default_split_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, ...] | None:
+    """Megatron's default split of ``par`` with no split flags (``stage_layers``); None where its flags build none
+    (an interleaved layout the search runs with an explicit layout: ``pipeline_split.layout_candidates``)."""
+    try:
+        return tuple(stage_layers(model, par))
+    except ConfigError:
+        return None
 
 
 def split_fields(layers: tuple[int, ...], vp: int, mtp_layers: int = 0) -> dict[str, int | bool | str | None]:
