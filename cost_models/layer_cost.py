@@ -104,7 +104,7 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:
     ``knob_effects``; None: the efficiency's own settings, as the intra-op ILP prices ops). ``compute``:
     ``layer_compute`` of the same arguments, when the caller has it."""
-    t, c, e = par.tp, par.cp, par.ep
+    t, c = par.tp, par.cp  # (ep: read where a layer has experts, so a dense layer's cost reads none)
     strides = RankStrides.megatron(t, c, dp)
     cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
     modules = modules_in_effect(par, rt)
@@ -122,7 +122,8 @@ def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: J
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
         seconds, nbytes = dsa_tp_cost(graph, model, cluster, job, par, strides.tp, rt)  # unfused DSA's own
         tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
-    if graph.kind in MOE_KINDS and e > 1:
+    e = par.ep if graph.kind in MOE_KINDS else 1
+    if e > 1:
         local_tokens = tokens / (t if par.sequence_parallel else 1)
         dispatcher = moe_dispatcher(cluster, rt)
         parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,

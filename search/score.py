@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -84,6 +85,25 @@ def _modules(lay: Layout, recompute: str) -> tuple[str, ...] | None:
 _READS: ContextVar[set[str] | None] = ContextVar("_READS", default=None)
 _T = TypeVar("_T")
 _PAR_FIELDS = frozenset(ParallelConfig.model_fields)
+
+
+def _with_reads(compute: Callable[[], _T]) -> tuple[_T, set[str]]:
+    """``compute()`` and the ``ParallelConfig`` fields it read of a ``_ReadParallelConfig`` (``_READS``)."""
+    reads: set[str] = set()
+    token = _READS.set(reads)
+    try:
+        value = compute()
+    finally:
+        _READS.reset(token)
+    return value, reads
+
+
+def _values_of(fields: tuple[str, ...]) -> Callable[[ParallelConfig], tuple]:
+    """The values of ``fields`` of a config, as a tuple."""
+    get = attrgetter(*fields) if fields else None
+    if get is None:
+        return lambda par: ()
+    return (lambda par: (get(par),)) if len(fields) == 1 else get  # type: ignore[return-value]
 
 
 class _ReadParallelConfig(ParallelConfig):
@@ -172,7 +192,12 @@ class Scorer:
         self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # (knob_key, runtime key): the knob floor
         self._chosen: dict[tuple, dict[str, Any]] = {}  # (knob_key, bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
-        self._compute: dict[tuple, OpCompute] = {}  # (kind, layer_compute_key): layer_compute
+        # (kind, layer_compute_key, recorded?): layer_compute and the config fields it read where recorded
+        self._compute: dict[tuple, tuple[OpCompute, set[str]]] = {}
+        # (kind, runtime less zero and pp): per set of the ParallelConfig fields layer_cost read, its answer per their
+        # values (_layer_cost_read); _lc_fields: the same tables by field set
+        self._lc_reads: dict[tuple, list[tuple[Callable[[ParallelConfig], tuple], dict[tuple, LayerCost]]]] = {}
+        self._lc_fields: dict[tuple, list[tuple[tuple[str, ...], dict[tuple, LayerCost]]]] = {}
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         # space: the field sets its computations read (in the order first seen), each with the getter of their values
@@ -228,7 +253,8 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_ktime", "_acts", "ilp", "_params",
+        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_lc_reads", "_lc_fields", "_ktime",
+                     "_acts", "ilp", "_params",
                      "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr", "_cover_tab",
                      "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
@@ -335,12 +361,7 @@ class Scorer:
                 if vals in table:
                     return (space, fields, vals), table[vals]
         recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
-        reads: set[str] = set()
-        token = _READS.set(reads)
-        try:
-            value = compute(recorded)
-        finally:
-            _READS.reset(token)
+        value, reads = _with_reads(lambda: compute(recorded))
         fields = tuple(sorted(reads))
         seen = self._reads.setdefault(space, [])
         table = next((t for f, _, t in seen if f == fields), None)
@@ -414,14 +435,55 @@ class Scorer:
         key = (bkey, kind, tuple(sorted(chosen.items())))
         hit = self._lc.get(key)
         if hit is None:
-            par, rt = self._bound_par(lay, bkey[4]), self._runtime_with(lay, chosen)
-            # the compute part, once per what it reads (``layer_compute_key``: not recompute, not the TP/DP knobs)
-            ckey = (kind, layer_compute_key(par, rt))
-            cc = self._compute.get(ckey)
-            if cc is None:
-                cc = self._compute[ckey] = layer_compute(self.graphs[kind], self.model, self.cluster, self.job, par, rt)
-            hit = self._lc[key] = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1, rt, cc)
+            par, rtkey = self._bound_par(lay, bkey[4]), self._runtime_key(lay, chosen)
+            rt = self._runtime_with(lay, chosen, key=rtkey)
+            if kind in MOE_KINDS:  # its experts read ep and the rest: priced on the whole key (no reads recorded)
+                cc = self._layer_compute(kind, par, rt)
+                hit = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1, rt, cc)
+            else:
+                hit = self._layer_cost_read(kind, par, rtkey, rt)
+            self._lc[key] = hit
         return hit
+
+    def _layer_compute(self, kind: str, par: ParallelConfig, rt: Runtime,
+                       recording: ParallelConfig | None = None) -> OpCompute:
+        """``layer_compute`` of ``kind``, once per what it reads (``layer_compute_key``: not recompute, not the TP/DP
+        knobs); ``recording``: ``par`` as a ``_ReadParallelConfig``, whose fields the compute read are then recorded
+        into the enclosing ``_with_reads`` (a cached compute's too: kept beside it)."""
+        ckey = (kind, layer_compute_key(par, rt), recording is not None)
+        entry = self._compute.get(ckey)
+        if entry is None:
+            entry = self._compute[ckey] = _with_reads(lambda: layer_compute(
+                self.graphs[kind], self.model, self.cluster, self.job, recording or par, rt))
+        cc, reads = entry
+        outer = _READS.get()
+        if outer is not None:
+            outer.update(reads)
+        return cc
+
+    def _layer_cost_read(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime) -> LayerCost:
+        """``layer_cost`` of ``kind`` on ``par`` with ``rt``, once per (kind, runtime, the fields of ``par`` it and its
+        ``layer_compute`` read): a layer agreeing on every field they read takes their branches, hence their answer
+        (a dense layer reads no ``ep``: one cost for every EP degree). The runtime is keyed less its zero stage and
+        pp, as ``_lc`` is (no layer time reads them)."""
+        target, _, _, tp, cp, sp, items = rtkey
+        space = (kind, target, tp, cp, sp, items)
+        seen = self._lc_reads.setdefault(space, [])
+        for values, table in seen:
+            got = table.get(values(par))
+            if got is not None:
+                return got
+        recording = _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
+        value, reads = _with_reads(lambda: layer_cost(self.graphs[kind], self.model, self.cluster, self.job, recording,
+                                                      1, rt, self._layer_compute(kind, par, rt, recording)))
+        fields = tuple(sorted(reads))
+        table = next((t for f, t in self._lc_fields.get(space, []) if f == fields), None)
+        if table is None:
+            table = {}
+            self._lc_fields.setdefault(space, []).append((fields, table))
+            seen.append((_values_of(fields), table))
+        table[_values_of(fields)(par)] = value
+        return value
 
     def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
         """Seconds per micro-batch of all decoder layers and the head with the ``chosen`` knobs (what
