@@ -106,6 +106,36 @@ def _values_of(fields: tuple[str, ...]) -> Callable[[ParallelConfig], tuple]:
     return (lambda par: (get(par),)) if len(fields) == 1 else get  # type: ignore[return-value]
 
 
+class _ReadTables:
+    """The answers of one computation keyed on the ``ParallelConfig`` fields it read (``_with_reads``): per set of
+    fields (in the order first seen), their values' getter and the answers by values. A config agreeing with an
+    earlier one on every field that run read takes its branches, hence its answer (the computation reads nothing
+    else that varies where the tables are kept). ``getter``: a field set's values from what ``find`` is given."""
+
+    def __init__(self, getter: Callable[[tuple[str, ...]], Callable[[Any], tuple]]):
+        self.getter = getter
+        self.sets: list[tuple[tuple[str, ...], Callable[[Any], tuple], dict[tuple, Any]]] = []
+
+    def find(self, source: Any) -> tuple[tuple[str, ...], tuple, Any] | None:
+        """(fields, their values, the answer) of the first field set whose values ``source`` has an answer for."""
+        for fields, values, table in self.sets:
+            vals = values(source)
+            if vals in table:
+                return fields, vals, table[vals]
+        return None
+
+    def add(self, reads: set[str], source: Any, value: Any) -> tuple[tuple[str, ...], tuple]:
+        """Keep ``value`` under the fields read and their values in ``source``; (fields, values)."""
+        fields = tuple(sorted(reads))
+        entry = next((e for e in self.sets if e[0] == fields), None)
+        if entry is None:
+            entry = (fields, self.getter(fields), {})
+            self.sets.append(entry)
+        vals = entry[1](source)
+        entry[2][vals] = value
+        return fields, vals
+
+
 class _ReadParallelConfig(ParallelConfig):
     """A ``ParallelConfig`` that records which of its fields are read while ``_READS`` holds a set (all of them where
     its ``__dict__`` is: a copy, a comparison, a dump): what ``Scorer.knob_candidates`` keys its cache on."""
@@ -194,15 +224,11 @@ class Scorer:
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
         # (kind, layer_compute_key, recorded?): layer_compute and the config fields it read where recorded
         self._compute: dict[tuple, tuple[OpCompute, set[str]]] = {}
-        # (kind, runtime less zero and pp): per set of the ParallelConfig fields layer_cost read, its answer per their
-        # values (_layer_cost_read); _lc_fields: the same tables by field set
-        self._lc_reads: dict[tuple, list[tuple[Callable[[ParallelConfig], tuple], dict[tuple, LayerCost]]]] = {}
-        self._lc_fields: dict[tuple, list[tuple[tuple[str, ...], dict[tuple, LayerCost]]]] = {}
+        # (kind, runtime less zero and pp): layer_cost by the ParallelConfig fields it read (_layer_cost_read)
+        self._lc_reads: dict[tuple, _ReadTables] = {}
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
-        # space: the field sets its computations read (in the order first seen), each with the getter of their values
-        # (Layout.config_tuple) and what _recorded computed per values
-        self._reads: dict[tuple, list[tuple[tuple[str, ...], Callable[[tuple], tuple], dict[tuple, Any]]]] = {}
+        self._reads: dict[tuple, _ReadTables] = {}  # space: what _recorded computed, by the fields it read
         self._knob_entries: dict[Layout, tuple[tuple, list[dict[str, Any]]]] = {}  # layout: (knob_key, candidates)
         self._acts: dict[tuple, tuple[dict[str, float], float]] = {}  # bound key: activations (act_pieces)
         self._state_pieces: dict[tuple, tuple[np.ndarray, float, float]] = {}  # model state per layer (state_pieces)
@@ -253,9 +279,8 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_lc_reads", "_lc_fields", "_ktime",
-                     "_acts", "ilp", "_params",
-                     "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr", "_cover_tab",
+        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_lc_reads", "_ktime", "_acts",
+                     "ilp", "_params", "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr", "_cover_tab",
                      "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
@@ -353,23 +378,16 @@ class Scorer:
         ``compute`` read of the config (recorded while it ran, ``_ReadParallelConfig``). A layout agreeing on every
         field a computation read takes its branches, hence its answer (``compute`` reads nothing else that varies
         within ``space``); the fields are recorded, not listed, so a new rule is covered."""
-        reads_seen = self._reads.get(space)
-        if reads_seen:
-            config = lay.config_tuple()  # as validated (modules () is recompute none)
-            for fields, values, table in reads_seen:
-                vals = values(config)
-                if vals in table:
-                    return (space, fields, vals), table[vals]
+        tables = self._reads.get(space)
+        if tables is None:
+            tables = self._reads[space] = _ReadTables(config_getter)
+        config = lay.config_tuple()  # as validated (modules () is recompute none)
+        hit = tables.find(config)
+        if hit is not None:
+            return (space, hit[0], hit[1]), hit[2]
         recorded = _ReadParallelConfig(**lay.parallel_kwargs())  # built first: its validators' reads are not compute's
         value, reads = _with_reads(lambda: compute(recorded))
-        fields = tuple(sorted(reads))
-        seen = self._reads.setdefault(space, [])
-        table = next((t for f, _, t in seen if f == fields), None)
-        if table is None:
-            table = {}
-            seen.append((fields, config_getter(fields), table))
-        vals = lay.config_values(fields)
-        table[vals] = value
+        fields, vals = tables.add(reads, config, value)
         return (space, fields, vals), value
 
     def chosen_knobs(self, lay: Layout) -> dict[str, Any]:
@@ -468,21 +486,16 @@ class Scorer:
         pp, as ``_lc`` is (no layer time reads them)."""
         target, _, _, tp, cp, sp, items = rtkey
         space = (kind, target, tp, cp, sp, items)
-        seen = self._lc_reads.setdefault(space, [])
-        for values, table in seen:
-            got = table.get(values(par))
-            if got is not None:
-                return got
+        tables = self._lc_reads.get(space)
+        if tables is None:
+            tables = self._lc_reads[space] = _ReadTables(_values_of)
+        hit = tables.find(par)
+        if hit is not None:
+            return hit[2]  # type: ignore[no-any-return]
         recording = _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
         value, reads = _with_reads(lambda: layer_cost(self.graphs[kind], self.model, self.cluster, self.job, recording,
                                                       1, rt, self._layer_compute(kind, par, rt, recording)))
-        fields = tuple(sorted(reads))
-        table = next((t for f, t in self._lc_fields.get(space, []) if f == fields), None)
-        if table is None:
-            table = {}
-            self._lc_fields.setdefault(space, []).append((fields, table))
-            seen.append((_values_of(fields), table))
-        table[_values_of(fields)(par)] = value
+        tables.add(reads, par, value)
         return value
 
     def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
