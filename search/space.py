@@ -459,6 +459,18 @@ def module_choices(pins: dict[str, Any], ladder: ModuleLadder) -> list[tuple[str
     return [*default, *(r for r in ladder.sets if r != ("core_attn",))]
 
 
+def _replayed(cache: dict[tuple, tuple[list[Any], Counter[str]]], key: tuple, tally: Tally,
+              choices: Callable[[Tally], list[Any]]) -> list[Any]:
+    """``choices(tally)`` once per ``key``: a later call adds the cuts the first tallied again (each call counts its
+    cuts, as a fresh call would) and returns the same choices."""
+    hit = cache.get(key)
+    if hit is None:
+        own = Tally()
+        hit = cache[key] = (choices(own), own.counts)
+    tally.counts.update(hit[1])
+    return hit[0]
+
+
 def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, target: Target,
                       pins: dict[str, Any], tally: Tally,
                       module_sets: Mapping[str, ModuleLadder] | None = None) -> Iterator[Layout]:
@@ -474,6 +486,9 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
     selective_modules = module_choices(pins, (module_sets or {}).get(target, NO_LADDER))
     sp = bool(pins.get("sequence_parallel", True))
     moe_sp = model.is_moe  # check_parallel's rule: MoE under TP runs SP (TargetProfile.moe_sp_source)
+    # the ZeRO and schedule choices of a (mesh, pp) / (pp, m) recur under every micro-batch and recompute: found once
+    zeros: dict[tuple, tuple[list[Any], Counter[str]]] = {}
+    schedules: dict[tuple, tuple[list[Any], Counter[str]]] = {}
     for tp in tp_choices(model, cluster, target, pins, tally):
         if not sp and tp > 1 and moe_sp:
             tally.cut("moe_needs_sp")
@@ -489,9 +504,10 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, targ
                 for ep in ep_choices(model, target, tp, cp, dp, pins, tally):
                     for mbs, m in mbs_choices(job, dp, pp, pins, tally):
                         for rc in recompute_choices(pins, tally):
-                            for zero, hsdp in zero_choices(target, cluster, dp * cp, pp, pins, tally, model, tp,
-                                                           cp, ep):
-                                for sched, vp in schedule_choices(model, target, pp, m, pins, tally):
+                            for zero, hsdp in _replayed(zeros, (tp, cp, pp, ep), tally, lambda t: zero_choices(
+                                    target, cluster, dp * cp, pp, pins, t, model, tp, cp, ep)):
+                                for sched, vp in _replayed(schedules, (pp, m), tally, lambda t: schedule_choices(
+                                        model, target, pp, m, pins, t)):
                                     for kv in kv_choices(model, target, tp):
                                         for modules in selective_modules if rc == "selective" else [None]:
                                             yield Layout(tp, cp, pp, dp, ep, mbs, m, rc, zero, hsdp, sched, vp,
