@@ -117,10 +117,15 @@ class _ReadTables:
         self.sets: list[tuple[tuple[str, ...], Callable[[Any], tuple], dict[tuple, Any]]] = []
 
     def find(self, source: Any) -> tuple[tuple[str, ...], tuple, Any] | None:
-        """(fields, their values, the answer) of the first field set whose values ``source`` has an answer for."""
-        for fields, values, table in self.sets:
+        """(fields, their values, the answer) of the first field set whose values ``source`` has an answer for. Every
+        such set holds the same answer (the computation's for ``source``); the one found moves to the front, where
+        the next config is likely to find it too."""
+        sets = self.sets
+        for i, (fields, values, table) in enumerate(sets):
             vals = values(source)
             if vals in table:
+                if i:
+                    sets.insert(0, sets.pop(i))
                 return fields, vals, table[vals]
         return None
 
