@@ -99,32 +99,46 @@ def a2a_sm_slowdown(sm_share: float, compute_s: float, a2a_s: float) -> float:
     return 1.0 + sm_share * min(a2a_s, compute_s / (1.0 - sm_share)) / compute_s
 
 
+def layer_tp_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, par: ParallelConfig,
+                  dp: int, rt: Runtime | None = None, compute: OpCompute | None = None) -> tuple[float, float]:
+    """(exposed seconds, bytes each rank sends) of one decoder layer's TP collectives for one micro-batch on one rank:
+    its boundaries (``tp_boundary_costs``), the K/V gather of replicated KV heads, unfused DSA's own; (0, 0) at tp 1
+    or outside a decoder block. ``compute``: ``layer_compute`` of the same arguments, when the caller has it."""
+    tp_s = tp_bytes = 0.0
+    if par.tp > 1 and graph.kind in DECODER_KINDS:
+        stride = RankStrides.megatron(par.tp, par.cp, dp).tp
+        cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
+        ops = cc.ops or None  # op_compute of each op in the job's precision, where cc holds them (job_precision_ops)
+        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, stride, par.sequence_parallel, rt,
+                                                 model, ops):
+            tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+        seconds, nbytes = kv_gather_cost(graph, cluster, job, par, stride)
+        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+        seconds, nbytes = dsa_tp_cost(graph, model, cluster, job, par, stride, rt)  # unfused DSA's own
+        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+    return tp_s, tp_bytes
+
+
 def layer_cost(graph: LayerGraph, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-               par: ParallelConfig, dp: int, rt: Runtime | None = None, compute: OpCompute | None = None) -> LayerCost:
+               par: ParallelConfig, dp: int, rt: Runtime | None = None, compute: OpCompute | None = None,
+               tp_cost: tuple[float, float] | None = None) -> LayerCost:
     """Cost of one layer of ``graph.kind`` for one micro-batch on one rank, as runtime ``rt`` runs it (its knobs:
     ``knob_effects``; None: the efficiency's own settings, as the intra-op ILP prices ops). ``compute``:
-    ``layer_compute`` of the same arguments, when the caller has it."""
-    t, c = par.tp, par.cp  # (ep: read where a layer has experts, so a dense layer's cost reads none)
-    strides = RankStrides.megatron(t, c, dp)
+    ``layer_compute`` of the same arguments, ``tp_cost`` their ``layer_tp_cost``, when the caller has them."""
+    c = par.cp  # (ep: read where a layer has experts, so a dense layer's cost reads none)
+    strides = RankStrides.megatron(par.tp, c, dp)
     cc = compute if compute is not None else _compute(graph, model, cluster, job, par, rt)
     modules = modules_in_effect(par, rt)
     forward, backward = cc.forward_pass_s(par.recompute, graph, modules), cc.backward_s  # (op_cost.skips_forward)
     recompute = cc.recompute_s(par.recompute, graph, modules)
     tokens = par.micro_batch_size * job.seq_len / c
-    tp_s = tp_bytes = ep_s = ep_bytes = cp_s = cp_bytes = 0.0
+    ep_s = ep_bytes = cp_s = cp_bytes = 0.0
     is_block = graph.kind in DECODER_KINDS
     ops = cc.ops or None  # op_compute of each op in the job's precision, where cc holds them (job_precision_ops)
-    if t > 1 and is_block:
-        for seconds, nbytes in tp_boundary_costs(graph, cluster, job, par, strides.tp, par.sequence_parallel, rt,
-                                                 model, ops):
-            tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
-        seconds, nbytes = kv_gather_cost(graph, cluster, job, par, strides.tp)
-        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
-        seconds, nbytes = dsa_tp_cost(graph, model, cluster, job, par, strides.tp, rt)  # unfused DSA's own
-        tp_s, tp_bytes = tp_s + seconds, tp_bytes + nbytes
+    tp_s, tp_bytes = tp_cost if tp_cost is not None else layer_tp_cost(graph, model, cluster, job, par, dp, rt, cc)
     e = par.ep if graph.kind in MOE_KINDS else 1
     if e > 1:
-        local_tokens = tokens / (t if par.sequence_parallel else 1)
+        local_tokens = tokens / (par.tp if par.sequence_parallel else 1)
         dispatcher = moe_dispatcher(cluster, rt)
         parts = moe_all_to_all_parts(model, cluster, job, local_tokens, e, strides.ep,
                                      rho=a2a_rows(model, job, par, cluster, rt), dispatcher=dispatcher)

@@ -38,7 +38,7 @@ from cost_models.estimate import (CostWeights, combined_1f1b_p2p_s, data_paralle
 from cost_models.host_cover import (consecutive_ranges, cover_runs, host_light_kinds, moe_host_cover_s,
                                     range_wait_table, rank_wait_delta_s)
 from cost_models.dsa import dsa_path_runtime
-from cost_models.layer_cost import LayerCost, dsa_path_s, layer_cost
+from cost_models.layer_cost import LayerCost, dsa_path_s, layer_cost, layer_tp_cost
 from cost_models.mtp import (mtp_activation_bytes, mtp_block_kinds, mtp_embedding_copy_params, mtp_stage_params,
                              mtp_time_s)
 from cost_models.moe import host_synced
@@ -231,6 +231,7 @@ class Scorer:
         self._compute: dict[tuple, tuple[OpCompute, set[str]]] = {}
         # (kind, runtime less zero and pp): layer_cost by the ParallelConfig fields it read (_layer_cost_read)
         self._lc_reads: dict[tuple, _ReadTables] = {}
+        self._tp_reads: dict[tuple, _ReadTables] = {}  # (kind, compute key, runtime less zero and pp): layer_tp_cost
         self._state: dict[tuple, tuple[float, float, float]] = {}  # state_coefficients' inputs: its answer
         self._ktime: dict[tuple, float] = {}  # (bound key, chosen knobs): layers + head seconds per micro-batch
         self._reads: dict[tuple, _ReadTables] = {}  # space: what _recorded computed, by the fields it read
@@ -284,9 +285,9 @@ class Scorer:
                 or job.model_copy(update={"global_batch_size": self.job.global_batch_size}) != self.job):
             raise ValueError("derive: only num_gpus and global_batch_size may differ")
         other = Scorer(self.model, cluster, job, self.weights, self.software)
-        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_lc_reads", "_ktime", "_acts",
-                     "ilp", "_params", "_inflight", "_zero3", "_covers", "_moe_device", "_cover_corr", "_cover_tab",
-                     "_floor_layers"):  # (knob candidates and choices: per cluster)
+        for name in ("_layer", "_bounds", "_pieces", "_knob_delta", "_lc", "_compute", "_lc_reads", "_tp_reads",
+                     "_ktime", "_acts", "ilp", "_params", "_inflight", "_zero3", "_covers", "_moe_device",
+                     "_cover_corr", "_cover_tab", "_floor_layers"):  # (knob candidates and choices: per cluster)
             setattr(other, name, getattr(self, name))
         return other
 
@@ -462,7 +463,8 @@ class Scorer:
             rt = self._runtime_with(lay, chosen, key=rtkey)
             if kind in MOE_KINDS:  # its experts read ep and the rest: priced on the whole key (no reads recorded)
                 cc = self._layer_compute(kind, par, rt)
-                hit = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1, rt, cc)
+                hit = layer_cost(self.graphs[kind], self.model, self.cluster, self.job, par, 1, rt, cc,
+                                 self._tp_cost(kind, par, rtkey, rt, cc))
             else:
                 hit = self._layer_cost_read(kind, par, rtkey, rt)
             self._lc[key] = hit
@@ -498,10 +500,39 @@ class Scorer:
         if hit is not None:
             return hit[2]  # type: ignore[no-any-return]
         recording = _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
-        value, reads = _with_reads(lambda: layer_cost(self.graphs[kind], self.model, self.cluster, self.job, recording,
-                                                      1, rt, self._layer_compute(kind, par, rt, recording)))
+
+        def cost() -> LayerCost:
+            cc = self._layer_compute(kind, par, rt, recording)
+            return layer_cost(self.graphs[kind], self.model, self.cluster, self.job, recording, 1, rt, cc,
+                              self._tp_cost(kind, par, rtkey, rt, cc, recording))
+
+        value, reads = _with_reads(cost)
         tables.add(reads, par, value)
         return value
+
+    def _tp_cost(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime, cc: OpCompute,
+                 recording: ParallelConfig | None = None) -> tuple[float, float]:
+        """``layer_tp_cost`` of ``kind`` on ``par`` with ``rt`` and its compute ``cc``, once per (kind, compute key,
+        runtime less zero and pp, the fields of ``par`` it read): the layouts that differ only in the selective
+        recompute modules share it. The fields it read are recorded into an enclosing ``_with_reads`` (``recording``:
+        ``par`` as the ``_ReadParallelConfig`` that records them)."""
+        target, _, _, tp, cp, sp, items = rtkey
+        space = (kind, layer_compute_key(par, rt), target, tp, cp, sp, items)
+        tables = self._tp_reads.get(space)
+        if tables is None:
+            tables = self._tp_reads[space] = _ReadTables(_values_of)
+        hit = tables.find(par)
+        if hit is None:
+            rec = recording or _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
+            value, reads = _with_reads(lambda: layer_tp_cost(self.graphs[kind], self.model, self.cluster, self.job,
+                                                             rec, 1, rt, cc))
+            fields, _ = tables.add(reads, par, value)
+        else:
+            fields, _, value = hit
+        outer = _READS.get()
+        if outer is not None:
+            outer.update(fields)
+        return value  # type: ignore[no-any-return]
 
     def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
         """Seconds per micro-batch of all decoder layers and the head with the ``chosen`` knobs (what

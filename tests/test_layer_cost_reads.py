@@ -1,7 +1,8 @@
 """The search's per-layer costs are shared across the config fields ``layer_cost`` did not read
 (``search.score.Scorer._layer_cost_read``): a dense layer reads no ``ep``, so one cost serves every EP degree. Every
 cost a search takes, hits included, must equal ``layer_cost`` computed afresh on the layout's own config and runtime.
-Sharing on a field that is read fails it: dropping ``micro_batch_size`` from the recorded fields fails all four cases
+Sharing on a field that is read fails it: dropping ``micro_batch_size`` from a layer cost's recorded fields, or
+``recompute`` from its TP part's (``Scorer._tp_cost``, shared across the selective modules), fails all four cases
 (checked)."""
 
 from __future__ import annotations
