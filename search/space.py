@@ -178,8 +178,8 @@ class Layout:
 
 
 _LAYOUT_FIELDS = attrgetter(*(f.name for f in fields(Layout) if f.compare))
-# Layout.config_tuple's pieces: ParallelConfig's fields (in its order) at their defaults; the fields its validators
-# read and may rewrite (_validated_shape); the other fields a layout holds as attributes of its own (parallel_kwargs)
+# Layout.config_tuple's pieces: the fields a layout holds as attributes of its own (parallel_kwargs); the fields
+# ParallelConfig's validators read and may rewrite (_validated_shape); the rest at ParallelConfig's defaults
 _CONFIG_FIELDS = tuple(ParallelConfig.model_fields)
 _SHAPE_FIELDS = ("pp", "vp", "schedule", "recompute", "recompute_modules")
 _OWN_NAMES = tuple(f.name for f in fields(Layout) if f.name in _CONFIG_FIELDS and f.name not in _SHAPE_FIELDS)
