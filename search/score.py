@@ -155,6 +155,11 @@ class _ReadParallelConfig(ParallelConfig):
         return super().__getattribute__(name)
 
 
+def _recording(par: ParallelConfig) -> ParallelConfig:
+    """``par`` as a ``_ReadParallelConfig`` (its validated values, not validated again)."""
+    return _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
+
+
 def schedule_alpha(schedule: str, vp: int) -> float:
     """α of ``T = α·Σt + (m − α)·max t`` (``cost_models.pipeline``)."""
     if schedule == "interleaved":
@@ -227,8 +232,7 @@ class Scorer:
         self._floors: dict[tuple, tuple[dict[str, Any], bool] | None] = {}  # (knob_key, runtime key): the knob floor
         self._chosen: dict[tuple, dict[str, Any]] = {}  # (knob_key, bound key, zero, pp): the knobs the search chose
         self._lc: dict[tuple, LayerCost] = {}  # (bound key, kind, chosen knobs): layer_cost
-        # (kind, layer_compute_key, recorded?): layer_compute and the config fields it read where recorded
-        self._compute: dict[tuple, tuple[OpCompute, set[str]]] = {}
+        self._compute: dict[tuple, tuple[OpCompute, set[str]]] = {}  # (kind, layer_compute_key): it, the fields read
         # (kind, runtime less zero and pp): layer_cost by the ParallelConfig fields it read (_layer_cost_read)
         self._lc_reads: dict[tuple, _ReadTables] = {}
         self._tp_reads: dict[tuple, _ReadTables] = {}  # (kind, compute key, runtime less zero and pp): layer_tp_cost
@@ -473,59 +477,33 @@ class Scorer:
     def _layer_compute(self, kind: str, par: ParallelConfig, rt: Runtime,
                        recording: ParallelConfig | None = None) -> OpCompute:
         """``layer_compute`` of ``kind``, once per what it reads (``layer_compute_key``: not recompute, not the TP/DP
-        knobs); ``recording``: ``par`` as a ``_ReadParallelConfig``, whose fields the compute read are then recorded
-        into the enclosing ``_with_reads`` (a cached compute's too: kept beside it)."""
-        ckey = (kind, layer_compute_key(par, rt), recording is not None)
+        knobs). The config fields it read are kept beside it and recorded into an enclosing ``_with_reads``
+        (``recording``: ``par`` as the ``_ReadParallelConfig`` that records them, where the caller has one)."""
+        ckey = (kind, layer_compute_key(par, rt))
         entry = self._compute.get(ckey)
         if entry is None:
+            rec = recording or _recording(par)
             entry = self._compute[ckey] = _with_reads(lambda: layer_compute(
-                self.graphs[kind], self.model, self.cluster, self.job, recording or par, rt))
+                self.graphs[kind], self.model, self.cluster, self.job, rec, rt))
         cc, reads = entry
         outer = _READS.get()
         if outer is not None:
             outer.update(reads)
         return cc
 
-    def _layer_cost_read(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime) -> LayerCost:
-        """``layer_cost`` of ``kind`` on ``par`` with ``rt``, once per (kind, runtime, the fields of ``par`` it and its
-        ``layer_compute`` read): a layer agreeing on every field they read takes their branches, hence their answer
-        (a dense layer reads no ``ep``: one cost for every EP degree). The runtime is keyed less its zero stage and
-        pp, as ``_lc`` is (no layer time reads them)."""
-        target, _, _, tp, cp, sp, items = rtkey
-        space = (kind, target, tp, cp, sp, items)
-        tables = self._lc_reads.get(space)
+    def _par_read(self, store: dict[tuple, _ReadTables], space: tuple, par: ParallelConfig,
+                  compute: Callable[[ParallelConfig], _T], recording: ParallelConfig | None = None) -> _T:
+        """``compute(par)`` once per (``space``, the fields of ``par`` it read), kept in ``store``: a config agreeing on
+        every field a run read takes its branches, hence its answer (``compute`` reads nothing else that varies
+        within ``space``). The fields are recorded into an enclosing ``_with_reads`` (``recording``: ``par`` as the
+        ``_ReadParallelConfig`` that records them, where the caller has one)."""
+        tables = store.get(space)
         if tables is None:
-            tables = self._lc_reads[space] = _ReadTables(_values_of)
-        hit = tables.find(par)
-        if hit is not None:
-            return hit[2]  # type: ignore[no-any-return]
-        recording = _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
-
-        def cost() -> LayerCost:
-            cc = self._layer_compute(kind, par, rt, recording)
-            return layer_cost(self.graphs[kind], self.model, self.cluster, self.job, recording, 1, rt, cc,
-                              self._tp_cost(kind, par, rtkey, rt, cc, recording))
-
-        value, reads = _with_reads(cost)
-        tables.add(reads, par, value)
-        return value
-
-    def _tp_cost(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime, cc: OpCompute,
-                 recording: ParallelConfig | None = None) -> tuple[float, float]:
-        """``layer_tp_cost`` of ``kind`` on ``par`` with ``rt`` and its compute ``cc``, once per (kind, compute key,
-        runtime less zero and pp, the fields of ``par`` it read): the layouts that differ only in the selective
-        recompute modules share it. The fields it read are recorded into an enclosing ``_with_reads`` (``recording``:
-        ``par`` as the ``_ReadParallelConfig`` that records them)."""
-        target, _, _, tp, cp, sp, items = rtkey
-        space = (kind, layer_compute_key(par, rt), target, tp, cp, sp, items)
-        tables = self._tp_reads.get(space)
-        if tables is None:
-            tables = self._tp_reads[space] = _ReadTables(_values_of)
+            tables = store[space] = _ReadTables(_values_of)
         hit = tables.find(par)
         if hit is None:
-            rec = recording or _ReadParallelConfig.model_construct(par.model_fields_set, **dict(par))
-            value, reads = _with_reads(lambda: layer_tp_cost(self.graphs[kind], self.model, self.cluster, self.job,
-                                                             rec, 1, rt, cc))
+            rec = recording or _recording(par)
+            value, reads = _with_reads(lambda: compute(rec))
             fields, _ = tables.add(reads, par, value)
         else:
             fields, _, value = hit
@@ -533,6 +511,29 @@ class Scorer:
         if outer is not None:
             outer.update(fields)
         return value  # type: ignore[no-any-return]
+
+    def _layer_cost_read(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime) -> LayerCost:
+        """``layer_cost`` of ``kind`` on ``par`` with ``rt``, once per (kind, runtime, the fields of ``par`` it, its
+        ``layer_compute`` and its TP part read: ``_par_read``): a dense layer reads no ``ep``, one cost for every EP
+        degree. The runtime is keyed less its zero stage and pp, as ``_lc`` is (no layer time reads them)."""
+        target, _, _, tp, cp, sp, items = rtkey
+
+        def cost(rec: ParallelConfig) -> LayerCost:
+            cc = self._layer_compute(kind, par, rt, rec)
+            return layer_cost(self.graphs[kind], self.model, self.cluster, self.job, rec, 1, rt, cc,
+                              self._tp_cost(kind, par, rtkey, rt, cc, rec))
+
+        return self._par_read(self._lc_reads, (kind, target, tp, cp, sp, items), par, cost)
+
+    def _tp_cost(self, kind: str, par: ParallelConfig, rtkey: tuple, rt: Runtime, cc: OpCompute,
+                 recording: ParallelConfig | None = None) -> tuple[float, float]:
+        """``layer_tp_cost`` of ``kind`` on ``par`` with ``rt`` and its compute ``cc``, once per (kind, compute key,
+        runtime less zero and pp, the fields of ``par`` it read: ``_par_read``): the layouts that differ only in the
+        selective recompute modules share it."""
+        target, _, _, tp, cp, sp, items = rtkey
+        return self._par_read(self._tp_reads, (kind, layer_compute_key(par, rt), target, tp, cp, sp, items), par,
+                              lambda rec: layer_tp_cost(self.graphs[kind], self.model, self.cluster, self.job, rec, 1,
+                                                        rt, cc), recording)
 
     def _knob_time(self, lay: Layout, bkey: tuple, chosen: dict[str, Any]) -> float:
         """Seconds per micro-batch of all decoder layers and the head with the ``chosen`` knobs (what
