@@ -144,10 +144,6 @@ class Layout:
             object.__setattr__(self, "_par", par)
         return par
 
-    def config_values(self, fields: tuple[str, ...]) -> tuple[Any, ...]:
-        """The values ``parallel_config()`` holds in ``fields``, without validating this layout (``config_getter``)."""
-        return config_getter(fields)(self.config_tuple())
-
     def config_tuple(self) -> tuple[Any, ...]:
         """Every field of ``parallel_config()`` (in ``ParallelConfig.model_fields`` order) without validating this
         layout: its validators rewrite only the fields they read (pp, vp, schedule, recompute, recompute_modules:
@@ -162,7 +158,7 @@ class Layout:
         return values
 
     def with_knobs(self, knobs: tuple[tuple[str, Any], ...]) -> "Layout":
-        """This layout with other layout knobs; it keeps the validated ``parallel_config`` and ``config_values`` (knobs
+        """This layout with other layout knobs; it keeps the validated ``parallel_config`` and ``config_tuple`` (knobs
         are no field of a config)."""
         out = object.__new__(Layout)  # a copy of the fields and caches (dataclasses.replace re-runs __init__: slow)
         out.__dict__.update(self.__dict__, knobs=knobs, _hash=None)

@@ -52,7 +52,7 @@ def test_a_layout_unpickled_in_another_process_hashes_as_one_built_there() -> No
 ], ids=["dsv3-megatron", "8b-any", "mixtral-modules-pinned"])
 def test_config_values_are_the_validated_configs_on_every_searched_layout(name: str, gpus: int, target: str,
                                                                          pins: dict[str, Any]) -> None:
-    """``Layout.config_values`` gives the values ``ParallelConfig`` validates a layout to without validating it (the
+    """``Layout.config_tuple`` gives the values ``ParallelConfig`` validates a layout to without validating it (the
     search keys its rule caches on them for layouts it never prices); a validator that rewrote a field it does not
     know of (it reads pp, vp, schedule, recompute and the modules) would break it here."""
     model, cluster = load_model(name), build_cluster("h100-sxm", gpus)
@@ -64,6 +64,6 @@ def test_config_values_are_the_validated_configs_on_every_searched_layout(name: 
     for t in targets:
         for lay in enumerate_layouts(model, cluster, job, t, pins, Tally(), ladders):  # type: ignore[arg-type]
             par = ParallelConfig(**lay.parallel_kwargs())
-            assert lay.config_values(every) == tuple(getattr(par, f) for f in every), lay
+            assert lay.config_tuple() == tuple(getattr(par, f) for f in every), lay
             n += 1
     assert n > 200
